@@ -1,0 +1,1 @@
+//! The ConnectX device model (see docs/ARCHITECTURE.md).

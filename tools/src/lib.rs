@@ -1,0 +1,6 @@
+//! The `mlx5` command-line tool's subcommands, as a library so tests can run
+//! them without a process.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod layouts;

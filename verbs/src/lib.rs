@@ -1,0 +1,1 @@
+//! The user-space mlx5 driver (see docs/ARCHITECTURE.md).

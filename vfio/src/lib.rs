@@ -1,0 +1,1 @@
+//! Owning one PCI function from user space (see docs/ARCHITECTURE.md).
