@@ -1,1 +1,118 @@
-//! Owning one PCI function from user space (see docs/ARCHITECTURE.md).
+//! Owning one PCI function from user space.
+//!
+//! A PCI function is reached through four things: its **config space**, its
+//! **regions** (BARs; parts of them can be mapped into the process so that a
+//! register write is a plain store), **DMA** (the function reads and writes
+//! memory at I/O virtual addresses, IOVAs, that the owner mapped through the
+//! IOMMU) and **interrupts** (MSI-X vectors delivered on eventfds). The Linux
+//! kernel's VFIO exposes exactly these; so does the vfio-user protocol; and so
+//! does a device model running in the same process. [`PciFunction`] is that
+//! interface, and a driver written against it does not know which backend it
+//! runs on.
+//!
+//! - [`function`]: the driver-side interface, [`PciFunction`].
+//! - [`dma`]: DMA memory ([`DmaBuffer`], memfd-backed so any backend can share it).
+//! - [`iova`]: the allocator of naturally aligned IOVA ranges.
+//! - [`mmio`]: mapped BAR access ([`Mmio`]) and the barriers that order it.
+//! - [`emulated`]: the in-process backend and the device-side interface a
+//!   device model implements ([`emulated::DeviceModel`]).
+//! - [`pci`]: config-space offsets and bits.
+//!
+//! # Memory the device can touch
+//!
+//! DMA buffers and mapped BARs are shared with a device that reads and writes
+//! them concurrently, so no Rust reference to them is ever created: every
+//! access is a volatile copy (through `vm-memory`'s volatile slices or
+//! [`Mmio`]'s accessors). A buffer mapped for DMA stays alive while it is
+//! mapped: the backend holds an `Arc` to it until `dma_unmap`.
+#![deny(missing_docs)]
+
+pub mod dma;
+pub mod emulated;
+pub mod function;
+pub mod iova;
+pub mod mmio;
+pub mod pci;
+
+pub use dma::DmaBuffer;
+pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
+pub use iova::IovaAllocator;
+pub use mmio::Mmio;
+
+/// Everything that can go wrong while owning a function.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A region index the function does not have.
+    #[error("region {0} does not exist")]
+    NoRegion(u32),
+    /// An access outside a region or buffer.
+    #[error("{what}: offset {offset:#x} + {len:#x} lies outside its {size:#x} bytes")]
+    OutOfBounds {
+        /// What was accessed.
+        what: &'static str,
+        /// Offset of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the thing accessed.
+        size: u64,
+    },
+    /// A region that cannot be mapped.
+    #[error("region {0} cannot be mapped")]
+    NotMappable(u32),
+    /// An IOVA range that is not free, not usable, or not mapped.
+    #[error("IOVA {iova:#x}+{len:#x}: {why}")]
+    Iova {
+        /// Start of the range.
+        iova: u64,
+        /// Length of the range.
+        len: u64,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// No IOVA range of the size asked for is free.
+    #[error("no free IOVA range of {len:#x} bytes aligned to {align:#x}")]
+    IovaExhausted {
+        /// Length asked for.
+        len: u64,
+        /// Alignment asked for.
+        align: u64,
+    },
+    /// An interrupt index or vector the function does not have.
+    #[error("{kind:?} vector {vector} does not exist (the function has {count})")]
+    NoVector {
+        /// The interrupt kind.
+        kind: IrqKind,
+        /// The first vector asked for.
+        vector: u32,
+        /// How many vectors there are.
+        count: u32,
+    },
+    /// The device is gone (its model stopped, the server hung up, it was unplugged).
+    #[error("device is gone: {0}")]
+    Gone(String),
+    /// The backend cannot do this.
+    #[error("not supported by this backend: {0}")]
+    Unsupported(&'static str),
+}
+
+impl Error {
+    pub(crate) fn os(op: &'static str) -> Self {
+        Error::Os {
+            op,
+            source: std::io::Error::last_os_error(),
+        }
+    }
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,442 @@
+//! The in-process backend: a device model behind the [`PciFunction`] interface.
+//!
+//! A device model implements [`DeviceModel`] (the device side: config space,
+//! regions, reset) and is given a [`Bus`] when it is made: the [`DmaSpace`]
+//! through which it reaches the IOVAs the driver mapped, and the
+//! [`Interrupts`] through which it raises MSI-X vectors. Those are the only
+//! ways in and out, exactly as for silicon behind an IOMMU:
+//!
+//! - BAR memory the driver maps is a memfd the model also maps
+//!   ([`DeviceModel::region_memory`]); the model notices the driver's stores
+//!   by polling it, as a vfio-user server does, and trapped accesses
+//!   ([`PciFunction::region_write`]) reach [`DeviceModel::region_write`];
+//! - `dma_map` maps the driver's buffer a second time, from its file, into
+//!   the model's IOVA space (`vm-memory`); an access to an unmapped IOVA is a
+//!   [`DmaFault`], as an IOMMU fault is;
+//! - `set_irqs` hands the driver's eventfds to [`Interrupts`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::function::CONFIG_REGION;
+use crate::{DmaBuffer, Error, Iova, IovaRange, IrqKind, Mmio, PciFunction, RegionInfo, Result};
+
+/// The device side of an emulated PCI function.
+pub trait DeviceModel: Send + Sync + std::fmt::Debug {
+    /// A name for logs and tools (`emu:cx4`).
+    fn name(&self) -> String;
+    /// Config-space read.
+    fn config_read(&self, offset: u64, buf: &mut [u8]);
+    /// Config-space write.
+    fn config_write(&self, offset: u64, data: &[u8]);
+    /// Region `index`, if the function has it.
+    fn region_info(&self, index: u32) -> Option<RegionInfo>;
+    /// The shared memory behind region `index`'s mappable areas.
+    fn region_memory(&self, index: u32) -> Option<Arc<DmaBuffer>>;
+    /// A trapped read of region `index`.
+    fn region_read(&self, index: u32, offset: u64, buf: &mut [u8]);
+    /// A trapped write of region `index`.
+    fn region_write(&self, index: u32, offset: u64, data: &[u8]);
+    /// How many vectors of `kind` the function has.
+    fn irq_count(&self, kind: IrqKind) -> u32;
+    /// Function-level reset.
+    fn reset(&self);
+    /// The owner let go of the function: stop background work.
+    fn shutdown(&self);
+}
+
+/// A DMA to an IOVA that is not mapped (an IOMMU fault).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("IOMMU fault: DMA {dir} of {len} bytes at IOVA {iova:#x} is not mapped")]
+pub struct DmaFault {
+    /// The faulting IOVA.
+    pub iova: u64,
+    /// Length of the access.
+    pub len: usize,
+    /// "read" or "write".
+    pub dir: &'static str,
+}
+
+/// The IOVA space as the device sees it.
+#[derive(Debug, Default)]
+pub struct DmaSpace {
+    mem: RwLock<Arc<GuestMemoryMmap>>,
+    maps: Mutex<BTreeMap<u64, (u64, Arc<DmaBuffer>)>>,
+}
+
+impl DmaSpace {
+    /// Reads `buf.len()` bytes at `iova`.
+    pub fn read(&self, iova: u64, buf: &mut [u8]) -> std::result::Result<(), DmaFault> {
+        let mem = self.snapshot();
+        mem.read_slice(buf, GuestAddress(iova))
+            .map_err(|_| DmaFault {
+                iova,
+                len: buf.len(),
+                dir: "read",
+            })
+    }
+
+    /// Writes `data` at `iova`.
+    pub fn write(&self, iova: u64, data: &[u8]) -> std::result::Result<(), DmaFault> {
+        let mem = self.snapshot();
+        mem.write_slice(data, GuestAddress(iova))
+            .map_err(|_| DmaFault {
+                iova,
+                len: data.len(),
+                dir: "write",
+            })
+    }
+
+    /// Reads a big-endian u32 at `iova`.
+    pub fn read_u32_be(&self, iova: u64) -> std::result::Result<u32, DmaFault> {
+        let mut b = [0u8; 4];
+        self.read(iova, &mut b)?;
+        Ok(u32::from_be_bytes(b))
+    }
+
+    /// Writes a big-endian u32 at `iova`.
+    pub fn write_u32_be(&self, iova: u64, v: u32) -> std::result::Result<(), DmaFault> {
+        self.write(iova, &v.to_be_bytes())
+    }
+
+    /// Whether every byte of `iova .. iova + len` is mapped.
+    pub fn is_mapped(&self, iova: u64, len: u64) -> bool {
+        let maps = self.lock_maps();
+        let end = iova.saturating_add(len);
+        let mut at = iova;
+        while at < end {
+            match maps.range(..=at).next_back() {
+                Some((&s, &(l, _))) if s + l > at => at = s + l,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// How many mappings exist.
+    pub fn mappings(&self) -> usize {
+        self.lock_maps().len()
+    }
+
+    fn snapshot(&self) -> Arc<GuestMemoryMmap> {
+        match self.mem.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn lock_maps(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (u64, Arc<DmaBuffer>)>> {
+        self.maps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn map(&self, iova: u64, buf: &Arc<DmaBuffer>) -> Result<()> {
+        let len = buf.len() as u64;
+        let mut maps = self.lock_maps();
+        let end = iova.checked_add(len).ok_or(Error::Iova {
+            iova,
+            len,
+            why: "range wraps",
+        })?;
+        let clash = maps
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, &(l, _))| s + l > iova);
+        if clash {
+            return Err(Error::Iova {
+                iova,
+                len,
+                why: "overlaps an existing mapping",
+            });
+        }
+        let region =
+            MmapRegion::<()>::from_file(FileOffset::from_arc(buf.file().clone(), 0), buf.len())
+                .map_err(|e| Error::Os {
+                    op: "mmap(DMA buffer, device side)",
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+        let region = GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(Error::Iova {
+            iova,
+            len,
+            why: "does not fit the address space",
+        })?;
+        let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+        let next = mem
+            .insert_region(Arc::new(region))
+            .map_err(|_| Error::Iova {
+                iova,
+                len,
+                why: "overlaps an existing mapping",
+            })?;
+        *mem = Arc::new(next);
+        maps.insert(iova, (len, buf.clone()));
+        Ok(())
+    }
+
+    fn unmap(&self, iova: u64, len: u64) -> Result<()> {
+        let mut maps = self.lock_maps();
+        match maps.get(&iova) {
+            Some(&(l, _)) if l == len => {}
+            _ => {
+                return Err(Error::Iova {
+                    iova,
+                    len,
+                    why: "no mapping starts there with that length",
+                })
+            }
+        }
+        let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+        let next = match mem.remove_region(GuestAddress(iova), len) {
+            Ok((next, _)) => next,
+            Err(_) => {
+                return Err(Error::Iova {
+                    iova,
+                    len,
+                    why: "no mapping starts there with that length",
+                })
+            }
+        };
+        *mem = Arc::new(next);
+        maps.remove(&iova);
+        Ok(())
+    }
+
+    fn clear(&self) {
+        let mut maps = self.lock_maps();
+        let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+        *mem = Arc::new(GuestMemoryMmap::default());
+        maps.clear();
+    }
+}
+
+/// Interrupt vectors as the device raises them.
+#[derive(Debug, Default)]
+pub struct Interrupts {
+    vectors: Mutex<BTreeMap<(IrqKind, u32), EventFd>>,
+}
+
+impl Interrupts {
+    /// Raises vector `vector` of `kind`; false if nothing is attached to it.
+    pub fn signal(&self, kind: IrqKind, vector: u32) -> bool {
+        let v = self.vectors.lock().unwrap_or_else(|p| p.into_inner());
+        match v.get(&(kind, vector)) {
+            Some(fd) => fd.write(1).is_ok(),
+            None => false,
+        }
+    }
+
+    /// How many eventfds are attached.
+    pub fn attached(&self) -> usize {
+        self.vectors.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn set(&self, kind: IrqKind, start: u32, fds: &[Option<&EventFd>]) -> Result<()> {
+        let mut v = self.vectors.lock().unwrap_or_else(|p| p.into_inner());
+        if fds.is_empty() {
+            v.retain(|(k, _), _| *k != kind);
+            return Ok(());
+        }
+        for (i, fd) in fds.iter().enumerate() {
+            let key = (kind, start + i as u32);
+            match fd {
+                Some(fd) => {
+                    let dup = fd.try_clone().map_err(|e| Error::Os {
+                        op: "dup(eventfd)",
+                        source: e,
+                    })?;
+                    v.insert(key, dup);
+                }
+                None => {
+                    v.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a device model is given to reach the outside: DMA and interrupts.
+#[derive(Debug, Clone)]
+pub struct Bus {
+    /// The IOVA space.
+    pub dma: Arc<DmaSpace>,
+    /// The interrupt vectors.
+    pub irqs: Arc<Interrupts>,
+}
+
+/// An in-process device model owned as a [`PciFunction`].
+#[derive(Debug)]
+pub struct EmulatedFunction<M: DeviceModel> {
+    name: String,
+    model: Arc<M>,
+    bus: Bus,
+}
+
+impl<M: DeviceModel> EmulatedFunction<M> {
+    /// Makes the model with a fresh bus and wraps it.
+    pub fn new(make: impl FnOnce(Bus) -> M) -> Self {
+        let bus = Bus {
+            dma: Arc::new(DmaSpace::default()),
+            irqs: Arc::new(Interrupts::default()),
+        };
+        let model = Arc::new(make(bus.clone()));
+        Self {
+            name: model.name(),
+            model,
+            bus,
+        }
+    }
+
+    /// The model, for tests that inspect or steer it (fault injection).
+    pub fn model(&self) -> &Arc<M> {
+        &self.model
+    }
+
+    /// The bus, for tests that count mappings and eventfds.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+}
+
+impl<M: DeviceModel> Drop for EmulatedFunction<M> {
+    fn drop(&mut self) {
+        self.model.shutdown();
+        // As vfio-pci does when the device is released: nothing stays mapped.
+        self.bus.dma.clear();
+        let _ = self.bus.irqs.set(IrqKind::MsiX, 0, &[]);
+    }
+}
+
+impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.model.config_read(offset, buf);
+        Ok(())
+    }
+
+    fn config_write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.model.config_write(offset, data);
+        Ok(())
+    }
+
+    fn region_info(&self, index: u32) -> Result<RegionInfo> {
+        self.model.region_info(index).ok_or(Error::NoRegion(index))
+    }
+
+    fn region_read(&self, index: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if index == CONFIG_REGION {
+            return self.config_read(offset, buf);
+        }
+        let info = self.region_info(index)?;
+        bounds(&info, offset, buf.len())?;
+        self.model.region_read(index, offset, buf);
+        Ok(())
+    }
+
+    fn region_write(&self, index: u32, offset: u64, data: &[u8]) -> Result<()> {
+        if index == CONFIG_REGION {
+            return self.config_write(offset, data);
+        }
+        let info = self.region_info(index)?;
+        bounds(&info, offset, data.len())?;
+        self.model.region_write(index, offset, data);
+        Ok(())
+    }
+
+    fn map_region(&self, index: u32) -> Result<Mmio> {
+        let mem = self
+            .model
+            .region_memory(index)
+            .ok_or(Error::NotMappable(index))?;
+        let region =
+            MmapRegion::<()>::from_file(FileOffset::from_arc(mem.file().clone(), 0), mem.len())
+                .map_err(|e| Error::Os {
+                    op: "mmap(BAR)",
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+        Ok(Mmio::new(region, 0))
+    }
+
+    fn irq_count(&self, kind: IrqKind) -> Result<u32> {
+        Ok(self.model.irq_count(kind))
+    }
+
+    fn set_irqs(&self, kind: IrqKind, start: u32, fds: &[Option<&EventFd>]) -> Result<()> {
+        let count = self.model.irq_count(kind);
+        if !fds.is_empty() && start as u64 + fds.len() as u64 > count as u64 {
+            return Err(Error::NoVector {
+                kind,
+                vector: start,
+                count,
+            });
+        }
+        self.bus.irqs.set(kind, start, fds)
+    }
+
+    fn iova_ranges(&self) -> Result<Vec<IovaRange>> {
+        // What an x86 IOMMU offers: everything below 2^48 but the MSI window.
+        Ok(vec![
+            IovaRange {
+                start: 0,
+                last: 0xfedf_ffff,
+            },
+            IovaRange {
+                start: 0xfef0_0000,
+                last: (1 << 48) - 1,
+            },
+        ])
+    }
+
+    fn dma_map(&self, iova: Iova, buf: &Arc<DmaBuffer>) -> Result<()> {
+        if iova.0 % 4096 != 0 {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len: buf.len() as u64,
+                why: "not 4 KiB aligned",
+            });
+        }
+        let in_range = self
+            .iova_ranges()?
+            .iter()
+            .any(|r| iova.0 >= r.start && iova.0.saturating_add(buf.len() as u64 - 1) <= r.last);
+        if !in_range {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len: buf.len() as u64,
+                why: "outside the usable IOVA ranges",
+            });
+        }
+        self.bus.dma.map(iova.0, buf)
+    }
+
+    fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()> {
+        self.bus.dma.unmap(iova.0, len)
+    }
+
+    fn dma_mappings(&self) -> usize {
+        self.bus.dma.mappings()
+    }
+
+    fn reset(&self) -> Result<()> {
+        self.model.reset();
+        Ok(())
+    }
+}
+
+fn bounds(info: &RegionInfo, offset: u64, len: usize) -> Result<()> {
+    if offset.checked_add(len as u64).is_none_or(|e| e > info.size) {
+        return Err(Error::OutOfBounds {
+            what: "region",
+            offset,
+            len: len as u64,
+            size: info.size,
+        });
+    }
+    Ok(())
+}
