@@ -1,1 +1,2 @@
-//! Criterion benchmarks live in benches/benches/.
+//! Criterion benchmarks live in `benches/benches/`; run them with
+//! `cargo bench -p benches`.

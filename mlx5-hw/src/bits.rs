@@ -21,6 +21,15 @@ pub fn get_bits(buf: &[u8], bit_off: usize, width: usize) -> u64 {
         (1..=64).contains(&width),
         "field width {width} out of 1..=64"
     );
+    // Fast path, as MLX5_GET: the field lies inside one big-endian dword.
+    let dw = bit_off / 32 * 4;
+    if bit_off % 32 + width <= 32 {
+        if let Some(b) = buf.get(dw..dw + 4) {
+            let v = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            let shift = 32 - bit_off % 32 - width;
+            return u64::from(v >> shift) & (u64::MAX >> (64 - width));
+        }
+    }
     let first = bit_off / 8;
     let last = (bit_off + width - 1) / 8;
     let mut acc: u128 = 0;
@@ -59,6 +68,17 @@ pub fn set_bits(buf: &mut [u8], bit_off: usize, width: usize, value: u64) {
         "field at bit {bit_off} width {width} lies outside a {}-byte buffer",
         buf.len()
     );
+    // Fast path, as MLX5_SET: the field lies inside one big-endian dword.
+    let dw = bit_off / 32 * 4;
+    if bit_off % 32 + width <= 32 && dw + 4 <= buf.len() {
+        let d = &mut buf[dw..dw + 4];
+        let shift = 32 - bit_off % 32 - width;
+        let m = ((u64::MAX >> (64 - width)) as u32) << shift;
+        let old = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+        let new = (old & !m) | (((value as u32) << shift) & m);
+        d.copy_from_slice(&new.to_be_bytes());
+        return;
+    }
     let nbits = (last - first + 1) * 8;
     let shift = nbits - (bit_off % 8) - width;
     let m = mask(width) << shift;

@@ -39,9 +39,19 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod macros;
+
 pub mod bits;
+pub mod cqe;
+pub mod event;
+pub mod health;
 pub mod ifc;
+pub mod opcode;
 pub mod registry;
+pub mod status;
+pub mod trace;
+pub mod uar;
+pub mod wqe;
 
 /// A buffer too short for the layout it is viewed as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
