@@ -46,6 +46,7 @@ pub mod cqe;
 pub mod event;
 pub mod health;
 pub mod ifc;
+pub mod init;
 pub mod opcode;
 pub mod registry;
 pub mod status;

@@ -32,25 +32,28 @@
 //!
 //! [`write_dump`] and [`write_command`] produce the classic shape above, so
 //! a trace of our own driver can be diffed against the kernel's. They differ
-//! from the kernel's lines in two documented ways:
+//! from the kernel's lines in three documented ways:
 //!
 //! * no timestamps (`[  +0.000004] `): they only add noise to a diff;
 //! * the message prefix is `mlx5-user <dev>: dump_command: ` where the kernel
 //!   writes `mlx5_core <bdf>: <bdf>:dump_command:<line>:(pid <pid>): `
 //!   (source line and pid mean nothing for a user-space driver). `<dev>` is
 //!   whatever the caller passes: the PCI address for a VFIO device,
-//!   [`DEFAULT_DEVICE`] for the software device model.
+//!   [`DEFAULT_DEVICE`] for the software device model;
+//! * opcodes are named by [`Opcode`] (Linux 6.x's `mlx5_command_str()`
+//!   names: `ENABLE_HCA`, `QUERY_ISSI`), where older kernels printed
+//!   `MLX5_CMD_OP_ENABLE_HCA` for some and `unknown command opcode` for
+//!   others ([`write_dump_named`] takes any name).
 //!
 //! Since the parser reads both, the simplest faithful diff is to parse the
 //! kernel's trace and write it back with [`write_commands`]: both sides then
-//! have exactly the same line shapes, and only the opcode names can differ
-//! (the kernel prints `MLX5_CMD_OP_ENABLE_HCA`, `QUERY_PAGES` or
-//! `unknown command opcode` depending on its version; the writer prints the
-//! name it is given).
+//! have exactly the same line shapes and names.
 //!
 //! Everything here is pure text processing: no I/O, no `unsafe`.
 
 use std::fmt::{self, Write as _};
+
+use crate::opcode::Opcode;
 
 /// Size of a command queue entry (`struct mlx5_cmd_layout`).
 pub const ENTRY_SIZE: usize = 0x40;
@@ -169,7 +172,9 @@ pub struct TracedCommand {
     /// bytes, status and ownership.
     pub completed_entry: [u8; ENTRY_SIZE],
     /// The input: the 16 inline bytes then the input mailbox data, `inlen`
-    /// bytes in all.
+    /// bytes in all, or fewer if the kernel cut the dump short (the shared
+    /// ConnectX-4 trace's 12868-page MANAGE_PAGES dumps 179 of its 202
+    /// blocks).
     pub input: Vec<u8>,
     /// The output: the 16 inline bytes then the output mailbox data,
     /// `outlen` bytes in all.
@@ -406,17 +411,15 @@ impl OpenDump {
     fn finish(self) -> Result<Dump, ParseError> {
         let OpenDump { mut dump, bytes } = self;
         let len = bytes.len();
-        if len < ENTRY_SIZE || (len - ENTRY_SIZE) % BLOCK_SIZE != 0 {
+        if !at_block_boundary(len) {
             return Err(ParseError {
                 line: dump.line,
                 kind: ParseErrorKind::Truncated { len },
             });
         }
         dump.entry.copy_from_slice(&bytes[..ENTRY_SIZE]);
-        let entry_op = u16::from_be_bytes([
-            dump.entry[entry_off::IN],
-            dump.entry[entry_off::IN + 1],
-        ]);
+        let entry_op =
+            u16::from_be_bytes([dump.entry[entry_off::IN], dump.entry[entry_off::IN + 1]]);
         if entry_op != dump.opcode {
             return Err(ParseError {
                 line: dump.line,
@@ -445,17 +448,6 @@ pub fn parse_dumps(text: &str) -> Result<Vec<Dump>, ParseError> {
     let mut done = Vec::new();
     // Open dumps, by slot (`None`: the untagged classic shape).
     let mut open: Vec<(Option<u32>, OpenDump)> = Vec::new();
-    let mut close = |open: &mut Vec<(Option<u32>, OpenDump)>,
-                     slot: Option<u32>,
-                     done: &mut Vec<(usize, Dump)>|
-     -> Result<(), ParseError> {
-        if let Some(i) = open.iter().position(|(s, _)| *s == slot) {
-            let (_, d) = open.remove(i);
-            let d = d.finish()?;
-            done.push((d.line, d));
-        }
-        Ok(())
-    };
     for (n, raw) in text.lines().enumerate() {
         let line_no = n + 1;
         let slot = slot_tag(raw);
@@ -483,7 +475,7 @@ pub fn parse_dumps(text: &str) -> Result<Vec<Dump>, ParseError> {
         } else if raw.trim_end().ends_with("command block:") {
             if let Some((_, d)) = open.iter().find(|(s, _)| *s == slot) {
                 let len = d.bytes.len();
-                if len < ENTRY_SIZE || (len - ENTRY_SIZE) % BLOCK_SIZE != 0 {
+                if !at_block_boundary(len) {
                     return Err(ParseError {
                         line: line_no,
                         kind: ParseErrorKind::MisplacedBlock { offset: len },
@@ -516,6 +508,20 @@ pub fn parse_dumps(text: &str) -> Result<Vec<Dump>, ParseError> {
     }
     done.sort_by_key(|(line, _)| *line);
     Ok(done.into_iter().map(|(_, d)| d).collect())
+}
+
+/// Finishes the open dump of `slot`, if any, into `done`.
+fn close(
+    open: &mut Vec<(Option<u32>, OpenDump)>,
+    slot: Option<u32>,
+    done: &mut Vec<(usize, Dump)>,
+) -> Result<(), ParseError> {
+    if let Some(i) = open.iter().position(|(s, _)| *s == slot) {
+        let (_, d) = open.remove(i);
+        let d = d.finish()?;
+        done.push((d.line, d));
+    }
+    Ok(())
 }
 
 /// The text after the first `pat` in `s`.
@@ -581,16 +587,31 @@ fn hex_line(s: &str) -> Option<(usize, [u32; 4])> {
     Some((off, words))
 }
 
+/// Whether a dump of `len` bytes ends where a block may start: after the
+/// entry and whole blocks.
+fn at_block_boundary(len: usize) -> bool {
+    len >= ENTRY_SIZE && (len - ENTRY_SIZE) % BLOCK_SIZE == 0
+}
+
 fn be32(b: &[u8], off: usize) -> u32 {
     u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
+/// The name our traces give `opcode`: [`Opcode`]'s, which are Linux 6.x's
+/// `mlx5_command_str()` names (`ENABLE_HCA`, `QUERY_ISSI`), where the kernel
+/// of the shared trace printed `MLX5_CMD_OP_ENABLE_HCA` or
+/// `unknown command opcode`.
+pub fn opcode_name(opcode: u16) -> &'static str {
+    Opcode::from_raw(opcode).name()
+}
+
 /// Appends one dump in the kernel's classic shape (see the module docs for
 /// the prefix and the missing timestamps): the header
-/// `mlx5-user <dev>: dump_command: dump command <name>(0x<op>) INPUT`, the
+/// `mlx5-user <dev>: dump_command: dump command <NAME>(0x<op>) INPUT`, the
 /// entry as four lines `000: 07000000 00000010 ...`, a blank line, then for
 /// each block `mlx5-user <dev>: dump_command: command block:`, its 36 lines
-/// and a blank line. The opcode is read from the entry.
+/// and a blank line. The opcode is read from the entry and named by
+/// [`opcode_name`].
 ///
 /// # Panics
 /// If a block is not exactly [`BLOCK_SIZE`] bytes (the kernel always dumps
@@ -598,12 +619,28 @@ fn be32(b: &[u8], off: usize) -> u32 {
 pub fn write_dump<B: AsRef<[u8]>>(
     out: &mut String,
     dev: &str,
+    direction: Direction,
+    entry: &[u8; ENTRY_SIZE],
+    blocks: impl IntoIterator<Item = B>,
+) {
+    let name = opcode_name(entry_opcode(entry));
+    write_dump_named(out, dev, name, direction, entry, blocks);
+}
+
+/// [`write_dump`] with the opcode's name given (to reproduce a kernel's
+/// names verbatim).
+///
+/// # Panics
+/// If a block is not exactly [`BLOCK_SIZE`] bytes.
+pub fn write_dump_named<B: AsRef<[u8]>>(
+    out: &mut String,
+    dev: &str,
     name: &str,
     direction: Direction,
     entry: &[u8; ENTRY_SIZE],
     blocks: impl IntoIterator<Item = B>,
 ) {
-    let opcode = u16::from_be_bytes([entry[entry_off::IN], entry[entry_off::IN + 1]]);
+    let opcode = entry_opcode(entry);
     let prefix = format!("mlx5-user {dev}: dump_command: ");
     // Writing to a String cannot fail.
     let _ = writeln!(out, "{prefix}dump command {name}({opcode:#x}) {direction}");
@@ -625,6 +662,11 @@ pub fn write_dump<B: AsRef<[u8]>>(
     }
 }
 
+/// The opcode in a command entry (the first 16 bits of its inline input).
+fn entry_opcode(entry: &[u8; ENTRY_SIZE]) -> u16 {
+    u16::from_be_bytes([entry[entry_off::IN], entry[entry_off::IN + 1]])
+}
+
 fn write_hex(out: &mut String, bytes: &[u8], base: usize) {
     for (i, line) in bytes.chunks(16).enumerate() {
         let _ = write!(out, "{:03x}:", base + i * 16);
@@ -637,12 +679,12 @@ fn write_hex(out: &mut String, bytes: &[u8], base: usize) {
     }
 }
 
-/// Appends both dumps of a command (INPUT then OUTPUT) under the name `name`
-/// (pass [`TracedCommand::name`] to keep the kernel's, or the name of our
-/// own opcode table).
-pub fn write_command(out: &mut String, dev: &str, name: &str, cmd: &TracedCommand) {
-    write_dump(out, dev, name, Direction::Input, &cmd.entry, &cmd.in_blocks);
-    write_dump(
+/// Appends both dumps of a command, INPUT then OUTPUT, named by
+/// [`opcode_name`].
+pub fn write_command(out: &mut String, dev: &str, cmd: &TracedCommand) {
+    let name = opcode_name(cmd.opcode);
+    write_dump_named(out, dev, name, Direction::Input, &cmd.entry, &cmd.in_blocks);
+    write_dump_named(
         out,
         dev,
         name,
@@ -652,12 +694,13 @@ pub fn write_command(out: &mut String, dev: &str, name: &str, cmd: &TracedComman
     );
 }
 
-/// Writes a whole trace, each command under the name it was parsed with:
-/// the canonical form of a parsed trace, for diffing.
+/// Writes a whole trace: the canonical form of a parsed trace, for diffing
+/// a kernel's trace against ours (same prefixes, same names, no
+/// timestamps, no other log lines).
 pub fn write_commands(dev: &str, cmds: &[TracedCommand]) -> String {
     let mut out = String::new();
     for c in cmds {
-        write_command(&mut out, dev, &c.name, c);
+        write_command(&mut out, dev, c);
     }
     out
 }
@@ -706,7 +749,7 @@ mod tests {
         );
         for off in (0x40..0x280).step_by(16) {
             let last = match off {
-                0x90 => 0x0000_0002, // supported_issi_dw0: ISSI 1
+                0x90 => 0x0000_0002,  // supported_issi_dw0: ISSI 1
                 0x270 => 0x0002_0000, // token 2
                 _ => 0,
             };
@@ -744,7 +787,10 @@ mod tests {
         let cmds = parse(&query_issi()).unwrap();
         assert_eq!(cmds.len(), 1);
         let c = &cmds[0];
-        assert_eq!((c.opcode, c.name.as_str()), (0x10a, "unknown command opcode"));
+        assert_eq!(
+            (c.opcode, c.name.as_str()),
+            (0x10a, "unknown command opcode")
+        );
         assert_eq!(c.input.len(), 0x10);
         assert_eq!(c.output.len(), 0x70);
         assert!(c.in_blocks.is_empty());
@@ -761,7 +807,7 @@ mod tests {
         let cmds = parse(&query_issi()).unwrap();
         let text = write_commands(DEFAULT_DEVICE, &cmds);
         assert!(text.starts_with(
-            "mlx5-user 0000:00:00.0: dump_command: dump command unknown command opcode(0x10a) INPUT\n\
+            "mlx5-user 0000:00:00.0: dump_command: dump command QUERY_ISSI(0x10a) INPUT\n\
              000: 07000000 00000010 00000000 00000000\n"
         ));
         assert!(text.contains("\nmlx5-user 0000:00:00.0: dump_command: command block:\n040: "));
@@ -769,7 +815,10 @@ mod tests {
         let again = parse(&text).unwrap();
         assert_eq!(again.len(), 1);
         let (a, b) = (&cmds[0], &again[0]);
-        assert_eq!(a.name, b.name);
+        assert_eq!(
+            (a.name.as_str(), b.name.as_str()),
+            ("unknown command opcode", "QUERY_ISSI")
+        );
         assert_eq!(a.opcode, b.opcode);
         assert_eq!(a.op_mod, b.op_mod);
         assert_eq!(a.entry, b.entry);
@@ -792,14 +841,27 @@ mod tests {
         write_dump(
             &mut out,
             "0000:03:00.0",
-            "MLX5_CMD_OP_ENABLE_HCA",
             Direction::Input,
             &entry,
             std::iter::empty::<&[u8]>(),
         );
+        let named = {
+            let mut o = String::new();
+            let none: [Block; 0] = [];
+            write_dump_named(
+                &mut o,
+                "0000:03:00.0",
+                "MLX5_CMD_OP_ENABLE_HCA",
+                Direction::Input,
+                &entry,
+                none,
+            );
+            o
+        };
+        assert_eq!(named, out.replace("ENABLE_HCA", "MLX5_CMD_OP_ENABLE_HCA"));
         assert_eq!(
             out,
-            "mlx5-user 0000:03:00.0: dump_command: dump command MLX5_CMD_OP_ENABLE_HCA(0x104) INPUT\n\
+            "mlx5-user 0000:03:00.0: dump_command: dump command ENABLE_HCA(0x104) INPUT\n\
              000: 07000000 00000010 00000000 00000000\n\
              010: 01040000 00000000 00000000 00000000\n\
              020: 00000000 00000000 00000000 00000000\n\
@@ -838,7 +900,10 @@ cmd[0]: 030: 00000000 00000000 00000010 01000000
 ";
         let cmds = parse(text).unwrap();
         assert_eq!(cmds.len(), 2);
-        assert_eq!((cmds[0].opcode, cmds[0].name.as_str()), (0x104, "ENABLE_HCA"));
+        assert_eq!(
+            (cmds[0].opcode, cmds[0].name.as_str()),
+            (0x104, "ENABLE_HCA")
+        );
         assert_eq!((cmds[1].opcode, cmds[1].op_mod), (0x107, 1));
         assert_eq!(cmds[1].output[0xc..0x10], [0, 0, 0, 6], "num_pages");
     }
@@ -868,27 +933,47 @@ cmd[0]: 030: 00000000 00000000 00000010 01000000
     #[test]
     fn errors_are_clear() {
         // OUTPUT without INPUT.
-        let out_only: String = ENABLE_HCA.lines().skip(7).map(|l| format!("{l}\n")).collect();
+        let out_only: String = ENABLE_HCA
+            .lines()
+            .skip(7)
+            .map(|l| format!("{l}\n"))
+            .collect();
         let e = parse(&out_only).unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::UnmatchedOutput { opcode: 0x104 });
         assert!(e.to_string().contains("line 1:"), "{e}");
 
         // INPUT without OUTPUT.
-        let in_only: String = ENABLE_HCA.lines().take(6).map(|l| format!("{l}\n")).collect();
+        let in_only: String = ENABLE_HCA
+            .lines()
+            .take(6)
+            .map(|l| format!("{l}\n"))
+            .collect();
         let e = parse(&in_only).unwrap_err();
         assert_eq!(e.kind, ParseErrorKind::UnmatchedInput { opcode: 0x104 });
         assert_eq!(parse_dumps(&in_only).unwrap().len(), 1);
 
         // A lost dump line.
-        let gap = ENABLE_HCA.replace("[  +0.000001] 010: 01040000 00000000 00000000 00000000\n", "");
+        let gap = ENABLE_HCA.replace(
+            "[  +0.000001] 010: 01040000 00000000 00000000 00000000\n",
+            "",
+        );
         let e = parse(&gap).unwrap_err();
         assert_eq!(
             (e.line, e.kind),
-            (3, ParseErrorKind::OffsetGap { expected: 0x10, found: 0x20 })
+            (
+                3,
+                ParseErrorKind::OffsetGap {
+                    expected: 0x10,
+                    found: 0x20
+                }
+            )
         );
 
         // A truncated dump.
-        let short = ENABLE_HCA.replace("[  +0.000001] 030: 00000000 00000000 00000010 01fd0001\n", "");
+        let short = ENABLE_HCA.replace(
+            "[  +0.000001] 030: 00000000 00000000 00000010 01fd0001\n",
+            "",
+        );
         assert_eq!(
             parse(&short).unwrap_err().kind,
             ParseErrorKind::Truncated { len: 0x30 }
@@ -898,7 +983,10 @@ cmd[0]: 030: 00000000 00000000 00000010 01000000
         let wrong = ENABLE_HCA.replace("ENABLE_HCA(0x104) INPUT", "ENABLE_HCA(0x105) INPUT");
         assert_eq!(
             parse(&wrong).unwrap_err().kind,
-            ParseErrorKind::OpcodeMismatch { header: 0x105, entry: 0x104 }
+            ParseErrorKind::OpcodeMismatch {
+                header: 0x105,
+                entry: 0x104
+            }
         );
 
         // Data-only dumps.
@@ -916,8 +1004,10 @@ cmd[0]: 030: 00000000 00000000 00000010 01000000
     #[test]
     fn ignores_text_without_dumps() {
         assert!(parse("").unwrap().is_empty());
-        assert!(parse("Hexdump:\n000: 00000000 00000000 00000000 00000000\n")
-            .unwrap()
-            .is_empty());
+        assert!(
+            parse("Hexdump:\n000: 00000000 00000000 00000000 00000000\n")
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -48,6 +48,9 @@ pub struct Field {
     pub doc: Vec<String>,
     /// Line in the source, for errors.
     pub line: usize,
+    /// The header names this reserved gap for another offset; keep its name
+    /// (so it diffs against the header) and skip the offset check.
+    pub misnamed: bool,
     /// Computed bit offset.
     pub off: usize,
     /// Computed width in bits.
@@ -229,7 +232,7 @@ fn size_of(
         f.width = width;
         f.off = if kind == Kind::Union { 0 } else { off };
         let here = format!("{}.ifc:{}: {}.{}", l.file, f.line, l.name, f.name);
-        if let Some(hex) = f.name.strip_prefix("reserved_at_") {
+        if let Some(hex) = f.name.strip_prefix("reserved_at_").filter(|_| !f.misnamed) {
             let hex = hex.split('_').next().unwrap_or(hex);
             match usize::from_str_radix(hex, 16) {
                 Ok(v) if v == f.off => {}

@@ -64,10 +64,16 @@ pub fn parse(text: &str, file: &str) -> Result<Vec<Layout>, String> {
             .split_once(char::is_whitespace)
             .ok_or(format!("{line}: expected `name TYPE`"))?;
         check_ident(name, line)?;
-        let ty = parse_ty(ty.trim(), line)?;
+        let ty = ty.trim();
+        let (ty, misnamed) = match ty.strip_suffix("misnamed") {
+            Some(t) if t.ends_with(char::is_whitespace) => (t.trim(), true),
+            _ => (ty, false),
+        };
+        let ty = parse_ty(ty, line)?;
         l.fields.push(Field {
             name: name.to_string(),
             ty,
+            misnamed,
             doc: std::mem::take(&mut doc),
             line,
             off: 0,

@@ -1707,7 +1707,7 @@ pub mod query_special_contexts_out {
             FieldInfo { name: "null_mkey", bit_off: 0x80, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "terminate_scatter_list_mkey", bit_off: 0xa0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "repeated_mkey", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_e0", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_a0", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
         ],
     };
 }

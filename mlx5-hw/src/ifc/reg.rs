@@ -708,7 +708,7 @@ pub mod dtor_reg {
             FieldInfo { name: "reclaim_pages_to", bit_off: 0x180, width: 0x20, ty: FieldType::Layout("default_timeout") },
             FieldInfo { name: "reclaim_vfs_pages_to", bit_off: 0x1a0, width: 0x20, ty: FieldType::Layout("default_timeout") },
             FieldInfo { name: "reset_unload_to", bit_off: 0x1c0, width: 0x20, ty: FieldType::Layout("default_timeout") },
-            FieldInfo { name: "reserved_at_1e0", bit_off: 0x1e0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1c0", bit_off: 0x1e0, width: 0x20, ty: FieldType::Bits },
         ],
     };
 }
