@@ -359,14 +359,14 @@ impl std::error::Error for ParseError {}
 /// match the oldest one with the same opcode.
 pub fn parse(text: &str) -> Result<Vec<TracedCommand>, ParseError> {
     let dumps = parse_dumps(text)?;
-    // Commands in INPUT order; `pending` holds indices into `slots`.
-    let mut slots: Vec<Option<TracedCommand>> = Vec::new();
+    // Commands in INPUT order; `pending` holds indices into `order`.
+    let mut order: Vec<Option<TracedCommand>> = Vec::new();
     let mut pending: Vec<(usize, Dump)> = Vec::new();
     for d in dumps {
         match d.direction {
             Direction::Input => {
-                pending.push((slots.len(), d));
-                slots.push(None);
+                pending.push((order.len(), d));
+                order.push(None);
             }
             Direction::Output => {
                 let token = d.entry[entry_off::TOKEN];
@@ -387,8 +387,8 @@ pub fn parse(text: &str) -> Result<Vec<TracedCommand>, ParseError> {
                         kind: ParseErrorKind::UnmatchedOutput { opcode: d.opcode },
                     });
                 };
-                let (slot, input) = pending.remove(i);
-                slots[slot] = Some(TracedCommand::from_dumps(&input, &d));
+                let (at, input) = pending.remove(i);
+                order[at] = Some(TracedCommand::from_dumps(&input, &d));
             }
         }
     }
@@ -398,7 +398,7 @@ pub fn parse(text: &str) -> Result<Vec<TracedCommand>, ParseError> {
             kind: ParseErrorKind::UnmatchedInput { opcode: d.opcode },
         });
     }
-    Ok(slots.into_iter().flatten().collect())
+    Ok(order.into_iter().flatten().collect())
 }
 
 /// A dump being read.
@@ -418,8 +418,7 @@ impl OpenDump {
             });
         }
         dump.entry.copy_from_slice(&bytes[..ENTRY_SIZE]);
-        let entry_op =
-            u16::from_be_bytes([dump.entry[entry_off::IN], dump.entry[entry_off::IN + 1]]);
+        let entry_op = entry_opcode(&dump.entry);
         if entry_op != dump.opcode {
             return Err(ParseError {
                 line: dump.line,

@@ -1,0 +1,109 @@
+//! End-to-end: the driver's HCA layer against the device model.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use verbs::cmd::TraceSink;
+use verbs::hca::{Hca, HcaOptions};
+use vfio::emulated::EmulatedFunction;
+use vfio::PciFunction;
+
+fn device() -> Arc<EmulatedFunction<mlx5_emu::Device>> {
+    Arc::new(mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4))
+}
+
+fn opts(event_mode: bool) -> HcaOptions {
+    HcaOptions {
+        event_mode,
+        health_interval: Some(Duration::from_millis(200)),
+        ..HcaOptions::default()
+    }
+}
+
+fn open(f: &Arc<EmulatedFunction<mlx5_emu::Device>>, o: HcaOptions) -> Hca {
+    let func: Arc<dyn PciFunction> = f.clone();
+    Hca::open(func, o).unwrap_or_else(|e| panic!("open: {e}"))
+}
+
+fn up_and_down(event_mode: bool) {
+    let f = device();
+    let (sink, text) = TraceSink::memory();
+    let hca = open(
+        &f,
+        HcaOptions {
+            trace: Some(sink),
+            ..opts(event_mode)
+        },
+    );
+    assert_eq!(hca.cmd().event_mode(), event_mode);
+    assert!(hca.caps().gen().log_max_qp() > 0);
+    assert!(hca.fw_pages() > 0, "firmware got pages");
+    let (c, a) = hca.eqns();
+    assert!(c.is_some() && a.is_some());
+    hca.nop().unwrap();
+    println!("fw {} identity {:?}", hca.fw_version(), hca.identity());
+    hca.close().unwrap();
+    assert_eq!(f.dma_mappings(), 0);
+    assert_eq!(f.bus().irqs.attached(), 0);
+    let t = text.lock().unwrap();
+    assert!(t.contains("ENABLE_HCA"), "trace has the commands");
+    assert!(t.contains("INIT_HCA"));
+}
+
+#[test]
+fn bring_up_and_teardown_polled() {
+    up_and_down(false);
+}
+
+#[test]
+fn bring_up_and_teardown_event_mode() {
+    up_and_down(true);
+}
+
+#[test]
+fn eight_threads_of_nop() {
+    let f = device();
+    let hca = open(&f, opts(true));
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                for _ in 0..200 {
+                    hca.nop().unwrap();
+                }
+            });
+        }
+    });
+    assert!(
+        hca.cmd()
+            .stats()
+            .by_event
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    hca.close().unwrap();
+    assert_eq!(f.dma_mappings(), 0);
+}
+
+#[test]
+fn hundred_open_close_cycles() {
+    let f = device();
+    for i in 0..100 {
+        let hca = open(&f, opts(i % 2 == 0));
+        hca.nop().unwrap();
+        hca.close().unwrap();
+        assert_eq!(f.dma_mappings(), 0, "cycle {i}: DMA mappings left");
+        assert_eq!(f.bus().irqs.attached(), 0, "cycle {i}: eventfds left");
+    }
+}
+
+#[test]
+fn drop_without_close_cleans_up() {
+    let f = device();
+    {
+        let _hca = open(&f, opts(true));
+    }
+    assert_eq!(f.dma_mappings(), 0);
+    assert_eq!(f.bus().irqs.attached(), 0);
+    let hca = open(&f, opts(true));
+    hca.close().unwrap();
+}
