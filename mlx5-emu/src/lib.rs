@@ -1,1 +1,441 @@
-//! The ConnectX device model (see docs/ARCHITECTURE.md).
+//! A software ConnectX (mlx5) PCI function: config space, BAR0 (the
+//! initialization segment, the MSI-X table and UAR pages), and the firmware
+//! behind the command queue, for bring-up.
+//!
+//! The model sees only what silicon sees (config-space accesses, BAR stores,
+//! DMA to IOVAs the driver mapped) and answers only through what silicon
+//! writes: command outputs and EQEs by DMA, MSI-X vectors through eventfds.
+//!
+//! # Shape
+//!
+//! - [`config`]: PCI config space (ids per [`Profile`], 64-bit BAR0 with
+//!   the sizing protocol, PCIe and MSI-X capabilities, FLR).
+//! - [`initseg`]: BAR0 layout: the initialization segment, the MSI-X table
+//!   and PBA, UAR pages.
+//! - `cmdq`: the command engine (entry and mailbox checks, delivery status).
+//! - `fw`: firmware, one file per mechanism (HCA state, ISSI, pages, caps,
+//!   registers, UARs, EQs, vports, adapter).
+//! - [`faults`]: fault injection.
+//!
+//! A worker thread notices the driver's stores by polling BAR0 (the driver
+//! maps it as shared memory): the command doorbell, the command-queue
+//! address, the EQ doorbells of UAR pages. It spins for a while after
+//! activity and then backs off to sleeps of [`IDLE_SLEEP`].
+//!
+//! # Shared-memory doorbells
+//!
+//! A doorbell written into shared memory can be overwritten by the next one
+//! before the worker sees it. The command doorbell (0x18) is treated as
+//! write-1-to-ring: the worker reads it, clears it and ORs it into its
+//! pending set; and once any doorbell has been seen, a slot whose entry has
+//! ownership = HW is executed even if its doorbell bit was lost. EQ
+//! doorbells carry absolute consumer indexes: the worker acts on every change
+//! of the last value seen per UAR doorbell; a write that repeats the
+//! previous value exactly is idempotent and ignored.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod cmdq;
+pub mod config;
+pub mod faults;
+mod fw;
+pub mod initseg;
+mod profile;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use vfio::emulated::{Bus, DeviceModel, EmulatedFunction};
+use vfio::{DmaBuffer, IrqKind, RegionInfo};
+
+pub use faults::Faults;
+pub use fw::{HcaState, PortState};
+pub use profile::{cap_type, CapPages, Profile};
+
+/// The longest the worker sleeps when idle.
+pub const IDLE_SLEEP: Duration = Duration::from_micros(50);
+/// How long the worker keeps spinning after the last activity.
+pub const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(2);
+/// How many commands the command log keeps (oldest dropped first).
+pub const CMD_LOG_CAPACITY: usize = 4096;
+
+/// How the function is built.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Which card.
+    pub profile: Profile,
+    /// How long `initializing` (iseg 0x1FC bit 31) stays set after power-on or FLR.
+    pub fw_start: Duration,
+    /// Advertised command execution timeout (iseg 0xFF8), in milliseconds.
+    pub cmd_exec_timeout_ms: u32,
+    /// Advertised command-queue init timeout (iseg 0xFFC), in milliseconds.
+    pub cmd_init_timeout_ms: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            profile: Profile::ConnectX4,
+            fw_start: Duration::from_millis(2),
+            cmd_exec_timeout_ms: 60_000,
+            cmd_init_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// The default configuration for `profile`.
+    pub fn for_profile(profile: Profile) -> Self {
+        Self {
+            profile,
+            ..Self::default()
+        }
+    }
+}
+
+/// Counters for leak checks and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Pages the driver gave firmware and has not taken back.
+    pub pages_held: u64,
+    /// EQs alive.
+    pub eqs: usize,
+    /// UARs allocated.
+    pub uars: usize,
+    /// Commands executed (delivered to firmware), since power-on.
+    pub commands: u64,
+    /// Commands answered with a delivery-status error.
+    pub delivery_errors: u64,
+    /// EQEs written.
+    pub eqes: u64,
+    /// MSI-X messages sent.
+    pub interrupts: u64,
+    /// EQ overruns (an event found its EQ full).
+    pub eq_overruns: u64,
+    /// DMA accesses that faulted (unmapped IOVA).
+    pub dma_faults: u64,
+    /// HCA state.
+    pub hca_state: HcaState,
+    /// Function-level resets so far.
+    pub resets: u64,
+}
+
+/// One executed command, as the command log keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmdLogEntry {
+    /// Command slot.
+    pub slot: u8,
+    /// Opcode (0 if the input could not be read).
+    pub opcode: u16,
+    /// op_mod.
+    pub op_mod: u16,
+    /// Delivery status written into `status_own` (0 = delivered).
+    pub delivery: u8,
+    /// Outbox status.
+    pub status: u8,
+    /// Outbox syndrome.
+    pub syndrome: u32,
+}
+
+/// Everything the worker and the trapped accesses share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) cfg: DeviceConfig,
+    pub(crate) bus: Bus,
+    pub(crate) bar: Arc<DmaBuffer>,
+    pub(crate) pci: Mutex<config::ConfigSpace>,
+    pub(crate) fw: Mutex<fw::Firmware>,
+    pub(crate) faults: Arc<Faults>,
+    pub(crate) stats: Mutex<Stats>,
+    pub(crate) log: Mutex<VecDeque<CmdLogEntry>>,
+    stop: AtomicBool,
+    worker: Mutex<Option<Thread>>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Inner {
+    pub(crate) fn stats(&self) -> MutexGuard<'_, Stats> {
+        lock(&self.stats)
+    }
+
+    pub(crate) fn wake(&self) {
+        if let Some(t) = lock(&self.worker).as_ref() {
+            t.unpark();
+        }
+    }
+
+    /// Sends MSI-X `vector` if the function may: bus master, MSI-X enabled,
+    /// function and vector unmasked; otherwise marks it pending in the PBA.
+    pub(crate) fn msix_signal(&self, vector: u32) {
+        let pci = lock(&self.pci);
+        if pci.msix_deliverable(&self.bar, vector) {
+            drop(pci);
+            if self.bus.irqs.signal(IrqKind::MsiX, vector) {
+                self.stats().interrupts += 1;
+            }
+        } else {
+            initseg::set_pba(&self.bar, vector, true);
+        }
+    }
+
+    /// Delivers every pending vector that became deliverable.
+    pub(crate) fn msix_flush_pending(&self) {
+        let count = self.cfg.profile.msix_vectors();
+        for v in 0..count {
+            if initseg::pba(&self.bar, v) {
+                let ok = lock(&self.pci).msix_deliverable(&self.bar, v);
+                if ok {
+                    initseg::set_pba(&self.bar, v, false);
+                    if self.bus.irqs.signal(IrqKind::MsiX, v) {
+                        self.stats().interrupts += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn bus_master(&self) -> bool {
+        lock(&self.pci).bus_master()
+    }
+
+    /// Function-level reset: power-on state, firmware forgets everything.
+    pub(crate) fn flr(&self) {
+        tracing::info!(dev = %self.cfg.profile.name(), "function-level reset");
+        let mut fw = lock(&self.fw);
+        lock(&self.pci).reset_function();
+        fw.power_on(&self.bar, &self.cfg);
+        let resets = self.stats().resets + 1;
+        *self.stats() = Stats {
+            resets,
+            ..Stats::default()
+        };
+        drop(fw);
+        self.wake();
+    }
+
+    /// One pass of the worker; true if it found something to do.
+    fn poll_once(&self) -> bool {
+        if self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut fw = lock(&self.fw);
+        fw.poll(self)
+    }
+}
+
+/// The ConnectX function (implements [`DeviceModel`]).
+#[derive(Debug)]
+pub struct Device {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Device {
+    /// A function on `bus`, built as `cfg` says; its worker starts now.
+    pub fn new(cfg: DeviceConfig, bus: Bus) -> Self {
+        let profile = cfg.profile;
+        let bar = match DmaBuffer::new(profile.bar0_size() as usize) {
+            Ok(b) => b,
+            Err(e) => {
+                // A memfd the size of the BAR is all the model needs from
+                // the OS; without it there is no device to model.
+                tracing::error!(error = %e, "cannot allocate BAR0 memory; using one page");
+                #[allow(clippy::expect_used)]
+                DmaBuffer::new(4096).expect("one page of memfd")
+            }
+        };
+        let fw = fw::Firmware::new(&cfg);
+        let inner = Arc::new(Inner {
+            pci: Mutex::new(config::ConfigSpace::new(profile)),
+            fw: Mutex::new(fw),
+            faults: Arc::new(Faults::default()),
+            stats: Mutex::new(Stats::default()),
+            log: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+            worker: Mutex::new(None),
+            bar,
+            bus,
+            cfg,
+        });
+        lock(&inner.fw).power_on(&inner.bar, &inner.cfg);
+        let dev = Self {
+            inner,
+            thread: Mutex::new(None),
+        };
+        dev.start();
+        dev
+    }
+
+    fn start(&self) {
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("mlx5-emu-{}", self.inner.cfg.profile.short()))
+            .spawn(move || worker(inner));
+        match spawned {
+            Ok(h) => {
+                *lock(&self.inner.worker) = Some(h.thread().clone());
+                *lock(&self.thread) = Some(h);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot start the device worker"),
+        }
+    }
+
+    /// The configuration the function was built with.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.inner.cfg
+    }
+
+    /// The fault-injection handle.
+    pub fn faults(&self) -> &Arc<Faults> {
+        &self.inner.faults
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let fw = lock(&self.inner.fw);
+        let mut s = self.inner.stats().clone();
+        fw.fill_stats(&mut s);
+        s
+    }
+
+    /// The commands executed so far (oldest first; at most [`CMD_LOG_CAPACITY`]).
+    pub fn command_log(&self) -> Vec<CmdLogEntry> {
+        lock(&self.inner.log).iter().copied().collect()
+    }
+
+    /// Forgets the command log.
+    pub fn clear_command_log(&self) {
+        lock(&self.inner.log).clear();
+    }
+
+    /// The port as firmware models it.
+    pub fn port(&self) -> PortState {
+        lock(&self.inner.fw).port
+    }
+
+    /// Firmware asks the driver for `npages` more pages (positive) or wants
+    /// to return `-npages` (negative), through a PAGE_REQUEST EQE.
+    pub fn request_pages(&self, npages: i32) {
+        lock(&self.inner.fw).queue_page_request(npages);
+        self.inner.wake();
+    }
+
+    /// The BAR0 memory (as the driver maps it), for tests.
+    pub fn bar0(&self) -> &Arc<DmaBuffer> {
+        &self.inner.bar
+    }
+}
+
+fn worker(inner: Arc<Inner>) {
+    let mut last_activity = Instant::now();
+    while !inner.stop.load(Ordering::Acquire) {
+        if inner.poll_once() {
+            last_activity = Instant::now();
+            continue;
+        }
+        if last_activity.elapsed() < SPIN_AFTER_ACTIVITY {
+            std::hint::spin_loop();
+            std::thread::yield_now();
+        } else {
+            std::thread::park_timeout(IDLE_SLEEP);
+        }
+    }
+    tracing::debug!("device worker stopped");
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl DeviceModel for Device {
+    fn name(&self) -> String {
+        format!("emu:{}", self.inner.cfg.profile.short())
+    }
+
+    fn config_read(&self, offset: u64, buf: &mut [u8]) {
+        lock(&self.inner.pci).read(offset, buf);
+    }
+
+    fn config_write(&self, offset: u64, data: &[u8]) {
+        let effect = lock(&self.inner.pci).write(offset, data);
+        if effect.flr {
+            self.inner.flr();
+        }
+        if effect.msix_changed {
+            self.inner.msix_flush_pending();
+        }
+        self.inner.wake();
+    }
+
+    fn region_info(&self, index: u32) -> Option<RegionInfo> {
+        (index == 0).then(|| initseg::region_info(self.inner.cfg.profile))
+    }
+
+    fn region_memory(&self, index: u32) -> Option<Arc<DmaBuffer>> {
+        (index == 0).then(|| self.inner.bar.clone())
+    }
+
+    fn region_read(&self, index: u32, offset: u64, buf: &mut [u8]) {
+        buf.fill(0xff);
+        if index == 0 && self.inner.bar.read(offset as usize, buf).is_err() {
+            buf.fill(0xff);
+        }
+    }
+
+    fn region_write(&self, index: u32, offset: u64, data: &[u8]) {
+        if index != 0 {
+            return;
+        }
+        if let Err(e) = self.inner.bar.write(offset as usize, data) {
+            tracing::warn!(offset, error = %e, "BAR0 write out of range");
+            return;
+        }
+        if initseg::in_msix(self.inner.cfg.profile, offset, data.len()) {
+            self.inner.msix_flush_pending();
+        }
+        self.inner.wake();
+    }
+
+    fn irq_count(&self, kind: IrqKind) -> u32 {
+        match kind {
+            IrqKind::MsiX => self.inner.cfg.profile.msix_vectors(),
+            _ => 0,
+        }
+    }
+
+    fn reset(&self) {
+        self.inner.flr();
+    }
+
+    fn shutdown(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.wake();
+        let handle = lock(&self.thread).take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() && h.join().is_err() {
+                tracing::error!("device worker panicked");
+            }
+        }
+    }
+}
+
+/// A ConnectX function of `profile` with the default configuration.
+pub fn emulated(profile: Profile) -> EmulatedFunction<Device> {
+    emulated_with(DeviceConfig::for_profile(profile))
+}
+
+/// A ConnectX function built as `config` says.
+pub fn emulated_with(config: DeviceConfig) -> EmulatedFunction<Device> {
+    EmulatedFunction::new(move |bus| Device::new(config, bus))
+}
+
+#[cfg(test)]
+mod tests;

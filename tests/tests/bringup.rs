@@ -73,6 +73,7 @@ fn eight_threads_of_nop() {
             });
         }
     });
+    println!("{:?}", hca.cmd().stats());
     assert!(
         hca.cmd()
             .stats()

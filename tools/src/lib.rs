@@ -3,4 +3,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod caps;
+pub mod dev;
+pub mod devinfo;
+pub mod health;
 pub mod layouts;

@@ -1,1 +1,55 @@
-//! The user-space mlx5 driver (see docs/ARCHITECTURE.md).
+//! The user-space mlx5 driver: the HCA layer that takes a ConnectX function
+//! from reset to ready and back, the way Linux's `mlx5_core` does.
+//!
+//! # How an mlx5 function comes up
+//!
+//! A ConnectX function exposes an **initialization segment** at BAR0 offset 0
+//! (firmware version, the command-queue address registers, the command
+//! doorbell, the `initializing` flag, the health buffer and counter). The
+//! driver talks to firmware through a **command queue**: one 4 KiB page of
+//! 64-byte entries in host memory whose IOVA it writes to the segment. Each
+//! command carries its first 16 input/output bytes inline and the rest in a
+//! chain of 576-byte **mailbox blocks**; the driver hands an entry to
+//! firmware by setting its ownership bit and ringing the doorbell bit of
+//! that slot, and firmware hands it back by clearing the bit, with a
+//! delivery status in the entry and a command status and syndrome in the
+//! output. Until an event queue exists, the driver polls the ownership bit;
+//! afterwards firmware also posts a CMD event, and the waiter sleeps.
+//!
+//! Firmware needs host memory of its own: it asks for **pages** at boot, at
+//! init and at run time (PAGE_REQUEST events), and gives them back on
+//! request and at teardown. Firmware liveness is watched through the
+//! **health** counter and buffer.
+//!
+//! The modules mirror Linux's files, one mechanism each:
+//!
+//! - [`cmd`]: the command queue (slots, mailboxes, tokens, signatures,
+//!   polling and event completion, status decoding, tracing);
+//! - [`pagealloc`]: the firmware page supply (2 MiB DMA blocks, 4 KiB pages);
+//! - [`eq`]: UARs, event queues, the event thread and event dispatch;
+//! - [`health`]: the health poller;
+//! - [`caps`]: QUERY_HCA_CAP / SET_HCA_CAP with the kernel's choices;
+//! - [`uar`]: UAR pages inside BAR0;
+//! - [`bringup`] (re-exported as [`hca`]): the whole sequence, [`hca::Hca`].
+//!
+//! Every wait has a deadline, every barrier is named, and nothing the device
+//! writes can make the driver panic: it becomes an [`Error`].
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod bringup;
+pub mod caps;
+pub mod cmd;
+mod dma;
+pub mod eq;
+mod error;
+pub mod health;
+pub mod pagealloc;
+pub mod uar;
+
+pub use error::{Error, Result};
+
+/// The HCA: bring-up, teardown and identity (an alias of [`bringup`]).
+pub mod hca {
+    pub use crate::bringup::*;
+}

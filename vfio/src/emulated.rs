@@ -233,6 +233,12 @@ impl Interrupts {
         self.vectors.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
+    /// How many eventfds are attached to vectors of `kind`.
+    pub fn attached_of(&self, kind: IrqKind) -> usize {
+        let v = self.vectors.lock().unwrap_or_else(|p| p.into_inner());
+        v.keys().filter(|(k, _)| *k == kind).count()
+    }
+
     fn set(&self, kind: IrqKind, start: u32, fds: &[Option<&EventFd>]) -> Result<()> {
         let mut v = self.vectors.lock().unwrap_or_else(|p| p.into_inner());
         if fds.is_empty() {
@@ -298,6 +304,44 @@ impl<M: DeviceModel> EmulatedFunction<M> {
     /// The bus, for tests that count mappings and eventfds.
     pub fn bus(&self) -> &Bus {
         &self.bus
+    }
+}
+
+impl<M: DeviceModel> EmulatedFunction<M> {
+    /// The config-space offset of capability `id`, walking the list.
+    fn find_capability(&self, id: u8) -> Option<u64> {
+        let mut b = [0u8; 1];
+        self.model
+            .config_read(crate::pci::CAPABILITIES_POINTER, &mut b);
+        let mut at = u64::from(b[0] & !3);
+        for _ in 0..48 {
+            if at == 0 {
+                return None;
+            }
+            let mut hdr = [0u8; 2];
+            self.model.config_read(at, &mut hdr);
+            if hdr[0] == id {
+                return Some(at);
+            }
+            at = u64::from(hdr[1] & !3);
+        }
+        None
+    }
+
+    fn set_msix_enable(&self, on: bool) {
+        let Some(cap) = self.find_capability(crate::pci::CAP_ID_MSIX) else {
+            return;
+        };
+        let off = cap + crate::pci::MSIX_MSG_CTRL;
+        let mut b = [0u8; 2];
+        self.model.config_read(off, &mut b);
+        let mut ctrl = u16::from_le_bytes(b);
+        if on {
+            ctrl |= crate::pci::MSIX_CTRL_ENABLE;
+        } else {
+            ctrl &= !crate::pci::MSIX_CTRL_ENABLE;
+        }
+        self.model.config_write(off, &ctrl.to_le_bytes());
     }
 }
 
@@ -376,7 +420,14 @@ impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
                 count,
             });
         }
-        self.bus.irqs.set(kind, start, fds)
+        self.bus.irqs.set(kind, start, fds)?;
+        if kind == IrqKind::MsiX {
+            // vfio-pci enables MSI-X in the function's config space when
+            // vectors are attached and disables it when they are all
+            // released; the driver never writes that bit itself.
+            self.set_msix_enable(self.bus.irqs.attached_of(IrqKind::MsiX) > 0);
+        }
+        Ok(())
     }
 
     fn iova_ranges(&self) -> Result<Vec<IovaRange>> {

@@ -1,7 +1,12 @@
 //! `mlx5`: inspect, bring up and exercise mlx5 functions from user space.
 
-use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::{Parser, Subcommand};
+use tools::dev::Dev;
+use verbs::cmd::TraceSink;
+use verbs::hca::{Hca, HcaOptions};
 
 #[derive(Parser, Debug)]
 #[command(name = "mlx5", version, about = "User-space mlx5 (ConnectX) driver tool")]
@@ -12,6 +17,41 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Bring the function up and print what ibv_devinfo prints.
+    Devinfo {
+        /// PCI address (0000:3b:00.0), emu[:cx4|cx5|cx6|cx7] or vfio-user:PATH; default emu.
+        #[arg(short, long)]
+        dev: Option<String>,
+        /// Add capabilities by name.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// Capability pages, decoded field by field.
+    Caps {
+        /// The device (see devinfo).
+        #[arg(short, long)]
+        dev: Option<String>,
+        /// Show the maximum values instead of the current ones.
+        #[arg(long)]
+        max: bool,
+        /// One page: general, general_2, atomic, roce, odp, device_mem.
+        page: Option<String>,
+    },
+    /// Bring-up and teardown, printed as a Linux mlx5_core command trace.
+    Trace {
+        /// The device (see devinfo).
+        #[arg(short, long)]
+        dev: Option<String>,
+        /// Complete commands by polling instead of through the command EQ.
+        #[arg(long)]
+        polling: bool,
+    },
+    /// The decoded health buffer.
+    Health {
+        /// The device (see devinfo).
+        #[arg(short, long)]
+        dev: Option<String>,
+    },
     /// Print the PRM layouts this build knows (every field's bit offset and width).
     Layouts {
         /// Print JSON: {"name": {"size": bits, "fields": {"field": [bit_offset, width]}}}.
@@ -22,16 +62,64 @@ enum Cmd {
     },
 }
 
+fn open(dev: Option<&str>, opts: HcaOptions) -> Result<Hca, String> {
+    let func = Dev::parse(dev)?.open()?;
+    let name = func.name().to_string();
+    Hca::open(func, opts).map_err(|e| format!("{name}: bring-up failed: {e}"))
+}
+
+fn close(hca: Hca) -> Result<(), String> {
+    hca.close().map_err(|e| format!("teardown failed: {e}"))
+}
+
+fn run(cmd: Cmd) -> Result<String, String> {
+    match cmd {
+        Cmd::Layouts { json, name } => tools::layouts::run(json, name.as_deref()),
+        Cmd::Devinfo { dev, verbose } => {
+            let hca = open(dev.as_deref(), HcaOptions::default())?;
+            let out = tools::devinfo::render(&hca, verbose);
+            close(hca)?;
+            out
+        }
+        Cmd::Caps { dev, max, page } => {
+            let hca = open(dev.as_deref(), HcaOptions::default())?;
+            let out = tools::caps::render(hca.caps(), page.as_deref(), max);
+            close(hca)?;
+            out
+        }
+        Cmd::Trace { dev, polling } => {
+            let text = Arc::new(Mutex::new(String::new()));
+            let sink = {
+                let text = text.clone();
+                TraceSink::new(move |s: &str| {
+                    if let Ok(mut t) = text.lock() {
+                        t.push_str(s);
+                    }
+                })
+            };
+            let opts = HcaOptions { trace: Some(sink), event_mode: !polling, ..HcaOptions::default() };
+            let hca = open(dev.as_deref(), opts)?;
+            close(hca)?;
+            let out = text.lock().map_err(|_| "trace buffer poisoned".to_string())?.clone();
+            Ok(out.trim_end().to_string())
+        }
+        Cmd::Health { dev } => {
+            let hca = open(dev.as_deref(), HcaOptions::default())?;
+            let snap = hca.health_snapshot().map_err(|e| e.to_string());
+            let name = hca.function().name().to_string();
+            close(hca)?;
+            Ok(tools::health::render(&snap?, &name))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let out = match cli.cmd {
-        Cmd::Layouts { json, name } => tools::layouts::run(json, name.as_deref()),
-    };
-    match out {
+    match run(cli.cmd) {
         Ok(text) => {
             use std::io::Write;
             // A closed pipe (`mlx5 layouts | head`) is not an error worth a panic.

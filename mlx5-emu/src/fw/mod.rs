@@ -1,0 +1,487 @@
+//! Firmware: the state behind the command queue and its background duties
+//! (the `initializing` bit, the health counter, the HCA clock, doorbells,
+//! page requests). One file per mechanism; object tables (EQs, UARs; later
+//! CQs, QPs, MKEYs) are `BTreeMap`s keyed by their PRM number.
+
+mod adapter;
+mod caps;
+mod eq;
+mod hca;
+mod issi;
+mod pages;
+mod reg;
+mod uar;
+mod vport;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::status::CmdStatus;
+
+use crate::initseg::{self, rd, wr};
+use crate::profile::CapPages;
+use crate::{DeviceConfig, Inner, Profile, Stats};
+
+pub(crate) use eq::Eq;
+
+/// How often the health counter moves while firmware lives.
+const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The HCA's life cycle as firmware tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HcaState {
+    /// Power-on or after DISABLE_HCA: only ENABLE_HCA (and NOP) are accepted.
+    #[default]
+    Disabled,
+    /// After ENABLE_HCA: ISSI, pages, caps, registers; INIT_HCA next.
+    Enabled,
+    /// After INIT_HCA: resources can be created.
+    Initialized,
+    /// After TEARDOWN_HCA: pages can be reclaimed, DISABLE_HCA next.
+    TornDown,
+    /// After a fast teardown (nic_interface = disabled): firmware let go of
+    /// every page and object.
+    FastTornDown,
+}
+
+/// The port as firmware models it (PAOS, PMTU, PTYS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortState {
+    /// Administratively up.
+    pub admin_up: bool,
+    /// Operationally up (link trained).
+    pub oper_up: bool,
+    /// Largest MTU the port supports, in bytes.
+    pub max_mtu: u16,
+    /// MTU set by the driver, in bytes.
+    pub admin_mtu: u16,
+    /// Ethernet protocols the port supports (PTYS eth_proto_capability).
+    pub eth_proto_cap: u32,
+    /// Ethernet protocols enabled (PTYS eth_proto_admin).
+    pub eth_proto_admin: u32,
+    /// Ethernet protocol the link runs (PTYS eth_proto_oper; 0 when down).
+    pub eth_proto_oper: u32,
+}
+
+impl PortState {
+    fn power_on(p: Profile) -> Self {
+        // 10GBASE-CR (2), 40GBASE-CR4 (6), 100GBASE-CR4 (20), 25GBASE-CR (27), 50GBASE-CR2 (30).
+        let cap = 1 << 2 | 1 << 6 | 1 << 20 | 1 << 27 | 1 << 30;
+        let _ = p;
+        Self {
+            admin_up: true,
+            oper_up: false,
+            max_mtu: 9978,
+            admin_mtu: 1500,
+            eth_proto_cap: cap,
+            eth_proto_admin: cap,
+            eth_proto_oper: 0,
+        }
+    }
+}
+
+/// A failed command: status and syndrome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fail {
+    pub status: CmdStatus,
+    pub syndrome: u32,
+}
+
+pub(crate) type CmdResult = Result<Vec<u8>, Fail>;
+
+pub(crate) fn fail(status: CmdStatus, syndrome: u32) -> Fail {
+    Fail { status, syndrome }
+}
+
+/// Syndromes firmware returns, one per check (stable values).
+pub(crate) mod synd {
+    pub const BAD_OPCODE: u32 = 0x1d3c_0001;
+    pub const HCA_NOT_ENABLED: u32 = 0x3a5b_0001;
+    pub const HCA_ALREADY_ENABLED: u32 = 0x3a5b_0002;
+    pub const HCA_NOT_INITIALIZED: u32 = 0x3a5b_0003;
+    pub const HCA_ALREADY_INITIALIZED: u32 = 0x3a5b_0004;
+    pub const INIT_WITHOUT_PAGES: u32 = 0x3a5b_0005;
+    pub const DISABLE_WHILE_INITIALIZED: u32 = 0x3a5b_0006;
+    pub const BAD_TEARDOWN_PROFILE: u32 = 0x3a5b_0007;
+    pub const BAD_FUNCTION_ID: u32 = 0x3a5b_0008;
+    pub const BAD_INPUT_LENGTH: u32 = 0x0cad_0001;
+    pub const BAD_OUTPUT_LENGTH: u32 = 0x0cad_0002;
+    pub const ISSI_UNSUPPORTED: u32 = 0x6a1b_0001;
+    pub const ISSI_AFTER_INIT: u32 = 0x6a1b_0002;
+    pub const PAGES_BAD_OP_MOD: u32 = 0x5e91_0001;
+    pub const PAGE_NOT_MAPPED: u32 = 0x5e91_0002;
+    pub const PAGE_MISALIGNED: u32 = 0x5e91_0003;
+    pub const PAGE_DUPLICATE: u32 = 0x5e91_0004;
+    pub const PAGES_TOO_MANY: u32 = 0x5e91_0005;
+    pub const CAP_BAD_TYPE: u32 = 0x2c7f_0001;
+    pub const CAP_EXCEEDS_MAX: u32 = 0x2c7f_0002;
+    pub const CAP_AFTER_INIT: u32 = 0x2c7f_0003;
+    pub const CAP_WITHOUT_BOOT_PAGES: u32 = 0x2c7f_0004;
+    pub const REG_UNKNOWN: u32 = 0x7e60_0001;
+    pub const REG_BAD_PORT: u32 = 0x7e60_0002;
+    pub const REG_BAD_VALUE: u32 = 0x7e60_0003;
+    pub const REG_BAD_OP_MOD: u32 = 0x7e60_0004;
+    pub const UAR_UNKNOWN: u32 = 0x4c31_0001;
+    pub const UAR_EXHAUSTED: u32 = 0x4c31_0002;
+    pub const UAR_IN_USE: u32 = 0x4c31_0003;
+    pub const EQ_UNKNOWN: u32 = 0x0e90_0001;
+    pub const EQ_EXHAUSTED: u32 = 0x0e90_0002;
+    pub const EQ_BAD_SIZE: u32 = 0x0e90_0003;
+    pub const EQ_BAD_UAR: u32 = 0x0e90_0004;
+    pub const EQ_BAD_INTR: u32 = 0x0e90_0005;
+    pub const EQ_BAD_PAS: u32 = 0x0e90_0006;
+    pub const EQ_BAD_PAGE_SIZE: u32 = 0x0e90_0007;
+    pub const VPORT_BAD_PORT: u32 = 0x2b07_0001;
+    pub const VPORT_OTHER: u32 = 0x2b07_0002;
+    pub const VPORT_BAD_GID_INDEX: u32 = 0x2b07_0003;
+}
+
+/// Firmware state.
+#[derive(Debug)]
+pub(crate) struct Firmware {
+    pub(crate) profile: Profile,
+    pub(crate) caps: CapPages,
+    power_on_at: Instant,
+    fw_start: std::time::Duration,
+    initializing: bool,
+    dead: bool,
+    last_tick: Instant,
+    health_counter: u32,
+    // Command interface.
+    pub(crate) cmdq_base: u64,
+    pub(crate) pending: u32,
+    pub(crate) stuck: u32,
+    pub(crate) doorbell_seen: bool,
+    pub(crate) checksums: bool,
+    nic_interface: u32,
+    // HCA.
+    pub(crate) hca: HcaState,
+    pub(crate) issi: u16,
+    pub(crate) driver_version: String,
+    fast_teardown_prepared: bool,
+    host_endianness: u8,
+    // Pages.
+    pub(crate) pages: BTreeSet<u64>,
+    pub(crate) extra_demand: i64,
+    pub(crate) page_requests: VecDeque<i32>,
+    // Objects.
+    pub(crate) uars: BTreeSet<u32>,
+    pub(crate) eqs: BTreeMap<u8, Eq>,
+    pub(crate) eq_db_last: BTreeMap<(u32, usize), u32>,
+    // Port and vport.
+    pub(crate) port: PortState,
+    pub(crate) roce_en: bool,
+    pub(crate) vport_mtu: u16,
+}
+
+impl Firmware {
+    pub(crate) fn new(cfg: &DeviceConfig) -> Self {
+        let now = Instant::now();
+        Self {
+            profile: cfg.profile,
+            caps: cfg.profile.caps(),
+            power_on_at: now,
+            fw_start: cfg.fw_start,
+            initializing: true,
+            dead: false,
+            last_tick: now,
+            health_counter: 0,
+            cmdq_base: 0,
+            pending: 0,
+            stuck: 0,
+            doorbell_seen: false,
+            checksums: false,
+            nic_interface: 0,
+            hca: HcaState::Disabled,
+            issi: 0,
+            driver_version: String::new(),
+            fast_teardown_prepared: false,
+            host_endianness: 0,
+            pages: BTreeSet::new(),
+            extra_demand: 0,
+            page_requests: VecDeque::new(),
+            uars: BTreeSet::new(),
+            eqs: BTreeMap::new(),
+            eq_db_last: BTreeMap::new(),
+            port: PortState::power_on(cfg.profile),
+            roce_en: false,
+            vport_mtu: 1500,
+        }
+    }
+
+    /// Power-on (or FLR): forget everything, rewrite BAR0.
+    pub(crate) fn power_on(&mut self, bar: &vfio::DmaBuffer, cfg: &DeviceConfig) {
+        for &u in &self.uars {
+            let _ = bar.fill((u as usize) << 12, 4096, 0);
+        }
+        *self = Self::new(cfg);
+        initseg::power_on(
+            bar,
+            cfg.profile,
+            cfg.cmd_exec_timeout_ms,
+            cfg.cmd_init_timeout_ms,
+        );
+    }
+
+    pub(crate) fn fill_stats(&self, s: &mut Stats) {
+        s.pages_held = self.pages.len() as u64;
+        s.eqs = self.eqs.len();
+        s.uars = self.uars.len();
+        s.hca_state = self.hca;
+    }
+
+    /// Pages firmware needs to hold in its current state.
+    pub(crate) fn page_demand(&self) -> u64 {
+        let boot = u64::from(self.profile.boot_pages());
+        let init = u64::from(self.profile.init_pages());
+        match self.hca {
+            HcaState::Enabled => boot,
+            HcaState::Initialized => (boot as i64 + init as i64 + self.extra_demand).max(0) as u64,
+            _ => 0,
+        }
+    }
+
+    /// Firmware asks for (or returns) pages at run time.
+    pub(crate) fn queue_page_request(&mut self, npages: i32) {
+        self.page_requests.push_back(npages);
+    }
+
+    /// One pass of the worker; true if something happened.
+    pub(crate) fn poll(&mut self, inner: &Inner) -> bool {
+        let bar = &inner.bar;
+        let now = Instant::now();
+        let mut busy = false;
+        // Health.
+        if let Some((synd, ext)) = inner.faults.health() {
+            if !self.dead {
+                tracing::warn!(%synd, ext, "firmware health failure injected");
+                self.dead = true;
+                let _ = bar.write(initseg::HEALTH_SYND, &[synd.to_raw()]);
+                let _ = bar.write(initseg::HEALTH_EXT_SYND, &ext.to_be_bytes());
+                let _ = bar.write(initseg::HEALTH_RFR_SEVERITY, &[0x80 | 0x8 | 2]);
+                wr(bar, initseg::HEALTH_FW_VER, 0xffff_ffff);
+                let hc = rd(bar, initseg::HEALTH_COUNTER) & 0x00ff_ffff;
+                wr(
+                    bar,
+                    initseg::HEALTH_COUNTER,
+                    u32::from(synd.to_raw()) << 24 | hc,
+                );
+                busy = true;
+            }
+            return busy;
+        }
+        if now.duration_since(self.last_tick) >= HEALTH_TICK {
+            self.last_tick = now;
+            self.health_counter = (self.health_counter + 1) & 0x00ff_ffff;
+            wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
+            let ns = now.duration_since(self.power_on_at).as_nanos() as u64;
+            wr(bar, initseg::INTERNAL_TIMER_H, (ns >> 32) as u32);
+            wr(bar, initseg::INTERNAL_TIMER_L, ns as u32);
+        }
+        if self.initializing {
+            if now.duration_since(self.power_on_at) >= self.fw_start
+                && !inner.faults.is_stuck_initializing()
+            {
+                let v = rd(bar, initseg::INITIALIZING) & !initseg::INITIALIZING_BIT;
+                wr(bar, initseg::INITIALIZING, v);
+                self.initializing = false;
+                tracing::debug!("firmware initialized");
+                return true;
+            }
+            return false;
+        }
+        busy |= self.poll_cmdq_regs(inner);
+        if !inner.bus_master() {
+            return busy;
+        }
+        busy |= self.poll_commands(inner);
+        busy |= self.poll_eq_doorbells(inner);
+        busy |= self.post_page_requests(inner);
+        busy
+    }
+
+    /// The command-queue address register: the driver writes the address
+    /// (and, for fast teardown, nic_interface); the low byte always reads
+    /// log size and stride.
+    fn poll_cmdq_regs(&mut self, inner: &Inner) -> bool {
+        let bar = &inner.bar;
+        let l = rd(bar, initseg::CMDQ_ADDR_L_SZ);
+        let h = rd(bar, initseg::CMDQ_ADDR_H);
+        let base = u64::from(h) << 32 | u64::from(l & !0xfff);
+        let mut busy = false;
+        if base != self.cmdq_base {
+            tracing::debug!(base = format_args!("{base:#x}"), "command queue address");
+            self.cmdq_base = base;
+            busy = true;
+        }
+        if l & 0xff != initseg::CMDQ_SZ_BYTE {
+            let nic = (l >> initseg::NIC_IFC_SHIFT) & 0x7;
+            wr(
+                bar,
+                initseg::CMDQ_ADDR_L_SZ,
+                (l & !0xff) | initseg::CMDQ_SZ_BYTE,
+            );
+            if nic != self.nic_interface {
+                self.nic_interface = nic;
+                if nic == initseg::NIC_IFC_DISABLED {
+                    self.fast_teardown(inner);
+                }
+            }
+            busy = true;
+        }
+        busy
+    }
+
+    fn poll_commands(&mut self, inner: &Inner) -> bool {
+        let bar = &inner.bar;
+        let db = rd(bar, initseg::CMD_DBELL);
+        if db != 0 {
+            wr(bar, initseg::CMD_DBELL, 0);
+            self.pending |= db & !self.stuck;
+            self.doorbell_seen = true;
+        }
+        if self.cmdq_base == 0 {
+            return db != 0;
+        }
+        if self.doorbell_seen {
+            // A lost doorbell (overwritten in shared memory): any entry that
+            // the driver handed to HW counts as rung.
+            let n = 1usize << initseg::LOG_CMDQ_SIZE;
+            let stride = 1usize << initseg::LOG_CMDQ_STRIDE;
+            let mut q = vec![0u8; n * stride];
+            if inner.bus.dma.read(self.cmdq_base, &mut q).is_ok() {
+                for slot in 0..n {
+                    if q[slot * stride + 0x3f] & 1 != 0 && self.stuck & 1 << slot == 0 {
+                        self.pending |= 1 << slot;
+                    }
+                }
+            }
+        }
+        let busy = self.pending != 0;
+        while self.pending != 0 {
+            let slot = self.pending.trailing_zeros();
+            self.pending &= !(1 << slot);
+            crate::cmdq::run_slot(self, inner, slot as u8);
+        }
+        busy || db != 0
+    }
+
+    /// Runs one command's input; `Ok(output)` or the failing status.
+    pub(crate) fn execute(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        let opcode = Opcode::from(be16(input, 0));
+        let op_mod = be16(input, 6);
+        use Opcode as O;
+        // Before ENABLE_HCA firmware only takes ENABLE_HCA.
+        if matches!(self.hca, HcaState::Disabled | HcaState::FastTornDown)
+            && !matches!(opcode, O::EnableHca | O::Nop | O::DisableHca)
+        {
+            if !opcode.is_known() || !self.implements(opcode) {
+                return Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE));
+            }
+            return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_ENABLED));
+        }
+        let needs_init = matches!(
+            opcode,
+            O::AllocUar
+                | O::DeallocUar
+                | O::CreateEq
+                | O::DestroyEq
+                | O::QueryEq
+                | O::QuerySpecialContexts
+                | O::QueryVportState
+                | O::QueryHcaVportContext
+                | O::QueryHcaVportGid
+                | O::QueryNicVportContext
+                | O::ModifyNicVportContext
+        );
+        if needs_init && self.hca != HcaState::Initialized {
+            return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
+        }
+        let r = match opcode {
+            O::EnableHca => self.enable_hca(input, outlen),
+            O::DisableHca => self.disable_hca(input, outlen),
+            O::InitHca => self.init_hca(input, outlen),
+            O::TeardownHca => self.teardown_hca(inner, input, outlen),
+            O::SetDriverVersion => self.set_driver_version(input, outlen),
+            O::Nop => sized(input, outlen, 0x10, 0x10).map(|_| vec![0; 0x10]),
+            O::QueryIssi => self.query_issi(input, outlen),
+            O::SetIssi => self.set_issi(input, outlen),
+            O::QueryPages => self.query_pages(input, outlen),
+            O::ManagePages => self.manage_pages(inner, input, outlen),
+            O::QueryHcaCap => self.query_hca_cap(input, outlen),
+            O::SetHcaCap => self.set_hca_cap(input, outlen),
+            O::AccessReg => self.access_reg(inner, input, outlen),
+            O::QueryAdapter => self.query_adapter(input, outlen),
+            O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
+            O::AllocUar => self.alloc_uar(inner, input, outlen),
+            O::DeallocUar => self.dealloc_uar(inner, input, outlen),
+            O::CreateEq => self.create_eq(inner, input, outlen),
+            O::DestroyEq => self.destroy_eq(input, outlen),
+            O::QueryEq => self.query_eq(input, outlen),
+            O::QueryVportState => self.query_vport_state(input, outlen),
+            O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),
+            O::QueryHcaVportGid => self.query_hca_vport_gid(input, outlen),
+            O::QueryNicVportContext => self.query_nic_vport_context(input, outlen),
+            O::ModifyNicVportContext => self.modify_nic_vport_context(input, outlen),
+            _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
+        };
+        let _ = op_mod;
+        r
+    }
+
+    fn implements(&self, op: Opcode) -> bool {
+        use Opcode as O;
+        matches!(
+            op,
+            O::EnableHca
+                | O::DisableHca
+                | O::InitHca
+                | O::TeardownHca
+                | O::SetDriverVersion
+                | O::Nop
+                | O::QueryIssi
+                | O::SetIssi
+                | O::QueryPages
+                | O::ManagePages
+                | O::QueryHcaCap
+                | O::SetHcaCap
+                | O::AccessReg
+                | O::QueryAdapter
+                | O::QuerySpecialContexts
+                | O::AllocUar
+                | O::DeallocUar
+                | O::CreateEq
+                | O::DestroyEq
+                | O::QueryEq
+                | O::QueryVportState
+                | O::QueryHcaVportContext
+                | O::QueryHcaVportGid
+                | O::QueryNicVportContext
+                | O::ModifyNicVportContext
+        )
+    }
+}
+
+/// Checks the input and output lengths a command needs.
+pub(crate) fn sized(
+    input: &[u8],
+    outlen: usize,
+    inlen_min: usize,
+    outlen_min: usize,
+) -> Result<(), Fail> {
+    if input.len() < inlen_min {
+        return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));
+    }
+    if outlen < outlen_min {
+        return Err(fail(CmdStatus::BadOutputLength, synd::BAD_OUTPUT_LENGTH));
+    }
+    Ok(())
+}
+
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+    match b.get(at..at + 2) {
+        Some(s) => u16::from_be_bytes([s[0], s[1]]),
+        None => 0,
+    }
+}

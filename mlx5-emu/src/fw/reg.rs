@@ -1,0 +1,198 @@
+//! ACCESS_REG: HOST_ENDIANNESS, PAOS, PMTU, PTYS, DTOR, on a one-port
+//! Ethernet function.
+
+use mlx5_hw::event::EventType;
+use mlx5_hw::ifc::{
+    access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ptys_reg,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::{fail, sized, synd, CmdResult, Firmware};
+use crate::Inner;
+
+/// Register ids.
+pub(crate) const REG_PMTU: u16 = 0x5003;
+pub(crate) const REG_PTYS: u16 = 0x5004;
+pub(crate) const REG_PAOS: u16 = 0x5006;
+pub(crate) const REG_HOST_ENDIANNESS: u16 = 0x7004;
+pub(crate) const REG_DTOR: u16 = 0xc00e;
+
+/// ACCESS_REG op_mod.
+const WRITE: u64 = 0;
+const READ: u64 = 1;
+
+/// PAOS status values.
+const STATUS_UP: u64 = 1;
+const STATUS_DOWN: u64 = 2;
+
+/// PORT_CHANGE subtypes.
+const PORT_CHANGE_DOWN: u8 = 1;
+const PORT_CHANGE_ACTIVE: u8 = 4;
+
+/// PTYS proto_mask: Ethernet.
+const PROTO_ETH: u64 = 1 << 2;
+/// The protocol the link trains to when up: 100GBASE-CR4.
+const OPER_PROTO: u32 = 1 << 20;
+
+/// DTOR default timeouts, in milliseconds (what firmware advertises).
+const DTOR_MS: [(&str, u64); 11] = [
+    ("pcie_toggle_to", 2000),
+    ("health_poll_to", 2000),
+    ("full_crdump_to", 60000),
+    ("fw_reset_to", 60000),
+    ("flush_on_err_to", 2000),
+    ("pci_sync_update_to", 5000),
+    ("tear_down_to", 3000),
+    ("fsm_reactivate_to", 5000),
+    ("reclaim_pages_to", 5000),
+    ("reclaim_vfs_pages_to", 120000),
+    ("reset_unload_to", 300000),
+];
+
+impl Firmware {
+    pub(super) fn access_reg(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            access_register_in::SIZE_BYTES,
+            access_register_out::SIZE_BYTES,
+        )?;
+        let op = access_register_in::OP_MOD.get(input);
+        if op != WRITE && op != READ {
+            return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_OP_MOD));
+        }
+        let id = access_register_in::REGISTER_ID.get(input) as u16;
+        let data = &input[access_register_in::SIZE_BYTES..];
+        let size = match id {
+            REG_PMTU => pmtu_reg::SIZE_BYTES,
+            REG_PTYS => ptys_reg::SIZE_BYTES,
+            REG_PAOS => paos_reg::SIZE_BYTES,
+            REG_HOST_ENDIANNESS => 0x10,
+            REG_DTOR => dtor_reg::SIZE_BYTES,
+            _ => return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN)),
+        };
+        if data.len() < size {
+            return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));
+        }
+        if outlen < access_register_out::SIZE_BYTES + size {
+            return Err(fail(CmdStatus::BadOutputLength, synd::BAD_OUTPUT_LENGTH));
+        }
+        let mut reg = data[..size].to_vec();
+        match id {
+            REG_HOST_ENDIANNESS => {
+                if op == WRITE {
+                    self.host_endianness = reg[0];
+                } else {
+                    reg.fill(0);
+                    reg[0] = self.host_endianness;
+                }
+            }
+            REG_DTOR => {
+                if op == WRITE {
+                    return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_OP_MOD));
+                }
+                reg.fill(0);
+                for (name, ms) in DTOR_MS {
+                    // default_timeout: to_multiplier (0 = ms) [31:29], to_value [19:0].
+                    if let Some(f) = dtor_reg::INFO.fields.iter().find(|f| f.name == name) {
+                        mlx5_hw::bits::set_bits(&mut reg, f.bit_off + 12, 20, ms);
+                    }
+                }
+            }
+            REG_PAOS => self.paos(inner, op, &mut reg)?,
+            REG_PMTU => {
+                check_port(pmtu_reg::LOCAL_PORT.get(&reg))?;
+                if op == WRITE {
+                    let mtu = pmtu_reg::ADMIN_MTU.get(&reg);
+                    if mtu == 0 || mtu > u64::from(self.port.max_mtu) {
+                        return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+                    }
+                    self.port.admin_mtu = mtu as u16;
+                }
+                reg.fill(0);
+                pmtu_reg::LOCAL_PORT.set(&mut reg, 1);
+                pmtu_reg::MAX_MTU.set(&mut reg, u64::from(self.port.max_mtu));
+                pmtu_reg::ADMIN_MTU.set(&mut reg, u64::from(self.port.admin_mtu));
+                pmtu_reg::OPER_MTU.set(&mut reg, u64::from(self.port.admin_mtu));
+            }
+            REG_PTYS => {
+                check_port(ptys_reg::LOCAL_PORT.get(&reg))?;
+                if ptys_reg::PROTO_MASK.get(&reg) & PROTO_ETH == 0 {
+                    return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+                }
+                if op == WRITE {
+                    let admin = ptys_reg::ETH_PROTO_ADMIN.get(&reg) as u32;
+                    if admin & !self.port.eth_proto_cap != 0 {
+                        return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+                    }
+                    self.port.eth_proto_admin = admin;
+                }
+                reg.fill(0);
+                ptys_reg::LOCAL_PORT.set(&mut reg, 1);
+                ptys_reg::PROTO_MASK.set(&mut reg, PROTO_ETH);
+                ptys_reg::ETH_PROTO_CAPABILITY.set(&mut reg, u64::from(self.port.eth_proto_cap));
+                ptys_reg::ETH_PROTO_ADMIN.set(&mut reg, u64::from(self.port.eth_proto_admin));
+                ptys_reg::ETH_PROTO_OPER.set(&mut reg, u64::from(self.port.eth_proto_oper));
+            }
+            _ => {}
+        }
+        let mut out = vec![0u8; access_register_out::SIZE_BYTES + size];
+        out[access_register_out::SIZE_BYTES..].copy_from_slice(&reg);
+        Ok(out)
+    }
+
+    fn paos(&mut self, inner: &Inner, op: u64, reg: &mut [u8]) -> Result<(), super::Fail> {
+        check_port(paos_reg::LOCAL_PORT.get(reg))?;
+        if op == WRITE && paos_reg::ASE.get(reg) == 1 {
+            let admin = paos_reg::ADMIN_STATUS.get(reg);
+            if admin != STATUS_UP && admin != STATUS_DOWN {
+                return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+            }
+            self.port.admin_up = admin == STATUS_UP;
+            let oper = self.port.admin_up && self.hca == super::HcaState::Initialized;
+            if oper != self.port.oper_up {
+                self.port.oper_up = oper;
+                self.port.eth_proto_oper = if oper { OPER_PROTO } else { 0 };
+                if let Some(eqn) = self.eq_for(EventType::PortChange) {
+                    let mut data = [0u8; 28];
+                    data[8] = 1 << 4; // port 1
+                    let sub = if oper {
+                        PORT_CHANGE_ACTIVE
+                    } else {
+                        PORT_CHANGE_DOWN
+                    };
+                    self.post_eqe(inner, eqn, EventType::PortChange.to_raw(), sub, &data);
+                }
+            }
+        }
+        for b in reg.iter_mut() {
+            *b = 0;
+        }
+        paos_reg::LOCAL_PORT.set(reg, 1);
+        paos_reg::ADMIN_STATUS.set(
+            reg,
+            if self.port.admin_up {
+                STATUS_UP
+            } else {
+                STATUS_DOWN
+            },
+        );
+        paos_reg::OPER_STATUS.set(
+            reg,
+            if self.port.oper_up {
+                STATUS_UP
+            } else {
+                STATUS_DOWN
+            },
+        );
+        Ok(())
+    }
+}
+
+fn check_port(p: u64) -> Result<(), super::Fail> {
+    if p == 1 {
+        Ok(())
+    } else {
+        Err(fail(CmdStatus::BadParameter, synd::REG_BAD_PORT))
+    }
+}

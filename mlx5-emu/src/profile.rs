@@ -1,0 +1,356 @@
+//! Card profiles: PCI identity, BAR size, MSI-X vectors, firmware version,
+//! and the capability pages firmware reports (ConnectX-4's taken from a real
+//! card's bring-up trace; later generations raise a few fields).
+
+use std::collections::BTreeMap;
+
+use mlx5_hw::bits::BitField;
+use mlx5_hw::ifc::{cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, roce_cap};
+
+/// The ConnectX-4 capability pages and QUERY_ADAPTER block, from the trace.
+const CX4_DATA: &str = include_str!("../profiles/connectx4-caps.txt");
+
+/// Size of one capability page (QUERY_HCA_CAP payload), in bytes.
+pub const CAP_PAGE_SIZE: usize = 4096;
+
+/// Capability types (QUERY_HCA_CAP op_mod >> 1) the model answers.
+pub mod cap_type {
+    /// General device capabilities (`cmd_hca_cap`).
+    pub const GENERAL: u16 = 0x0;
+    /// Ethernet offloads.
+    pub const ETHERNET_OFFLOADS: u16 = 0x1;
+    /// On-demand paging.
+    pub const ODP: u16 = 0x2;
+    /// Atomic operations.
+    pub const ATOMIC: u16 = 0x3;
+    /// RoCE.
+    pub const ROCE: u16 = 0x4;
+    /// NIC flow tables.
+    pub const FLOW_TABLE: u16 = 0x7;
+    /// Device memory.
+    pub const DEV_MEM: u16 = 0xf;
+    /// General device capabilities, second page (`cmd_hca_cap_2`).
+    pub const GENERAL_2: u16 = 0x20;
+}
+
+/// A ConnectX generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Profile {
+    /// ConnectX-4 (0x1013), firmware 14.12.1220: the traced card.
+    #[default]
+    ConnectX4,
+    /// ConnectX-5 (0x1017).
+    ConnectX5,
+    /// ConnectX-6 (0x101b).
+    ConnectX6,
+    /// ConnectX-7 (0x1021).
+    ConnectX7,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 4] = [
+        Profile::ConnectX4,
+        Profile::ConnectX5,
+        Profile::ConnectX6,
+        Profile::ConnectX7,
+    ];
+
+    /// PCI device id.
+    pub const fn device_id(self) -> u16 {
+        match self {
+            Profile::ConnectX4 => 0x1013,
+            Profile::ConnectX5 => 0x1017,
+            Profile::ConnectX6 => 0x101b,
+            Profile::ConnectX7 => 0x1021,
+        }
+    }
+
+    /// PCI subsystem id (the Mellanox retail board ids).
+    pub const fn subsystem_id(self) -> u16 {
+        match self {
+            Profile::ConnectX4 => 0x0008,
+            Profile::ConnectX5 => 0x0008,
+            Profile::ConnectX6 => 0x0006,
+            Profile::ConnectX7 => 0x0020,
+        }
+    }
+
+    /// PCI revision id.
+    pub const fn revision(self) -> u8 {
+        0x00
+    }
+
+    /// Human name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Profile::ConnectX4 => "ConnectX-4",
+            Profile::ConnectX5 => "ConnectX-5",
+            Profile::ConnectX6 => "ConnectX-6",
+            Profile::ConnectX7 => "ConnectX-7",
+        }
+    }
+
+    /// Short name (`cx4`).
+    pub const fn short(self) -> &'static str {
+        match self {
+            Profile::ConnectX4 => "cx4",
+            Profile::ConnectX5 => "cx5",
+            Profile::ConnectX6 => "cx6",
+            Profile::ConnectX7 => "cx7",
+        }
+    }
+
+    /// BAR0 size in bytes (32 MiB on ConnectX-4/5, 64 MiB later).
+    pub const fn bar0_size(self) -> u64 {
+        match self {
+            Profile::ConnectX4 | Profile::ConnectX5 => 32 << 20,
+            Profile::ConnectX6 | Profile::ConnectX7 => 64 << 20,
+        }
+    }
+
+    /// MSI-X vectors.
+    pub const fn msix_vectors(self) -> u32 {
+        match self {
+            Profile::ConnectX4 => 64,
+            Profile::ConnectX5 => 64,
+            Profile::ConnectX6 | Profile::ConnectX7 => 128,
+        }
+    }
+
+    /// Firmware version (major, minor, subminor).
+    pub const fn fw_version(self) -> (u16, u16, u16) {
+        match self {
+            Profile::ConnectX4 => (14, 12, 1220),
+            Profile::ConnectX5 => (16, 35, 2000),
+            Profile::ConnectX6 => (20, 39, 1002),
+            Profile::ConnectX7 => (28, 39, 1002),
+        }
+    }
+
+    /// Pages firmware asks for at boot (QUERY_PAGES op_mod 1; CX4: the trace).
+    pub const fn boot_pages(self) -> u32 {
+        match self {
+            Profile::ConnectX4 => 6,
+            _ => 8,
+        }
+    }
+
+    /// Pages firmware asks for before INIT_HCA (QUERY_PAGES op_mod 2; CX4: the trace).
+    pub const fn init_pages(self) -> u32 {
+        match self {
+            Profile::ConnectX4 => 0x3244,
+            Profile::ConnectX5 => 0x2c00,
+            Profile::ConnectX6 | Profile::ConnectX7 => 0x2400,
+        }
+    }
+
+    /// The ISSI values firmware supports (bit i = ISSI i; CX4: the trace).
+    pub const fn supported_issi(self) -> u32 {
+        0x2
+    }
+
+    /// The capability pages of this profile.
+    pub fn caps(self) -> CapPages {
+        let mut caps = CapPages::parse(CX4_DATA);
+        if self != Profile::ConnectX4 {
+            caps.raise(self);
+        }
+        caps
+    }
+}
+
+/// Capability pages (current and max per type) and the QUERY_ADAPTER block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapPages {
+    /// Current values, by capability type.
+    pub cur: BTreeMap<u16, Vec<u8>>,
+    /// Maximum values, by capability type.
+    pub max: BTreeMap<u16, Vec<u8>>,
+    /// The `query_adapter_param_block`.
+    pub adapter: Vec<u8>,
+}
+
+impl CapPages {
+    /// Parses the profile text format (sections `[cap <type> cur|max]` and
+    /// `[query_adapter]`, hex lines `off: dw dw dw dw`). Lines that do not
+    /// parse are skipped with a warning; it never panics.
+    pub fn parse(text: &str) -> Self {
+        let mut cur = BTreeMap::new();
+        let mut max = BTreeMap::new();
+        let mut adapter = vec![0u8; 0x100];
+        enum Sect {
+            None,
+            Cur(u16),
+            Max(u16),
+            Adapter,
+        }
+        let mut sect = Sect::None;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(h) = line.strip_prefix('[') {
+                let h = h.trim_end_matches(']');
+                let w: Vec<&str> = h.split_whitespace().collect();
+                sect = match w.as_slice() {
+                    ["cap", t, k] => {
+                        let t =
+                            u16::from_str_radix(t.trim_start_matches("0x"), 16).unwrap_or(0xffff);
+                        match *k {
+                            "cur" => Sect::Cur(t),
+                            "max" => Sect::Max(t),
+                            _ => Sect::None,
+                        }
+                    }
+                    ["query_adapter"] => Sect::Adapter,
+                    _ => {
+                        tracing::warn!(line = n + 1, "profile: unknown section");
+                        Sect::None
+                    }
+                };
+                match sect {
+                    Sect::Cur(t) => {
+                        cur.insert(t, vec![0u8; CAP_PAGE_SIZE]);
+                    }
+                    Sect::Max(t) => {
+                        max.insert(t, vec![0u8; CAP_PAGE_SIZE]);
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            let Some((off, words)) = line.split_once(':') else {
+                tracing::warn!(line = n + 1, "profile: not a hex line");
+                continue;
+            };
+            let Ok(off) = usize::from_str_radix(off.trim(), 16) else {
+                continue;
+            };
+            let buf: &mut Vec<u8> = match sect {
+                Sect::Cur(t) => match cur.get_mut(&t) {
+                    Some(b) => b,
+                    None => continue,
+                },
+                Sect::Max(t) => match max.get_mut(&t) {
+                    Some(b) => b,
+                    None => continue,
+                },
+                Sect::Adapter => &mut adapter,
+                Sect::None => continue,
+            };
+            for (i, w) in words.split_whitespace().enumerate() {
+                let Ok(v) = u32::from_str_radix(w, 16) else {
+                    continue;
+                };
+                let at = off + i * 4;
+                if let Some(d) = buf.get_mut(at..at + 4) {
+                    d.copy_from_slice(&v.to_be_bytes());
+                }
+            }
+        }
+        // Types the card reports with an all-zero page (not in the trace:
+        // ODP without `pg`, no device memory, no general_2 page).
+        for t in [cap_type::ODP, cap_type::DEV_MEM, cap_type::GENERAL_2] {
+            cur.entry(t).or_insert_with(|| vec![0u8; CAP_PAGE_SIZE]);
+            max.entry(t).or_insert_with(|| vec![0u8; CAP_PAGE_SIZE]);
+        }
+        Self { cur, max, adapter }
+    }
+
+    /// Reads a field of a current page.
+    pub fn get(&self, ty: u16, f: BitField) -> u64 {
+        self.cur.get(&ty).map_or(0, |p| f.get(p))
+    }
+
+    fn set_both(&mut self, ty: u16, f: BitField, v: u64) {
+        for m in [&mut self.cur, &mut self.max] {
+            if let Some(p) = m.get_mut(&ty) {
+                f.set(p, v);
+            }
+        }
+    }
+
+    /// What later generations add over ConnectX-4 (a few real raises).
+    fn raise(&mut self, p: Profile) {
+        use cap_type::*;
+        // ConnectX-5: DCT, device memory, general_2 page, ODP, 64 KiB-page
+        // UARs per 4 KiB, more QPs.
+        self.set_both(GENERAL, cmd_hca_cap::DCT, 1);
+        self.set_both(GENERAL, cmd_hca_cap::HCA_CAP_2, 1);
+        self.set_both(GENERAL, cmd_hca_cap::DEVICE_MEMORY, 1);
+        self.set_both(GENERAL, cmd_hca_cap::PG, 1);
+        self.set_both(GENERAL, cmd_hca_cap::UAR_4K, 0);
+        if let Some(m) = self.max.get_mut(&GENERAL) {
+            cmd_hca_cap::UAR_4K.set(m, 1);
+        }
+        self.set_both(DEV_MEM, device_mem_cap::MEMIC, 1);
+        self.set_both(DEV_MEM, device_mem_cap::LOG_MIN_MEMIC_ALLOC_SIZE, 6);
+        self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, 0x20000);
+        self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
+        if p == Profile::ConnectX6 || p == Profile::ConnectX7 {
+            // ConnectX-6 and later: RoCE v2 only over UDP port 4791, more QPs.
+            self.set_both(ROCE, roce_cap::R_ROCE_DEST_UDP_PORT, 4791);
+            if let Some(m) = self.max.get_mut(&GENERAL) {
+                cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cx4_caps_decode_to_the_trace_values() {
+        let c = Profile::ConnectX4.caps();
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_QP), 0xe);
+        assert_eq!(c.max[&cap_type::GENERAL].len(), CAP_PAGE_SIZE);
+        assert_eq!(
+            cmd_hca_cap::LOG_MAX_QP.get(&c.max[&cap_type::GENERAL]),
+            0x17
+        );
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_EQ), 8);
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::UAR_SZ), 5);
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::LOG_BF_REG_SIZE), 9);
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::ROCE), 1);
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::CMDIF_CHECKSUM), 0);
+        assert_eq!(
+            cmd_hca_cap::CMDIF_CHECKSUM.get(&c.max[&cap_type::GENERAL]),
+            3
+        );
+        // QUERY_ADAPTER: ieee_vendor_id 0x0002c9, vsd_vendor_id 0x15b3.
+        assert_eq!(&c.adapter[0x18..0x1c], &[0, 0, 0x02, 0xc9]);
+        for t in [
+            cap_type::ODP,
+            cap_type::DEV_MEM,
+            cap_type::GENERAL_2,
+            cap_type::ATOMIC,
+        ] {
+            assert!(c.cur.contains_key(&t) && c.max.contains_key(&t));
+        }
+    }
+
+    #[test]
+    fn later_generations_raise_caps() {
+        let c = Profile::ConnectX5.caps();
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::DCT), 1);
+        assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::DEVICE_MEMORY), 1);
+        assert_eq!(
+            Profile::ConnectX4
+                .caps()
+                .get(cap_type::GENERAL, cmd_hca_cap::DCT),
+            0
+        );
+    }
+
+    #[test]
+    fn garbage_does_not_panic() {
+        let c = CapPages::parse(
+            "[cap zz cur]\nxx: 1 2\n[cap 0x0 cur]\n ffff: 1 2 3 4\n0ff0: zz 00000001\n[weird]\n",
+        );
+        assert_eq!(c.cur[&0][0xff7], 1);
+    }
+}

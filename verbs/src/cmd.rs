@@ -1,0 +1,925 @@
+//! The command queue: how the driver asks firmware to do things.
+//!
+//! One 4 KiB page holds `2^log_cmdq_size` entries, `2^log_cmdq_stride` bytes
+//! apart (both read from init-segment 0x14 before the page's IOVA is written
+//! there). An entry (`struct mlx5_cmd_layout`, 64 bytes) carries the first
+//! 16 input and output bytes inline; longer messages continue in chains of
+//! 576-byte mailbox blocks (512 data bytes, then `next`, `block_num`, the
+//! command's token and two XOR signatures), each block 1 KiB aligned.
+//!
+//! Posting a command (PRM "Command Queue"):
+//! 1. fill the mailboxes and the entry (type 7, lengths, pointers, token,
+//!    signature) with the ownership bit still clear;
+//! 2. [`dma_wmb`]: the entry and mailboxes are visible before ownership;
+//! 3. set `status_own` bit 0 (ownership to hardware);
+//! 4. [`mmio_wmb`]: ownership is visible before the doorbell;
+//! 5. write `1 << slot` to the doorbell (init-segment 0x18).
+//!
+//! Firmware returns the entry by clearing the ownership bit, with the
+//! delivery status in `status_own[7:1]`; the output's byte 0 is the command
+//! status and bytes 4..8 the syndrome. Before an event queue exists the
+//! waiter polls the ownership bit (yielding, until `cmd_exec_to`); in event
+//! mode the CMD completion EQE wakes it, and it still has a deadline.
+//!
+//! Slots `0 .. n-1` form a pool any thread can take (blocking when all are
+//! busy); the last slot is reserved for page commands (MANAGE_PAGES), so a
+//! page request never waits behind commands that need the pages.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::status::{CmdStatus, DeliveryStatus};
+use mlx5_hw::trace;
+use vfio::mmio::{dma_rmb, dma_wmb, mmio_wmb};
+use vfio::Mmio;
+
+use crate::dma::{DmaCtx, DmaRegion};
+use crate::health::HealthEvent;
+use crate::{Error, Result};
+
+/// The command interface revision this driver speaks (init-segment 0x004 [31:16]).
+pub const CMDIF_REV: u16 = 5;
+/// Size of a command queue entry.
+pub const ENTRY_SIZE: usize = 0x40;
+/// Size of a mailbox block.
+pub const BLOCK_SIZE: usize = 0x240;
+/// Distance between mailbox blocks in memory (blocks are 1 KiB aligned).
+pub const BLOCK_STRIDE: usize = 0x400;
+/// Data bytes per mailbox block.
+pub const BLOCK_DATA: usize = 0x200;
+/// Message bytes carried inline in the entry.
+pub const INLINE: usize = 0x10;
+/// `type` of a command entry: PCI command transport.
+pub const CMD_TYPE_PCI: u8 = 7;
+/// The kernel's default command timeout when the init segment gives none.
+pub const DEFAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Slack the kernel adds to the command timeout.
+pub const CMD_TIMEOUT_SLACK: Duration = Duration::from_secs(1);
+/// How often an event-mode waiter wakes to check health and ownership.
+const EVENT_WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// Init-segment offsets used by the command interface.
+pub(crate) mod iseg {
+    pub const FW_REV: usize = 0x000;
+    pub const CMDIF_REV_FW_SUB: usize = 0x004;
+    pub const CMDQ_ADDR_H: usize = 0x010;
+    pub const CMDQ_ADDR_L_SZ: usize = 0x014;
+    pub const CMD_DBELL: usize = 0x018;
+    pub const INITIALIZING: usize = 0x1fc;
+    pub const HEALTH: usize = 0x200;
+    pub const CMD_EXEC_TO: usize = 0xff8;
+    pub const CMD_Q_INIT_TO: usize = 0xffc;
+    pub const HEALTH_COUNTER: usize = 0x1010;
+}
+
+/// Entry byte offsets (`struct mlx5_cmd_layout`).
+mod ent {
+    pub const TYPE: usize = 0x00;
+    pub const INLEN: usize = 0x04;
+    pub const IN_PTR: usize = 0x08;
+    pub const IN: usize = 0x10;
+    pub const OUT: usize = 0x20;
+    pub const OUT_PTR: usize = 0x30;
+    pub const OUTLEN: usize = 0x38;
+    pub const TOKEN: usize = 0x3c;
+    pub const SIG: usize = 0x3d;
+    pub const STATUS_OWN: usize = 0x3f;
+}
+
+/// Mailbox block byte offsets (`struct mlx5_cmd_prot_block`).
+mod blk {
+    pub const RSVD0: usize = 0x200;
+    pub const NEXT: usize = 0x230;
+    pub const BLOCK_NUM: usize = 0x238;
+    pub const TOKEN: usize = 0x23d;
+    pub const CTRL_SIG: usize = 0x23e;
+    pub const SIG: usize = 0x23f;
+}
+
+/// Converts an init-segment timeout word (`[31:29]` unit, `[19:0]` value)
+/// as `tout_convert_iseg_to_ms` does: unit 0 = ms, 1 = s, 2 = min, 3 = h.
+pub fn iseg_timeout(word: u32) -> Duration {
+    let val = u64::from(word & 0xf_ffff);
+    let ms = match (word >> 29) & 0x3 {
+        0 => val,
+        m => val * 1000 * 60u64.pow(m - 1),
+    };
+    Duration::from_millis(ms)
+}
+
+/// Mailbox blocks a message of `len` bytes needs beyond the inline 16.
+pub fn blocks_for(len: usize) -> usize {
+    len.saturating_sub(INLINE).div_ceil(BLOCK_DATA)
+}
+
+/// XOR of all bytes.
+pub fn xor8(bytes: &[u8]) -> u8 {
+    bytes.iter().fold(0, |a, b| a ^ b)
+}
+
+/// Sets an entry's signature: `~XOR` of the 64 bytes with `sig` zero, so
+/// the XOR over the whole entry is 0xff.
+pub fn sign_entry(entry: &mut [u8; ENTRY_SIZE]) {
+    entry[ent::SIG] = 0;
+    entry[ent::SIG] = !xor8(entry);
+}
+
+/// Sets a block's `ctrl_sig` (over `rsvd0 .. token`) and `sig` (over all
+/// bytes but `sig`), so each checked range XORs to 0xff.
+pub fn sign_block(block: &mut [u8; BLOCK_SIZE]) {
+    block[blk::CTRL_SIG] = 0;
+    block[blk::SIG] = 0;
+    block[blk::CTRL_SIG] = !xor8(&block[blk::RSVD0..blk::CTRL_SIG]);
+    block[blk::SIG] = !xor8(&block[..blk::SIG]);
+}
+
+/// Whether a block's signatures check out.
+pub fn block_sig_ok(block: &[u8; BLOCK_SIZE]) -> bool {
+    xor8(&block[blk::RSVD0..blk::SIG]) == 0xff && xor8(&block[..]) == 0xff
+}
+
+/// Builds the mailbox chain that carries `tail` (the message after its 16
+/// inline bytes) in `nblocks` blocks placed `BLOCK_STRIDE` apart from
+/// `base`: data, `next` (0 at the end), `block_num`, `token`, signatures.
+/// `nblocks` may exceed what `tail` needs (an output chain has no data).
+pub fn build_chain(tail: &[u8], nblocks: usize, base: u64, token: u8) -> Vec<[u8; BLOCK_SIZE]> {
+    (0..nblocks)
+        .map(|i| {
+            let mut b = [0u8; BLOCK_SIZE];
+            let start = (i * BLOCK_DATA).min(tail.len());
+            let end = ((i + 1) * BLOCK_DATA).min(tail.len());
+            b[..end - start].copy_from_slice(&tail[start..end]);
+            let next = if i + 1 < nblocks {
+                base + ((i + 1) * BLOCK_STRIDE) as u64
+            } else {
+                0
+            };
+            b[blk::NEXT..blk::NEXT + 8].copy_from_slice(&next.to_be_bytes());
+            b[blk::BLOCK_NUM..blk::BLOCK_NUM + 4].copy_from_slice(&(i as u32).to_be_bytes());
+            b[blk::TOKEN] = token;
+            sign_block(&mut b);
+            b
+        })
+        .collect()
+}
+
+/// Reassembles a message: the 16 inline bytes, then each block's data, cut
+/// to `len`. Missing bytes (a short chain) read as zero.
+pub fn parse_chain(inline: &[u8], blocks: &[[u8; BLOCK_SIZE]], len: usize) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(len.max(INLINE));
+    msg.extend_from_slice(&inline[..inline.len().min(INLINE)]);
+    for b in blocks {
+        msg.extend_from_slice(&b[..BLOCK_DATA]);
+    }
+    msg.resize(len, 0);
+    msg
+}
+
+/// Checks that blocks are numbered `0, 1, ...` and carry `token`.
+pub fn check_chain(
+    blocks: &[[u8; BLOCK_SIZE]],
+    token: u8,
+) -> std::result::Result<(), &'static str> {
+    for (i, b) in blocks.iter().enumerate() {
+        let num = u32::from_be_bytes([
+            b[blk::BLOCK_NUM],
+            b[blk::BLOCK_NUM + 1],
+            b[blk::BLOCK_NUM + 2],
+            b[blk::BLOCK_NUM + 3],
+        ]);
+        if num as usize != i {
+            return Err("mailbox block number out of sequence");
+        }
+        if b[blk::TOKEN] != token {
+            return Err("mailbox token differs from the entry's");
+        }
+    }
+    Ok(())
+}
+
+/// Builds a command entry (signed, ownership bit set in the signed image).
+pub fn build_entry(
+    input: &[u8],
+    in_ptr: u64,
+    out_ptr: u64,
+    out_len: usize,
+    token: u8,
+) -> [u8; ENTRY_SIZE] {
+    let mut e = [0u8; ENTRY_SIZE];
+    e[ent::TYPE] = CMD_TYPE_PCI;
+    e[ent::INLEN..ent::INLEN + 4].copy_from_slice(&(input.len() as u32).to_be_bytes());
+    e[ent::IN_PTR..ent::IN_PTR + 8].copy_from_slice(&in_ptr.to_be_bytes());
+    let n = input.len().min(INLINE);
+    e[ent::IN..ent::IN + n].copy_from_slice(&input[..n]);
+    e[ent::OUT_PTR..ent::OUT_PTR + 8].copy_from_slice(&out_ptr.to_be_bytes());
+    e[ent::OUTLEN..ent::OUTLEN + 4].copy_from_slice(&(out_len as u32).to_be_bytes());
+    e[ent::TOKEN] = token;
+    // The kernel signs the entry with the ownership bit already set.
+    e[ent::STATUS_OWN] = 1;
+    sign_entry(&mut e);
+    e
+}
+
+/// Decodes a completed command: delivery status first, then outbox status
+/// and syndrome. `Ok(())` if both are OK.
+pub fn check_status(opcode: u16, op_mod: u16, status_own: u8, output: &[u8]) -> Result<()> {
+    let delivery = DeliveryStatus::from_status_own(status_own);
+    if !delivery.is_ok() {
+        return Err(Error::Delivery {
+            opcode: Opcode::from_raw(opcode),
+            op_mod,
+            status: delivery,
+        });
+    }
+    let status = CmdStatus::from_raw(output.first().copied().unwrap_or(0));
+    if !status.is_ok() {
+        let mut syn = [0u8; 4];
+        for (i, s) in syn.iter_mut().enumerate() {
+            *s = output.get(4 + i).copied().unwrap_or(0);
+        }
+        return Err(Error::Cmd {
+            opcode: Opcode::from_raw(opcode),
+            op_mod,
+            status,
+            syndrome: u32::from_be_bytes(syn),
+        });
+    }
+    Ok(())
+}
+
+/// Where command dumps go: called with each dump (INPUT, then OUTPUT) in
+/// the Linux `mlx5_core` `dump_command` format ([`mlx5_hw::trace`]).
+#[derive(Clone)]
+pub struct TraceSink(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl TraceSink {
+    /// A sink that calls `f` with each dump's text.
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    /// A sink that appends every dump to `w` (errors are logged, not fatal).
+    pub fn writer(w: impl Write + Send + 'static) -> Self {
+        let w = Mutex::new(w);
+        Self::new(move |s| {
+            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = w.write_all(s.as_bytes()).and_then(|_| w.flush()) {
+                tracing::warn!("command trace sink: {e}");
+            }
+        })
+    }
+
+    /// A sink that collects the dumps in memory (for tests and tools).
+    pub fn memory() -> (Self, Arc<Mutex<String>>) {
+        let buf = Arc::new(Mutex::new(String::new()));
+        let b = buf.clone();
+        let sink = Self::new(move |s| b.lock().unwrap_or_else(|p| p.into_inner()).push_str(s));
+        (sink, buf)
+    }
+}
+
+impl fmt::Debug for TraceSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TraceSink")
+    }
+}
+
+/// Counters of the command queue.
+#[derive(Debug, Default)]
+pub struct CmdStats {
+    /// Commands posted.
+    pub posted: AtomicU64,
+    /// Commands that completed through a CMD event.
+    pub by_event: AtomicU64,
+    /// Event-mode commands found complete by the ownership bit before their event.
+    pub event_fallbacks: AtomicU64,
+}
+
+/// One slot's mailbox memory, grown on demand.
+#[derive(Debug, Default)]
+struct SlotMem {
+    region: Option<DmaRegion>,
+}
+
+impl SlotMem {
+    fn ensure(&mut self, dma: &Arc<DmaCtx>, blocks: usize) -> Result<Option<&DmaRegion>> {
+        if blocks == 0 {
+            return Ok(None);
+        }
+        let need = blocks * BLOCK_STRIDE;
+        if self.region.as_ref().is_none_or(|r| r.len() < need) {
+            self.region = None;
+            self.region = Some(dma.alloc(need)?);
+        }
+        Ok(self.region.as_ref())
+    }
+}
+
+/// Geometry and timeouts the init segment gave.
+#[derive(Debug, Clone, Copy)]
+pub struct CmdGeometry {
+    /// log2 of the number of entries.
+    pub log_size: u8,
+    /// log2 of the entry stride in bytes.
+    pub log_stride: u8,
+    /// Command execution timeout (`cmd_exec_to`, or the kernel's default).
+    pub exec_timeout: Duration,
+    /// Firmware init timeout (`cmd_q_init_to`, or the kernel's 2 s).
+    pub init_timeout: Duration,
+}
+
+/// The command queue of one function. Shared through [`Cmd`].
+#[derive(Debug)]
+pub(crate) struct CmdQueue {
+    dev: String,
+    bar: Arc<Mmio>,
+    dma: Arc<DmaCtx>,
+    queue: Mutex<Option<DmaRegion>>,
+    queue_buf: Arc<vfio::DmaBuffer>,
+    queue_iova: u64,
+    geo: CmdGeometry,
+    slots: Vec<Mutex<SlotMem>>,
+    pool: Mutex<Vec<usize>>,
+    pool_cv: Condvar,
+    page_slot: Option<usize>,
+    page_lock: Mutex<()>,
+    token: AtomicU8,
+    event_mode: AtomicBool,
+    done: Mutex<u64>,
+    done_cv: Condvar,
+    failed: Mutex<Option<HealthEvent>>,
+    is_failed: AtomicBool,
+    closed: AtomicBool,
+    trace: Option<TraceSink>,
+    stats: CmdStats,
+}
+
+/// A handle to the command queue: cheap to clone, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct Cmd(pub(crate) Arc<CmdQueue>);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl CmdQueue {
+    /// Reads the geometry from init-segment 0x14 and the timeouts from
+    /// 0xff8/0xffc, and checks the interface revision.
+    pub(crate) fn read_geometry(bar: &Mmio) -> Result<CmdGeometry> {
+        let rev = (bar.read32_be(iseg::CMDIF_REV_FW_SUB)? >> 16) as u16;
+        if rev != CMDIF_REV {
+            return Err(Error::CmdifRevision(rev));
+        }
+        let l = bar.read32_be(iseg::CMDQ_ADDR_L_SZ)?;
+        let log_size = ((l >> 4) & 0xf) as u8;
+        let log_stride = (l & 0xf) as u8;
+        if log_size > 5 || u32::from(log_size) + u32::from(log_stride) > 12 || log_stride < 6 {
+            return Err(Error::NotSupported(
+                "command queue geometry (need 2^size <= 32, stride >= 64, size*stride <= 4 KiB)",
+            ));
+        }
+        let (mut exec_timeout, mut init_timeout) = (DEFAULT_CMD_TIMEOUT, Duration::from_secs(2));
+        // As mlx5_tout_query_iseg: a zero cmd_q_init_to means "not supported".
+        if bar.read32_be(iseg::CMD_Q_INIT_TO)? != 0 {
+            init_timeout = iseg_timeout(bar.read32_be(iseg::CMD_Q_INIT_TO)?);
+            exec_timeout = iseg_timeout(bar.read32_be(iseg::CMD_EXEC_TO)?);
+        }
+        Ok(CmdGeometry {
+            log_size,
+            log_stride,
+            exec_timeout,
+            init_timeout,
+        })
+    }
+
+    /// Allocates the queue page and writes its address (high word, then low
+    /// word with nic_interface 0). The caller waits for `initializing` after.
+    pub(crate) fn new(
+        dev: String,
+        bar: Arc<Mmio>,
+        dma: Arc<DmaCtx>,
+        geo: CmdGeometry,
+        trace: Option<TraceSink>,
+    ) -> Result<Arc<Self>> {
+        let queue = dma.alloc(4096)?;
+        let n = 1usize << geo.log_size;
+        let (pool, page_slot) = if n >= 2 {
+            ((0..n - 1).rev().collect(), Some(n - 1))
+        } else {
+            (vec![0], None)
+        };
+        let queue_buf = queue.buf.clone();
+        let queue_iova = queue.iova.0;
+        let q = Arc::new(Self {
+            dev,
+            bar,
+            dma,
+            queue: Mutex::new(Some(queue)),
+            queue_buf,
+            queue_iova,
+            geo,
+            slots: (0..n).map(|_| Mutex::new(SlotMem::default())).collect(),
+            pool: Mutex::new(pool),
+            pool_cv: Condvar::new(),
+            page_slot,
+            page_lock: Mutex::new(()),
+            token: AtomicU8::new(0),
+            event_mode: AtomicBool::new(false),
+            done: Mutex::new(0),
+            done_cv: Condvar::new(),
+            failed: Mutex::new(None),
+            is_failed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            trace,
+            stats: CmdStats::default(),
+        });
+        let iova = q.queue_iova;
+        q.bar.write32_be(iseg::CMDQ_ADDR_H, (iova >> 32) as u32)?;
+        q.bar
+            .write32_be(iseg::CMDQ_ADDR_L_SZ, (iova as u32) & 0xffff_f000)?;
+        mmio_wmb();
+        Ok(q)
+    }
+
+    pub(crate) fn queue_iova(&self) -> u64 {
+        self.queue_iova
+    }
+
+    /// Unmaps the queue page and every mailbox (after [`Self::close`], once
+    /// the device no longer owns any entry).
+    pub(crate) fn release_memory(&self) {
+        for s in &self.slots {
+            lock(s).region = None;
+        }
+        lock(&self.queue).take();
+    }
+
+    fn next_token(&self) -> u8 {
+        loop {
+            let t = self.token.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+
+    fn health_error(&self) -> Option<Error> {
+        if self.is_failed.load(Ordering::Acquire) {
+            lock(&self.failed).clone().map(Error::Health)
+        } else {
+            None
+        }
+    }
+
+    /// Marks the device failed: every waiter wakes, every later command
+    /// fails with [`Error::Health`].
+    pub(crate) fn fail(&self, ev: HealthEvent) {
+        {
+            let mut f = lock(&self.failed);
+            if f.is_none() {
+                *f = Some(ev);
+            }
+        }
+        self.is_failed.store(true, Ordering::Release);
+        let _d = lock(&self.done);
+        self.done_cv.notify_all();
+        drop(_d);
+        let _p = lock(&self.pool);
+        self.pool_cv.notify_all();
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let _p = lock(&self.pool);
+        self.pool_cv.notify_all();
+    }
+
+    /// Wakes waiters of the slots in `vector` (a CMD EQE's bitmask).
+    pub(crate) fn complete(&self, vector: u32) {
+        let mut d = lock(&self.done);
+        *d |= u64::from(vector);
+        self.done_cv.notify_all();
+    }
+
+    pub(crate) fn set_event_mode(&self, on: bool) {
+        self.event_mode.store(on, Ordering::Release);
+    }
+
+    fn acquire_slot(&self, deadline: Instant) -> Result<usize> {
+        let mut pool = lock(&self.pool);
+        loop {
+            if let Some(e) = self.health_error() {
+                return Err(e);
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
+            if let Some(s) = pool.pop() {
+                return Ok(s);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: "a free command slot",
+                    after: self.geo.exec_timeout,
+                });
+            }
+            pool = self
+                .pool_cv
+                .wait_timeout(pool, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn release_slot(&self, slot: usize) {
+        lock(&self.pool).push(slot);
+        self.pool_cv.notify_one();
+    }
+
+    /// Runs a command on a pool slot; returns the whole output (even a
+    /// failing one: the status is checked by the caller).
+    pub(crate) fn exec_raw(&self, input: &[u8], out_len: usize) -> Result<(u8, Vec<u8>)> {
+        let deadline = Instant::now() + self.geo.exec_timeout + CMD_TIMEOUT_SLACK;
+        let slot = self.acquire_slot(deadline)?;
+        let r = self.run(slot, input, out_len, deadline);
+        self.release_slot(slot);
+        r
+    }
+
+    /// Runs a page command on the reserved last slot.
+    pub(crate) fn exec_page_raw(&self, input: &[u8], out_len: usize) -> Result<(u8, Vec<u8>)> {
+        let Some(slot) = self.page_slot else {
+            return self.exec_raw(input, out_len);
+        };
+        let deadline = Instant::now() + self.geo.exec_timeout + CMD_TIMEOUT_SLACK;
+        let _g = lock(&self.page_lock);
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.run(slot, input, out_len, deadline)
+    }
+
+    fn run(
+        &self,
+        slot: usize,
+        input: &[u8],
+        out_len: usize,
+        deadline: Instant,
+    ) -> Result<(u8, Vec<u8>)> {
+        if input.len() < 8 {
+            return Err(Error::Invalid("a command input is at least 8 bytes"));
+        }
+        let out_len = out_len.max(INLINE);
+        if let Some(e) = self.health_error() {
+            return Err(e);
+        }
+        let token = self.next_token();
+        let nin = blocks_for(input.len());
+        let nout = blocks_for(out_len);
+        let mut mem = lock(&self.slots[slot]);
+        let region = mem.ensure(&self.dma, nin + nout)?;
+        let (in_ptr, out_ptr, in_blocks, out_blocks) = match region {
+            Some(r) => {
+                let base = r.iova.0;
+                let out_base = base + (nin * BLOCK_STRIDE) as u64;
+                let ib = build_chain(&input[INLINE.min(input.len())..], nin, base, token);
+                let ob = build_chain(&[], nout, out_base, token);
+                for (i, b) in ib.iter().chain(ob.iter()).enumerate() {
+                    r.buf.write(i * BLOCK_STRIDE, b)?;
+                }
+                (
+                    if nin > 0 { base } else { 0 },
+                    if nout > 0 { out_base } else { 0 },
+                    ib,
+                    ob,
+                )
+            }
+            None => (0, 0, Vec::new(), Vec::new()),
+        };
+        let entry = build_entry(input, in_ptr, out_ptr, out_len, token);
+        if let Some(t) = &self.trace {
+            let mut s = String::new();
+            trace::write_dump(
+                &mut s,
+                &self.dev,
+                trace::Direction::Input,
+                &entry,
+                &in_blocks,
+            );
+            t.0(&s);
+        }
+        let off = slot << self.geo.log_stride;
+        let buf = &self.queue_buf;
+        // The entry with ownership still with software, then the bit.
+        buf.write(off, &entry[..ent::STATUS_OWN])?;
+        {
+            let mut d = lock(&self.done);
+            *d &= !(1u64 << slot);
+        }
+        // Entry and mailboxes visible before the ownership bit.
+        dma_wmb();
+        buf.store_u8_release(off + ent::STATUS_OWN, entry[ent::STATUS_OWN])?;
+        // Ownership visible before the doorbell (kernel: wmb() then iowrite32be).
+        mmio_wmb();
+        self.stats.posted.fetch_add(1, Ordering::Relaxed);
+        self.bar.write32_be(iseg::CMD_DBELL, 1u32 << slot)?;
+
+        if self.event_mode.load(Ordering::Acquire) {
+            self.wait_event(slot, off, deadline)?;
+        } else {
+            self.wait_poll(off, deadline)?;
+        }
+        // The ownership bit was seen clear: read what it guards.
+        dma_rmb();
+        let mut done = [0u8; ENTRY_SIZE];
+        buf.read(off, &mut done)?;
+        let mut ob = out_blocks;
+        if let Some(r) = region {
+            for (i, b) in ob.iter_mut().enumerate() {
+                r.buf.read((nin + i) * BLOCK_STRIDE, b)?;
+            }
+        }
+        if let Some(t) = &self.trace {
+            let mut s = String::new();
+            trace::write_dump(&mut s, &self.dev, trace::Direction::Output, &done, &ob);
+            t.0(&s);
+        }
+        let output = parse_chain(&done[ent::OUT..ent::OUT + INLINE], &ob, out_len);
+        Ok((done[ent::STATUS_OWN], output))
+    }
+
+    fn wait_poll(&self, off: usize, deadline: Instant) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0 {
+                return Ok(());
+            }
+            if let Some(e) = self.health_error() {
+                return Err(e);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: "command completion (polling)",
+                    after: start.elapsed(),
+                });
+            }
+            spins += 1;
+            if spins < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn wait_event(&self, slot: usize, off: usize, deadline: Instant) -> Result<()> {
+        let start = Instant::now();
+        let bit = 1u64 << slot;
+        let mut d = lock(&self.done);
+        loop {
+            if *d & bit != 0 {
+                *d &= !bit;
+                drop(d);
+                // A stale event of an earlier command on this slot can
+                // arrive late: ownership is the truth.
+                if self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0 {
+                    self.stats.by_event.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                d = lock(&self.done);
+                continue;
+            }
+            if let Some(e) = self.health_error() {
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: "command completion event",
+                    after: start.elapsed(),
+                });
+            }
+            let (g, to) = self
+                .done_cv
+                .wait_timeout(d, (deadline - now).min(EVENT_WAIT_SLICE))
+                .unwrap_or_else(|p| p.into_inner());
+            d = g;
+            if to.timed_out()
+                && *d & bit == 0
+                && self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0
+            {
+                // Firmware returned the entry but no event came (yet).
+                self.stats.event_fallbacks.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("command slot {slot} complete without its CMD event");
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Cmd {
+    /// Executes a command: `input` is the whole inbox (opcode first),
+    /// `out_len` the outbox length. Returns the outbox; a failing delivery
+    /// or command status becomes [`Error::Delivery`] / [`Error::Cmd`].
+    pub fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>> {
+        let (status_own, out) = self.0.exec_raw(input, out_len)?;
+        check_status(opcode_of(input), op_mod_of(input), status_own, &out)?;
+        Ok(out)
+    }
+
+    /// Executes a command and returns its outbox whatever the command
+    /// status (DevX style); only a delivery failure is an error.
+    pub fn exec_unchecked(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>> {
+        let (status_own, out) = self.0.exec_raw(input, out_len)?;
+        check_status(opcode_of(input), op_mod_of(input), status_own, &[])?;
+        Ok(out)
+    }
+
+    /// Executes a page command on the slot reserved for them.
+    pub(crate) fn exec_page(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>> {
+        let (status_own, out) = self.0.exec_page_raw(input, out_len)?;
+        check_status(opcode_of(input), op_mod_of(input), status_own, &out)?;
+        Ok(out)
+    }
+
+    /// Sends NOP (0x80d), the command that does nothing: a round trip.
+    pub fn nop(&self) -> Result<()> {
+        let mut inb = [0u8; 16];
+        inb[..2].copy_from_slice(&Opcode::Nop.to_raw().to_be_bytes());
+        self.exec(&inb, 16).map(|_| ())
+    }
+
+    /// Whether commands complete through events now.
+    pub fn event_mode(&self) -> bool {
+        self.0.event_mode.load(Ordering::Acquire)
+    }
+
+    /// Number of slots (`2^log_cmdq_size`), the page slot included.
+    pub fn slots(&self) -> usize {
+        self.0.slots.len()
+    }
+
+    /// The geometry and timeouts read from the init segment.
+    pub fn geometry(&self) -> CmdGeometry {
+        self.0.geo
+    }
+
+    /// The command queue's counters.
+    pub fn stats(&self) -> &CmdStats {
+        &self.0.stats
+    }
+
+    /// The health failure commands fail with, if any.
+    pub fn health_failure(&self) -> Option<HealthEvent> {
+        lock(&self.0.failed).clone()
+    }
+}
+
+pub(crate) fn opcode_of(input: &[u8]) -> u16 {
+    u16::from_be_bytes([
+        input.first().copied().unwrap_or(0),
+        input.get(1).copied().unwrap_or(0),
+    ])
+}
+
+pub(crate) fn op_mod_of(input: &[u8]) -> u16 {
+    u16::from_be_bytes([
+        input.get(6).copied().unwrap_or(0),
+        input.get(7).copied().unwrap_or(0),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 7 + 3) as u8).collect()
+    }
+
+    #[test]
+    fn block_counts() {
+        assert_eq!(blocks_for(0), 0);
+        assert_eq!(blocks_for(16), 0);
+        assert_eq!(blocks_for(17), 1);
+        assert_eq!(blocks_for(16 + 512), 1);
+        assert_eq!(blocks_for(16 + 513), 2);
+        assert_eq!(blocks_for(16 + 512 * 12), 12);
+    }
+
+    #[test]
+    fn chains_of_any_length_round_trip() {
+        for &len in &[
+            16usize,
+            100,
+            16 + 512,
+            16 + 1000,
+            16 + 512 * 10 + 5,
+            16 + 512 * 16,
+        ] {
+            let m = msg(len);
+            let n = blocks_for(len);
+            let base = 0x1234_0000u64;
+            let chain = build_chain(&m[INLINE..], n, base, 0x5a);
+            assert_eq!(chain.len(), n);
+            for (i, b) in chain.iter().enumerate() {
+                let next = u64::from_be_bytes(b[blk::NEXT..blk::NEXT + 8].try_into().unwrap());
+                if i + 1 < n {
+                    assert_eq!(next, base + ((i + 1) * BLOCK_STRIDE) as u64);
+                } else {
+                    assert_eq!(next, 0);
+                }
+                assert!(block_sig_ok(b), "block {i} signature");
+            }
+            check_chain(&chain, 0x5a).unwrap();
+            assert_eq!(parse_chain(&m[..INLINE], &chain, len), m);
+        }
+    }
+
+    #[test]
+    fn chain_checks_catch_bad_numbering_and_tokens() {
+        let m = msg(16 + 1500);
+        let mut chain = build_chain(&m[16..], 3, 0x1000, 9);
+        assert_eq!(
+            check_chain(&chain, 8),
+            Err("mailbox token differs from the entry's")
+        );
+        chain[1][blk::BLOCK_NUM + 3] = 5;
+        assert!(check_chain(&chain, 9).is_err());
+        assert!(!block_sig_ok(&chain[1]));
+    }
+
+    #[test]
+    fn entry_layout_and_signature() {
+        let m = msg(40);
+        let e = build_entry(&m, 0xaa000, 0xbb000, 0x100, 0x33);
+        assert_eq!(e[ent::TYPE], 7);
+        assert_eq!(&e[ent::INLEN..ent::INLEN + 4], &40u32.to_be_bytes());
+        assert_eq!(&e[ent::IN..ent::IN + 16], &m[..16]);
+        assert_eq!(&e[ent::IN_PTR..ent::IN_PTR + 8], &0xaa000u64.to_be_bytes());
+        assert_eq!(
+            &e[ent::OUT_PTR..ent::OUT_PTR + 8],
+            &0xbb000u64.to_be_bytes()
+        );
+        assert_eq!(&e[ent::OUTLEN..ent::OUTLEN + 4], &0x100u32.to_be_bytes());
+        assert_eq!(e[ent::TOKEN], 0x33);
+        assert_eq!(e[ent::STATUS_OWN], 1);
+        assert_eq!(xor8(&e), 0xff);
+        // A short input: the rest of the inline area stays zero.
+        let e = build_entry(&m[..8], 0, 0, 16, 1);
+        assert_eq!(&e[ent::IN + 8..ent::IN + 16], &[0u8; 8]);
+    }
+
+    #[test]
+    fn kernel_enable_hca_entry_matches() {
+        // The kernel's ENABLE_HCA entry from a real trace (mlx5_hw::trace
+        // docs): `030: 00000000 00000000 00000010 01fd0001`, i.e. outlen
+        // 0x10, token 1, signature 0xfd, owned by hardware.
+        let mut input = [0u8; 16];
+        input[..2].copy_from_slice(&[0x01, 0x04]);
+        let e = build_entry(&input, 0, 0, 0x10, 0x01);
+        assert_eq!(&e[0x00..0x08], &[7, 0, 0, 0, 0, 0, 0, 0x10]);
+        assert_eq!(&e[0x38..0x40], &[0, 0, 0, 0x10, 0x01, 0xfd, 0, 1]);
+    }
+
+    #[test]
+    fn status_decoding() {
+        let mut out = [0u8; 16];
+        assert!(check_status(0x104, 0, 0, &out).is_ok());
+        out[0] = 0x03;
+        out[4..8].copy_from_slice(&0x1a2b_3c4du32.to_be_bytes());
+        let e = check_status(0x301, 0, 0, &out).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "CREATE_EQ (0x301) op_mod 0: bad parameter (0x3), syndrome 0x1a2b3c4d"
+        );
+        // Delivery status wins over the outbox.
+        let e = check_status(0x301, 1, 0x10 << 1, &out).unwrap_err();
+        assert!(matches!(
+            e,
+            Error::Delivery {
+                status: DeliveryStatus::BadDescriptor,
+                op_mod: 1,
+                ..
+            }
+        ));
+        let e = check_status(0x999, 0, 0, &[0x77, 0, 0, 0, 0, 0, 0, 1]).unwrap_err();
+        assert!(e.to_string().contains("unknown"), "{e}");
+        // A truncated outbox never panics.
+        assert!(check_status(0x100, 0, 0, &[0x05]).is_err());
+    }
+
+    #[test]
+    fn iseg_timeouts() {
+        assert_eq!(iseg_timeout(0), Duration::ZERO);
+        assert_eq!(iseg_timeout(1500), Duration::from_millis(1500));
+        assert_eq!(iseg_timeout((1 << 29) | 60), Duration::from_secs(60));
+        assert_eq!(iseg_timeout((2 << 29) | 2), Duration::from_secs(120));
+    }
+}

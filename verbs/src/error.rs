@@ -1,0 +1,152 @@
+//! The driver's error type: failures named as the PRM names them.
+
+use std::time::Duration;
+
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::status::{self, CmdStatus, DeliveryStatus};
+
+use crate::health::HealthEvent;
+
+/// Everything the HCA layer can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Firmware executed the command and returned a failing status.
+    #[error(
+        "{} ({:#x}) op_mod {op_mod}: {} ({:#x}), syndrome {syndrome:#x}",
+        opcode.name(),
+        opcode.to_raw(),
+        status.name(),
+        status.to_raw()
+    )]
+    Cmd {
+        /// The command's opcode.
+        opcode: Opcode,
+        /// The command's op_mod.
+        op_mod: u16,
+        /// Outbox status (byte 0).
+        status: CmdStatus,
+        /// Outbox syndrome (bytes 4..8), firmware specific.
+        syndrome: u32,
+    },
+    /// Firmware could not take the command from the queue entry.
+    #[error(
+        "{} ({:#x}) op_mod {op_mod}: delivery failed: {} ({:#x})",
+        opcode.name(),
+        opcode.to_raw(),
+        status.name(),
+        status.to_raw()
+    )]
+    Delivery {
+        /// The command's opcode.
+        opcode: Opcode,
+        /// The command's op_mod.
+        op_mod: u16,
+        /// Delivery status (`status_own >> 1`).
+        status: DeliveryStatus,
+    },
+    /// A wait ran past its deadline.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long the wait lasted.
+        after: Duration,
+    },
+    /// The device reported (or showed) a fatal health state.
+    #[error("device health failure: {0}")]
+    Health(HealthEvent),
+    /// The device speaks a command interface revision this driver does not.
+    #[error("command interface revision {0} (this driver speaks 5)")]
+    CmdifRevision(u16),
+    /// The device's output is malformed.
+    #[error("{opcode}: malformed output: {what}")]
+    BadOutput {
+        /// The command.
+        opcode: Opcode,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A capability or feature the driver needs is missing.
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
+    /// The caller passed something unusable.
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    /// The HCA (or the command queue) was closed.
+    #[error("the HCA is closed")]
+    Closed,
+    /// The PCI function backend failed.
+    #[error(transparent)]
+    Vfio(#[from] vfio::Error),
+    /// An operating-system call failed (threads, eventfds, epoll).
+    #[error("{op}: {source}")]
+    Os {
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// The positive Linux errno this error maps to, as `mlx5_core` maps it
+    /// (`cmd_status_to_err`, `deliv_status_to_err`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Cmd { status, .. } => status.errno(),
+            Error::Delivery { status, .. } => status.errno(),
+            Error::Timeout { .. } => status::ETIMEDOUT,
+            Error::Health(_) => status::EIO,
+            Error::CmdifRevision(_) => status::EOPNOTSUPP,
+            Error::BadOutput { .. } => status::EIO,
+            Error::NotSupported(_) => status::EOPNOTSUPP,
+            Error::Invalid(_) => status::EINVAL,
+            Error::Closed => status::EIO,
+            Error::Vfio(vfio::Error::IovaExhausted { .. }) => status::ENOSPC,
+            Error::Vfio(vfio::Error::Os { source, .. }) | Error::Os { source, .. } => {
+                source.raw_os_error().unwrap_or(status::EIO)
+            }
+            Error::Vfio(_) => status::EIO,
+        }
+    }
+
+    pub(crate) fn os(op: &'static str, source: std::io::Error) -> Self {
+        Error::Os { op, source }
+    }
+}
+
+/// Result of this crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmd_error_display_and_errno() {
+        let e = Error::Cmd {
+            opcode: Opcode::CreateEq,
+            op_mod: 0,
+            status: CmdStatus::BadParameter,
+            syndrome: 0x1a2b_3c4d,
+        };
+        assert_eq!(
+            e.to_string(),
+            "CREATE_EQ (0x301) op_mod 0: bad parameter (0x3), syndrome 0x1a2b3c4d"
+        );
+        assert_eq!(e.errno(), status::EINVAL);
+        let d = Error::Delivery {
+            opcode: Opcode::EnableHca,
+            op_mod: 0,
+            status: DeliveryStatus::TokenError,
+        };
+        assert_eq!(d.errno(), status::EBADR);
+        assert!(d.to_string().contains("token error"));
+        let t = Error::Timeout {
+            what: "x",
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(t.errno(), status::ETIMEDOUT);
+    }
+}

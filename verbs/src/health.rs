@@ -1,0 +1,341 @@
+//! Firmware health: the poller that notices a dead or failing device.
+//!
+//! Firmware increments `health_counter` (init-segment 0x1010, bits 23:0)
+//! while it runs, and on a fatal error fills the health buffer (0x200):
+//! `synd` (0x23d) names the error, `rfr` (bit 7 of 0x238) says a recovery
+//! flow is required. A `fw_ver` of 0xffffffff means reads return all ones:
+//! the PCI link is gone. `nic_interface` (0x14 bits 10:8) of 1 (disabled) or
+//! 7 (software reset) means the function was taken away.
+//!
+//! The poller checks these every interval (the kernel: 2 s) on its own
+//! thread. A counter that stays still for [`HEALTH_MAX_MISSES`] polls in a
+//! row, or any fatal sensor, becomes a [`HealthEvent`]: the command queue
+//! fails every waiting and later command with [`crate::Error::Health`], and
+//! subscribers are told. Nothing aborts; recovery is a function reset and a
+//! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
+
+use std::fmt;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mlx5_hw::health::{self as hw, HealthSyndrome};
+use vfio::Mmio;
+
+use crate::cmd::{iseg, CmdQueue};
+use crate::{Error, Result};
+
+pub use mlx5_hw::health::HEALTH_MAX_MISSES;
+
+/// `nic_interface` value: the NIC interface is disabled.
+pub const NIC_IFC_DISABLED: u32 = 1;
+/// `nic_interface` value: software reset.
+pub const NIC_IFC_SW_RESET: u32 = 7;
+
+/// Why the device is considered failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthCause {
+    /// `fw_ver` reads 0xffffffff: PCI reads return all ones.
+    PciDead,
+    /// `nic_interface` reads 1: the interface was disabled.
+    NicDisabled,
+    /// `nic_interface` reads 7: software reset.
+    NicSwReset,
+    /// The health buffer holds a syndrome (with `rfr` as read).
+    Syndrome {
+        /// The syndrome.
+        synd: HealthSyndrome,
+        /// Extended syndrome.
+        ext_synd: u16,
+        /// Recovery flow required.
+        rfr: bool,
+    },
+    /// The health counter did not move for this many polls.
+    CounterStuck(u32),
+    /// The device could not be read at all.
+    Unreadable(String),
+}
+
+/// A decoded health failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// What was seen.
+    pub cause: HealthCause,
+    /// The health buffer's fw_ver word.
+    pub fw_ver: u32,
+    /// The health buffer's hw_id word.
+    pub hw_id: u32,
+    /// The assert variables.
+    pub assert_var: [u32; 6],
+    /// Assert exit pointer.
+    pub assert_exit_ptr: u32,
+    /// Assert call return address.
+    pub assert_callra: u32,
+    /// irisc index.
+    pub irisc_index: u8,
+    /// The last health counter value.
+    pub counter: u32,
+}
+
+impl fmt::Display for HealthEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cause {
+            HealthCause::PciDead => write!(f, "PCI link dead (fw_ver reads 0xffffffff)")?,
+            HealthCause::NicDisabled => write!(f, "NIC interface disabled")?,
+            HealthCause::NicSwReset => write!(f, "NIC interface in software reset")?,
+            HealthCause::Syndrome {
+                synd,
+                ext_synd,
+                rfr,
+            } => write!(
+                f,
+                "{} ({:#x}), ext_synd {ext_synd:#x}{}",
+                synd.name(),
+                synd.to_raw(),
+                if *rfr { ", recovery flow required" } else { "" }
+            )?,
+            HealthCause::CounterStuck(n) => write!(
+                f,
+                "health counter stuck at {:#x} for {n} polls",
+                self.counter
+            )?,
+            HealthCause::Unreadable(e) => write!(f, "health registers unreadable: {e}")?,
+        }
+        write!(
+            f,
+            " (fw_ver {:#x}, hw_id {:#x}, exit_ptr {:#x}, callra {:#x}, irisc {})",
+            self.fw_ver, self.hw_id, self.assert_exit_ptr, self.assert_callra, self.irisc_index
+        )
+    }
+}
+
+/// A snapshot of the health registers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthSnapshot {
+    /// The health buffer (64 bytes at 0x200), as big-endian words.
+    pub buffer: [u32; 16],
+    /// `health_counter` (0x1010).
+    pub counter_reg: u32,
+    /// `cmdq_addr_l_sz` (0x14), for nic_interface.
+    pub cmdq_l: u32,
+}
+
+impl HealthSnapshot {
+    /// Reads the registers.
+    pub fn read(bar: &Mmio) -> Result<Self> {
+        let mut s = Self::default();
+        for (i, w) in s.buffer.iter_mut().enumerate() {
+            *w = bar.read32_be(iseg::HEALTH + 4 * i)?;
+        }
+        s.counter_reg = bar.read32_be(iseg::HEALTH_COUNTER)?;
+        s.cmdq_l = bar.read32_be(iseg::CMDQ_ADDR_L_SZ)?;
+        Ok(s)
+    }
+
+    /// `fw_ver` (buffer 0x30).
+    pub fn fw_ver(&self) -> u32 {
+        self.buffer[12]
+    }
+
+    /// `synd` (buffer 0x3d).
+    pub fn synd(&self) -> u8 {
+        (self.buffer[15] >> 16) as u8
+    }
+
+    /// `rfr` (buffer 0x38 bit 7).
+    pub fn rfr(&self) -> bool {
+        hw::rfr((self.buffer[14] >> 24) as u8)
+    }
+
+    /// The 24-bit counter.
+    pub fn counter(&self) -> u32 {
+        hw::health_counter(self.counter_reg)
+    }
+
+    /// `nic_interface`, read as both drivers read it: `(0x14 >> 8) & 7`.
+    pub fn nic_interface(&self) -> u32 {
+        (self.cmdq_l >> 8) & 7
+    }
+
+    /// The fatal sensors, in the order the kernel checks them.
+    pub fn fatal(&self) -> Option<HealthCause> {
+        if self.fw_ver() == hw::HEALTH_FW_VER_DEAD {
+            return Some(HealthCause::PciDead);
+        }
+        match self.nic_interface() {
+            NIC_IFC_DISABLED => return Some(HealthCause::NicDisabled),
+            NIC_IFC_SW_RESET => return Some(HealthCause::NicSwReset),
+            _ => {}
+        }
+        if self.synd() != hw::HEALTH_SYNDROME_NONE {
+            return Some(HealthCause::Syndrome {
+                synd: HealthSyndrome::from_raw(self.synd()),
+                ext_synd: self.buffer[15] as u16,
+                rfr: self.rfr(),
+            });
+        }
+        None
+    }
+
+    /// The event for `cause`, with this snapshot's details.
+    pub fn event(&self, cause: HealthCause) -> HealthEvent {
+        let mut assert_var = [0; 6];
+        assert_var.copy_from_slice(&self.buffer[..6]);
+        HealthEvent {
+            cause,
+            fw_ver: self.fw_ver(),
+            hw_id: self.buffer[13],
+            assert_var,
+            assert_exit_ptr: self.buffer[8],
+            assert_callra: self.buffer[9],
+            irisc_index: (self.buffer[15] >> 24) as u8,
+            counter: self.counter(),
+        }
+    }
+}
+
+/// Counter-liveness bookkeeping: a miss is a poll that saw no change.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Liveness {
+    last: Option<u32>,
+    misses: u32,
+}
+
+impl Liveness {
+    /// Feeds one counter reading; returns the miss count if it reached
+    /// [`HEALTH_MAX_MISSES`].
+    pub fn observe(&mut self, counter: u32) -> Option<u32> {
+        if self.last == Some(counter) {
+            self.misses += 1;
+        } else {
+            self.misses = 0;
+        }
+        self.last = Some(counter);
+        (self.misses >= HEALTH_MAX_MISSES).then_some(self.misses)
+    }
+}
+
+/// The running poller.
+#[derive(Debug)]
+pub(crate) struct HealthPoller {
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Shared list of health subscribers.
+pub(crate) type HealthSubscribers = Arc<Mutex<Vec<Sender<HealthEvent>>>>;
+
+impl HealthPoller {
+    pub(crate) fn start(
+        bar: Arc<Mmio>,
+        cmd: Arc<CmdQueue>,
+        interval: Duration,
+        subs: HealthSubscribers,
+    ) -> Result<Self> {
+        let (stop, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("mlx5-health".into())
+            .spawn(move || poll_loop(&bar, &cmd, interval, &subs, &stop_rx))
+            .map_err(|e| Error::os("spawn health poller", e))?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub(crate) fn stop(&mut self) {
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("health poller panicked");
+            }
+        }
+    }
+}
+
+impl Drop for HealthPoller {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn poll_loop(
+    bar: &Mmio,
+    cmd: &CmdQueue,
+    interval: Duration,
+    subs: &HealthSubscribers,
+    stop: &Receiver<()>,
+) {
+    let mut live = Liveness::default();
+    let mut next = Instant::now() + interval;
+    loop {
+        // Sleep until the next poll or until told to stop.
+        let now = Instant::now();
+        match stop.recv_timeout(next.saturating_duration_since(now)) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        next += interval;
+        let ev = match HealthSnapshot::read(bar) {
+            Err(e) => Some(HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string()))),
+            Ok(s) => match s.fatal() {
+                Some(c) => Some(s.event(c)),
+                None => live
+                    .observe(s.counter())
+                    .map(|n| s.event(HealthCause::CounterStuck(n))),
+            },
+        };
+        if let Some(ev) = ev {
+            tracing::error!("mlx5 health: {ev}");
+            cmd.fail(ev.clone());
+            lock_subs(subs).retain(|s| s.send(ev.clone()).is_ok());
+            // Reported once; the device stays failed until recovered.
+            return;
+        }
+    }
+}
+
+fn lock_subs(s: &HealthSubscribers) -> std::sync::MutexGuard<'_, Vec<Sender<HealthEvent>>> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_needs_three_misses() {
+        let mut l = Liveness::default();
+        assert_eq!(l.observe(5), None);
+        assert_eq!(l.observe(5), None);
+        assert_eq!(l.observe(5), None);
+        assert_eq!(l.observe(5), Some(3));
+        let mut l = Liveness::default();
+        for i in 0..10 {
+            assert_eq!(l.observe(i), None);
+        }
+    }
+
+    #[test]
+    fn sensors_in_kernel_order() {
+        let mut s = HealthSnapshot::default();
+        assert_eq!(s.fatal(), None);
+        s.buffer[15] = 0x0007_0000 | 0x12; // synd 7, ext 0x12
+        s.buffer[14] = 0x8000_0000;
+        let c = s.fatal().unwrap();
+        assert_eq!(
+            c,
+            HealthCause::Syndrome {
+                synd: HealthSyndrome::DeadIrisc,
+                ext_synd: 0x12,
+                rfr: true
+            }
+        );
+        assert!(s.event(c).to_string().contains("irisc not responding"));
+        s.cmdq_l = 7 << 8;
+        assert_eq!(s.fatal(), Some(HealthCause::NicSwReset));
+        s.buffer[12] = 0xffff_ffff;
+        assert_eq!(s.fatal(), Some(HealthCause::PciDead));
+    }
+}
