@@ -32,7 +32,10 @@ pub fn render(caps: &Caps, which: Option<&str>, max: bool) -> Result<String, Str
     if let Some(w) = which {
         if !PAGES.iter().any(|(n, _)| *n == w) {
             let names: Vec<&str> = PAGES.iter().map(|(n, _)| *n).collect();
-            return Err(format!("unknown capability page {w:?}: one of {}", names.join(", ")));
+            return Err(format!(
+                "unknown capability page {w:?}: one of {}",
+                names.join(", ")
+            ));
         }
     }
     let mut o = String::new();
@@ -44,8 +47,14 @@ pub fn render(caps: &Caps, which: Option<&str>, max: bool) -> Result<String, Str
             let _ = writeln!(o, "{name}: not offered by this device\n");
             continue;
         };
-        let Some(info) = registry::layout(layout) else { continue };
-        let _ = writeln!(o, "{name} ({layout}, {}):", if max { "max" } else { "current" });
+        let Some(info) = registry::layout(layout) else {
+            continue;
+        };
+        let _ = writeln!(
+            o,
+            "{name} ({layout}, {}):",
+            if max { "max" } else { "current" }
+        );
         let bytes = if max { &p.max } else { &p.current };
         for f in registry::decode(info, bytes) {
             match (f.value, f.bytes) {

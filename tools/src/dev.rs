@@ -36,7 +36,11 @@ impl Dev {
                 "cx5" | "connectx5" | "connectx-5" => Profile::ConnectX5,
                 "cx6" | "connectx6" | "connectx-6" => Profile::ConnectX6,
                 "cx7" | "connectx7" | "connectx-7" => Profile::ConnectX7,
-                _ => return Err(format!("unknown device-model profile {p:?}: use cx4, cx5, cx6 or cx7")),
+                _ => {
+                    return Err(format!(
+                        "unknown device-model profile {p:?}: use cx4, cx5, cx6 or cx7"
+                    ))
+                }
             };
             return Ok(Dev::Emu(profile));
         }
@@ -69,7 +73,10 @@ impl Dev {
 fn is_pci_address(s: &str) -> bool {
     let parts: Vec<&str> = s.split([':', '.']).collect();
     parts.len() == 4
-        && [4, 2, 2, 1].iter().zip(&parts).all(|(n, p)| p.len() == *n && p.chars().all(|c| c.is_ascii_hexdigit()))
+        && [4, 2, 2, 1]
+            .iter()
+            .zip(&parts)
+            .all(|(n, p)| p.len() == *n && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -79,9 +86,18 @@ mod tests {
     #[test]
     fn parses_every_form() {
         assert_eq!(Dev::parse(None).unwrap(), Dev::Emu(Profile::ConnectX4));
-        assert_eq!(Dev::parse(Some("emu:cx6")).unwrap(), Dev::Emu(Profile::ConnectX6));
-        assert_eq!(Dev::parse(Some("0000:3b:00.0")).unwrap(), Dev::Pci("0000:3b:00.0".into()));
-        assert_eq!(Dev::parse(Some("vfio-user:/tmp/x")).unwrap(), Dev::VfioUser("/tmp/x".into()));
+        assert_eq!(
+            Dev::parse(Some("emu:cx6")).unwrap(),
+            Dev::Emu(Profile::ConnectX6)
+        );
+        assert_eq!(
+            Dev::parse(Some("0000:3b:00.0")).unwrap(),
+            Dev::Pci("0000:3b:00.0".into())
+        );
+        assert_eq!(
+            Dev::parse(Some("vfio-user:/tmp/x")).unwrap(),
+            Dev::VfioUser("/tmp/x".into())
+        );
         assert!(Dev::parse(Some("emu:cx9")).unwrap_err().contains("cx4"));
         assert!(Dev::parse(Some("mlx5_0")).is_err());
     }

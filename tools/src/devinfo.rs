@@ -19,7 +19,13 @@ pub fn ib_mtu(bytes: u32) -> (u32, u32) {
 
 fn guid(g: Option<u64>) -> String {
     let g = g.unwrap_or(0);
-    format!("{:04x}:{:04x}:{:04x}:{:04x}", g >> 48, (g >> 32) & 0xffff, (g >> 16) & 0xffff, g & 0xffff)
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        g >> 48,
+        (g >> 32) & 0xffff,
+        (g >> 16) & 0xffff,
+        g & 0xffff
+    )
 }
 
 /// The `ibv_devinfo` text for an open HCA; `verbose` adds capabilities by name.
@@ -28,7 +34,10 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
     let func = hca.function();
     let mut cfg = [0u8; 16];
     func.config_read(0, &mut cfg).map_err(|e| e.to_string())?;
-    let device_id = u16::from_le_bytes([cfg[pci::DEVICE_ID as usize], cfg[pci::DEVICE_ID as usize + 1]]);
+    let device_id = u16::from_le_bytes([
+        cfg[pci::DEVICE_ID as usize],
+        cfg[pci::DEVICE_ID as usize + 1],
+    ]);
     let revision = cfg[pci::REVISION_ID as usize];
     let caps = hca.caps();
     let g = caps.gen();
@@ -58,13 +67,21 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
         let _ = writeln!(o, "\tmax_pd:\t\t\t\t{}", 1u64 << g.log_max_pd());
         let _ = writeln!(o, "\tmax_srq:\t\t\t{}", 1u64 << g.log_max_srq());
         let _ = writeln!(o, "\tmax_srq_wr:\t\t\t{}", (1u64 << g.log_max_srq_sz()) - 1);
-        let _ = writeln!(o, "\tmax_pkeys:\t\t\t{}", 1u64 << (g.pkey_table_size() + 7).min(16));
+        let _ = writeln!(
+            o,
+            "\tmax_pkeys:\t\t\t{}",
+            1u64 << (g.pkey_table_size() + 7).min(16)
+        );
     }
     let (_, vport) = hca.vport_state().map_err(e)?;
     for port in 1..=ports {
         let ps = hca.port_state(port).map_err(e)?;
         let active = vport == 1 && ps.oper_status == 1;
-        let (state, num) = if active { ("PORT_ACTIVE", 4) } else { ("PORT_DOWN", 1) };
+        let (state, num) = if active {
+            ("PORT_ACTIVE", 4)
+        } else {
+            ("PORT_DOWN", 1)
+        };
         let (max, max_n) = ib_mtu(u32::from(ps.max_mtu));
         let (act, act_n) = ib_mtu(u32::from(ps.oper_mtu));
         let _ = writeln!(o, "\t\tport:\t{port}");
@@ -74,10 +91,17 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
         let _ = writeln!(o, "\t\t\tsm_lid:\t\t\t0");
         let _ = writeln!(o, "\t\t\tport_lid:\t\t0");
         let _ = writeln!(o, "\t\t\tport_lmc:\t\t0x00");
-        let _ = writeln!(o, "\t\t\tlink_layer:\t\t{}", if eth { "Ethernet" } else { "InfiniBand" });
+        let _ = writeln!(
+            o,
+            "\t\t\tlink_layer:\t\t{}",
+            if eth { "Ethernet" } else { "InfiniBand" }
+        );
     }
     if verbose {
-        let _ = writeln!(o, "\tgeneral capabilities (cmd_hca_cap, current, non-zero):");
+        let _ = writeln!(
+            o,
+            "\tgeneral capabilities (cmd_hca_cap, current, non-zero):"
+        );
         if let Some(info) = registry::layout("cmd_hca_cap") {
             for f in registry::decode(info, &caps.general.current) {
                 if let Some(v) = f.value.filter(|v| *v != 0) {

@@ -15,12 +15,23 @@ pub fn render(s: &HealthSnapshot, name: &str) -> String {
     let _ = writeln!(o, "assert_exit_ptr: 0x{:08x}", s.buffer[8]);
     let _ = writeln!(o, "assert_callra:   0x{:08x}", s.buffer[9]);
     let fw = s.fw_ver();
-    let _ = writeln!(o, "fw_ver:          {}.{}.{}", fw >> 24, (fw >> 16) & 0xff, fw & 0xffff);
+    let _ = writeln!(
+        o,
+        "fw_ver:          {}.{}.{}",
+        fw >> 24,
+        (fw >> 16) & 0xff,
+        fw & 0xffff
+    );
     let _ = writeln!(o, "hw_id:           0x{:08x}", s.buffer[13]);
     let _ = writeln!(o, "rfr:             {}", u8::from(s.rfr()));
     let _ = writeln!(o, "irisc_index:     {}", s.buffer[15] >> 24);
     let synd = HealthSyndrome::from_raw(s.synd());
-    let _ = writeln!(o, "synd:            0x{:x}: {}", s.synd(), if s.synd() == 0 { "none" } else { synd.name() });
+    let _ = writeln!(
+        o,
+        "synd:            0x{:x}: {}",
+        s.synd(),
+        if s.synd() == 0 { "none" } else { synd.name() }
+    );
     let _ = writeln!(o, "ext_synd:        0x{:04x}", s.buffer[15] & 0xffff);
     let _ = writeln!(o, "health_counter:  0x{:06x}", s.counter());
     let _ = writeln!(o, "nic_interface:   {}", s.nic_interface());

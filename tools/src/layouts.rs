@@ -71,9 +71,8 @@ pub fn table(l: &LayoutInfo) -> String {
 /// Runs `mlx5 layouts [--json] [NAME]`.
 pub fn run(json: bool, name: Option<&str>) -> Result<String, String> {
     let chosen: Vec<&LayoutInfo> = match name {
-        Some(n) => vec![registry::layout(n).ok_or_else(|| {
-            format!("no layout named {n:?}; `mlx5 layouts` lists them all")
-        })?],
+        Some(n) => vec![registry::layout(n)
+            .ok_or_else(|| format!("no layout named {n:?}; `mlx5 layouts` lists them all"))?],
         None => registry::layouts().to_vec(),
     };
     if json {
@@ -83,7 +82,11 @@ pub fn run(json: bool, name: Option<&str>) -> Result<String, String> {
     } else {
         use std::fmt::Write;
         let mut o = String::new();
-        let _ = writeln!(o, "{:<40} {:>8} {:>7}  description", "layout", "bits", "fields");
+        let _ = writeln!(
+            o,
+            "{:<40} {:>8} {:>7}  description",
+            "layout", "bits", "fields"
+        );
         for l in &chosen {
             let _ = writeln!(
                 o,

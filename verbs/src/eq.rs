@@ -281,52 +281,6 @@ impl Dispatch {
     }
 }
 
-/// Finds the MSI-X capability in config space.
-fn msix_cap(func: &dyn vfio::PciFunction) -> Result<Option<u64>> {
-    let mut b = [0u8; 2];
-    func.config_read(vfio::pci::STATUS, &mut b)?;
-    if u16::from_le_bytes(b) & vfio::pci::STATUS_CAP_LIST == 0 {
-        return Ok(None);
-    }
-    let mut p = [0u8; 1];
-    func.config_read(vfio::pci::CAPABILITIES_POINTER, &mut p)?;
-    let mut at = u64::from(p[0] & !3);
-    // At most 48 capabilities fit in config space: a loop bound, not a guess.
-    for _ in 0..48 {
-        if at < 0x40 {
-            return Ok(None);
-        }
-        let mut h = [0u8; 2];
-        func.config_read(at, &mut h)?;
-        if h[0] == vfio::pci::CAP_ID_MSIX {
-            return Ok(Some(at));
-        }
-        at = u64::from(h[1] & !3);
-    }
-    Ok(None)
-}
-
-/// Sets or clears MSI-X Enable (and clears Function Mask) in the MSI-X
-/// capability, read-modify-write. Kernel VFIO does this itself inside
-/// `VFIO_DEVICE_SET_IRQS` (and virtualizes the bit, so this write is
-/// harmless there); backends that pass config space through need it.
-pub(crate) fn msix_enable(func: &dyn vfio::PciFunction, on: bool) -> Result<()> {
-    let Some(cap) = msix_cap(func)? else {
-        return Ok(());
-    };
-    let at = cap + vfio::pci::MSIX_MSG_CTRL;
-    let mut b = [0u8; 2];
-    func.config_read(at, &mut b)?;
-    let mut ctrl = u16::from_le_bytes(b) & !vfio::pci::MSIX_CTRL_MASKALL;
-    if on {
-        ctrl |= vfio::pci::MSIX_CTRL_ENABLE;
-    } else {
-        ctrl &= !vfio::pci::MSIX_CTRL_ENABLE;
-    }
-    func.config_write(at, &ctrl.to_le_bytes())?;
-    Ok(())
-}
-
 /// The EQs, their vectors' eventfds and the thread that serves them.
 #[derive(Debug)]
 pub(crate) struct EventLoop {
@@ -352,11 +306,9 @@ impl EventLoop {
             .collect::<Result<_>>()?;
         let stop = Arc::new(mk()?);
         let refs: Vec<Option<&EventFd>> = fds.iter().map(|f| Some(&**f)).collect();
+        // Attaching the vectors is what enables MSI-X: vfio-pci (and every
+        // backend of ours) sets the capability's enable bit itself.
         func.set_irqs(vfio::IrqKind::MsiX, 0, &refs)?;
-        if let Err(e) = msix_enable(&*func, true) {
-            let _ = func.set_irqs(vfio::IrqKind::MsiX, 0, &[]);
-            return Err(e);
-        }
         let epoll = Epoll::new().map_err(|e| Error::os("epoll_create", e))?;
         let add = |fd: &EventFd, data: u64| {
             epoll
@@ -425,9 +377,7 @@ impl EventLoop {
                 tracing::error!("event thread panicked");
             }
         }
-        if let Err(e) = msix_enable(&*self.func, false) {
-            tracing::warn!("disabling MSI-X: {e}");
-        }
+
         if let Err(e) = self.func.set_irqs(vfio::IrqKind::MsiX, 0, &[]) {
             tracing::warn!("detaching MSI-X eventfds: {e}");
         }

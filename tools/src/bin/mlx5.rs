@@ -9,7 +9,11 @@ use verbs::cmd::TraceSink;
 use verbs::hca::{Hca, HcaOptions};
 
 #[derive(Parser, Debug)]
-#[command(name = "mlx5", version, about = "User-space mlx5 (ConnectX) driver tool")]
+#[command(
+    name = "mlx5",
+    version,
+    about = "User-space mlx5 (ConnectX) driver tool"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -97,10 +101,17 @@ fn run(cmd: Cmd) -> Result<String, String> {
                     }
                 })
             };
-            let opts = HcaOptions { trace: Some(sink), event_mode: !polling, ..HcaOptions::default() };
+            let opts = HcaOptions {
+                trace: Some(sink),
+                event_mode: !polling,
+                ..HcaOptions::default()
+            };
             let hca = open(dev.as_deref(), opts)?;
             close(hca)?;
-            let out = text.lock().map_err(|_| "trace buffer poisoned".to_string())?.clone();
+            let out = text
+                .lock()
+                .map_err(|_| "trace buffer poisoned".to_string())?
+                .clone();
             Ok(out.trim_end().to_string())
         }
         Cmd::Health { dev } => {
