@@ -81,6 +81,19 @@ pub const fn uar_page_offset(index: u32) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use crate::ifc::{uar_page, UarPage};
+
+    #[test]
+    fn uar_page_layout_agrees_with_the_offsets() {
+        let at = |f: &str| uar_page::INFO.field(f).map(|f| f.bit_off / 8);
+        assert_eq!(at("cq_doorbell"), Some(CQ_DOORBELL));
+        assert_eq!(at("eq_arm"), Some(EQ_DOORBELL_ARM));
+        assert_eq!(at("eq_update_ci"), Some(EQ_DOORBELL_UPDATE_CI));
+        assert_eq!(at("bf_reg_0"), Some(BF_OFFSET));
+        assert_eq!(at("bf_reg_1"), Some(BF_OFFSET_ALT));
+        assert_eq!(std::mem::size_of::<UarPage>(), UAR_PAGE_SIZE);
+    }
+
     use super::*;
 
     #[test]

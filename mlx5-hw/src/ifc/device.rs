@@ -2305,3 +2305,153 @@ pub struct WqeEthSeg {
 }
 
 const _: () = assert!(core::mem::size_of::<WqeEthSeg>() == wqe_eth_seg::SIZE_BYTES);
+
+/// Constants and registry entry of [`CqDoorbellRecord`] (`struct mlx5_cq_doorbell_record`).
+pub mod cq_doorbell_record {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x40;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x8;
+    /// Place of `set_ci`: bit 0x0, 0x20 bits.
+    pub const SET_CI: BitField = BitField::new(0x0, 0x20);
+    /// Place of `arm_db`: bit 0x20, 0x20 bits.
+    pub const ARM_DB: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "cq_doorbell_record",
+        kind: LayoutKind::Bytes,
+        size_bits: 0x40,
+        doc: "CQ doorbell record: the consumer counter and the last arm command, 8 bytes.",
+        fields: &[
+            FieldInfo { name: "set_ci", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "arm_db", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// CQ doorbell record: the consumer counter and the last arm command, 8 bytes.
+///
+/// `struct mlx5_cq_doorbell_record`: 8 bytes, big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct CqDoorbellRecord {
+    /// `set_ci` (byte 0x0).
+    pub set_ci: U32,
+    /// `arm_db` (byte 0x4).
+    pub arm_db: U32,
+}
+
+const _: () = assert!(core::mem::size_of::<CqDoorbellRecord>() == cq_doorbell_record::SIZE_BYTES);
+
+/// Constants and registry entry of [`QpDoorbellRecord`] (`struct mlx5_qp_doorbell_record`).
+pub mod qp_doorbell_record {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x40;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x8;
+    /// Place of `rcv_counter`: bit 0x0, 0x20 bits.
+    pub const RCV_COUNTER: BitField = BitField::new(0x0, 0x20);
+    /// Place of `snd_counter`: bit 0x20, 0x20 bits.
+    pub const SND_COUNTER: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "qp_doorbell_record",
+        kind: LayoutKind::Bytes,
+        size_bits: 0x40,
+        doc: "QP (work queue) doorbell record: receive and send counters, 8 bytes.",
+        fields: &[
+            FieldInfo { name: "rcv_counter", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "snd_counter", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QP (work queue) doorbell record: receive and send counters, 8 bytes.
+///
+/// `struct mlx5_qp_doorbell_record`: 8 bytes, big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct QpDoorbellRecord {
+    /// `rcv_counter` (byte 0x0).
+    pub rcv_counter: U32,
+    /// `snd_counter` (byte 0x4).
+    pub snd_counter: U32,
+}
+
+const _: () = assert!(core::mem::size_of::<QpDoorbellRecord>() == qp_doorbell_record::SIZE_BYTES);
+
+/// Constants and registry entry of [`UarPage`] (`struct mlx5_uar_page`).
+pub mod uar_page {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x8000;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x1000;
+    /// Place of `cq_doorbell`: bit 0x100, 0x40 bits.
+    pub const CQ_DOORBELL: BitField = BitField::new(0x100, 0x40);
+    /// Place of `eq_arm`: bit 0x200, 0x20 bits.
+    pub const EQ_ARM: BitField = BitField::new(0x200, 0x20);
+    /// Place of `eq_update_ci`: bit 0x240, 0x20 bits.
+    pub const EQ_UPDATE_CI: BitField = BitField::new(0x240, 0x20);
+    /// Place of `bf_reg_0`: bit 0x4000, 0x800 bits.
+    pub const BF_REG_0: BitField = BitField::new(0x4000, 0x800);
+    /// Place of `bf_reg_1`: bit 0x4800, 0x800 bits.
+    pub const BF_REG_1: BitField = BitField::new(0x4800, 0x800);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "uar_page",
+        kind: LayoutKind::Bytes,
+        size_bits: 0x8000,
+        doc: "A UAR page as the driver writes it (offsets from device.h/doorbell.h and rdma-core).",
+        fields: &[
+            FieldInfo { name: "rsvd0", bit_off: 0x0, width: 0x100, ty: FieldType::Array { elem_bits: 0x8, count: 32, elem: None } },
+            FieldInfo { name: "cq_doorbell", bit_off: 0x100, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "rsvd1", bit_off: 0x140, width: 0xc0, ty: FieldType::Array { elem_bits: 0x8, count: 24, elem: None } },
+            FieldInfo { name: "eq_arm", bit_off: 0x200, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "rsvd2", bit_off: 0x220, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "eq_update_ci", bit_off: 0x240, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "rsvd3", bit_off: 0x260, width: 0x3da0, ty: FieldType::Array { elem_bits: 0x8, count: 1972, elem: None } },
+            FieldInfo { name: "bf_reg_0", bit_off: 0x4000, width: 0x800, ty: FieldType::Array { elem_bits: 0x8, count: 256, elem: None } },
+            FieldInfo { name: "bf_reg_1", bit_off: 0x4800, width: 0x800, ty: FieldType::Array { elem_bits: 0x8, count: 256, elem: None } },
+            FieldInfo { name: "rsvd4", bit_off: 0x5000, width: 0x3000, ty: FieldType::Array { elem_bits: 0x8, count: 1536, elem: None } },
+        ],
+    };
+}
+
+/// A UAR page as the driver writes it (offsets from device.h/doorbell.h and rdma-core).
+///
+/// `struct mlx5_uar_page`: 4096 bytes, big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct UarPage {
+    /// `rsvd0` (byte 0x0).
+    pub rsvd0: [u8; 32],
+    /// `cq_doorbell` (byte 0x20).
+    pub cq_doorbell: U64,
+    /// `rsvd1` (byte 0x28).
+    pub rsvd1: [u8; 24],
+    /// `eq_arm` (byte 0x40).
+    pub eq_arm: U32,
+    /// `rsvd2` (byte 0x44).
+    pub rsvd2: U32,
+    /// `eq_update_ci` (byte 0x48).
+    pub eq_update_ci: U32,
+    /// `rsvd3` (byte 0x4c).
+    pub rsvd3: [u8; 1972],
+    /// `bf_reg_0` (byte 0x800).
+    pub bf_reg_0: [u8; 256],
+    /// `bf_reg_1` (byte 0x900).
+    pub bf_reg_1: [u8; 256],
+    /// `rsvd4` (byte 0xa00).
+    pub rsvd4: [u8; 1536],
+}
+
+const _: () = assert!(core::mem::size_of::<UarPage>() == uar_page::SIZE_BYTES);
