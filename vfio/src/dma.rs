@@ -114,14 +114,18 @@ impl DmaBuffer {
         self.region.as_volatile_slice()
     }
 
+    fn oob(&self, offset: usize, len: u64) -> Error {
+        Error::OutOfBounds {
+            what: "DMA buffer",
+            offset: offset as u64,
+            len,
+            size: self.len as u64,
+        }
+    }
+
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Error::OutOfBounds {
-                what: "DMA buffer",
-                offset: offset as u64,
-                len: len as u64,
-                size: self.len as u64,
-            });
+            return Err(self.oob(offset, len as u64));
         }
         Ok(())
     }
@@ -131,12 +135,7 @@ impl DmaBuffer {
         self.check(offset, buf.len())?;
         self.slice()
             .read_slice(buf, offset)
-            .map_err(|_| Error::OutOfBounds {
-                what: "DMA buffer",
-                offset: offset as u64,
-                len: buf.len() as u64,
-                size: self.len as u64,
-            })
+            .map_err(|_| self.oob(offset, buf.len() as u64))
     }
 
     /// Copies `data` into the buffer at `offset`.
@@ -144,12 +143,7 @@ impl DmaBuffer {
         self.check(offset, data.len())?;
         self.slice()
             .write_slice(data, offset)
-            .map_err(|_| Error::OutOfBounds {
-                what: "DMA buffer",
-                offset: offset as u64,
-                len: data.len() as u64,
-                size: self.len as u64,
-            })
+            .map_err(|_| self.oob(offset, data.len() as u64))
     }
 
     /// Fills `len` bytes at `offset` with `byte`.
@@ -171,12 +165,7 @@ impl DmaBuffer {
         self.check(offset, 1)?;
         self.slice()
             .load::<u8>(offset, Ordering::Acquire)
-            .map_err(|_| Error::OutOfBounds {
-                what: "DMA buffer",
-                offset: offset as u64,
-                len: 1,
-                size: self.len as u64,
-            })
+            .map_err(|_| self.oob(offset, 1))
     }
 
     /// Writes the byte at `offset` with release ordering: everything written
@@ -185,12 +174,7 @@ impl DmaBuffer {
         self.check(offset, 1)?;
         self.slice()
             .store::<u8>(value, offset, Ordering::Release)
-            .map_err(|_| Error::OutOfBounds {
-                what: "DMA buffer",
-                offset: offset as u64,
-                len: 1,
-                size: self.len as u64,
-            })
+            .map_err(|_| self.oob(offset, 1))
     }
 
     /// Reads a big-endian u32 at `offset`.
