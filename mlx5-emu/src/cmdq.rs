@@ -19,9 +19,10 @@
 //! - `block_num` counts 0, 1, 2, ... else bad block number (0x3);
 //! - every block carries the entry's token, else token error (0x2).
 //!
-//! Then the input (16 inline bytes + 512 per block) runs, the output is
-//! written (16 inline bytes + 512 per block) and `status_own` is written
-//! last with ownership cleared. Once an EQ subscribed to CMD events exists,
+//! Then the input (16 inline bytes + 512 per block) runs, the
+//! [`crate::OutputOverride`] hook (if configured) may replace the output,
+//! the output is written (16 inline bytes + 512 per block) and
+//! `status_own` is written last with ownership cleared. Once an EQ subscribed to CMD events exists,
 //! a completion EQE (slot bit in `eqe_cmd.vector`) goes to it.
 
 use mlx5_hw::status::DeliveryStatus;
@@ -261,6 +262,14 @@ fn deliver(fw: &mut Firmware, inner: &Inner, e: &[u8; 64]) -> Result<Delivered, 
             o
         }
     };
+    if let Some(hook) = &inner.cfg.output_override {
+        let opcode = u16::from_be_bytes([input[0], input[1]]);
+        let op_mod = u16::from_be_bytes([input[6], input[7]]);
+        if let Some(mut o) = hook.answer(opcode, op_mod, &input, &out) {
+            o.resize(outlen, 0);
+            out = o;
+        }
+    }
     out.truncate(outlen);
     Ok((out, outc.addrs))
 }

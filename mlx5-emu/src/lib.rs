@@ -73,6 +73,39 @@ pub struct DeviceConfig {
     pub cmd_exec_timeout_ms: u32,
     /// Advertised command-queue init timeout (iseg 0xFFC), in milliseconds.
     pub cmd_init_timeout_ms: u32,
+    /// Replaces command outputs after the model executed them (see
+    /// [`OutputOverride`]); `None`: the driver gets the model's outputs.
+    pub output_override: Option<Arc<dyn OutputOverride>>,
+}
+
+/// A hook on the command engine: after the model executed a delivered
+/// command (so its state, pages, EQs, UARs, moved as the command says) and
+/// before the output is written back, [`OutputOverride::answer`] may
+/// replace the output the driver gets. Used to replay what real firmware
+/// answered (the `tests` crate's trace replay) while the model keeps the
+/// device alive underneath.
+///
+/// Commands failed at delivery (bad descriptor, lengths, mailboxes) and
+/// injected faults ([`Faults`]) do not reach the hook.
+pub trait OutputOverride: Send + Sync {
+    /// `opcode` and `op_mod` of the command, its whole `input` (inline bytes
+    /// and mailbox data, `inlen` bytes) and the output the model produced
+    /// (a failure is its 16-byte status/syndrome output). `Some(out)`
+    /// replaces the model's output; it is cut or zero-padded to the
+    /// driver's `outlen`. `None` keeps the model's.
+    fn answer(
+        &self,
+        opcode: u16,
+        op_mod: u16,
+        input: &[u8],
+        model_output: &[u8],
+    ) -> Option<Vec<u8>>;
+}
+
+impl std::fmt::Debug for dyn OutputOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputOverride")
+    }
 }
 
 impl Default for DeviceConfig {
@@ -82,6 +115,7 @@ impl Default for DeviceConfig {
             fw_start: Duration::from_millis(2),
             cmd_exec_timeout_ms: 60_000,
             cmd_init_timeout_ms: 2_000,
+            output_override: None,
         }
     }
 }

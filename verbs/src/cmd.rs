@@ -345,6 +345,7 @@ pub(crate) struct CmdQueue {
     slots: Vec<Mutex<SlotMem>>,
     pool: Mutex<Vec<usize>>,
     pool_cv: Condvar,
+    quarantine: Mutex<Vec<usize>>,
     page_slot: Option<usize>,
     page_lock: Mutex<()>,
     token: AtomicU8,
@@ -425,6 +426,7 @@ impl CmdQueue {
             slots: (0..n).map(|_| Mutex::new(SlotMem::default())).collect(),
             pool: Mutex::new(pool),
             pool_cv: Condvar::new(),
+            quarantine: Mutex::new(Vec::new()),
             page_slot,
             page_lock: Mutex::new(()),
             token: AtomicU8::new(0),
@@ -541,13 +543,46 @@ impl CmdQueue {
         self.pool_cv.notify_one();
     }
 
+    /// Whether firmware still owns the entry of `slot`.
+    fn hw_owned(&self, slot: usize) -> bool {
+        let off = (slot << self.geo.log_stride) + ent::STATUS_OWN;
+        self.queue_buf
+            .load_u8_acquire(off)
+            .map_or(true, |b| b & 1 != 0)
+    }
+
+    /// Slots given up on while firmware still owned them go back to the
+    /// pool once firmware has returned them.
+    fn unquarantine(&self) {
+        let mut q = lock(&self.quarantine);
+        if q.is_empty() {
+            return;
+        }
+        let back: Vec<usize> = q.iter().copied().filter(|&s| !self.hw_owned(s)).collect();
+        q.retain(|s| !back.contains(s));
+        drop(q);
+        for s in back {
+            tracing::debug!("command slot {s} returned by firmware after its timeout");
+            self.release_slot(s);
+        }
+    }
+
     /// Runs a command on a pool slot; returns the whole output (even a
     /// failing one: the status is checked by the caller).
     pub(crate) fn exec_raw(&self, input: &[u8], out_len: usize) -> Result<(u8, Vec<u8>)> {
         let deadline = Instant::now() + self.geo.exec_timeout + CMD_TIMEOUT_SLACK;
+        self.unquarantine();
         let slot = self.acquire_slot(deadline)?;
         let r = self.run(slot, input, out_len, deadline);
-        self.release_slot(slot);
+        if matches!(r, Err(Error::Timeout { .. })) && self.hw_owned(slot) {
+            // As the kernel keeps a timed-out entry until firmware's real
+            // completion: reusing the slot would hand firmware a second
+            // command in an entry it still owns.
+            tracing::warn!("command slot {slot} timed out while owned by firmware; set aside");
+            lock(&self.quarantine).push(slot);
+        } else {
+            self.release_slot(slot);
+        }
         r
     }
 
@@ -629,11 +664,19 @@ impl CmdQueue {
         self.stats.posted.fetch_add(1, Ordering::Relaxed);
         self.bar.write32_be(iseg::CMD_DBELL, 1u32 << slot)?;
 
-        if self.event_mode.load(Ordering::Acquire) {
-            self.wait_event(slot, off, deadline)?;
+        let waited = if self.event_mode.load(Ordering::Acquire) {
+            self.wait_event(slot, off, deadline)
         } else {
-            self.wait_poll(off, deadline)?;
-        }
+            self.wait_poll(off, deadline)
+        };
+        // A timeout names the command that did not complete.
+        waited.map_err(|e| match e {
+            Error::Timeout { after, .. } => Error::Timeout {
+                what: Opcode::from_raw(opcode_of(input)).name(),
+                after,
+            },
+            e => e,
+        })?;
         // The ownership bit was seen clear: read what it guards.
         dma_rmb();
         let mut done = [0u8; ENTRY_SIZE];

@@ -76,6 +76,11 @@ pub struct HealthEvent {
     pub irisc_index: u8,
     /// The last health counter value.
     pub counter: u32,
+    /// The health buffer's syndrome (0x23d), decoded; `None` when 0. Kept
+    /// whatever sensor fired, as the kernel's health report prints it.
+    pub synd: Option<HealthSyndrome>,
+    /// The health buffer's extended syndrome (0x23e).
+    pub ext_synd: u16,
 }
 
 impl fmt::Display for HealthEvent {
@@ -101,6 +106,18 @@ impl fmt::Display for HealthEvent {
                 self.counter
             )?,
             HealthCause::Unreadable(e) => write!(f, "health registers unreadable: {e}")?,
+        }
+        if let (Some(synd), false) = (
+            self.synd,
+            matches!(self.cause, HealthCause::Syndrome { .. }),
+        ) {
+            write!(
+                f,
+                "; health syndrome {} ({:#x}), ext_synd {:#x}",
+                synd.name(),
+                synd.to_raw(),
+                self.ext_synd
+            )?;
         }
         write!(
             f,
@@ -191,6 +208,9 @@ impl HealthSnapshot {
             assert_callra: self.buffer[9],
             irisc_index: (self.buffer[15] >> 24) as u8,
             counter: self.counter(),
+            synd: (self.synd() != hw::HEALTH_SYNDROME_NONE)
+                .then(|| HealthSyndrome::from_raw(self.synd())),
+            ext_synd: self.buffer[15] as u16,
         }
     }
 }

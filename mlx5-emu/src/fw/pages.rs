@@ -116,7 +116,14 @@ impl Firmware {
                 Ok(vec![0; 0x10])
             }
             MANAGE_TAKE => {
-                let spare = (self.pages.len() as u64).saturating_sub(self.page_demand());
+                // Before INIT_HCA the only TAKE is the driver unwinding a
+                // failed bring-up (the kernel's mlx5_reclaim_startup_pages
+                // before DISABLE_HCA): firmware gives back the boot pages too.
+                let keep = match self.hca {
+                    HcaState::Enabled => 0,
+                    _ => self.page_demand(),
+                };
+                let spare = (self.pages.len() as u64).saturating_sub(keep);
                 let room = (outlen.saturating_sub(manage_pages_out::SIZE_BYTES) / 8) as u64;
                 let k = n.min(spare).min(room);
                 let mut out = vec![0u8; manage_pages_out::SIZE_BYTES + k as usize * 8];

@@ -1,0 +1,608 @@
+//! Fault injection, mailbox chains, run-time pages and the bring-up order:
+//! the driver's HCA layer against the device model.
+//!
+//! Every fault must end in a *named* error within the device's advertised
+//! timeout, and the driver must then close cleanly (no DMA mappings, no
+//! eventfds) so that a fresh `Hca::open` on the same function succeeds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_emu::{CmdLogEntry, Device, DeviceConfig, Profile};
+use mlx5_hw::health::HealthSyndrome;
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::status::{CmdStatus, DeliveryStatus};
+use verbs::hca::{Hca, HcaOptions};
+use verbs::health::HealthCause;
+use verbs::Error;
+use vfio::emulated::EmulatedFunction;
+use vfio::PciFunction;
+
+type Func = Arc<EmulatedFunction<Device>>;
+
+/// The command execution timeout the model advertises (iseg 0xff8).
+const EXEC_TO_MS: u32 = 250;
+/// The driver's slack past the advertised timeout (`verbs::cmd::CMD_TIMEOUT_SLACK`).
+const SLACK: Duration = Duration::from_secs(1);
+
+fn device() -> Func {
+    Arc::new(mlx5_emu::emulated_with(DeviceConfig {
+        cmd_exec_timeout_ms: EXEC_TO_MS,
+        cmd_init_timeout_ms: 500,
+        ..DeviceConfig::for_profile(Profile::ConnectX4)
+    }))
+}
+
+fn opts(event_mode: bool) -> HcaOptions {
+    HcaOptions {
+        event_mode,
+        health_interval: Some(Duration::from_millis(50)),
+        fw_pre_init_timeout: Duration::from_millis(300),
+        ..HcaOptions::default()
+    }
+}
+
+fn try_open(f: &Func, o: HcaOptions) -> Result<Hca, Error> {
+    let func: Arc<dyn PciFunction> = f.clone();
+    Hca::open(func, o)
+}
+
+fn open(f: &Func, o: HcaOptions) -> Hca {
+    try_open(f, o).unwrap_or_else(|e| panic!("open: {e}"))
+}
+
+/// Nothing of the driver is left on the function.
+fn assert_clean(f: &Func, what: &str) {
+    assert_eq!(f.dma_mappings(), 0, "{what}: DMA mappings left");
+    assert_eq!(f.bus().irqs.attached(), 0, "{what}: eventfds left");
+}
+
+/// A fresh open (after an FLR if `reset`) works and closes cleanly.
+fn reopen_works(f: &Func, reset: bool, event_mode: bool) {
+    f.model().faults().clear();
+    if reset {
+        f.reset().unwrap();
+    }
+    let hca = open(f, opts(event_mode));
+    hca.nop().unwrap();
+    hca.close().unwrap();
+    assert_clean(f, "after the re-open");
+}
+
+const ADAPTER_OUT: usize = mlx5_hw::ifc::query_adapter_out::SIZE_BYTES;
+
+fn exec_to() -> Duration {
+    Duration::from_millis(EXEC_TO_MS.into())
+}
+
+fn raw(op: Opcode, op_mod: u16, len: usize) -> Vec<u8> {
+    let mut inb = vec![0u8; len.max(16)];
+    inb[..2].copy_from_slice(&op.to_raw().to_be_bytes());
+    inb[6..8].copy_from_slice(&op_mod.to_be_bytes());
+    inb
+}
+
+fn log_since(f: &Func, from: usize) -> Vec<CmdLogEntry> {
+    f.model().command_log().split_off(from)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. Faults
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_firmware_stuck_initializing_times_out_by_name() {
+    let f = device();
+    f.model().faults().stuck_initializing(true);
+    f.reset().unwrap();
+    let start = Instant::now();
+    let e = try_open(&f, opts(false)).unwrap_err();
+    let took = start.elapsed();
+    match &e {
+        Error::Timeout { what, .. } => assert!(what.contains("initializing"), "{e}"),
+        other => panic!("expected a timeout naming initializing, got {other:?}"),
+    }
+    assert!(e.to_string().contains("initializing"), "{e}");
+    assert!(took < Duration::from_millis(300) + SLACK, "took {took:?}");
+    assert_clean(&f, "failed open");
+    // Still stuck: still a timeout, still clean.
+    assert!(matches!(
+        try_open(&f, opts(true)),
+        Err(Error::Timeout { .. })
+    ));
+    assert_clean(&f, "second failed open");
+    reopen_works(&f, true, true);
+}
+
+fn never_completes(event_mode: bool) {
+    let f = device();
+    let hca = open(&f, opts(event_mode));
+    assert_eq!(
+        hca.cmd().geometry().exec_timeout,
+        exec_to(),
+        "cmd_exec_to read"
+    );
+    f.model()
+        .faults()
+        .never_complete(Opcode::QueryAdapter.to_raw());
+    let start = Instant::now();
+    let e = hca
+        .cmd()
+        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT)
+        .unwrap_err();
+    let took = start.elapsed();
+    match &e {
+        Error::Timeout { what, .. } => assert!(what.contains("QUERY_ADAPTER"), "{e}"),
+        other => panic!("expected a timeout naming QUERY_ADAPTER, got {other:?}"),
+    }
+    assert!(took >= exec_to(), "gave up early: {took:?}");
+    assert!(
+        took < exec_to() + SLACK + Duration::from_millis(500),
+        "took {took:?}"
+    );
+    // The stuck slot is not reused: other commands still work, many times.
+    for _ in 0..2 * hca.cmd().slots() {
+        hca.nop().unwrap();
+    }
+    // The same opcode keeps timing out (fault is forever) and is named again.
+    let e = hca
+        .cmd()
+        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT);
+    assert!(matches!(e, Err(Error::Timeout { what, .. }) if what.contains("QUERY_ADAPTER")));
+    hca.nop().unwrap();
+    f.model().faults().clear();
+    hca.close().unwrap();
+    assert_clean(&f, "close after a lost command");
+    reopen_works(&f, true, event_mode);
+}
+
+#[test]
+fn b_never_completing_command_times_out_by_opcode_polled() {
+    never_completes(false);
+}
+
+#[test]
+fn b_never_completing_command_times_out_by_opcode_event() {
+    never_completes(true);
+}
+
+#[test]
+fn c_delivery_error_is_named() {
+    for event_mode in [false, true] {
+        let f = device();
+        let hca = open(&f, opts(event_mode));
+        let n = f.model().command_log().len();
+        f.model()
+            .faults()
+            .delivery_error(Opcode::Nop.to_raw(), DeliveryStatus::BadBlockNumber, 1);
+        let start = Instant::now();
+        let e = hca.nop().unwrap_err();
+        assert!(start.elapsed() < exec_to());
+        match &e {
+            Error::Delivery {
+                opcode,
+                op_mod,
+                status,
+            } => {
+                assert_eq!(*opcode, Opcode::Nop);
+                assert_eq!(*op_mod, 0);
+                assert_eq!(*status, DeliveryStatus::BadBlockNumber);
+            }
+            other => panic!("expected a delivery error, got {other:?}"),
+        }
+        assert_eq!(
+            e.to_string(),
+            "NOP (0x80d) op_mod 0: delivery failed: bad block number (0x3)"
+        );
+        let log = log_since(&f, n);
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].opcode, Opcode::Nop.to_raw());
+        assert_eq!(log[0].delivery, DeliveryStatus::BadBlockNumber.to_raw());
+        assert_eq!(f.model().stats().delivery_errors, 1);
+        // One-shot: the next NOP goes through.
+        hca.nop().unwrap();
+        hca.close().unwrap();
+        assert_clean(&f, "close after a delivery error");
+        reopen_works(&f, false, event_mode);
+    }
+}
+
+#[test]
+fn d_command_status_and_syndrome_are_named() {
+    let f = device();
+    let hca = open(&f, opts(true));
+    f.model().faults().command_status(
+        Opcode::Nop.to_raw(),
+        CmdStatus::BadParameter,
+        0x1a2b_3c4d,
+        1,
+    );
+    let e = hca.nop().unwrap_err();
+    match &e {
+        Error::Cmd {
+            opcode,
+            op_mod,
+            status,
+            syndrome,
+        } => {
+            assert_eq!(*opcode, Opcode::Nop);
+            assert_eq!(*op_mod, 0);
+            assert_eq!(*status, CmdStatus::BadParameter);
+            assert_eq!(*syndrome, 0x1a2b_3c4d);
+        }
+        other => panic!("expected a command error, got {other:?}"),
+    }
+    assert_eq!(
+        e.to_string(),
+        "NOP (0x80d) op_mod 0: bad parameter (0x3), syndrome 0x1a2b3c4d"
+    );
+    let last = *f.model().command_log().last().unwrap();
+    assert_eq!(
+        (last.opcode, last.status, last.syndrome),
+        (Opcode::Nop.to_raw(), 0x3, 0x1a2b_3c4d)
+    );
+    hca.nop().unwrap();
+    hca.close().unwrap();
+    assert_clean(&f, "close after a failing status");
+}
+
+#[test]
+fn d_failing_status_during_bring_up_unwinds() {
+    let f = device();
+    f.model().faults().command_status(
+        Opcode::InitHca.to_raw(),
+        CmdStatus::BadResourceState,
+        0x0bad_0001,
+        1,
+    );
+    let e = try_open(&f, opts(true)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Cmd {
+                opcode: Opcode::InitHca,
+                status: CmdStatus::BadResourceState,
+                syndrome: 0x0bad_0001,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "INIT_HCA (0x102) op_mod 0: bad resource state (0x9), syndrome 0xbad0001"
+    );
+    assert_clean(&f, "failed open");
+    println!("{:?}", names(&f.model().command_log()));
+    // The unwind gave the pages back and disabled the HCA.
+    assert_eq!(f.model().stats().pages_held, 0);
+    reopen_works(&f, false, true);
+}
+
+fn health_failure(event_mode: bool) {
+    let f = device();
+    let hca = open(&f, opts(event_mode));
+    let rx = hca.subscribe_health();
+    hca.nop().unwrap();
+    f.model()
+        .faults()
+        .health_failure(HealthSyndrome::DeadIrisc, 0x12);
+    let ev = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("a health event within 2 s");
+    println!("health event: {ev}");
+    assert_eq!(ev.synd, Some(HealthSyndrome::DeadIrisc), "{ev}");
+    assert_eq!(ev.ext_synd, 0x12, "{ev}");
+    assert!(ev.to_string().contains("irisc not responding"), "{ev}");
+    assert!(matches!(
+        ev.cause,
+        HealthCause::PciDead | HealthCause::Syndrome { .. } | HealthCause::CounterStuck(_)
+    ));
+    assert_eq!(hca.health_failure().as_ref(), Some(&ev));
+    // Every later command fails at once with the event.
+    for _ in 0..3 {
+        let start = Instant::now();
+        match hca.nop() {
+            Err(Error::Health(e)) => assert_eq!(e, ev),
+            other => panic!("expected a health error, got {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_millis(50));
+    }
+    let e = hca
+        .cmd()
+        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT);
+    assert!(matches!(e, Err(Error::Health(_))));
+    f.model().faults().clear();
+    let hca = hca.recover().unwrap_or_else(|e| panic!("recover: {e}"));
+    assert!(hca.health_failure().is_none());
+    hca.nop().unwrap();
+    assert!(hca.fw_pages() > 0);
+    hca.close().unwrap();
+    assert_clean(&f, "close after recovery");
+}
+
+#[test]
+fn e_health_failure_reported_and_recovered_event() {
+    health_failure(true);
+}
+
+#[test]
+fn e_health_failure_reported_and_recovered_polled() {
+    health_failure(false);
+}
+
+#[test]
+fn f_page_request_storm_loses_nothing() {
+    let f = device();
+    let hca = open(&f, opts(true));
+    let before = f.model().stats().pages_held;
+    assert_eq!(before, hca.fw_pages() as u64);
+    const STORM: u64 = 600;
+    f.model().faults().page_request_storm(STORM as u32);
+    wait_for("the storm's pages", Duration::from_secs(20), || {
+        f.model().stats().pages_held == before + STORM && hca.fw_pages() as u64 == before + STORM
+    });
+    // And nothing more arrives late.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(f.model().stats().pages_held, before + STORM);
+    assert_eq!(hca.fw_pages() as u64, before + STORM);
+    assert_eq!(f.model().stats().eq_overruns, 0);
+    hca.nop().unwrap();
+    hca.close().unwrap();
+    assert_clean(&f, "close after the storm");
+}
+
+// ---------------------------------------------------------------------------
+// 2. Mailbox chains
+// ---------------------------------------------------------------------------
+
+#[test]
+fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
+    use verbs::cmd::blocks_for;
+    let f = device();
+    let hca = open(&f, opts(true));
+    let cmd = hca.cmd();
+    let n0 = f.model().command_log().len();
+
+    // 0 blocks each way: NOP.
+    assert_eq!(blocks_for(16), 0);
+    cmd.exec(&raw(Opcode::Nop, 0, 16), 16).unwrap();
+
+    // 1 block out: QUERY_ADAPTER.
+    assert_eq!(blocks_for(ADAPTER_OUT), 1);
+    let out = cmd
+        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT)
+        .unwrap();
+    assert_eq!(out.len(), ADAPTER_OUT);
+    assert!(
+        out[16..].iter().any(|&b| b != 0),
+        "adapter data came back through the mailbox"
+    );
+
+    // 1 block each way: ACCESS_REG (PAOS read) returns the port asked for.
+    let mut paos = [0u8; 16];
+    paos[1] = 1;
+    let r = hca.access_reg(0x5006, 0, &paos, false).unwrap();
+    assert_eq!(r[1], 1, "PAOS local_port echoed: {r:?}");
+
+    // 8 blocks out: QUERY_HCA_CAP general current (0x1010 bytes).
+    assert_eq!(blocks_for(0x1010), 8);
+    let out = cmd.exec(&raw(Opcode::QueryHcaCap, 1, 16), 0x1010).unwrap();
+    assert_eq!(&out[16..], &hca.caps().general.current[..]);
+
+    // 10 blocks out: the same page through a longer outbox; the tail is zero.
+    let long = 16 + 10 * 512;
+    assert_eq!(blocks_for(long), 10);
+    let out = cmd.exec(&raw(Opcode::QueryHcaCap, 1, 16), long).unwrap();
+    assert_eq!(&out[16..0x1010], &hca.caps().general.current[..]);
+
+    // 12 blocks in: a NOP carrying a long (ignored) input, every block signed.
+    let mut big = raw(Opcode::Nop, 0, 16 + 12 * 512 - 7);
+    for (i, b) in big.iter_mut().enumerate().skip(16) {
+        *b = i as u8;
+    }
+    assert_eq!(blocks_for(big.len()), 12);
+    cmd.exec(&big, 16).unwrap();
+
+    // Runtime pages: 100 pages = 2 blocks of PAS; 600 = 8 blocks (512 per
+    // command, the driver's PAGES_PER_CMD) + 2 blocks.
+    let held = f.model().stats().pages_held;
+    f.model().request_pages(100);
+    wait_for("100 pages", Duration::from_secs(5), || {
+        f.model().stats().pages_held == held + 100
+    });
+    f.model().request_pages(600);
+    wait_for("600 pages", Duration::from_secs(5), || {
+        f.model().stats().pages_held == held + 700
+    });
+    wait_for("driver's count", Duration::from_secs(1), || {
+        hca.fw_pages() as u64 == held + 700
+    });
+
+    let log = log_since(&f, n0);
+    assert!(
+        log.iter().all(|e| e.delivery == 0 && e.status == 0),
+        "every command delivered and succeeded: {log:?}"
+    );
+    let gives = log
+        .iter()
+        .filter(|e| e.opcode == Opcode::ManagePages.to_raw() && e.op_mod == 1)
+        .count();
+    assert_eq!(gives, 3, "100 in one command, 600 in two: {log:?}");
+    assert_eq!(f.model().stats().delivery_errors, 0);
+    assert_eq!(f.model().stats().dma_faults, 0);
+    hca.close().unwrap();
+    assert_clean(&f, "close");
+}
+
+// ---------------------------------------------------------------------------
+// 3. Run-time page give and take
+// ---------------------------------------------------------------------------
+
+#[test]
+fn runtime_pages_give_then_take() {
+    for event_mode in [false, true] {
+        let f = device();
+        let hca = open(&f, opts(event_mode));
+        let base = f.model().stats().pages_held;
+        assert_eq!(hca.fw_pages() as u64, base);
+        f.model().request_pages(300);
+        wait_for("give", Duration::from_secs(5), || {
+            f.model().stats().pages_held == base + 300 && hca.fw_pages() as u64 == base + 300
+        });
+        f.model().request_pages(-120);
+        wait_for("take", Duration::from_secs(5), || {
+            f.model().stats().pages_held == base + 180 && hca.fw_pages() as u64 == base + 180
+        });
+        let n = f.model().command_log().len();
+        hca.close().unwrap();
+        assert_clean(&f, "close after give/take");
+        // Graceful teardown reclaims everything; fast teardown makes
+        // firmware drop its pages. Either way firmware holds none.
+        assert_eq!(f.model().stats().pages_held, 0);
+        println!(
+            "teardown: {:?}",
+            log_since(&f, n)
+                .iter()
+                .map(|e| (Opcode::from_raw(e.opcode).name(), e.op_mod))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 4. Bring-up and teardown order
+// ---------------------------------------------------------------------------
+
+fn names(log: &[CmdLogEntry]) -> Vec<(&'static str, u16)> {
+    log.iter()
+        .map(|e| (Opcode::from_raw(e.opcode).name(), e.op_mod))
+        .collect()
+}
+
+/// No model profile advertises `fast_teardown`, so the fast branch below is
+/// written to the driver's documented behaviour (verbs/src/bringup.rs) but
+/// only the graceful branch runs today.
+fn order(event_mode: bool, fast_teardown: bool) {
+    let f = device();
+    f.model().clear_command_log();
+    let hca = open(
+        &f,
+        HcaOptions {
+            fast_teardown,
+            ..opts(event_mode)
+        },
+    );
+    let up = names(&f.model().command_log());
+    println!("bring-up (event_mode {event_mode}): {up:?}");
+    let ops: Vec<&str> = up.iter().map(|e| e.0).collect();
+    // The kernel's order, exactly, up to INIT_HCA.
+    let init = ops.iter().position(|&o| o == "INIT_HCA").unwrap();
+    let head = &up[..=init];
+    let mut i = 0;
+    fn expect(head: &[(&str, u16)], i: &mut usize, name: &str, op_mod: Option<u16>) {
+        assert!(*i < head.len(), "missing {name}: {head:?}");
+        assert_eq!(head[*i].0, name, "at {i}: {head:?}");
+        if let Some(m) = op_mod {
+            assert_eq!(head[*i].1, m, "{name} op_mod at {i}: {head:?}");
+        }
+        *i += 1;
+    }
+    expect(head, &mut i, "ENABLE_HCA", None);
+    expect(head, &mut i, "QUERY_ISSI", None);
+    expect(head, &mut i, "SET_ISSI", None);
+    expect(head, &mut i, "QUERY_PAGES", Some(1));
+    expect(head, &mut i, "MANAGE_PAGES", Some(1));
+    expect(head, &mut i, "ACCESS_REG", Some(0));
+    expect(head, &mut i, "QUERY_HCA_CAP", None);
+    while head[i].0 == "QUERY_HCA_CAP" || head[i].0 == "SET_HCA_CAP" {
+        i += 1;
+    }
+    assert!(
+        head[..i].iter().any(|e| e.0 == "SET_HCA_CAP"),
+        "SET_HCA_CAP sent: {head:?}"
+    );
+    expect(head, &mut i, "QUERY_PAGES", Some(2));
+    while head[i].0 == "MANAGE_PAGES" {
+        assert_eq!(head[i].1, 1);
+        i += 1;
+    }
+    expect(head, &mut i, "INIT_HCA", None);
+    // After INIT_HCA: caps re-read, the UAR, the command EQ before any
+    // command completes by event, the async EQ, identity.
+    let tail: Vec<&str> = ops[init + 1..].to_vec();
+    let pos = |n: &str| tail.iter().position(|&o| o == n);
+    assert!(pos("QUERY_HCA_CAP").is_some(), "{tail:?}");
+    let uar = pos("ALLOC_UAR").unwrap();
+    let eq = pos("CREATE_EQ").unwrap();
+    assert!(uar < eq, "{tail:?}");
+    assert_eq!(tail.iter().filter(|&&o| o == "CREATE_EQ").count(), 2);
+    assert!(pos("QUERY_ADAPTER").unwrap() > eq, "{tail:?}");
+    assert!(up.iter().all(|e| e.0 != "TEARDOWN_HCA"));
+
+    f.model().clear_command_log();
+    let fast = fast_teardown && hca.caps().gen().fast_teardown();
+    hca.close().unwrap();
+    assert_clean(&f, "close");
+    let down = names(&f.model().command_log());
+    println!("teardown (fast {fast}): {down:?}");
+    let ops: Vec<&str> = down.iter().map(|e| e.0).collect();
+    assert_eq!(
+        &ops[..5],
+        &[
+            "DESTROY_EQ",
+            "DESTROY_EQ",
+            "DEALLOC_UAR",
+            "DEALLOC_UAR",
+            "TEARDOWN_HCA"
+        ],
+        "{down:?}"
+    );
+    let td = 4;
+    if fast {
+        // Fast unload: PREPARE_FAST_TEARDOWN, the nic_interface handshake,
+        // and nothing after it (no reclaim, no DISABLE_HCA), as documented
+        // in verbs/src/bringup.rs.
+        assert_eq!(down[td].1, 0, "{down:?}");
+        assert_eq!(ops.len(), td + 1, "nothing after fast teardown: {down:?}");
+    } else {
+        assert_eq!(ops.last(), Some(&"DISABLE_HCA"), "{down:?}");
+        assert!(
+            ops[td + 1..ops.len() - 1]
+                .iter()
+                .zip(&down[td + 1..])
+                .all(|(o, e)| *o == "MANAGE_PAGES" && e.1 == 2),
+            "only MANAGE_PAGES TAKE between TEARDOWN_HCA and DISABLE_HCA: {down:?}"
+        );
+        assert!(ops.len() > td + 2, "pages reclaimed: {down:?}");
+    }
+    assert_eq!(f.model().stats().pages_held, 0);
+}
+
+#[test]
+fn order_polled_fast_teardown() {
+    order(false, true);
+}
+
+#[test]
+fn order_event_fast_teardown() {
+    order(true, true);
+}
+
+#[test]
+fn order_polled_graceful_teardown() {
+    order(false, false);
+}
+
+#[test]
+fn order_event_graceful_teardown() {
+    order(true, false);
+}
