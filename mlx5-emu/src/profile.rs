@@ -281,6 +281,7 @@ impl CapPages {
         self.set_both(GENERAL, cmd_hca_cap::HCA_CAP_2, 1);
         self.set_both(GENERAL, cmd_hca_cap::DEVICE_MEMORY, 1);
         self.set_both(GENERAL, cmd_hca_cap::PG, 1);
+        self.set_both(GENERAL, cmd_hca_cap::FAST_TEARDOWN, 1);
         self.set_both(GENERAL, cmd_hca_cap::UAR_4K, 0);
         if let Some(m) = self.max.get_mut(&GENERAL) {
             cmd_hca_cap::UAR_4K.set(m, 1);

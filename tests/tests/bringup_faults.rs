@@ -26,10 +26,14 @@ const EXEC_TO_MS: u32 = 250;
 const SLACK: Duration = Duration::from_secs(1);
 
 fn device() -> Func {
+    device_of(Profile::ConnectX4)
+}
+
+fn device_of(profile: Profile) -> Func {
     Arc::new(mlx5_emu::emulated_with(DeviceConfig {
         cmd_exec_timeout_ms: EXEC_TO_MS,
         cmd_init_timeout_ms: 500,
-        ..DeviceConfig::for_profile(Profile::ConnectX4)
+        ..DeviceConfig::for_profile(profile)
     }))
 }
 
@@ -488,11 +492,17 @@ fn names(log: &[CmdLogEntry]) -> Vec<(&'static str, u16)> {
         .collect()
 }
 
-/// No model profile advertises `fast_teardown`, so the fast branch below is
-/// written to the driver's documented behaviour (verbs/src/bringup.rs) but
-/// only the graceful branch runs today.
+/// ConnectX-4 (the traced firmware) does not offer `fast_teardown`; ConnectX-5
+/// and later do, so the fast branch runs on those.
 fn order(event_mode: bool, fast_teardown: bool) {
-    let f = device();
+    order_on(Profile::ConnectX4, event_mode, fast_teardown);
+    if fast_teardown {
+        order_on(Profile::ConnectX5, event_mode, true);
+    }
+}
+
+fn order_on(profile: Profile, event_mode: bool, fast_teardown: bool) {
+    let f = device_of(profile);
     f.model().clear_command_log();
     let hca = open(
         &f,
@@ -585,6 +595,9 @@ fn order(event_mode: bool, fast_teardown: bool) {
         assert!(ops.len() > td + 2, "pages reclaimed: {down:?}");
     }
     assert_eq!(f.model().stats().pages_held, 0);
+    assert_eq!(fast, fast_teardown && profile != Profile::ConnectX4);
+    // The function can be opened again at once.
+    reopen_works(&f, false, event_mode);
 }
 
 #[test]
