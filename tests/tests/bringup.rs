@@ -94,6 +94,11 @@ fn hundred_open_close_cycles() {
         hca.close().unwrap();
         assert_eq!(f.dma_mappings(), 0, "cycle {i}: DMA mappings left");
         assert_eq!(f.bus().irqs.attached(), 0, "cycle {i}: eventfds left");
+        assert_eq!(
+            f.model().stats().pages_held,
+            0,
+            "cycle {i}: pages left with firmware"
+        );
     }
 }
 
