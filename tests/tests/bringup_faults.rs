@@ -594,7 +594,15 @@ fn order_on(profile: Profile, event_mode: bool, fast_teardown: bool) {
         );
         assert!(ops.len() > td + 2, "pages reclaimed: {down:?}");
     }
-    assert_eq!(f.model().stats().pages_held, 0);
+    // After a fast teardown the driver's wait ends on nic_interface reading
+    // "disabled"; in shared BAR memory it can read its own store before the
+    // model's worker has acted on it, so the model lets go of its pages a
+    // moment later (a limit of polled shared memory, see ARCHITECTURE.md).
+    wait_for(
+        "firmware to let go of its pages",
+        Duration::from_secs(2),
+        || f.model().stats().pages_held == 0,
+    );
     assert_eq!(fast, fast_teardown && profile != Profile::ConnectX4);
     // The function can be opened again at once.
     reopen_works(&f, false, event_mode);
