@@ -1,2 +1,26 @@
 //! Shared helpers for the end-to-end tests.
 pub mod replay;
+
+/// The shared ConnectX-4 firmware trace, parsed: `$MLX5_TRACE` or
+/// `../shared/traces/connectx4-mlx5_core-bringup.txt` beside the repo.
+///
+/// # Panics
+/// If the trace cannot be read or parsed (tests want that loud).
+pub fn connectx4_trace() -> Vec<mlx5_hw::trace::TracedCommand> {
+    let path = std::env::var_os("MLX5_TRACE").map_or_else(
+        || {
+            std::path::PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../shared/traces/connectx4-mlx5_core-bringup.txt"
+            ))
+        },
+        std::path::PathBuf::from,
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading the ConnectX-4 trace {}: {e} (set MLX5_TRACE to its path)",
+            path.display()
+        )
+    });
+    mlx5_hw::trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

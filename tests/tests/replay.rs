@@ -11,7 +11,6 @@
 //! workspace.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,27 +31,8 @@ const GENERAL_CUR: u16 = 1;
 /// Where the capability starts in a QUERY_HCA_CAP output.
 const CAP_OFF: usize = 0x10;
 
-fn trace_path() -> PathBuf {
-    std::env::var_os("MLX5_TRACE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/traces/connectx4-mlx5_core-bringup.txt"
-            ))
-        },
-        PathBuf::from,
-    )
-}
-
 fn commands() -> Vec<TracedCommand> {
-    let path = trace_path();
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "reading the ConnectX-4 trace {}: {e} (set MLX5_TRACE to its path)",
-            path.display()
-        )
-    });
-    trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    tests::connectx4_trace()
 }
 
 fn replay_device(replay: &Arc<Replay>) -> Arc<EmulatedFunction<mlx5_emu::Device>> {

@@ -20,7 +20,6 @@
 //! workspace.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use mlx5_hw::ifc::{
     ManagePagesIn, QueryAdapterOut, QueryHcaCapOut, QueryIssiOut, QueryPagesOut, SetHcaCapIn,
@@ -36,27 +35,8 @@ const MANAGE_PAGES: u16 = 0x108;
 const SET_HCA_CAP: u16 = 0x109;
 const QUERY_ISSI: u16 = 0x10a;
 
-fn trace_path() -> PathBuf {
-    std::env::var_os("MLX5_TRACE").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/traces/connectx4-mlx5_core-bringup.txt"
-            ))
-        },
-        PathBuf::from,
-    )
-}
-
 fn commands() -> Vec<TracedCommand> {
-    let path = trace_path();
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "reading the ConnectX-4 trace {}: {e} (set MLX5_TRACE to its path)",
-            path.display()
-        )
-    });
-    trace::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    tests::connectx4_trace()
 }
 
 /// The commands with this opcode and op_mod, in trace order.
