@@ -61,11 +61,24 @@ pub struct DmaFault {
     pub dir: &'static str,
 }
 
+/// What keeps a mapping's memory alive while the device may touch it.
+#[derive(Debug, Clone)]
+enum Backing {
+    /// A driver's buffer (in-process backend).
+    Buffer(#[allow(dead_code)] Arc<DmaBuffer>),
+    /// A file another process shared (vfio-user DMA_MAP, a vhost-user
+    /// memory table region).
+    File(#[allow(dead_code)] Arc<std::fs::File>),
+}
+
 /// The IOVA space as the device sees it.
+///
+/// Filled by the in-process backend's `dma_map`, or by a server from the
+/// regions its client shares by file descriptor ([`DmaSpace::map_file`]).
 #[derive(Debug, Default)]
 pub struct DmaSpace {
     mem: RwLock<Arc<GuestMemoryMmap>>,
-    maps: Mutex<BTreeMap<u64, (u64, Arc<DmaBuffer>)>>,
+    maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
 }
 
 impl DmaSpace {
@@ -129,12 +142,54 @@ impl DmaSpace {
         }
     }
 
-    fn lock_maps(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (u64, Arc<DmaBuffer>)>> {
+    fn lock_maps(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (u64, Backing)>> {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn map(&self, iova: u64, buf: &Arc<DmaBuffer>) -> Result<()> {
-        let len = buf.len() as u64;
+        self.insert(
+            iova,
+            buf.len() as u64,
+            buf.file().clone(),
+            0,
+            Backing::Buffer(buf.clone()),
+        )
+    }
+
+    /// Maps `len` bytes of `file` from `file_offset` at `iova`: how a server
+    /// takes memory its client shares by descriptor (vfio-user `DMA_MAP`, a
+    /// vhost-user memory-table region). The file stays open until
+    /// [`unmap`](Self::unmap) or [`clear`](Self::clear).
+    pub fn map_file(
+        &self,
+        iova: u64,
+        len: u64,
+        file: Arc<std::fs::File>,
+        file_offset: u64,
+    ) -> Result<()> {
+        self.insert(iova, len, file.clone(), file_offset, Backing::File(file))
+    }
+
+    fn insert(
+        &self,
+        iova: u64,
+        len: u64,
+        file: Arc<std::fs::File>,
+        file_offset: u64,
+        keep: Backing,
+    ) -> Result<()> {
+        if len == 0 {
+            return Err(Error::Iova {
+                iova,
+                len,
+                why: "empty range",
+            });
+        }
+        let size = usize::try_from(len).map_err(|_| Error::Iova {
+            iova,
+            len,
+            why: "larger than the address space",
+        })?;
         let mut maps = self.lock_maps();
         let end = iova.checked_add(len).ok_or(Error::Iova {
             iova,
@@ -152,12 +207,11 @@ impl DmaSpace {
                 why: "overlaps an existing mapping",
             });
         }
-        let region =
-            MmapRegion::<()>::from_file(FileOffset::from_arc(buf.file().clone(), 0), buf.len())
-                .map_err(|e| Error::Os {
-                    op: "mmap(DMA buffer, device side)",
-                    source: std::io::Error::other(e.to_string()),
-                })?;
+        let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
+            .map_err(|e| Error::Os {
+                op: "mmap(DMA memory, device side)",
+                source: std::io::Error::other(e.to_string()),
+            })?;
         let region = GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(Error::Iova {
             iova,
             len,
@@ -172,11 +226,12 @@ impl DmaSpace {
                 why: "overlaps an existing mapping",
             })?;
         *mem = Arc::new(next);
-        maps.insert(iova, (len, buf.clone()));
+        maps.insert(iova, (len, keep));
         Ok(())
     }
 
-    fn unmap(&self, iova: u64, len: u64) -> Result<()> {
+    /// Unmaps the mapping that starts at `iova` and is `len` bytes long.
+    pub fn unmap(&self, iova: u64, len: u64) -> Result<()> {
         let mut maps = self.lock_maps();
         match maps.get(&iova) {
             Some(&(l, _)) if l == len => {}
@@ -204,7 +259,8 @@ impl DmaSpace {
         Ok(())
     }
 
-    fn clear(&self) {
+    /// Unmaps everything (the owner let go of the function).
+    pub fn clear(&self) {
         let mut maps = self.lock_maps();
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
         *mem = Arc::new(GuestMemoryMmap::default());
@@ -239,7 +295,10 @@ impl Interrupts {
         v.keys().filter(|(k, _)| *k == kind).count()
     }
 
-    fn set(&self, kind: IrqKind, start: u32, fds: &[Option<&EventFd>]) -> Result<()> {
+    /// Routes vectors `start ..` of `kind` to (duplicates of) `fds`; `None`
+    /// detaches a vector, an empty `fds` detaches every vector of `kind`.
+    /// A server calls this with the eventfds its client sent.
+    pub fn set(&self, kind: IrqKind, start: u32, fds: &[Option<&EventFd>]) -> Result<()> {
         let mut v = self.vectors.lock().unwrap_or_else(|p| p.into_inner());
         if fds.is_empty() {
             v.retain(|(k, _), _| *k != kind);
@@ -273,6 +332,23 @@ pub struct Bus {
     pub irqs: Arc<Interrupts>,
 }
 
+impl Bus {
+    /// An empty IOVA space and no vectors attached: what a server builds a
+    /// device model on before its client maps anything.
+    pub fn new() -> Self {
+        Self {
+            dma: Arc::new(DmaSpace::default()),
+            irqs: Arc::new(Interrupts::default()),
+        }
+    }
+}
+
+impl Default for Bus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// An in-process device model owned as a [`PciFunction`].
 #[derive(Debug)]
 pub struct EmulatedFunction<M: DeviceModel> {
@@ -284,10 +360,7 @@ pub struct EmulatedFunction<M: DeviceModel> {
 impl<M: DeviceModel> EmulatedFunction<M> {
     /// Makes the model with a fresh bus and wraps it.
     pub fn new(make: impl FnOnce(Bus) -> M) -> Self {
-        let bus = Bus {
-            dma: Arc::new(DmaSpace::default()),
-            irqs: Arc::new(Interrupts::default()),
-        };
+        let bus = Bus::new();
         let model = Arc::new(make(bus.clone()));
         Self {
             name: model.name(),
