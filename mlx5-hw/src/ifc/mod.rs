@@ -227,6 +227,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &set_hca_cap_out::INFO,
     &set_issi_in::INFO,
     &set_issi_out::INFO,
+    &set_roce_address_in::INFO,
+    &set_roce_address_out::INFO,
     &sqd2rts_qp_in::INFO,
     &sqd2rts_qp_out::INFO,
     &sqerr2rts_qp_in::INFO,

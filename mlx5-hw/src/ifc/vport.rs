@@ -2522,3 +2522,202 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryRoceAddressOut<T> {
         RoceAddrLayout::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x20))
     }
 }
+
+/// Constants and registry entry of [`SetRoceAddressIn`] (`struct mlx5_ifc_set_roce_address_in_bits`).
+pub mod set_roce_address_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x180;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x30;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `roce_address_index`: bit 0x40, 0x10 bits.
+    pub const ROCE_ADDRESS_INDEX: BitField = BitField::new(0x40, 0x10);
+    /// Place of `vhca_port_num`: bit 0x5c, 0x4 bits.
+    pub const VHCA_PORT_NUM: BitField = BitField::new(0x5c, 0x4);
+    /// Place of `roce_address`: bit 0x80, 0x100 bits.
+    pub const ROCE_ADDRESS: BitField = BitField::new(0x80, 0x100);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "set_roce_address_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x180,
+        doc: "SET_ROCE_ADDRESS input: one entry of the port's GID table.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "roce_address_index", bit_off: 0x40, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_50", bit_off: 0x50, width: 0xc, ty: FieldType::Bits },
+            FieldInfo { name: "vhca_port_num", bit_off: 0x5c, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "roce_address", bit_off: 0x80, width: 0x100, ty: FieldType::Layout("roce_addr_layout") },
+        ],
+    };
+}
+
+/// SET_ROCE_ADDRESS input: one entry of the port's GID table.
+///
+/// A view of `struct mlx5_ifc_set_roce_address_in_bits` (384 bits, 48 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetRoceAddressIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> SetRoceAddressIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (48 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("set_roce_address_in", set_roce_address_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `roce_address_index`: 16 bits at bit 0x40.
+    pub fn roce_address_index(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x40, 16) as u16
+    }
+    /// `vhca_port_num`: 4 bits at bit 0x5c.
+    pub fn vhca_port_num(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x5c, 4) as u8
+    }
+    /// `roce_address` (`roce_addr_layout`, at byte 0x10).
+    pub fn roce_address(&self) -> RoceAddrLayout<&[u8]> {
+        RoceAddrLayout::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x20))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> SetRoceAddressIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `roce_address_index` (16 bits at bit 0x40).
+    pub fn set_roce_address_index(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 16, u64::from(value));
+        self
+    }
+    /// Sets `vhca_port_num` (4 bits at bit 0x5c).
+    pub fn set_vhca_port_num(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x5c, 4, u64::from(value));
+        self
+    }
+    /// `roce_address` (`roce_addr_layout`, at byte 0x10), for writing.
+    pub fn roce_address_mut(&mut self) -> RoceAddrLayout<&mut [u8]> {
+        RoceAddrLayout::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x20))
+    }
+}
+
+/// Constants and registry entry of [`SetRoceAddressOut`] (`struct mlx5_ifc_set_roce_address_out_bits`).
+pub mod set_roce_address_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "set_roce_address_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "SET_ROCE_ADDRESS output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// SET_ROCE_ADDRESS output.
+///
+/// A view of `struct mlx5_ifc_set_roce_address_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetRoceAddressOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> SetRoceAddressOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("set_roce_address_out", set_roce_address_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> SetRoceAddressOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
