@@ -154,6 +154,9 @@ pub struct Hca {
     events: Option<EventLoop>,
     cmd_eq: Option<Arc<Eq>>,
     async_eq: Option<Arc<Eq>>,
+    comp_eqs: Vec<Arc<Eq>>,
+    comp_table: Arc<eq::CompTable>,
+    dma: Arc<DmaCtx>,
     uars: Vec<Arc<Uar>>,
     health: Option<HealthPoller>,
     health_subs: HealthSubscribers,
@@ -229,6 +232,9 @@ impl Hca {
             events: None,
             cmd_eq: None,
             async_eq: None,
+            comp_eqs: Vec::new(),
+            comp_table: Arc::default(),
+            dma: dma.clone(),
             uars: Vec::new(),
             health: None,
             health_subs: Arc::default(),
@@ -347,7 +353,12 @@ impl Hca {
     }
 
     fn start_events(&mut self, dma: &Arc<DmaCtx>) -> Result<()> {
-        let nvec = self.func.irq_count(vfio::IrqKind::MsiX)?.clamp(0, 2);
+        // Vector 0: commands; 1: async events and page requests; then one
+        // per completion EQ (sharing the last vector when there are fewer).
+        let nvec = self
+            .func
+            .irq_count(vfio::IrqKind::MsiX)?
+            .clamp(0, 2 + eq::COMP_EQS);
         if nvec == 0 {
             return Err(Error::NotSupported("MSI-X"));
         }
@@ -355,6 +366,7 @@ impl Hca {
             cmd: self.cmd.0.clone(),
             pages: self.page_tx.clone(),
             subs: self.event_subs.clone(),
+            comp: self.comp_table.clone(),
         };
         let events = EventLoop::start(self.func.clone(), nvec, dispatch)?;
         let events = self.events.insert(events);
@@ -377,7 +389,14 @@ impl Hca {
         );
         let uar = Arc::new(Uar::alloc(&self.cmd, self.bar.clone())?);
         self.uars.push(uar.clone());
-        let aeq = Eq::create(&self.cmd, dma, uar, nvec - 1, eq::ASYNC_EQ_NENT, mask)?;
+        let aeq = Eq::create(
+            &self.cmd,
+            dma,
+            uar,
+            1.min(nvec - 1),
+            eq::ASYNC_EQ_NENT,
+            mask,
+        )?;
         if let Some(ev) = &self.events {
             self.async_eq = Some(ev.add(aeq));
         }
@@ -561,6 +580,58 @@ impl Hca {
         )
     }
 
+    /// Creates the completion EQs (one per completion vector, [`eq::COMP_EQS`]
+    /// of them) if they do not exist yet: what CQs deliver events through.
+    /// Not part of bring-up (the kernel's mlx5_core creates them with the
+    /// first user); the verbs context does it when it opens.
+    pub fn create_comp_eqs(&mut self) -> Result<()> {
+        if !self.comp_eqs.is_empty() {
+            return Ok(());
+        }
+        let nvec = self
+            .func
+            .irq_count(vfio::IrqKind::MsiX)?
+            .clamp(1, 2 + eq::COMP_EQS);
+        let comp_mask = 1u64 << mlx5_hw::event::EventType::Comp.to_raw();
+        for i in 0..eq::COMP_EQS {
+            let uar = Arc::new(Uar::alloc(&self.cmd, self.bar.clone())?);
+            self.uars.push(uar.clone());
+            let vector = (2 + i).min(nvec - 1);
+            let ceq = Eq::create(
+                &self.cmd,
+                &self.dma,
+                uar,
+                vector,
+                eq::COMP_EQ_NENT,
+                comp_mask,
+            )?;
+            if let Some(ev) = &self.events {
+                self.comp_eqs.push(ev.add(ceq));
+            }
+        }
+        Ok(())
+    }
+
+    /// The completion EQ numbers, in vector order (CQs name one as `c_eqn`).
+    pub fn comp_eqns(&self) -> Vec<u8> {
+        self.comp_eqs.iter().map(|e| e.eqn()).collect()
+    }
+
+    /// The BAR0 mapping (UAR pages live in it).
+    pub(crate) fn bar(&self) -> &Arc<Mmio> {
+        &self.bar
+    }
+
+    /// The DMA address space the driver manages.
+    pub(crate) fn dma(&self) -> &Arc<DmaCtx> {
+        &self.dma
+    }
+
+    /// Where completion events are routed by CQ number.
+    pub(crate) fn comp_table(&self) -> &Arc<eq::CompTable> {
+        &self.comp_table
+    }
+
     /// A channel of asynchronous events (port changes, errors...).
     pub fn subscribe_events(&self) -> Receiver<AsyncEvent> {
         let (tx, rx) = mpsc::channel();
@@ -621,6 +692,9 @@ impl Hca {
                 }
             }
         };
+        for eq in std::mem::take(&mut self.comp_eqs) {
+            note(eq.destroy(&self.cmd), "DESTROY_EQ (completion)");
+        }
         if let Some(eq) = self.async_eq.take() {
             note(eq.destroy(&self.cmd), "DESTROY_EQ (async)");
         }

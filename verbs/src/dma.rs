@@ -45,7 +45,16 @@ impl DmaCtx {
         })
     }
 
-    fn free_iova(&self, iova: Iova, len: u64) {
+    /// Reserves `len` bytes of IOVA space aligned to `align` (a power of two).
+    pub(crate) fn alloc_iova(&self, len: u64, align: u64) -> Result<Iova> {
+        Ok(self
+            .iova
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc_aligned(len, align)?)
+    }
+
+    pub(crate) fn free_iova(&self, iova: Iova, len: u64) {
         if let Err(e) = self
             .iova
             .lock()

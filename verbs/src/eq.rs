@@ -51,6 +51,11 @@ pub const CMD_EQ_NENT: u32 = (ev::NUM_CMD_EQE + ev::NUM_SPARE_EQE).next_power_of
 /// Entries of the async EQ: 1024 + spare, rounded up.
 pub const ASYNC_EQ_NENT: u32 = (1024 + ev::NUM_SPARE_EQE).next_power_of_two();
 
+/// Completion EQs the HCA creates (one per completion vector).
+pub const COMP_EQS: u32 = 2;
+/// Entries of each completion EQ.
+pub const COMP_EQ_NENT: u32 = 1024;
+
 /// An asynchronous event delivered to subscribers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AsyncEvent {
@@ -246,18 +251,72 @@ impl Eq {
     }
 }
 
+/// What a completion event (an EQE of type COMP) is handed to: the CQ's
+/// notification path, looked up by CQ number.
+pub(crate) type CompHandler = Arc<dyn Fn() + Send + Sync>;
+
+/// CQ number to completion handler, shared by the event thread and the
+/// verbs objects that register CQs.
+#[derive(Default)]
+pub(crate) struct CompTable(std::sync::RwLock<std::collections::HashMap<u32, CompHandler>>);
+
+impl std::fmt::Debug for CompTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompTable").finish_non_exhaustive()
+    }
+}
+
+impl CompTable {
+    /// Routes completion events of CQ `cqn` to `h`.
+    pub(crate) fn insert(&self, cqn: u32, h: CompHandler) {
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cqn, h);
+    }
+
+    /// Stops routing completion events of CQ `cqn`.
+    pub(crate) fn remove(&self, cqn: u32) {
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&cqn);
+    }
+
+    fn fire(&self, cqn: u32) {
+        let h = self
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&cqn)
+            .cloned();
+        match h {
+            Some(h) => h(),
+            None => tracing::debug!("completion event for unknown CQ {cqn:#x}"),
+        }
+    }
+}
+
 /// Where events go.
 #[derive(Debug, Clone)]
 pub(crate) struct Dispatch {
     pub(crate) cmd: Arc<CmdQueue>,
     pub(crate) pages: Arc<Mutex<Option<Sender<PageRequest>>>>,
     pub(crate) subs: Arc<Mutex<Vec<Sender<AsyncEvent>>>>,
+    pub(crate) comp: Arc<CompTable>,
 }
 
 impl Dispatch {
     fn eqe(&self, e: &[u8; ev::EQE_SIZE]) {
         let a = AsyncEvent::from_eqe(e);
         match a.event_type {
+            EventType::Comp => {
+                // struct mlx5_eqe_comp: the CQ number in the last dword.
+                let d = &a.data[24..28];
+                let cqn =
+                    u32::from_be_bytes([d[0], d[1], d[2], d[3]]) & ev::EQE_RESOURCE_NUMBER_MASK;
+                self.comp.fire(cqn);
+            }
             EventType::Cmd => {
                 let v = u32::from_be_bytes([a.data[0], a.data[1], a.data[2], a.data[3]]);
                 self.cmd.complete(v);

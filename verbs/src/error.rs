@@ -72,6 +72,12 @@ pub enum Error {
     /// The caller passed something unusable.
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// The object is still in use by others (verbs' EBUSY).
+    #[error("busy: {0}")]
+    Busy(&'static str),
+    /// A queue has no room for what was posted (verbs' ENOMEM).
+    #[error("queue full: {0}")]
+    QueueFull(&'static str),
     /// The HCA (or the command queue) was closed.
     #[error("the HCA is closed")]
     Closed,
@@ -102,6 +108,8 @@ impl Error {
             Error::BadOutput { .. } => status::EIO,
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) => status::EINVAL,
+            Error::Busy(_) => status::EBUSY,
+            Error::QueueFull(_) => status::ENOMEM,
             Error::Closed => status::EIO,
             Error::Vfio(vfio::Error::IovaExhausted { .. }) => status::ENOSPC,
             Error::Vfio(vfio::Error::Os { source, .. }) | Error::Os { source, .. } => {

@@ -32,20 +32,35 @@
 //! - [`uar`]: UAR pages inside BAR0;
 //! - [`bringup`] (re-exported as [`hca`]): the whole sequence, [`hca::Hca`].
 //!
+//! On top, the verbs objects, named as libibverbs names them: [`device`]
+//! (device list, [`device::Context`], queries, GIDs, async events), [`pd`],
+//! [`mr`] (CREATE_MKEY over caller or DMA memory), [`cq`] (polling, arming),
+//! [`channel`] (completion channels), [`qp`] (RC/UC/UD, modify, post),
+//! [`srq`], [`ah`], and [`wr`] (the `ibv_wr_*` batch API).
+//!
 //! Every wait has a deadline, every barrier is named, and nothing the device
 //! writes can make the driver panic: it becomes an [`Error`].
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod ah;
 pub mod bringup;
 pub mod caps;
+pub mod channel;
 pub mod cmd;
+pub mod cq;
+pub mod device;
 mod dma;
 pub mod eq;
 mod error;
 pub mod health;
+pub mod mr;
 pub mod pagealloc;
+pub mod pd;
+pub mod qp;
+pub mod srq;
 pub mod uar;
+pub mod wr;
 
 pub use error::{Error, Result};
 

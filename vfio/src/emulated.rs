@@ -66,6 +66,9 @@ pub struct DmaFault {
 enum Backing {
     /// A driver's buffer (in-process backend).
     Buffer(#[allow(dead_code)] Arc<DmaBuffer>),
+    /// Process memory the driver's caller keeps alive until the unmap
+    /// (`PciFunction::dma_map_host`).
+    Host,
     /// A file another process shared (vfio-user DMA_MAP, a vhost-user
     /// memory table region).
     File(#[allow(dead_code)] Arc<std::fs::File>),
@@ -190,6 +193,58 @@ impl DmaSpace {
             len,
             why: "larger than the address space",
         })?;
+        let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
+            .map_err(|e| Error::Os {
+                op: "mmap(DMA memory, device side)",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        self.insert_region(iova, len, region, keep)
+    }
+
+    /// Maps host memory of this process at `iova`.
+    ///
+    /// # Safety
+    ///
+    /// As [`PciFunction::dma_map_host`]: the memory stays mapped until the
+    /// unmap and is accessed only volatilely.
+    unsafe fn map_host(&self, iova: u64, addr: u64, len: u64) -> Result<()> {
+        let size = usize::try_from(len).map_err(|_| Error::Iova {
+            iova,
+            len,
+            why: "larger than the address space",
+        })?;
+        // SAFETY: the caller guarantees `addr .. addr + len` is mapped
+        // read/write memory of this process until the unmap; `build_raw`
+        // does not take ownership of (nor unmap) it.
+        let region = unsafe {
+            MmapRegion::<()>::build_raw(
+                addr as *mut u8,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+            )
+        }
+        .map_err(|e| Error::Os {
+            op: "wrap host memory for DMA",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        self.insert_region(iova, len, region, Backing::Host)
+    }
+
+    fn insert_region(
+        &self,
+        iova: u64,
+        len: u64,
+        region: MmapRegion<()>,
+        keep: Backing,
+    ) -> Result<()> {
+        if len == 0 {
+            return Err(Error::Iova {
+                iova,
+                len,
+                why: "empty range",
+            });
+        }
         let mut maps = self.lock_maps();
         let end = iova.checked_add(len).ok_or(Error::Iova {
             iova,
@@ -207,11 +262,6 @@ impl DmaSpace {
                 why: "overlaps an existing mapping",
             });
         }
-        let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
-            .map_err(|e| Error::Os {
-                op: "mmap(DMA memory, device side)",
-                source: std::io::Error::other(e.to_string()),
-            })?;
         let region = GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(Error::Iova {
             iova,
             len,
@@ -537,6 +587,29 @@ impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
             });
         }
         self.bus.dma.map(iova.0, buf)
+    }
+
+    unsafe fn dma_map_host(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {
+        if iova.0 % 4096 != 0 || addr % 4096 != 0 || len % 4096 != 0 {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len,
+                why: "host mapping not 4 KiB aligned",
+            });
+        }
+        let in_range = self
+            .iova_ranges()?
+            .iter()
+            .any(|r| iova.0 >= r.start && len > 0 && iova.0.saturating_add(len - 1) <= r.last);
+        if !in_range {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len,
+                why: "outside the usable IOVA ranges",
+            });
+        }
+        // SAFETY: forwarded from this method's own contract.
+        unsafe { self.bus.dma.map_host(iova.0, addr, len) }
     }
 
     fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()> {

@@ -93,6 +93,22 @@ pub trait PciFunction: Send + Sync + std::fmt::Debug {
     /// Maps all of `buf` for DMA at `iova` (read and write). The backend keeps
     /// `buf` alive until the matching [`dma_unmap`](Self::dma_unmap).
     fn dma_map(&self, iova: Iova, buf: &Arc<DmaBuffer>) -> Result<()>;
+    /// Maps `len` bytes of this process's memory at host address `addr` for
+    /// DMA at `iova` (read and write): memory the caller owns (a verbs MR over
+    /// user memory), as VFIO_IOMMU_MAP_DMA maps any address. `addr`, `iova`
+    /// and `len` are 4 KiB aligned. Backends that cannot reach process memory
+    /// refuse with [`Error::Unsupported`](crate::Error::Unsupported).
+    ///
+    /// # Safety
+    ///
+    /// `addr .. addr + len` is readable and writable memory of this process
+    /// that stays mapped, and is touched only through volatile or atomic
+    /// accesses (the device writes it concurrently), until the matching
+    /// [`dma_unmap`](Self::dma_unmap).
+    unsafe fn dma_map_host(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {
+        let _ = (iova, addr, len);
+        Err(crate::Error::Unsupported("mapping process memory for DMA"))
+    }
     /// Unmaps the mapping that starts at `iova` and is `len` bytes long.
     fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()>;
     /// How many DMA mappings exist now (for leak checks and limits).

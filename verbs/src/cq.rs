@@ -1,0 +1,582 @@
+//! Completion queues: CREATE_CQ / DESTROY_CQ and polling
+//! (`ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq`).
+//!
+//! A CQ is a power-of-two ring of 64-byte CQEs in DMA memory plus an
+//! 8-byte doorbell record (consumer index, last arm command). Software
+//! starts every CQE with opcode INVALID; the device writes entry `ci` with
+//! owner bit `(ci >> log_size) & 1`. Polling ([`CqRing`]) reads the
+//! `op_own` byte with acquire ordering (the read barrier the PRM asks for
+//! between the owner bit and the rest), copies the entry, and advances;
+//! the consumer index goes to the doorbell record once per poll call.
+//! Arming (PRM "CQ Doorbell") writes the arm word to the record, then the
+//! 64-bit `[arm word, cqn]` to UAR +0x20.
+//!
+//! Work-completion status and opcode use libibverbs' numbering
+//! ([`WcStatus`], [`WcOpcode`]); the vendor syndrome of an error CQE is
+//! kept in [`Wc::vendor_err`].
+//!
+//! Thread safety: a [`Cq`] is `Send`; polling and arming take `&mut self`
+//! (no lock on the fast path). Share it behind a `Mutex` if several threads
+//! poll one CQ.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
+use mlx5_hw::ifc::{cqe64, err_cqe, CreateCqIn, CreateCqOut, DestroyCqIn};
+use mlx5_hw::ifc::{create_cq_in, create_cq_out, destroy_cq_in, destroy_cq_out};
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::uar::{self as u, CQ_DOORBELL};
+use mlx5_hw::wqe::WqeOpcode;
+use vfio::{DmaBuffer, Mmio};
+
+use crate::channel::CompChannel;
+use crate::device::{Context, Ctx};
+use crate::dma::DmaRegion;
+use crate::qp::WqTrack;
+use crate::uar::Uar;
+use crate::{Error, Result};
+
+/// `enum ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// IBV_WC_SUCCESS.
+    #[default]
+    Success = 0,
+    /// IBV_WC_LOC_LEN_ERR.
+    LocLenErr = 1,
+    /// IBV_WC_LOC_QP_OP_ERR.
+    LocQpOpErr = 2,
+    /// IBV_WC_LOC_PROT_ERR.
+    LocProtErr = 4,
+    /// IBV_WC_WR_FLUSH_ERR.
+    WrFlushErr = 5,
+    /// IBV_WC_MW_BIND_ERR.
+    MwBindErr = 6,
+    /// IBV_WC_BAD_RESP_ERR.
+    BadRespErr = 7,
+    /// IBV_WC_LOC_ACCESS_ERR.
+    LocAccessErr = 8,
+    /// IBV_WC_REM_INV_REQ_ERR.
+    RemInvReqErr = 9,
+    /// IBV_WC_REM_ACCESS_ERR.
+    RemAccessErr = 10,
+    /// IBV_WC_REM_OP_ERR.
+    RemOpErr = 11,
+    /// IBV_WC_RETRY_EXC_ERR.
+    RetryExcErr = 12,
+    /// IBV_WC_RNR_RETRY_EXC_ERR.
+    RnrRetryExcErr = 13,
+    /// IBV_WC_REM_ABORT_ERR.
+    RemAbortErr = 16,
+    /// IBV_WC_GENERAL_ERR.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The verbs status of an error CQE's syndrome, as rdma-core's mlx5
+    /// provider maps it.
+    pub fn from_syndrome(s: CqeSyndrome) -> Self {
+        match s {
+            CqeSyndrome::LocalLengthErr => Self::LocLenErr,
+            CqeSyndrome::LocalQpOpErr => Self::LocQpOpErr,
+            CqeSyndrome::LocalProtErr => Self::LocProtErr,
+            CqeSyndrome::WrFlushErr => Self::WrFlushErr,
+            CqeSyndrome::MwBindErr => Self::MwBindErr,
+            CqeSyndrome::BadRespErr => Self::BadRespErr,
+            CqeSyndrome::LocalAccessErr => Self::LocAccessErr,
+            CqeSyndrome::RemoteInvalReqErr => Self::RemInvReqErr,
+            CqeSyndrome::RemoteAccessErr => Self::RemAccessErr,
+            CqeSyndrome::RemoteOpErr => Self::RemOpErr,
+            CqeSyndrome::TransportRetryExcErr => Self::RetryExcErr,
+            CqeSyndrome::RnrRetryExcErr => Self::RnrRetryExcErr,
+            CqeSyndrome::RemoteAbortedErr => Self::RemAbortErr,
+            CqeSyndrome::Unknown(_) => Self::GeneralErr,
+        }
+    }
+}
+
+/// `enum ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// IBV_WC_SEND.
+    #[default]
+    Send = 0,
+    /// IBV_WC_RDMA_WRITE.
+    RdmaWrite = 1,
+    /// IBV_WC_RDMA_READ.
+    RdmaRead = 2,
+    /// IBV_WC_COMP_SWAP.
+    CompSwap = 3,
+    /// IBV_WC_FETCH_ADD.
+    FetchAdd = 4,
+    /// IBV_WC_RECV.
+    Recv = 128,
+    /// IBV_WC_RECV_RDMA_WITH_IMM.
+    RecvRdmaWithImm = 129,
+}
+
+/// `IBV_WC_*` flags of [`Wc::wc_flags`].
+pub mod wc_flags {
+    /// IBV_WC_GRH: a GRH is in the first 40 bytes of the receive buffer (UD).
+    pub const GRH: u32 = 1;
+    /// IBV_WC_WITH_IMM: `imm_data` is valid.
+    pub const WITH_IMM: u32 = 2;
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wc {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (valid for successful completions, as in verbs).
+    pub opcode: WcOpcode,
+    /// The CQE's vendor syndrome (error CQEs), and its syndrome in bits 15:8.
+    pub vendor_err: u32,
+    /// Bytes received (responder), or read/atomic result length.
+    pub byte_len: u32,
+    /// Immediate data, host order (verbs keeps it in network order).
+    pub imm_data: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The source QP (UD receives).
+    pub src_qp: u32,
+    /// `IBV_WC_*` flags.
+    pub wc_flags: u32,
+    /// Service level.
+    pub sl: u8,
+}
+
+/// `CQ_DB_REQ_NOT`: next completion; `CQ_DB_REQ_NOT_SOL`: next solicited.
+pub use mlx5_hw::uar::{CQ_DB_REQ_NOT, CQ_DB_REQ_NOT_SOL};
+
+const OP_OWN: usize = c::CQE_OP_OWN_OFFSET;
+const BYTE_CNT: usize = cqe64::BYTE_CNT.off / 8;
+const IMM: usize = cqe64::IMMEDIATE.off / 8;
+const FLAGS_RQPN: usize = cqe64::FLAGS_RQPN.off / 8;
+const SOP_QPN: usize = cqe64::SOP_DROP_QPN.off / 8;
+const WQE_COUNTER: usize = cqe64::WQE_COUNTER.off / 8;
+const SYNDROME: usize = err_cqe::SYNDROME.off / 8;
+const VENDOR_SYND: usize = err_cqe::VENDOR_ERR_SYND.off / 8;
+
+#[inline(always)]
+fn be32(b: &[u8; 64], o: usize) -> u32 {
+    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+/// The polling side of a CQ: ring memory, consumer index, doorbell record
+/// and the UAR for arming. Usable on its own (driver-alone benchmarks).
+#[derive(Debug)]
+pub struct CqRing {
+    buf: Arc<DmaBuffer>,
+    log_size: u8,
+    mask: u32,
+    ci: u32,
+    dbrec: Arc<DmaBuffer>,
+    dbrec_off: usize,
+    cqn: u32,
+    uar: Arc<Mmio>,
+    uar_off: usize,
+}
+
+impl CqRing {
+    /// A ring of `2^log_size` CQEs at offset 0 of `buf`, its doorbell record
+    /// at `dbrec_off` of `dbrec`, arming through the UAR page at `uar_off`
+    /// of `uar`. Every CQE is set to INVALID (software's initial value).
+    pub fn new(
+        buf: Arc<DmaBuffer>,
+        log_size: u8,
+        dbrec: Arc<DmaBuffer>,
+        dbrec_off: usize,
+        cqn: u32,
+        uar: Arc<Mmio>,
+        uar_off: usize,
+    ) -> Result<Self> {
+        let n = 1usize << log_size;
+        if n * c::CQE_SIZE > buf.len() {
+            return Err(Error::Invalid("CQ ring larger than its buffer"));
+        }
+        for i in 0..n {
+            buf.write(
+                i * c::CQE_SIZE + OP_OWN,
+                &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
+            )?;
+        }
+        dbrec.write(dbrec_off, &[0; 8])?;
+        Ok(Self {
+            buf,
+            log_size,
+            mask: (n - 1) as u32,
+            ci: 0,
+            dbrec,
+            dbrec_off,
+            cqn,
+            uar,
+            uar_off,
+        })
+    }
+
+    /// The consumer index.
+    pub fn ci(&self) -> u32 {
+        self.ci
+    }
+
+    /// Copies out the next software-owned CQE and advances, or `None`.
+    #[inline(always)]
+    pub fn next_cqe(&mut self) -> Option<[u8; 64]> {
+        let off = ((self.ci & self.mask) as usize) * c::CQE_SIZE;
+        // Acquire: the rest of the CQE is read only after the owner bit.
+        let op_own = self.buf.load_u8_acquire(off + OP_OWN).ok()?;
+        if !c::cqe_is_sw_owned(op_own, self.ci, self.log_size) {
+            return None;
+        }
+        let mut e = [0u8; 64];
+        self.buf.read(off, &mut e).ok()?;
+        self.ci = self.ci.wrapping_add(1);
+        Some(e)
+    }
+
+    /// Tells the device how far software got (doorbell record `set_ci`).
+    #[inline(always)]
+    pub fn update_ci(&self) {
+        // The CQEs were read before the index frees them for reuse.
+        vfio::mmio::dma_wmb();
+        let _ = self
+            .dbrec
+            .write_u32_be(self.dbrec_off, self.ci & u::DB_CI_MASK);
+    }
+
+    /// Arms the CQ for the next (or next solicited) completion.
+    pub fn arm(&self, sn: u32, cmd: u32) -> Result<()> {
+        let word = u::cq_arm_word(sn, cmd, self.ci);
+        self.dbrec
+            .write_u32_be(self.dbrec_off + 4 * u::CQ_ARM_DB, word)?;
+        // The record is written before the doorbell (PRM "CQ Doorbell").
+        vfio::mmio::mmio_wmb();
+        let v = u::cq_doorbell(sn, cmd, self.ci, self.cqn);
+        self.uar
+            .write64_raw(self.uar_off + CQ_DOORBELL, v.to_be_bytes())?;
+        Ok(())
+    }
+}
+
+/// The part of a CQ the QPs that use it share.
+pub(crate) struct CqShared {
+    pub(crate) cqn: u32,
+    ctx: Arc<Ctx>,
+    pub(crate) qps: RwLock<HashMap<u32, Arc<WqTrack>>>,
+    pub(crate) gen: AtomicU64,
+    pub(crate) arm_sn: AtomicU32,
+    _region: DmaRegion,
+    _dbrec: DmaRegion,
+    uar: Option<Arc<Uar>>,
+    pub(crate) cqe: u32,
+}
+
+impl std::fmt::Debug for CqShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqShared").field("cqn", &self.cqn).finish()
+    }
+}
+
+impl CqShared {
+    pub(crate) fn attach(&self, qpn: u32, t: Arc<WqTrack>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qpn, t);
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    pub(crate) fn detach(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        self.ctx.hca.comp_table().remove(self.cqn);
+        let mut inb = [0u8; destroy_cq_in::SIZE_BYTES];
+        DestroyCqIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::DestroyCq.to_raw())
+            .set_cqn(self.cqn);
+        if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_cq_out::SIZE_BYTES) {
+            tracing::warn!("DESTROY_CQ {:#x}: {e}", self.cqn);
+        }
+        if let Some(u) = self.uar.take() {
+            self.ctx.release_uar(u);
+        }
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+#[derive(Debug)]
+pub struct Cq {
+    ring: CqRing,
+    pub(crate) shared: Arc<CqShared>,
+    cache: Option<(u32, Arc<WqTrack>)>,
+    gen: u64,
+}
+
+impl Cq {
+    pub(crate) fn create(
+        ctx: &Context,
+        cqe: u32,
+        channel: Option<&CompChannel>,
+        vector: Option<usize>,
+    ) -> Result<Self> {
+        let c = &ctx.ctx;
+        let max = 1u32 << c.hca.caps().gen().log_max_cq_sz();
+        if cqe == 0 || cqe >= max {
+            return Err(Error::Invalid("CQ size out of range"));
+        }
+        // One more than asked, as mlx5 does (a full ring cannot be told
+        // from an empty one by the index alone).
+        let n = (cqe + 1).next_power_of_two();
+        let log = n.trailing_zeros() as u8;
+        let dma = c.hca.dma();
+        let region = dma.alloc(n as usize * c::CQE_SIZE)?;
+        let dbrec = dma.alloc(4096)?;
+        let uar = c.alloc_uar()?;
+        let eqn = match c.comp_eqn(vector) {
+            Ok(e) => e,
+            Err(e) => {
+                c.release_uar(uar);
+                return Err(e);
+            }
+        };
+        let ring = CqRing::new(
+            region.buf.clone(),
+            log,
+            dbrec.buf.clone(),
+            0,
+            0,
+            c.hca.bar().clone(),
+            uar.offset(),
+        );
+        let mut ring = match ring {
+            Ok(r) => r,
+            Err(e) => {
+                c.release_uar(uar);
+                return Err(e);
+            }
+        };
+        let log_page = region.len().trailing_zeros() - 12;
+        let mut inb = vec![0u8; create_cq_in::SIZE_BYTES + 8];
+        {
+            let mut i = CreateCqIn::new_unchecked(&mut inb[..]);
+            i.set_opcode(Opcode::CreateCq.to_raw());
+            i.cq_context_mut()
+                .set_cqe_sz(c::CQE_STRIDE_64)
+                .set_log_cq_size(log)
+                .set_uar_page(uar.index())
+                .set_c_eqn_or_apu_element(u32::from(eqn))
+                .set_log_page_size(log_page as u8)
+                .set_dbr_addr(dbrec.iova.0);
+            i.set_pas(0, region.iova.0);
+        }
+        let out = match c.hca.cmd().exec(&inb, create_cq_out::SIZE_BYTES) {
+            Ok(o) => o,
+            Err(e) => {
+                c.release_uar(uar);
+                return Err(e);
+            }
+        };
+        let cqn = CreateCqOut::new_unchecked(&out[..]).cqn();
+        ring.cqn = cqn;
+        let shared = Arc::new(CqShared {
+            cqn,
+            ctx: c.clone(),
+            qps: RwLock::default(),
+            gen: AtomicU64::new(0),
+            arm_sn: AtomicU32::new(0),
+            _region: region,
+            _dbrec: dbrec,
+            uar: Some(uar),
+            cqe: n - 1,
+        });
+        if let Some(ch) = channel {
+            let ch = ch.inner.clone();
+            let weak = Arc::downgrade(&shared);
+            c.hca.comp_table().insert(
+                cqn,
+                Arc::new(move || {
+                    if let Some(s) = weak.upgrade() {
+                        // The event consumed this arm: the next arm takes
+                        // the next sequence number (rdma-core: mlx5_cq_event).
+                        s.arm_sn.fetch_add(1, Ordering::AcqRel);
+                        ch.notify(s.cqn);
+                    }
+                }),
+            );
+        }
+        Ok(Self {
+            ring,
+            shared,
+            cache: None,
+            gen: u64::MAX,
+        })
+    }
+
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+
+    /// Entries the CQ holds.
+    pub fn cqe(&self) -> u32 {
+        self.shared.cqe
+    }
+
+    /// `ibv_req_notify_cq`: an event on the channel for the next completion
+    /// (or the next solicited one).
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        let cmd = if solicited_only {
+            CQ_DB_REQ_NOT_SOL
+        } else {
+            CQ_DB_REQ_NOT
+        };
+        let sn = self.shared.arm_sn.load(Ordering::Acquire);
+        self.ring.arm(sn, cmd)
+    }
+
+    /// `ibv_poll_cq`: fills `wc` with up to `wc.len()` completions and
+    /// returns how many.
+    #[inline]
+    pub fn poll(&mut self, wc: &mut [Wc]) -> usize {
+        let g = self.shared.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            self.cache = None;
+            self.gen = g;
+        }
+        let mut n = 0;
+        while n < wc.len() {
+            let Some(e) = self.ring.next_cqe() else {
+                break;
+            };
+            self.complete(&e, &mut wc[n]);
+            n += 1;
+        }
+        if n > 0 {
+            self.ring.update_ci();
+        }
+        n
+    }
+
+    fn track(&mut self, qpn: u32) -> Option<Arc<WqTrack>> {
+        if let Some((q, t)) = &self.cache {
+            if *q == qpn {
+                return Some(t.clone());
+            }
+        }
+        let t = self
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .cloned()?;
+        self.cache = Some((qpn, t.clone()));
+        Some(t)
+    }
+
+    #[inline(always)]
+    fn complete(&mut self, e: &[u8; 64], wc: &mut Wc) {
+        let op_own = e[OP_OWN];
+        let qpn = be32(e, SOP_QPN) & c::CQE_QPN_MASK;
+        let wqe_counter = u16::from_be_bytes([e[WQE_COUNTER], e[WQE_COUNTER + 1]]);
+        *wc = Wc {
+            qp_num: qpn,
+            ..Wc::default()
+        };
+        let hit = match &self.cache {
+            Some((q, t)) if *q == qpn => Some(t.clone()),
+            _ => self.track(qpn),
+        };
+        let Some(t) = hit else {
+            tracing::warn!(
+                "CQE for QP {qpn:#x}, which is not on CQ {:#x}",
+                self.shared.cqn
+            );
+            wc.status = WcStatus::GeneralErr;
+            return;
+        };
+        match c::cqe_opcode(op_own) {
+            CqeOpcode::Req => {
+                wc.wr_id = t.sq_complete(wqe_counter);
+                let s_op =
+                    WqeOpcode::from_raw((be32(e, SOP_QPN) >> c::CQE_S_WQE_OPCODE_SHIFT) as u8);
+                wc.opcode = match s_op {
+                    WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
+                    WqeOpcode::RdmaRead => {
+                        wc.byte_len = be32(e, BYTE_CNT);
+                        WcOpcode::RdmaRead
+                    }
+                    WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => {
+                        wc.byte_len = 8;
+                        WcOpcode::CompSwap
+                    }
+                    WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => {
+                        wc.byte_len = 8;
+                        WcOpcode::FetchAdd
+                    }
+                    _ => WcOpcode::Send,
+                };
+            }
+            op @ (CqeOpcode::RespWrImm
+            | CqeOpcode::RespSend
+            | CqeOpcode::RespSendImm
+            | CqeOpcode::RespSendInv) => {
+                wc.wr_id = t.rq_complete(wqe_counter);
+                wc.byte_len = be32(e, BYTE_CNT);
+                let fr = be32(e, FLAGS_RQPN);
+                wc.src_qp = fr & c::CQE_QPN_MASK;
+                // flags_rqpn bits 29:28: GRH present (l3 header).
+                if (fr >> 28) & 3 != 0 {
+                    wc.wc_flags |= wc_flags::GRH;
+                }
+                wc.opcode = WcOpcode::Recv;
+                if matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm) {
+                    wc.imm_data = be32(e, IMM);
+                    wc.wc_flags |= wc_flags::WITH_IMM;
+                }
+                if op == CqeOpcode::RespWrImm {
+                    wc.opcode = WcOpcode::RecvRdmaWithImm;
+                }
+            }
+            op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
+                let synd = CqeSyndrome::from_raw(e[SYNDROME]);
+                wc.status = WcStatus::from_syndrome(synd);
+                wc.vendor_err = u32::from(e[VENDOR_SYND]) | (u32::from(e[SYNDROME]) << 8);
+                wc.wr_id = if op == CqeOpcode::ReqErr {
+                    t.sq_complete(wqe_counter)
+                } else {
+                    t.rq_complete(wqe_counter)
+                };
+            }
+            other => {
+                tracing::warn!("CQ {:#x}: CQE opcode {other}", self.shared.cqn);
+                wc.status = WcStatus::GeneralErr;
+            }
+        }
+    }
+
+    /// `ibv_destroy_cq`: now, or `Busy` while QPs use the CQ (it is then
+    /// destroyed after the last of them).
+    pub fn destroy(self) -> Result<()> {
+        if Arc::strong_count(&self.shared) > 1 {
+            return Err(Error::Busy("QPs still use the CQ"));
+        }
+        drop(self);
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! Shared receive queues: CREATE_SRQ / DESTROY_SRQ, `ibv_post_srq_recv`.
+//!
+//! An SRQ is a ring of receive WQEs linked into a free list by their
+//! next-WQE segments (`struct mlx5_wqe_srq_next_seg`), followed by data
+//! segments. Posting takes the head of the list and bumps the doorbell
+//! record's counter; a completion names the WQE by index (`wqe_counter`),
+//! which goes back to the tail of the list. The SRQ is `Send + Sync`: its
+//! state is behind a lock shared by posting and polling.
+
+use std::sync::{Arc, Mutex};
+
+use mlx5_hw::ifc::{create_srq_in, create_srq_out, destroy_srq_in, destroy_srq_out};
+use mlx5_hw::ifc::{wqe_srq_next_seg, CreateSrqIn, CreateSrqOut, DestroySrqIn};
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::wqe as w;
+
+use crate::device::Ctx;
+use crate::dma::DmaRegion;
+use crate::mr::Sge;
+use crate::pd::{Pd, PdInner};
+use crate::qp::{PostError, RecvWr};
+use crate::{Error, Result};
+
+const NEXT: usize = wqe_srq_next_seg::NEXT_WQE_INDEX.off / 8;
+const SEG: usize = wqe_srq_next_seg::SIZE_BYTES;
+
+#[derive(Debug)]
+struct SrqState {
+    head: u32,
+    tail: u32,
+    counter: u32,
+    wrid: Vec<u64>,
+    free: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqShared {
+    pub(crate) srqn: u32,
+    ctx: Arc<Ctx>,
+    _pd: Arc<PdInner>,
+    region: DmaRegion,
+    dbrec: DmaRegion,
+    stride: usize,
+    max_sge: usize,
+    state: Mutex<SrqState>,
+}
+
+impl SrqShared {
+    /// The WQE at `idx` completed: its wr_id; the WQE joins the free list.
+    pub(crate) fn complete(&self, idx: u16) -> u64 {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let i = u32::from(idx) & (s.wrid.len() as u32 - 1);
+        let id = s.wrid[i as usize];
+        let tail = s.tail as usize;
+        let _ = self
+            .region
+            .buf
+            .write(tail * self.stride + NEXT, &(i as u16).to_be_bytes());
+        s.tail = i;
+        s.free += 1;
+        id
+    }
+
+    fn post(&self, wr: &RecvWr<'_>) -> std::result::Result<(), PostError> {
+        if wr.sg_list.len() > self.max_sge {
+            return Err(PostError::TooLarge);
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // One WQE stays in the list as its tail (mlx5: head == tail is full).
+        if s.free <= 1 {
+            return Err(PostError::QueueFull);
+        }
+        let i = s.head as usize;
+        let mut next = [0u8; 2];
+        let _ = self.region.buf.read(i * self.stride + NEXT, &mut next);
+        let mut segs = vec![0u8; self.stride - SEG];
+        let mut at = 0;
+        for g in wr.sg_list {
+            put_seg(&mut segs[at..at + 16], g);
+            at += 16;
+        }
+        if at < segs.len() {
+            segs[at + 4..at + 8].copy_from_slice(&w::TERMINATE_SCATTER_LIST_LKEY.to_be_bytes());
+        }
+        let _ = self.region.buf.write(i * self.stride + SEG, &segs);
+        s.wrid[i] = wr.wr_id;
+        s.head = u32::from(u16::from_be_bytes(next)) & (s.wrid.len() as u32 - 1);
+        s.free -= 1;
+        s.counter = s.counter.wrapping_add(1);
+        vfio::mmio::dma_wmb();
+        let _ = self.dbrec.buf.write_u32_be(0, s.counter & 0xffff);
+        Ok(())
+    }
+}
+
+fn put_seg(b: &mut [u8], s: &Sge) {
+    b[0..4].copy_from_slice(&s.length.to_be_bytes());
+    b[4..8].copy_from_slice(&s.lkey.to_be_bytes());
+    b[8..16].copy_from_slice(&s.addr.to_be_bytes());
+}
+
+impl Drop for SrqShared {
+    fn drop(&mut self) {
+        let mut inb = [0u8; destroy_srq_in::SIZE_BYTES];
+        DestroySrqIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::DestroySrq.to_raw())
+            .set_srqn(self.srqn);
+        if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_srq_out::SIZE_BYTES) {
+            tracing::warn!("DESTROY_SRQ {:#x}: {e}", self.srqn);
+        }
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`).
+#[derive(Debug, Clone)]
+pub struct Srq {
+    pub(crate) shared: Arc<SrqShared>,
+}
+
+impl Pd {
+    /// `ibv_create_srq` with at least `max_wr` WQEs of `max_sge` entries.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let ctx = &self.inner.ctx;
+        let g = ctx.hca.caps().gen();
+        if max_sge == 0 || max_sge as usize >= crate::qp::MAX_SGE || max_wr == 0 {
+            return Err(Error::Invalid("SRQ capacities"));
+        }
+        let n = (max_wr + 1).next_power_of_two();
+        if n > 1 << g.log_max_srq_sz() {
+            return Err(Error::Invalid("max_wr beyond the device's"));
+        }
+        let stride = (SEG + 16 * max_sge as usize).next_power_of_two();
+        let dma = ctx.hca.dma();
+        let region = dma.alloc(n as usize * stride)?;
+        let dbrec = dma.alloc(4096)?;
+        for i in 0..n {
+            let next = ((i + 1) % n) as u16;
+            region
+                .buf
+                .write(i as usize * stride + NEXT, &next.to_be_bytes())?;
+        }
+        let mut inb = vec![0u8; create_srq_in::SIZE_BYTES + 8];
+        {
+            let mut c = CreateSrqIn::new_unchecked(&mut inb[..]);
+            c.set_opcode(Opcode::CreateSrq.to_raw());
+            c.srq_context_entry_mut()
+                .set_log_srq_size(n.trailing_zeros() as u8)
+                .set_log_rq_stride((stride.trailing_zeros() - 4) as u8)
+                .set_pd(self.inner.pdn)
+                .set_log_page_size((region.len().trailing_zeros() - 12) as u8)
+                .set_dbr_addr(dbrec.iova.0);
+            c.set_pas(0, region.iova.0);
+        }
+        let out = ctx.hca.cmd().exec(&inb, create_srq_out::SIZE_BYTES)?;
+        let srqn = CreateSrqOut::new_unchecked(&out[..]).srqn();
+        Ok(Srq {
+            shared: Arc::new(SrqShared {
+                srqn,
+                ctx: ctx.clone(),
+                _pd: self.inner.clone(),
+                region,
+                dbrec,
+                stride,
+                max_sge: (stride - SEG) / 16,
+                state: Mutex::new(SrqState {
+                    head: 0,
+                    tail: n - 1,
+                    counter: 0,
+                    wrid: vec![0; n as usize],
+                    free: n,
+                }),
+            }),
+        })
+    }
+}
+
+impl Srq {
+    /// The SRQ number.
+    pub fn srqn(&self) -> u32 {
+        self.shared.srqn
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.shared.post(wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+}
