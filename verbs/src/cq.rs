@@ -251,6 +251,24 @@ impl CqRing {
             .write_u32_be(self.dbrec_off, self.ci & u::DB_CI_MASK);
     }
 
+    /// Polls CQEs of the one QP `t` tracks into `wc` (driver-alone use:
+    /// no QP lookup); updates the doorbell record once.
+    #[inline]
+    pub fn poll_one_qp(&mut self, t: &WqTrack, wc: &mut [Wc]) -> usize {
+        let mut n = 0;
+        while n < wc.len() {
+            let Some(e) = self.next_cqe() else {
+                break;
+            };
+            cqe_to_wc(&e, t, &mut wc[n]);
+            n += 1;
+        }
+        if n > 0 {
+            self.update_ci();
+        }
+        n
+    }
+
     /// Arms the CQ for the next (or next solicited) completion.
     pub fn arm(&self, sn: u32, cmd: u32) -> Result<()> {
         let word = u::cq_arm_word(sn, cmd, self.ci);
@@ -262,6 +280,82 @@ impl CqRing {
         self.uar
             .write64_raw(self.uar_off + CQ_DOORBELL, v.to_be_bytes())?;
         Ok(())
+    }
+}
+
+/// Decodes a copied CQE of the QP `t` tracks into `wc` (the wr_id looked
+/// up, queue space freed).
+#[inline(always)]
+pub fn cqe_to_wc(e: &[u8; 64], t: &WqTrack, wc: &mut Wc) {
+    let op_own = e[OP_OWN];
+    let qpn = be32(e, SOP_QPN) & c::CQE_QPN_MASK;
+    let wqe_counter = u16::from_be_bytes([e[WQE_COUNTER], e[WQE_COUNTER + 1]]);
+    *wc = Wc {
+        qp_num: qpn,
+        ..Wc::default()
+    };
+    match c::cqe_opcode(op_own) {
+        CqeOpcode::Req => {
+            wc.wr_id = t.sq_complete(wqe_counter);
+            let s_op = WqeOpcode::from_raw((be32(e, SOP_QPN) >> c::CQE_S_WQE_OPCODE_SHIFT) as u8);
+            wc.opcode = match s_op {
+                WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
+                WqeOpcode::RdmaRead => {
+                    wc.byte_len = be32(e, BYTE_CNT);
+                    WcOpcode::RdmaRead
+                }
+                WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => {
+                    wc.byte_len = 8;
+                    WcOpcode::CompSwap
+                }
+                WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => {
+                    wc.byte_len = 8;
+                    WcOpcode::FetchAdd
+                }
+                _ => WcOpcode::Send,
+            };
+        }
+        op @ (CqeOpcode::RespWrImm
+        | CqeOpcode::RespSend
+        | CqeOpcode::RespSendImm
+        | CqeOpcode::RespSendInv) => {
+            wc.wr_id = t.rq_complete(wqe_counter);
+            wc.byte_len = be32(e, BYTE_CNT);
+            let fr = be32(e, FLAGS_RQPN);
+            wc.src_qp = fr & c::CQE_QPN_MASK;
+            // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
+            if (fr >> 28) & 3 != 0 {
+                wc.wc_flags |= wc_flags::GRH;
+            }
+            wc.opcode = recv_opcode(op);
+            if matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm) {
+                wc.imm_data = be32(e, IMM);
+                wc.wc_flags |= wc_flags::WITH_IMM;
+            }
+        }
+        op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
+            let synd = CqeSyndrome::from_raw(e[SYNDROME]);
+            wc.status = WcStatus::from_syndrome(synd);
+            wc.vendor_err = u32::from(e[VENDOR_SYND]) | (u32::from(e[SYNDROME]) << 8);
+            wc.wr_id = if op == CqeOpcode::ReqErr {
+                t.sq_complete(wqe_counter)
+            } else {
+                t.rq_complete(wqe_counter)
+            };
+        }
+        other => {
+            tracing::warn!("CQE opcode {other} on QP {qpn:#x}");
+            wc.status = WcStatus::GeneralErr;
+        }
+    }
+}
+
+#[inline(always)]
+fn recv_opcode(op: CqeOpcode) -> WcOpcode {
+    if op == CqeOpcode::RespWrImm {
+        WcOpcode::RecvRdmaWithImm
+    } else {
+        WcOpcode::Recv
     }
 }
 
@@ -491,81 +585,23 @@ impl Cq {
 
     #[inline(always)]
     fn complete(&mut self, e: &[u8; 64], wc: &mut Wc) {
-        let op_own = e[OP_OWN];
         let qpn = be32(e, SOP_QPN) & c::CQE_QPN_MASK;
-        let wqe_counter = u16::from_be_bytes([e[WQE_COUNTER], e[WQE_COUNTER + 1]]);
-        *wc = Wc {
-            qp_num: qpn,
-            ..Wc::default()
-        };
         let hit = match &self.cache {
             Some((q, t)) if *q == qpn => Some(t.clone()),
             _ => self.track(qpn),
         };
-        let Some(t) = hit else {
-            tracing::warn!(
-                "CQE for QP {qpn:#x}, which is not on CQ {:#x}",
-                self.shared.cqn
-            );
-            wc.status = WcStatus::GeneralErr;
-            return;
-        };
-        match c::cqe_opcode(op_own) {
-            CqeOpcode::Req => {
-                wc.wr_id = t.sq_complete(wqe_counter);
-                let s_op =
-                    WqeOpcode::from_raw((be32(e, SOP_QPN) >> c::CQE_S_WQE_OPCODE_SHIFT) as u8);
-                wc.opcode = match s_op {
-                    WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
-                    WqeOpcode::RdmaRead => {
-                        wc.byte_len = be32(e, BYTE_CNT);
-                        WcOpcode::RdmaRead
-                    }
-                    WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => {
-                        wc.byte_len = 8;
-                        WcOpcode::CompSwap
-                    }
-                    WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => {
-                        wc.byte_len = 8;
-                        WcOpcode::FetchAdd
-                    }
-                    _ => WcOpcode::Send,
+        match hit {
+            Some(t) => cqe_to_wc(e, &t, wc),
+            None => {
+                tracing::warn!(
+                    "CQE for QP {qpn:#x}, which is not on CQ {:#x}",
+                    self.shared.cqn
+                );
+                *wc = Wc {
+                    qp_num: qpn,
+                    status: WcStatus::GeneralErr,
+                    ..Wc::default()
                 };
-            }
-            op @ (CqeOpcode::RespWrImm
-            | CqeOpcode::RespSend
-            | CqeOpcode::RespSendImm
-            | CqeOpcode::RespSendInv) => {
-                wc.wr_id = t.rq_complete(wqe_counter);
-                wc.byte_len = be32(e, BYTE_CNT);
-                let fr = be32(e, FLAGS_RQPN);
-                wc.src_qp = fr & c::CQE_QPN_MASK;
-                // flags_rqpn bits 29:28: GRH present (l3 header).
-                if (fr >> 28) & 3 != 0 {
-                    wc.wc_flags |= wc_flags::GRH;
-                }
-                wc.opcode = WcOpcode::Recv;
-                if matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm) {
-                    wc.imm_data = be32(e, IMM);
-                    wc.wc_flags |= wc_flags::WITH_IMM;
-                }
-                if op == CqeOpcode::RespWrImm {
-                    wc.opcode = WcOpcode::RecvRdmaWithImm;
-                }
-            }
-            op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
-                let synd = CqeSyndrome::from_raw(e[SYNDROME]);
-                wc.status = WcStatus::from_syndrome(synd);
-                wc.vendor_err = u32::from(e[VENDOR_SYND]) | (u32::from(e[SYNDROME]) << 8);
-                wc.wr_id = if op == CqeOpcode::ReqErr {
-                    t.sq_complete(wqe_counter)
-                } else {
-                    t.rq_complete(wqe_counter)
-                };
-            }
-            other => {
-                tracing::warn!("CQ {:#x}: CQE opcode {other}", self.shared.cqn);
-                wc.status = WcStatus::GeneralErr;
             }
         }
     }
