@@ -11,9 +11,9 @@ use mlx5_emu::{CmdLogEntry, DeviceConfig, Profile};
 use mlx5_hw::health::HealthSyndrome;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
+use tests::backend::{Backend, Func};
 use verbs::hca::{Hca, HcaOptions};
 use verbs::health::HealthCause;
-use tests::backend::{Backend, Func};
 use verbs::Error;
 
 /// The backend this suite runs on (`vfio_user_bringup.rs` includes this
