@@ -667,18 +667,23 @@ impl PciFunction for VfioUserFunction {
                 why: "not 4 KiB aligned or outside 48 bits",
             });
         }
-        // Not held across the request: the reader thread needs the map to
-        // answer DMA_READ/WRITE meanwhile.
-        let clash = lock(&self.dma)
-            .range(..iova.0 + len)
-            .next_back()
-            .is_some_and(|(&s, b)| s + b.len() as u64 > iova.0);
-        if clash {
-            return Err(Error::Iova {
-                iova: iova.0,
-                len,
-                why: "overlaps an existing mapping",
-            });
+        {
+            let mut maps = lock(&self.dma);
+            let clash = maps
+                .range(..iova.0 + len)
+                .next_back()
+                .is_some_and(|(&s, b)| s + b.len() as u64 > iova.0);
+            if clash {
+                return Err(Error::Iova {
+                    iova: iova.0,
+                    len,
+                    why: "overlaps an existing mapping",
+                });
+            }
+            // In the map before the server hears of it: it may DMA by
+            // message as soon as it has replied. Not locked across the
+            // request: the reader thread needs the map to answer.
+            maps.insert(iova.0, buf.clone());
         }
         let m = DmaMap {
             argsz: std::mem::size_of::<DmaMap>() as u32,
@@ -687,10 +692,13 @@ impl PciFunction for VfioUserFunction {
             address: iova.0,
             size: len,
         };
-        self.conn
-            .request(Command::DmaMap, &[m.as_bytes()], &[buf.file().as_fd()])?;
-        lock(&self.dma).insert(iova.0, buf.clone());
-        Ok(())
+        let r = self
+            .conn
+            .request(Command::DmaMap, &[m.as_bytes()], &[buf.file().as_fd()]);
+        if r.is_err() {
+            lock(&self.dma).remove(&iova.0);
+        }
+        r.map(drop)
     }
 
     fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()> {

@@ -318,10 +318,13 @@ impl Session<'_> {
                 Ok(r) => r,
                 Err(e) => return format!("poll: {e}"),
             };
-            if ready[1] {
-                self.srv.turn_away();
-            }
             if !ready[0] {
+                // The owner's messages (and its hang-up) first: a client
+                // that connects right after the owner left is served next,
+                // not turned away.
+                if ready[1] {
+                    self.srv.turn_away();
+                }
                 continue;
             }
             match socket::recv(&self.sock, MAX_MESSAGE) {
