@@ -1,15 +1,21 @@
 //! End-to-end: the driver's HCA layer against the device model.
 
-use std::sync::Arc;
 use std::time::Duration;
 
+use tests::backend::{Backend, Func};
 use verbs::cmd::TraceSink;
 use verbs::hca::{Hca, HcaOptions};
-use vfio::emulated::EmulatedFunction;
-use vfio::PciFunction;
 
-fn device() -> Arc<EmulatedFunction<mlx5_emu::Device>> {
-    Arc::new(mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4))
+/// The backend this suite runs on (`vfio_user_bringup.rs` includes this
+/// file and runs it over vfio-user).
+#[allow(dead_code)]
+const BACKEND: Backend = Backend::InProcess;
+
+fn device() -> Func {
+    tests::backend::device(
+        crate::BACKEND,
+        mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4),
+    )
 }
 
 fn opts(event_mode: bool) -> HcaOptions {
@@ -20,9 +26,8 @@ fn opts(event_mode: bool) -> HcaOptions {
     }
 }
 
-fn open(f: &Arc<EmulatedFunction<mlx5_emu::Device>>, o: HcaOptions) -> Hca {
-    let func: Arc<dyn PciFunction> = f.clone();
-    Hca::open(func, o).unwrap_or_else(|e| panic!("open: {e}"))
+fn open(f: &Func, o: HcaOptions) -> Hca {
+    Hca::open(f.function(), o).unwrap_or_else(|e| panic!("open: {e}"))
 }
 
 fn up_and_down(event_mode: bool) {

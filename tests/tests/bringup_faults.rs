@@ -5,20 +5,21 @@
 //! timeout, and the driver must then close cleanly (no DMA mappings, no
 //! eventfds) so that a fresh `Hca::open` on the same function succeeds.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mlx5_emu::{CmdLogEntry, Device, DeviceConfig, Profile};
+use mlx5_emu::{CmdLogEntry, DeviceConfig, Profile};
 use mlx5_hw::health::HealthSyndrome;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
+use tests::backend::{Backend, Func};
 use verbs::hca::{Hca, HcaOptions};
 use verbs::health::HealthCause;
 use verbs::Error;
-use vfio::emulated::EmulatedFunction;
-use vfio::PciFunction;
 
-type Func = Arc<EmulatedFunction<Device>>;
+/// The backend this suite runs on (`vfio_user_bringup.rs` includes this
+/// file and runs it over vfio-user).
+#[allow(dead_code)]
+const BACKEND: Backend = Backend::InProcess;
 
 /// The command execution timeout the model advertises (iseg 0xff8).
 const EXEC_TO_MS: u32 = 250;
@@ -30,11 +31,14 @@ fn device() -> Func {
 }
 
 fn device_of(profile: Profile) -> Func {
-    Arc::new(mlx5_emu::emulated_with(DeviceConfig {
-        cmd_exec_timeout_ms: EXEC_TO_MS,
-        cmd_init_timeout_ms: 500,
-        ..DeviceConfig::for_profile(profile)
-    }))
+    tests::backend::device(
+        crate::BACKEND,
+        DeviceConfig {
+            cmd_exec_timeout_ms: EXEC_TO_MS,
+            cmd_init_timeout_ms: 500,
+            ..DeviceConfig::for_profile(profile)
+        },
+    )
 }
 
 fn opts(event_mode: bool) -> HcaOptions {
@@ -47,8 +51,7 @@ fn opts(event_mode: bool) -> HcaOptions {
 }
 
 fn try_open(f: &Func, o: HcaOptions) -> Result<Hca, Error> {
-    let func: Arc<dyn PciFunction> = f.clone();
-    Hca::open(func, o)
+    Hca::open(f.function(), o)
 }
 
 fn open(f: &Func, o: HcaOptions) -> Hca {

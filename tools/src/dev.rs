@@ -62,9 +62,9 @@ impl Dev {
             Dev::Pci(a) => Err(format!(
                 "{a}: the kernel VFIO backend is not built yet; only the device model (emu) can be opened in this version"
             )),
-            Dev::VfioUser(p) => Err(format!(
-                "vfio-user:{p}: the vfio-user client is not built yet; only the device model (emu) can be opened in this version"
-            )),
+            Dev::VfioUser(p) => vfio::user::VfioUserFunction::connect(p)
+                .map(|f| Arc::new(f) as Arc<dyn PciFunction>)
+                .map_err(|e| format!("vfio-user:{p}: {e}")),
         }
     }
 }

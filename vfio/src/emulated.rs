@@ -430,42 +430,42 @@ impl<M: DeviceModel> EmulatedFunction<M> {
     }
 }
 
-impl<M: DeviceModel> EmulatedFunction<M> {
-    /// The config-space offset of capability `id`, walking the list.
-    fn find_capability(&self, id: u8) -> Option<u64> {
-        let mut b = [0u8; 1];
-        self.model
-            .config_read(crate::pci::CAPABILITIES_POINTER, &mut b);
-        let mut at = u64::from(b[0] & !3);
-        for _ in 0..48 {
-            if at == 0 {
-                return None;
-            }
-            let mut hdr = [0u8; 2];
-            self.model.config_read(at, &mut hdr);
-            if hdr[0] == id {
-                return Some(at);
-            }
-            at = u64::from(hdr[1] & !3);
+/// The config-space offset of capability `id`, walking the list.
+fn find_capability(model: &dyn DeviceModel, id: u8) -> Option<u64> {
+    let mut b = [0u8; 1];
+    model.config_read(crate::pci::CAPABILITIES_POINTER, &mut b);
+    let mut at = u64::from(b[0] & !3);
+    for _ in 0..48 {
+        if at == 0 {
+            return None;
         }
-        None
+        let mut hdr = [0u8; 2];
+        model.config_read(at, &mut hdr);
+        if hdr[0] == id {
+            return Some(at);
+        }
+        at = u64::from(hdr[1] & !3);
     }
+    None
+}
 
-    fn set_msix_enable(&self, on: bool) {
-        let Some(cap) = self.find_capability(crate::pci::CAP_ID_MSIX) else {
-            return;
-        };
-        let off = cap + crate::pci::MSIX_MSG_CTRL;
-        let mut b = [0u8; 2];
-        self.model.config_read(off, &mut b);
-        let mut ctrl = u16::from_le_bytes(b);
-        if on {
-            ctrl |= crate::pci::MSIX_CTRL_ENABLE;
-        } else {
-            ctrl &= !crate::pci::MSIX_CTRL_ENABLE;
-        }
-        self.model.config_write(off, &ctrl.to_le_bytes());
+/// Sets or clears MSI-X enable in the function's config space, as vfio-pci
+/// does when vectors are attached or all released (the in-process backend
+/// and the vfio-user server both play vfio-pci's part).
+pub(crate) fn set_msix_enable(model: &dyn DeviceModel, on: bool) {
+    let Some(cap) = find_capability(model, crate::pci::CAP_ID_MSIX) else {
+        return;
+    };
+    let off = cap + crate::pci::MSIX_MSG_CTRL;
+    let mut b = [0u8; 2];
+    model.config_read(off, &mut b);
+    let mut ctrl = u16::from_le_bytes(b);
+    if on {
+        ctrl |= crate::pci::MSIX_CTRL_ENABLE;
+    } else {
+        ctrl &= !crate::pci::MSIX_CTRL_ENABLE;
     }
+    model.config_write(off, &ctrl.to_le_bytes());
 }
 
 impl<M: DeviceModel> Drop for EmulatedFunction<M> {
@@ -548,7 +548,7 @@ impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
             // vfio-pci enables MSI-X in the function's config space when
             // vectors are attached and disables it when they are all
             // released; the driver never writes that bit itself.
-            self.set_msix_enable(self.bus.irqs.attached_of(IrqKind::MsiX) > 0);
+            set_msix_enable(&*self.model, self.bus.irqs.attached_of(IrqKind::MsiX) > 0);
         }
         Ok(())
     }

@@ -17,6 +17,7 @@
 //! - [`emulated`]: the in-process backend and the device-side interface a
 //!   device model implements ([`emulated::DeviceModel`]).
 //! - [`pci`]: config-space offsets and bits.
+//! - [`user`]: vfio-user, the client backend and the server of device models.
 //!
 //! # Memory the device can touch
 //!
@@ -33,6 +34,7 @@ pub mod function;
 pub mod iova;
 pub mod mmio;
 pub mod pci;
+pub mod user;
 
 pub use dma::DmaBuffer;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
@@ -103,6 +105,30 @@ pub enum Error {
     /// The backend cannot do this.
     #[error("not supported by this backend: {0}")]
     Unsupported(&'static str),
+    /// A vfio-user peer sent something the protocol does not allow.
+    #[error("vfio-user {command}: {why}")]
+    Protocol {
+        /// The request it answered (or the message it sent).
+        command: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+    /// A vfio-user server answered a request with an error reply.
+    #[error("vfio-user {command}: refused by the server: {}", std::io::Error::from_raw_os_error(*errno))]
+    Refused {
+        /// The request.
+        command: &'static str,
+        /// The errno of the reply.
+        errno: i32,
+    },
+    /// A vfio-user request got no reply in time.
+    #[error("vfio-user {command}: no reply within {after:?}")]
+    Timeout {
+        /// The request.
+        command: &'static str,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
 }
 
 impl Error {

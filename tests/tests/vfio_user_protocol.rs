@@ -1,0 +1,475 @@
+//! The vfio-user server against malformed and hostile clients, and the
+//! client against dead or silent servers: every bad request gets an error
+//! reply with an errno, the server keeps serving (the same client and the
+//! next one), and the client turns every failure into an error.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, Instant};
+
+use tests::backend::{serve, socket_path};
+use verbs::hca::{Hca, HcaOptions};
+use vfio::user::device::DeviceInfo;
+use vfio::user::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE};
+use vfio::user::header::{Command, Header, HEADER_SIZE};
+use vfio::user::irq::{IrqSet, IRQ_SET_ACTION_MASK, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD};
+use vfio::user::region::{RegionAccess, RegionInfoWire};
+use vfio::user::socket::{self, Message};
+use vfio::user::version::{Capabilities, Version};
+use vfio::user::{Options, VfioUserFunction, MAX_MESSAGE};
+use vfio::{DmaBuffer, Error, PciFunction};
+use zerocopy::IntoBytes;
+
+fn cfg() -> mlx5_emu::DeviceConfig {
+    mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4)
+}
+
+/// A raw client: sends what it is told, reads one reply.
+struct Raw {
+    sock: UnixStream,
+    id: u16,
+}
+
+impl Raw {
+    fn connect(path: &std::path::Path) -> Self {
+        let sock = UnixStream::connect(path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut r = Raw { sock, id: 0 };
+        let v = Version { major: 0, minor: 1 };
+        let m = r.ask(
+            Command::Version as u16,
+            &[v.as_bytes(), &Capabilities::default().to_wire()],
+        );
+        assert_eq!(m.header.errno(), None, "VERSION accepted");
+        r
+    }
+
+    fn send(&mut self, mut h: Header, parts: &[&[u8]], fds: &[std::os::fd::BorrowedFd<'_>]) -> u16 {
+        self.id = self.id.wrapping_add(1);
+        h.id = self.id;
+        socket::send(&self.sock, &h, parts, fds).unwrap();
+        self.id
+    }
+
+    fn reply(&self, id: u16) -> Message {
+        let m = socket::recv(&self.sock, MAX_MESSAGE)
+            .unwrap()
+            .expect("a reply, not a hang-up");
+        assert!(m.header.is_reply());
+        assert_eq!(m.header.id, id, "the reply echoes the message ID");
+        m
+    }
+
+    fn ask_with(
+        &mut self,
+        command: u16,
+        parts: &[&[u8]],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Message {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let h = Header {
+            command,
+            size: (HEADER_SIZE + len) as u32,
+            ..Header::default()
+        };
+        let id = self.send(h, parts, fds);
+        self.reply(id)
+    }
+
+    fn ask(&mut self, command: u16, parts: &[&[u8]]) -> Message {
+        self.ask_with(command, parts, &[])
+    }
+
+    /// Asks, expects an error reply with `errno` and nothing after the header.
+    fn refused(&mut self, what: &str, command: u16, parts: &[&[u8]], errno: i32) {
+        let m = self.ask(command, parts);
+        assert_eq!(m.header.errno(), Some(errno), "{what}: errno");
+        assert!(
+            m.payload.is_empty(),
+            "{what}: an error reply carries only the header"
+        );
+    }
+
+    /// The session still answers a well-formed request.
+    fn still_serving(&mut self) {
+        let req = DeviceInfo {
+            argsz: 16,
+            ..DeviceInfo::default()
+        };
+        let m = self.ask(Command::DeviceGetInfo as u16, &[req.as_bytes()]);
+        assert_eq!(m.header.errno(), None);
+        assert_eq!(m.payload.len(), 16);
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A full bring-up over a fresh client: the server is serving.
+fn bring_up_works(path: &std::path::Path) {
+    let f = std::sync::Arc::new(VfioUserFunction::connect(path).unwrap());
+    let hca = Hca::open(f.clone(), HcaOptions::default()).unwrap();
+    hca.nop().unwrap();
+    hca.close().unwrap();
+    assert_eq!(f.dma_mappings(), 0);
+}
+
+#[test]
+fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
+    let (model, bus, server) = serve(cfg());
+    let mut c = Raw::connect(server.path());
+    let bar = mlx5_emu::Profile::ConnectX4.bar0_size();
+
+    // Short: a size smaller than the header itself.
+    let id = c.send(
+        Header {
+            command: Command::DeviceGetInfo as u16,
+            size: 8,
+            ..Header::default()
+        },
+        &[],
+        &[],
+    );
+    assert_eq!(c.reply(id).header.errno(), Some(libc::EINVAL));
+    c.still_serving();
+    // Short: a payload shorter than the command's fixed part.
+    c.refused(
+        "short REGION_READ",
+        Command::RegionRead as u16,
+        &[&[0u8; 4]],
+        libc::EINVAL,
+    );
+    c.refused(
+        "short DMA_MAP",
+        Command::DmaMap as u16,
+        &[&[0u8; 8]],
+        libc::EINVAL,
+    );
+    c.refused(
+        "empty SET_IRQS",
+        Command::DeviceSetIrqs as u16,
+        &[],
+        libc::EINVAL,
+    );
+    // Oversized: refused unread, the body skipped, the stream in step.
+    let big = vec![0u8; MAX_MESSAGE];
+    c.refused(
+        "oversized",
+        Command::RegionWrite as u16,
+        &[&big],
+        libc::E2BIG,
+    );
+    c.still_serving();
+    // Bad commands: unknown, wrong direction, not served.
+    c.refused("command 99", 99, &[&[1, 2, 3]], libc::ENOSYS);
+    c.refused("command 14", 14, &[], libc::ENOSYS);
+    c.refused(
+        "DMA_READ to a server",
+        Command::DmaRead as u16,
+        &[&[0u8; 16]],
+        libc::EINVAL,
+    );
+    c.refused(
+        "DEVICE_FEATURE",
+        Command::DeviceFeature as u16,
+        &[&[0u8; 8]],
+        libc::ENOTSUP,
+    );
+    // Bad regions and accesses.
+    let info = |index| RegionInfoWire {
+        argsz: 32,
+        index,
+        ..RegionInfoWire::default()
+    };
+    c.refused(
+        "region info 100",
+        Command::DeviceGetRegionInfo as u16,
+        &[info(100).as_bytes()],
+        libc::EINVAL,
+    );
+    let rd = |region, offset, count| RegionAccess {
+        offset,
+        region,
+        count,
+    };
+    c.refused(
+        "read region 42",
+        Command::RegionRead as u16,
+        &[rd(42, 0, 4).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "read region 3 (absent)",
+        Command::RegionRead as u16,
+        &[rd(3, 0, 4).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "read past BAR0",
+        Command::RegionRead as u16,
+        &[rd(0, bar - 2, 4).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "read past config",
+        Command::RegionRead as u16,
+        &[rd(7, 4095, 2).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "offset wraps",
+        Command::RegionRead as u16,
+        &[rd(0, u64::MAX, 4).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "write with less data than its count",
+        Command::RegionWrite as u16,
+        &[rd(0, 0x18, 4).as_bytes(), &[0u8; 2]],
+        libc::EINVAL,
+    );
+    // DMA: unmapped address, no fd, a file too small, overlap.
+    let un = DmaUnmap {
+        argsz: 24,
+        flags: 0,
+        address: 0x10_0000,
+        size: 0x1000,
+    };
+    c.refused(
+        "unmap of an unmapped IOVA",
+        Command::DmaUnmap as u16,
+        &[un.as_bytes()],
+        libc::ENOENT,
+    );
+    let map = DmaMap {
+        argsz: 32,
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        offset: 0,
+        address: 0x10_0000,
+        size: 0x2000,
+    };
+    c.refused(
+        "DMA_MAP without an fd",
+        Command::DmaMap as u16,
+        &[map.as_bytes()],
+        libc::ENOTSUP,
+    );
+    let small = DmaBuffer::new(0x1000).unwrap();
+    let m = c.ask_with(
+        Command::DmaMap as u16,
+        &[map.as_bytes()],
+        &[small.file().as_fd()],
+    );
+    assert_eq!(
+        m.header.errno(),
+        Some(libc::EINVAL),
+        "a mapping past the end of its file"
+    );
+    let fit = DmaMap {
+        size: 0x1000,
+        ..map
+    };
+    let m = c.ask_with(
+        Command::DmaMap as u16,
+        &[fit.as_bytes()],
+        &[small.file().as_fd()],
+    );
+    assert_eq!(m.header.errno(), None);
+    let m = c.ask_with(
+        Command::DmaMap as u16,
+        &[fit.as_bytes()],
+        &[small.file().as_fd()],
+    );
+    assert_eq!(
+        m.header.errno(),
+        Some(libc::EEXIST),
+        "a mapping over a mapping"
+    );
+    assert_eq!(bus.dma.mappings(), 1);
+    // Interrupts: no such type, too many vectors, mask.
+    let set = |index, flags, count| IrqSet {
+        argsz: 20,
+        flags,
+        index,
+        start: 0,
+        count,
+    };
+    let trig = IRQ_SET_DATA_EVENTFD | IRQ_SET_ACTION_TRIGGER;
+    c.refused(
+        "SET_IRQS type 9",
+        Command::DeviceSetIrqs as u16,
+        &[set(9, trig, 1).as_bytes()],
+        libc::EINVAL,
+    );
+    c.refused(
+        "SET_IRQS 5000 vectors",
+        Command::DeviceSetIrqs as u16,
+        &[set(2, trig, 5000).as_bytes()],
+        libc::EINVAL,
+    );
+    let mask = IRQ_SET_DATA_EVENTFD | IRQ_SET_ACTION_MASK;
+    c.refused(
+        "SET_IRQS mask",
+        Command::DeviceSetIrqs as u16,
+        &[set(2, mask, 1).as_bytes()],
+        libc::EINVAL,
+    );
+    c.still_serving();
+    // The device itself was not disturbed: no command, no DMA fault.
+    assert_eq!(model.stats().commands, 0);
+    assert_eq!(model.stats().dma_faults, 0);
+
+    // The client leaves; its mapping goes with it; the next client works.
+    drop(c);
+    wait_for("the release", || bus.dma.mappings() == 0);
+    bring_up_works(server.path());
+}
+
+#[test]
+fn a_client_dying_mid_message_or_mid_run_leaves_the_server_ready() {
+    let (model, bus, server) = serve(cfg());
+    // Dies in the middle of a message: a header promising 100 bytes, then 10.
+    {
+        let c = Raw::connect(server.path());
+        let h = Header::command(9, Command::RegionWrite, 100);
+        socket::send(&c.sock, &h, &[&[0u8; 10]], &[]).unwrap();
+    }
+    bring_up_works(server.path());
+    // Dies with DMA mapped and vectors attached: hangs up without any
+    // teardown, as a killed process does (the client's drop only closes).
+    {
+        let f = VfioUserFunction::connect(server.path()).unwrap();
+        let buf = DmaBuffer::new(1 << 20).unwrap();
+        f.dma_map(vfio::Iova(1 << 30), &buf).unwrap();
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        f.set_irqs(vfio::IrqKind::MsiX, 0, &[Some(&efd)]).unwrap();
+        assert_eq!((bus.dma.mappings(), bus.irqs.attached()), (1, 1));
+        drop(f);
+    }
+    wait_for("the release", || {
+        bus.dma.mappings() == 0 && bus.irqs.attached() == 0
+    });
+    bring_up_works(server.path());
+    assert!(
+        model.stats().resets >= 2,
+        "the function was reset on each release"
+    );
+}
+
+#[test]
+fn a_second_client_is_turned_away_busy() {
+    let (_model, _bus, server) = serve(cfg());
+    let first = VfioUserFunction::connect(server.path()).unwrap();
+    match VfioUserFunction::connect(server.path()) {
+        Err(Error::Refused { errno, .. }) => assert_eq!(errno, libc::EBUSY),
+        other => panic!("expected EBUSY, got {other:?}"),
+    }
+    // The first owner is undisturbed.
+    let mut v = [0u8; 2];
+    first.config_read(0, &mut v).unwrap();
+    assert_eq!(u16::from_le_bytes(v), 0x15b3);
+}
+
+#[test]
+fn a_server_that_dies_or_never_answers_is_an_error() {
+    let (_model, _bus, server) = serve(cfg());
+    let f = VfioUserFunction::connect(server.path()).unwrap();
+    let mut v = [0u8; 4];
+    f.config_read(0, &mut v).unwrap();
+    drop(server);
+    match f.config_read(0, &mut v) {
+        Err(Error::Gone(_)) => {}
+        other => panic!("expected Gone, got {other:?}"),
+    }
+    // Every later request too, at once.
+    assert!(matches!(f.reset(), Err(Error::Gone(_))));
+
+    // A server that accepts and never answers.
+    let path = socket_path("silent");
+    let listener = UnixListener::bind(&path).unwrap();
+    let opts = Options {
+        timeout: Duration::from_millis(200),
+    };
+    match VfioUserFunction::connect_with(&path, opts) {
+        Err(Error::Timeout { command, .. }) => assert_eq!(command, "VFIO_USER_VERSION"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn client_serves_dma_read_and_write_from_the_server() {
+    // A hand-written server: negotiates, describes a device with no
+    // regions, then reaches the client's memory by message.
+    let path = socket_path("dmamsg");
+    let listener = UnixListener::bind(&path).unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let answer = |payload: &[&[u8]]| {
+            let m = socket::recv(&s, MAX_MESSAGE).unwrap().unwrap();
+            let len = payload.iter().map(|p| p.len()).sum();
+            socket::send(&s, &m.header.reply(len), payload, &[]).unwrap();
+            m
+        };
+        let v = Version { major: 0, minor: 1 };
+        answer(&[v.as_bytes(), &Capabilities::default().to_wire()]);
+        let info = DeviceInfo {
+            argsz: 16,
+            flags: vfio::user::device::DEVICE_FLAGS_PCI,
+            num_regions: 0,
+            num_irqs: 0,
+        };
+        answer(&[info.as_bytes()]);
+        // The client maps a buffer by fd; this server reads it by message.
+        let map = answer(&[]);
+        assert_eq!(map.fds.len(), 1);
+        let (m, _) = <DmaMap as zerocopy::FromBytes>::read_from_prefix(&map.payload).unwrap();
+        let write = vfio::user::dma::DmaAccess {
+            address: m.address + 8,
+            count: 4,
+        };
+        let h = Header::command(100, Command::DmaWrite, 20);
+        socket::send(&s, &h, &[write.as_bytes(), b"\xde\xad\xbe\xef"], &[]).unwrap();
+        let r = socket::recv(&s, MAX_MESSAGE).unwrap().unwrap();
+        assert!(r.header.is_reply() && r.header.id == 100 && r.header.errno().is_none());
+        let read = vfio::user::dma::DmaAccess {
+            address: m.address,
+            count: 16,
+        };
+        let h = Header::command(101, Command::DmaRead, 16);
+        socket::send(&s, &h, &[read.as_bytes()], &[]).unwrap();
+        let r = socket::recv(&s, MAX_MESSAGE).unwrap().unwrap();
+        assert_eq!(r.header.id, 101);
+        let data = r.payload[16..].to_vec();
+        // Outside every mapping: an error reply, not a crash.
+        let far = vfio::user::dma::DmaAccess {
+            address: 0xdead_0000,
+            count: 4,
+        };
+        let h = Header::command(102, Command::DmaRead, 16);
+        socket::send(&s, &h, &[far.as_bytes()], &[]).unwrap();
+        let r = socket::recv(&s, MAX_MESSAGE).unwrap().unwrap();
+        assert_eq!(r.header.errno(), Some(libc::EFAULT));
+        data
+    });
+    let f = VfioUserFunction::connect(&path).unwrap();
+    let buf = DmaBuffer::new(4096).unwrap();
+    buf.write(0, b"abcdefgh").unwrap();
+    f.dma_map(vfio::Iova(0x4000), &buf).unwrap();
+    let data = server.join().unwrap();
+    assert_eq!(&data[..12], b"abcdefgh\xde\xad\xbe\xef");
+    let mut b = [0u8; 4];
+    buf.read(8, &mut b).unwrap();
+    assert_eq!(&b, b"\xde\xad\xbe\xef");
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,0 +1,761 @@
+//! The server side: any [`DeviceModel`] served to vfio-user clients on a
+//! UNIX socket, one client at a time (a PCI function has one owner, as
+//! under vfio-pci).
+//!
+//! The server plays the kernel's part: it answers region and IRQ queries
+//! from the model, hands out the fd of the model's BAR memory (so mapped
+//! registers and doorbells are shared memory the model polls, and a
+//! doorbell costs no message), maps the fds the client shares for DMA into
+//! the model's [`DmaSpace`](crate::emulated::DmaSpace), routes the
+//! eventfds of `SET_IRQS` to the model's vectors and enables MSI-X in config
+//! space when vectors are attached, as vfio-pci does.
+//!
+//! Every request gets a reply; anything malformed or unsupported gets an
+//! error reply with an errno, and the session goes on. When the client
+//! hangs up (or dies), the function is released as vfio-pci releases it:
+//! reset, every DMA mapping dropped, every eventfd closed; the server then
+//! waits for the next client. A second client while one is connected is
+//! answered `EBUSY`.
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::EventFd;
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::device::{
+    DeviceInfo, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, PCI_NUM_IRQS, PCI_NUM_REGIONS,
+};
+use super::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE, DMA_UNMAP_ALL};
+use super::header::{Command, Header};
+use super::irq::*;
+use super::region::*;
+use super::socket::{self, Message, RecvError};
+use super::version::{Capabilities, Version, MAJOR, MINOR};
+use super::MAX_MESSAGE;
+use crate::emulated::{set_msix_enable, Bus, DeviceModel};
+use crate::{Error, IrqKind, Result};
+
+/// Size of config space served (PCIe: 4 KiB).
+pub const CONFIG_SPACE_SIZE: u64 = 4096;
+/// How long the server waits for the rest of a message, or for a client to
+/// take a reply, before it gives the client up.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a waiting server looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// What this server announces in `VERSION`.
+pub const SERVER_CAPS: Capabilities = Capabilities {
+    max_msg_fds: 64,
+    max_data_xfer_size: 1 << 20,
+    max_dma_maps: 65535,
+    pgsizes: 4096,
+};
+
+const IRQ_KINDS: [IrqKind; 5] = [
+    IrqKind::Intx,
+    IrqKind::Msi,
+    IrqKind::MsiX,
+    IrqKind::Err,
+    IrqKind::Req,
+];
+
+/// A device model listening on a UNIX socket.
+#[derive(Debug)]
+pub struct Server {
+    listener: UnixListener,
+    path: PathBuf,
+    model: Arc<dyn DeviceModel>,
+    bus: Bus,
+    stop: Arc<AtomicBool>,
+}
+
+/// A server running on its own thread; stopped and joined when dropped.
+#[derive(Debug)]
+pub struct ServerThread {
+    stop: Arc<AtomicBool>,
+    path: PathBuf,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ServerThread {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Asks the server to stop (it finishes the message in hand).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(path = %self.path.display(), "vfio-user server thread panicked");
+            }
+        }
+    }
+}
+
+/// Why a request was refused: the errno for the reply, and words for the log.
+struct Refusal {
+    errno: i32,
+    why: String,
+}
+
+fn refuse(errno: i32, why: impl Into<String>) -> Refusal {
+    Refusal {
+        errno,
+        why: why.into(),
+    }
+}
+
+/// A reply's payload and the fds that go with it.
+#[derive(Default)]
+struct Reply {
+    payload: Vec<u8>,
+    files: Vec<Arc<File>>,
+}
+
+impl Reply {
+    fn of(parts: &[&[u8]]) -> Self {
+        Self {
+            payload: parts.concat(),
+            files: Vec::new(),
+        }
+    }
+}
+
+/// The fixed part of a request's payload, or EINVAL naming what is short.
+fn head<T: FromBytes>(cmd: Command, payload: &[u8]) -> std::result::Result<(T, &[u8]), Refusal> {
+    T::read_from_prefix(payload).map_err(|_| {
+        refuse(
+            libc::EINVAL,
+            format!(
+                "{}: payload of {} bytes is shorter than its {} fixed bytes",
+                cmd.name(),
+                payload.len(),
+                std::mem::size_of::<T>()
+            ),
+        )
+    })
+}
+
+fn irq_kind(index: u32) -> std::result::Result<IrqKind, Refusal> {
+    IRQ_KINDS
+        .get(index as usize)
+        .copied()
+        .ok_or_else(|| refuse(libc::EINVAL, format!("no interrupt type {index}")))
+}
+
+impl Server {
+    /// Listens on `path` for clients of `model`, whose bus is `bus` (the
+    /// server fills its DMA space and vectors from what clients send). A
+    /// stale socket file (nobody listening) is replaced; a live one is an
+    /// error.
+    pub fn bind(path: impl AsRef<Path>, model: Arc<dyn DeviceModel>, bus: Bus) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                return Err(Error::Os {
+                    op: "bind(vfio-user socket)",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("{} is served by another process", path.display()),
+                    ),
+                });
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener = UnixListener::bind(&path).map_err(|e| Error::Os {
+            op: "bind(vfio-user socket)",
+            source: e,
+        })?;
+        Ok(Self {
+            listener,
+            path,
+            model,
+            bus,
+            stop: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The flag that stops [`run`](Self::run) (set it from a signal handler
+    /// or another thread; the server notices within 100 ms).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Runs the server on a thread of its own.
+    pub fn spawn(self) -> Result<ServerThread> {
+        let stop = self.stop.clone();
+        let path = self.path.clone();
+        let name = format!(
+            "vfio-user:{}",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        );
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                if let Err(e) = self.run() {
+                    tracing::error!(path = %self.path.display(), error = %e, "vfio-user server stopped");
+                }
+            })
+            .map_err(|e| Error::Os {
+                op: "spawn(vfio-user server)",
+                source: e,
+            })?;
+        Ok(ServerThread {
+            stop,
+            path,
+            thread: Some(thread),
+        })
+    }
+
+    /// Serves clients, one at a time, until the stop flag is set.
+    pub fn run(&self) -> Result<()> {
+        tracing::info!(path = %self.path.display(), device = %self.model.name(), "vfio-user server listening");
+        while !self.stop.load(Ordering::Acquire) {
+            let ready =
+                socket::poll_readable(&[self.listener.as_raw_fd()], STOP_POLL).map_err(|e| {
+                    Error::Os {
+                        op: "poll(vfio-user listener)",
+                        source: e,
+                    }
+                })?;
+            if !ready[0] {
+                continue;
+            }
+            match self.listener.accept() {
+                Ok((sock, _)) => self.serve(sock),
+                Err(e) => tracing::warn!(error = %e, "accept"),
+            }
+        }
+        tracing::info!(path = %self.path.display(), "vfio-user server stopped");
+        Ok(())
+    }
+
+    /// One client's session, then the release of the function.
+    fn serve(&self, sock: UnixStream) {
+        tracing::info!(path = %self.path.display(), "client connected");
+        if let Err(e) = sock
+            .set_read_timeout(Some(IO_TIMEOUT))
+            .and_then(|()| sock.set_write_timeout(Some(IO_TIMEOUT)))
+        {
+            tracing::warn!(error = %e, "socket timeouts");
+        }
+        let mut s = Session {
+            srv: self,
+            sock,
+            negotiated: false,
+        };
+        let why = s.run();
+        tracing::info!(path = %self.path.display(), "client gone ({why}); releasing the function");
+        self.release();
+    }
+
+    /// What vfio-pci does when its device file is closed: reset, and drop
+    /// everything the owner attached.
+    fn release(&self) {
+        self.model.reset();
+        self.bus.dma.clear();
+        for k in IRQ_KINDS {
+            let _ = self.bus.irqs.set(k, 0, &[]);
+        }
+        set_msix_enable(&*self.model, false);
+    }
+
+    /// A second client while one is served: answer its first message EBUSY.
+    fn turn_away(&self) {
+        let Ok((sock, _)) = self.listener.accept() else {
+            return;
+        };
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(1)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(1)));
+        if let Ok(Some(m)) = socket::recv(&sock, MAX_MESSAGE) {
+            let _ = socket::send(&sock, &m.header.error_reply(libc::EBUSY), &[], &[]);
+        }
+        tracing::warn!(path = %self.path.display(), "second client turned away: the function has an owner");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct Session<'a> {
+    srv: &'a Server,
+    sock: UnixStream,
+    negotiated: bool,
+}
+
+impl Session<'_> {
+    /// Serves messages until the client goes; returns why it ended.
+    fn run(&mut self) -> String {
+        let fds = [self.sock.as_raw_fd(), self.srv.listener.as_raw_fd()];
+        loop {
+            if self.srv.stop.load(Ordering::Acquire) {
+                return "server stopping".into();
+            }
+            let ready = match socket::poll_readable(&fds, STOP_POLL) {
+                Ok(r) => r,
+                Err(e) => return format!("poll: {e}"),
+            };
+            if !ready[0] {
+                // The owner's messages (and its hang-up) first: a client
+                // that connects right after the owner left is served next,
+                // not turned away.
+                if ready[1] {
+                    self.srv.turn_away();
+                }
+                continue;
+            }
+            match socket::recv(&self.sock, MAX_MESSAGE) {
+                Ok(None) => return "hung up".into(),
+                Ok(Some(m)) => {
+                    if let Err(e) = self.handle(m) {
+                        return format!("reply failed: {e}");
+                    }
+                }
+                Err(RecvError::Io(e)) => return format!("receive: {e}"),
+                Err(RecvError::Short(h)) => {
+                    // The size cannot be trusted, so nothing more is read;
+                    // what follows is taken as the next message.
+                    tracing::warn!(size = h.size, "message shorter than its header");
+                    if let Err(e) = self.error_reply(&h, libc::EINVAL) {
+                        return format!("reply failed: {e}");
+                    }
+                }
+                Err(RecvError::TooLong(h)) => {
+                    tracing::warn!(size = h.size, cmd = h.command_name(), "message too long");
+                    if let Err(e) = self.error_reply(&h, libc::E2BIG) {
+                        return format!("reply failed: {e}");
+                    }
+                    if let Err(e) = socket::discard(&self.sock, h.payload_len()) {
+                        return format!("skipping an oversized message: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    fn error_reply(&self, h: &Header, errno: i32) -> std::io::Result<()> {
+        if h.no_reply() {
+            return Ok(());
+        }
+        socket::send(&self.sock, &h.error_reply(errno), &[], &[])
+    }
+
+    fn handle(&mut self, m: Message) -> std::io::Result<()> {
+        let h = m.header;
+        if h.is_reply() {
+            tracing::warn!(
+                id = h.id,
+                cmd = h.command_name(),
+                "unexpected reply from the client (no request pending); ignored"
+            );
+            return Ok(());
+        }
+        let result = match Command::from_raw(h.command) {
+            None => Err(refuse(
+                libc::ENOSYS,
+                format!("unknown command {}", h.command),
+            )),
+            Some(cmd) if cmd != Command::Version && !self.negotiated => Err(refuse(
+                libc::EINVAL,
+                format!("{} before VFIO_USER_VERSION", cmd.name()),
+            )),
+            Some(cmd) => self.dispatch(cmd, &m.payload, m.fds),
+        };
+        match result {
+            Ok(r) => {
+                if h.no_reply() {
+                    return Ok(());
+                }
+                let fds: Vec<_> = r.files.iter().map(|f| f.as_fd()).collect();
+                socket::send(&self.sock, &h.reply(r.payload.len()), &[&r.payload], &fds)
+            }
+            Err(r) => {
+                tracing::debug!(id = h.id, cmd = h.command_name(), errno = r.errno, why = %r.why, "request refused");
+                self.error_reply(&h, r.errno)
+            }
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        cmd: Command,
+        p: &[u8],
+        fds: Vec<OwnedFd>,
+    ) -> std::result::Result<Reply, Refusal> {
+        use Command::*;
+        match cmd {
+            Version => self.version(p),
+            DmaMap => self.dma_map(p, fds),
+            DmaUnmap => self.dma_unmap(p),
+            DeviceGetInfo => self.device_info(p),
+            DeviceGetRegionInfo => self.region_info(p),
+            DeviceGetIrqInfo => self.irq_info(p),
+            DeviceSetIrqs => self.set_irqs(p, fds),
+            RegionRead => self.region_read(p),
+            RegionWrite => self.region_write(p),
+            DeviceReset => {
+                self.srv.model.reset();
+                Ok(Reply::default())
+            }
+            DmaRead | DmaWrite => Err(refuse(
+                libc::EINVAL,
+                format!("{} goes from server to client", cmd.name()),
+            )),
+            DeviceGetRegionIoFds | RegionWriteMulti | DeviceFeature | MigDataRead
+            | MigDataWrite => Err(refuse(
+                libc::ENOTSUP,
+                format!("{} is not served", cmd.name()),
+            )),
+        }
+    }
+
+    fn version(&mut self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (v, rest) = head::<Version>(Command::Version, p)?;
+        if v.major != MAJOR {
+            return Err(refuse(
+                libc::ENOTSUP,
+                format!(
+                    "protocol {}.{} (this server speaks {MAJOR}.x)",
+                    v.major, v.minor
+                ),
+            ));
+        }
+        let client = Capabilities::from_wire(rest).map_err(|e| refuse(libc::EINVAL, e))?;
+        tracing::debug!(?client, minor = v.minor, "VERSION");
+        self.negotiated = true;
+        let ours = Version {
+            major: MAJOR,
+            minor: v.minor.min(MINOR),
+        };
+        Ok(Reply::of(&[ours.as_bytes(), &SERVER_CAPS.to_wire()]))
+    }
+
+    fn dma_map(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
+        let (m, _) = head::<DmaMap>(Command::DmaMap, p)?;
+        let bad = |why: &str| {
+            Err(refuse(
+                libc::EINVAL,
+                format!("DMA_MAP {:#x}+{:#x}: {why}", m.address, m.size),
+            ))
+        };
+        if m.flags & !(DMA_MAP_READ | DMA_MAP_WRITE) != 0 || m.flags == 0 {
+            return bad("flags are neither read nor write");
+        }
+        if m.size == 0 || (m.address | m.size | m.offset) % 4096 != 0 {
+            return bad("empty, or not 4 KiB aligned");
+        }
+        let mut fds = fds;
+        let fd = match fds.len() {
+            1 => fds.remove(0),
+            0 => {
+                return Err(refuse(
+                    libc::ENOTSUP,
+                    "DMA_MAP without an fd (DMA by message) is not served: share memory by fd",
+                ))
+            }
+            _ => return bad("more than one fd"),
+        };
+        let file = File::from(fd);
+        let len = match file.metadata() {
+            Ok(md) => md.len(),
+            Err(e) => return Err(refuse(libc::EBADF, format!("fstat: {e}"))),
+        };
+        // A mapping past the end of its file would fault the model with
+        // SIGBUS on first touch.
+        if m.offset.checked_add(m.size).is_none_or(|end| end > len) {
+            return bad(&format!(
+                "the file holds {len:#x} bytes, fewer than offset {:#x} + size",
+                m.offset
+            ));
+        }
+        if self.srv.bus.dma.mappings() >= SERVER_CAPS.max_dma_maps as usize {
+            return Err(refuse(libc::ENOSPC, "too many DMA mappings"));
+        }
+        match self
+            .srv
+            .bus
+            .dma
+            .map_file(m.address, m.size, Arc::new(file), m.offset)
+        {
+            Ok(()) => Ok(Reply::default()),
+            Err(Error::Iova { why, .. }) if why.contains("overlaps") => Err(refuse(
+                libc::EEXIST,
+                format!("DMA_MAP {:#x}+{:#x}: {why}", m.address, m.size),
+            )),
+            Err(e) => Err(refuse(libc::EINVAL, e.to_string())),
+        }
+    }
+
+    fn dma_unmap(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (u, _) = head::<DmaUnmap>(Command::DmaUnmap, p)?;
+        match u.flags {
+            0 => self
+                .srv
+                .bus
+                .dma
+                .unmap(u.address, u.size)
+                .map_err(|e| refuse(libc::ENOENT, e.to_string()))?,
+            DMA_UNMAP_ALL if u.address == 0 && u.size == 0 => self.srv.bus.dma.clear(),
+            f => {
+                return Err(refuse(
+                    libc::EINVAL,
+                    format!("DMA_UNMAP flags {f:#x} with {:#x}+{:#x}", u.address, u.size),
+                ))
+            }
+        }
+        let echo = DmaUnmap {
+            argsz: std::mem::size_of::<DmaUnmap>() as u32,
+            ..u
+        };
+        Ok(Reply::of(&[echo.as_bytes()]))
+    }
+
+    fn device_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (req, _) = head::<DeviceInfo>(Command::DeviceGetInfo, p)?;
+        let need = std::mem::size_of::<DeviceInfo>() as u32;
+        if req.argsz < need {
+            return Err(refuse(
+                libc::EINVAL,
+                format!("argsz {} < {need}", req.argsz),
+            ));
+        }
+        let info = DeviceInfo {
+            argsz: need,
+            flags: DEVICE_FLAGS_PCI | DEVICE_FLAGS_RESET,
+            num_regions: PCI_NUM_REGIONS,
+            num_irqs: PCI_NUM_IRQS,
+        };
+        Ok(Reply::of(&[info.as_bytes()]))
+    }
+
+    /// Size of region `index` (0: absent), or EINVAL past the regions.
+    fn region_size(&self, index: u32) -> std::result::Result<u64, Refusal> {
+        if index == PCI_CONFIG_REGION_INDEX {
+            return Ok(CONFIG_SPACE_SIZE);
+        }
+        if index >= PCI_NUM_REGIONS {
+            return Err(refuse(libc::EINVAL, format!("no region {index}")));
+        }
+        Ok(self.srv.model.region_info(index).map_or(0, |r| r.size))
+    }
+
+    fn region_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (req, _) = head::<RegionInfoWire>(Command::DeviceGetRegionInfo, p)?;
+        let index = req.index;
+        let mut info = RegionInfoWire {
+            index,
+            size: self.region_size(index)?,
+            ..RegionInfoWire::default()
+        };
+        let mut caps = Vec::new();
+        let mut files = Vec::new();
+        if index == PCI_CONFIG_REGION_INDEX {
+            info.flags = REGION_FLAG_READ | REGION_FLAG_WRITE;
+        } else if let Some(r) = self.srv.model.region_info(index) {
+            if r.read {
+                info.flags |= REGION_FLAG_READ;
+            }
+            if r.write {
+                info.flags |= REGION_FLAG_WRITE;
+            }
+            if let Some(mem) = self.srv.model.region_memory(index) {
+                // Every mappable region gets a sparse-mmap capability, even
+                // one mappable whole (some clients only map what it names).
+                let areas = if r.mmap_areas.is_empty() {
+                    vec![(0, r.size.min(mem.len() as u64))]
+                } else {
+                    r.mmap_areas.clone()
+                };
+                info.flags |= REGION_FLAG_MMAP | REGION_FLAG_CAPS;
+                caps = sparse_mmap_caps(&areas);
+                files.push(mem.file().clone());
+            }
+        }
+        let full = (std::mem::size_of::<RegionInfoWire>() + caps.len()) as u32;
+        info.argsz = full;
+        if caps.is_empty() || req.argsz < full {
+            // Too small for the chain: the head alone, argsz saying how
+            // much to ask for.
+            return Ok(Reply {
+                payload: info.as_bytes().to_vec(),
+                files,
+            });
+        }
+        info.cap_offset = std::mem::size_of::<RegionInfoWire>() as u32;
+        Ok(Reply {
+            payload: [info.as_bytes(), &caps].concat(),
+            files,
+        })
+    }
+
+    fn irq_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (req, _) = head::<IrqInfo>(Command::DeviceGetIrqInfo, p)?;
+        let kind = irq_kind(req.index)?;
+        let info = IrqInfo {
+            argsz: std::mem::size_of::<IrqInfo>() as u32,
+            flags: IRQ_INFO_EVENTFD
+                | if kind == IrqKind::MsiX {
+                    IRQ_INFO_NORESIZE
+                } else {
+                    0
+                },
+            index: req.index,
+            count: self.srv.model.irq_count(kind),
+        };
+        Ok(Reply::of(&[info.as_bytes()]))
+    }
+
+    fn set_irqs(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
+        let (s, data) = head::<IrqSet>(Command::DeviceSetIrqs, p)?;
+        let kind = irq_kind(s.index)?;
+        let have = self.srv.model.irq_count(kind);
+        let action = s.flags & IRQ_SET_ACTION_TYPE_MASK;
+        let dtype = s.flags & IRQ_SET_DATA_MASK;
+        let bad = |why: String| {
+            Err(refuse(
+                libc::EINVAL,
+                format!("SET_IRQS {kind:?} {}+{}: {why}", s.start, s.count),
+            ))
+        };
+        if action != IRQ_SET_ACTION_TRIGGER {
+            return bad(format!("action {action:#x}: only trigger is served (no mask/unmask, as vfio-pci for MSI-X)"));
+        }
+        if s.flags & !(IRQ_SET_ACTION_TYPE_MASK | IRQ_SET_DATA_MASK) != 0 {
+            return bad(format!("unknown flags {:#x}", s.flags));
+        }
+        let in_range = u64::from(s.start) + u64::from(s.count) <= u64::from(have);
+        let irqs = &self.srv.bus.irqs;
+        match dtype {
+            IRQ_SET_DATA_NONE if s.count == 0 => {
+                if s.start != 0 {
+                    return bad("count 0 (disable all) with a start".into());
+                }
+                let _ = irqs.set(kind, 0, &[]);
+            }
+            IRQ_SET_DATA_NONE | IRQ_SET_DATA_BOOL => {
+                if !in_range {
+                    return bad(format!("the function has {have} vectors"));
+                }
+                if dtype == IRQ_SET_DATA_BOOL && data.len() < s.count as usize {
+                    return bad(format!("{} booleans for {} vectors", data.len(), s.count));
+                }
+                for i in 0..s.count {
+                    let on =
+                        dtype == IRQ_SET_DATA_NONE || data.get(i as usize).is_some_and(|&b| b != 0);
+                    if on {
+                        irqs.signal(kind, s.start + i);
+                    }
+                }
+            }
+            IRQ_SET_DATA_EVENTFD => {
+                if !in_range || s.count == 0 {
+                    return bad(format!("the function has {have} vectors"));
+                }
+                if fds.is_empty() {
+                    let none = vec![None; s.count as usize];
+                    irqs.set(kind, s.start, &none)
+                        .map_err(|e| refuse(libc::EINVAL, e.to_string()))?;
+                } else if fds.len() == s.count as usize {
+                    let efds: Vec<EventFd> = fds
+                        .into_iter()
+                        // SAFETY: each fd came to this process by SCM_RIGHTS
+                        // and is owned here alone; EventFd takes it over. An
+                        // fd that is not an eventfd only makes signals fail.
+                        .map(|fd| unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) })
+                        .collect();
+                    let refs: Vec<Option<&EventFd>> = efds.iter().map(Some).collect();
+                    irqs.set(kind, s.start, &refs)
+                        .map_err(|e| refuse(libc::EINVAL, e.to_string()))?;
+                } else {
+                    return bad(format!("{} fds for {} vectors", fds.len(), s.count));
+                }
+            }
+            _ => return bad(format!("data type {dtype:#x}")),
+        }
+        if kind == IrqKind::MsiX {
+            set_msix_enable(&*self.srv.model, irqs.attached_of(IrqKind::MsiX) > 0);
+        }
+        Ok(Reply::default())
+    }
+
+    /// Checks a trapped access of `count` bytes at `offset` of `region`.
+    fn access(&self, a: &RegionAccess) -> std::result::Result<(), Refusal> {
+        if a.count > SERVER_CAPS.max_data_xfer_size {
+            return Err(refuse(
+                libc::E2BIG,
+                format!("{} bytes in one access", a.count),
+            ));
+        }
+        let size = self.region_size(a.region)?;
+        if a.offset
+            .checked_add(u64::from(a.count))
+            .is_none_or(|e| e > size)
+            || size == 0
+        {
+            return Err(refuse(
+                libc::EINVAL,
+                format!(
+                    "region {} offset {:#x} + {:#x} lies outside its {size:#x} bytes",
+                    a.region, a.offset, a.count
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn region_read(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (a, _) = head::<RegionAccess>(Command::RegionRead, p)?;
+        self.access(&a)?;
+        let mut data = vec![0u8; a.count as usize];
+        if a.region == PCI_CONFIG_REGION_INDEX {
+            self.srv.model.config_read(a.offset, &mut data);
+        } else {
+            self.srv.model.region_read(a.region, a.offset, &mut data);
+        }
+        Ok(Reply::of(&[a.as_bytes(), &data]))
+    }
+
+    fn region_write(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
+        let (a, data) = head::<RegionAccess>(Command::RegionWrite, p)?;
+        if data.len() != a.count as usize {
+            return Err(refuse(
+                libc::EINVAL,
+                format!(
+                    "REGION_WRITE count {} with {} bytes of data",
+                    a.count,
+                    data.len()
+                ),
+            ));
+        }
+        self.access(&a)?;
+        if a.region == PCI_CONFIG_REGION_INDEX {
+            self.srv.model.config_write(a.offset, data);
+        } else {
+            self.srv.model.region_write(a.region, a.offset, data);
+        }
+        Ok(Reply::of(&[a.as_bytes()]))
+    }
+}
