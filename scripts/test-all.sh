@@ -8,6 +8,13 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 # The PRM check compares every layout with Linux 6.12's mlx5_ifc.h.
 [ -f /usr/src/linux-source-6.12.tar.xz ] || need_pkgs+=(linux-source-6.12)
+# tests/tests/uml_mlx5.rs boots a User-Mode Linux kernel built from that
+# source (scripts/uml/build-kernel.sh); building it needs these.
+if command -v dpkg >/dev/null; then
+    for p in gcc make libc6-dev flex bison libelf-dev bc patch xz-utils perl; do
+        dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+    done
+fi
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -17,6 +24,21 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     else
         echo "test-all: cannot install ${need_pkgs[*]} (not root on Debian); tests that need them will say so"
     fi
+fi
+
+# The UML kernel for uml_mlx5: reused from ~/.cache/mlx5-uml when the build
+# script, its patches and config are unchanged; otherwise built now (~12 min
+# on 2 cores, once per change). MLX5_UML_BUILD=0 skips the build, and then
+# uml_mlx5 skips (saying so) unless a kernel is already cached.
+if [ "${MLX5_UML_BUILD:-1}" = 1 ]; then
+    if ! bash scripts/uml/build-kernel.sh --path | xargs test -x; then
+        echo "test-all: building the UML kernel for uml_mlx5 (first time for this script version)"
+    fi
+    MLX5_UML_KERNEL="$(bash scripts/uml/build-kernel.sh)"
+    export MLX5_UML_KERNEL
+    echo "test-all: UML kernel $MLX5_UML_KERNEL"
+else
+    echo "test-all: MLX5_UML_BUILD=0: not building the UML kernel; uml_mlx5 runs only if one is cached"
 fi
 
 # Generated layouts must be what their declarations give.

@@ -1,0 +1,332 @@
+//! Linux's own mlx5_core and mlx5_ib against the device model.
+//!
+//! A User-Mode Linux kernel (built by `scripts/uml/build-kernel.sh`, cached
+//! outside the repo) boots with `virtio_uml.device=SOCKET:1234`; this test
+//! process hosts the model (`mlx5_emu::Device`) and serves it on SOCKET as a
+//! virtio_pcidev PCI function (`pcidev_vhost::Server`). The guest's root is
+//! the host's file system (hostfs); its init is a shell script that waits
+//! for the IB device, records what sysfs says, unbinds the driver, records
+//! dmesg, and powers off. The test then reads those files and the model's
+//! counters and command log.
+//!
+//! Artifacts of the last run: `target/uml-mlx5/` (console, dmesg, sysfs
+//! dump, `command-log.txt`).
+//!
+//! Without a cached kernel the test says so and skips; `scripts/test-all.sh`
+//! builds the kernel first where it can.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_emu::{Device, DeviceConfig};
+use mlx5_hw::trace::opcode_name;
+use pcidev_vhost::Server;
+use vfio::emulated::Bus;
+
+/// The virtio device id the kernel was configured with
+/// (CONFIG_UML_PCI_OVER_VIRTIO_DEVICE_ID in scripts/uml/config.fragment).
+const PCIDEV_VIRTIO_ID: u32 = 1234;
+/// A guard against a hung guest (not a measurement): boot, probe, unbind
+/// and power-off take well under a minute here.
+const GUEST_DEADLINE: Duration = Duration::from_secs(300);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+fn kernel() -> Option<PathBuf> {
+    if let Ok(k) = std::env::var("MLX5_UML_KERNEL") {
+        return Some(PathBuf::from(k));
+    }
+    let out = Command::new("bash")
+        .arg(workspace().join("scripts/uml/build-kernel.sh"))
+        .arg("--path")
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target/tmp has a parent")
+        .join("uml-mlx5");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("artifact directory");
+    dir
+}
+
+/// The guest's init: everything it finds goes to files in `out` (the same
+/// path in the guest, through hostfs).
+fn init_script(out: &Path) -> String {
+    let out = out.display();
+    format!(
+        r#"#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+out={out}
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+echo "init: waiting for mlx5_0" > /dev/console
+i=0
+while [ ! -e /sys/class/infiniband/mlx5_0/ports/1/state ] && [ $i -lt 300 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+ls /sys/bus/pci/drivers/mlx5_core > $out/bound.txt 2>&1
+dev=/sys/class/infiniband/mlx5_0
+for f in fw_ver hca_type node_type node_guid sys_image_guid board_id \
+         ports/1/state ports/1/phys_state ports/1/link_layer ports/1/lid \
+         ports/1/sm_lid ports/1/rate ports/1/gids/0 ports/1/pkeys/0; do
+    [ -e $dev/$f ] && echo "$f=$(cat $dev/$f 2>&1)" >> $out/ib.txt
+done
+ls /sys/class/infiniband > $out/ib-devices.txt 2>&1
+# Let the health poller (every 2 s) run a few times.
+sleep 5
+dmesg > $out/dmesg-probe.txt
+echo "init: unbinding" > /dev/console
+for d in /sys/bus/pci/drivers/mlx5_core/0000:*; do
+    [ -e "$d" ] && echo "$(basename $d)" > /sys/bus/pci/drivers/mlx5_core/unbind
+done
+ls /sys/class/infiniband > $out/ib-devices-after.txt 2>&1
+dmesg > $out/dmesg.txt
+echo done > $out/done
+echo o > /proc/sysrq-trigger
+sleep 10
+"#
+    )
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_default()
+}
+
+/// dmesg lines of the mlx5 drivers that report a failure.
+fn failures(dmesg: &str) -> Vec<&str> {
+    dmesg
+        .lines()
+        .filter(|l| {
+            let lc = l.to_ascii_lowercase();
+            let ours = lc.contains("mlx5") || lc.contains("infiniband");
+            let bad = [
+                "error", "fail", "timeout", "warn", "err(", "unknown", "bug", "leak",
+            ]
+            .iter()
+            .any(|w| lc.contains(w));
+            (ours && bad)
+                || lc.contains("call trace")
+                || lc.contains("kernel bug")
+                || lc.contains("um virt-pci delay")
+        })
+        .collect()
+}
+
+#[test]
+fn linux_mlx5_probes_registers_ib_and_tears_down() {
+    let Some(kernel) = kernel() else {
+        println!(
+            "uml_mlx5: SKIPPED: no UML kernel cached (build it with \
+             `bash scripts/uml/build-kernel.sh`, ~12 min on 2 cores; \
+             scripts/test-all.sh does when it can)"
+        );
+        return;
+    };
+    let out = artifacts();
+    let sock = out.join("pcidev.sock");
+    let init = out.join("init.sh");
+    std::fs::write(&init, init_script(&out)).expect("init script");
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod init");
+
+    let bus = Bus::new();
+    let model = Arc::new(Device::new(DeviceConfig::default(), bus.clone()));
+    let server = Server::spawn(&sock, model.clone(), bus).expect("vhost-user socket");
+
+    let console = std::fs::File::create(out.join("console.txt")).expect("console log");
+    let mut guest = Command::new(&kernel)
+        .arg("mem=768M")
+        .arg("root=/dev/root")
+        .arg("rootfstype=hostfs")
+        .arg("rootflags=/")
+        .arg("rw")
+        .arg(format!("init={}", init.display()))
+        .arg(format!(
+            "virtio_uml.device={}:{PCIDEV_VIRTIO_ID}",
+            sock.display()
+        ))
+        .arg("con0=null,fd:1")
+        .arg("con=null")
+        .arg("loglevel=7")
+        .env("TMPDIR", &out)
+        .stdin(Stdio::null())
+        .stdout(console.try_clone().expect("console fd"))
+        .stderr(console)
+        .process_group(0)
+        .spawn()
+        .expect("start UML");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = guest.try_wait().expect("wait UML") {
+            break Some(s);
+        }
+        if start.elapsed() > GUEST_DEADLINE {
+            // UML's helper processes share its process group.
+            let pgid = guest.id() as i32;
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(format!("-{pgid}"))
+                .status();
+            let _ = guest.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let health_reads = server.mmio_reads_at(0, mlx5_emu::initseg::HEALTH_COUNTER as u64);
+    let served = server.stop().expect("vhost-user service");
+    let stats = model.stats();
+    let log = model.command_log();
+
+    // The command log, as the artifact of the run.
+    let mut text = String::new();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &log {
+        let name = opcode_name(e.opcode);
+        *count.entry(name).or_default() += 1;
+        let _ = writeln!(
+            text,
+            "slot {:2} {:<28} ({:#06x}) op_mod {:#x} delivery {:#x} status {:#x} syndrome {:#010x}",
+            e.slot, name, e.opcode, e.op_mod, e.delivery, e.status, e.syndrome
+        );
+    }
+    let _ = writeln!(text, "\n# counts");
+    for (n, c) in &count {
+        let _ = writeln!(text, "{n} {c}");
+    }
+    let _ = writeln!(text, "\n# model stats\n{stats:#?}\n# backend\n{served:#?}");
+    std::fs::write(out.join("command-log.txt"), &text).expect("command log artifact");
+
+    let console = read(&out, "console.txt");
+    assert!(
+        status.is_some(),
+        "UML did not power off within {GUEST_DEADLINE:?}; console tail:\n{}",
+        tail(&console, 40)
+    );
+    assert_eq!(
+        read(&out, "done").trim(),
+        "done",
+        "init did not finish:\n{}",
+        tail(&console, 60)
+    );
+
+    // mlx5_core probed cleanly and read our firmware version.
+    let probe = read(&out, "dmesg-probe.txt");
+    let dmesg = read(&out, "dmesg.txt");
+    let bad = failures(&dmesg);
+    assert!(
+        bad.is_empty(),
+        "the kernel reported failures:\n{}",
+        bad.join("\n")
+    );
+    let (maj, min, sub) = model.config().profile.fw_version();
+    let fw = format!("{maj}.{min}.{sub}");
+    assert!(
+        probe.contains(&format!("firmware version: {fw}")),
+        "mlx5_core did not report firmware {fw}:\n{}",
+        tail(&probe, 40)
+    );
+    for op in [
+        "ENABLE_HCA",
+        "QUERY_PAGES",
+        "MANAGE_PAGES",
+        "INIT_HCA",
+        "CREATE_EQ",
+    ] {
+        assert!(
+            count.get(op).copied().unwrap_or(0) > 0,
+            "no {op} in the command log"
+        );
+    }
+    assert!(
+        served.msis > 0,
+        "no MSI-X message reached the guest: {served:?}"
+    );
+    assert!(
+        health_reads >= 2,
+        "the health counter was read {health_reads} times"
+    );
+    assert_eq!(
+        served.refused, 0,
+        "the backend refused requests: {served:?}"
+    );
+
+    // mlx5_ib registered mlx5_0 with a port, GUIDs and a state.
+    let ib = read(&out, "ib.txt");
+    let ib: BTreeMap<&str, &str> = ib.lines().filter_map(|l| l.split_once('=')).collect();
+    assert_eq!(
+        read(&out, "ib-devices.txt").trim(),
+        "mlx5_0",
+        "no IB device; dmesg:\n{}",
+        tail(&probe, 60)
+    );
+    assert_eq!(ib.get("fw_ver").copied(), Some(fw.as_str()));
+    for key in ["node_guid", "sys_image_guid"] {
+        let guid = ib.get(key).copied().unwrap_or("");
+        assert!(
+            guid.len() == 19 && guid != "0000:0000:0000:0000",
+            "{key} is {guid:?}"
+        );
+    }
+    let state = ib.get("ports/1/state").copied().unwrap_or("");
+    assert!(
+        state.contains("ACTIVE") || state.contains("DOWN"),
+        "port state {state:?}"
+    );
+    for op in ["ALLOC_PD", "CREATE_MKEY", "CREATE_CQ", "CREATE_QP"] {
+        assert!(
+            count.get(op).copied().unwrap_or(0) > 0,
+            "mlx5_ib made no {op}"
+        );
+    }
+
+    // Unbinding tore everything down.
+    assert_eq!(read(&out, "ib-devices-after.txt").trim(), "");
+    for (create, destroy) in [
+        ("CREATE_EQ", "DESTROY_EQ"),
+        ("ALLOC_UAR", "DEALLOC_UAR"),
+        ("ALLOC_PD", "DEALLOC_PD"),
+        ("CREATE_MKEY", "DESTROY_MKEY"),
+        ("CREATE_CQ", "DESTROY_CQ"),
+        ("CREATE_QP", "DESTROY_QP"),
+    ] {
+        assert_eq!(
+            count.get(create),
+            count.get(destroy),
+            "{create} and {destroy} do not pair up"
+        );
+    }
+    assert_eq!(
+        log.last().map(|e| opcode_name(e.opcode)),
+        Some("DISABLE_HCA")
+    );
+    assert_eq!(stats.pages_held, 0, "pages left with firmware");
+    assert_eq!(stats.eqs, 0, "EQs left");
+    assert_eq!(stats.uars, 0, "UARs left");
+    assert_eq!(stats.dma_faults, 0, "DMA faults");
+    assert!(
+        log.iter().all(|e| e.delivery == 0 && e.status == 0),
+        "a command failed:\n{text}"
+    );
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
