@@ -335,7 +335,7 @@ impl Qp {
             return Err(RecvError::Empty);
         }
         let index = rq.ci;
-        let stride = 16u64 << self.log_rq_stride;
+        let stride = 1u64 << self.log_rq_stride;
         let i = u64::from(index) & ((1u64 << self.log_rq_size) - 1);
         let at = self.buf.addr(i * stride).ok_or(RecvError::Fault(index))?;
         let n = (stride / 16) as usize;
