@@ -116,7 +116,7 @@ impl Firmware {
             }),
         );
         drop(t);
-        inner.rdma.track_uar(uar);
+        inner.rdma.track_uar(uar, false);
         let mut out = vec![0u8; create_cq_out::SIZE_BYTES];
         create_cq_out::CQN.set(&mut out, u64::from(cqn));
         Ok(out)

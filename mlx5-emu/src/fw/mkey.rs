@@ -60,7 +60,7 @@ impl Firmware {
         let free = mkc::FREE.get(c) != 0;
         let mut mtt = Vec::new();
         if mode == ACCESS_MODE_MTT {
-            if !(12..=30).contains(&log_page) {
+            if !(12..=40).contains(&log_page) {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
             }
             let page = 1u64 << log_page;

@@ -175,7 +175,7 @@ impl Firmware {
             }),
         );
         drop(t);
-        r.track_uar(uar);
+        r.track_uar(uar, true);
         let mut out = vec![0u8; create_qp_out::SIZE_BYTES];
         create_qp_out::QPN.set(&mut out, u64::from(qpn));
         Ok(out)

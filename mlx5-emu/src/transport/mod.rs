@@ -117,7 +117,8 @@ pub(crate) struct Rdma {
     pub fabric: RwLock<Option<Weak<crate::fabric::Wire>>>,
     pub events: Mutex<Vec<PendingEvent>>,
     pub attention: Mutex<BTreeSet<u32>>,
-    pub uars: Mutex<Vec<u32>>,
+    /// UAR pages to watch: `(uar, send doorbells, CQ doorbell)`.
+    pub uars: Mutex<Vec<(u32, bool, bool)>>,
     pub timers: Mutex<HashMap<u32, Instant>>,
     pub counters: Counters,
     pub worker: Mutex<Option<Thread>>,
@@ -214,11 +215,16 @@ impl Rdma {
         self.wake();
     }
 
-    /// The worker reads the doorbells of UAR page `uar` from now on.
-    pub(crate) fn track_uar(&self, uar: u32) {
+    /// The worker reads the send doorbells (`sq`) or the CQ doorbell
+    /// (`!sq`) of UAR page `uar` from now on.
+    pub(crate) fn track_uar(&self, uar: u32, sq: bool) {
         let mut u = lock(&self.uars);
-        if !u.contains(&uar) {
-            u.push(uar);
+        match u.iter_mut().find(|e| e.0 == uar) {
+            Some(e) => {
+                e.1 |= sq;
+                e.2 |= !sq;
+            }
+            None => u.push((uar, sq, !sq)),
         }
     }
 
@@ -258,13 +264,15 @@ impl Rdma {
         let uars = lock(&self.uars).clone();
         let sweep = {
             let mut ps = lock(&self.poll);
-            for &u in &uars {
+            for &(u, sq, cq) in &uars {
                 let base = (u as usize) << 12;
-                for off in SQ_DOORBELLS
-                    .iter()
-                    .copied()
-                    .chain([mlx5_hw::uar::CQ_DOORBELL])
-                {
+                let sqs: &[usize] = if sq { &SQ_DOORBELLS } else { &[] };
+                let cqs: &[usize] = if cq {
+                    &[mlx5_hw::uar::CQ_DOORBELL]
+                } else {
+                    &[]
+                };
+                for &off in sqs.iter().chain(cqs) {
                     let Ok(v) = bar.read_u64_be(base + off) else {
                         continue;
                     };
