@@ -111,7 +111,14 @@ impl Device {
                 "VFIO_DEVICE_GET_REGION_INFO",
             )
         };
-        ask(&mut buf)?;
+        match ask(&mut buf) {
+            Ok(_) => {}
+            // vfio-pci refuses an index the device lacks (VGA on a non-VGA function).
+            Err(Error::Os { ref source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        }
         let need = buf.get_u32(0) as usize;
         if need > HEAD && need <= 1 << 16 {
             // The capabilities did not fit: ask again with the room the kernel named.
