@@ -506,18 +506,17 @@ fn set_memlock(cur: u64) -> Result<u64, String> {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit read or write one live rlimit.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) != 0 {
-            return Err("getrlimit".into());
-        }
-        let old = r.rlim_cur;
-        r.rlim_cur = cur;
-        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) != 0 {
-            return Err("setrlimit".into());
-        }
-        Ok(old)
+    // SAFETY: getrlimit writes one rlimit into the live local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return Err("getrlimit".into());
     }
+    let old = r.rlim_cur;
+    r.rlim_cur = cur;
+    // SAFETY: setrlimit reads the live local.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &r) } != 0 {
+        return Err("setrlimit".into());
+    }
+    Ok(old)
 }
 
 fn drop_cap_ipc_lock() -> Check {
@@ -539,16 +538,15 @@ fn drop_cap_ipc_lock() -> Check {
         pid: 0,
     };
     let mut d = [Data::default(); 2];
-    // SAFETY: capget/capset read and write the live header and the two
-    // data words version 3 defines; they act on this thread only.
-    unsafe {
-        if libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) != 0 {
-            return Err("capget".into());
-        }
-        d[0].effective &= !(1 << CAP_IPC_LOCK);
-        if libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) != 0 {
-            return Err("capset".into());
-        }
+    // SAFETY: capget writes the live header and the two data words
+    // version 3 defines.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) } != 0 {
+        return Err("capget".into());
+    }
+    d[0].effective &= !(1 << CAP_IPC_LOCK);
+    // SAFETY: capset reads them back; it acts on this thread only.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) } != 0 {
+        return Err("capset".into());
     }
     Ok(())
 }

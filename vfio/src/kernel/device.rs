@@ -20,6 +20,7 @@ use vfio_bindings::bindings::vfio::{
 };
 
 use super::ioctl::{self, AlignedBuf};
+use super::sysfs::PciAddress;
 use crate::{Error, IrqKind, Mmio, RegionInfo, Result};
 
 /// A region as the kernel describes it, with where it lives in the device file.
@@ -46,6 +47,24 @@ pub struct IrqInfo {
     pub eventfd: bool,
     /// Vectors cannot be added once enabled (`NORESIZE`): attach all at once.
     pub noresize: bool,
+}
+
+/// A function a hot reset would also reset (`struct vfio_pci_dependent_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HotResetDevice {
+    /// Its address.
+    pub address: PciAddress,
+    /// Its IOMMU group (group path) or iommufd devid (cdev path).
+    pub group_or_devid: u32,
+}
+
+/// `VFIO_DEVICE_GET_PCI_HOT_RESET_INFO`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotResetInfo {
+    /// Every function the reset would reach, this one included.
+    pub devices: Vec<HotResetDevice>,
+    /// The kernel says this iommufd owns them all (cdev path).
+    pub owned_all: bool,
 }
 
 /// An open VFIO device file.
@@ -336,10 +355,9 @@ impl Device {
         Ok(())
     }
 
-    /// The devices a hot (bus) reset would also reset, as
-    /// (segment, bus, devfn, group id or devid), and whether the kernel
-    /// says we own them all (cdev path only).
-    pub fn hot_reset_info(&self) -> Result<(Vec<(u16, u8, u8, u32)>, bool)> {
+    /// The devices a hot (bus) reset would also reset, and whether the
+    /// kernel says we own them all (cdev path only).
+    pub fn hot_reset_info(&self) -> Result<HotResetInfo> {
         const HEAD: usize = 12;
         let mut buf = AlignedBuf::new(HEAD);
         buf.put_u32(0, HEAD as u32);
@@ -375,10 +393,21 @@ impl Device {
                 let seg = buf.get_u16(a + 4);
                 let bus = (buf.get_u16(a + 6) & 0xff) as u8;
                 let devfn = (buf.get_u16(a + 6) >> 8) as u8;
-                (seg, bus, devfn, buf.get_u32(a))
+                HotResetDevice {
+                    address: PciAddress {
+                        domain: seg,
+                        bus,
+                        device: devfn >> 3,
+                        function: devfn & 7,
+                    },
+                    group_or_devid: buf.get_u32(a),
+                }
             })
             .collect();
-        Ok((devs, owned_all))
+        Ok(HotResetInfo {
+            devices: devs,
+            owned_all,
+        })
     }
 
     /// `VFIO_DEVICE_PCI_HOT_RESET` proving ownership with `group_fds` (the

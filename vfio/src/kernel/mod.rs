@@ -46,7 +46,7 @@ use crate::function::CONFIG_REGION;
 use crate::{DmaBuffer, Error, Iova, IovaRange, IrqKind, Mmio, PciFunction, RegionInfo, Result};
 
 pub use container::Container;
-pub use device::{Device, IrqInfo, KernelRegion};
+pub use device::{Device, HotResetDevice, HotResetInfo, IrqInfo, KernelRegion};
 pub use iommufd::Iommufd;
 pub use sysfs::{PciAddress, PciDeviceInfo, Sysfs};
 
@@ -359,13 +359,14 @@ impl KernelFunction {
     /// process owns all of them (their groups are ours, or on the cdev
     /// path the kernel says we own them).
     pub fn hot_reset(&self) -> Result<()> {
-        let (devs, owned_all) = self.device.hot_reset_info()?;
+        let info = self.device.hot_reset_info()?;
         match &self.iommu {
             Iommu::Container(c) => {
-                let foreign: Vec<String> = devs
+                let foreign: Vec<String> = info
+                    .devices
                     .iter()
-                    .filter(|d| d.3 != c.group_id())
-                    .map(|d| format!("{:04x}:{:02x}:{:02x}.{:x}", d.0, d.1, d.2 >> 3, d.2 & 7))
+                    .filter(|d| d.group_or_devid != c.group_id())
+                    .map(|d| d.address.to_string())
                     .collect();
                 if !foreign.is_empty() {
                     return Err(Error::Setup {
@@ -382,7 +383,7 @@ impl KernelFunction {
                 self.device.hot_reset(&[c.group_fd()])
             }
             Iommu::Iommufd(_) => {
-                if !owned_all {
+                if !info.owned_all {
                     return Err(Error::Setup {
                         device: self.name.clone(),
                         problem: "a hot reset would also reset functions this iommufd does \
