@@ -8,7 +8,7 @@
 # mounts proc/sys/dev, loads the modules, reserves two 2 MiB huge pages,
 # binds QEMU's edu device (1234:11e8) to vfio-pci through driver_override,
 # runs the binary for the path named by MLX5_PATH on the kernel command line
-# (group or cdev) and powers off. Needs busybox-static and cpio.
+# (group, cdev or noiommu) and powers off. Needs busybox-static and cpio.
 set -euo pipefail
 out="$1"
 bin="$2"

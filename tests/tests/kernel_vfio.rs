@@ -9,7 +9,9 @@
 //!
 //! - group path: Debian's own 6.12 kernel (`scripts/guest-debian-kernel.sh`);
 //! - cdev path: a 6.12 built with IOMMUFD (`scripts/guest-kernel-iommufd.sh`),
-//!   when it is cached; otherwise the output says it is skipped and why.
+//!   when it is cached; otherwise the output says it is skipped and why;
+//! - no-IOMMU mode: that kernel again (Debian's lacks VFIO_NOIOMMU), no
+//!   IOMMU in the machine, `vfio.enable_unsafe_noiommu_mode=1`.
 //!
 //! The function-interface contract the driver relies on
 //! (`tests::function_contract`) runs here against the device model and in
@@ -45,6 +47,7 @@ const GUEST_CHECKS: &[&str] = &[
     "dma_both_ways_with_msi",
     "dma_to_unmapped_iova_blocked",
     "hugetlb_dma_buffer",
+    "intx_without_msi",
     "mapping_count_limit_named",
     "memlock_limit_named",
     "function_reset",
@@ -52,6 +55,13 @@ const GUEST_CHECKS: &[&str] = &[
     "driver_bringup_runs_unchanged",
     "close_and_reopen",
     "device_request_on_unplug",
+];
+
+/// The no-IOMMU guest's checks (no IOMMU in the machine; Debian's kernel).
+const NOIOMMU_CHECKS: &[&str] = &[
+    "refused_unless_asked",
+    "open_when_asked",
+    "dma_with_physical_addresses",
 ];
 
 /// How long one guest may run (host time) before it is killed and its
@@ -107,8 +117,12 @@ fn main() {
             let why = format!(
                 "{why} (bash scripts/test-all.sh installs what it needs as root on Debian)"
             );
-            for path in ["group", "cdev"] {
-                for c in GUEST_CHECKS {
+            for (path, checks) in [
+                ("group", GUEST_CHECKS),
+                ("noiommu", NOIOMMU_CHECKS),
+                ("cdev", GUEST_CHECKS),
+            ] {
+                for c in checks {
                     if required {
                         t.fail(&format!("{path}/{c}"), &why);
                     } else {
@@ -121,15 +135,22 @@ fn main() {
             boot(&mut t, &p, "group", &p.debian_kernel, Some(&p.modules));
             let iommufd = cached_iommufd_kernel();
             match iommufd {
-                Some(k) => boot(&mut t, &p, "cdev", &k, None),
+                Some(k) => {
+                    boot(&mut t, &p, "cdev", &k, None);
+                    boot(&mut t, &p, "noiommu", &k, None);
+                }
                 None => {
                     let why = format!(
-                        "no IOMMUFD guest kernel cached at {} (Debian's 6.12 has IOMMUFD off; \
-                         build it with `bash scripts/guest-kernel-iommufd.sh`, ~15 min on 2 cores)",
+                        "no IOMMUFD guest kernel cached at {} (Debian's 6.12 has IOMMUFD and \
+                         VFIO_NOIOMMU off; build it with `bash scripts/guest-kernel-iommufd.sh`, \
+                         ~15 min on 2 cores)",
                         iommufd_kernel_path().display()
                     );
                     for c in GUEST_CHECKS {
                         t.skip(&format!("cdev/{c}"), &why);
+                    }
+                    for c in NOIOMMU_CHECKS {
+                        t.skip(&format!("noiommu/{c}"), &why);
                     }
                 }
             }
@@ -239,7 +260,14 @@ fn build_guest(work: &Path) -> Result<PathBuf, String> {
     Ok(dir.join(target).join("debug").join("kernel-vfio-guest"))
 }
 
+/// Boots `kernel` with the guest binary for `path` (group, cdev or
+/// noiommu) and tallies the checks it reports.
 fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Option<&Path>) {
+    let checks = if path == "noiommu" {
+        NOIOMMU_CHECKS
+    } else {
+        GUEST_CHECKS
+    };
     let initrd = p.work.join(format!("initramfs-{path}.cpio.gz"));
     let mut args = vec![
         "scripts/guest-initramfs.sh".to_string(),
@@ -251,7 +279,7 @@ fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Option<
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     if let Err(e) = run_script(&refs) {
-        for c in GUEST_CHECKS {
+        for c in checks {
             t.fail(&format!("{path}/{c}"), &e);
         }
         return;
@@ -264,13 +292,22 @@ fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Option<
     );
     let append = format!(
         "console=ttyS0 intel_iommu=on iommu=pt panic=-1 loglevel=4 \
-         vfio_iommu_type1.dma_entry_limit=64 MLX5_PATH={path}"
+         vfio_iommu_type1.dma_entry_limit=64 vfio.enable_unsafe_noiommu_mode={} MLX5_PATH={path}",
+        u8::from(path == "noiommu")
     );
-    let child = Command::new(&p.qemu)
-        .args(["-machine", "q35,kernel-irqchip=split", "-accel", "tcg"])
-        .args(["-m", "512", "-smp", "1", "-nodefaults", "-no-reboot"])
-        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"])
-        .args(["-device", "intel-iommu,intremap=on,caching-mode=on"])
+    let mut qemu = Command::new(&p.qemu);
+    qemu.args(["-machine", "q35,kernel-irqchip=split", "-accel", "tcg"])
+        .args(["-smp", "1", "-nodefaults", "-no-reboot"])
+        .args(["-display", "none", "-serial", "stdio", "-monitor", "none"]);
+    if path == "noiommu" {
+        // No IOMMU at all; 256 MiB keeps every physical address inside
+        // edu's 28-bit DMA mask.
+        qemu.args(["-m", "256"]);
+    } else {
+        qemu.args(["-m", "512"])
+            .args(["-device", "intel-iommu,intremap=on,caching-mode=on"]);
+    }
+    let child = qemu
         .args(["-device", "pcie-root-port,id=rp0,chassis=1,slot=1"])
         .args(["-device", "edu,bus=rp0"])
         .arg("-kernel")
@@ -285,7 +322,7 @@ fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Option<
     let mut child = match child {
         Ok(c) => c,
         Err(e) => {
-            for c in GUEST_CHECKS {
+            for c in checks {
                 t.fail(&format!("{path}/{c}"), &format!("starting QEMU: {e}"));
             }
             return;
@@ -345,7 +382,7 @@ fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Option<
         let from = log.len().saturating_sub(6);
         log[from..].join(" | ")
     });
-    for c in GUEST_CHECKS {
+    for c in checks {
         let prefix = format!("kvfio: check {path}/{c}: ");
         let name = format!("{path}/{c}");
         match log.iter().find_map(|l| l.strip_prefix(&prefix)) {

@@ -184,6 +184,7 @@ fn main() {
     };
     let (interface, path) = match path.as_str() {
         "cdev" => (Interface::Cdev, "cdev"),
+        "noiommu" => (Interface::Group, "noiommu"),
         _ => (Interface::Group, "group"),
     };
     let mut rep = Report { path, failed: 0 };
@@ -194,7 +195,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    run(&mut rep, addr, interface);
+    if path == "noiommu" {
+        run_noiommu(&mut rep, addr);
+    } else {
+        run(&mut rep, addr, interface);
+    }
     println!("kvfio: done ({} failed)", rep.failed);
 }
 
@@ -226,6 +231,7 @@ fn run(rep: &mut Report, addr: PciAddress, interface: Interface) {
     rep.record("dma_both_ways_with_msi", dma_both_ways(&f));
     rep.record("dma_to_unmapped_iova_blocked", dma_blocked(&f));
     rep.record("hugetlb_dma_buffer", hugetlb_dma(&f));
+    rep.record("intx_without_msi", intx(&f));
     match interface {
         Interface::Cdev => rep.skip(
             "mapping_count_limit_named",
@@ -409,6 +415,30 @@ fn dma_blocked(f: &KernelFunction) -> Check {
         line.rsplit(';').next().unwrap_or(line)
     );
     Ok(())
+}
+
+/// INTx, what a function without MSI-X falls back to: edu raises it when
+/// MSI is off. Level-triggered, so the kernel masks it until we unmask.
+fn intx(f: &KernelFunction) -> Check {
+    ensure(f.irq_count(IrqKind::Intx).map_err(e2s)? == 1, || {
+        "edu has one INTx pin".into()
+    })?;
+    enable(f)?;
+    let regs = Regs(f.map_region(0).map_err(e2s)?);
+    let fd = EventFd::new(EFD_NONBLOCK).map_err(|e| e.to_string())?;
+    f.set_irqs(IrqKind::Intx, 0, &[Some(&fd)]).map_err(e2s)?;
+    let mut a = IovaAllocator::new(&f.iova_ranges().map_err(e2s)?);
+    let dst = map_new(f, &mut a, 4096)?;
+    let r = (|| {
+        for _ in 0..2 {
+            edu_dma(&regs, &fd, u64::from(EDU_BUF), dst.iova.0, true)?;
+            f.device().unmask(IrqKind::Intx, 0).map_err(e2s)?;
+        }
+        Ok(())
+    })();
+    f.dma_unmap(dst.iova, 4096).map_err(e2s)?;
+    f.set_irqs(IrqKind::Intx, 0, &[]).map_err(e2s)?;
+    r
 }
 
 fn hugetlb_dma(f: &KernelFunction) -> Check {
@@ -637,4 +667,67 @@ fn unplug(f: KernelFunction, addr: PciAddress) -> Check {
         !std::path::Path::new(&format!("/sys/bus/pci/devices/{addr}")).exists(),
         || "the device is still there".into(),
     )
+}
+
+/// No-IOMMU mode (the guest has no IOMMU; vfio loaded with
+/// enable_unsafe_noiommu_mode=1): refused unless asked for, then the
+/// device is given physical addresses. The guest has 256 MiB, all of it
+/// within edu's 28-bit DMA mask.
+fn run_noiommu(rep: &mut Report, addr: PciAddress) {
+    let refused = KernelFunction::open(addr, &OpenOptions::default());
+    rep.record(
+        "refused_unless_asked",
+        match refused {
+            Err(Error::Setup { problem, .. }) if problem.contains("no-IOMMU") => Ok(()),
+            Err(e) => Err(format!("refused for another reason: {e}")),
+            Ok(_) => Err("opened without being asked for no-IOMMU mode".into()),
+        },
+    );
+    let opts = OpenOptions {
+        noiommu: true,
+        expect_id: Some(EDU),
+        ..Default::default()
+    };
+    let f = match KernelFunction::open(addr, &opts) {
+        Ok(f) => f,
+        Err(e) => {
+            rep.record("open_when_asked", Err(e2s(e)));
+            return;
+        }
+    };
+    rep.record(
+        "open_when_asked",
+        ensure(f.is_noiommu() && f.interface() == Interface::Group, || {
+            format!("noiommu {} through {:?}", f.is_noiommu(), f.interface())
+        })
+        .and_then(|()| bar0(&f)),
+    );
+    rep.record("dma_with_physical_addresses", noiommu_dma(&f));
+}
+
+fn noiommu_dma(f: &KernelFunction) -> Check {
+    let buf = DmaBuffer::new(4096).map_err(e2s)?;
+    let refused = f.dma_map(Iova(0x10_0000), &buf);
+    ensure(
+        matches!(&refused, Err(Error::Iova { why, .. }) if why.contains("physical")),
+        || format!("dma_map in no-IOMMU mode gave {refused:?}"),
+    )?;
+    let src = DmaBuffer::new(4096).map_err(e2s)?;
+    let dst = DmaBuffer::new(4096).map_err(e2s)?;
+    let ps = KernelFunction::physical_addresses(&src).map_err(e2s)?[0];
+    let pd = KernelFunction::physical_addresses(&dst).map_err(e2s)?[0];
+    ensure(ps < 1 << 28 && pd < 1 << 28, || {
+        format!("physical addresses {ps:#x} {pd:#x} beyond edu's DMA mask")
+    })?;
+    enable(f)?;
+    let regs = Regs(f.map_region(0).map_err(e2s)?);
+    let irq = msi(f)?;
+    let data = pattern(5);
+    src.write(0, &data).map_err(e2s)?;
+    edu_dma(&regs, &irq, ps, u64::from(EDU_BUF), false)?;
+    edu_dma(&regs, &irq, u64::from(EDU_BUF), pd, true)?;
+    f.set_irqs(IrqKind::Msi, 0, &[]).map_err(e2s)?;
+    let mut got = vec![0u8; XFER];
+    dst.read(0, &mut got).map_err(e2s)?;
+    ensure(got == data, || "physical-address round trip differs".into())
 }

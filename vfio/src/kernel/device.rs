@@ -344,6 +344,28 @@ impl Device {
         Ok(())
     }
 
+    /// Unmasks vector `vector` of `kind`. INTx is level-triggered: the
+    /// kernel masks it when it fires, and the owner unmasks it once the
+    /// device's interrupt status is acknowledged.
+    pub fn unmask(&self, kind: IrqKind, vector: u32) -> Result<()> {
+        let mut buf = AlignedBuf::new(20);
+        buf.put_u32(0, 20);
+        buf.put_u32(
+            4,
+            VFIO_IRQ_SET_DATA_NONE | vfio_bindings::bindings::vfio::VFIO_IRQ_SET_ACTION_UNMASK,
+        );
+        buf.put_u32(8, kind as u32);
+        buf.put_u32(12, vector);
+        buf.put_u32(16, 1);
+        ioctl::ioctl_buf(
+            self.fd(),
+            ioctl::VFIO_DEVICE_SET_IRQS,
+            &mut buf,
+            "VFIO_DEVICE_SET_IRQS(unmask)",
+        )?;
+        Ok(())
+    }
+
     /// `VFIO_DEVICE_RESET`: function-level (or the best the device offers) reset.
     pub fn reset(&self) -> Result<()> {
         if !self.can_reset() {
