@@ -191,43 +191,7 @@ impl Container {
             buf = AlignedBuf::new(need);
             ask(&mut buf)?;
         }
-        let mut ranges = Vec::new();
-        let mut avail = None;
-        if buf.get_u32(4) & VFIO_IOMMU_INFO_CAPS != 0 {
-            for (id, _ver, at) in buf.caps(buf.get_u32(16)) {
-                match u32::from(id) {
-                    VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE => {
-                        let n = buf.get_u32(at + 8) as usize;
-                        for i in 0..n.min(4096) {
-                            let a = at + 16 + 16 * i;
-                            if a + 16 > buf.len() {
-                                break;
-                            }
-                            ranges.push(IovaRange {
-                                start: buf.get_u64(a),
-                                last: buf.get_u64(a + 8),
-                            });
-                        }
-                    }
-                    VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL => avail = Some(buf.get_u32(at + 8)),
-                    _ => {}
-                }
-            }
-        }
-        if ranges.is_empty() {
-            // A kernel before 5.4 has no IOVA_RANGE: what x86 allows.
-            ranges = vec![
-                IovaRange {
-                    start: 0,
-                    last: 0xfedf_ffff,
-                },
-                IovaRange {
-                    start: 0xfef0_0000,
-                    last: (1 << 39) - 1,
-                },
-            ];
-        }
-        Ok((ranges, avail))
+        Ok(parse_iommu_info(&buf))
     }
 
     /// `VFIO_IOMMU_MAP_DMA` of `len` bytes at host address `vaddr` to `iova`.
@@ -302,5 +266,94 @@ impl Drop for Container {
                 std::io::Error::last_os_error()
             );
         }
+    }
+}
+
+/// Parses a `struct vfio_iommu_type1_info` answer: the usable IOVA ranges
+/// (`IOVA_RANGE`; x86's when the kernel predates it) and the mappings left
+/// (`DMA_AVAIL`), bounds-checked.
+fn parse_iommu_info(buf: &AlignedBuf) -> (Vec<IovaRange>, Option<u32>) {
+    let mut ranges = Vec::new();
+    let mut avail = None;
+    if buf.get_u32(4) & VFIO_IOMMU_INFO_CAPS != 0 {
+        for (id, _ver, at) in buf.caps(buf.get_u32(16)) {
+            match u32::from(id) {
+                VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE => {
+                    let n = buf.get_u32(at + 8) as usize;
+                    for i in 0..n.min(4096) {
+                        let a = at + 16 + 16 * i;
+                        if a + 16 > buf.len() {
+                            break;
+                        }
+                        ranges.push(IovaRange {
+                            start: buf.get_u64(a),
+                            last: buf.get_u64(a + 8),
+                        });
+                    }
+                }
+                VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL => avail = Some(buf.get_u32(at + 8)),
+                _ => {}
+            }
+        }
+    }
+    if ranges.is_empty() {
+        // A kernel before 5.4 has no IOVA_RANGE: what x86 allows.
+        ranges = vec![
+            IovaRange {
+                start: 0,
+                last: 0xfedf_ffff,
+            },
+            IovaRange {
+                start: 0xfef0_0000,
+                last: (1 << 39) - 1,
+            },
+        ];
+    }
+    (ranges, avail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iova_ranges_and_mappings_left() {
+        let mut b = AlignedBuf::new(128);
+        b.put_u32(0, 128);
+        b.put_u32(4, VFIO_IOMMU_INFO_CAPS | 1);
+        b.put_u32(16, 24);
+        // IOVA_RANGE at 24: header, nr_iovas, reserved, ranges; then DMA_AVAIL.
+        b.put_u32(24, VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE | (1 << 16));
+        b.put_u32(28, 72);
+        b.put_u32(32, 2);
+        b.put_u32(40, 0);
+        b.put_u32(48, 0xfedf_ffff);
+        b.put_u32(56, 0xfef0_0000);
+        b.put_u32(64, 0xffff_ffff);
+        b.put_u32(68, 0x7f);
+        b.put_u32(72, VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL | (1 << 16));
+        b.put_u32(80, 65535);
+        let (ranges, avail) = parse_iommu_info(&b);
+        assert_eq!(
+            ranges,
+            vec![
+                IovaRange {
+                    start: 0,
+                    last: 0xfedf_ffff
+                },
+                IovaRange {
+                    start: 0xfef0_0000,
+                    last: 0x7f_ffff_ffff
+                }
+            ]
+        );
+        assert_eq!(avail, Some(65535));
+        // A count larger than the answer stops at its end: (128 - 40) / 16 ranges.
+        b.put_u32(32, 1000);
+        assert_eq!(parse_iommu_info(&b).0.len(), 5);
+        // No capabilities: x86's ranges.
+        b.put_u32(4, 1);
+        let (ranges, avail) = parse_iommu_info(&b);
+        assert_eq!((ranges.len(), avail), (2, None));
     }
 }

@@ -144,53 +144,7 @@ impl Device {
             buf = AlignedBuf::new(need);
             ask(&mut buf)?;
         }
-        let flags = buf.get_u32(4);
-        let size = buf.get_u64(16);
-        if size == 0 {
-            return Ok(None);
-        }
-        let mut region = KernelRegion {
-            info: RegionInfo {
-                index,
-                size,
-                read: flags & VFIO_REGION_INFO_FLAG_READ != 0,
-                write: flags & VFIO_REGION_INFO_FLAG_WRITE != 0,
-                mmap_areas: Vec::new(),
-            },
-            file_offset: buf.get_u64(24),
-            mmap: flags & VFIO_REGION_INFO_FLAG_MMAP != 0,
-            sparse: false,
-            msix_mappable: false,
-        };
-        if flags & VFIO_REGION_INFO_FLAG_CAPS != 0 {
-            for (id, _ver, at) in buf.caps(buf.get_u32(12)) {
-                match u32::from(id) {
-                    VFIO_REGION_INFO_CAP_SPARSE_MMAP => {
-                        region.sparse = true;
-                        let n = buf.get_u32(at + 8) as usize;
-                        for i in 0..n.min(64) {
-                            let a = at + 16 + i * 16;
-                            if a + 16 > buf.len() {
-                                break;
-                            }
-                            let (off, len) = (buf.get_u64(a), buf.get_u64(a + 8));
-                            if len > 0 && off.checked_add(len).is_some_and(|e| e <= size) {
-                                region.info.mmap_areas.push((off, len));
-                            }
-                        }
-                    }
-                    VFIO_REGION_INFO_CAP_MSIX_MAPPABLE => region.msix_mappable = true,
-                    _ => {}
-                }
-            }
-        }
-        if region.mmap && !region.sparse {
-            region.info.mmap_areas.push((0, size));
-        }
-        if !region.mmap {
-            region.info.mmap_areas.clear();
-        }
-        Ok(Some(region))
+        Ok(parse_region_info(&buf, index))
     }
 
     /// Region `index` with everything the kernel said about it.
@@ -449,5 +403,129 @@ impl Device {
             "VFIO_DEVICE_PCI_HOT_RESET",
         )?;
         Ok(())
+    }
+}
+
+/// Parses a `struct vfio_region_info` answer with its capability chain
+/// (`None`: the region does not exist). Bounds-checked: areas outside the
+/// region or the buffer are dropped.
+fn parse_region_info(buf: &AlignedBuf, index: u32) -> Option<KernelRegion> {
+    let flags = buf.get_u32(4);
+    let size = buf.get_u64(16);
+    if size == 0 {
+        return None;
+    }
+    let mut region = KernelRegion {
+        info: RegionInfo {
+            index,
+            size,
+            read: flags & VFIO_REGION_INFO_FLAG_READ != 0,
+            write: flags & VFIO_REGION_INFO_FLAG_WRITE != 0,
+            mmap_areas: Vec::new(),
+        },
+        file_offset: buf.get_u64(24),
+        mmap: flags & VFIO_REGION_INFO_FLAG_MMAP != 0,
+        sparse: false,
+        msix_mappable: false,
+    };
+    if flags & VFIO_REGION_INFO_FLAG_CAPS != 0 {
+        for (id, _ver, at) in buf.caps(buf.get_u32(12)) {
+            match u32::from(id) {
+                VFIO_REGION_INFO_CAP_SPARSE_MMAP => {
+                    region.sparse = true;
+                    let n = buf.get_u32(at + 8) as usize;
+                    for i in 0..n.min(64) {
+                        let a = at + 16 + i * 16;
+                        if a + 16 > buf.len() {
+                            break;
+                        }
+                        let (off, len) = (buf.get_u64(a), buf.get_u64(a + 8));
+                        if len > 0 && off.checked_add(len).is_some_and(|e| e <= size) {
+                            region.info.mmap_areas.push((off, len));
+                        }
+                    }
+                }
+                VFIO_REGION_INFO_CAP_MSIX_MAPPABLE => region.msix_mappable = true,
+                _ => {}
+            }
+        }
+    }
+    if region.mmap && !region.sparse {
+        region.info.mmap_areas.push((0, size));
+    }
+    if !region.mmap {
+        region.info.mmap_areas.clear();
+    }
+    Some(region)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A region-info answer as vfio-pci writes it for a BAR whose MSI-X
+    /// table may not be mapped: sparse areas around it, then MSIX_MAPPABLE.
+    fn answer(flags: u32, areas: &[(u64, u64)], msix_mappable: bool) -> AlignedBuf {
+        let mut b = AlignedBuf::new(256);
+        b.put_u32(0, 256);
+        b.put_u32(4, flags | VFIO_REGION_INFO_FLAG_CAPS);
+        b.put_u32(8, 0);
+        b.put_u32(12, 32);
+        let put64 = |b: &mut AlignedBuf, at: usize, v: u64| {
+            b.put_u32(at, v as u32);
+            b.put_u32(at + 4, (v >> 32) as u32);
+        };
+        put64(&mut b, 16, 0x4_0000);
+        put64(&mut b, 24, 0x1000_0000_0000);
+        // Sparse mmap at 32: header, nr_areas, reserved, areas.
+        b.put_u32(32, VFIO_REGION_INFO_CAP_SPARSE_MMAP | (1 << 16));
+        let after = 48 + 16 * areas.len();
+        b.put_u32(36, if msix_mappable { after as u32 } else { 0 });
+        b.put_u32(40, areas.len() as u32);
+        for (i, (off, len)) in areas.iter().enumerate() {
+            put64(&mut b, 48 + 16 * i, *off);
+            put64(&mut b, 56 + 16 * i, *len);
+        }
+        if msix_mappable {
+            b.put_u32(after, VFIO_REGION_INFO_CAP_MSIX_MAPPABLE | (1 << 16));
+        }
+        b
+    }
+
+    #[test]
+    fn sparse_mmap_and_msix_mappable_capabilities() {
+        let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+        let b = answer(
+            rw | VFIO_REGION_INFO_FLAG_MMAP,
+            &[(0, 0x2000), (0x3000, 0x1_d000)],
+            true,
+        );
+        let r = parse_region_info(&b, 0).unwrap();
+        assert!(r.sparse && r.msix_mappable && r.mmap);
+        assert_eq!(r.info.mmap_areas, vec![(0, 0x2000), (0x3000, 0x1_d000)]);
+        assert_eq!((r.info.size, r.file_offset), (0x4_0000, 0x1000_0000_0000));
+        // An area reaching past the region is dropped; so are all areas of
+        // a region that may not be mapped at all.
+        let b = answer(
+            rw | VFIO_REGION_INFO_FLAG_MMAP,
+            &[(0x3_f000, 0x2000)],
+            false,
+        );
+        let r = parse_region_info(&b, 0).unwrap();
+        assert!(r.info.mmap_areas.is_empty() && !r.msix_mappable);
+        let b = answer(rw, &[(0, 0x2000)], false);
+        assert!(parse_region_info(&b, 0).unwrap().info.mmap_areas.is_empty());
+    }
+
+    #[test]
+    fn a_region_without_sparse_areas_maps_whole() {
+        let mut b = AlignedBuf::new(32);
+        b.put_u32(4, VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_MMAP);
+        b.put_u32(16, 0x10_0000);
+        let r = parse_region_info(&b, 2).unwrap();
+        assert_eq!(r.info.mmap_areas, vec![(0, 0x10_0000)]);
+        assert!(!r.info.write);
+        b.put_u32(16, 0);
+        assert!(parse_region_info(&b, 2).is_none(), "size 0: no region");
     }
 }
