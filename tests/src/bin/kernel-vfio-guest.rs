@@ -207,7 +207,8 @@ fn run(rep: &mut Report, addr: PciAddress, interface: Interface) {
     // Discovery refusals, on the real sysfs.
     rep.record("discovery_errors", discovery_errors(addr));
 
-    let f = match open(addr, interface) {
+    // Auto picks the cdev exactly when the kernel has one.
+    let f = match open(addr, Interface::Auto) {
         Ok(f) => f,
         Err(e) => {
             rep.record("open_by_address", Err(e));
@@ -217,8 +218,9 @@ fn run(rep: &mut Report, addr: PciAddress, interface: Interface) {
     rep.record(
         "open_by_address",
         ensure(f.interface() == interface, || {
-            format!("opened through {:?}", f.interface())
-        }),
+            format!("Auto opened through {:?}, not {interface:?}", f.interface())
+        })
+        .and_then(|()| listed(&f, addr)),
     );
     rep.record("region_info", region_info(&f));
     rep.record("iova_ranges", iova_ranges(&f));
@@ -283,6 +285,16 @@ fn discovery_errors(addr: PciAddress) -> Check {
     ensure(
         e.contains("no driver") && e.contains("drivers_probe"),
         || format!("unbound host bridge gave {e:?}"),
+    )
+}
+
+/// What `mlx5 list` shows: the function, bound to vfio-pci, with its group.
+fn listed(f: &KernelFunction, addr: PciAddress) -> Check {
+    let all = vfio::kernel::Sysfs::default().vfio_functions();
+    let me = all.iter().find(|i| i.address == addr);
+    ensure(
+        me.is_some_and(|i| (i.vendor, i.device) == EDU && i.iommu_group == f.info().iommu_group),
+        || format!("vfio_functions() lists {all:?}"),
     )
 }
 
