@@ -116,4 +116,11 @@ mod tests {
         assert!(Dev::parse(Some("emu:cx9")).unwrap_err().contains("cx4"));
         assert!(Dev::parse(Some("mlx5_0")).is_err());
     }
+
+    #[test]
+    fn a_pci_address_goes_to_the_kernel_backend() {
+        // No machine has this function: the kernel backend's sysfs check says so.
+        let e = Dev::parse(Some("0000:ff:1f.7")).unwrap().open().unwrap_err();
+        assert!(e.contains("0000:ff:1f.7: no such PCI function"), "{e}");
+    }
 }
