@@ -120,7 +120,10 @@ mod tests {
     #[test]
     fn a_pci_address_goes_to_the_kernel_backend() {
         // No machine has this function: the kernel backend's sysfs check says so.
-        let e = Dev::parse(Some("0000:ff:1f.7")).unwrap().open().unwrap_err();
+        let e = Dev::parse(Some("0000:ff:1f.7"))
+            .unwrap()
+            .open()
+            .unwrap_err();
         assert!(e.contains("0000:ff:1f.7: no such PCI function"), "{e}");
     }
 }

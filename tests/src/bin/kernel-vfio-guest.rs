@@ -346,12 +346,8 @@ fn bar0(f: &dyn PciFunction) -> Check {
     ensure(live == !0x1234_5678u32, || format!("liveness {live:#x}"))
 }
 
-fn enable(f: &dyn PciFunction) -> Check {
-    let mut b = [0u8; 2];
-    f.config_read(pci::COMMAND, &mut b).map_err(e2s)?;
-    let cmd = u16::from_le_bytes(b) | pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER;
-    f.config_write(pci::COMMAND, &cmd.to_le_bytes())
-        .map_err(e2s)
+fn enable(f: &KernelFunction) -> Check {
+    f.set_command(true, true).map_err(e2s)
 }
 
 struct Mapped {

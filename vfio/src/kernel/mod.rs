@@ -261,6 +261,25 @@ impl KernelFunction {
         &self.device
     }
 
+    /// Turns memory-space decoding and bus mastering (DMA) on or off in the
+    /// PCI command register, keeping its other bits.
+    pub fn set_command(&self, memory: bool, bus_master: bool) -> Result<()> {
+        let mut b = [0u8; 2];
+        self.config_read(crate::pci::COMMAND, &mut b)?;
+        let mut cmd = u16::from_le_bytes(b);
+        for (bit, on) in [
+            (crate::pci::COMMAND_MEMORY, memory),
+            (crate::pci::COMMAND_BUS_MASTER, bus_master),
+        ] {
+            if on {
+                cmd |= bit;
+            } else {
+                cmd &= !bit;
+            }
+        }
+        self.config_write(crate::pci::COMMAND, &cmd.to_le_bytes())
+    }
+
     /// Mappings the type1 IOMMU still allows (its `DMA_AVAIL`), where known.
     pub fn dma_mappings_left(&self) -> Result<Option<u32>> {
         match &self.iommu {
