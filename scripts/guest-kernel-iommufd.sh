@@ -55,7 +55,7 @@ kmake -s x86_64_defconfig
 cfg() { "$src/scripts/config" --file "$build/.config" "$@"; }
 # What the test needs, built in.
 cfg -e PCI -e PCI_MSI -e ACPI -e X86_X2APIC -e IRQ_REMAP \
-    -e IOMMU_SUPPORT -e INTEL_IOMMU -e INTEL_IOMMU_DEFAULT_ON -d INTEL_IOMMU_SVM \
+    -e IOMMU_SUPPORT -e INTEL_IOMMU -d INTEL_IOMMU_SVM \
     -e IOMMUFD -e VFIO -e VFIO_GROUP -e VFIO_CONTAINER -e VFIO_IOMMU_TYPE1 \
     -e VFIO_DEVICE_CDEV -e VFIO_NOIOMMU -e VFIO_PCI_CORE -e VFIO_PCI \
     -e VFIO_PCI_MMAP -e VFIO_PCI_INTX -e VFIO_VIRQFD -e EVENTFD \
