@@ -1,5 +1,6 @@
 //! Shared helpers for the end-to-end tests.
 pub mod backend;
+pub mod function_contract;
 pub mod replay;
 
 /// The shared ConnectX-4 firmware trace, parsed: `$MLX5_TRACE` or

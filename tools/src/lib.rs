@@ -8,3 +8,5 @@ pub mod dev;
 pub mod devinfo;
 pub mod health;
 pub mod layouts;
+pub mod list;
+pub mod reset;

@@ -20,6 +20,16 @@ use crate::{Error, Result};
 /// Host page size this crate assumes for rounding (4 KiB on every target we run).
 pub const PAGE_SIZE: usize = 4096;
 const HUGE_2M: usize = 2 << 20;
+const HUGE_1G: usize = 1 << 30;
+
+/// A hugetlb page size to back a buffer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePage {
+    /// 2 MiB pages.
+    Size2M,
+    /// 1 GiB pages.
+    Size1G,
+}
 
 /// A zeroed, page-rounded, memfd-backed buffer that devices may DMA to.
 #[derive(Debug)]
@@ -27,7 +37,7 @@ pub struct DmaBuffer {
     region: MmapRegion<()>,
     file: Arc<File>,
     len: usize,
-    huge: bool,
+    page_size: usize,
 }
 
 impl DmaBuffer {
@@ -40,20 +50,39 @@ impl DmaBuffer {
     /// length is a multiple of 2 MiB and the system has them (otherwise
     /// ordinary pages; [`is_huge`](Self::is_huge) tells which).
     pub fn with_hugepages(len: usize, huge: bool) -> Result<Arc<Self>> {
-        let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        if huge && len % HUGE_2M == 0 {
-            if let Ok(b) = Self::make(len, true) {
-                return Ok(b);
-            }
+        if huge {
+            Self::with_huge_page(len, HugePage::Size2M)
+        } else {
+            Self::make(len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE, PAGE_SIZE)
         }
-        Self::make(len, false)
     }
 
-    fn make(len: usize, huge: bool) -> Result<Arc<Self>> {
+    /// A new buffer backed by `page` huge pages when the length is a
+    /// multiple of that size and the system has them free, else by the next
+    /// smaller size that fits (1 GiB, then 2 MiB, then 4 KiB);
+    /// [`page_size`](Self::page_size) tells which.
+    pub fn with_huge_page(len: usize, page: HugePage) -> Result<Arc<Self>> {
+        let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let sizes: &[usize] = match page {
+            HugePage::Size1G => &[HUGE_1G, HUGE_2M],
+            HugePage::Size2M => &[HUGE_2M],
+        };
+        for &size in sizes {
+            if len % size == 0 {
+                if let Ok(b) = Self::make(len, size) {
+                    return Ok(b);
+                }
+            }
+        }
+        Self::make(len, PAGE_SIZE)
+    }
+
+    fn make(len: usize, page_size: usize) -> Result<Arc<Self>> {
         let flags = libc::MFD_CLOEXEC
             | libc::MFD_ALLOW_SEALING
-            | if huge {
-                libc::MFD_HUGETLB | (21 << libc::MFD_HUGE_SHIFT)
+            | if page_size > PAGE_SIZE {
+                // MFD_HUGE_2MB / MFD_HUGE_1GB: log2 of the size in the high bits.
+                libc::MFD_HUGETLB | (page_size.trailing_zeros() << libc::MFD_HUGE_SHIFT)
             } else {
                 0
             };
@@ -78,18 +107,24 @@ impl DmaBuffer {
             return Err(Error::os("fcntl(memfd, F_ADD_SEALS)"));
         }
         let file = Arc::new(file);
-        let region =
-            MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), len).map_err(|e| {
-                Error::Os {
-                    op: "mmap(memfd)",
-                    source: std::io::Error::other(e.to_string()),
-                }
-            })?;
+        // Without MAP_NORESERVE (which `MmapRegion::from_file` sets), a
+        // hugetlb mapping reserves its pages now and fails with ENOMEM when
+        // there are too few, instead of a SIGBUS at the first touch.
+        let region = MmapRegion::build(
+            Some(FileOffset::from_arc(file.clone(), 0)),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+        )
+        .map_err(|e| Error::Os {
+            op: "mmap(memfd)",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         Ok(Arc::new(Self {
             region,
             file,
             len,
-            huge,
+            page_size,
         }))
     }
 
@@ -105,7 +140,12 @@ impl DmaBuffer {
 
     /// Whether huge pages back the buffer.
     pub fn is_huge(&self) -> bool {
-        self.huge
+        self.page_size > PAGE_SIZE
+    }
+
+    /// The size of the pages backing the buffer (4 KiB, 2 MiB or 1 GiB).
+    pub fn page_size(&self) -> usize {
+        self.page_size
     }
 
     /// The file behind the buffer, to share it with another mapping.
@@ -228,6 +268,25 @@ mod tests {
             b.read(4090, &mut x),
             Err(Error::OutOfBounds { .. })
         ));
+    }
+
+    #[test]
+    fn huge_pages_when_there_are_some_else_the_next_size() {
+        // Whatever this machine has reserved, the buffer is usable and says
+        // what backs it; a length that is no multiple of the page falls back.
+        for (len, page) in [
+            (HUGE_2M, HugePage::Size2M),
+            (HUGE_1G, HugePage::Size1G),
+            (HUGE_2M + 4096, HugePage::Size2M),
+        ] {
+            let b = DmaBuffer::with_huge_page(len, page).unwrap();
+            assert_eq!(b.len() % b.page_size(), 0);
+            assert_eq!(b.is_huge(), b.page_size() > PAGE_SIZE);
+            b.write(len - 4, &[1, 2, 3, 4]).unwrap();
+        }
+        let odd = DmaBuffer::with_huge_page(HUGE_2M + 4096, HugePage::Size2M).unwrap();
+        assert_eq!(odd.page_size(), PAGE_SIZE);
+        assert!(!DmaBuffer::with_hugepages(8192, false).unwrap().is_huge());
     }
 
     #[test]

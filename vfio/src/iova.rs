@@ -177,4 +177,120 @@ mod tests {
         assert!(matches!(a.alloc(0x1000), Err(Error::IovaExhausted { .. })));
         assert!(a.alloc_aligned(4096, 3).is_err());
     }
+
+    #[test]
+    fn ranges_are_inclusive_and_holes_are_never_used() {
+        // Two ranges around the x86 MSI window, as an IOMMU reports them.
+        let hole = 0xfee0_0000..0xfef0_0000u64;
+        let mut a = IovaAllocator::new(&[
+            IovaRange {
+                start: 0xfe00_0000,
+                last: 0xfedf_ffff,
+            },
+            IovaRange {
+                start: 0xfef0_0000,
+                last: 0xfeff_ffff,
+            },
+        ]);
+        assert_eq!(a.free_bytes(), 0xe0_0000 + 0x10_0000);
+        let mut got = Vec::new();
+        while let Ok(x) = a.alloc(0x10_0000) {
+            assert!(!hole.contains(&x.0), "{x:#x} lies in the hole");
+            got.push(x.0);
+        }
+        // 14 MiB below the hole and 1 MiB above it, to the last byte.
+        assert_eq!(got.len(), 15);
+        assert_eq!(*got.last().unwrap(), 0xfef0_0000);
+        assert_eq!(a.free_bytes(), 0);
+        // The top of the address space does not overflow.
+        let mut top = IovaAllocator::new(&[IovaRange {
+            start: u64::MAX - 0xffff,
+            last: u64::MAX,
+        }]);
+        assert!(top.alloc(0x1000).is_ok());
+        // A range that is only page 0 gives nothing: 0 is never handed out.
+        let mut zero = IovaAllocator::new(&[IovaRange {
+            start: 0,
+            last: 0xfff,
+        }]);
+        assert!(matches!(zero.alloc(1), Err(Error::IovaExhausted { .. })));
+    }
+
+    #[test]
+    fn every_size_is_naturally_aligned() {
+        let mut a = IovaAllocator::new(&[IovaRange {
+            start: 0,
+            last: (1 << 40) - 1,
+        }]);
+        for shift in 12..=28 {
+            for len in [1u64 << shift, (1 << shift) - 4096 + 1] {
+                let x = a.alloc(len).unwrap();
+                let align = natural_align(len);
+                assert_eq!(x.0 % align, 0, "{len:#x} at {:#x}", x.0);
+            }
+        }
+        let x = a.alloc_aligned(4096, 1 << 20).unwrap();
+        assert_eq!(x.0 % (1 << 20), 0);
+        assert!(matches!(
+            a.alloc_aligned(4096, 3 << 12),
+            Err(Error::Iova { why, .. }) if why.contains("power of two")
+        ));
+    }
+
+    #[test]
+    fn exhaustion_names_the_request_and_a_free_makes_room() {
+        let mut a = IovaAllocator::new(&[IovaRange {
+            start: 0x10_0000,
+            last: 0x13_ffff,
+        }]);
+        let pages: Vec<_> = (0..64).map(|_| a.alloc(4096).unwrap()).collect();
+        assert_eq!(a.free_bytes(), 0);
+        match a.alloc(4096) {
+            Err(Error::IovaExhausted { len, align }) => assert_eq!((len, align), (4096, 4096)),
+            other => panic!("{other:?}"),
+        }
+        a.free(pages[17], 4096).unwrap();
+        assert_eq!(a.alloc(4096).unwrap(), pages[17]);
+    }
+
+    #[test]
+    fn fragmentation_blocks_large_ranges_until_coalesced() {
+        let mut a = IovaAllocator::new(&[IovaRange {
+            start: 0x10_0000,
+            last: 0x1f_ffff,
+        }]);
+        let pages: Vec<_> = (0..256).map(|_| a.alloc(4096).unwrap()).collect();
+        for p in pages.iter().step_by(2) {
+            a.free(*p, 4096).unwrap();
+        }
+        // Half the space is free, but in 128 single pages.
+        assert_eq!(a.free_bytes(), 128 * 4096);
+        assert_eq!(a.fragments(), 128);
+        assert!(matches!(a.alloc(8192), Err(Error::IovaExhausted { .. })));
+        for p in pages.iter().skip(1).step_by(2) {
+            a.free(*p, 4096).unwrap();
+        }
+        assert_eq!(a.fragments(), 1);
+        assert_eq!(a.alloc(1 << 20).unwrap(), Iova(0x10_0000));
+    }
+
+    #[test]
+    fn frees_that_overlap_free_space_or_wrap_are_refused() {
+        let mut a = alloc();
+        let x = a.alloc(16384).unwrap();
+        a.free(Iova(x.0 + 8192), 8192).unwrap();
+        // The first half is still allocated; a free that reaches into the
+        // freed half is refused and changes nothing.
+        let before = a.free_bytes();
+        assert!(a.free(x, 16384).is_err());
+        assert_eq!(a.free_bytes(), before);
+        a.free(x, 8192).unwrap();
+        assert!(matches!(
+            a.free(Iova(u64::MAX - 4095), 8192),
+            Err(Error::Iova {
+                why: "range wraps",
+                ..
+            })
+        ));
+    }
 }

@@ -16,6 +16,8 @@
 //! - [`mmio`]: mapped BAR access ([`Mmio`]) and the barriers that order it.
 //! - [`emulated`]: the in-process backend and the device-side interface a
 //!   device model implements ([`emulated::DeviceModel`]).
+//! - [`kernel`]: the kernel backend (VFIO group/container, iommufd cdev,
+//!   no-IOMMU mode) and sysfs discovery.
 //! - [`pci`]: config-space offsets and bits.
 //! - [`user`]: vfio-user, the client backend and the server of device models.
 //!
@@ -32,6 +34,7 @@ pub mod dma;
 pub mod emulated;
 pub mod function;
 pub mod iova;
+pub mod kernel;
 pub mod mmio;
 pub mod pci;
 pub mod user;
@@ -128,6 +131,35 @@ pub enum Error {
         command: &'static str,
         /// How long it waited.
         after: std::time::Duration,
+    },
+    /// A function (or group, or node) is not ready to be owned; `fix` says
+    /// what to do next.
+    #[error("{device}: {problem}; {fix}")]
+    Setup {
+        /// The PCI address or node concerned.
+        device: String,
+        /// What is wrong.
+        problem: String,
+        /// What to do about it.
+        fix: String,
+    },
+    /// The kernel refused to pin DMA memory: RLIMIT_MEMLOCK is too small.
+    #[error(
+        "DMA mapping of {len:#x} bytes refused: RLIMIT_MEMLOCK ({}) exceeded; raise it (ulimit -l, \
+         LimitMEMLOCK= in systemd, memlock in limits.conf)",
+        limit.map_or("unlimited".to_string(), |l| format!("{l} bytes"))
+    )]
+    MemlockLimit {
+        /// Bytes of the refused mapping.
+        len: u64,
+        /// The soft limit, `None` if unlimited.
+        limit: Option<u64>,
+    },
+    /// The IOMMU refused another mapping: its mapping-count limit was reached.
+    #[error("DMA mapping refused: the mapping-count limit ({limit}) is reached; map fewer, larger buffers or raise it")]
+    MappingLimit {
+        /// Which limit (`vfio_iommu_type1.dma_entry_limit`).
+        limit: &'static str,
     },
 }
 

@@ -56,6 +56,14 @@ enum Cmd {
         #[arg(short, long)]
         dev: Option<String>,
     },
+    /// Functions bound to vfio-pci (address, ID, IOMMU group, whether mlx5) and the device model.
+    List,
+    /// Function-level reset (VFIO_DEVICE_RESET).
+    Reset {
+        /// The device (see devinfo).
+        #[arg(short, long)]
+        dev: Option<String>,
+    },
     /// Print the PRM layouts this build knows (every field's bit offset and width).
     Layouts {
         /// Print JSON: {"name": {"size": bits, "fields": {"field": [bit_offset, width]}}}.
@@ -79,6 +87,8 @@ fn close(hca: Hca) -> Result<(), String> {
 fn run(cmd: Cmd) -> Result<String, String> {
     match cmd {
         Cmd::Layouts { json, name } => tools::layouts::run(json, name.as_deref()),
+        Cmd::List => Ok(tools::list::run()),
+        Cmd::Reset { dev } => tools::reset::run(&*Dev::parse(dev.as_deref())?.open()?),
         Cmd::Devinfo { dev, verbose } => {
             let hca = open(dev.as_deref(), HcaOptions::default())?;
             let out = tools::devinfo::render(&hca, verbose);

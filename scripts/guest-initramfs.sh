@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Builds the initramfs of the kernel-VFIO guest test:
+#
+#   bash scripts/guest-initramfs.sh OUT.cpio.gz GUEST_BINARY [MODULES_DIR]
+#
+# It holds busybox (static), the static test binary, the modules listed in
+# MODULES_DIR/order (none for a kernel with VFIO built in) and an /init that
+# mounts proc/sys/dev, loads the modules, reserves two 2 MiB huge pages,
+# binds QEMU's edu device (1234:11e8) to vfio-pci through driver_override,
+# runs the binary for the path named by MLX5_PATH on the kernel command line
+# (group, cdev or noiommu) and powers off. Needs busybox-static and cpio.
+set -euo pipefail
+out="$1"
+bin="$2"
+mods="${3:-}"
+# busybox-static puts a static busybox at /bin/busybox.
+busybox="$(command -v busybox || true)"
+[ -x "$busybox" ] || { echo "guest-initramfs: no busybox (apt-get install busybox-static)" >&2; exit 1; }
+command -v cpio >/dev/null || { echo "guest-initramfs: no cpio (apt-get install cpio)" >&2; exit 1; }
+
+root="$(mktemp -d)"
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/{bin,dev,proc,sys,modules}
+cp "$busybox" "$root/bin/busybox"
+cp "$bin" "$root/kernel-vfio-guest"
+if [ -n "$mods" ] && [ -f "$mods/order" ]; then
+    cp "$mods"/*.ko "$mods/order" "$root/modules/"
+fi
+cat >"$root/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+echo "kvfio: guest $(uname -r) up"
+if [ -f /modules/order ]; then
+    for m in $(cat /modules/order); do
+        args=""
+        # A small mapping-count limit, so the test can reach it.
+        [ "$m" = vfio_iommu_type1 ] && args="dma_entry_limit=64"
+        insmod "/modules/$m.ko" $args || echo "kvfio: insmod $m failed"
+    done
+fi
+echo 2 > /proc/sys/vm/nr_hugepages
+edu=""
+for d in /sys/bus/pci/devices/*; do
+    if [ "$(cat "$d/vendor")" = 0x1234 ] && [ "$(cat "$d/device")" = 0x11e8 ]; then
+        edu="$(basename "$d")"
+    fi
+done
+if [ -z "$edu" ]; then
+    echo "kvfio: no edu device (1234:11e8) in the guest"
+else
+    echo vfio-pci > "/sys/bus/pci/devices/$edu/driver_override"
+    echo "$edu" > /sys/bus/pci/drivers_probe
+    echo "kvfio: edu $edu bound to $(basename "$(readlink "/sys/bus/pci/devices/$edu/driver")")," \
+        "IOMMU group $(basename "$(readlink "/sys/bus/pci/devices/$edu/iommu_group")")"
+    /kernel-vfio-guest "$edu" "${MLX5_PATH:-group}"
+    echo "kvfio: guest exit $?"
+fi
+poweroff -f
+EOF
+chmod +x "$root/init"
+(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out"
