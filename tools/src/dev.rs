@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use mlx5_emu::Profile;
+use verbs::device::{DevSpec, Provider};
 use vfio::PciFunction;
 
-/// A parsed `DEV`.
+/// A parsed `DEV`, with the device model's profile resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dev {
     /// The built-in device model.
@@ -22,37 +23,23 @@ pub enum Dev {
 }
 
 impl Dev {
-    /// Parses `DEV` (`None`: the built-in model, ConnectX-4).
+    /// Parses `DEV` (`None`: the built-in model, ConnectX-4). The syntax is
+    /// `verbs::device::DevSpec`'s, so the tools and verbs programs agree.
     pub fn parse(s: Option<&str>) -> Result<Self, String> {
-        let Some(s) = s else {
-            return Ok(Dev::Emu(Profile::ConnectX4));
-        };
-        if s == "emu" {
-            return Ok(Dev::Emu(Profile::ConnectX4));
-        }
-        if let Some(p) = s.strip_prefix("emu:") {
-            let profile = match p.to_ascii_lowercase().as_str() {
-                "cx4" | "connectx4" | "connectx-4" => Profile::ConnectX4,
-                "cx5" | "connectx5" | "connectx-5" => Profile::ConnectX5,
-                "cx6" | "connectx6" | "connectx-6" => Profile::ConnectX6,
-                "cx7" | "connectx7" | "connectx-7" => Profile::ConnectX7,
-                _ => {
-                    return Err(format!(
-                        "unknown device-model profile {p:?}: use cx4, cx5, cx6 or cx7"
-                    ))
-                }
-            };
-            return Ok(Dev::Emu(profile));
-        }
-        if let Some(p) = s.strip_prefix("vfio-user:") {
-            return Ok(Dev::VfioUser(p.to_string()));
-        }
-        if is_pci_address(s) {
-            return Ok(Dev::Pci(s.to_string()));
-        }
-        Err(format!(
-            "{s:?} is not a device: use a PCI address (0000:3b:00.0), emu[:cx4|cx5|cx6|cx7] or vfio-user:PATH"
-        ))
+        let spec = DevSpec::parse(s).map_err(|e| match s {
+            Some(s) => format!("{s:?}: {e}"),
+            None => e.to_string(),
+        })?;
+        Self::from_spec(&spec)
+    }
+
+    /// Resolves a parsed `DevSpec` (the profile of `emu:PROFILE`).
+    pub fn from_spec(spec: &DevSpec) -> Result<Self, String> {
+        Ok(match spec {
+            DevSpec::Emu(p) => Dev::Emu(profile(p)?),
+            DevSpec::Pci(a) => Dev::Pci(a.clone()),
+            DevSpec::VfioUser(p) => Dev::VfioUser(p.clone()),
+        })
     }
 
     /// Opens the function.
@@ -64,6 +51,34 @@ impl Dev {
                 .map(|f| Arc::new(f) as Arc<dyn PciFunction>)
                 .map_err(|e| format!("vfio-user:{p}: {e}")),
         }
+    }
+}
+
+/// The device-model profile `emu:NAME` names (`""`: ConnectX-4).
+fn profile(name: &str) -> Result<Profile, String> {
+    Ok(match name {
+        "" | "cx4" | "connectx4" | "connectx-4" => Profile::ConnectX4,
+        "cx5" | "connectx5" | "connectx-5" => Profile::ConnectX5,
+        "cx6" | "connectx6" | "connectx-6" => Profile::ConnectX6,
+        "cx7" | "connectx7" | "connectx-7" => Profile::ConnectX7,
+        _ => {
+            return Err(format!(
+                "unknown device-model profile {name:?}: use cx4, cx5, cx6 or cx7"
+            ))
+        }
+    })
+}
+
+/// The tools' [`Provider`]: lets `verbs::device::device_list` open every
+/// `DEV` form, the device model included (verbs itself never links it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tools;
+
+impl Provider for Tools {
+    fn open(&self, spec: &DevSpec) -> verbs::Result<Arc<dyn PciFunction>> {
+        Dev::from_spec(spec)
+            .and_then(|d| d.open())
+            .map_err(verbs::Error::Open)
     }
 }
 
@@ -82,16 +97,6 @@ fn open_pci(addr: &str) -> Result<Arc<dyn PciFunction>, String> {
         ));
     }
     Ok(Arc::new(f))
-}
-
-/// `DDDD:BB:DD.F` in hex.
-fn is_pci_address(s: &str) -> bool {
-    let parts: Vec<&str> = s.split([':', '.']).collect();
-    parts.len() == 4
-        && [4, 2, 2, 1]
-            .iter()
-            .zip(&parts)
-            .all(|(n, p)| p.len() == *n && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -114,7 +119,23 @@ mod tests {
             Dev::VfioUser("/tmp/x".into())
         );
         assert!(Dev::parse(Some("emu:cx9")).unwrap_err().contains("cx4"));
+        assert_eq!(
+            Dev::parse(Some("emu")).unwrap(),
+            Dev::Emu(Profile::ConnectX4)
+        );
         assert!(Dev::parse(Some("mlx5_0")).is_err());
+    }
+
+    #[test]
+    fn verbs_device_list_opens_the_model_through_the_tools_provider() {
+        let devs = verbs::device::device_list(&["emu:cx5"], &Tools).unwrap();
+        assert_eq!(devs.len(), 1);
+        assert_eq!(devs[0].name(), "emu:cx5");
+        let e = verbs::device::device_list(&["emu:cx9"], &Tools).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown device-model profile"),
+            "{e}"
+        );
     }
 
     #[test]

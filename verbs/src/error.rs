@@ -81,6 +81,9 @@ pub enum Error {
     /// The HCA (or the command queue) was closed.
     #[error("the HCA is closed")]
     Closed,
+    /// A `DEV` could not be opened (said by the program's `Provider`).
+    #[error("cannot open the device: {0}")]
+    Open(String),
     /// The PCI function backend failed.
     #[error(transparent)]
     Vfio(#[from] vfio::Error),
@@ -111,6 +114,7 @@ impl Error {
             Error::Busy(_) => status::EBUSY,
             Error::QueueFull(_) => status::ENOMEM,
             Error::Closed => status::EIO,
+            Error::Open(_) => 19, // ENODEV
             Error::Vfio(vfio::Error::IovaExhausted { .. }) => status::ENOSPC,
             Error::Vfio(vfio::Error::Os { source, .. }) | Error::Os { source, .. } => {
                 source.raw_os_error().unwrap_or(status::EIO)
