@@ -88,6 +88,29 @@ pub const QKEY: u32 = 0x1111_2222;
 
 /// RESET -> INIT -> RTR -> RTS towards `(remote ctx, remote qpn)`.
 pub fn connect(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32) {
+    connect_with(qp, local, remote, rqpn, Retry::default());
+}
+
+/// Timeouts and retries of an RC connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
+}
+
+/// [`connect`] with `retry`.
+pub fn connect_with(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32, retry: Retry) {
     let t = qp.qp_type();
     let init = QpAttr {
         qp_state: Some(QpState::Init),
@@ -140,9 +163,9 @@ pub fn connect(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32) {
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: 0x100,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
+        timeout: retry.timeout,
+        retry_cnt: retry.retry_cnt,
+        rnr_retry: retry.rnr_retry,
         max_rd_atomic: 4,
         ..Default::default()
     };
@@ -157,11 +180,16 @@ pub fn connect(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32) {
 
 /// Two connected QPs of type `t`, one on each side.
 pub fn qp_pair(p: &Pair, t: QpType, cap: QpCap) -> (Qp, Qp) {
+    qp_pair_with(p, t, cap, Retry::default())
+}
+
+/// [`qp_pair`] with `retry`.
+pub fn qp_pair_with(p: &Pair, t: QpType, cap: QpCap, retry: Retry) -> (Qp, Qp) {
     let mut qa = create_qp(&p.a, t, cap);
     let mut qb = create_qp(&p.b, t, cap);
     let (na, nb) = (qa.qp_num(), qb.qp_num());
-    connect(&mut qa, &p.a.ctx, &p.b.ctx, nb);
-    connect(&mut qb, &p.b.ctx, &p.a.ctx, na);
+    connect_with(&mut qa, &p.a.ctx, &p.b.ctx, nb, retry);
+    connect_with(&mut qb, &p.b.ctx, &p.a.ctx, na, retry);
     (qa, qb)
 }
 
@@ -183,6 +211,11 @@ pub fn poll_n(cq: &mut Cq, n: usize) -> Vec<Wc> {
         }
     }
     out
+}
+
+/// The device-model statistics of function `i`.
+pub fn stats(fabric: &Fabric, i: usize) -> mlx5_emu::Stats {
+    fabric.function(i).expect("function").model().stats()
 }
 
 /// Polls `cq` briefly and says whether nothing more arrives.
