@@ -25,7 +25,9 @@
 //! number) and CQ arm doorbells (UAR 0x20) of every UAR page, and acts on
 //! every change; because a store can overwrite another between two polls,
 //! the QP's doorbell record (the producer counter) is the truth, and every
-//! [`SWEEP_INTERVAL`] all doorbell records are read again.
+//! [`SWEEP_INTERVAL`] all doorbell records are read again (every
+//! [`SWEEP_PER_QP`] per QP when there are many, so that the sweep stays a
+//! small part of the worker's time).
 
 pub(crate) mod cq;
 pub(crate) mod mem;
@@ -52,6 +54,8 @@ use crate::lock;
 
 /// How often every doorbell record is read again (lost doorbells).
 pub const SWEEP_INTERVAL: Duration = Duration::from_micros(200);
+/// With many QPs the sweep comes at most every this much per QP.
+pub const SWEEP_PER_QP: Duration = Duration::from_micros(2);
 /// GID table entries per port.
 pub const GID_TABLE_LEN: usize = 16;
 
@@ -162,7 +166,17 @@ struct PollState {
     last_sweep: Instant,
     /// QPs whose send doorbell rang in this pass (kept for its capacity).
     hint: Vec<u32>,
+    /// The first UAR page of the next pass's chunk.
+    cursor: usize,
 }
+
+/// Pages read on every pass besides the hot ones: with thousands of UAR
+/// pages (one per QP and CQ) a pass stays short, so firmware commands
+/// keep their latency, and a page's first doorbell is seen within
+/// `pages / UAR_SCAN_CHUNK` passes.
+const UAR_SCAN_CHUNK: usize = 64;
+/// A page stays hot (read on every pass) this long after its last doorbell.
+const HOT_FOR: Duration = Duration::from_millis(10);
 
 /// A UAR page whose doorbells the worker reads.
 #[derive(Debug)]
@@ -174,6 +188,10 @@ pub(crate) struct UarWatch {
     cq: bool,
     /// The last value seen at each of [`SQ_DOORBELLS`], then the CQ doorbell.
     last: [u64; SQ_DOORBELLS.len() + 1],
+    /// Rang lately: read on every pass.
+    hot: bool,
+    /// When it last rang.
+    rang: Instant,
 }
 
 /// Send doorbell offsets in a UAR page: the two BlueFlame buffers of each
@@ -204,6 +222,7 @@ impl Rdma {
             poll: Mutex::new(PollState {
                 last_sweep: Instant::now(),
                 hint: Vec::new(),
+                cursor: 0,
             }),
         })
     }
@@ -271,6 +290,8 @@ impl Rdma {
                 sq,
                 cq: !sq,
                 last: [0; SQ_DOORBELLS.len() + 1],
+                hot: true,
+                rang: Instant::now(),
             }),
         }
     }
@@ -310,7 +331,18 @@ impl Rdma {
         let mut ps = lock(&self.poll);
         let mut hint = std::mem::take(&mut ps.hint);
         hint.clear();
-        for w in lock(&self.uars).iter_mut() {
+        let now = Instant::now();
+        let mut uars = lock(&self.uars);
+        let n = uars.len();
+        let (from, to) = (ps.cursor.min(n), (ps.cursor + UAR_SCAN_CHUNK).min(n));
+        ps.cursor = if to >= n { 0 } else { to };
+        for (i, w) in uars.iter_mut().enumerate() {
+            if !(w.hot || (from..to).contains(&i)) {
+                continue;
+            }
+            if w.hot && now.duration_since(w.rang) > HOT_FOR {
+                w.hot = false;
+            }
             let base = (w.uar as usize) << 12;
             if w.sq {
                 for (i, &off) in SQ_DOORBELLS.iter().enumerate() {
@@ -319,6 +351,7 @@ impl Rdma {
                     };
                     if w.last[i] != v {
                         w.last[i] = v;
+                        (w.hot, w.rang) = (true, now);
                         busy = true;
                         self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
                         // ctrl segment: opmod_idx_opcode, qpn_ds.
@@ -336,6 +369,7 @@ impl Rdma {
                 let i = SQ_DOORBELLS.len();
                 if w.last[i] != v {
                     w.last[i] = v;
+                    (w.hot, w.rang) = (true, now);
                     busy = true;
                     self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
                     let cqn = (v & 0xff_ffff) as u32;
@@ -345,7 +379,9 @@ impl Rdma {
                 }
             }
         }
-        let sweep = ps.last_sweep.elapsed() >= SWEEP_INTERVAL;
+        let every = SWEEP_INTERVAL.max(SWEEP_PER_QP * rlock(&self.qps).len() as u32);
+        drop(uars);
+        let sweep = ps.last_sweep.elapsed() >= every;
         if sweep {
             ps.last_sweep = Instant::now();
         }
@@ -380,7 +416,12 @@ impl Rdma {
             }
         }
         if sweep {
-            let qps: Vec<Arc<Qp>> = rlock(&self.qps).values().cloned().collect();
+            // Only these states have send-side work (execute or flush).
+            let qps: Vec<Arc<Qp>> = rlock(&self.qps)
+                .values()
+                .filter(|q| matches!(q.state(), qp::state::RTS | qp::state::ERR | qp::state::SQER))
+                .cloned()
+                .collect();
             for qp in qps {
                 busy |= requester::run(self, &qp, &mem);
             }
