@@ -286,20 +286,24 @@ fn datapath(c: &mut Criterion) {
 
 criterion_group!(benches, datapath);
 
-/// `DATAPATH_PROFILE=N` runs N small and N/64 large WRITEs without
-/// criterion (for `valgrind --tool=callgrind`), else the benches.
+/// `DATAPATH_PROFILE=N[,M]` runs N small and M (default N/64) large
+/// WRITEs without criterion (for `valgrind --tool=callgrind`), else the
+/// benches.
 fn main() {
-    if let Some(n) = std::env::var("DATAPATH_PROFILE")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
+    let arg = std::env::var("DATAPATH_PROFILE").ok();
+    let mut nums = arg
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(|x| x.trim().parse::<u64>().ok());
+    if let Some(Some(n)) = nums.next() {
+        let m = nums.next().flatten().unwrap_or(n / 64);
         let mut s = setup();
         let small = s.a.mr.sge(0, SMALL).expect("sge");
         let t = run(&mut s, n, &small, SMALL_WINDOW, BATCH, BATCH);
         println!("{n} x 64 B WRITE in {t:?}");
         let big = s.a.mr.sge(0, BIG as u32).expect("sge");
-        let t = run(&mut s, n / 64, &big, BIG_WINDOW, 1, 1);
-        println!("{} x 64 KiB WRITE in {t:?}", n / 64);
+        let t = run(&mut s, m, &big, BIG_WINDOW, 1, 1);
+        println!("{m} x 64 KiB WRITE in {t:?}");
         return;
     }
     benches();
