@@ -60,6 +60,8 @@ pub use profile::{cap_type, CapPages, Profile};
 
 /// The longest the worker sleeps when idle.
 pub const IDLE_SLEEP: Duration = Duration::from_micros(50);
+/// How often firmware is polled while the data path is busy.
+pub const FW_POLL_WHILE_BUSY: Duration = Duration::from_micros(20);
 /// How long the worker keeps spinning after the last activity.
 pub const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(2);
 /// The MAC of a function built with the default configuration (a
@@ -300,16 +302,25 @@ impl Inner {
         self.wake();
     }
 
-    /// One pass of the worker; true if it found something to do.
-    fn poll_once(&self) -> bool {
+    /// One pass of the worker; true if it found something to do. While
+    /// the data path keeps finding work, firmware (commands, EQ doorbells)
+    /// is polled only every [`FW_POLL_WHILE_BUSY`] (`pace`: the data path's
+    /// last result and the last firmware poll).
+    fn poll_once(&self, pace: &mut (bool, Instant)) -> bool {
         if self.stop.load(Ordering::Acquire) {
             return false;
         }
-        let busy = lock(&self.fw).poll(self);
+        let mut busy = false;
+        if !pace.0 || pace.1.elapsed() >= FW_POLL_WHILE_BUSY {
+            busy = lock(&self.fw).poll(self);
+            pace.1 = Instant::now();
+        }
         if !self.bus_master() {
+            pace.0 = false;
             return busy;
         }
         let dp = self.rdma.poll(&self.bar);
+        pace.0 = dp;
         if !lock(&self.rdma.events).is_empty() {
             lock(&self.fw).poll(self);
             return true;
@@ -452,8 +463,9 @@ impl Device {
 
 fn worker(inner: Arc<Inner>) {
     let mut last_activity = Instant::now();
+    let mut pace = (false, last_activity);
     while !inner.stop.load(Ordering::Acquire) {
-        if inner.poll_once() {
+        if inner.poll_once(&mut pace) {
             last_activity = Instant::now();
             continue;
         }

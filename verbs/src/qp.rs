@@ -953,7 +953,11 @@ impl Qp {
             (0u32, 0usize)
         } else {
             let st = (cap.max_recv_sge.max(1) as usize * DATA_SIZE).next_power_of_two();
-            (cap.max_recv_wr.next_power_of_two(), st)
+            // As mlx5_ib's set_rq_size: the RQ is at least one send basic
+            // block, so the SQ (which the device finds right after the RQ)
+            // starts on a block boundary.
+            let bytes = (cap.max_recv_wr.next_power_of_two() as usize * st).max(BB);
+            ((bytes / st) as u32, st)
         };
         if rq_cnt > 1 << g.log_max_qp_sz() {
             return Err(Error::Invalid("max_recv_wr beyond the device's"));

@@ -401,9 +401,10 @@ impl Firmware {
         if self.doorbell_seen {
             // A lost doorbell (overwritten in shared memory): any entry that
             // the driver handed to HW counts as rung.
-            let n = 1usize << initseg::LOG_CMDQ_SIZE;
-            let stride = 1usize << initseg::LOG_CMDQ_STRIDE;
-            let mut q = vec![0u8; n * stride];
+            const N: usize = 1 << initseg::LOG_CMDQ_SIZE;
+            const STRIDE: usize = 1 << initseg::LOG_CMDQ_STRIDE;
+            let (n, stride) = (N, STRIDE);
+            let mut q = [0u8; N * STRIDE];
             if inner.bus.dma.read(self.cmdq_base, &mut q).is_ok() {
                 for slot in 0..n {
                     if q[slot * stride + 0x3f] & 1 != 0 && self.stuck & 1 << slot == 0 {

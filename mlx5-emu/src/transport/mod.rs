@@ -25,7 +25,9 @@
 //! number) and CQ arm doorbells (UAR 0x20) of every UAR page, and acts on
 //! every change; because a store can overwrite another between two polls,
 //! the QP's doorbell record (the producer counter) is the truth, and every
-//! [`SWEEP_INTERVAL`] all doorbell records are read again.
+//! [`SWEEP_INTERVAL`] all doorbell records are read again (every
+//! [`SWEEP_PER_QP`] per QP when there are many, so that the sweep stays a
+//! small part of the worker's time).
 
 pub(crate) mod cq;
 pub(crate) mod mem;
@@ -35,6 +37,7 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
@@ -51,8 +54,39 @@ use crate::lock;
 
 /// How often every doorbell record is read again (lost doorbells).
 pub const SWEEP_INTERVAL: Duration = Duration::from_micros(200);
+/// With many QPs the sweep comes at most every this much per QP.
+pub const SWEEP_PER_QP: Duration = Duration::from_micros(2);
 /// GID table entries per port.
 pub const GID_TABLE_LEN: usize = 16;
+
+/// A hasher for object numbers (QPN, CQN, mkey index): the numbers are
+/// dense small integers the model itself hands out, so a multiply spreads
+/// them well enough, and the data path looks them up on every packet.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NumHasher(u64);
+
+impl Hasher for NumHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A table of objects by number.
+pub(crate) type Table<T> = HashMap<u32, Arc<T>, BuildHasherDefault<NumHasher>>;
 
 /// One GID table entry (SET_ROCE_ADDRESS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,10 +138,10 @@ pub(crate) struct Counters {
 pub(crate) struct Rdma {
     pub me: Weak<Rdma>,
     pub dma: Arc<DmaSpace>,
-    pub mkeys: RwLock<HashMap<u32, Arc<Mkey>>>,
-    pub cqs: RwLock<HashMap<u32, Arc<Cq>>>,
-    pub qps: RwLock<HashMap<u32, Arc<Qp>>>,
-    pub srqs: RwLock<HashMap<u32, Arc<Srq>>>,
+    pub mkeys: RwLock<Table<Mkey>>,
+    pub cqs: RwLock<Table<Cq>>,
+    pub qps: RwLock<Table<Qp>>,
+    pub srqs: RwLock<Table<Srq>>,
     pub pds: Mutex<BTreeSet<u32>>,
     pub tds: Mutex<BTreeSet<u32>>,
     pub gids: RwLock<[Option<GidEntry>; GID_TABLE_LEN]>,
@@ -117,8 +151,8 @@ pub(crate) struct Rdma {
     pub fabric: RwLock<Option<Weak<crate::fabric::Wire>>>,
     pub events: Mutex<Vec<PendingEvent>>,
     pub attention: Mutex<BTreeSet<u32>>,
-    /// UAR pages to watch: `(uar, send doorbells, CQ doorbell)`.
-    pub uars: Mutex<Vec<(u32, bool, bool)>>,
+    /// UAR pages to watch.
+    pub uars: Mutex<Vec<UarWatch>>,
     pub timers: Mutex<HashMap<u32, Instant>>,
     pub counters: Counters,
     pub worker: Mutex<Option<Thread>>,
@@ -129,8 +163,35 @@ pub(crate) struct Rdma {
 
 #[derive(Debug)]
 struct PollState {
-    last_db: HashMap<(u32, usize), u64>,
     last_sweep: Instant,
+    /// QPs whose send doorbell rang in this pass (kept for its capacity).
+    hint: Vec<u32>,
+    /// The first UAR page of the next pass's chunk.
+    cursor: usize,
+}
+
+/// Pages read on every pass besides the hot ones: with thousands of UAR
+/// pages (one per QP and CQ) a pass stays short, so firmware commands
+/// keep their latency, and a page's first doorbell is seen within
+/// `pages / UAR_SCAN_CHUNK` passes.
+const UAR_SCAN_CHUNK: usize = 64;
+/// A page stays hot (read on every pass) this long after its last doorbell.
+const HOT_FOR: Duration = Duration::from_millis(10);
+
+/// A UAR page whose doorbells the worker reads.
+#[derive(Debug)]
+pub(crate) struct UarWatch {
+    uar: u32,
+    /// Send doorbells (a QP rings this page).
+    sq: bool,
+    /// The CQ arm doorbell (a CQ rings this page).
+    cq: bool,
+    /// The last value seen at each of [`SQ_DOORBELLS`], then the CQ doorbell.
+    last: [u64; SQ_DOORBELLS.len() + 1],
+    /// Rang lately: read on every pass.
+    hot: bool,
+    /// When it last rang.
+    rang: Instant,
 }
 
 /// Send doorbell offsets in a UAR page: the two BlueFlame buffers of each
@@ -142,10 +203,10 @@ impl Rdma {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
             dma,
-            mkeys: RwLock::new(HashMap::new()),
-            cqs: RwLock::new(HashMap::new()),
-            qps: RwLock::new(HashMap::new()),
-            srqs: RwLock::new(HashMap::new()),
+            mkeys: RwLock::new(Table::default()),
+            cqs: RwLock::new(Table::default()),
+            qps: RwLock::new(Table::default()),
+            srqs: RwLock::new(Table::default()),
             pds: Mutex::new(BTreeSet::new()),
             tds: Mutex::new(BTreeSet::new()),
             gids: RwLock::new([None; GID_TABLE_LEN]),
@@ -159,8 +220,9 @@ impl Rdma {
             worker: Mutex::new(None),
             resd_lkey,
             poll: Mutex::new(PollState {
-                last_db: HashMap::new(),
                 last_sweep: Instant::now(),
+                hint: Vec::new(),
+                cursor: 0,
             }),
         })
     }
@@ -181,7 +243,6 @@ impl Rdma {
         lock(&self.attention).clear();
         lock(&self.uars).clear();
         lock(&self.timers).clear();
-        lock(&self.poll).last_db.clear();
     }
 
     pub(crate) fn wake(&self) {
@@ -219,12 +280,19 @@ impl Rdma {
     /// (`!sq`) of UAR page `uar` from now on.
     pub(crate) fn track_uar(&self, uar: u32, sq: bool) {
         let mut u = lock(&self.uars);
-        match u.iter_mut().find(|e| e.0 == uar) {
+        match u.iter_mut().find(|e| e.uar == uar) {
             Some(e) => {
-                e.1 |= sq;
-                e.2 |= !sq;
+                e.sq |= sq;
+                e.cq |= !sq;
             }
-            None => u.push((uar, sq, !sq)),
+            None => u.push(UarWatch {
+                uar,
+                sq,
+                cq: !sq,
+                last: [0; SQ_DOORBELLS.len() + 1],
+                hot: true,
+                rang: Instant::now(),
+            }),
         }
     }
 
@@ -260,52 +328,71 @@ impl Rdma {
     /// One pass of the data path: doorbells, timers, flushes, the sweep.
     pub(crate) fn poll(&self, bar: &DmaBuffer) -> bool {
         let mut busy = false;
-        let mut hint: Vec<u32> = Vec::new();
-        let uars = lock(&self.uars).clone();
-        let sweep = {
-            let mut ps = lock(&self.poll);
-            for &(u, sq, cq) in &uars {
-                let base = (u as usize) << 12;
-                let sqs: &[usize] = if sq { &SQ_DOORBELLS } else { &[] };
-                let cqs: &[usize] = if cq {
-                    &[mlx5_hw::uar::CQ_DOORBELL]
-                } else {
-                    &[]
-                };
-                for &off in sqs.iter().chain(cqs) {
+        let mut ps = lock(&self.poll);
+        let mut hint = std::mem::take(&mut ps.hint);
+        hint.clear();
+        let now = Instant::now();
+        let mut uars = lock(&self.uars);
+        let n = uars.len();
+        let (from, to) = (ps.cursor.min(n), (ps.cursor + UAR_SCAN_CHUNK).min(n));
+        ps.cursor = if to >= n { 0 } else { to };
+        for (i, w) in uars.iter_mut().enumerate() {
+            if !(w.hot || (from..to).contains(&i)) {
+                continue;
+            }
+            if w.hot && now.duration_since(w.rang) > HOT_FOR {
+                w.hot = false;
+            }
+            let base = (w.uar as usize) << 12;
+            if w.sq {
+                for (i, &off) in SQ_DOORBELLS.iter().enumerate() {
                     let Ok(v) = bar.read_u64_be(base + off) else {
                         continue;
                     };
-                    let last = ps.last_db.entry((u, off)).or_insert(0);
-                    if *last == v {
-                        continue;
-                    }
-                    *last = v;
-                    busy = true;
-                    self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
-                    if off == mlx5_hw::uar::CQ_DOORBELL {
-                        let cqn = (v & 0xff_ffff) as u32;
-                        if let Some(cq) = rlock(&self.cqs).get(&cqn).cloned() {
-                            cq.arm(self, (v >> 32) as u32);
-                        }
-                    } else {
+                    if w.last[i] != v {
+                        w.last[i] = v;
+                        (w.hot, w.rang) = (true, now);
+                        busy = true;
+                        self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
                         // ctrl segment: opmod_idx_opcode, qpn_ds.
-                        hint.push((v as u32) >> 8);
+                        let qpn = (v as u32) >> 8;
+                        if !hint.contains(&qpn) {
+                            hint.push(qpn);
+                        }
                     }
                 }
             }
-            let due = ps.last_sweep.elapsed() >= SWEEP_INTERVAL;
-            if due {
-                ps.last_sweep = Instant::now();
+            if w.cq {
+                let Ok(v) = bar.read_u64_be(base + mlx5_hw::uar::CQ_DOORBELL) else {
+                    continue;
+                };
+                let i = SQ_DOORBELLS.len();
+                if w.last[i] != v {
+                    w.last[i] = v;
+                    (w.hot, w.rang) = (true, now);
+                    busy = true;
+                    self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
+                    let cqn = (v & 0xff_ffff) as u32;
+                    if let Some(cq) = rlock(&self.cqs).get(&cqn).cloned() {
+                        cq.arm(self, (v >> 32) as u32);
+                    }
+                }
             }
-            due
-        };
+        }
+        let every = SWEEP_INTERVAL.max(SWEEP_PER_QP * rlock(&self.qps).len() as u32);
+        drop(uars);
+        let sweep = ps.last_sweep.elapsed() >= every;
+        if sweep {
+            ps.last_sweep = Instant::now();
+        }
+        drop(ps);
         let mem = self.dma.memory();
-        for qpn in hint {
+        for &qpn in &hint {
             if let Some(qp) = self.qp(qpn) {
                 busy |= requester::run(self, &qp, &mem);
             }
         }
+        lock(&self.poll).hint = hint;
         let mut attention: Vec<u32> = std::mem::take(&mut *lock(&self.attention))
             .into_iter()
             .collect();
@@ -329,7 +416,12 @@ impl Rdma {
             }
         }
         if sweep {
-            let qps: Vec<Arc<Qp>> = rlock(&self.qps).values().cloned().collect();
+            // Only these states have send-side work (execute or flush).
+            let qps: Vec<Arc<Qp>> = rlock(&self.qps)
+                .values()
+                .filter(|q| matches!(q.state(), qp::state::RTS | qp::state::ERR | qp::state::SQER))
+                .cloned()
+                .collect();
             for qp in qps {
                 busy |= requester::run(self, &qp, &mem);
             }

@@ -144,13 +144,39 @@ pub struct Layout {
     pub payload: bool,
 }
 
+/// [`Layout::of`] of every opcode, computed at compile time (every packet
+/// looks its opcode up at least twice).
+static LAYOUTS: [Option<Layout>; 256] = {
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = Layout::compute(i as u8);
+        i += 1;
+    }
+    t
+};
+
 impl Layout {
     /// The headers of `opcode`, or `None` for an opcode the model does not
     /// speak (RD, CNP, vendor, reserved).
+    #[inline]
     pub fn of(opcode: u8) -> Option<Self> {
+        LAYOUTS[usize::from(opcode)]
+    }
+
+    const fn compute(opcode: u8) -> Option<Self> {
         let service = opcode & 0xe0;
         let o = opcode & 0x1f;
-        let mut l = Layout::default();
+        let mut l = Layout {
+            deth: false,
+            reth: false,
+            atomic: false,
+            aeth: false,
+            atomic_ack: false,
+            imm: false,
+            ieth: false,
+            payload: false,
+        };
         match service {
             svc::RC => {}
             svc::UC => {

@@ -542,6 +542,22 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         // Responses: what the requester does with each.
         let local_ext: &[Extent] = &sq.ext;
         let mut on_reply = |r: &Packet<'_>| {
+            // The common answer, a plain ACKNOWLEDGE (BTH + AETH), read
+            // without building the whole header set.
+            if r.hdr.len() == packet::BTH_LEN + packet::AETH_LEN
+                && r.hdr[0] & 0x1f == op::ACKNOWLEDGE
+                && r.hdr[0] & 0xe0 == packet::svc::RC
+                && r.hdr[1] & 0xf == 0
+            {
+                let syndrome = r.hdr[packet::BTH_LEN];
+                let mut ans = ans.borrow_mut();
+                match syndrome & 0x60 {
+                    aeth::RNR_NAK => ans.rnr = Some(syndrome & 0x1f),
+                    aeth::NAK => ans.nak = Some(syndrome & 0x1f),
+                    _ => ans.acked = true,
+                }
+                return;
+            }
             let Ok((h, _)) = Headers::parse(r.hdr) else {
                 return;
             };

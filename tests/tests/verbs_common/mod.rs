@@ -1,0 +1,246 @@
+//! Shared set-up of the verbs end-to-end tests: contexts on cabled
+//! device-model functions, MRs over DMA buffers, RC/UC/UD connection.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_emu::{Fabric, Profile};
+use verbs::cq::{Cq, Wc};
+use verbs::device::Context;
+use verbs::hca::HcaOptions;
+use verbs::mr::{access, Mr};
+use verbs::pd::Pd;
+use verbs::qp::{attr_mask as m, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use vfio::{DmaBuffer, PciFunction};
+
+/// One side: a context, a PD, a CQ and a buffer with its MR.
+pub struct Side {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub buf: Arc<DmaBuffer>,
+    pub mr: Mr,
+}
+
+/// Two cabled functions (kept alive with the fabric).
+pub struct Pair {
+    pub fabric: Fabric,
+    pub a: Side,
+    pub b: Side,
+}
+
+pub const ALL: u32 =
+    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+
+pub fn open(f: Arc<dyn PciFunction>) -> Context {
+    Context::open(f, HcaOptions::default()).unwrap_or_else(|e| panic!("open: {e}"))
+}
+
+pub fn side(ctx: Context, len: usize, acc: u32) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None, None).unwrap();
+    let buf = DmaBuffer::new(len).unwrap();
+    let mr = pd.reg_mr_buffer(&buf, 0, len, acc).unwrap();
+    Side {
+        ctx,
+        pd,
+        cq,
+        buf,
+        mr,
+    }
+}
+
+pub fn function(fabric: &Fabric, i: usize) -> Arc<dyn PciFunction> {
+    fabric.function(i).expect("fabric function") as Arc<dyn PciFunction>
+}
+
+pub fn pair(len: usize) -> Pair {
+    let fabric = Fabric::cabled(2, Profile::ConnectX4);
+    let a = side(open(function(&fabric, 0)), len, ALL);
+    let b = side(open(function(&fabric, 1)), len, ALL);
+    Pair { fabric, a, b }
+}
+
+pub fn cap(wr: u32) -> QpCap {
+    QpCap {
+        max_send_wr: wr,
+        max_recv_wr: wr,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+pub fn create_qp(s: &Side, t: QpType, cap: QpCap) -> Qp {
+    s.pd.create_qp(&QpInitAttr {
+        send_cq: &s.cq,
+        recv_cq: &s.cq,
+        srq: None,
+        cap,
+        qp_type: t,
+        sq_sig_all: false,
+    })
+    .unwrap()
+}
+
+pub const QKEY: u32 = 0x1111_2222;
+
+/// RESET -> INIT -> RTR -> RTS towards `(remote ctx, remote qpn)`.
+pub fn connect(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32) {
+    connect_with(qp, local, remote, rqpn, Retry::default());
+}
+
+/// Timeouts and retries of an RC connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
+}
+
+/// [`connect`] with `retry`.
+pub fn connect_with(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32, retry: Retry) {
+    let t = qp.qp_type();
+    let init = QpAttr {
+        qp_state: Some(QpState::Init),
+        port_num: 1,
+        qp_access_flags: access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC,
+        qkey: QKEY,
+        ..Default::default()
+    };
+    let init_mask = m::STATE
+        | m::PKEY_INDEX
+        | m::PORT
+        | if t == QpType::Ud {
+            m::QKEY
+        } else {
+            m::ACCESS_FLAGS
+        };
+    qp.modify(&init, init_mask).unwrap();
+    let _ = local;
+    let dgid = remote.query_gid(1, 0).unwrap();
+    let rtr = QpAttr {
+        qp_state: Some(QpState::Rtr),
+        path_mtu: 3,
+        dest_qp_num: rqpn,
+        rq_psn: 0x100,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let rtr_mask = match t {
+        QpType::Rc => {
+            m::STATE
+                | m::AV
+                | m::PATH_MTU
+                | m::DEST_QPN
+                | m::RQ_PSN
+                | m::MAX_DEST_RD_ATOMIC
+                | m::MIN_RNR_TIMER
+        }
+        QpType::Uc => m::STATE | m::AV | m::PATH_MTU | m::DEST_QPN | m::RQ_PSN,
+        QpType::Ud => m::STATE,
+    };
+    qp.modify(&rtr, rtr_mask).unwrap();
+    let rts = QpAttr {
+        qp_state: Some(QpState::Rts),
+        sq_psn: 0x100,
+        timeout: retry.timeout,
+        retry_cnt: retry.retry_cnt,
+        rnr_retry: retry.rnr_retry,
+        max_rd_atomic: 4,
+        ..Default::default()
+    };
+    let rts_mask = match t {
+        QpType::Rc => {
+            m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC
+        }
+        _ => m::STATE | m::SQ_PSN,
+    };
+    qp.modify(&rts, rts_mask).unwrap();
+}
+
+/// Two connected QPs of type `t`, one on each side.
+pub fn qp_pair(p: &Pair, t: QpType, cap: QpCap) -> (Qp, Qp) {
+    qp_pair_with(p, t, cap, Retry::default())
+}
+
+/// [`qp_pair`] with `retry`.
+pub fn qp_pair_with(p: &Pair, t: QpType, cap: QpCap, retry: Retry) -> (Qp, Qp) {
+    let mut qa = create_qp(&p.a, t, cap);
+    let mut qb = create_qp(&p.b, t, cap);
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    connect_with(&mut qa, &p.a.ctx, &p.b.ctx, nb, retry);
+    connect_with(&mut qb, &p.b.ctx, &p.a.ctx, na, retry);
+    (qa, qb)
+}
+
+/// Polls `cq` until `n` completions came (5 s deadline: a hang is a bug).
+pub fn poll_n(cq: &mut Cq, n: usize) -> Vec<Wc> {
+    let mut out = Vec::with_capacity(n);
+    let mut wc = [Wc::default(); 16];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while out.len() < n {
+        let k = cq.poll(&mut wc[..(n - out.len()).min(16)]);
+        out.extend_from_slice(&wc[..k]);
+        if k == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} completions: {out:?}",
+                out.len()
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// The device-model statistics of function `i`.
+pub fn stats(fabric: &Fabric, i: usize) -> mlx5_emu::Stats {
+    fabric.function(i).expect("function").model().stats()
+}
+
+/// Polls `cq` briefly and says whether nothing more arrives.
+pub fn nothing_more(cq: &mut Cq) -> bool {
+    let mut wc = [Wc::default(); 4];
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < deadline {
+        if cq.poll(&mut wc) != 0 {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+    true
+}
+
+pub fn fill(buf: &DmaBuffer, off: usize, len: usize, seed: u8) -> Vec<u8> {
+    let v: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    buf.write(off, &v).unwrap();
+    v
+}
+
+pub fn read(buf: &DmaBuffer, off: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0; len];
+    buf.read(off, &mut v).unwrap();
+    v
+}
