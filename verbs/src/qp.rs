@@ -657,15 +657,18 @@ impl SendRing {
     #[inline(always)]
     fn commit_one(&mut self, b: &[u8; BB], wr_id: u64) {
         let slot = (self.pc & self.mask) as usize;
-        let _ = self.buf.write(self.base + slot * BB, b);
+        let _ = self.buf.store_block64(self.base + slot * BB, b);
         self.track.sq_wrid[slot].store(wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(1);
         self.track.sq_end[slot].store(self.pc, Ordering::Relaxed);
         let mut first = [0u8; 8];
         first.copy_from_slice(&b[..8]);
         self.pending = Some(first);
+        // Only a lone WQE goes by BlueFlame: keep a copy of the first one.
+        if self.posted_in_batch == 0 && self.blueflame {
+            self.last_bb = *b;
+        }
         self.posted_in_batch += 1;
-        self.last_bb = *b;
     }
 
     /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
@@ -707,7 +710,7 @@ impl SendRing {
         // 2. The WQEs are in memory before the record says so.
         dma_wmb();
         // 3. Doorbell record: the send counter (PRM "Send Doorbell").
-        let _ = self.dbrec.write_u32_be(self.dbrec_off, self.pc & 0xffff);
+        let _ = self.dbrec.store_u32_be(self.dbrec_off, self.pc & 0xffff);
         // 4. The record before the UAR write.
         doorbell_barrier();
         // 5. BlueFlame copy of a lone small WQE, else the 8-byte doorbell.
@@ -888,7 +891,7 @@ impl RecvRing {
 
     fn ring(&self) {
         dma_wmb();
-        let _ = self.dbrec.write_u32_be(0, self.pc & 0xffff);
+        let _ = self.dbrec.store_u32_be(0, self.pc & 0xffff);
     }
 }
 
