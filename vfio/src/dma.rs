@@ -232,6 +232,21 @@ impl DmaBuffer {
         Ok(())
     }
 
+    /// Stores `N` 64-bit words at `offset` (8-byte aligned), each in one
+    /// volatile store of its in-memory bytes (`u64::from_ne_bytes`): the
+    /// segments of a WQE built in registers.
+    #[inline(always)]
+    pub fn store_words<const N: usize>(&self, offset: usize, words: &[u64; N]) -> Result<()> {
+        let p = self.ring_ptr(offset, N * 8, 8)?.cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 8N` lies inside this live mapping and is
+            // 8-byte aligned (checked by `ring_ptr`); volatile as all
+            // device-shared memory.
+            unsafe { p.add(i).write_volatile(*w) };
+        }
+        Ok(())
+    }
+
     /// Loads the 64 bytes at `offset` (8-byte aligned) in eight volatile
     /// 64-bit loads: a CQE.
     #[inline(always)]
@@ -309,6 +324,17 @@ mod tests {
             [0xa1, 0xb2, 0xc3, 0xd4]
         );
         assert_eq!(b.load_u8_acquire_ring(4032 + 63).unwrap(), 63 ^ 0x5a);
+        b.store_words(
+            64,
+            &[
+                u64::from_ne_bytes(*b"abcdefgh"),
+                u64::from_ne_bytes(*b"ijklmnop"),
+            ],
+        )
+        .unwrap();
+        b.read(64, &mut got[..16]).unwrap();
+        assert_eq!(&got[..16], b"abcdefghijklmnop");
+        assert!(b.store_words(4088, &[0u64; 2]).is_err());
         // Bounds and alignment refused.
         assert!(matches!(
             b.store_block64(4040, &blk),
