@@ -1463,3 +1463,7 @@ pub const OPT_Q_KEY: u32 = 1 << 5;
 pub const OPT_RNR_TIMEOUT: u32 = 1 << 6;
 /// MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH.
 pub const OPT_PRIMARY_ADDR_PATH: u32 = 1 << 7;
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

@@ -227,7 +227,7 @@ impl DmaBuffer {
             // SAFETY: `p .. p + 64` lies inside this live mapping and is
             // 8-byte aligned (checked by `ring_ptr`); memory shared with a
             // device is only ever accessed volatile, so no reference aliases it.
-            unsafe { p.add(i).write_volatile(u64::from_ne_bytes(q)) };
+            unsafe { p.wrapping_add(i).write_volatile(u64::from_ne_bytes(q)) };
         }
         Ok(())
     }
@@ -242,7 +242,7 @@ impl DmaBuffer {
             // SAFETY: `p .. p + 8N` lies inside this live mapping and is
             // 8-byte aligned (checked by `ring_ptr`); volatile as all
             // device-shared memory.
-            unsafe { p.add(i).write_volatile(*w) };
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
         }
         Ok(())
     }
@@ -256,7 +256,7 @@ impl DmaBuffer {
         for i in 0..8 {
             // SAFETY: as in `store_block64`: inside the mapping, aligned,
             // volatile.
-            let q = unsafe { p.add(i).read_volatile() };
+            let q = unsafe { p.wrapping_add(i).read_volatile() };
             out[i * 8..i * 8 + 8].copy_from_slice(&q.to_ne_bytes());
         }
         Ok(out)
