@@ -900,17 +900,23 @@ impl RecvRing {
             return Err(PostError::QueueFull);
         }
         let slot = (self.pc & self.mask) as usize;
-        let mut seg = vec![0u8; self.stride];
-        let mut at = 0;
-        for s in wr.sg_list {
-            put_data_seg(&mut seg, at, s);
-            at += DATA_SIZE;
+        let base = slot * self.stride;
+        // Data segments as two words each (byte_count:lkey, addr), no
+        // staging copy; a short list ends with a zero-length segment whose
+        // lkey is MLX5_INVALID_LKEY, as rdma-core writes it.
+        for (i, s) in wr.sg_list.iter().enumerate() {
+            let words = [
+                ((u64::from(s.length) << 32) | u64::from(s.lkey)).to_be(),
+                s.addr.to_be(),
+            ];
+            let _ = self.buf.store_words(base + i * DATA_SIZE, &words);
         }
-        if at < self.stride {
-            // Terminate a short scatter list (MLX5_INVALID_LKEY).
-            put32(&mut seg, at + DATA_LKEY, w::TERMINATE_SCATTER_LIST_LKEY);
+        if wr.sg_list.len() * DATA_SIZE < self.stride {
+            let words = [u64::from(w::TERMINATE_SCATTER_LIST_LKEY).to_be(), 0];
+            let _ = self
+                .buf
+                .store_words(base + wr.sg_list.len() * DATA_SIZE, &words);
         }
-        let _ = self.buf.write(slot * self.stride, &seg);
         self.track.rq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(1);
         Ok(())

@@ -505,6 +505,7 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
         track: track.clone(),
     };
     let s = sge(0x1000, 64, 1);
+    let rbuf = rq.buf.clone();
     for id in [500, 501, 502, 503] {
         rq.post(&RecvWr {
             wr_id: id,
@@ -512,6 +513,17 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
         })
         .unwrap();
     }
+    // Receive WQE 0: one data segment (stride 16: no terminator fits).
+    let d = WqeDataSeg::read_from_bytes(&{
+        let mut b = [0u8; 16];
+        rbuf.read(0, &mut b).unwrap();
+        b
+    })
+    .unwrap();
+    assert_eq!(
+        (d.byte_count.get(), d.lkey.get(), d.addr.get()),
+        (64, 1, 0x1000)
+    );
     // PRM CQE opcodes: RESP_SEND 2, RESP_SEND_IMM 3, RESP_WR_IMM 1.
     for (k, (op, imm, grh, want_op, want_flags)) in [
         (2u8, 0u32, 0u32, WcOpcode::Recv, 0u32),
@@ -715,4 +727,50 @@ fn transition_masks_are_ib_modify_qp_is_ok_s_table() {
     assert_eq!(t(Rc, Init, Rts), None);
     assert_eq!(t(Ud, Rts, Err), Some((0, 0)));
     assert_eq!(t(Rc, Rtr, Reset), Some((0, 0)));
+}
+
+#[test]
+fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
+    let buf = DmaBuffer::new(4096).unwrap();
+    buf.fill(0, 4096, 0xee).unwrap();
+    let mut rq = RecvRing {
+        buf: buf.clone(),
+        stride: 64,
+        max_sge: 4,
+        mask: 3,
+        pc: 0,
+        dbrec: DmaBuffer::new(4096).unwrap(),
+        track: WqTrack::new(QPN, 4, 4),
+    };
+    let s = [sge(0x1000, 10, 7), sge(0x2000, 20, 8)];
+    rq.post(&RecvWr {
+        wr_id: 1,
+        sg_list: &s,
+    })
+    .unwrap();
+    let mut b = [0u8; 64];
+    buf.read(0, &mut b).unwrap();
+    for (i, x) in s.iter().enumerate() {
+        let d = WqeDataSeg::read_from_bytes(&b[16 * i..16 * i + 16]).unwrap();
+        assert_eq!(
+            (d.byte_count.get(), d.lkey.get(), d.addr.get()),
+            (x.length(), x.lkey(), x.addr())
+        );
+    }
+    let t = WqeDataSeg::read_from_bytes(&b[32..48]).unwrap();
+    assert_eq!(
+        (t.byte_count.get(), t.lkey.get(), t.addr.get()),
+        (0, 0x100, 0),
+        "MLX5_INVALID_LKEY"
+    );
+    let too_many = [s[0]; 5];
+    assert_eq!(
+        rq.post(&RecvWr {
+            wr_id: 2,
+            sg_list: &too_many
+        }),
+        Err(PostError::TooLarge)
+    );
+    rq.ring();
+    assert_eq!(rq.dbrec.read_u32_be(0).unwrap(), 1, "rcv_counter");
 }
