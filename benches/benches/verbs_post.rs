@@ -18,7 +18,8 @@ use verbs::qp::{send_flags, SendRing, WqTrack};
 use vfio::{DmaBuffer, Mmio};
 use vm_memory::mmap::MmapRegion;
 
-const LOG_SQ: u32 = 16;
+/// 1024 blocks (64 KiB): a usual queue depth, the ring staying in cache.
+const LOG_SQ: u32 = 10;
 
 fn uar() -> Arc<Mmio> {
     Arc::new(Mmio::new(
@@ -77,7 +78,7 @@ fn post(c: &mut Criterion) {
 }
 
 fn poll(c: &mut Criterion) {
-    const LOG_CQ: u8 = 16;
+    const LOG_CQ: u8 = 10;
     let n = 1usize << LOG_CQ;
     let buf = DmaBuffer::new(n * CQE_SIZE).expect("cq");
     let dbrec = DmaBuffer::new(4096).expect("dbrec");

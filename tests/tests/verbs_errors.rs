@@ -229,20 +229,50 @@ fn posting_in_the_wrong_state_is_refused() {
         }]),
         Err((0, PostError::BadState(QpState::Reset)))
     );
+    let invalid = |r: verbs::Result<()>| match r {
+        Err(verbs::Error::Invalid(why)) => why,
+        other => panic!("expected an invalid-argument error, got {other:?}"),
+    };
     // RESET -> RTR does not exist.
     let rtr = QpAttr {
         qp_state: Some(QpState::Rtr),
         ..Default::default()
     };
-    assert!(qa.modify(&rtr, m::STATE).is_err());
+    assert_eq!(
+        invalid(qa.modify(&rtr, m::STATE)),
+        "no such QP state transition"
+    );
     assert_eq!(qa.state(), QpState::Reset);
-    // INIT without the required attributes.
+    // INIT without a required attribute, or with one it does not take.
     let init = QpAttr {
         qp_state: Some(QpState::Init),
         port_num: 1,
         ..Default::default()
     };
-    assert!(qa.modify(&init, m::STATE | m::PORT).is_err());
+    assert_eq!(
+        invalid(qa.modify(&init, m::STATE | m::PORT)),
+        "attribute mask lacks a required attribute"
+    );
+    assert_eq!(
+        invalid(qa.modify(
+            &init,
+            m::STATE | m::PORT | m::PKEY_INDEX | m::ACCESS_FLAGS | m::SQ_PSN
+        )),
+        "attribute mask has an attribute this transition does not take"
+    );
+    let port2 = QpAttr {
+        port_num: 2,
+        ..init
+    };
+    assert_eq!(
+        invalid(qa.modify(&port2, m::STATE | m::PORT | m::PKEY_INDEX | m::ACCESS_FLAGS)),
+        "port number"
+    );
+    assert_eq!(
+        qa.state(),
+        QpState::Reset,
+        "refused modifies change nothing"
+    );
     qa.modify(&init, m::STATE | m::PORT | m::PKEY_INDEX | m::ACCESS_FLAGS)
         .unwrap();
     assert_eq!(

@@ -379,3 +379,27 @@ fn rc_wr_batch_api_posts_every_opcode() {
     assert_eq!(word(&p.a.buf, 30008), 101);
     assert_eq!(word(&p.b.buf, 40960), 5);
 }
+
+#[test]
+fn rc_fast_path_post_rdma_write() {
+    let mut p = pair(1 << 16);
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(16));
+    let data = fill(&p.a.buf, 0, 256, 99);
+    for i in 0..40u64 {
+        let sge = p.a.mr.sge(i % 4 * 64, 64).unwrap();
+        let raddr = p.b.mr.addr() + 4096 + i * 64;
+        qa.post_rdma_write(i, &sge, raddr, p.b.mr.rkey(), SIG)
+            .unwrap();
+        let w = poll_n(&mut p.a.cq, 1);
+        assert_eq!(
+            (w[0].wr_id, w[0].status, w[0].opcode),
+            (i, WcStatus::Success, WcOpcode::RdmaWrite)
+        );
+    }
+    for i in 0..40usize {
+        assert_eq!(
+            read(&p.b.buf, 4096 + i * 64, 64),
+            data[i % 4 * 64..i % 4 * 64 + 64].to_vec()
+        );
+    }
+}

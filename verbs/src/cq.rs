@@ -231,12 +231,11 @@ impl CqRing {
     pub fn next_cqe(&mut self) -> Option<[u8; 64]> {
         let off = ((self.ci & self.mask) as usize) * c::CQE_SIZE;
         // Acquire: the rest of the CQE is read only after the owner bit.
-        let op_own = self.buf.load_u8_acquire(off + OP_OWN).ok()?;
+        let op_own = self.buf.load_u8_acquire_ring(off + OP_OWN).ok()?;
         if !c::cqe_is_sw_owned(op_own, self.ci, self.log_size) {
             return None;
         }
-        let mut e = [0u8; 64];
-        self.buf.read(off, &mut e).ok()?;
+        let e = self.buf.load_block64(off).ok()?;
         self.ci = self.ci.wrapping_add(1);
         Some(e)
     }
@@ -248,7 +247,7 @@ impl CqRing {
         vfio::mmio::dma_wmb();
         let _ = self
             .dbrec
-            .write_u32_be(self.dbrec_off, self.ci & u::DB_CI_MASK);
+            .store_u32_be(self.dbrec_off, self.ci & u::DB_CI_MASK);
     }
 
     /// Polls CQEs of the one QP `t` tracks into `wc` (driver-alone use:

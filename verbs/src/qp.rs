@@ -414,12 +414,28 @@ pub enum PostError {
     BadOp,
 }
 
+/// What a send WQE's completion needs: its wr_id and the producer counter
+/// after it (the queue is free up to there once it completes). One slot per
+/// first block, wr_id and end side by side (one cache line touched).
+#[derive(Debug, Default)]
+struct SqSlot {
+    wrid: AtomicU64,
+    end: AtomicU32,
+}
+
+impl SqSlot {
+    #[inline(always)]
+    fn set(&self, wrid: u64, end: u32) {
+        self.wrid.store(wrid, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+    }
+}
+
 /// Per-QP completion bookkeeping shared with the CQs.
 #[derive(Debug)]
 pub struct WqTrack {
     qpn: u32,
-    sq_wrid: Box<[AtomicU64]>,
-    sq_end: Box<[AtomicU32]>,
+    sq: Box<[SqSlot]>,
     sq_tail: AtomicU32,
     sq_mask: u32,
     rq_wrid: Box<[AtomicU64]>,
@@ -437,11 +453,9 @@ impl WqTrack {
 
     fn with_srq(qpn: u32, sq_cnt: u32, rq_cnt: u32, srq: Option<Arc<SrqShared>>) -> Arc<Self> {
         let v64 = |n: u32| (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
-        let v32 = |n: u32| (0..n.max(1)).map(|_| AtomicU32::new(0)).collect();
         Arc::new(Self {
             qpn,
-            sq_wrid: v64(sq_cnt),
-            sq_end: v32(sq_cnt),
+            sq: (0..sq_cnt.max(1)).map(|_| SqSlot::default()).collect(),
             sq_tail: AtomicU32::new(0),
             sq_mask: sq_cnt.max(1) - 1,
             rq_wrid: v64(rq_cnt),
@@ -461,9 +475,10 @@ impl WqTrack {
     #[inline(always)]
     pub fn sq_complete(&self, wqe_counter: u16) -> u64 {
         let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
-        let end = self.sq_end[i].load(Ordering::Relaxed);
-        self.sq_tail.store(end, Ordering::Release);
-        self.sq_wrid[i].load(Ordering::Relaxed)
+        let s = &self.sq[i];
+        self.sq_tail
+            .store(s.end.load(Ordering::Relaxed), Ordering::Release);
+        s.wrid.load(Ordering::Relaxed)
     }
 
     /// A receive completion: its wr_id (in order, or by SRQ index).
@@ -477,6 +492,20 @@ impl WqTrack {
         self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed)
     }
 }
+
+// The fast path builds segments as words: the offsets it assumes.
+const _: () = assert!(
+    CTRL_OPMOD_IDX_OPCODE == 0
+        && CTRL_QPN_DS == 4
+        && CTRL_FM_CE_SE == 11
+        && CTRL_SIZE == 16
+        && RADDR == 0
+        && RKEY == 8
+        && RADDR_SIZE == 16
+        && DATA_BYTE_COUNT == 0
+        && DATA_LKEY == 4
+        && DATA_ADDR == 8
+);
 
 // Control segment byte offsets, from the layout.
 const CTRL_OPMOD_IDX_OPCODE: usize = wqe_ctrl_seg::OPMOD_IDX_OPCODE.off / 8;
@@ -555,7 +584,7 @@ impl SendRing {
         if base + cnt as usize * BB > buf.len() || dbrec_off + 4 > dbrec.len() {
             return Err(Error::Invalid("send ring outside its buffers"));
         }
-        if track.sq_wrid.len() < cnt as usize {
+        if track.sq.len() < cnt as usize {
             return Err(Error::Invalid("tracking smaller than the ring"));
         }
         uar.write64_raw(bf_off, [0; 8])?;
@@ -638,34 +667,36 @@ impl SendRing {
         if self.free() < 1 {
             return Err(PostError::QueueFull);
         }
-        let mut b = [0u8; BB];
+        // The three segments (ctrl, raddr, data: ds = 3) as six words in
+        // memory order, written straight into the ring (the block's last
+        // 16 bytes are beyond ds and left alone, as rdma-core does).
+        let be2 = |hi: u32, lo: u32| ((u64::from(hi) << 32) | u64::from(lo)).to_be();
         let idx = self.pc as u16;
-        put32(
-            &mut b,
-            CTRL_OPMOD_IDX_OPCODE,
-            w::opmod_idx_opcode(0, idx, WqeOpcode::RdmaWrite),
-        );
-        put32(&mut b, CTRL_QPN_DS, self.qpn8 | 3);
-        b[CTRL_FM_CE_SE] = self.fm_ce_se(flags);
-        put64(&mut b, CTRL_SIZE + RADDR, raddr);
-        put32(&mut b, CTRL_SIZE + RKEY, rkey);
-        put_data_seg(&mut b, CTRL_SIZE + RADDR_SIZE, sge);
-        self.commit_one(&b, wr_id);
-        Ok(())
-    }
-
-    #[inline(always)]
-    fn commit_one(&mut self, b: &[u8; BB], wr_id: u64) {
+        let words = [
+            be2(
+                w::opmod_idx_opcode(0, idx, WqeOpcode::RdmaWrite),
+                self.qpn8 | 3,
+            ),
+            be2(u32::from(self.fm_ce_se(flags)), 0),
+            raddr.to_be(),
+            be2(rkey, 0),
+            be2(sge.length, sge.lkey),
+            sge.addr.to_be(),
+        ];
         let slot = (self.pc & self.mask) as usize;
-        let _ = self.buf.write(self.base + slot * BB, b);
-        self.track.sq_wrid[slot].store(wr_id, Ordering::Relaxed);
+        let _ = self.buf.store_words(self.base + slot * BB, &words);
         self.pc = self.pc.wrapping_add(1);
-        self.track.sq_end[slot].store(self.pc, Ordering::Relaxed);
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&b[..8]);
-        self.pending = Some(first);
+        self.track.sq[slot].set(wr_id, self.pc);
+        self.pending = Some(words[0].to_ne_bytes());
+        // Only a lone WQE goes by BlueFlame: keep the batch's first block.
+        if self.posted_in_batch == 0 && self.blueflame {
+            for (i, q) in words.iter().enumerate() {
+                self.last_bb[i * 8..i * 8 + 8].copy_from_slice(&q.to_ne_bytes());
+            }
+            self.last_bb[48..].fill(0);
+        }
         self.posted_in_batch += 1;
-        self.last_bb = *b;
+        Ok(())
     }
 
     /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
@@ -683,9 +714,8 @@ impl SendRing {
             let to = (from + BB).min(wqe.len());
             let _ = self.buf.write(self.base + slot * BB, &wqe[from..to]);
         }
-        self.track.sq_wrid[slot0].store(wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(nbb);
-        self.track.sq_end[slot0].store(self.pc, Ordering::Relaxed);
+        self.track.sq[slot0].set(wr_id, self.pc);
         let mut first = [0u8; 8];
         first.copy_from_slice(&wqe[..8]);
         self.pending = Some(first);
@@ -707,7 +737,7 @@ impl SendRing {
         // 2. The WQEs are in memory before the record says so.
         dma_wmb();
         // 3. Doorbell record: the send counter (PRM "Send Doorbell").
-        let _ = self.dbrec.write_u32_be(self.dbrec_off, self.pc & 0xffff);
+        let _ = self.dbrec.store_u32_be(self.dbrec_off, self.pc & 0xffff);
         // 4. The record before the UAR write.
         doorbell_barrier();
         // 5. BlueFlame copy of a lone small WQE, else the 8-byte doorbell.
@@ -870,17 +900,23 @@ impl RecvRing {
             return Err(PostError::QueueFull);
         }
         let slot = (self.pc & self.mask) as usize;
-        let mut seg = vec![0u8; self.stride];
-        let mut at = 0;
-        for s in wr.sg_list {
-            put_data_seg(&mut seg, at, s);
-            at += DATA_SIZE;
+        let base = slot * self.stride;
+        // Data segments as two words each (byte_count:lkey, addr), no
+        // staging copy; a short list ends with a zero-length segment whose
+        // lkey is MLX5_INVALID_LKEY, as rdma-core writes it.
+        for (i, s) in wr.sg_list.iter().enumerate() {
+            let words = [
+                ((u64::from(s.length) << 32) | u64::from(s.lkey)).to_be(),
+                s.addr.to_be(),
+            ];
+            let _ = self.buf.store_words(base + i * DATA_SIZE, &words);
         }
-        if at < self.stride {
-            // Terminate a short scatter list (MLX5_INVALID_LKEY).
-            put32(&mut seg, at + DATA_LKEY, w::TERMINATE_SCATTER_LIST_LKEY);
+        if wr.sg_list.len() * DATA_SIZE < self.stride {
+            let words = [u64::from(w::TERMINATE_SCATTER_LIST_LKEY).to_be(), 0];
+            let _ = self
+                .buf
+                .store_words(base + wr.sg_list.len() * DATA_SIZE, &words);
         }
-        let _ = self.buf.write(slot * self.stride, &seg);
         self.track.rq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(1);
         Ok(())
@@ -888,7 +924,7 @@ impl RecvRing {
 
     fn ring(&self) {
         dma_wmb();
-        let _ = self.dbrec.write_u32_be(0, self.pc & 0xffff);
+        let _ = self.dbrec.store_u32_be(0, self.pc & 0xffff);
     }
 }
 
@@ -1433,3 +1469,7 @@ pub const OPT_Q_KEY: u32 = 1 << 5;
 pub const OPT_RNR_TIMEOUT: u32 = 1 << 6;
 /// MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH.
 pub const OPT_PRIMARY_ADDR_PATH: u32 = 1 << 7;
+
+#[cfg(test)]
+#[path = "qp_tests.rs"]
+mod tests;

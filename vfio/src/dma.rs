@@ -249,6 +249,89 @@ impl DmaBuffer {
     pub fn write_u64_be(&self, offset: usize, value: u64) -> Result<()> {
         self.write(offset, &value.to_be_bytes())
     }
+
+    // Fixed-size accessors for ring memory (WQEs, CQEs, doorbell records):
+    // one bounds-and-alignment check, then plain volatile loads and stores
+    // of whole aligned words, which is what the data path needs per entry.
+
+    /// A pointer to `len` bytes at `offset`, `align`-aligned in memory.
+    #[inline(always)]
+    fn ring_ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8> {
+        self.check(offset, len)?;
+        let p = self.region.as_ptr().wrapping_add(offset);
+        if (p as usize) % align != 0 {
+            return Err(self.oob(offset, len as u64));
+        }
+        Ok(p)
+    }
+
+    /// Stores the 64-byte `block` at `offset` (8-byte aligned) in eight
+    /// volatile 64-bit stores, byte order kept: a send WQE basic block.
+    #[inline(always)]
+    pub fn store_block64(&self, offset: usize, block: &[u8; 64]) -> Result<()> {
+        let p = self.ring_ptr(offset, 64, 8)?.cast::<u64>();
+        for i in 0..8 {
+            let mut q = [0u8; 8];
+            q.copy_from_slice(&block[i * 8..i * 8 + 8]);
+            // SAFETY: `p .. p + 64` lies inside this live mapping and is
+            // 8-byte aligned (checked by `ring_ptr`); memory shared with a
+            // device is only ever accessed volatile, so no reference aliases it.
+            unsafe { p.wrapping_add(i).write_volatile(u64::from_ne_bytes(q)) };
+        }
+        Ok(())
+    }
+
+    /// Stores `N` 64-bit words at `offset` (8-byte aligned), each in one
+    /// volatile store of its in-memory bytes (`u64::from_ne_bytes`): the
+    /// segments of a WQE built in registers.
+    #[inline(always)]
+    pub fn store_words<const N: usize>(&self, offset: usize, words: &[u64; N]) -> Result<()> {
+        let p = self.ring_ptr(offset, N * 8, 8)?.cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 8N` lies inside this live mapping and is
+            // 8-byte aligned (checked by `ring_ptr`); volatile as all
+            // device-shared memory.
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
+        }
+        Ok(())
+    }
+
+    /// Loads the 64 bytes at `offset` (8-byte aligned) in eight volatile
+    /// 64-bit loads: a CQE.
+    #[inline(always)]
+    pub fn load_block64(&self, offset: usize) -> Result<[u8; 64]> {
+        let p = self.ring_ptr(offset, 64, 8)?.cast::<u64>();
+        let mut out = [0u8; 64];
+        for i in 0..8 {
+            // SAFETY: as in `store_block64`: inside the mapping, aligned,
+            // volatile.
+            let q = unsafe { p.wrapping_add(i).read_volatile() };
+            out[i * 8..i * 8 + 8].copy_from_slice(&q.to_ne_bytes());
+        }
+        Ok(out)
+    }
+
+    /// Stores a big-endian u32 at `offset` (4-byte aligned) in one volatile
+    /// store: a doorbell record.
+    #[inline(always)]
+    pub fn store_u32_be(&self, offset: usize, value: u32) -> Result<()> {
+        let p = self.ring_ptr(offset, 4, 4)?.cast::<u32>();
+        // SAFETY: inside the mapping and 4-byte aligned (checked); volatile.
+        unsafe { p.write_volatile(value.to_be()) };
+        Ok(())
+    }
+
+    /// Loads the byte at `offset` with acquire ordering (an ownership
+    /// byte), without going through a volatile slice.
+    #[inline(always)]
+    pub fn load_u8_acquire_ring(&self, offset: usize) -> Result<u8> {
+        let p = self.ring_ptr(offset, 1, 1)?;
+        // SAFETY: `p` is inside the live mapping (checked); an AtomicU8 has
+        // the size and alignment of u8, and the byte is only accessed
+        // atomically or volatile by this process.
+        let a = unsafe { std::sync::atomic::AtomicU8::from_ptr(p) };
+        Ok(a.load(Ordering::Acquire))
+    }
 }
 
 #[cfg(test)]
@@ -287,6 +370,61 @@ mod tests {
         let odd = DmaBuffer::with_huge_page(HUGE_2M + 4096, HugePage::Size2M).unwrap();
         assert_eq!(odd.page_size(), PAGE_SIZE);
         assert!(!DmaBuffer::with_hugepages(8192, false).unwrap().is_huge());
+    }
+
+    #[test]
+    fn ring_accessors_store_and_load_whole_words() {
+        let b = DmaBuffer::new(4096).unwrap();
+        let mut blk = [0u8; 64];
+        for (i, x) in blk.iter_mut().enumerate() {
+            *x = i as u8 ^ 0x5a;
+        }
+        b.store_block64(4032, &blk).unwrap();
+        let mut got = [0u8; 64];
+        b.read(4032, &mut got).unwrap();
+        assert_eq!(got, blk);
+        assert_eq!(b.load_block64(4032).unwrap(), blk);
+        b.store_u32_be(12, 0xa1b2_c3d4).unwrap();
+        assert_eq!(
+            b.read(12, &mut got[..4])
+                .map(|_| got[..4].to_vec())
+                .unwrap(),
+            [0xa1, 0xb2, 0xc3, 0xd4]
+        );
+        assert_eq!(b.load_u8_acquire_ring(4032 + 63).unwrap(), 63 ^ 0x5a);
+        b.store_words(
+            64,
+            &[
+                u64::from_ne_bytes(*b"abcdefgh"),
+                u64::from_ne_bytes(*b"ijklmnop"),
+            ],
+        )
+        .unwrap();
+        b.read(64, &mut got[..16]).unwrap();
+        assert_eq!(&got[..16], b"abcdefghijklmnop");
+        assert!(b.store_words(4088, &[0u64; 2]).is_err());
+        // Bounds and alignment refused.
+        assert!(matches!(
+            b.store_block64(4040, &blk),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            b.store_block64(4, &blk),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            b.load_block64(4090),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            b.store_u32_be(2, 1),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            b.store_u32_be(4094, 1),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(b.load_u8_acquire_ring(4096).is_err());
     }
 
     #[test]
