@@ -11,13 +11,7 @@ use verbs::qp::{
 use verbs_common::*;
 
 /// 1000 QPs on each of two functions, each writing its own bytes.
-///
-/// Ignored in the default run: the device model scans every UAR's doorbell
-/// registers on each poll and sweeps every QP every 200 us, so with 2000+
-/// UARs a command takes ~35 ms and this test ~9 minutes (debug build);
-/// written up for the model side. Run with `--ignored`.
 #[test]
-#[ignore = "the model's per-poll UAR scan makes 1000 QPs take ~9 minutes"]
 fn a_thousand_qps_at_once() {
     many_qps(1000);
 }
