@@ -8,3 +8,4 @@ pub mod dev;
 pub mod devinfo;
 pub mod health;
 pub mod layouts;
+pub mod perf;

@@ -1,0 +1,248 @@
+//! The latency loops (perftest's `run_iter_lat_write`, `run_iter_lat_send`,
+//! `run_iter_lat` and `print_report_lat`). WRITE and SEND ping-pong: the
+//! client stamps each iteration as it posts, the server answers every
+//! message it sees, and a sample is half the round trip. READ and atomics
+//! are one-sided: a sample is the whole round trip of one WR.
+
+use std::time::{Duration, Instant};
+
+use verbs::cq::Wc;
+
+use super::clock;
+use super::exchange::Ctl;
+use super::params::{Params, Verb};
+use super::res::Side;
+
+/// perftest's `LAT_MEASURE_TAIL`: the largest samples dropped.
+pub const TAIL: usize = 2;
+
+/// Latency figures in microseconds (perftest's report line).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LatReport {
+    /// Message size.
+    pub size: u64,
+    /// Iterations.
+    pub iters: u64,
+    /// Minimum.
+    pub t_min: f64,
+    /// Maximum (after the tail).
+    pub t_max: f64,
+    /// Median.
+    pub t_typical: f64,
+    /// Mean.
+    pub t_avg: f64,
+    /// Standard deviation.
+    pub t_stdev: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Duration mode: transactions per second.
+    pub tps: Option<f64>,
+}
+
+/// Ping-pong (WRITE/SEND) or one-sided (READ/atomic) for `iters`
+/// iterations or `duration`; returns the per-iteration stamps (client) and
+/// the iterations done.
+pub fn run(
+    side: &mut Side,
+    p: &Params,
+    ctl: &mut Ctl,
+    size: u64,
+    iters: u64,
+    duration: Option<Duration>,
+) -> Result<(Vec<u64>, u64), String> {
+    let client = ctl.client;
+    let one_sided = matches!(p.test.verb, Verb::Read | Verb::Atomic);
+    let poll_off = size as usize - 1;
+    let send_off = side.send_off(0) as usize;
+    if p.test.verb == Verb::Write {
+        side.buf
+            .store_u8_release(poll_off, 0)
+            .map_err(|e| e.to_string())?;
+        side.buf
+            .store_u8_release(send_off + poll_off, 0)
+            .map_err(|e| e.to_string())?;
+    }
+    if p.test.verb == Verb::Send {
+        for _ in 0..p.rx_depth.min(16) {
+            side.post_recv(p, 0, size)?;
+        }
+    }
+    ctl.sync()?;
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
+    let mut wc = [Wc::default(); 4];
+    if one_sided && !client {
+        return Ok((stamps, 0));
+    }
+    let t0 = Instant::now();
+    let mut next_progress = t0 + Duration::from_secs(1);
+    let mut i = 0u64;
+    let mut peer_stopped = false;
+    loop {
+        if let Some(d) = duration {
+            if client && t0.elapsed() >= d {
+                break;
+            }
+            if Instant::now() >= next_progress {
+                if client {
+                    super::progress(&format!(
+                        "{} s of {} s: {i} iterations",
+                        t0.elapsed().as_secs(),
+                        d.as_secs()
+                    ));
+                }
+                next_progress += Duration::from_secs(1);
+            }
+        } else if i >= iters {
+            break;
+        }
+        let tag = (i % 255) as u8 + 1;
+        // The server waits for the ping first; the client posts first.
+        if !client && !one_sided {
+            if !wait_ping(side, p, ctl, poll_off, tag, duration.is_some(), &mut wc)? {
+                peer_stopped = true;
+                break;
+            }
+        }
+        if client {
+            stamps.push(clock::cycles());
+        }
+        if p.test.verb == Verb::Write {
+            side.buf
+                .store_u8_release(send_off + poll_off, tag)
+                .map_err(|e| e.to_string())?;
+        }
+        side.post_send(p, 0, size, 1, true, 0)?;
+        if client && !one_sided {
+            wait_ping(side, p, ctl, poll_off, tag, false, &mut wc)?;
+        }
+        // The WR's own completion.
+        while side.poll(false, &mut wc[..1])? == 0 {
+            std::hint::spin_loop();
+        }
+        i += 1;
+    }
+    if client {
+        stamps.push(clock::cycles());
+    }
+    let _ = peer_stopped;
+    Ok((stamps, i))
+}
+
+/// Waits for the peer's message `tag` (WRITE: the last byte of our
+/// receive half; SEND: a receive completion, then reposts). With
+/// `stoppable`, gives up (false) when the peer says it is done.
+fn wait_ping(
+    side: &mut Side,
+    p: &Params,
+    ctl: &mut Ctl,
+    poll_off: usize,
+    tag: u8,
+    stoppable: bool,
+    wc: &mut [Wc],
+) -> Result<bool, String> {
+    let mut spins = 0u32;
+    loop {
+        let ok = if p.test.verb == Verb::Write {
+            side.buf
+                .load_u8_acquire(poll_off)
+                .map_err(|e| e.to_string())?
+                == tag
+        } else {
+            let n = side.poll(true, &mut wc[..1])?;
+            if n == 1 {
+                let size = poll_off as u64 + 1;
+                side.post_recv(p, 0, size)?;
+            }
+            n == 1
+        };
+        if ok {
+            return Ok(true);
+        }
+        spins = spins.wrapping_add(1);
+        if stoppable && spins % 1024 == 0 && ctl.peer_done() {
+            return Ok(false);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// perftest's `print_report_lat` over the client's stamps.
+pub fn report(p: &Params, stamps: &[u64], size: u64) -> LatReport {
+    let factor = if matches!(p.test.verb, Verb::Read | Verb::Atomic) {
+        1.0
+    } else {
+        2.0
+    };
+    let mut delta: Vec<u64> = stamps
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect();
+    delta.sort_unstable();
+    let iters = delta.len() as u64;
+    let mut n = delta.len();
+    if n > TAIL {
+        n -= TAIL;
+    }
+    if n == 0 {
+        return LatReport {
+            size,
+            ..Default::default()
+        };
+    }
+    let us = |c: f64| c / clock::MHZ / factor;
+    let d = &delta[..n];
+    let median = if n % 2 == 0 {
+        (d[n / 2 - 1] + d[n / 2]) as f64 / 2.0
+    } else {
+        d[n / 2] as f64
+    };
+    let avg = d.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+    let var = d
+        .iter()
+        .map(|&x| (us(x as f64) - us(avg)).powi(2))
+        .sum::<f64>()
+        / n as f64;
+    let pct = |q: f64| {
+        let k = ((n as f64 * q).ceil() as usize).clamp(1, n);
+        us(d[k - 1] as f64)
+    };
+    LatReport {
+        size,
+        iters,
+        t_min: us(d[0] as f64),
+        t_max: us(d[n - 1] as f64),
+        t_typical: us(median),
+        t_avg: us(avg),
+        t_stdev: var.sqrt(),
+        p99: pct(0.99),
+        p999: pct(0.999),
+        tps: None,
+    }
+}
+
+/// Duration mode: average latency and transactions per second.
+pub fn report_duration(p: &Params, stamps: &[u64], size: u64, iters: u64) -> LatReport {
+    let factor = if matches!(p.test.verb, Verb::Read | Verb::Atomic) {
+        1.0
+    } else {
+        2.0
+    };
+    let cycles = match (stamps.first(), stamps.last()) {
+        (Some(a), Some(b)) => b.saturating_sub(*a) as f64,
+        _ => 0.0,
+    };
+    let secs = cycles / (clock::MHZ * 1e6);
+    LatReport {
+        size,
+        iters,
+        t_avg: if iters > 0 {
+            cycles / clock::MHZ / iters as f64 / factor
+        } else {
+            0.0
+        },
+        tps: Some(if secs > 0.0 { iters as f64 / secs } else { 0.0 }),
+        ..Default::default()
+    }
+}
