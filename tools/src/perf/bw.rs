@@ -200,7 +200,7 @@ pub fn run(side: &mut Side, p: &Params, ctl: &mut Ctl, r: Round) -> Result<Stamp
             }
         }
         if got == 0 {
-            std::hint::spin_loop();
+            super::idle();
         }
     }
     if st.end == 0 {

@@ -119,7 +119,7 @@ pub fn run(
         }
         // The WR's own completion.
         while side.poll(false, &mut wc[..1])? == 0 {
-            std::hint::spin_loop();
+            super::idle();
         }
         i += 1;
     }
@@ -164,7 +164,7 @@ fn wait_ping(
         if stoppable && spins % 1024 == 0 && ctl.peer_done() {
             return Ok(false);
         }
-        std::hint::spin_loop();
+        super::idle();
     }
 }
 

@@ -10,6 +10,7 @@
 //! device-model functions, as two threads talking over loopback TCP.
 
 pub mod bw;
+pub mod cli;
 pub mod clock;
 pub mod exchange;
 pub mod json;
@@ -28,6 +29,14 @@ use crate::dev::Dev;
 use exchange::Ctl;
 use params::{Kind, Params, Verb};
 use res::Side;
+
+/// Nothing to poll: give the CPU away. perftest spins; here the device
+/// model's threads share the CPUs with the benchmark, and a spinning
+/// poller on a machine with few cores starves the "hardware".
+#[inline]
+pub fn idle() {
+    std::thread::yield_now();
+}
 
 /// A progress line on stderr (never on stdout or in the JSON).
 pub fn progress(msg: &str) {
