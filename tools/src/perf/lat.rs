@@ -78,7 +78,6 @@ pub fn run(
     let t0 = Instant::now();
     let mut next_progress = t0 + Duration::from_secs(1);
     let mut i = 0u64;
-    let mut peer_stopped = false;
     loop {
         if let Some(d) = duration {
             if client && t0.elapsed() >= d {
@@ -99,11 +98,10 @@ pub fn run(
         }
         let tag = (i % 255) as u8 + 1;
         // The server waits for the ping first; the client posts first.
-        if !client && !one_sided {
-            if !wait_ping(side, p, ctl, poll_off, tag, duration.is_some(), &mut wc)? {
-                peer_stopped = true;
-                break;
-            }
+        if !client && !one_sided && !wait_ping(side, p, ctl, poll_off, tag, &mut wc)? {
+            // The client is done (duration mode) or gone: the caller
+            // checks the count.
+            break;
         }
         if client {
             stamps.push(clock::cycles());
@@ -114,8 +112,8 @@ pub fn run(
                 .map_err(|e| e.to_string())?;
         }
         side.post_send(p, 0, size, 1, true, 0)?;
-        if client && !one_sided {
-            wait_ping(side, p, ctl, poll_off, tag, false, &mut wc)?;
+        if client && !one_sided && !wait_ping(side, p, ctl, poll_off, tag, &mut wc)? {
+            return Err(format!("the server stopped answering after {i} iterations"));
         }
         // The WR's own completion.
         while side.poll(false, &mut wc[..1])? == 0 {
@@ -126,20 +124,18 @@ pub fn run(
     if client {
         stamps.push(clock::cycles());
     }
-    let _ = peer_stopped;
     Ok((stamps, i))
 }
 
 /// Waits for the peer's message `tag` (WRITE: the last byte of our
-/// receive half; SEND: a receive completion, then reposts). With
-/// `stoppable`, gives up (false) when the peer says it is done.
+/// receive half; SEND: a receive completion, then reposts); gives up
+/// (false) when the peer says it is done or closes the connection.
 fn wait_ping(
     side: &mut Side,
     p: &Params,
     ctl: &mut Ctl,
     poll_off: usize,
     tag: u8,
-    stoppable: bool,
     wc: &mut [Wc],
 ) -> Result<bool, String> {
     let mut spins = 0u32;
@@ -161,7 +157,7 @@ fn wait_ping(
             return Ok(true);
         }
         spins = spins.wrapping_add(1);
-        if stoppable && spins % 1024 == 0 && ctl.peer_done() {
+        if spins % 1024 == 0 && ctl.peer_done() {
             return Ok(false);
         }
         super::idle();
