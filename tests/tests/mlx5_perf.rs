@@ -280,6 +280,10 @@ fn duration_mode() {
     assert_eq!(bwr.len(), 1);
     assert!(bwr[0][1] > 0.0 && bwr[0][3] > 0.0, "{:?}", bwr[0]);
     assert_eq!(bwr[0][2], 0.0, "no peak in duration mode (as perftest)");
+    assert!(
+        !r.text.contains(" s of "),
+        "the progress line goes to stderr, not into the report"
+    );
     let r = run(&["read_lat", "-D", "1"], true);
     let dur = rows(
         &r.text,
