@@ -164,53 +164,53 @@ fn wait_ping(
     }
 }
 
-/// perftest's `print_report_lat` over the client's stamps.
-pub fn report(p: &Params, stamps: &[u64], size: u64) -> LatReport {
+/// perftest's `print_report_lat` over the client's stamps (one per
+/// iteration, as it posted; a final stamp after the last reply is
+/// ignored): `iters - 1` intervals, sorted, the [`TAIL`] largest cut,
+/// t_max the largest kept + 1 and the percentiles at index
+/// `ceil(n * q)` as perftest indexes them. The deviation is computed in
+/// floating point (perftest truncates each term to an integer).
+pub fn report(p: &Params, stamps: &[u64], size: u64, iters: u64) -> LatReport {
     let factor = if matches!(p.test.verb, Verb::Read | Verb::Atomic) {
         1.0
     } else {
         2.0
     };
+    let stamps = &stamps[..stamps.len().min(iters as usize)];
     let mut delta: Vec<u64> = stamps
         .windows(2)
         .map(|w| w[1].saturating_sub(w[0]))
         .collect();
     delta.sort_unstable();
-    let iters = delta.len() as u64;
-    let mut n = delta.len();
-    if n > TAIL {
-        n -= TAIL;
-    }
-    if n == 0 {
+    if delta.len() <= TAIL {
         return LatReport {
             size,
+            iters,
             ..Default::default()
         };
     }
+    let n = delta.len() - TAIL;
     let us = |c: f64| c / clock::MHZ / factor;
-    let d = &delta[..n];
+    let d = &delta;
     let median = if n % 2 == 0 {
         (d[n / 2 - 1] + d[n / 2]) as f64 / 2.0
     } else {
         d[n / 2] as f64
     };
-    let avg = d.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
-    let var = d
+    let avg = d[..n].iter().map(|&x| us(x as f64)).sum::<f64>() / n as f64;
+    let var = d[..n]
         .iter()
-        .map(|&x| (us(x as f64) - us(avg)).powi(2))
+        .map(|&x| (us(x as f64) - avg).powi(2))
         .sum::<f64>()
         / n as f64;
-    let pct = |q: f64| {
-        let k = ((n as f64 * q).ceil() as usize).clamp(1, n);
-        us(d[k - 1] as f64)
-    };
+    let pct = |q: f64| us(d[((n as f64 * q).ceil() as usize).min(d.len() - 1)] as f64);
     LatReport {
         size,
         iters,
         t_min: us(d[0] as f64),
-        t_max: us(d[n - 1] as f64),
+        t_max: us(d[n] as f64),
         t_typical: us(median),
-        t_avg: us(avg),
+        t_avg: avg,
         t_stdev: var.sqrt(),
         p99: pct(0.99),
         p999: pct(0.999),

@@ -249,7 +249,7 @@ fn side_main(
                     let r = if duration.is_some() {
                         lat::report_duration(p, &stamps, size, n)
                     } else {
-                        lat::report(p, &stamps, size)
+                        lat::report(p, &stamps, size, n)
                     };
                     let c = cpu.then_some(util);
                     let mut row = report::lat_row(&r);
