@@ -56,6 +56,8 @@ pub struct Side {
     pub mtu_bytes: u32,
     /// IBV_MTU_* used.
     pub mtu: u8,
+    /// Inline payload staging, reused by every post.
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for Side {
@@ -169,6 +171,7 @@ impl Side {
             psns,
             mtu_bytes,
             mtu,
+            scratch: Vec::new(),
         })
     }
 
@@ -365,7 +368,7 @@ impl Side {
         let sges = [sge];
         let inline =
             size <= p.inline_size as u64 && matches!(p.test.verb, Verb::Write | Verb::Send);
-        let mut inline_bytes = Vec::new();
+        let mut inline_bytes = std::mem::take(&mut self.scratch);
         let payload = if inline {
             inline_bytes.resize(size as usize, 0);
             self.buf
@@ -380,22 +383,24 @@ impl Side {
             remote_qpn: r.qpn,
             remote_qkey: QKEY,
         });
-        let wrs: Vec<SendWr<'_>> = (0..n)
-            .map(|k| SendWr {
-                wr_id,
-                op,
-                payload,
-                flags: if signaled && k + 1 == n {
-                    send_flags::SIGNALED
-                } else {
-                    0
-                },
-                ud,
-            })
-            .collect();
-        self.qps[i]
-            .post_send(&wrs)
-            .map_err(|(k, err)| format!("ibv_post_send (WR {k}): {err}"))
+        let wr = |flags| SendWr {
+            wr_id,
+            op,
+            payload,
+            flags,
+            ud,
+        };
+        let last = wr(if signaled { send_flags::SIGNALED } else { 0 });
+        let r = if n <= 1 {
+            // The common case posts without allocating.
+            self.qps[i].post_send(&[last])
+        } else {
+            let mut wrs = vec![wr(0); n as usize - 1];
+            wrs.push(last);
+            self.qps[i].post_send(&wrs)
+        };
+        self.scratch = inline_bytes;
+        r.map_err(|(k, err)| format!("ibv_post_send (WR {k}): {err}"))
     }
 
     /// Posts one receive on QP `i`: its whole receive half, so that a
