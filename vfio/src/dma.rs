@@ -7,7 +7,7 @@
 //! volatile copies (the device writes them concurrently).
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -51,6 +51,7 @@ impl DmaBuffer {
 
     fn make(len: usize, huge: bool) -> Result<Arc<Self>> {
         let flags = libc::MFD_CLOEXEC
+            | libc::MFD_ALLOW_SEALING
             | if huge {
                 libc::MFD_HUGETLB | (21 << libc::MFD_HUGE_SHIFT)
             } else {
@@ -68,6 +69,14 @@ impl DmaBuffer {
             op: "ftruncate(memfd)",
             source: e,
         })?;
+        // The size is final: sealed so that no process the file is shared
+        // with (a vfio-user server, a vhost-user backend) can have pages cut
+        // from under its mapping by a shrink.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(Error::os("fcntl(memfd, F_ADD_SEALS)"));
+        }
         let file = Arc::new(file);
         let region =
             MmapRegion::from_file(FileOffset::from_arc(file.clone(), 0), len).map_err(|e| {

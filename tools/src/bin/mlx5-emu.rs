@@ -3,7 +3,8 @@
 //!
 //! `mlx5-emu serve --socket PATH [--profile cx4] [--functions N]` serves
 //! function 0 on `PATH` and function `i` on `PATH.i` (`PATH.1`, ...), each
-//! its own device with its own server thread, one client at a time. Any
+//! its own device with its own server thread, one client at a time, their
+//! ports cabled together (`mlx5_emu::Fabric`: two make a cable). Any
 //! vfio-user client can open them; this workspace's tools take
 //! `-d vfio-user:PATH`. SIGINT or SIGTERM stops the servers and removes
 //! the sockets.
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use mlx5_emu::{Device, DeviceConfig, Profile};
+use mlx5_emu::{Device, DeviceConfig, Fabric, Profile};
 use tools::dev::Dev;
 use vfio::emulated::{Bus, DeviceModel};
 use vfio::user::Server;
@@ -41,7 +42,7 @@ enum Cmd {
         /// Which card: cx4, cx5, cx6 or cx7.
         #[arg(long, default_value = "cx4", value_parser = parse_profile)]
         profile: Profile,
-        /// How many functions to serve.
+        /// How many functions to serve, their ports cabled together.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         functions: u32,
     },
@@ -77,14 +78,19 @@ fn serve(socket: PathBuf, profile: Profile, functions: u32) -> Result<(), String
         vmm_sys_util::signal::register_signal_handler(sig, on_signal)
             .map_err(|e| format!("installing the signal handler: {e}"))?;
     }
-    // Cabling: once the fabric of the data path lands, the devices made
-    // here are cabled port to port before their servers start.
+    // The functions' ports are cabled together (two: a cable; more: a
+    // switch; one: looped back), so clients of different sockets exchange
+    // RDMA traffic. Each function has its own MAC, hence its own GIDs.
+    let fabric = Fabric::new();
     let mut servers = Vec::new();
     for i in 0..functions {
         let path = socket_of(&socket, i);
         let bus = Bus::new();
-        let dev: Arc<dyn DeviceModel> =
-            Arc::new(Device::new(DeviceConfig::for_profile(profile), bus.clone()));
+        let mut cfg = DeviceConfig::for_profile(profile);
+        cfg.mac = mlx5_emu::DEFAULT_MAC + u64::from(i);
+        let dev = Arc::new(Device::new(cfg, bus.clone()));
+        fabric.attach(&dev);
+        let dev: Arc<dyn DeviceModel> = dev;
         let server =
             Server::bind(&path, dev, bus).map_err(|e| format!("{}: {e}", path.display()))?;
         tracing::info!(function = i, socket = %path.display(), profile = profile.short(), "serving");
@@ -110,6 +116,7 @@ fn serve(socket: PathBuf, profile: Profile, functions: u32) -> Result<(), String
     tracing::info!("stopping");
     // Each server stops, releases its function and removes its socket.
     drop(servers);
+    drop(fabric);
     eprintln!("mlx5-emu: stopped");
     Ok(())
 }
