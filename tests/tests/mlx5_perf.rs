@@ -349,3 +349,75 @@ fn bad_flags_are_refused() {
     assert!(e.contains("HOST"), "{e}");
     assert!(out.is_empty(), "nothing printed for refused flags");
 }
+
+/// Two sides as perftest runs them: a server (`-d DEV`, waiting on its
+/// port) and a client (`-d DEV HOST`), each opening its own function over
+/// vfio-user; the two served functions are cabled.
+#[test]
+fn server_and_client_over_vfio_user() {
+    use std::sync::Arc;
+    use vfio::emulated::{Bus, DeviceModel};
+    use vfio::user::Server;
+
+    let fabric = mlx5_emu::Fabric::new();
+    let dir = std::env::temp_dir();
+    let mut servers = Vec::new();
+    let mut paths = Vec::new();
+    for i in 0..2u64 {
+        let path = dir.join(format!("mlx5-perf-test-{}-{i}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let bus = Bus::new();
+        let mut cfg = mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4);
+        cfg.mac = mlx5_emu::DEFAULT_MAC + i;
+        let dev = Arc::new(mlx5_emu::Device::new(cfg, bus.clone()));
+        fabric.attach(&dev);
+        let dev: Arc<dyn DeviceModel> = dev;
+        servers.push(Server::bind(&path, dev, bus).unwrap().spawn().unwrap());
+        paths.push(format!("vfio-user:{}", path.display()));
+    }
+    // A free TCP port for the exchange.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    for prog in ["write_bw", "send_lat"] {
+        let (d0, p0) = (paths[0].clone(), port.clone());
+        let server = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            tools::perf::cli::main_with(&[prog, "-n", "20", "-d", &d0, "-p", &p0], &mut out)
+                .map(|()| String::from_utf8(out).unwrap())
+        });
+        let mut out = Vec::new();
+        tools::perf::cli::main_with(
+            &[prog, "-n", "20", "-d", &paths[1], "-p", &port, "127.0.0.1"],
+            &mut out,
+        )
+        .unwrap_or_else(|e| panic!("client: {e}"));
+        let srv = server
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("server: {e}"));
+        let cli = String::from_utf8(out).unwrap();
+        let title = if prog == "write_bw" { BW_MIB } else { LAT };
+        let r = rows(&cli, title);
+        assert_eq!((r.len(), r[0][1] as u64), (1, 20), "{cli}");
+        // The server prints the header and both addresses, no results.
+        assert!(srv.contains(" local address: LID 0000 QPN 0x"), "{srv}");
+        assert!(!srv.contains(title), "{srv}");
+        // Each side's local address is the other's remote one.
+        let addr = |t: &str, side: &str| {
+            t.lines()
+                .find(|l| l.starts_with(&format!(" {side} address")))
+                .unwrap()
+                .split_once("QPN")
+                .unwrap()
+                .1
+                .to_string()
+        };
+        assert_eq!(addr(&cli, "local"), addr(&srv, "remote"));
+        assert_eq!(addr(&cli, "remote"), addr(&srv, "local"));
+    }
+    drop(servers);
+}
