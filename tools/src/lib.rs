@@ -9,4 +9,5 @@ pub mod devinfo;
 pub mod health;
 pub mod layouts;
 pub mod list;
+pub mod perf;
 pub mod reset;
