@@ -164,9 +164,57 @@ const WQE_COUNTER: usize = cqe64::WQE_COUNTER.off / 8;
 const SYNDROME: usize = err_cqe::SYNDROME.off / 8;
 const VENDOR_SYND: usize = err_cqe::VENDOR_ERR_SYND.off / 8;
 
-#[inline(always)]
-fn be32(b: &[u8; 64], o: usize) -> u32 {
-    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+/// Where a CQE's fields are read from: a CQE still in ring memory, loaded
+/// field by field so a completion reads only what its opcode needs
+/// ([`RingCqe`]), or a copied one (`[u8; 64]`).
+pub trait CqeFields {
+    /// The byte at `off`.
+    fn u8_at(&self, off: usize) -> u8;
+    /// The big-endian u16 at `off`.
+    fn be16_at(&self, off: usize) -> u16;
+    /// The big-endian u32 at `off`.
+    fn be32_at(&self, off: usize) -> u32;
+}
+
+impl CqeFields for [u8; 64] {
+    #[inline(always)]
+    fn u8_at(&self, off: usize) -> u8 {
+        self[off]
+    }
+    #[inline(always)]
+    fn be16_at(&self, off: usize) -> u16 {
+        u16::from_be_bytes([self[off], self[off + 1]])
+    }
+    #[inline(always)]
+    fn be32_at(&self, off: usize) -> u32 {
+        u32::from_be_bytes([self[off], self[off + 1], self[off + 2], self[off + 3]])
+    }
+}
+
+/// A software-owned CQE in the ring (its owner byte was read with acquire
+/// ordering, so its other fields are the device's), valid until the
+/// consumer index is published.
+#[derive(Debug, Clone, Copy)]
+pub struct RingCqe<'a> {
+    buf: &'a DmaBuffer,
+    off: usize,
+}
+
+impl CqeFields for RingCqe<'_> {
+    // The CQE lies inside the ring (checked when the ring was made), so the
+    // loads do not fail; a zero would be read if one did.
+    #[inline(always)]
+    fn u8_at(&self, off: usize) -> u8 {
+        self.buf.load_u8_ring(self.off + off).unwrap_or(0)
+    }
+    #[inline(always)]
+    fn be16_at(&self, off: usize) -> u16 {
+        self.buf.load_u16_be_ring(self.off + off).unwrap_or(0)
+    }
+    #[inline(always)]
+    fn be32_at(&self, off: usize) -> u32 {
+        self.buf.load_u32_be_ring(self.off + off).unwrap_or(0)
+    }
 }
 
 /// The polling side of a CQ: ring memory, consumer index, doorbell record
@@ -226,18 +274,28 @@ impl CqRing {
         self.ci
     }
 
-    /// Copies out the next software-owned CQE and advances, or `None`.
+    /// The offset of the next software-owned CQE, advancing past it, or
+    /// `None`. Its fields stay valid until [`update_ci`](Self::update_ci).
     #[inline(always)]
-    pub fn next_cqe(&mut self) -> Option<[u8; 64]> {
+    fn next_cqe_offset(&mut self) -> Option<usize> {
         let off = ((self.ci & self.mask) as usize) * c::CQE_SIZE;
         // Acquire: the rest of the CQE is read only after the owner bit.
         let op_own = self.buf.load_u8_acquire_ring(off + OP_OWN).ok()?;
         if !c::cqe_is_sw_owned(op_own, self.ci, self.log_size) {
             return None;
         }
-        let e = self.buf.load_block64(off).ok()?;
         self.ci = self.ci.wrapping_add(1);
-        Some(e)
+        Some(off)
+    }
+
+    /// The next software-owned CQE in place, advancing past it, or `None`.
+    #[inline(always)]
+    pub fn next_cqe(&mut self) -> Option<RingCqe<'_>> {
+        let off = self.next_cqe_offset()?;
+        Some(RingCqe {
+            buf: &self.buf,
+            off,
+        })
     }
 
     /// Tells the device how far software got (doorbell record `set_ci`).
@@ -256,8 +314,12 @@ impl CqRing {
     pub fn poll_one_qp(&mut self, t: &WqTrack, wc: &mut [Wc]) -> usize {
         let mut n = 0;
         while n < wc.len() {
-            let Some(e) = self.next_cqe() else {
+            let Some(off) = self.next_cqe_offset() else {
                 break;
+            };
+            let e = RingCqe {
+                buf: &self.buf,
+                off,
             };
             cqe_to_wc(&e, t, &mut wc[n]);
             n += 1;
@@ -282,13 +344,14 @@ impl CqRing {
     }
 }
 
-/// Decodes a copied CQE of the QP `t` tracks into `wc` (the wr_id looked
-/// up, queue space freed).
+/// Decodes a CQE of the QP `t` tracks into `wc` (the wr_id looked up,
+/// queue space freed), reading only the fields its opcode has.
 #[inline(always)]
-pub fn cqe_to_wc(e: &[u8; 64], t: &WqTrack, wc: &mut Wc) {
-    let op_own = e[OP_OWN];
-    let qpn = be32(e, SOP_QPN) & c::CQE_QPN_MASK;
-    let wqe_counter = u16::from_be_bytes([e[WQE_COUNTER], e[WQE_COUNTER + 1]]);
+pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
+    let op_own = e.u8_at(OP_OWN);
+    let sop_qpn = e.be32_at(SOP_QPN);
+    let qpn = sop_qpn & c::CQE_QPN_MASK;
+    let wqe_counter = e.be16_at(WQE_COUNTER);
     *wc = Wc {
         qp_num: qpn,
         ..Wc::default()
@@ -296,11 +359,11 @@ pub fn cqe_to_wc(e: &[u8; 64], t: &WqTrack, wc: &mut Wc) {
     match c::cqe_opcode(op_own) {
         CqeOpcode::Req => {
             wc.wr_id = t.sq_complete(wqe_counter);
-            let s_op = WqeOpcode::from_raw((be32(e, SOP_QPN) >> c::CQE_S_WQE_OPCODE_SHIFT) as u8);
+            let s_op = WqeOpcode::from_raw((sop_qpn >> c::CQE_S_WQE_OPCODE_SHIFT) as u8);
             wc.opcode = match s_op {
                 WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => WcOpcode::RdmaWrite,
                 WqeOpcode::RdmaRead => {
-                    wc.byte_len = be32(e, BYTE_CNT);
+                    wc.byte_len = e.be32_at(BYTE_CNT);
                     WcOpcode::RdmaRead
                 }
                 WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => {
@@ -319,8 +382,8 @@ pub fn cqe_to_wc(e: &[u8; 64], t: &WqTrack, wc: &mut Wc) {
         | CqeOpcode::RespSendImm
         | CqeOpcode::RespSendInv) => {
             wc.wr_id = t.rq_complete(wqe_counter);
-            wc.byte_len = be32(e, BYTE_CNT);
-            let fr = be32(e, FLAGS_RQPN);
+            wc.byte_len = e.be32_at(BYTE_CNT);
+            let fr = e.be32_at(FLAGS_RQPN);
             wc.src_qp = fr & c::CQE_QPN_MASK;
             // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
             if (fr >> 28) & 3 != 0 {
@@ -328,14 +391,14 @@ pub fn cqe_to_wc(e: &[u8; 64], t: &WqTrack, wc: &mut Wc) {
             }
             wc.opcode = recv_opcode(op);
             if matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm) {
-                wc.imm_data = be32(e, IMM);
+                wc.imm_data = e.be32_at(IMM);
                 wc.wc_flags |= wc_flags::WITH_IMM;
             }
         }
         op @ (CqeOpcode::ReqErr | CqeOpcode::RespErr) => {
-            let synd = CqeSyndrome::from_raw(e[SYNDROME]);
+            let synd = CqeSyndrome::from_raw(e.u8_at(SYNDROME));
             wc.status = WcStatus::from_syndrome(synd);
-            wc.vendor_err = u32::from(e[VENDOR_SYND]) | (u32::from(e[SYNDROME]) << 8);
+            wc.vendor_err = u32::from(e.u8_at(VENDOR_SYND)) | (u32::from(e.u8_at(SYNDROME)) << 8);
             wc.wr_id = if op == CqeOpcode::ReqErr {
                 t.sq_complete(wqe_counter)
             } else {
@@ -553,56 +616,20 @@ impl Cq {
         }
         let mut n = 0;
         while n < wc.len() {
-            let Some(e) = self.ring.next_cqe() else {
+            let Some(off) = self.ring.next_cqe_offset() else {
                 break;
             };
-            self.complete(&e, &mut wc[n]);
+            let e = RingCqe {
+                buf: &self.ring.buf,
+                off,
+            };
+            complete(&mut self.cache, &self.shared, &e, &mut wc[n]);
             n += 1;
         }
         if n > 0 {
             self.ring.update_ci();
         }
         n
-    }
-
-    fn track(&mut self, qpn: u32) -> Option<Arc<WqTrack>> {
-        if let Some((q, t)) = &self.cache {
-            if *q == qpn {
-                return Some(t.clone());
-            }
-        }
-        let t = self
-            .shared
-            .qps
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&qpn)
-            .cloned()?;
-        self.cache = Some((qpn, t.clone()));
-        Some(t)
-    }
-
-    #[inline(always)]
-    fn complete(&mut self, e: &[u8; 64], wc: &mut Wc) {
-        let qpn = be32(e, SOP_QPN) & c::CQE_QPN_MASK;
-        let hit = match &self.cache {
-            Some((q, t)) if *q == qpn => Some(t.clone()),
-            _ => self.track(qpn),
-        };
-        match hit {
-            Some(t) => cqe_to_wc(e, &t, wc),
-            None => {
-                tracing::warn!(
-                    "CQE for QP {qpn:#x}, which is not on CQ {:#x}",
-                    self.shared.cqn
-                );
-                *wc = Wc {
-                    qp_num: qpn,
-                    status: WcStatus::GeneralErr,
-                    ..Wc::default()
-                };
-            }
-        }
     }
 
     /// `ibv_destroy_cq`: now, or `Busy` while QPs use the CQ (it is then
@@ -613,5 +640,49 @@ impl Cq {
         }
         drop(self);
         Ok(())
+    }
+}
+
+/// The tracking of QP `qpn` on a CQ: the one-entry cache of the last QP
+/// seen, else the CQ's table (which refills the cache). No reference count
+/// moves on a cache hit.
+#[inline(always)]
+fn track<'c>(
+    cache: &'c mut Option<(u32, Arc<WqTrack>)>,
+    shared: &CqShared,
+    qpn: u32,
+) -> Option<&'c WqTrack> {
+    let hit = matches!(cache, Some((q, _)) if *q == qpn);
+    if !hit {
+        let t = shared
+            .qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .cloned()?;
+        *cache = Some((qpn, t));
+    }
+    cache.as_ref().map(|(_, t)| &**t)
+}
+
+/// One completion of a CQ that QPs share: finds its QP, then decodes.
+#[inline(always)]
+fn complete(
+    cache: &mut Option<(u32, Arc<WqTrack>)>,
+    shared: &CqShared,
+    e: &impl CqeFields,
+    wc: &mut Wc,
+) {
+    let qpn = e.be32_at(SOP_QPN) & c::CQE_QPN_MASK;
+    match track(cache, shared, qpn) {
+        Some(t) => cqe_to_wc(e, t, wc),
+        None => {
+            tracing::warn!("CQE for QP {qpn:#x}, which is not on CQ {:#x}", shared.cqn);
+            *wc = Wc {
+                qp_num: qpn,
+                status: WcStatus::GeneralErr,
+                ..Wc::default()
+            };
+        }
     }
 }

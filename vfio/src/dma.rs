@@ -332,6 +332,31 @@ impl DmaBuffer {
         let a = unsafe { std::sync::atomic::AtomicU8::from_ptr(p) };
         Ok(a.load(Ordering::Acquire))
     }
+
+    /// Loads the byte at `offset` in one volatile load: one field of a
+    /// CQE, read only when the completion needs it.
+    #[inline(always)]
+    pub fn load_u8_ring(&self, offset: usize) -> Result<u8> {
+        let p = self.ring_ptr(offset, 1, 1)?;
+        // SAFETY: inside the live mapping (checked); volatile.
+        Ok(unsafe { p.read_volatile() })
+    }
+
+    /// Loads a big-endian u16 at `offset` (2-byte aligned) in one volatile load.
+    #[inline(always)]
+    pub fn load_u16_be_ring(&self, offset: usize) -> Result<u16> {
+        let p = self.ring_ptr(offset, 2, 2)?.cast::<u16>();
+        // SAFETY: inside the live mapping and 2-byte aligned (checked); volatile.
+        Ok(u16::from_be(unsafe { p.read_volatile() }))
+    }
+
+    /// Loads a big-endian u32 at `offset` (4-byte aligned) in one volatile load.
+    #[inline(always)]
+    pub fn load_u32_be_ring(&self, offset: usize) -> Result<u32> {
+        let p = self.ring_ptr(offset, 4, 4)?.cast::<u32>();
+        // SAFETY: inside the live mapping and 4-byte aligned (checked); volatile.
+        Ok(u32::from_be(unsafe { p.read_volatile() }))
+    }
 }
 
 #[cfg(test)]
@@ -425,6 +450,12 @@ mod tests {
             Err(Error::OutOfBounds { .. })
         ));
         assert!(b.load_u8_acquire_ring(4096).is_err());
+        assert_eq!(b.load_u32_be_ring(12).unwrap(), 0xa1b2_c3d4);
+        assert_eq!(b.load_u16_be_ring(14).unwrap(), 0xc3d4);
+        assert_eq!(b.load_u8_ring(13).unwrap(), 0xb2);
+        assert!(b.load_u32_be_ring(14).is_err());
+        assert!(b.load_u16_be_ring(4095).is_err());
+        assert!(b.load_u8_ring(4096).is_err());
     }
 
     #[test]
