@@ -163,6 +163,7 @@ impl DmaBuffer {
         self.region.as_volatile_slice()
     }
 
+    #[cold]
     fn oob(&self, offset: usize, len: u64) -> Error {
         Error::OutOfBounds {
             what: "DMA buffer",
@@ -172,6 +173,7 @@ impl DmaBuffer {
         }
     }
 
+    #[inline(always)]
     fn check(&self, offset: usize, len: usize) -> Result<()> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(self.oob(offset, len as u64));
