@@ -37,10 +37,12 @@
 
 mod cmdq;
 pub mod config;
+pub mod fabric;
 pub mod faults;
 mod fw;
 pub mod initseg;
 mod profile;
+pub mod transport;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +53,7 @@ use std::time::{Duration, Instant};
 use vfio::emulated::{Bus, DeviceModel, EmulatedFunction};
 use vfio::{DmaBuffer, IrqKind, RegionInfo};
 
+pub use fabric::Fabric;
 pub use faults::Faults;
 pub use fw::{HcaState, PortState};
 pub use profile::{cap_type, CapPages, Profile};
@@ -59,6 +62,9 @@ pub use profile::{cap_type, CapPages, Profile};
 pub const IDLE_SLEEP: Duration = Duration::from_micros(50);
 /// How long the worker keeps spinning after the last activity.
 pub const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(2);
+/// The MAC of a function built with the default configuration (a
+/// Mellanox OUI); [`Fabric::cabled`] numbers its functions from it.
+pub const DEFAULT_MAC: u64 = 0x248a_07a0_0001;
 /// How many commands the command log keeps (oldest dropped first).
 pub const CMD_LOG_CAPACITY: usize = 4096;
 
@@ -76,6 +82,8 @@ pub struct DeviceConfig {
     /// Replaces command outputs after the model executed them (see
     /// [`OutputOverride`]); `None`: the driver gets the model's outputs.
     pub output_override: Option<Arc<dyn OutputOverride>>,
+    /// The port's MAC address (QUERY_NIC_VPORT_CONTEXT permanent_address).
+    pub mac: u64,
 }
 
 /// A hook on the command engine: after the model executed a delivered
@@ -116,6 +124,7 @@ impl Default for DeviceConfig {
             cmd_exec_timeout_ms: 60_000,
             cmd_init_timeout_ms: 2_000,
             output_override: None,
+            mac: DEFAULT_MAC,
         }
     }
 }
@@ -155,6 +164,42 @@ pub struct Stats {
     pub hca_state: HcaState,
     /// Function-level resets so far.
     pub resets: u64,
+    /// Protection domains allocated.
+    pub pds: usize,
+    /// Transport domains allocated.
+    pub tds: usize,
+    /// Memory keys alive.
+    pub mkeys: usize,
+    /// CQs alive.
+    pub cqs: usize,
+    /// QPs alive.
+    pub qps: usize,
+    /// SRQs alive.
+    pub srqs: usize,
+    /// Packets sent on the port.
+    pub packets_sent: u64,
+    /// Packets that reached the port.
+    pub packets_received: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Messages (send WQEs) completed by the requester.
+    pub messages_sent: u64,
+    /// Messages completed by the responder.
+    pub messages_received: u64,
+    /// CQEs written.
+    pub cqes: u64,
+    /// Error CQEs written (flushes excluded).
+    pub error_cqes: u64,
+    /// WQEs resent (RNR or timeout).
+    pub retries: u64,
+    /// RNR NAKs (sent or received by this function's QPs).
+    pub rnr_naks: u64,
+    /// NAKs received.
+    pub naks: u64,
+    /// Packets dropped (no QP, wrong state, Q_Key, lost on the fabric).
+    pub dropped: u64,
+    /// Send and CQ doorbells noticed.
+    pub doorbells: u64,
 }
 
 /// One executed command, as the command log keeps it.
@@ -185,6 +230,7 @@ pub(crate) struct Inner {
     pub(crate) faults: Arc<Faults>,
     pub(crate) stats: Mutex<Stats>,
     pub(crate) log: Mutex<VecDeque<CmdLogEntry>>,
+    pub(crate) rdma: Arc<transport::Rdma>,
     stop: AtomicBool,
     worker: Mutex<Option<Thread>>,
 }
@@ -244,6 +290,7 @@ impl Inner {
         let mut fw = lock(&self.fw);
         lock(&self.pci).reset_function();
         fw.power_on(&self.bar, &self.cfg);
+        self.rdma.reset();
         let resets = self.stats().resets + 1;
         *self.stats() = Stats {
             resets,
@@ -258,8 +305,16 @@ impl Inner {
         if self.stop.load(Ordering::Acquire) {
             return false;
         }
-        let mut fw = lock(&self.fw);
-        fw.poll(self)
+        let busy = lock(&self.fw).poll(self);
+        if !self.bus_master() {
+            return busy;
+        }
+        let dp = self.rdma.poll(&self.bar);
+        if !lock(&self.rdma.events).is_empty() {
+            lock(&self.fw).poll(self);
+            return true;
+        }
+        busy || dp
     }
 }
 
@@ -285,7 +340,9 @@ impl Device {
             }
         };
         let fw = fw::Firmware::new(&cfg);
+        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY);
         let inner = Arc::new(Inner {
+            rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),
             fw: Mutex::new(fw),
             faults: Arc::new(Faults::default()),
@@ -314,6 +371,7 @@ impl Device {
         match spawned {
             Ok(h) => {
                 *lock(&self.inner.worker) = Some(h.thread().clone());
+                *lock(&self.inner.rdma.worker) = Some(h.thread().clone());
                 *lock(&self.thread) = Some(h);
             }
             Err(e) => tracing::error!(error = %e, "cannot start the device worker"),
@@ -335,7 +393,33 @@ impl Device {
         let fw = lock(&self.inner.fw);
         let mut s = self.inner.stats().clone();
         fw.fill_stats(&mut s);
+        drop(fw);
+        let r = &self.inner.rdma;
+        s.pds = lock(&r.pds).len();
+        s.tds = lock(&r.tds).len();
+        s.mkeys = transport::rlock(&r.mkeys).len();
+        s.cqs = transport::rlock(&r.cqs).len();
+        s.qps = transport::rlock(&r.qps).len();
+        s.srqs = transport::rlock(&r.srqs).len();
+        let c = &r.counters;
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        s.packets_sent = g(&c.packets_sent);
+        s.packets_received = g(&c.packets_received);
+        s.bytes_sent = g(&c.bytes_sent);
+        s.messages_sent = g(&c.messages_sent);
+        s.messages_received = g(&c.messages_received);
+        s.cqes = g(&c.cqes);
+        s.error_cqes = g(&c.error_cqes);
+        s.retries = g(&c.retries);
+        s.rnr_naks = g(&c.rnr_naks);
+        s.naks = g(&c.naks);
+        s.dropped = g(&c.dropped);
+        s.doorbells = g(&c.doorbells);
         s
+    }
+
+    pub(crate) fn rdma(&self) -> &Arc<transport::Rdma> {
+        &self.inner.rdma
     }
 
     /// The commands executed so far (oldest first; at most [`CMD_LOG_CAPACITY`]).

@@ -8,6 +8,8 @@ use mlx5_hw::health::HealthSyndrome;
 use mlx5_hw::ifc::cmd_hca_cap;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use vfio::emulated::EmulatedFunction;
+
+mod dp;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -22,7 +24,7 @@ const EQ_IOVA: u64 = 0x80_0000;
 const MBOX: usize = 0x20_0000;
 
 struct Drv {
-    f: EmulatedFunction<Device>,
+    f: Arc<EmulatedFunction<Device>>,
     cmdq: Arc<DmaBuffer>,
     inb: Arc<DmaBuffer>,
     outb: Arc<DmaBuffer>,
@@ -41,7 +43,10 @@ impl Drv {
     }
 
     fn with(cfg: DeviceConfig) -> Self {
-        let f = emulated_with(cfg);
+        Self::on(Arc::new(emulated_with(cfg)))
+    }
+
+    fn on(f: Arc<EmulatedFunction<Device>>) -> Self {
         let cmdq = DmaBuffer::new(4096).unwrap();
         let inb = DmaBuffer::new(MBOX).unwrap();
         let outb = DmaBuffer::new(MBOX).unwrap();

@@ -135,6 +135,14 @@ impl DmaSpace {
         self.lock_maps().len()
     }
 
+    /// The IOVA space as it is now: a device model that moves data in
+    /// bulk takes it once per batch and copies between two spaces without
+    /// a bounce buffer (`get_slice` + `copy_to_volatile_slice`). Later maps
+    /// and unmaps do not change a snapshot already taken.
+    pub fn memory(&self) -> Arc<GuestMemoryMmap> {
+        self.snapshot()
+    }
+
     fn snapshot(&self) -> Arc<GuestMemoryMmap> {
         match self.mem.read() {
             Ok(g) => g.clone(),

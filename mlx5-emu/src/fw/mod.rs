@@ -5,11 +5,17 @@
 
 mod adapter;
 mod caps;
+pub(crate) mod cq;
 mod eq;
 mod hca;
 mod issi;
+mod mkey;
 mod pages;
+mod pd;
+mod qp;
 mod reg;
+mod roce;
+mod srq;
 mod uar;
 mod vport;
 
@@ -23,6 +29,7 @@ use crate::initseg::{self, rd, wr};
 use crate::profile::CapPages;
 use crate::{DeviceConfig, Inner, Profile, Stats};
 
+pub(crate) use adapter::RESD_LKEY;
 pub(crate) use eq::Eq;
 
 /// How often the health counter moves while firmware lives.
@@ -135,6 +142,48 @@ pub(crate) mod synd {
     pub const VPORT_BAD_PORT: u32 = 0x2b07_0001;
     pub const VPORT_OTHER: u32 = 0x2b07_0002;
     pub const VPORT_BAD_GID_INDEX: u32 = 0x2b07_0003;
+    pub const BAD_PAS: u32 = 0x1f00_0001;
+    pub const PD_EXHAUSTED: u32 = 0x5d00_0001;
+    pub const PD_UNKNOWN: u32 = 0x5d00_0002;
+    pub const PD_IN_USE: u32 = 0x5d00_0003;
+    pub const TD_EXHAUSTED: u32 = 0x5d00_0011;
+    pub const TD_UNKNOWN: u32 = 0x5d00_0012;
+    pub const MKEY_BAD_PD: u32 = 0x3e00_0001;
+    pub const MKEY_BAD_ACCESS_MODE: u32 = 0x3e00_0002;
+    pub const MKEY_BAD_PAGE_SIZE: u32 = 0x3e00_0003;
+    pub const MKEY_BAD_MTT: u32 = 0x3e00_0004;
+    pub const MKEY_BAD_RANGE: u32 = 0x3e00_0005;
+    pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
+    pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
+    pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
+    pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
+    pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
+    pub const CQ_BAD_EQ: u32 = 0x0c90_0004;
+    pub const CQ_NOT_MAPPED: u32 = 0x0c90_0005;
+    pub const CQ_EXHAUSTED: u32 = 0x0c90_0006;
+    pub const CQ_UNKNOWN: u32 = 0x0c90_0007;
+    pub const CQ_IN_USE: u32 = 0x0c90_0008;
+    pub const CQ_RESIZE: u32 = 0x0c90_0009;
+    pub const QP_BAD_ST: u32 = 0x0a90_0001;
+    pub const QP_BAD_PD: u32 = 0x0a90_0002;
+    pub const QP_BAD_CQ: u32 = 0x0a90_0003;
+    pub const QP_BAD_SRQ: u32 = 0x0a90_0004;
+    pub const QP_BAD_RQ_TYPE: u32 = 0x0a90_0005;
+    pub const QP_BAD_UAR: u32 = 0x0a90_0006;
+    pub const QP_BAD_SIZE: u32 = 0x0a90_0007;
+    pub const QP_NOT_MAPPED: u32 = 0x0a90_0008;
+    pub const QP_EXHAUSTED: u32 = 0x0a90_0009;
+    pub const QP_GSI_EXISTS: u32 = 0x0a90_000a;
+    pub const QP_UNKNOWN: u32 = 0x0a90_000b;
+    pub const QP_BAD_STATE: u32 = 0x0a90_000c;
+    pub const QP_BAD_SGID: u32 = 0x0a90_000d;
+    pub const QP_BAD_MTU: u32 = 0x0a90_000e;
+    pub const SRQ_BAD_SIZE: u32 = 0x5a90_0001;
+    pub const SRQ_BAD_PD: u32 = 0x5a90_0002;
+    pub const SRQ_NOT_MAPPED: u32 = 0x5a90_0003;
+    pub const SRQ_EXHAUSTED: u32 = 0x5a90_0004;
+    pub const SRQ_UNKNOWN: u32 = 0x5a90_0005;
+    pub const SRQ_IN_USE: u32 = 0x5a90_0006;
 }
 
 /// Firmware state.
@@ -173,6 +222,8 @@ pub(crate) struct Firmware {
     pub(crate) port: PortState,
     pub(crate) roce_en: bool,
     pub(crate) vport_mtu: u16,
+    /// The port's MAC (DeviceConfig::mac).
+    pub(crate) mac: u64,
 }
 
 impl Firmware {
@@ -207,6 +258,7 @@ impl Firmware {
             port: PortState::power_on(cfg.profile),
             roce_en: false,
             vport_mtu: 1500,
+            mac: cfg.mac,
         }
     }
 
@@ -297,6 +349,7 @@ impl Firmware {
         }
         busy |= self.poll_commands(inner);
         busy |= self.poll_eq_doorbells(inner);
+        busy |= self.post_rdma_events(inner);
         busy |= self.post_page_requests(inner);
         busy
     }
@@ -326,6 +379,7 @@ impl Firmware {
                 self.nic_interface = nic;
                 if nic == initseg::NIC_IFC_DISABLED {
                     self.fast_teardown(inner);
+                    inner.rdma.reset();
                 }
             }
             busy = true;
@@ -394,7 +448,7 @@ impl Firmware {
                 | O::QueryHcaVportGid
                 | O::QueryNicVportContext
                 | O::ModifyNicVportContext
-        );
+        ) || Self::is_rdma(opcode);
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
@@ -424,42 +478,113 @@ impl Firmware {
             O::QueryHcaVportGid => self.query_hca_vport_gid(input, outlen),
             O::QueryNicVportContext => self.query_nic_vport_context(input, outlen),
             O::ModifyNicVportContext => self.modify_nic_vport_context(input, outlen),
+            O::AllocPd => self.alloc_pd(inner, input, outlen),
+            O::DeallocPd => self.dealloc_pd(inner, input, outlen),
+            O::AllocTransportDomain => self.alloc_transport_domain(inner, input, outlen),
+            O::DeallocTransportDomain => self.dealloc_transport_domain(inner, input, outlen),
+            O::CreateMkey => self.create_mkey(inner, input, outlen),
+            O::DestroyMkey => self.destroy_mkey(inner, input, outlen),
+            O::QueryMkey => self.query_mkey(inner, input, outlen),
+            O::CreateCq => self.create_cq(inner, input, outlen),
+            O::DestroyCq => self.destroy_cq(inner, input, outlen),
+            O::QueryCq => self.query_cq(inner, input, outlen),
+            O::ModifyCq => self.modify_cq(inner, input, outlen),
+            O::CreateQp => self.create_qp(inner, input, outlen),
+            O::DestroyQp => self.destroy_qp(inner, input, outlen),
+            O::QueryQp => self.query_qp(inner, input, outlen),
+            O::Rst2InitQp
+            | O::Init2InitQp
+            | O::Init2RtrQp
+            | O::Rtr2RtsQp
+            | O::Rts2RtsQp
+            | O::Sqerr2RtsQp
+            | O::SqdRtsQp
+            | O::ToErrQp
+            | O::ToRstQp => self.modify_qp(inner, opcode, input, outlen),
+            O::CreateSrq => self.create_srq(inner, input, outlen),
+            O::DestroySrq => self.destroy_srq(inner, input, outlen),
+            O::QuerySrq => self.query_srq(inner, input, outlen),
+            O::ArmRq => self.arm_rq(inner, input, outlen),
+            O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
+            O::QueryRoceAddress => self.query_roce_address(inner, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         };
+        if opcode == O::TeardownHca && r.is_ok() {
+            // Firmware forgets every object with the HCA.
+            inner.rdma.reset();
+        }
         let _ = op_mod;
         r
     }
 
-    fn implements(&self, op: Opcode) -> bool {
+    /// The data-path object commands (fw/{pd,mkey,cq,qp,srq,roce}.rs).
+    fn is_rdma(op: Opcode) -> bool {
         use Opcode as O;
         matches!(
             op,
-            O::EnableHca
-                | O::DisableHca
-                | O::InitHca
-                | O::TeardownHca
-                | O::SetDriverVersion
-                | O::Nop
-                | O::QueryIssi
-                | O::SetIssi
-                | O::QueryPages
-                | O::ManagePages
-                | O::QueryHcaCap
-                | O::SetHcaCap
-                | O::AccessReg
-                | O::QueryAdapter
-                | O::QuerySpecialContexts
-                | O::AllocUar
-                | O::DeallocUar
-                | O::CreateEq
-                | O::DestroyEq
-                | O::QueryEq
-                | O::QueryVportState
-                | O::QueryHcaVportContext
-                | O::QueryHcaVportGid
-                | O::QueryNicVportContext
-                | O::ModifyNicVportContext
+            O::AllocPd
+                | O::DeallocPd
+                | O::AllocTransportDomain
+                | O::DeallocTransportDomain
+                | O::CreateMkey
+                | O::DestroyMkey
+                | O::QueryMkey
+                | O::CreateCq
+                | O::DestroyCq
+                | O::QueryCq
+                | O::ModifyCq
+                | O::CreateQp
+                | O::DestroyQp
+                | O::QueryQp
+                | O::Rst2InitQp
+                | O::Init2InitQp
+                | O::Init2RtrQp
+                | O::Rtr2RtsQp
+                | O::Rts2RtsQp
+                | O::Sqerr2RtsQp
+                | O::SqdRtsQp
+                | O::ToErrQp
+                | O::ToRstQp
+                | O::CreateSrq
+                | O::DestroySrq
+                | O::QuerySrq
+                | O::ArmRq
+                | O::SetRoceAddress
+                | O::QueryRoceAddress
         )
+    }
+
+    fn implements(&self, op: Opcode) -> bool {
+        use Opcode as O;
+        Self::is_rdma(op)
+            || matches!(
+                op,
+                O::EnableHca
+                    | O::DisableHca
+                    | O::InitHca
+                    | O::TeardownHca
+                    | O::SetDriverVersion
+                    | O::Nop
+                    | O::QueryIssi
+                    | O::SetIssi
+                    | O::QueryPages
+                    | O::ManagePages
+                    | O::QueryHcaCap
+                    | O::SetHcaCap
+                    | O::AccessReg
+                    | O::QueryAdapter
+                    | O::QuerySpecialContexts
+                    | O::AllocUar
+                    | O::DeallocUar
+                    | O::CreateEq
+                    | O::DestroyEq
+                    | O::QueryEq
+                    | O::QueryVportState
+                    | O::QueryHcaVportContext
+                    | O::QueryHcaVportGid
+                    | O::QueryNicVportContext
+                    | O::ModifyNicVportContext
+            )
     }
 }
 

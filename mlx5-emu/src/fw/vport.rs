@@ -12,8 +12,6 @@ use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 
-/// The function's MAC address (a Mellanox OUI).
-pub(crate) const MAC: u64 = 0x248a_07a0_0001;
 /// Vport state: up.
 const VPORT_UP: u64 = 1;
 /// Vport state: down.
@@ -28,9 +26,9 @@ const PHYS_LINK_UP: u64 = 5;
 const PHYS_DISABLED: u64 = 3;
 
 /// EUI-64 from the MAC: the node/port/system GUID.
-pub(crate) fn guid() -> u64 {
-    let oui = MAC >> 24;
-    let nic = MAC & 0xff_ffff;
+pub(crate) fn guid(mac: u64) -> u64 {
+    let oui = mac >> 24;
+    let nic = mac & 0xff_ffff;
     (oui ^ 0x02_0000) << 40 | 0xfffe << 24 | nic
 }
 
@@ -85,9 +83,9 @@ impl Firmware {
         hca_vport_context::PORT_STATE.set(ctx, if up { PORT_ACTIVE } else { PORT_DOWN });
         hca_vport_context::VPORT_STATE.set(ctx, if up { PORT_ACTIVE } else { PORT_DOWN });
         hca_vport_context::VPORT_STATE_POLICY.set(ctx, VPORT_FOLLOW);
-        hca_vport_context::SYSTEM_IMAGE_GUID.set(ctx, guid());
-        hca_vport_context::PORT_GUID.set(ctx, guid());
-        hca_vport_context::NODE_GUID.set(ctx, guid());
+        hca_vport_context::SYSTEM_IMAGE_GUID.set(ctx, guid(self.mac));
+        hca_vport_context::PORT_GUID.set(ctx, guid(self.mac));
+        hca_vport_context::NODE_GUID.set(ctx, guid(self.mac));
         hca_vport_context::HAS_RAW.set(ctx, 1);
         Ok(out)
     }
@@ -113,7 +111,7 @@ impl Firmware {
         query_hca_vport_gid_out::GIDS_NUM.set(&mut out, 1);
         let at = query_hca_vport_gid_out::SIZE_BYTES;
         out[at..at + 8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
-        out[at + 8..at + 16].copy_from_slice(&guid().to_be_bytes());
+        out[at + 8..at + 16].copy_from_slice(&guid(self.mac).to_be_bytes());
         if outlen < out.len() {
             out.truncate(outlen);
         }
@@ -132,12 +130,12 @@ impl Firmware {
         let ctx = &mut out[0x10..];
         nic_vport_context::ROCE_EN.set(ctx, u64::from(self.roce_en));
         nic_vport_context::MTU.set(ctx, u64::from(self.vport_mtu));
-        nic_vport_context::SYSTEM_IMAGE_GUID.set(ctx, guid());
-        nic_vport_context::PORT_GUID.set(ctx, guid());
-        nic_vport_context::NODE_GUID.set(ctx, guid());
+        nic_vport_context::SYSTEM_IMAGE_GUID.set(ctx, guid(self.mac));
+        nic_vport_context::PORT_GUID.set(ctx, guid(self.mac));
+        nic_vport_context::NODE_GUID.set(ctx, guid(self.mac));
         let mac_at = nic_vport_context::PERMANENT_ADDRESS.off / 8;
         // mac_address_layout: 16 reserved bits, mac_addr_47_32, mac_addr_31_0.
-        ctx[mac_at + 2..mac_at + 8].copy_from_slice(&MAC.to_be_bytes()[2..]);
+        ctx[mac_at + 2..mac_at + 8].copy_from_slice(&self.mac.to_be_bytes()[2..]);
         Ok(out)
     }
 

@@ -1,0 +1,211 @@
+//! CREATE_CQ / DESTROY_CQ / QUERY_CQ / MODIFY_CQ: the CQ context (size,
+//! CQE size, UAR page, completion EQ, doorbell record, PAS list), handed to
+//! the data path ([`crate::transport::Cq`]).
+
+use std::sync::{Arc, Mutex};
+
+use mlx5_hw::ifc::{
+    cmd_hca_cap, cqc, create_cq_in, create_cq_out, destroy_cq_in, modify_cq_in, query_cq_in,
+    query_cq_out,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::{fail, sized, synd, CmdResult, Firmware};
+use crate::transport::cq::CqState;
+use crate::transport::qp::Buf;
+use crate::transport::{rlock, wlock, Cq};
+use crate::{lock, Inner};
+
+const CTX: usize = create_cq_in::CQ_CONTEXT.off / 8;
+
+/// Reads a PAS list of `n` entries at byte `at` of `input`.
+pub(crate) fn pas(input: &[u8], at: usize, n: usize) -> Result<Vec<u64>, super::Fail> {
+    if input.len() < at + n * 8 {
+        return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));
+    }
+    let v: Vec<u64> = (0..n)
+        .map(|i| {
+            let b = &input[at + i * 8..at + i * 8 + 8];
+            u64::from_be_bytes(b.try_into().unwrap_or([0; 8]))
+        })
+        .collect();
+    if v.iter().any(|p| p & 0xfff != 0) {
+        return Err(fail(CmdStatus::BadParameter, synd::BAD_PAS));
+    }
+    Ok(v)
+}
+
+impl Firmware {
+    /// Posts the EQEs the data path queued: completion events to the CQ's
+    /// EQ, affiliated and CQ error events to the EQ that subscribed.
+    pub(super) fn post_rdma_events(&mut self, inner: &Inner) -> bool {
+        let events = std::mem::take(&mut *lock(&inner.rdma.events));
+        let busy = !events.is_empty();
+        for e in events {
+            let eqn = match e.eqn {
+                Some(n) => Some(n),
+                None => self.eq_for(mlx5_hw::event::EventType::from(e.ty)),
+            };
+            match eqn {
+                Some(n) => {
+                    self.post_eqe(inner, n, e.ty, e.sub, &e.data);
+                }
+                None => tracing::debug!(ty = e.ty, "event with no EQ subscribed"),
+            }
+        }
+        busy
+    }
+
+    pub(super) fn create_cq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_cq_in::SIZE_BYTES,
+            create_cq_out::SIZE_BYTES,
+        )?;
+        let c = &input[CTX..CTX + cqc::SIZE_BYTES];
+        let log_size = cqc::LOG_CQ_SIZE.get(c) as u8;
+        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_CQ_SZ) {
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE));
+        }
+        let stride = match cqc::CQE_SZ.get(c) {
+            0 => 64,
+            1 | 2 => 128,
+            _ => return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_CQE_SIZE)),
+        };
+        let uar = cqc::UAR_PAGE.get(c) as u32;
+        if !self.uars.contains(&uar) {
+            return Err(fail(CmdStatus::BadResource, synd::CQ_BAD_UAR));
+        }
+        let eqn = cqc::C_EQN_OR_APU_ELEMENT.get(c) as u32;
+        if eqn > 0xff || !self.eqs.contains_key(&(eqn as u8)) {
+            return Err(fail(CmdStatus::BadResource, synd::CQ_BAD_EQ));
+        }
+        let log_page = 12 + cqc::LOG_PAGE_SIZE.get(c) as u32;
+        let offset = cqc::PAGE_OFFSET.get(c) * 64;
+        let bytes = offset + (stride << log_size);
+        let npas = bytes.div_ceil(1 << log_page) as usize;
+        let pas = pas(input, create_cq_in::SIZE_BYTES, npas)?;
+        let dbr = cqc::DBR_ADDR.get(c);
+        if !inner.bus.dma.is_mapped(dbr, 8) || pas.iter().any(|p| !inner.bus.dma.is_mapped(*p, 1)) {
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_CQ).clamp(1, 24);
+        let mut t = wlock(&inner.rdma.cqs);
+        let Some(cqn) = (1..max).find(|n| !t.contains_key(n)) else {
+            return Err(fail(CmdStatus::NoResources, synd::CQ_EXHAUSTED));
+        };
+        let armed = cqc::ST.get(c) as u8 == mlx5_hw::cqe::CQ_STATE_ARMED;
+        tracing::debug!(cqn, log_size, eqn, uar, "CREATE_CQ");
+        t.insert(
+            cqn,
+            Arc::new(Cq {
+                cqn,
+                log_size,
+                stride,
+                eqn: eqn as u8,
+                uar,
+                buf: Buf::new(pas, log_page, offset),
+                dbr,
+                st: Mutex::new(CqState {
+                    armed: armed.then_some(false),
+                    period: cqc::CQ_PERIOD.get(c) as u16,
+                    max_count: cqc::CQ_MAX_COUNT.get(c) as u16,
+                    ..CqState::default()
+                }),
+            }),
+        );
+        drop(t);
+        inner.rdma.track_uar(uar, false);
+        let mut out = vec![0u8; create_cq_out::SIZE_BYTES];
+        create_cq_out::CQN.set(&mut out, u64::from(cqn));
+        Ok(out)
+    }
+
+    pub(super) fn destroy_cq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, destroy_cq_in::SIZE_BYTES, 0x10)?;
+        let cqn = destroy_cq_in::CQN.get(input) as u32;
+        let r = &inner.rdma;
+        if !rlock(&r.cqs).contains_key(&cqn) {
+            return Err(fail(CmdStatus::BadResource, synd::CQ_UNKNOWN));
+        }
+        let used = rlock(&r.qps)
+            .values()
+            .any(|q| q.scq.cqn == cqn || q.rcq.cqn == cqn);
+        if used {
+            return Err(fail(CmdStatus::BadResourceState, synd::CQ_IN_USE));
+        }
+        wlock(&r.cqs).remove(&cqn);
+        Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn query_cq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_cq_in::SIZE_BYTES,
+            query_cq_out::SIZE_BYTES,
+        )?;
+        let cqn = query_cq_in::CQN.get(input) as u32;
+        let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::CQ_UNKNOWN));
+        };
+        let room = outlen.saturating_sub(query_cq_out::SIZE_BYTES) / 8;
+        let n = cq.buf.pas.len().min(room);
+        let mut out = vec![0u8; query_cq_out::SIZE_BYTES + n * 8];
+        let at = query_cq_out::CQ_CONTEXT.off / 8;
+        {
+            let st = lock(&cq.st);
+            let c = &mut out[at..at + cqc::SIZE_BYTES];
+            cqc::STATUS.set(c, if st.error { 9 } else { 0 });
+            cqc::CQE_SZ.set(c, if cq.stride == 128 { 1 } else { 0 });
+            cqc::ST.set(
+                c,
+                u64::from(if st.armed.is_some() {
+                    mlx5_hw::cqe::CQ_STATE_ARMED
+                } else {
+                    mlx5_hw::cqe::CQ_STATE_FIRED
+                }),
+            );
+            cqc::PAGE_OFFSET.set(c, cq.buf.offset / 64);
+            cqc::LOG_CQ_SIZE.set(c, u64::from(cq.log_size));
+            cqc::UAR_PAGE.set(c, u64::from(cq.uar));
+            cqc::CQ_PERIOD.set(c, u64::from(st.period));
+            cqc::CQ_MAX_COUNT.set(c, u64::from(st.max_count));
+            cqc::C_EQN_OR_APU_ELEMENT.set(c, u64::from(cq.eqn));
+            cqc::LOG_PAGE_SIZE.set(c, u64::from(cq.buf.log_page - 12));
+            cqc::CONSUMER_COUNTER.set(c, u64::from(st.ci));
+            cqc::PRODUCER_COUNTER.set(c, u64::from(st.pi & 0xff_ffff));
+            cqc::DBR_ADDR.set(c, cq.dbr);
+        }
+        for (i, p) in cq.buf.pas.iter().take(n).enumerate() {
+            let a = query_cq_out::SIZE_BYTES + i * 8;
+            out[a..a + 8].copy_from_slice(&p.to_be_bytes());
+        }
+        Ok(out)
+    }
+
+    pub(super) fn modify_cq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, modify_cq_in::SIZE_BYTES, 0x10)?;
+        let cqn = modify_cq_in::CQN.get(input) as u32;
+        let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::CQ_UNKNOWN));
+        };
+        if modify_cq_in::OP_MOD.get(input) != 0 {
+            // Resize is not modelled.
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_RESIZE));
+        }
+        let sel = u32::from_be_bytes(input[0x0c..0x10].try_into().unwrap_or([0; 4]));
+        let at = modify_cq_in::CQ_CONTEXT.off / 8;
+        let c = &input[at..at + cqc::SIZE_BYTES];
+        let mut st = lock(&cq.st);
+        // modify_field_select: bit 0 cq_period, bit 1 cq_max_count.
+        if sel & 1 != 0 {
+            st.period = cqc::CQ_PERIOD.get(c) as u16;
+        }
+        if sel & 2 != 0 {
+            st.max_count = cqc::CQ_MAX_COUNT.get(c) as u16;
+        }
+        Ok(vec![0; 0x10])
+    }
+}

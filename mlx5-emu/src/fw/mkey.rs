@@ -1,0 +1,167 @@
+//! CREATE_MKEY / DESTROY_MKEY / QUERY_MKEY: memory keys with physical
+//! (PA) or MTT translation, access rights, PD, range, and the free /
+//! umr_en bits UMR uses. The mkey is `index << 8 | mkey_7_0`; firmware
+//! hands out indexes lowest first from [`FIRST_MKEY_INDEX`] (the indexes
+//! below are the special contexts' keys).
+
+use std::sync::Arc;
+
+use mlx5_hw::ifc::{
+    cmd_hca_cap, create_mkey_in, create_mkey_out, destroy_mkey_in, mkc, query_mkey_in,
+    query_mkey_out,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::{fail, sized, synd, CmdResult, Firmware};
+use crate::transport::mem::{access, Mkey, ACCESS_MODE_MTT, ACCESS_MODE_PA};
+use crate::transport::{rlock, wlock};
+use crate::{lock, Inner};
+
+/// First mkey index firmware hands out.
+pub(crate) const FIRST_MKEY_INDEX: u32 = 0x10;
+const MKC_AT: usize = create_mkey_in::MEMORY_KEY_MKEY_ENTRY.off / 8;
+
+impl Firmware {
+    pub(super) fn create_mkey(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_mkey_in::SIZE_BYTES,
+            create_mkey_out::SIZE_BYTES,
+        )?;
+        let c = &input[MKC_AT..MKC_AT + mkc::SIZE_BYTES];
+        let pd = mkc::PD.get(c) as u32;
+        if !lock(&inner.rdma.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::MKEY_BAD_PD));
+        }
+        let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
+        if mode != ACCESS_MODE_PA && mode != ACCESS_MODE_MTT {
+            return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
+        }
+        let mut acc = 0;
+        for (f, b) in [
+            (mkc::LR, access::LR),
+            (mkc::LW, access::LW),
+            (mkc::RR, access::RR),
+            (mkc::RW, access::RW),
+            (mkc::A, access::A),
+        ] {
+            if f.get(c) != 0 {
+                acc |= b;
+            }
+        }
+        let start = mkc::START_ADDR.get(c);
+        let len = if mkc::LENGTH64.get(c) != 0 {
+            u64::MAX
+        } else {
+            mkc::LEN.get(c)
+        };
+        let log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
+        let free = mkc::FREE.get(c) != 0;
+        let mut mtt = Vec::new();
+        if mode == ACCESS_MODE_MTT {
+            if !(12..=40).contains(&log_page) {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
+            }
+            let page = 1u64 << log_page;
+            let octs = create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.get(input) as usize;
+            let given = (input.len() - create_mkey_in::SIZE_BYTES) / 8;
+            let needed = if free || len == u64::MAX {
+                0
+            } else {
+                ((start & (page - 1)) + len).div_ceil(page) as usize
+            };
+            let n = given.min(octs.max(mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize) * 2);
+            if n < needed {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
+            }
+            for i in 0..n.max(needed) {
+                let at = create_mkey_in::SIZE_BYTES + i * 8;
+                let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
+                mtt.push(e & !0xfff);
+            }
+        } else if len != u64::MAX && start.checked_add(len).is_none() {
+            return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_MKEY).clamp(8, 24);
+        let mut t = wlock(&inner.rdma.mkeys);
+        let Some(index) = (FIRST_MKEY_INDEX..max).find(|i| !t.contains_key(i)) else {
+            return Err(fail(CmdStatus::NoResources, synd::MKEY_EXHAUSTED));
+        };
+        let k = Mkey {
+            index,
+            key: mkc::MKEY_7_0.get(c) as u8,
+            pd,
+            access: acc,
+            mode,
+            start,
+            len,
+            log_page,
+            mtt,
+            free,
+            umr_en: mkc::UMR_EN.get(c) != 0,
+            qpn: mkc::QPN.get(c) as u32,
+        };
+        tracing::debug!(
+            mkey = format_args!("{:#x}", k.mkey()),
+            pd,
+            start = format_args!("{start:#x}"),
+            len,
+            "CREATE_MKEY"
+        );
+        t.insert(index, Arc::new(k));
+        let mut out = vec![0u8; create_mkey_out::SIZE_BYTES];
+        create_mkey_out::MKEY_INDEX.set(&mut out, u64::from(index));
+        Ok(out)
+    }
+
+    pub(super) fn destroy_mkey(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, destroy_mkey_in::SIZE_BYTES, 0x10)?;
+        let index = destroy_mkey_in::MKEY_INDEX.get(input) as u32;
+        if wlock(&inner.rdma.mkeys).remove(&index).is_none() {
+            return Err(fail(CmdStatus::BadResource, synd::MKEY_UNKNOWN));
+        }
+        Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn query_mkey(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_mkey_in::SIZE_BYTES,
+            query_mkey_out::MEMORY_KEY_MKEY_ENTRY.off / 8 + mkc::SIZE_BYTES,
+        )?;
+        let index = query_mkey_in::MKEY_INDEX.get(input) as u32;
+        let Some(k) = rlock(&inner.rdma.mkeys).get(&index).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::MKEY_UNKNOWN));
+        };
+        let mut out = vec![0u8; query_mkey_out::SIZE_BYTES.min(outlen.max(0x50))];
+        let at = query_mkey_out::MEMORY_KEY_MKEY_ENTRY.off / 8;
+        let c = &mut out[at..at + mkc::SIZE_BYTES];
+        mkc::FREE.set(c, u64::from(k.free));
+        mkc::ACCESS_MODE_1_0.set(c, u64::from(k.mode & 3));
+        mkc::ACCESS_MODE_4_2.set(c, u64::from(k.mode >> 2));
+        mkc::UMR_EN.set(c, u64::from(k.umr_en));
+        for (f, b) in [
+            (mkc::LR, access::LR),
+            (mkc::LW, access::LW),
+            (mkc::RR, access::RR),
+            (mkc::RW, access::RW),
+            (mkc::A, access::A),
+        ] {
+            f.set(c, u64::from(k.access & b != 0));
+        }
+        mkc::QPN.set(c, u64::from(k.qpn));
+        mkc::MKEY_7_0.set(c, u64::from(k.key));
+        mkc::PD.set(c, u64::from(k.pd));
+        mkc::START_ADDR.set(c, k.start);
+        if k.len == u64::MAX {
+            mkc::LENGTH64.set(c, 1);
+        } else {
+            mkc::LEN.set(c, k.len);
+        }
+        mkc::LOG_PAGE_SIZE.set(c, u64::from(k.log_page));
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(c, k.mtt.len().div_ceil(2) as u64);
+        Ok(out)
+    }
+}

@@ -1,0 +1,452 @@
+//! CREATE_QP / DESTROY_QP / QUERY_QP and the state transitions
+//! (RST2INIT, INIT2INIT, INIT2RTR, RTR2RTS, RTS2RTS, SQERR2RTS, SQD2RTS,
+//! 2ERR, 2RST), with the PRM's checks: the command must match the QP's
+//! current state (else bad QP state), each transition takes its required
+//! context fields and the optional ones its `opt_param_mask` names.
+
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, Mutex};
+
+use mlx5_hw::ifc::{ads, cmd_hca_cap, create_qp_in, create_qp_out, qpc, query_qp_in, query_qp_out};
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::status::CmdStatus;
+
+use super::{fail, sized, synd, CmdResult, Firmware};
+use crate::transport::qp::{self as tqp, rq_type, st, state, Buf, Path, Qp, Rq, Sq};
+use crate::transport::{rlock, wlock};
+use crate::{lock, Inner};
+
+/// First QP number firmware hands out.
+pub(crate) const FIRST_QPN: u32 = 0x100;
+/// Byte offset of the QPC in create_qp_in, query_qp_out and every
+/// transition's input.
+const CTX: usize = create_qp_in::QPC.off / 8;
+const PATH: usize = qpc::PRIMARY_ADDRESS_PATH.off / 8;
+
+/// `opt_param_mask` bits (`MLX5_QP_OPTPAR_*`).
+mod optpar {
+    pub const RRE: u32 = 1 << 1;
+    pub const RAE: u32 = 1 << 2;
+    pub const RWE: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const Q_KEY: u32 = 1 << 5;
+    pub const RNR_TIMEOUT: u32 = 1 << 6;
+    pub const PRIMARY_ADDR_PATH: u32 = 1 << 7;
+    pub const RETRY_COUNT: u32 = 1 << 12;
+    pub const RNR_RETRY: u32 = 1 << 13;
+    pub const ACK_TIMEOUT: u32 = 1 << 14;
+}
+
+fn mtu_bytes(code: u64) -> u32 {
+    match code {
+        1..=5 => 128 << code,
+        _ => 0,
+    }
+}
+
+fn mtu_code(bytes: u32) -> u64 {
+    match bytes {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        4096 => 5,
+        _ => 0,
+    }
+}
+
+fn read_path(c: &[u8]) -> Path {
+    let a = &c[PATH..PATH + ads::SIZE_BYTES];
+    let mut dgid = [0u8; 16];
+    dgid.copy_from_slice(&a[ads::RGID_RIP.off / 8..ads::RGID_RIP.off / 8 + 16]);
+    let mac = ads::RMAC_47_32.get(a) << 32 | ads::RMAC_31_0.get(a);
+    let mut dmac = [0u8; 6];
+    dmac.copy_from_slice(&mac.to_be_bytes()[2..]);
+    Path {
+        dgid,
+        sgid_index: ads::SRC_ADDR_INDEX.get(a) as u8,
+        dmac,
+        hop_limit: ads::HOP_LIMIT.get(a) as u8,
+        tclass: ads::TCLASS.get(a) as u8,
+        flow_label: ads::FLOW_LABEL.get(a) as u32,
+        udp_sport: ads::UDP_SPORT.get(a) as u16,
+        ack_timeout: ads::ACK_TIMEOUT.get(a) as u8,
+        pkey_index: ads::PKEY_INDEX.get(a) as u16,
+    }
+}
+
+impl Firmware {
+    pub(super) fn create_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_qp_in::SIZE_BYTES,
+            create_qp_out::SIZE_BYTES,
+        )?;
+        let c = &input[CTX..CTX + qpc::SIZE_BYTES];
+        let r = &inner.rdma;
+        let service = qpc::ST.get(c) as u8;
+        if !matches!(service, st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR) {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_ST));
+        }
+        let pd = qpc::PD.get(c) as u32;
+        if !lock(&r.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::QP_BAD_PD));
+        }
+        let cqs = rlock(&r.cqs);
+        let (Some(scq), Some(rcq)) = (
+            cqs.get(&(qpc::CQN_SND.get(c) as u32)).cloned(),
+            cqs.get(&(qpc::CQN_RCV.get(c) as u32)).cloned(),
+        ) else {
+            return Err(fail(CmdStatus::BadResource, synd::QP_BAD_CQ));
+        };
+        drop(cqs);
+        let rqt = qpc::RQ_TYPE.get(c) as u8;
+        let srq = if rqt == rq_type::SRQ {
+            let n = qpc::SRQN_RMPN_XRQN.get(c) as u32;
+            match rlock(&r.srqs).get(&n).cloned() {
+                Some(s) => Some(s),
+                None => return Err(fail(CmdStatus::BadResource, synd::QP_BAD_SRQ)),
+            }
+        } else if rqt == rq_type::REGULAR || rqt == rq_type::ZERO {
+            None
+        } else {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_RQ_TYPE));
+        };
+        let uar = qpc::UAR_PAGE.get(c) as u32;
+        if !self.uars.contains(&uar) {
+            return Err(fail(CmdStatus::BadResource, synd::QP_BAD_UAR));
+        }
+        let max_sz = self.cap(cmd_hca_cap::LOG_MAX_QP_SZ);
+        let log_rq_size = qpc::LOG_RQ_SIZE.get(c) as u8;
+        let log_sq_size = qpc::LOG_SQ_SIZE.get(c) as u8;
+        if u64::from(log_rq_size) > max_sz || u64::from(log_sq_size) > max_sz {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_SIZE));
+        }
+        let log_rq_stride = qpc::LOG_RQ_STRIDE.get(c) as u8 + 4;
+        let rq_bytes = if rqt == rq_type::REGULAR {
+            (1u64 << log_rq_size) << log_rq_stride
+        } else {
+            0
+        };
+        let no_sq = qpc::NO_SQ.get(c) != 0;
+        let sq_bytes = if no_sq { 0 } else { 64u64 << log_sq_size };
+        let log_page = 12 + qpc::LOG_PAGE_SIZE.get(c) as u32;
+        let offset = qpc::PAGE_OFFSET.get(c) * 64;
+        let npas = (offset + rq_bytes + sq_bytes).div_ceil(1 << log_page) as usize;
+        let pas = super::cq::pas(input, create_qp_in::SIZE_BYTES, npas)?;
+        let dbr = qpc::DBR_ADDR.get(c);
+        if !inner.bus.dma.is_mapped(dbr, 8) {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_NOT_MAPPED));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_QP).clamp(1, 24);
+        let mut t = wlock(&r.qps);
+        let Some(qpn) = (FIRST_QPN..max.max(FIRST_QPN + 1)).find(|n| !t.contains_key(n)) else {
+            return Err(fail(CmdStatus::NoResources, synd::QP_EXHAUSTED));
+        };
+        if service == st::QP1 {
+            let mut g = wlock(&r.gsi);
+            if g.is_some() {
+                return Err(fail(CmdStatus::ResourceBusy, synd::QP_GSI_EXISTS));
+            }
+            *g = Some(qpn);
+        }
+        tracing::debug!(qpn, st = service, log_sq_size, log_rq_size, "CREATE_QP");
+        t.insert(
+            qpn,
+            Arc::new(Qp {
+                qpn,
+                st: service,
+                pd,
+                scq,
+                rcq,
+                srq,
+                rq_type: rqt,
+                log_rq_size,
+                log_rq_stride,
+                log_sq_size,
+                sq_offset: rq_bytes,
+                buf: Buf::new(pas, log_page, offset),
+                dbr,
+                uar,
+                state: AtomicU8::new(state::RST),
+                sq: Mutex::new(Sq::default()),
+                rq: Mutex::new(Rq::default()),
+            }),
+        );
+        drop(t);
+        r.track_uar(uar, true);
+        let mut out = vec![0u8; create_qp_out::SIZE_BYTES];
+        create_qp_out::QPN.set(&mut out, u64::from(qpn));
+        Ok(out)
+    }
+
+    pub(super) fn destroy_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, 0x10, 0x10)?;
+        let qpn = qpn_of(input);
+        let r = &inner.rdma;
+        let Some(qp) = wlock(&r.qps).remove(&qpn) else {
+            return Err(fail(CmdStatus::BadResource, synd::QP_UNKNOWN));
+        };
+        // Wait out any packet or WQE in flight on it.
+        let _sq = lock(&qp.sq);
+        let _rq = lock(&qp.rq);
+        qp.destroyed();
+        let mut g = wlock(&r.gsi);
+        if *g == Some(qpn) {
+            *g = None;
+        }
+        Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn query_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_qp_in::SIZE_BYTES,
+            query_qp_out::QPC.off / 8 + qpc::SIZE_BYTES,
+        )?;
+        let qpn = query_qp_in::QPN.get(input) as u32;
+        let Some(qp) = inner.rdma.qp(qpn) else {
+            return Err(fail(CmdStatus::BadResource, synd::QP_UNKNOWN));
+        };
+        let mut out = vec![
+            0u8;
+            query_qp_out::SIZE_BYTES
+                .max(outlen.min(query_qp_out::SIZE_BYTES + 8 * qp.buf.pas.len()))
+        ];
+        let at = query_qp_out::QPC.off / 8;
+        let c = &mut out[at..at + qpc::SIZE_BYTES];
+        let sq = lock(&qp.sq);
+        let rq = lock(&qp.rq);
+        qpc::STATE.set(c, u64::from(qp.state()));
+        qpc::ST.set(c, u64::from(qp.st));
+        qpc::PD.set(c, u64::from(qp.pd));
+        qpc::MTU.set(c, mtu_code(sq.mtu));
+        qpc::LOG_MSG_MAX.set(c, 30);
+        qpc::LOG_RQ_SIZE.set(c, u64::from(qp.log_rq_size));
+        qpc::LOG_RQ_STRIDE.set(c, u64::from(qp.log_rq_stride - 4));
+        qpc::LOG_SQ_SIZE.set(c, u64::from(qp.log_sq_size));
+        qpc::UAR_PAGE.set(c, u64::from(qp.uar));
+        qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
+        qpc::PAGE_OFFSET.set(c, qp.buf.offset / 64);
+        qpc::REMOTE_QPN.set(c, u64::from(sq.remote_qpn));
+        {
+            let a = &mut c[PATH..PATH + ads::SIZE_BYTES];
+            a[ads::RGID_RIP.off / 8..ads::RGID_RIP.off / 8 + 16].copy_from_slice(&sq.path.dgid);
+            ads::SRC_ADDR_INDEX.set(a, u64::from(sq.path.sgid_index));
+            ads::HOP_LIMIT.set(a, u64::from(sq.path.hop_limit));
+            ads::TCLASS.set(a, u64::from(sq.path.tclass));
+            ads::FLOW_LABEL.set(a, u64::from(sq.path.flow_label));
+            ads::UDP_SPORT.set(a, u64::from(sq.path.udp_sport));
+            ads::ACK_TIMEOUT.set(a, u64::from(sq.path.ack_timeout));
+            ads::PKEY_INDEX.set(a, u64::from(sq.path.pkey_index));
+            ads::VHCA_PORT_NUM.set(a, 1);
+            let mut m = [0u8; 8];
+            m[2..].copy_from_slice(&sq.path.dmac);
+            let mac = u64::from_be_bytes(m);
+            ads::RMAC_47_32.set(a, mac >> 32);
+            ads::RMAC_31_0.set(a, mac & 0xffff_ffff);
+        }
+        qpc::RETRY_COUNT.set(c, u64::from(sq.retry_count));
+        qpc::RNR_RETRY.set(c, u64::from(sq.rnr_retry));
+        qpc::NEXT_SEND_PSN.set(c, u64::from(sq.psn));
+        qpc::CQN_SND.set(c, u64::from(qp.scq.cqn));
+        qpc::RRE.set(c, u64::from(rq.rre));
+        qpc::RWE.set(c, u64::from(rq.rwe));
+        qpc::RAE.set(c, u64::from(rq.rae));
+        qpc::MIN_RNR_NAK.set(c, u64::from(rq.min_rnr_nak));
+        qpc::NEXT_RCV_PSN.set(c, u64::from(rq.epsn));
+        qpc::CQN_RCV.set(c, u64::from(qp.rcq.cqn));
+        qpc::DBR_ADDR.set(c, qp.dbr);
+        qpc::Q_KEY.set(c, u64::from(rq.qkey));
+        qpc::RQ_TYPE.set(c, u64::from(qp.rq_type));
+        if let Some(s) = &qp.srq {
+            qpc::SRQN_RMPN_XRQN.set(c, u64::from(s.srqn));
+        }
+        qpc::HW_SQ_WQEBB_COUNTER.set(c, u64::from(sq.ci));
+        qpc::HW_RQ_COUNTER.set(c, u64::from(rq.ci));
+        Ok(out)
+    }
+
+    /// One state transition command.
+    pub(super) fn modify_qp(
+        &mut self,
+        inner: &Inner,
+        op: Opcode,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        let with_ctx = !matches!(op, Opcode::ToErrQp | Opcode::ToRstQp);
+        let inlen = if with_ctx {
+            CTX + qpc::SIZE_BYTES
+        } else {
+            0x10
+        };
+        sized(input, outlen, inlen, 0x10)?;
+        let qpn = qpn_of(input);
+        let r = &inner.rdma;
+        let Some(qp) = r.qp(qpn) else {
+            return Err(fail(CmdStatus::BadResource, synd::QP_UNKNOWN));
+        };
+        let cur = qp.state();
+        let (from, to): (&[u8], u8) = match op {
+            Opcode::Rst2InitQp => (&[state::RST], state::INIT),
+            Opcode::Init2InitQp => (&[state::INIT], state::INIT),
+            Opcode::Init2RtrQp => (&[state::INIT], state::RTR),
+            Opcode::Rtr2RtsQp => (&[state::RTR], state::RTS),
+            Opcode::Rts2RtsQp => (&[state::RTS], state::RTS),
+            Opcode::Sqerr2RtsQp => (&[state::SQER], state::RTS),
+            Opcode::SqdRtsQp => (&[state::SQD], state::RTS),
+            Opcode::ToErrQp => (
+                &[
+                    state::RST,
+                    state::INIT,
+                    state::RTR,
+                    state::RTS,
+                    state::SQER,
+                    state::SQD,
+                    state::ERR,
+                ],
+                state::ERR,
+            ),
+            _ => (
+                &[
+                    state::RST,
+                    state::INIT,
+                    state::RTR,
+                    state::RTS,
+                    state::SQER,
+                    state::SQD,
+                    state::ERR,
+                ],
+                state::RST,
+            ),
+        };
+        if !from.contains(&cur) {
+            return Err(fail(CmdStatus::BadQpState, synd::QP_BAD_STATE));
+        }
+        let mask = u32::from_be_bytes(
+            input
+                .get(0x10..0x14)
+                .and_then(|b| b.try_into().ok())
+                .unwrap_or([0; 4]),
+        );
+        let mut sq = lock(&qp.sq);
+        let mut rq = lock(&qp.rq);
+        let ud = matches!(qp.st, st::UD | st::QP1);
+        if with_ctx {
+            let c = &input[CTX..CTX + qpc::SIZE_BYTES];
+            let all = op == Opcode::Rst2InitQp;
+            if all || mask & optpar::RRE != 0 {
+                rq.rre = qpc::RRE.get(c) != 0;
+            }
+            if all || mask & optpar::RWE != 0 {
+                rq.rwe = qpc::RWE.get(c) != 0;
+            }
+            if all || mask & optpar::RAE != 0 {
+                rq.rae = qpc::RAE.get(c) != 0;
+            }
+            if (all && ud) || mask & optpar::Q_KEY != 0 {
+                rq.qkey = qpc::Q_KEY.get(c) as u32;
+                sq.qkey = rq.qkey;
+            }
+            if all || mask & optpar::PKEY_INDEX != 0 {
+                sq.path.pkey_index = ads::PKEY_INDEX.get(&c[PATH..]) as u16;
+            }
+            if all {
+                let port = ads::VHCA_PORT_NUM.get(&c[PATH..]);
+                if port > 1 {
+                    return Err(fail(CmdStatus::BadParameter, synd::VPORT_BAD_PORT));
+                }
+                if ud {
+                    sq.mtu = 4096;
+                    rq.mtu = 4096;
+                }
+            }
+            if (op == Opcode::Init2RtrQp || mask & optpar::PRIMARY_ADDR_PATH != 0) && !ud {
+                {
+                    let p = read_path(c);
+                    if rlock(&r.gids)
+                        .get(usize::from(p.sgid_index))
+                        .copied()
+                        .flatten()
+                        .is_none()
+                    {
+                        return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_SGID));
+                    }
+                    let ack = sq.path.ack_timeout;
+                    sq.path = p;
+                    if op == Opcode::Init2RtrQp {
+                        sq.path.ack_timeout = ack;
+                    }
+                    sq.peer = None;
+                }
+            }
+            if op == Opcode::Init2RtrQp {
+                let m = mtu_bytes(qpc::MTU.get(c));
+                if !ud {
+                    if m == 0 {
+                        return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_MTU));
+                    }
+                    sq.remote_qpn = qpc::REMOTE_QPN.get(c) as u32;
+                    rq.remote_qpn = sq.remote_qpn;
+                    rq.epsn = qpc::NEXT_RCV_PSN.get(c) as u32;
+                    rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
+                    sq.mtu = m;
+                    rq.mtu = m;
+                } else if m != 0 {
+                    sq.mtu = m;
+                    rq.mtu = m;
+                }
+            }
+            if op != Opcode::Init2RtrQp && mask & optpar::RNR_TIMEOUT != 0 {
+                rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
+            }
+            if op == Opcode::Rtr2RtsQp {
+                sq.psn = qpc::NEXT_SEND_PSN.get(c) as u32;
+                if !ud {
+                    sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
+                    sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
+                    sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
+                }
+            } else {
+                if mask & optpar::RETRY_COUNT != 0 {
+                    sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
+                }
+                if mask & optpar::RNR_RETRY != 0 {
+                    sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
+                }
+                if mask & optpar::ACK_TIMEOUT != 0 {
+                    sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
+                }
+            }
+            sq.retries_left = sq.retry_count;
+            sq.rnr_left = sq.rnr_retry;
+        }
+        if to == state::RST {
+            *sq = Sq::default();
+            *rq = Rq::default();
+        }
+        if to == state::RTS && cur == state::SQER {
+            sq.retry = None;
+        }
+        qp.set_state(to);
+        drop(sq);
+        drop(rq);
+        if to == state::ERR || to == state::RTS {
+            r.attend(qpn);
+        }
+        let _ = tqp::st::RC;
+        Ok(vec![0; 0x10])
+    }
+}
+
+fn qpn_of(input: &[u8]) -> u32 {
+    u32::from_be_bytes(
+        input
+            .get(8..12)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([0; 4]),
+    ) & 0xff_ffff
+}

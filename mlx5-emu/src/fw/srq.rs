@@ -1,0 +1,136 @@
+//! CREATE_SRQ / DESTROY_SRQ / QUERY_SRQ / ARM_RQ: shared receive queues
+//! (a linked list of receive WQEs, each a next segment and data segments)
+//! and their limit event.
+
+use std::sync::{Arc, Mutex};
+
+use mlx5_hw::ifc::{
+    arm_rq_in, cmd_hca_cap, create_srq_in, create_srq_out, destroy_srq_in, query_srq_in,
+    query_srq_out, srqc,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::cq::pas;
+use super::{fail, sized, synd, CmdResult, Firmware};
+use crate::transport::qp::{Buf, SrqState};
+use crate::transport::{rlock, wlock, Srq};
+use crate::{lock, Inner};
+
+const CTX: usize = create_srq_in::SRQ_CONTEXT_ENTRY.off / 8;
+
+impl Firmware {
+    pub(super) fn create_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_srq_in::SIZE_BYTES,
+            create_srq_out::SIZE_BYTES,
+        )?;
+        let c = &input[CTX..CTX + srqc::SIZE_BYTES];
+        let log_size = srqc::LOG_SRQ_SIZE.get(c) as u8;
+        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_SRQ_SZ).max(15) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
+        let pd = srqc::PD.get(c) as u32;
+        if !lock(&inner.rdma.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_PD));
+        }
+        let log_stride = srqc::LOG_RQ_STRIDE.get(c) as u8;
+        let log_page = 12 + srqc::LOG_PAGE_SIZE.get(c) as u32;
+        let offset = srqc::PAGE_OFFSET.get(c) * 64;
+        let bytes = offset + ((16u64 << log_stride) << log_size);
+        let npas = bytes.div_ceil(1 << log_page) as usize;
+        let pas = pas(input, create_srq_in::SIZE_BYTES, npas)?;
+        let dbr = srqc::DBR_ADDR.get(c);
+        if !inner.bus.dma.is_mapped(dbr, 4) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
+        let mut t = wlock(&inner.rdma.srqs);
+        let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
+            return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
+        };
+        t.insert(
+            srqn,
+            Arc::new(Srq {
+                srqn,
+                pd,
+                log_size,
+                log_stride,
+                buf: Buf::new(pas, log_page, offset),
+                dbr,
+                cqn: srqc::CQN.get(c) as u32,
+                st: Mutex::new(SrqState {
+                    lwm: srqc::LWM.get(c) as u16,
+                    ..SrqState::default()
+                }),
+            }),
+        );
+        let mut out = vec![0u8; create_srq_out::SIZE_BYTES];
+        create_srq_out::SRQN.set(&mut out, u64::from(srqn));
+        Ok(out)
+    }
+
+    pub(super) fn destroy_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, destroy_srq_in::SIZE_BYTES, 0x10)?;
+        let srqn = destroy_srq_in::SRQN.get(input) as u32;
+        let r = &inner.rdma;
+        if !rlock(&r.srqs).contains_key(&srqn) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
+        }
+        if rlock(&r.qps)
+            .values()
+            .any(|q| q.srq.as_ref().is_some_and(|s| s.srqn == srqn))
+        {
+            return Err(fail(CmdStatus::BadResourceState, synd::SRQ_IN_USE));
+        }
+        wlock(&r.srqs).remove(&srqn);
+        Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn query_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_srq_in::SIZE_BYTES,
+            query_srq_out::SIZE_BYTES,
+        )?;
+        let srqn = query_srq_in::SRQN.get(input) as u32;
+        let Some(s) = rlock(&inner.rdma.srqs).get(&srqn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
+        };
+        let mut out = vec![0u8; query_srq_out::SIZE_BYTES];
+        let at = query_srq_out::SRQ_CONTEXT_ENTRY.off / 8;
+        let c = &mut out[at..at + srqc::SIZE_BYTES];
+        let st = lock(&s.st);
+        srqc::STATE.set(c, u64::from(st.error));
+        srqc::LOG_SRQ_SIZE.set(c, u64::from(s.log_size));
+        srqc::LOG_RQ_STRIDE.set(c, u64::from(s.log_stride));
+        srqc::CQN.set(c, u64::from(s.cqn));
+        srqc::LOG_PAGE_SIZE.set(c, u64::from(s.buf.log_page - 12));
+        srqc::PAGE_OFFSET.set(c, s.buf.offset / 64);
+        srqc::PD.set(c, u64::from(s.pd));
+        srqc::LWM.set(c, u64::from(st.lwm));
+        srqc::WQE_CNT.set(c, u64::from(st.ci));
+        srqc::DBR_ADDR.set(c, s.dbr);
+        Ok(out)
+    }
+
+    pub(super) fn arm_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, arm_rq_in::SIZE_BYTES, 0x10)?;
+        // op_mod 1: an SRQ.
+        if arm_rq_in::OP_MOD.get(input) != 1 {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_UNKNOWN));
+        }
+        let srqn = arm_rq_in::SRQ_NUMBER.get(input) as u32;
+        let Some(s) = rlock(&inner.rdma.srqs).get(&srqn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
+        };
+        let lwm = arm_rq_in::LWM.get(input) as u16;
+        if lwm >= 1 << s.log_size {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
+        lock(&s.st).lwm = lwm;
+        Ok(vec![0; 0x10])
+    }
+}

@@ -1,0 +1,711 @@
+//! The data path driven by hand-built commands and WQEs: two functions on
+//! a fabric (or one looped back), RC/UC/UD, every RC opcode, errors,
+//! RNR, flushes, events, and leak checks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_hw::ifc::{
+    ads, cqc, create_cq_in, create_mkey_in, create_qp_in, create_srq_in, mkc, qpc,
+    roce_addr_layout, set_roce_address_in, srqc,
+};
+use vfio::{DmaBuffer, Iova, PciFunction};
+
+use super::{be32, cmd_in, create_eq, Drv};
+use crate::{Fabric, Profile};
+
+const DATA_IOVA: u64 = 0x4000_0000;
+const DATA_VA: u64 = 0x7f12_3400_0000;
+const DATA_LEN: usize = 1 << 20;
+const CQ_IOVA: u64 = 0x5000_0000;
+const QP_IOVA: u64 = 0x6000_0000;
+const DBR_IOVA: u64 = 0x7000_0000;
+const SRQ_IOVA: u64 = 0x7800_0000;
+const LOG_CQ: u8 = 8;
+const LOG_SQ: u8 = 6;
+const LOG_RQ: u8 = 5;
+const RQ_STRIDE: usize = 64;
+
+struct Node {
+    d: Drv,
+    uar: u32,
+    pd: u32,
+    eqn: u8,
+    data: Arc<DmaBuffer>,
+    lkey: u32,
+    cq: Vec<(u32, Arc<DmaBuffer>, u32, usize)>,
+    dbr: Arc<DmaBuffer>,
+    qbufs: Vec<Arc<DmaBuffer>>,
+    next_dbr: usize,
+    gid: [u8; 16],
+}
+
+struct Q {
+    qpn: u32,
+    buf: Arc<DmaBuffer>,
+    dbr: usize,
+    sq_pi: u16,
+    rq_pi: u16,
+}
+
+fn gid_of(mac: u64) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    let m = mac.to_be_bytes();
+    g[8] = m[2] ^ 2;
+    g[9] = m[3];
+    g[10] = m[4];
+    g[11] = 0xff;
+    g[12] = 0xfe;
+    g[13] = m[5];
+    g[14] = m[6];
+    g[15] = m[7];
+    g
+}
+
+impl Node {
+    fn new(f: Arc<vfio::emulated::EmulatedFunction<crate::Device>>) -> Self {
+        let mac = f.model().config().mac;
+        let mut d = Drv::on(f);
+        d.bring_up();
+        let uar = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
+        // Completion and async events (QP/CQ errors, SRQ limit).
+        let mask = 1u64 | 1 << 0x04 | 1 << 0x05 | 1 << 0x10 | 1 << 0x11 | 1 << 0x14;
+        let eqn = create_eq(&mut d, uar, 6, mask, 0);
+        let pd = be32(&d.ok(&cmd_in(0x800, 0, 16), 16), 8) & 0xff_ffff;
+        // GID 0: fe80::EUI-64(MAC), RoCEv2, IPv6.
+        let gid = gid_of(mac);
+        let mut s = cmd_in(0x761, 0, set_roce_address_in::SIZE_BYTES);
+        let a = &mut s[set_roce_address_in::ROCE_ADDRESS.off / 8..];
+        a[..16].copy_from_slice(&gid);
+        roce_addr_layout::SOURCE_MAC_47_32.set(a, mac >> 32);
+        roce_addr_layout::SOURCE_MAC_31_0.set(a, mac & 0xffff_ffff);
+        roce_addr_layout::ROCE_VERSION.set(a, 2);
+        roce_addr_layout::ROCE_L3_TYPE.set(a, 1);
+        d.ok(&s, 16);
+        let data = DmaBuffer::new(DATA_LEN).unwrap();
+        d.f.dma_map(Iova(DATA_IOVA), &data).unwrap();
+        let dbr = DmaBuffer::new(4096).unwrap();
+        d.f.dma_map(Iova(DBR_IOVA), &dbr).unwrap();
+        let mut n = Self {
+            d,
+            uar,
+            pd,
+            eqn,
+            data,
+            lkey: 0,
+            cq: vec![],
+            dbr,
+            qbufs: vec![],
+            next_dbr: 0,
+            gid,
+        };
+        n.lkey = n.mkey(n.pd, 0x7f, 0, DATA_LEN as u64, 0x42);
+        n
+    }
+
+    /// An MTT mkey over `[off, off + len)` of the data buffer; `acc` is
+    /// the mkc bits a|rw|rr|lw|lr (bit 4..0).
+    fn mkey(&mut self, pd: u32, acc: u8, off: u64, len: u64, key: u8) -> u32 {
+        let pages = (len as usize).div_ceil(4096);
+        let mut c = cmd_in(
+            0x200,
+            0,
+            create_mkey_in::SIZE_BYTES + pages.next_multiple_of(2) * 8,
+        );
+        let m = &mut c[0x10..0x50];
+        mkc::ACCESS_MODE_1_0.set(m, 1);
+        mkc::A.set(m, u64::from(acc >> 4 & 1));
+        mkc::RW.set(m, u64::from(acc >> 3 & 1));
+        mkc::RR.set(m, u64::from(acc >> 2 & 1));
+        mkc::LW.set(m, u64::from(acc >> 1 & 1));
+        mkc::LR.set(m, u64::from(acc & 1));
+        mkc::QPN.set(m, 0xff_ffff);
+        mkc::MKEY_7_0.set(m, u64::from(key));
+        mkc::PD.set(m, u64::from(pd));
+        mkc::START_ADDR.set(m, DATA_VA + off);
+        mkc::LEN.set(m, len);
+        mkc::LOG_PAGE_SIZE.set(m, 12);
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, pages.div_ceil(2) as u64);
+        create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, pages.div_ceil(2) as u64);
+        for i in 0..pages {
+            let at = create_mkey_in::SIZE_BYTES + i * 8;
+            c[at..at + 8].copy_from_slice(&(DATA_IOVA + off + i as u64 * 4096).to_be_bytes());
+        }
+        let idx = be32(&self.d.ok(&c, 16), 8) & 0xff_ffff;
+        idx << 8 | u32::from(key)
+    }
+
+    fn create_cq(&mut self) -> usize {
+        let i = self.cq.len();
+        let buf = DmaBuffer::new(64 << LOG_CQ).unwrap();
+        for k in 0..(1usize << LOG_CQ) {
+            buf.write(k * 64 + 63, &[0xf0]).unwrap();
+        }
+        let iova = CQ_IOVA + i as u64 * 0x10_0000;
+        self.d.f.dma_map(Iova(iova), &buf).unwrap();
+        let dbr = self.alloc_dbr();
+        let npas = (64usize << LOG_CQ) / 4096;
+        let mut c = cmd_in(0x400, 0, create_cq_in::SIZE_BYTES + npas * 8);
+        let x = &mut c[0x10..0x50];
+        cqc::LOG_CQ_SIZE.set(x, u64::from(LOG_CQ));
+        cqc::UAR_PAGE.set(x, u64::from(self.uar));
+        cqc::C_EQN_OR_APU_ELEMENT.set(x, u64::from(self.eqn));
+        cqc::DBR_ADDR.set(x, DBR_IOVA + dbr as u64);
+        for p in 0..npas {
+            let at = create_cq_in::SIZE_BYTES + p * 8;
+            c[at..at + 8].copy_from_slice(&(iova + p as u64 * 4096).to_be_bytes());
+        }
+        let cqn = be32(&self.d.ok(&c, 16), 8) & 0xff_ffff;
+        self.cq.push((cqn, buf, 0, dbr));
+        i
+    }
+
+    fn alloc_dbr(&mut self) -> usize {
+        let d = self.next_dbr;
+        self.next_dbr += 64;
+        d
+    }
+
+    fn create_qp(&mut self, st: u8, scq: usize, rcq: usize, srqn: Option<u32>) -> Q {
+        let i = self.qbufs.len();
+        let rq_bytes = if srqn.is_some() {
+            0
+        } else {
+            RQ_STRIDE << LOG_RQ
+        };
+        let size = rq_bytes + (64 << LOG_SQ);
+        let buf = DmaBuffer::new(size.next_multiple_of(4096)).unwrap();
+        let iova = QP_IOVA + i as u64 * 0x10_0000;
+        self.d.f.dma_map(Iova(iova), &buf).unwrap();
+        let npas = size.div_ceil(4096);
+        let dbr = self.alloc_dbr();
+        let mut c = cmd_in(0x500, 0, create_qp_in::SIZE_BYTES + npas * 8);
+        let x = &mut c[create_qp_in::QPC.off / 8..];
+        qpc::ST.set(x, u64::from(st));
+        qpc::PD.set(x, u64::from(self.pd));
+        qpc::LOG_RQ_SIZE.set(x, u64::from(LOG_RQ));
+        qpc::LOG_RQ_STRIDE.set(x, (RQ_STRIDE.trailing_zeros() - 4) as u64);
+        qpc::LOG_SQ_SIZE.set(x, u64::from(LOG_SQ));
+        qpc::UAR_PAGE.set(x, u64::from(self.uar));
+        qpc::CQN_SND.set(x, u64::from(self.cq[scq].0));
+        qpc::CQN_RCV.set(x, u64::from(self.cq[rcq].0));
+        qpc::DBR_ADDR.set(x, DBR_IOVA + dbr as u64);
+        if let Some(s) = srqn {
+            qpc::RQ_TYPE.set(x, 1);
+            qpc::SRQN_RMPN_XRQN.set(x, u64::from(s));
+        }
+        for p in 0..npas {
+            let at = create_qp_in::SIZE_BYTES + p * 8;
+            c[at..at + 8].copy_from_slice(&(iova + p as u64 * 4096).to_be_bytes());
+        }
+        let qpn = be32(&self.d.ok(&c, 16), 8) & 0xff_ffff;
+        self.qbufs.push(buf.clone());
+        Q {
+            qpn,
+            buf,
+            dbr,
+            sq_pi: 0,
+            rq_pi: 0,
+        }
+    }
+
+    fn modify(&mut self, op: u16, q: &Q, f: impl FnOnce(&mut [u8], &mut u32)) -> Vec<u8> {
+        let mut c = cmd_in(op, 0, create_qp_in::QPC.off / 8 + qpc::SIZE_BYTES + 16);
+        c[8..12].copy_from_slice(&q.qpn.to_be_bytes());
+        let mut mask = 0u32;
+        f(&mut c[create_qp_in::QPC.off / 8..], &mut mask);
+        c[0x10..0x14].copy_from_slice(&mask.to_be_bytes());
+        self.d.exec(&c, 16)
+    }
+
+    /// RST -> INIT -> RTR -> RTS toward `peer_gid`/`peer_qpn`.
+    fn connect(&mut self, q: &Q, peer_gid: [u8; 16], peer_qpn: u32, mtu: u8, ud: bool) {
+        let pa = qpc::PRIMARY_ADDRESS_PATH.off / 8;
+        let o = self.modify(0x502, q, |x, _| {
+            qpc::RRE.set(x, 1);
+            qpc::RWE.set(x, 1);
+            qpc::RAE.set(x, 1);
+            qpc::Q_KEY.set(x, 0x1111_1111);
+            ads::VHCA_PORT_NUM.set(&mut x[pa..], 1);
+        });
+        assert_eq!(o[0], 0, "RST2INIT");
+        let o = self.modify(0x503, q, |x, _| {
+            qpc::MTU.set(x, u64::from(mtu));
+            qpc::REMOTE_QPN.set(x, u64::from(peer_qpn));
+            qpc::NEXT_RCV_PSN.set(x, 0x100);
+            qpc::MIN_RNR_NAK.set(x, 1);
+            let a = &mut x[pa..];
+            a[ads::RGID_RIP.off / 8..ads::RGID_RIP.off / 8 + 16].copy_from_slice(&peer_gid);
+            ads::HOP_LIMIT.set(a, 64);
+        });
+        assert_eq!(o[0], 0, "INIT2RTR");
+        let o = self.modify(0x504, q, |x, _| {
+            qpc::NEXT_SEND_PSN.set(x, 0x100);
+            qpc::RETRY_COUNT.set(x, 3);
+            qpc::RNR_RETRY.set(x, 2);
+            ads::ACK_TIMEOUT.set(&mut x[pa..], 8);
+        });
+        assert_eq!(o[0], 0, "RTR2RTS");
+        let _ = ud;
+    }
+
+    /// Writes a send WQE of `segs` (after the control segment) and rings.
+    fn post_send(&mut self, q: &mut Q, opcode: u8, imm: u32, segs: &[u8], signaled: bool) -> u16 {
+        let ds = 1 + segs.len() / 16;
+        let nbb = ds.div_ceil(4) as u16;
+        let idx = q.sq_pi;
+        let mut w = vec![0u8; nbb as usize * 64];
+        w[0..4].copy_from_slice(&(u32::from(idx) << 8 | u32::from(opcode)).to_be_bytes());
+        w[4..8].copy_from_slice(&(q.qpn << 8 | ds as u32).to_be_bytes());
+        w[11] = if signaled { 0x08 } else { 0 };
+        w[12..16].copy_from_slice(&imm.to_be_bytes());
+        w[16..16 + segs.len()].copy_from_slice(segs);
+        let sq_off = if q.buf.len() >= (RQ_STRIDE << LOG_RQ) + (64 << LOG_SQ) {
+            RQ_STRIDE << LOG_RQ
+        } else {
+            0
+        };
+        for b in 0..nbb {
+            let slot = usize::from(idx.wrapping_add(b)) & ((1 << LOG_SQ) - 1);
+            q.buf
+                .write(
+                    sq_off + slot * 64,
+                    &w[b as usize * 64..(b as usize + 1) * 64],
+                )
+                .unwrap();
+        }
+        q.sq_pi = q.sq_pi.wrapping_add(nbb);
+        self.dbr
+            .write_u32_be(q.dbr + 4, u32::from(q.sq_pi))
+            .unwrap();
+        let bar = self.d.f.model().bar0();
+        bar.write((self.uar as usize) << 12 | 0x800, &w[..8])
+            .unwrap();
+        idx
+    }
+
+    fn post_recv(&mut self, q: &mut Q, addr: u64, len: u32) {
+        let slot = usize::from(q.rq_pi) & ((1 << LOG_RQ) - 1);
+        let mut w = [0u8; RQ_STRIDE];
+        w[0..4].copy_from_slice(&len.to_be_bytes());
+        w[4..8].copy_from_slice(&self.lkey.to_be_bytes());
+        w[8..16].copy_from_slice(&addr.to_be_bytes());
+        w[20..24].copy_from_slice(&0x100u32.to_be_bytes());
+        q.buf.write(slot * RQ_STRIDE, &w).unwrap();
+        q.rq_pi = q.rq_pi.wrapping_add(1);
+        self.dbr.write_u32_be(q.dbr, u32::from(q.rq_pi)).unwrap();
+    }
+
+    /// Waits for the next CQE of CQ `i`; returns its 64 bytes.
+    fn poll(&mut self, i: usize) -> [u8; 64] {
+        self.try_poll(i, Duration::from_secs(3)).expect("no CQE")
+    }
+
+    fn try_poll(&mut self, i: usize, wait: Duration) -> Option<[u8; 64]> {
+        let (_, buf, ci, dbr) = &mut self.cq[i];
+        let dbr = *dbr;
+        let slot = (*ci as usize) & ((1 << LOG_CQ) - 1);
+        let parity = ((*ci >> LOG_CQ) & 1) as u8;
+        let t = Instant::now();
+        loop {
+            let op = buf.load_u8_acquire(slot * 64 + 63).unwrap();
+            if op >> 4 != 0xf && op & 1 == parity {
+                break;
+            }
+            if t.elapsed() > wait {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        let mut e = [0u8; 64];
+        buf.read(slot * 64, &mut e).unwrap();
+        *ci += 1;
+        let v = *ci & 0xff_ffff;
+        self.dbr.write_u32_be(dbr, v).unwrap();
+        Some(e)
+    }
+}
+
+fn data_seg(len: u32, lkey: u32, va: u64) -> [u8; 16] {
+    let mut s = [0u8; 16];
+    s[0..4].copy_from_slice(&len.to_be_bytes());
+    s[4..8].copy_from_slice(&lkey.to_be_bytes());
+    s[8..16].copy_from_slice(&va.to_be_bytes());
+    s
+}
+
+fn raddr_seg(va: u64, rkey: u32) -> [u8; 16] {
+    let mut s = [0u8; 16];
+    s[0..8].copy_from_slice(&va.to_be_bytes());
+    s[8..12].copy_from_slice(&rkey.to_be_bytes());
+    s
+}
+
+fn opcode(e: &[u8; 64]) -> u8 {
+    e[63] >> 4
+}
+
+fn pair() -> (Fabric, Node, Node) {
+    let f = Fabric::cabled(2, Profile::ConnectX4);
+    let a = Node::new(f.function(0).unwrap());
+    let b = Node::new(f.function(1).unwrap());
+    (f, a, b)
+}
+
+/// Two RC QPs connected across the fabric, CQs 0 (send) and 1 (recv) on each side.
+fn rc_pair(mtu: u8) -> (Fabric, Node, Node, Q, Q) {
+    let (f, mut a, mut b) = pair();
+    for n in [&mut a, &mut b] {
+        n.create_cq();
+        n.create_cq();
+    }
+    let qa = a.create_qp(0, 0, 1, None);
+    let qb = b.create_qp(0, 0, 1, None);
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(&qa, gb, qb.qpn, mtu, false);
+    b.connect(&qb, ga, qa.qpn, mtu, false);
+    (f, a, b, qa, qb)
+}
+
+fn fill(n: &Node, off: usize, len: usize, seed: u8) -> Vec<u8> {
+    let v: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    n.data.write(off, &v).unwrap();
+    v
+}
+
+fn read(n: &Node, off: usize, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    n.data.read(off, &mut v).unwrap();
+    v
+}
+
+#[test]
+fn rc_send_write_read_atomics() {
+    let (_f, mut a, mut b, mut qa, mut qb) = rc_pair(3); // MTU 1024: multi-packet
+                                                         // SEND of 3000 bytes (3 packets) into a 4096-byte receive.
+    let msg = fill(&a, 0, 3000, 1);
+    b.post_recv(&mut qb, DATA_VA + 0x1_0000, 4096);
+    let seg = data_seg(3000, a.lkey, DATA_VA);
+    let idx = a.post_send(&mut qa, 0x0a, 0, &seg, true);
+    let e = a.poll(0);
+    assert_eq!(opcode(&e), 0, "REQ");
+    assert_eq!(u16::from_be_bytes([e[0x3c], e[0x3d]]), idx);
+    assert_eq!(be32(&e, 0x38) & 0xff_ffff, qa.qpn);
+    assert_eq!(e[0x38], 0x0a);
+    let r = b.poll(1);
+    assert_eq!(opcode(&r), 2, "RESP_SEND");
+    assert_eq!(be32(&r, 0x2c), 3000);
+    assert_eq!(be32(&r, 0x18) & 0xff_ffff, qa.qpn);
+    assert_eq!(be32(&r, 0x38) & 0xff_ffff, qb.qpn);
+    assert_eq!(read(&b, 0x1_0000, 3000), msg);
+    // SEND with immediate, inline data.
+    b.post_recv(&mut qb, DATA_VA + 0x2_0000, 64);
+    let mut inl = [0u8; 16];
+    inl[0..4].copy_from_slice(&(0x8000_0000u32 | 11).to_be_bytes());
+    inl[4..15].copy_from_slice(b"inline-data");
+    a.post_send(&mut qa, 0x0b, 0xdead_beef, &inl, true);
+    let e = a.poll(0);
+    assert_eq!(opcode(&e), 0, "{:02x?}", &e[0x30..]);
+    let r = b.poll(1);
+    assert_eq!(opcode(&r), 3, "RESP_SEND_IMM");
+    assert_eq!(be32(&r, 0x24), 0xdead_beef);
+    assert_eq!(be32(&r, 0x2c), 11);
+    assert_eq!(read(&b, 0x2_0000, 11), b"inline-data");
+    // RDMA WRITE of 5000 bytes, unsignaled, then a signaled WRITE_IMM.
+    let w = fill(&a, 0x3_0000, 5000, 7);
+    let mut segs = raddr_seg(DATA_VA + 0x4_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(5000, a.lkey, DATA_VA + 0x3_0000));
+    a.post_send(&mut qa, 0x08, 0, &segs, false);
+    b.post_recv(&mut qb, DATA_VA + 0x2_0000, 64);
+    let mut segs = raddr_seg(DATA_VA + 0x5_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(100, a.lkey, DATA_VA + 0x3_0000));
+    a.post_send(&mut qa, 0x09, 0x1234_5678, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x38]), (0, 0x09));
+    assert_eq!(read(&b, 0x4_0000, 5000), w);
+    assert_eq!(read(&b, 0x5_0000, 100), w[..100].to_vec());
+    let r = b.poll(1);
+    assert_eq!(opcode(&r), 1, "RESP_WR_IMM");
+    assert_eq!((be32(&r, 0x24), be32(&r, 0x2c)), (0x1234_5678, 100));
+    // RDMA READ of 2500 bytes into a's memory.
+    let src = fill(&b, 0x6_0000, 2500, 9);
+    let mut segs = raddr_seg(DATA_VA + 0x6_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(2500, a.lkey, DATA_VA + 0x7_0000));
+    a.post_send(&mut qa, 0x10, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x38], be32(&e, 0x2c)), (0, 0x10, 2500));
+    assert_eq!(read(&a, 0x7_0000, 2500), src);
+    // Atomics: big-endian 8 bytes; CS then FA return the old value.
+    b.data.write(0x8_0000, &100u64.to_be_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&500u64.to_be_bytes());
+    segs.extend_from_slice(&100u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0000));
+    a.post_send(&mut qa, 0x11, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x38], be32(&e, 0x2c)), (0, 0x11, 8));
+    assert_eq!(read(&a, 0x9_0000, 8), 100u64.to_be_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 500u64.to_be_bytes());
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&7u64.to_be_bytes());
+    segs.extend_from_slice(&0u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0008));
+    a.post_send(&mut qa, 0x12, 0, &segs, true);
+    a.poll(0);
+    assert_eq!(read(&a, 0x9_0008, 8), 500u64.to_be_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 507u64.to_be_bytes());
+    let s = a.d.f.model().stats();
+    assert_eq!(s.error_cqes, 0);
+    assert!(s.packets_sent >= 12, "{s:?}");
+}
+
+#[test]
+fn rc_wire_check_carries_full_frames() {
+    let (f, mut a, mut b, mut qa, mut qb) = rc_pair(5);
+    f.set_wire_check(true);
+    let msg = fill(&a, 0, 10_000, 3);
+    b.post_recv(&mut qb, DATA_VA + 0x1_0000, 16_384);
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(10_000, a.lkey, DATA_VA), true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    let r = b.poll(1);
+    assert_eq!((opcode(&r), be32(&r, 0x2c)), (2, 10_000));
+    assert_eq!(read(&b, 0x1_0000, 10_000), msg);
+    let src = fill(&b, 0x6_0000, 9000, 4);
+    let mut segs = raddr_seg(DATA_VA + 0x6_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(9000, a.lkey, DATA_VA + 0x7_0000));
+    a.post_send(&mut qa, 0x10, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    assert_eq!(read(&a, 0x7_0000, 9000), src);
+}
+
+#[test]
+fn rc_errors_rnr_and_flush() {
+    let (_f, mut a, _b, mut qa, _qb) = rc_pair(5);
+    // No receive posted: RNR NAKs (rnr_retry 2), then RNR_RETRY_EXC_ERR.
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37]),
+        (13, 0x16),
+        "REQ_ERR, RNR retry exceeded"
+    );
+    assert_eq!(a.d.f.model().stats().retries, 2);
+    // The QP is in error: the next WQE is flushed.
+    a.post_send(&mut qa, 0x08, 0, &raddr_seg(0, 0), true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x05), "flushed");
+    // b was never hurt: a fresh pair works; here check RNR then success.
+    let (_f2, mut a, mut b2, mut qa, mut qb2) = rc_pair(5);
+    // rnr_retry 7: retry for ever (RTS2RTS with the RNR_RETRY mask bit).
+    let o = a.modify(0x505, &qa, |x, m| {
+        qpc::RNR_RETRY.set(x, 7);
+        *m = 1 << 13;
+    });
+    assert_eq!(o[0], 0);
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    let t = Instant::now();
+    while a.d.f.model().stats().rnr_naks < 3 {
+        assert!(t.elapsed() < Duration::from_secs(5), "no RNR NAK");
+        std::thread::yield_now();
+    }
+    b2.post_recv(&mut qb2, DATA_VA, 64);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    assert_eq!(opcode(&b2.poll(1)), 2);
+    assert!(a.d.f.model().stats().rnr_naks >= 1);
+    // Wrong rkey: REMOTE_ACCESS_ERR; b's QP goes to error with an async event.
+    let mut segs = raddr_seg(DATA_VA, 0xbad00).to_vec();
+    segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x13));
+    // b's posted receives are flushed.
+    b2.post_recv(&mut qb2, DATA_VA, 64);
+    let r = b2.poll(1);
+    assert_eq!((opcode(&r), r[0x37]), (14, 0x05));
+    // Local protection: bad lkey on a fresh pair.
+    let (_f3, mut a, _b3, mut qa, _qb3) = rc_pair(5);
+    let mut segs = raddr_seg(DATA_VA, 0).to_vec();
+    segs.extend_from_slice(&data_seg(16, 0x7777_7700, DATA_VA));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x04));
+    // Receive too small: requester REMOTE_INVAL_REQ, responder LOCAL_LENGTH.
+    let (_f4, mut a, mut b, mut qa, mut qb) = rc_pair(5);
+    b.post_recv(&mut qb, DATA_VA, 16);
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(100, a.lkey, DATA_VA), true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x12));
+    let r = b.poll(1);
+    assert_eq!((opcode(&r), r[0x37]), (14, 0x01));
+    // Remote write to a read-only key: REMOTE_ACCESS.
+    let ro = b.mkey(b.pd, 0b00101, 0x10_0000, 4096, 0x11);
+    let mut segs = raddr_seg(DATA_VA + 0x10_0000, ro).to_vec();
+    segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+    let (_f5, mut a2, mut b5, mut qa2, _qb5) = rc_pair(5);
+    let ro5 = b5.mkey(b5.pd, 0b00101, 0x10_0000, 4096, 0x11);
+    let mut segs5 = raddr_seg(DATA_VA + 0x10_0000, ro5).to_vec();
+    segs5.extend_from_slice(&data_seg(16, a2.lkey, DATA_VA));
+    a2.post_send(&mut qa2, 0x08, 0, &segs5, true);
+    assert_eq!(a2.poll(0)[0x37], 0x13);
+    let _ = (segs, &mut qa, &mut b5.cq);
+}
+
+#[test]
+fn transport_retry_exceeded_when_nobody_answers() {
+    let (f, mut a, _b, mut qa, _qb) = rc_pair(5);
+    f.drop_packets(100);
+    let mut segs = raddr_seg(DATA_VA, _b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x15));
+    assert_eq!(a.d.f.model().stats().retries, 3);
+}
+
+#[test]
+fn ud_send_with_grh_and_qkey() {
+    let (_f, mut a, mut b) = pair();
+    for n in [&mut a, &mut b] {
+        n.create_cq();
+        n.create_cq();
+    }
+    let mut qa = a.create_qp(2, 0, 1, None);
+    let mut qb = b.create_qp(2, 0, 1, None);
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(&qa, gb, 0, 0, true);
+    b.connect(&qb, ga, 0, 0, true);
+    b.post_recv(&mut qb, DATA_VA, 1024);
+    let msg = fill(&a, 0x1000, 200, 5);
+    let mut av = [0u8; 48];
+    av[0..4].copy_from_slice(&0x1111_1111u32.to_be_bytes());
+    av[8..12].copy_from_slice(&qb.qpn.to_be_bytes());
+    av[0x1b] = 64;
+    av[0x1c..0x20].copy_from_slice(&(1u32 << 30).to_be_bytes());
+    av[0x20..0x30].copy_from_slice(&gb);
+    let mut segs = av.to_vec();
+    segs.extend_from_slice(&data_seg(200, a.lkey, DATA_VA + 0x1000));
+    a.post_send(&mut qa, 0x0b, 0x55, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    let r = b.poll(1);
+    assert_eq!(opcode(&r), 3);
+    assert_eq!(be32(&r, 0x2c), 240);
+    assert_eq!(be32(&r, 0x18) & 0xff_ffff, qa.qpn);
+    assert_eq!(be32(&r, 0x18) >> 28 & 3, 1, "GRH flag");
+    assert_eq!(read(&b, 40, 200), msg);
+    // The GRH: IPv6, source GID a's.
+    let g = read(&b, 0, 40);
+    assert_eq!(g[0] >> 4, 6);
+    assert_eq!(&g[8..24], &ga);
+    // A wrong Q_Key is dropped: nothing arrives.
+    b.post_recv(&mut qb, DATA_VA, 1024);
+    let mut segs = av.to_vec();
+    segs[0..4].copy_from_slice(&0x2222u32.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA));
+    a.post_send(&mut qa, 0x0a, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    assert!(b.try_poll(1, Duration::from_millis(20)).is_none());
+    assert!(b.d.f.model().stats().dropped >= 1);
+}
+
+#[test]
+fn loopback_and_srq_and_objects_leak_free() {
+    let f = Fabric::loopback(Profile::ConnectX4);
+    let mut n = Node::new(f.function(0).unwrap());
+    n.create_cq();
+    n.create_cq();
+    // SRQ of 16 WQEs, stride 32 (next segment + one data segment).
+    let srq_buf = DmaBuffer::new(4096).unwrap();
+    n.d.f.dma_map(Iova(SRQ_IOVA), &srq_buf).unwrap();
+    for i in 0..16u16 {
+        srq_buf
+            .write(i as usize * 32 + 2, &((i + 1) % 16).to_be_bytes())
+            .unwrap();
+    }
+    let srq_dbr = n.alloc_dbr();
+    let mut c = cmd_in(0x700, 0, create_srq_in::SIZE_BYTES + 8);
+    let x = &mut c[create_srq_in::SRQ_CONTEXT_ENTRY.off / 8..];
+    srqc::LOG_SRQ_SIZE.set(x, 4);
+    srqc::LOG_RQ_STRIDE.set(x, 1);
+    srqc::PD.set(x, u64::from(n.pd));
+    srqc::DBR_ADDR.set(x, DBR_IOVA + srq_dbr as u64);
+    c[create_srq_in::SIZE_BYTES..].copy_from_slice(&SRQ_IOVA.to_be_bytes());
+    let srqn = be32(&n.d.ok(&c, 16), 8) & 0xff_ffff;
+    let mut q1 = n.create_qp(0, 0, 1, None);
+    let q2 = n.create_qp(0, 0, 1, Some(srqn));
+    let g = n.gid;
+    n.connect(&q1, g, q2.qpn, 5, false);
+    n.connect(&q2, g, q1.qpn, 5, false);
+    // Post SRQ WQE 0.
+    let mut w = [0u8; 16];
+    w[0..4].copy_from_slice(&64u32.to_be_bytes());
+    w[4..8].copy_from_slice(&n.lkey.to_be_bytes());
+    w[8..16].copy_from_slice(&(DATA_VA + 0x2000).to_be_bytes());
+    srq_buf.write(16, &w).unwrap();
+    n.dbr.write_u32_be(srq_dbr, 1).unwrap();
+    let msg = fill(&n, 0, 40, 8);
+    n.post_send(&mut q1, 0x0a, 0, &data_seg(40, n.lkey, DATA_VA), true);
+    assert_eq!(opcode(&n.poll(0)), 0);
+    let r = n.poll(1);
+    assert_eq!(opcode(&r), 2);
+    assert_eq!(be32(&r, 0x20) & 0xff_ffff, srqn);
+    assert_eq!(u16::from_be_bytes([r[0x3c], r[0x3d]]), 0);
+    assert_eq!(read(&n, 0x2000, 40), msg);
+    let s = n.d.f.model().stats();
+    assert_eq!((s.pds, s.mkeys, s.cqs, s.qps, s.srqs), (1, 1, 2, 2, 1));
+    // Destroy in the wrong order is refused; in the right order, nothing left.
+    let mut dcq = cmd_in(0x401, 0, 16);
+    dcq[8..12].copy_from_slice(&n.cq[0].0.to_be_bytes());
+    assert_eq!(n.d.exec(&dcq, 16)[0], 0x09);
+    for qpn in [q1.qpn, q2.qpn] {
+        let mut c = cmd_in(0x501, 0, 16);
+        c[8..12].copy_from_slice(&qpn.to_be_bytes());
+        n.d.ok(&c, 16);
+    }
+    let mut c = cmd_in(0x701, 0, 16);
+    c[8..12].copy_from_slice(&srqn.to_be_bytes());
+    n.d.ok(&c, 16);
+    for i in 0..2 {
+        let mut c = cmd_in(0x401, 0, 16);
+        c[8..12].copy_from_slice(&n.cq[i].0.to_be_bytes());
+        n.d.ok(&c, 16);
+    }
+    let mut c = cmd_in(0x202, 0, 16);
+    c[8..12].copy_from_slice(&(n.lkey >> 8).to_be_bytes());
+    n.d.ok(&c, 16);
+    let mut c = cmd_in(0x801, 0, 16);
+    c[8..12].copy_from_slice(&n.pd.to_be_bytes());
+    n.d.ok(&c, 16);
+    let s = n.d.f.model().stats();
+    assert_eq!((s.pds, s.mkeys, s.cqs, s.qps, s.srqs), (0, 0, 0, 0, 0));
+}
+
+#[test]
+fn qp_state_machine_checks() {
+    let (_f, mut a, _b) = pair();
+    a.create_cq();
+    a.create_cq();
+    let q = a.create_qp(0, 0, 1, None);
+    // RTR2RTS from RESET: bad QP state.
+    let o = a.modify(0x504, &q, |_, _| {});
+    assert_eq!(o[0], 0x10);
+    // INIT2RTR with a source GID index that names no GID: bad parameter.
+    assert_eq!(a.modify(0x502, &q, |_, _| {})[0], 0);
+    let o = a.modify(0x503, &q, |x, _| {
+        qpc::MTU.set(x, 5);
+        ads::SRC_ADDR_INDEX.set(&mut x[qpc::PRIMARY_ADDRESS_PATH.off / 8..], 7);
+    });
+    assert_eq!(o[0], 0x03);
+    // 2ERR from INIT, 2RST, then RST2INIT again.
+    assert_eq!(a.modify(0x507, &q, |_, _| {})[0], 0);
+    assert_eq!(a.modify(0x50a, &q, |_, _| {})[0], 0);
+    assert_eq!(a.modify(0x502, &q, |_, _| {})[0], 0);
+    // QUERY_QP says INIT.
+    let mut c = cmd_in(0x50b, 0, 16);
+    c[8..12].copy_from_slice(&q.qpn.to_be_bytes());
+    let out = a.d.ok(&c, 0x120);
+    assert_eq!(qpc::STATE.get(&out[create_qp_in::QPC.off / 8..]), 1);
+}

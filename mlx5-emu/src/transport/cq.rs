@@ -1,0 +1,237 @@
+//! Completion queues as the data path writes them: 64-byte CQEs (or 64
+//! bytes in the second half of a 128-byte entry) with the owner bit
+//! written last, error CQEs, overrun detection against the consumer
+//! counter in the doorbell record, and arming (UAR 0x20 or the doorbell
+//! record's arm word) that turns the next CQE, or the next solicited or
+//! error CQE, into a completion EQE.
+
+use std::sync::Mutex;
+
+use mlx5_hw::cqe::CqeOpcode;
+use mlx5_hw::event::EventType;
+use vm_memory::GuestMemoryMmap;
+
+use super::mem;
+use super::qp::Buf;
+use super::{PendingEvent, Rdma};
+use crate::lock;
+
+/// `cq_err` syndrome: CQ overrun (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`).
+const CQ_ERROR_OVERRUN: u8 = 1;
+/// `flags_rqpn` bits 29:28: a GRH is present.
+const FLAGS_GRH: u32 = 1 << 28;
+
+/// One completion queue.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub cqn: u32,
+    pub log_size: u8,
+    /// Bytes per entry (64 or 128).
+    pub stride: u64,
+    pub eqn: u8,
+    pub uar: u32,
+    pub buf: Buf,
+    pub dbr: u64,
+    pub st: Mutex<CqState>,
+}
+
+/// Producer side of a CQ.
+#[derive(Debug, Default)]
+pub(crate) struct CqState {
+    pub pi: u32,
+    /// Consumer counter last read from the doorbell record.
+    pub ci: u32,
+    /// Armed: `Some(solicited_only)`.
+    pub armed: Option<bool>,
+    /// Last arm word acted on.
+    pub last_arm: u32,
+    /// Producer index after the last solicited or error CQE.
+    pub last_sol: u32,
+    /// Overrun: no more CQEs.
+    pub error: bool,
+    /// Moderation settings (MODIFY_CQ), kept for QUERY_CQ.
+    pub period: u16,
+    pub max_count: u16,
+}
+
+/// What one CQE says.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Completion {
+    pub opcode: u8,
+    pub qpn: u32,
+    pub wqe_counter: u16,
+    /// Send WQE opcode (requester CQEs).
+    pub s_wqe_opcode: u8,
+    pub byte_cnt: u32,
+    pub imm: u32,
+    /// Remote QP number and flags (responder CQEs).
+    pub flags_rqpn: u32,
+    pub srqn: u32,
+    /// `(syndrome, vendor syndrome)` for an error CQE.
+    pub error: Option<(u8, u8)>,
+    pub solicited: bool,
+    /// l4_l3_hdr_type byte (RoCE L3 type of a UD receive).
+    pub l3: u8,
+}
+
+impl Completion {
+    /// A responder completion with a GRH (UD receives).
+    pub(crate) fn with_grh(mut self, ipv4: bool) -> Self {
+        self.flags_rqpn |= FLAGS_GRH;
+        self.l3 = if ipv4 { 2 << 2 } else { 1 << 2 };
+        self
+    }
+}
+
+impl Cq {
+    fn entries(&self) -> u32 {
+        1 << self.log_size
+    }
+
+    /// Writes one CQE; false if the CQ overran (or is in error).
+    pub(crate) fn push(&self, rdma: &Rdma, mem: &GuestMemoryMmap, c: &Completion) -> bool {
+        let mut st = lock(&self.st);
+        if st.error {
+            return false;
+        }
+        let n = self.entries();
+        if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
+            if let Ok(ci) = mem::load_be32(mem, self.dbr) {
+                st.ci = ci & 0xff_ffff;
+            }
+            if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
+                st.error = true;
+                drop(st);
+                tracing::warn!(cqn = self.cqn, "CQ overrun");
+                let mut data = [0u8; 28];
+                data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
+                data[11] = CQ_ERROR_OVERRUN;
+                rdma.event(PendingEvent {
+                    eqn: None,
+                    ty: EventType::CqError.to_raw(),
+                    sub: 0,
+                    data,
+                });
+                return false;
+            }
+        }
+        let index = st.pi & (n - 1);
+        let Some(at) = self
+            .buf
+            .addr(u64::from(index) * self.stride + (self.stride - 64))
+        else {
+            return false;
+        };
+        let mut e = [0u8; 64];
+        let owner = ((st.pi >> self.log_size) & 1) as u8;
+        let opcode = match c.error {
+            Some((synd, vendor)) => {
+                e[0x20..0x24].copy_from_slice(&c.srqn.to_be_bytes());
+                e[0x36] = vendor;
+                e[0x37] = synd;
+                e[0x38..0x3c].copy_from_slice(
+                    &(u32::from(c.s_wqe_opcode) << 24 | (c.qpn & 0xff_ffff)).to_be_bytes(),
+                );
+                c.opcode
+            }
+            None => {
+                e[0x18..0x1c].copy_from_slice(&c.flags_rqpn.to_be_bytes());
+                e[0x1d] = c.l3;
+                e[0x20..0x24].copy_from_slice(&(c.srqn & 0xff_ffff).to_be_bytes());
+                e[0x24..0x28].copy_from_slice(&c.imm.to_be_bytes());
+                e[0x2c..0x30].copy_from_slice(&c.byte_cnt.to_be_bytes());
+                e[0x38..0x3c].copy_from_slice(
+                    &(u32::from(c.s_wqe_opcode) << 24 | (c.qpn & 0xff_ffff)).to_be_bytes(),
+                );
+                c.opcode
+            }
+        };
+        e[0x3c..0x3e].copy_from_slice(&c.wqe_counter.to_be_bytes());
+        let op_own = opcode << 4 | u8::from(c.solicited) << 1 | owner;
+        if mem::write(mem, at, &e[..0x3f]).is_err()
+            || mem::store_u8_release(mem, at + 0x3f, op_own).is_err()
+        {
+            st.error = true;
+            drop(st);
+            tracing::warn!(cqn = self.cqn, "CQE write faulted");
+            let mut data = [0u8; 28];
+            data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
+            data[11] = 2;
+            rdma.event(PendingEvent {
+                eqn: None,
+                ty: EventType::CqError.to_raw(),
+                sub: 0,
+                data,
+            });
+            return false;
+        }
+        st.pi = st.pi.wrapping_add(1);
+        rdma.counters
+            .cqes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sol = c.solicited
+            || c.error.is_some()
+            || opcode == CqeOpcode::ReqErr.to_raw()
+            || opcode == CqeOpcode::RespErr.to_raw();
+        if sol {
+            st.last_sol = st.pi;
+        }
+        let fire = match st.armed {
+            Some(false) => true,
+            Some(true) => sol,
+            None => false,
+        };
+        if fire {
+            st.armed = None;
+            drop(st);
+            self.completion_event(rdma);
+        }
+        true
+    }
+
+    fn completion_event(&self, rdma: &Rdma) {
+        let mut data = [0u8; 28];
+        data[24..28].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
+        rdma.event(PendingEvent {
+            eqn: Some(self.eqn),
+            ty: EventType::Comp.to_raw(),
+            sub: 0,
+            data,
+        });
+    }
+
+    /// An arm word (`sn << 28 | cmd << 24 | ci`): the next CQE (cmd 0) or
+    /// the next solicited or error CQE (cmd 1) after `ci` raises an event;
+    /// one already there raises it now.
+    pub(crate) fn arm(&self, rdma: &Rdma, word: u32) {
+        let mut st = lock(&self.st);
+        st.last_arm = word;
+        let ci = word & 0xff_ffff;
+        let sol_only = (word >> 24) & 0xf == 1;
+        let pending = if sol_only {
+            st.last_sol.wrapping_sub(ci) & 0xff_ffff != 0
+                && st.last_sol.wrapping_sub(ci) & 0xff_ffff <= st.pi.wrapping_sub(ci) & 0xff_ffff
+        } else {
+            st.pi.wrapping_sub(ci) & 0xff_ffff != 0
+        };
+        if pending {
+            st.armed = None;
+            drop(st);
+            self.completion_event(rdma);
+        } else {
+            st.armed = Some(sol_only);
+        }
+    }
+
+    /// Reads the arm word of the doorbell record (a UAR arm overwritten by
+    /// another before the worker saw it).
+    pub(crate) fn sweep_arm(&self, rdma: &Rdma, mem: &GuestMemoryMmap) {
+        let Ok(word) = mem::load_be32(mem, self.dbr + 4) else {
+            return;
+        };
+        let last = lock(&self.st).last_arm;
+        if word != last && word != 0 {
+            self.arm(rdma, word);
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Memory keys as the data path uses them: an lkey or rkey checked against
+//! the mkey table (state, PD, access rights, bounds, QP binding) and
+//! translated through its MTT into IOVA extents, and copies between two
+//! IOVA spaces without a bounce buffer.
+
+use std::sync::atomic::Ordering;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
+
+/// Access rights of an mkey (the `mkc` bits `lr`, `lw`, `rr`, `rw`, `a`).
+pub(crate) mod access {
+    /// Local read.
+    pub const LR: u8 = 1 << 0;
+    /// Local write.
+    pub const LW: u8 = 1 << 1;
+    /// Remote read.
+    pub const RR: u8 = 1 << 2;
+    /// Remote write.
+    pub const RW: u8 = 1 << 3;
+    /// Remote atomic.
+    pub const A: u8 = 1 << 4;
+}
+
+/// mkc `access_mode`: physical addresses (the key covers the IOVA space).
+pub(crate) const ACCESS_MODE_PA: u8 = 0;
+/// mkc `access_mode`: an MTT of pages.
+pub(crate) const ACCESS_MODE_MTT: u8 = 1;
+
+/// One memory key.
+#[derive(Debug, Clone)]
+pub(crate) struct Mkey {
+    /// Index (the mkey's upper 24 bits).
+    pub index: u32,
+    /// The variant byte (the mkey's lower 8 bits).
+    pub key: u8,
+    /// Protection domain.
+    pub pd: u32,
+    /// Access rights (`access::*`).
+    pub access: u8,
+    /// `ACCESS_MODE_*`.
+    pub mode: u8,
+    /// Start of the key's virtual range.
+    pub start: u64,
+    /// Length of the range in bytes (`u64::MAX` for length64).
+    pub len: u64,
+    /// log2 of the MTT page size, in bytes.
+    pub log_page: u32,
+    /// MTT: IOVA of each page.
+    pub mtt: Vec<u64>,
+    /// The key is free (UMR will fill it in); it grants nothing.
+    pub free: bool,
+    /// UMR may modify it.
+    pub umr_en: bool,
+    /// QP the key is bound to (0xffffff: any).
+    pub qpn: u32,
+}
+
+/// A contiguous piece of IOVA space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Start.
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// Why a key refused an access (mapped to a CQE syndrome by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// No such key, key byte mismatch, or the key is free.
+    Invalid,
+    /// Wrong PD.
+    Pd,
+    /// Right missing.
+    Access,
+    /// Range outside the key.
+    Bounds,
+}
+
+impl Mkey {
+    /// The key value (index << 8 | key byte).
+    pub fn mkey(&self) -> u32 {
+        self.index << 8 | u32::from(self.key)
+    }
+
+    /// Checks `[va, va + len)` for `need` under `pd` and appends its IOVA
+    /// extents to `out`.
+    pub fn resolve(
+        &self,
+        pd: u32,
+        need: u8,
+        va: u64,
+        len: u64,
+        out: &mut Vec<Extent>,
+    ) -> Result<(), KeyError> {
+        if self.free {
+            return Err(KeyError::Invalid);
+        }
+        if self.pd != pd {
+            return Err(KeyError::Pd);
+        }
+        if self.access & need != need {
+            return Err(KeyError::Access);
+        }
+        let off = va.wrapping_sub(self.start);
+        if va < self.start || off > self.len || len > self.len - off {
+            return Err(KeyError::Bounds);
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        match self.mode {
+            ACCESS_MODE_PA => push(out, va, len),
+            ACCESS_MODE_MTT => {
+                let page = 1u64 << self.log_page;
+                let mut at = (self.start & (page - 1)) + off;
+                let mut left = len;
+                while left > 0 {
+                    let idx = (at >> self.log_page) as usize;
+                    let in_page = at & (page - 1);
+                    let n = (page - in_page).min(left);
+                    let base = *self.mtt.get(idx).ok_or(KeyError::Bounds)?;
+                    push(out, base + in_page, n);
+                    at += n;
+                    left -= n;
+                }
+            }
+            _ => return Err(KeyError::Invalid),
+        }
+        Ok(())
+    }
+}
+
+/// Appends `[iova, iova + len)`, merging with the previous extent when
+/// contiguous; extents never exceed `u32::MAX` bytes.
+pub(crate) fn push(out: &mut Vec<Extent>, mut iova: u64, mut len: u64) {
+    while len > 0 {
+        if let Some(last) = out.last_mut() {
+            if last.iova + u64::from(last.len) == iova && u64::from(last.len) < u64::from(u32::MAX)
+            {
+                let n = (u64::from(u32::MAX) - u64::from(last.len)).min(len);
+                last.len += n as u32;
+                iova += n;
+                len -= n;
+                continue;
+            }
+        }
+        let n = len.min(u64::from(u32::MAX));
+        out.push(Extent {
+            iova,
+            len: n as u32,
+        });
+        iova += n;
+        len -= n;
+    }
+}
+
+/// Total bytes of `ext`.
+#[cfg(test)]
+pub(crate) fn total(ext: &[Extent]) -> u64 {
+    ext.iter().map(|e| u64::from(e.len)).sum()
+}
+
+/// A DMA access that hit unmapped IOVA space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fault {
+    /// The IOVA.
+    pub iova: u64,
+}
+
+/// Walks `len` bytes of `ext` starting `skip` bytes in, calling `f` with
+/// each contiguous piece.
+pub(crate) fn walk(
+    ext: &[Extent],
+    mut skip: u64,
+    mut len: u64,
+    mut f: impl FnMut(u64, usize) -> Result<(), Fault>,
+) -> Result<(), Fault> {
+    for e in ext {
+        if len == 0 {
+            break;
+        }
+        let el = u64::from(e.len);
+        if skip >= el {
+            skip -= el;
+            continue;
+        }
+        let n = (el - skip).min(len);
+        f(e.iova + skip, n as usize)?;
+        skip = 0;
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes from `src` (extents in `smem`, from `sskip`) to `dst`
+/// (extents in `dmem`, from `dskip`), memory to memory.
+pub(crate) fn copy(
+    smem: &GuestMemoryMmap,
+    src: &[Extent],
+    sskip: u64,
+    dmem: &GuestMemoryMmap,
+    dst: &[Extent],
+    dskip: u64,
+    len: u64,
+) -> Result<(), Fault> {
+    let mut si = 0usize;
+    let mut soff = sskip;
+    // Skip whole source extents.
+    while si < src.len() && soff >= u64::from(src[si].len) {
+        soff -= u64::from(src[si].len);
+        si += 1;
+    }
+    walk(dst, dskip, len, |diova, mut n| {
+        let mut d = diova;
+        while n > 0 {
+            let Some(se) = src.get(si) else {
+                return Err(Fault { iova: d });
+            };
+            let avail = u64::from(se.len) - soff;
+            let k = (avail as usize).min(n);
+            let s = se.iova + soff;
+            let from = smem
+                .get_slice(GuestAddress(s), k)
+                .map_err(|_| Fault { iova: s })?;
+            let to = dmem
+                .get_slice(GuestAddress(d), k)
+                .map_err(|_| Fault { iova: d })?;
+            from.copy_to_volatile_slice(to);
+            n -= k;
+            d += k as u64;
+            soff += k as u64;
+            if soff == u64::from(se.len) {
+                si += 1;
+                soff = 0;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Copies bytes into extents.
+pub(crate) fn write_bytes(
+    mem: &GuestMemoryMmap,
+    dst: &[Extent],
+    dskip: u64,
+    data: &[u8],
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, data.len() as u64, |iova, n| {
+        mem.write_slice(&data[at..at + n], GuestAddress(iova))
+            .map_err(|_| Fault { iova })?;
+        at += n;
+        Ok(())
+    })
+}
+
+/// Copies bytes out of extents.
+pub(crate) fn read_bytes(
+    mem: &GuestMemoryMmap,
+    src: &[Extent],
+    sskip: u64,
+    out: &mut [u8],
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    let len = out.len() as u64;
+    walk(src, sskip, len, |iova, n| {
+        mem.read_slice(&mut out[at..at + n], GuestAddress(iova))
+            .map_err(|_| Fault { iova })?;
+        at += n;
+        Ok(())
+    })
+}
+
+/// Reads a big-endian u32 with acquire ordering (doorbell records).
+pub(crate) fn load_be32(mem: &GuestMemoryMmap, iova: u64) -> Result<u32, Fault> {
+    mem.load::<u32>(GuestAddress(iova), Ordering::Acquire)
+        .map(u32::from_be)
+        .map_err(|_| Fault { iova })
+}
+
+/// Reads `out.len()` bytes at `iova`.
+pub(crate) fn read(mem: &GuestMemoryMmap, iova: u64, out: &mut [u8]) -> Result<(), Fault> {
+    mem.read_slice(out, GuestAddress(iova))
+        .map_err(|_| Fault { iova })
+}
+
+/// Writes `data` at `iova`.
+pub(crate) fn write(mem: &GuestMemoryMmap, iova: u64, data: &[u8]) -> Result<(), Fault> {
+    mem.write_slice(data, GuestAddress(iova))
+        .map_err(|_| Fault { iova })
+}
+
+/// Stores one byte with release ordering: everything written before it
+/// (a CQE's body) is visible to whoever sees it (the owner bit).
+pub(crate) fn store_u8_release(mem: &GuestMemoryMmap, iova: u64, v: u8) -> Result<(), Fault> {
+    mem.store(v, GuestAddress(iova), Ordering::Release)
+        .map_err(|_| Fault { iova })
+}
+
+/// A 64-bit atomic on 8 aligned bytes at `iova`, big-endian in memory as
+/// the HCA does them: `op(old) -> Some(new)` stores `new` if the memory
+/// still holds `old`. Returns the original value.
+pub(crate) fn atomic64(
+    mem: &GuestMemoryMmap,
+    iova: u64,
+    op: impl Fn(u64) -> u64,
+) -> Result<u64, Fault> {
+    let slice = mem
+        .get_slice(GuestAddress(iova), 8)
+        .map_err(|_| Fault { iova })?;
+    let a = slice
+        .get_atomic_ref::<std::sync::atomic::AtomicU64>(0)
+        .map_err(|_| Fault { iova })?;
+    let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |raw| {
+        let old = u64::from_be(raw);
+        Some(op(old).to_be())
+    });
+    let raw = match r {
+        Ok(v) | Err(v) => v,
+    };
+    Ok(u64::from_be(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mtt_key() -> Mkey {
+        Mkey {
+            index: 3,
+            key: 0x42,
+            pd: 7,
+            access: access::LR | access::LW | access::RR,
+            mode: ACCESS_MODE_MTT,
+            start: 0x7f00_0000_1800,
+            len: 0x3000,
+            log_page: 12,
+            mtt: vec![0x10_0000, 0x50_0000, 0x20_0000, 0x30_0000],
+            free: false,
+            umr_en: false,
+            qpn: 0xff_ffff,
+        }
+    }
+
+    #[test]
+    fn mtt_translation_and_checks() {
+        let k = mtt_key();
+        assert_eq!(k.mkey(), 0x342);
+        let mut out = vec![];
+        // Starts 0x800 into the first page, runs 0x1000: two pages.
+        k.resolve(7, access::LR, 0x7f00_0000_1800, 0x1000, &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![
+                Extent {
+                    iova: 0x10_0800,
+                    len: 0x800
+                },
+                Extent {
+                    iova: 0x50_0000,
+                    len: 0x800
+                }
+            ]
+        );
+        out.clear();
+        // The last byte of the key.
+        k.resolve(7, access::RR, 0x7f00_0000_47ff, 1, &mut out)
+            .unwrap();
+        assert_eq!(out[0].iova, 0x30_07ff);
+        assert_eq!(
+            k.resolve(7, access::LR, 0x7f00_0000_47ff, 2, &mut out),
+            Err(KeyError::Bounds)
+        );
+        assert_eq!(
+            k.resolve(7, access::LR, 0x7f00_0000_17ff, 1, &mut out),
+            Err(KeyError::Bounds)
+        );
+        assert_eq!(
+            k.resolve(8, access::LR, 0x7f00_0000_1800, 1, &mut out),
+            Err(KeyError::Pd)
+        );
+        assert_eq!(
+            k.resolve(7, access::RW, 0x7f00_0000_1800, 1, &mut out),
+            Err(KeyError::Access)
+        );
+        assert_eq!(
+            k.resolve(7, access::A, 0x7f00_0000_1800, 1, &mut out),
+            Err(KeyError::Access)
+        );
+        // Contiguous pages merge.
+        let mut c = mtt_key();
+        c.mtt = vec![0x10_0000, 0x10_1000, 0x10_2000, 0x10_3000];
+        out.clear();
+        c.resolve(7, access::LR, 0x7f00_0000_1800, 0x3000, &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![Extent {
+                iova: 0x10_0800,
+                len: 0x3000
+            }]
+        );
+    }
+
+    #[test]
+    fn walk_skips_and_cuts() {
+        let ext = [Extent { iova: 0, len: 10 }, Extent { iova: 100, len: 10 }];
+        let mut seen = vec![];
+        walk(&ext, 5, 10, |a, n| {
+            seen.push((a, n));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![(5, 5), (100, 5)]);
+        assert_eq!(total(&ext), 20);
+    }
+}

@@ -1,0 +1,392 @@
+//! Queue pairs and shared receive queues as the data path sees them: the
+//! work-queue buffer geometry (RQ at offset 0, SQ after it, through the
+//! PAS list), the doorbell record, the requester and responder state, and
+//! taking receive WQEs from an RQ or an SRQ.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use vm_memory::GuestMemoryMmap;
+
+use super::mem::{self, access, Extent, Fault, KeyError};
+use super::{Cq, Rdma};
+use crate::lock;
+
+/// QP states (`MLX5_QPC_STATE_*`).
+pub(crate) mod state {
+    pub const RST: u8 = 0x0;
+    pub const INIT: u8 = 0x1;
+    pub const RTR: u8 = 0x2;
+    pub const RTS: u8 = 0x3;
+    pub const SQER: u8 = 0x4;
+    pub const ERR: u8 = 0x6;
+    pub const SQD: u8 = 0x7;
+    /// Not a PRM state: the QP was destroyed (cached references see it).
+    pub const DESTROYED: u8 = 0xff;
+}
+
+/// QP service types (`MLX5_QP_ST_*`).
+pub(crate) mod st {
+    pub const RC: u8 = 0x0;
+    pub const UC: u8 = 0x1;
+    pub const UD: u8 = 0x2;
+    pub const QP1: u8 = 0x8;
+    pub const REG_UMR: u8 = 0xc;
+}
+
+/// `qpc.rq_type`.
+pub(crate) mod rq_type {
+    pub const REGULAR: u8 = 0;
+    pub const SRQ: u8 = 1;
+    pub const ZERO: u8 = 3;
+}
+
+/// A queue buffer in driver memory, described by a PAS list.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Buf {
+    pub pas: Vec<u64>,
+    pub log_page: u32,
+    pub offset: u64,
+    /// When the pages are contiguous in IOVA space: the buffer's start.
+    pub contig: Option<u64>,
+}
+
+impl Buf {
+    pub(crate) fn new(pas: Vec<u64>, log_page: u32, offset: u64) -> Self {
+        let page = 1u64 << log_page;
+        let contig = pas
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == pas[0] + i as u64 * page)
+            .then(|| pas.first().map(|p| p + offset))
+            .flatten();
+        Self {
+            pas,
+            log_page,
+            offset,
+            contig,
+        }
+    }
+
+    /// The IOVA of byte `off` of the buffer.
+    pub(crate) fn addr(&self, off: u64) -> Option<u64> {
+        if let Some(b) = self.contig {
+            if off < (self.pas.len() as u64) << self.log_page {
+                return Some(b + off);
+            }
+            return None;
+        }
+        let o = off + self.offset;
+        let page = self.pas.get((o >> self.log_page) as usize)?;
+        Some(page + (o & ((1 << self.log_page) - 1)))
+    }
+}
+
+/// The remote end of a connection, and how to address it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Path {
+    pub dgid: [u8; 16],
+    pub sgid_index: u8,
+    pub dmac: [u8; 6],
+    pub hop_limit: u8,
+    pub tclass: u8,
+    pub flow_label: u32,
+    pub udp_sport: u16,
+    pub ack_timeout: u8,
+    pub pkey_index: u16,
+}
+
+/// A WQE waiting at the head of the send queue for a timer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retry {
+    pub at: Instant,
+}
+
+/// Requester state (the send queue), behind `Qp::sq`.
+#[derive(Debug, Default)]
+pub(crate) struct Sq {
+    pub path: Path,
+    pub remote_qpn: u32,
+    pub mtu: u32,
+    pub psn: u32,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub retries_left: u8,
+    pub rnr_left: u8,
+    pub qkey: u32,
+    /// Next WQE (basic-block counter) to execute.
+    pub ci: u16,
+    pub retry: Option<Retry>,
+    pub peer: Option<(Arc<Rdma>, Option<Arc<Qp>>)>,
+    pub ext: Vec<Extent>,
+    pub inline: Vec<u8>,
+}
+
+/// A receive in progress (a multi-packet SEND, or a WRITE's target).
+#[derive(Debug, Default)]
+pub(crate) struct Recv {
+    pub wqe: u16,
+    pub ext: Vec<Extent>,
+    pub cap: u64,
+    pub off: u64,
+}
+
+/// Responder state, behind `Qp::rq`.
+#[derive(Debug, Default)]
+pub(crate) struct Rq {
+    pub qkey: u32,
+    pub rre: bool,
+    pub rwe: bool,
+    pub rae: bool,
+    pub epsn: u32,
+    pub msn: u32,
+    pub min_rnr_nak: u8,
+    pub mtu: u32,
+    pub remote_qpn: u32,
+    /// Receive WQEs consumed (counter).
+    pub ci: u16,
+    /// The SEND being received (valid while `send_on`).
+    pub send: Recv,
+    pub send_on: bool,
+    /// The RDMA WRITE being received (valid while `write_on`).
+    pub write: Recv,
+    pub write_on: bool,
+    /// UC: drop packets until the next first or only packet.
+    pub uc_drop: bool,
+}
+
+/// One queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: u32,
+    pub st: u8,
+    pub pd: u32,
+    pub scq: Arc<Cq>,
+    pub rcq: Arc<Cq>,
+    pub srq: Option<Arc<Srq>>,
+    pub rq_type: u8,
+    pub log_rq_size: u8,
+    pub log_rq_stride: u8,
+    pub log_sq_size: u8,
+    pub sq_offset: u64,
+    pub buf: Buf,
+    pub dbr: u64,
+    pub uar: u32,
+    pub state: AtomicU8,
+    pub sq: Mutex<Sq>,
+    pub rq: Mutex<Rq>,
+}
+
+impl Qp {
+    pub(crate) fn state(&self) -> u8 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_state(&self, s: u8) {
+        self.state.store(s, Ordering::Release);
+    }
+
+    pub(crate) fn destroyed(&self) {
+        self.set_state(state::DESTROYED);
+    }
+
+    /// Moves the QP to ERR (as hardware does on a completion error); the
+    /// worker flushes what is posted.
+    pub(crate) fn to_error(&self, rdma: &Rdma) {
+        let s = self.state();
+        if s != state::DESTROYED && s != state::RST {
+            self.set_state(state::ERR);
+            rdma.attend(self.qpn);
+        }
+    }
+
+    pub(crate) fn sq_entries(&self) -> u32 {
+        1 << self.log_sq_size
+    }
+
+    /// IOVA of send basic block `index` (counter, wraps).
+    pub(crate) fn sq_bb(&self, index: u16) -> Option<u64> {
+        let i = u64::from(index) & (u64::from(self.sq_entries()) - 1);
+        self.buf.addr(self.sq_offset + i * 64)
+    }
+
+    /// The SQ producer counter in the doorbell record.
+    pub(crate) fn sq_pi(&self, mem: &GuestMemoryMmap) -> Result<u16, Fault> {
+        mem::load_be32(mem, self.dbr + 4).map(|v| v as u16)
+    }
+
+    /// The RQ producer counter in the doorbell record.
+    pub(crate) fn rq_pi(&self, mem: &GuestMemoryMmap) -> Result<u16, Fault> {
+        mem::load_be32(mem, self.dbr).map(|v| v as u16)
+    }
+
+    /// Whether the QP's receive side takes packets.
+    pub(crate) fn receives(&self) -> bool {
+        matches!(
+            self.state(),
+            state::RTR | state::RTS | state::SQER | state::SQD
+        )
+    }
+}
+
+/// One shared receive queue.
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub srqn: u32,
+    pub pd: u32,
+    pub log_size: u8,
+    pub log_stride: u8,
+    pub buf: Buf,
+    pub dbr: u64,
+    pub cqn: u32,
+    pub st: Mutex<SrqState>,
+}
+
+/// SRQ consumer state.
+#[derive(Debug, Default)]
+pub(crate) struct SrqState {
+    /// Next WQE index (the linked list's head).
+    pub head: u16,
+    /// WQEs consumed.
+    pub ci: u16,
+    /// Limit event armed at this many WQEs (ARM_RQ), 0 = not armed.
+    pub lwm: u16,
+    pub error: bool,
+}
+
+/// Why no receive WQE could be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecvError {
+    /// None posted.
+    Empty,
+    /// A scatter entry's lkey refused (index of the WQE).
+    Key(u16, KeyError),
+    /// The queue's memory is not mapped.
+    Fault(u16),
+}
+
+/// Terminator lkey of a receive scatter list (`MLX5_INVALID_LKEY`).
+const TERMINATE_LKEY: u32 = mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
+
+/// Resolves the data segments at `at` (`n` of them) into `out`; returns
+/// the total capacity.
+fn scatter(
+    rdma: &Rdma,
+    mem: &GuestMemoryMmap,
+    pd: u32,
+    at: u64,
+    n: usize,
+    out: &mut Vec<Extent>,
+) -> Result<u64, RecvFail> {
+    out.clear();
+    let mut cap = 0u64;
+    let mut seg = [0u8; 16];
+    for i in 0..n {
+        mem::read(mem, at + i as u64 * 16, &mut seg).map_err(|_| RecvFail::Fault)?;
+        let bc = u32::from_be_bytes([seg[0], seg[1], seg[2], seg[3]]);
+        let lkey = u32::from_be_bytes([seg[4], seg[5], seg[6], seg[7]]);
+        let addr = u64::from_be_bytes([
+            seg[8], seg[9], seg[10], seg[11], seg[12], seg[13], seg[14], seg[15],
+        ]);
+        if lkey == TERMINATE_LKEY {
+            break;
+        }
+        let len = if bc == 0 {
+            1u64 << 31
+        } else {
+            u64::from(bc & 0x7fff_ffff)
+        };
+        if lkey == rdma.resd_lkey {
+            mem::push(out, addr, len);
+        } else {
+            let k = rdma.mkey(lkey).ok_or(RecvFail::Key(KeyError::Invalid))?;
+            k.resolve(pd, access::LW, addr, len, out)
+                .map_err(RecvFail::Key)?;
+        }
+        cap += len;
+    }
+    Ok(cap)
+}
+
+enum RecvFail {
+    Key(KeyError),
+    Fault,
+}
+
+impl Qp {
+    /// Takes the next receive WQE (RQ or SRQ) and resolves its scatter list
+    /// into `recv`.
+    pub(crate) fn take_recv(
+        &self,
+        rdma: &Rdma,
+        rq: &mut Rq,
+        mem: &GuestMemoryMmap,
+        recv: &mut Recv,
+    ) -> Result<(), RecvError> {
+        if let Some(srq) = &self.srq {
+            return srq.take(rdma, mem, recv);
+        }
+        if self.rq_type != rq_type::REGULAR {
+            return Err(RecvError::Empty);
+        }
+        let pi = self.rq_pi(mem).map_err(|_| RecvError::Fault(rq.ci))?;
+        if pi == rq.ci {
+            return Err(RecvError::Empty);
+        }
+        let index = rq.ci;
+        let stride = 1u64 << self.log_rq_stride;
+        let i = u64::from(index) & ((1u64 << self.log_rq_size) - 1);
+        let at = self.buf.addr(i * stride).ok_or(RecvError::Fault(index))?;
+        let n = (stride / 16) as usize;
+        rq.ci = rq.ci.wrapping_add(1);
+        recv.wqe = index;
+        recv.off = 0;
+        match scatter(rdma, mem, self.pd, at, n, &mut recv.ext) {
+            Ok(cap) => {
+                recv.cap = cap;
+                Ok(())
+            }
+            Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
+            Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
+        }
+    }
+}
+
+impl Srq {
+    fn take(&self, rdma: &Rdma, mem: &GuestMemoryMmap, recv: &mut Recv) -> Result<(), RecvError> {
+        let mut st = lock(&self.st);
+        if st.error {
+            return Err(RecvError::Empty);
+        }
+        let pi = mem::load_be32(mem, self.dbr).map_err(|_| RecvError::Fault(st.head))? as u16;
+        let avail = pi.wrapping_sub(st.ci);
+        if avail == 0 {
+            return Err(RecvError::Empty);
+        }
+        let index = st.head;
+        let stride = 16u64 << self.log_stride;
+        let i = u64::from(index) & ((1u64 << self.log_size) - 1);
+        let at = self.buf.addr(i * stride).ok_or(RecvError::Fault(index))?;
+        let mut next = [0u8; 16];
+        mem::read(mem, at, &mut next).map_err(|_| RecvError::Fault(index))?;
+        st.head = u16::from_be_bytes([next[2], next[3]]);
+        st.ci = st.ci.wrapping_add(1);
+        if st.lwm != 0 && avail - 1 < st.lwm {
+            st.lwm = 0;
+            rdma.qp_event(mlx5_hw::event::EventType::SrqRqLimit, self.srqn, true);
+        }
+        drop(st);
+        recv.wqe = index;
+        recv.off = 0;
+        let n = (stride / 16) as usize - 1;
+        match scatter(rdma, mem, self.pd, at + 16, n, &mut recv.ext) {
+            Ok(cap) => {
+                recv.cap = cap;
+                Ok(())
+            }
+            Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
+            Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
+        }
+    }
+}

@@ -1,0 +1,838 @@
+//! The requester: a QP's send queue executed from its doorbell record.
+//!
+//! WQEs are read by DMA from the send queue (control segment, then the
+//! remote-address, atomic or datagram segment the opcode calls for, then
+//! data or inline segments), local keys are checked (PD, local read or
+//! write, bounds), and the message goes out as packets of at most the path
+//! MTU. RC waits for the ACK, read response or atomic acknowledgement of
+//! each message (they come back synchronously, see [`crate::fabric`]); an
+//! RNR NAK or silence leaves the WQE at the head with a timer, until
+//! `rnr_retry` or `retry_count` is used up. A WQE that fails completes
+//! with an error CQE and moves the QP to ERR (RC) or SQE (UC, UD); in ERR
+//! every posted WQE, send and receive, completes as flushed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
+use vm_memory::GuestMemoryMmap;
+
+use super::cq::Completion;
+use super::mem::{self, access, Extent, KeyError};
+use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
+use super::qp::{self, state, Qp, Retry, Sq};
+use super::{rlock, Rdma};
+use crate::fabric::{self, Packet, Payload};
+use crate::lock;
+
+/// Largest message (`log_max_msg` = 30).
+pub(crate) const MAX_MSG: u64 = 1 << 30;
+
+/// Vendor syndromes of the error CQEs this model writes (stable values).
+pub(crate) mod vendor {
+    pub const BAD_LKEY: u8 = 0x51;
+    pub const PD_MISMATCH: u8 = 0x52;
+    pub const NO_ACCESS: u8 = 0x53;
+    pub const OUT_OF_BOUNDS: u8 = 0x54;
+    pub const LENGTH: u8 = 0x55;
+    pub const OPCODE: u8 = 0x56;
+    pub const WQE_FAULT: u8 = 0x57;
+    pub const DMA_FAULT: u8 = 0x58;
+    pub const NAK: u8 = 0x60;
+    pub const RNR_EXCEEDED: u8 = 0x61;
+    pub const RETRY_EXCEEDED: u8 = 0x62;
+    pub const FLUSH: u8 = 0xf9;
+}
+
+/// What became of a WQE.
+enum Outcome {
+    Done(u32),
+    Retry(Instant),
+    Error(CqeSyndrome, u8),
+}
+
+/// The RNR timer (IBTA table 45), in microseconds.
+pub(crate) fn rnr_timer_us(code: u8) -> u64 {
+    const T: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+        245_760, 327_680, 491_520,
+    ];
+    T[usize::from(code & 31)]
+}
+
+/// The local ACK timeout: 4.096 us << ack_timeout (0: none).
+fn ack_timeout(code: u8) -> Option<Duration> {
+    (code != 0).then(|| Duration::from_nanos(4096u64 << code.min(31)))
+}
+
+fn key_error(e: KeyError) -> u8 {
+    match e {
+        KeyError::Invalid => vendor::BAD_LKEY,
+        KeyError::Pd => vendor::PD_MISMATCH,
+        KeyError::Access => vendor::NO_ACCESS,
+        KeyError::Bounds => vendor::OUT_OF_BOUNDS,
+    }
+}
+
+/// A parsed send WQE.
+struct Wqe {
+    opcode: WqeOpcode,
+    index: u16,
+    nbb: u16,
+    signaled: bool,
+    solicited: bool,
+    imm: u32,
+    raddr: u64,
+    rkey: u32,
+    swap_add: u64,
+    compare: u64,
+    av: Option<Av>,
+    /// Message length.
+    len: u64,
+    inline: bool,
+}
+
+#[derive(Clone, Copy)]
+struct Av {
+    qkey: u32,
+    dqpn: u32,
+    rmac: [u8; 6],
+    tclass: u8,
+    hop_limit: u8,
+    sgid_index: u8,
+    flow_label: u32,
+    udp_sport: u16,
+    rgid: [u8; 16],
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
+}
+
+/// Runs what a QP's send side has to do; true if it did something.
+pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
+    match qp.state() {
+        state::RTS => execute(rdma, qp, mem),
+        state::ERR => {
+            let a = flush_sq(rdma, qp, mem);
+            let b = flush_rq(rdma, qp, mem);
+            a || b
+        }
+        state::SQER => flush_sq(rdma, qp, mem),
+        _ => false,
+    }
+}
+
+fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
+    let mut sq = lock(&qp.sq);
+    if let Some(r) = sq.retry {
+        if Instant::now() < r.at {
+            rdma.timer(qp.qpn, r.at);
+            return false;
+        }
+        sq.retry = None;
+    }
+    let Ok(pi) = qp.sq_pi(mem) else {
+        return false;
+    };
+    let mut busy = false;
+    let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
+    while sq.ci != pi && qp.state() == state::RTS {
+        busy = true;
+        let ci = sq.ci;
+        let parsed = read_wqe(qp, mem, ci, &mut wqe);
+        let (w, outcome) = match parsed {
+            Ok(w) => {
+                let o = run_wqe(rdma, qp, &mut sq, mem, &w, &wqe);
+                (Some(w), o)
+            }
+            Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
+        };
+        let (index, nbb, opcode, signaled) = match &w {
+            Some(w) => (w.index, w.nbb, w.opcode.to_raw(), w.signaled),
+            None => (ci, 1, 0, true),
+        };
+        match outcome {
+            Outcome::Done(bytes) => {
+                sq.ci = ci.wrapping_add(nbb);
+                sq.retries_left = sq.retry_count;
+                sq.rnr_left = sq.rnr_retry;
+                rdma.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
+                if signaled {
+                    let c = Completion {
+                        opcode: CqeOpcode::Req.to_raw(),
+                        qpn: qp.qpn,
+                        wqe_counter: index,
+                        s_wqe_opcode: opcode,
+                        byte_cnt: bytes,
+                        ..Completion::default()
+                    };
+                    if !qp.scq.push(rdma, mem, &c) {
+                        qp.to_error(rdma);
+                        rdma.qp_event(mlx5_hw::event::EventType::WqCatasError, qp.qpn, false);
+                        break;
+                    }
+                }
+            }
+            Outcome::Retry(at) => {
+                sq.retry = Some(Retry { at });
+                rdma.counters.retries.fetch_add(1, Ordering::Relaxed);
+                rdma.timer(qp.qpn, at);
+                break;
+            }
+            Outcome::Error(synd, v) => {
+                sq.ci = ci.wrapping_add(nbb);
+                let c = Completion {
+                    opcode: CqeOpcode::ReqErr.to_raw(),
+                    qpn: qp.qpn,
+                    wqe_counter: index,
+                    s_wqe_opcode: opcode,
+                    error: Some((synd.to_raw(), v)),
+                    ..Completion::default()
+                };
+                rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(qpn = qp.qpn, %synd, vendor = v, "requester error");
+                qp.scq.push(rdma, mem, &c);
+                if qp.st == qp::st::RC || qp.st == qp::st::REG_UMR {
+                    qp.to_error(rdma);
+                } else {
+                    qp.set_state(state::SQER);
+                    rdma.attend(qp.qpn);
+                }
+                break;
+            }
+        }
+    }
+    busy
+}
+
+fn read_wqe(qp: &Qp, mem: &GuestMemoryMmap, ci: u16, buf: &mut [u8]) -> Result<Wqe, u8> {
+    let at = qp.sq_bb(ci).ok_or(vendor::WQE_FAULT)?;
+    mem::read(mem, at, &mut buf[..64]).map_err(|_| vendor::WQE_FAULT)?;
+    let w0 = be32(buf, 0);
+    let w1 = be32(buf, 4);
+    let ds = (w1 & 0x3f) as usize;
+    let index = (w0 >> 8) as u16;
+    let opcode = WqeOpcode::from((w0 & 0xff) as u8);
+    let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
+    for i in 1..nbb {
+        let at = qp
+            .sq_bb(ci.wrapping_add(i as u16))
+            .ok_or(vendor::WQE_FAULT)?;
+        mem::read(mem, at, &mut buf[i * 64..(i + 1) * 64]).map_err(|_| vendor::WQE_FAULT)?;
+    }
+    if ds == 0 || index != ci {
+        tracing::debug!(qpn = qp.qpn, ci, index, ds, "malformed WQE");
+        return Err(vendor::WQE_FAULT);
+    }
+    let fm = buf[11];
+    Ok(Wqe {
+        opcode,
+        index,
+        nbb: nbb as u16,
+        signaled: fm & 0x0c == mlx5_hw::wqe::WQE_CTRL_CQ_UPDATE
+            || fm & 0x0c == mlx5_hw::wqe::WQE_CTRL_CQ_UPDATE_AND_EQE,
+        solicited: fm & mlx5_hw::wqe::WQE_CTRL_SOLICITED != 0,
+        imm: be32(buf, 12),
+        raddr: 0,
+        rkey: 0,
+        swap_add: 0,
+        compare: 0,
+        av: None,
+        len: ds as u64 * 16,
+        inline: false,
+    })
+}
+
+/// Parses the segments after the control segment, resolves the local
+/// data into `sq.ext` / `sq.inline`, and sends the message.
+fn run_wqe(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    w: &Wqe,
+    buf: &[u8],
+) -> Outcome {
+    use WqeOpcode as W;
+    let end = w.len as usize;
+    let mut at = 16usize;
+    let mut w = Wqe { ..*w };
+    let allowed = match qp.st {
+        qp::st::RC => matches!(
+            w.opcode,
+            W::Nop
+                | W::Send
+                | W::SendImm
+                | W::SendInval
+                | W::RdmaWrite
+                | W::RdmaWriteImm
+                | W::RdmaRead
+                | W::AtomicCs
+                | W::AtomicFa
+        ),
+        qp::st::UC => matches!(
+            w.opcode,
+            W::Nop | W::Send | W::SendImm | W::RdmaWrite | W::RdmaWriteImm
+        ),
+        qp::st::UD | qp::st::QP1 => matches!(w.opcode, W::Nop | W::Send | W::SendImm),
+        _ => matches!(w.opcode, W::Nop),
+    };
+    if !allowed {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+    }
+    if w.opcode == W::Nop {
+        return Outcome::Done(0);
+    }
+    if matches!(qp.st, qp::st::UD | qp::st::QP1) {
+        if end < at + 48 {
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        }
+        let a = &buf[at..at + 48];
+        let gf = be32(a, 0x1c);
+        let mut rmac = [0u8; 6];
+        rmac.copy_from_slice(&a[0x14..0x1a]);
+        let mut rgid = [0u8; 16];
+        rgid.copy_from_slice(&a[0x20..0x30]);
+        w.av = Some(Av {
+            qkey: be32(a, 0),
+            dqpn: be32(a, 8) & 0xff_ffff,
+            rmac,
+            tclass: a[0x1a],
+            hop_limit: a[0x1b],
+            sgid_index: (gf >> 20) as u8,
+            flow_label: gf & 0xf_ffff,
+            udp_sport: u16::from_be_bytes([a[0x0e], a[0x0f]]),
+            rgid,
+        });
+        at += 48;
+    }
+    if matches!(
+        w.opcode,
+        W::RdmaWrite | W::RdmaWriteImm | W::RdmaRead | W::AtomicCs | W::AtomicFa
+    ) {
+        if end < at + 16 {
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        }
+        w.raddr = be64(buf, at);
+        w.rkey = be32(buf, at + 8);
+        at += 16;
+    }
+    if matches!(w.opcode, W::AtomicCs | W::AtomicFa) {
+        if end < at + 16 {
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        }
+        w.swap_add = be64(buf, at);
+        w.compare = be64(buf, at + 8);
+        at += 16;
+    }
+    // Data: scatter/gather entries or inline data.
+    let need = if matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa) {
+        access::LW
+    } else {
+        access::LR
+    };
+    sq.ext.clear();
+    sq.inline.clear();
+    let mut len = 0u64;
+    while at + 4 <= end {
+        let bc = be32(buf, at);
+        if bc & INLINE_SEG != 0 {
+            let n = (bc & WQE_INLINE_SEG_BYTE_COUNT_MASK) as usize;
+            if at + 4 + n > end.max(at + 4) && at + 4 + n > buf.len() {
+                return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+            }
+            let n = n.min(buf.len() - at - 4);
+            sq.inline.extend_from_slice(&buf[at + 4..at + 4 + n]);
+            w.inline = true;
+            len += n as u64;
+            at += (4 + n).div_ceil(16) * 16;
+            continue;
+        }
+        if at + 16 > end {
+            break;
+        }
+        let lkey = be32(buf, at + 4);
+        let addr = be64(buf, at + 8);
+        let n = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
+        at += 16;
+        if lkey == rdma.resd_lkey {
+            mem::push(&mut sq.ext, addr, n);
+        } else {
+            let Some(k) = rdma.mkey(lkey) else {
+                return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
+            };
+            if let Err(e) = k.resolve(qp.pd, need, addr, n, &mut sq.ext) {
+                return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
+            }
+        }
+        len += n;
+    }
+    if w.inline && !sq.ext.is_empty() {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+    }
+    w.len = len;
+    if len > MAX_MSG {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    match qp.st {
+        qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, &w),
+        _ => connected(rdma, qp, sq, mem, &w),
+    }
+}
+
+/// The local GID and addressing for a packet to `dgid` from `sgid_index`.
+fn address(rdma: &Rdma, sgid_index: u8, p: &AddrIn) -> Option<RoceAddr> {
+    let g = rlock(&rdma.gids)
+        .get(usize::from(sgid_index))
+        .copied()
+        .flatten()?;
+    Some(RoceAddr {
+        dst_mac: p.dmac,
+        src_mac: g.mac,
+        src_gid: g.gid,
+        dst_gid: p.dgid,
+        tclass: p.tclass,
+        flow_label: p.flow_label,
+        hop_limit: p.hop_limit,
+        udp_sport: p.udp_sport,
+    })
+}
+
+struct AddrIn {
+    dmac: [u8; 6],
+    dgid: [u8; 16],
+    tclass: u8,
+    flow_label: u32,
+    hop_limit: u8,
+    udp_sport: u16,
+}
+
+fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
+    let Some(av) = w.av else {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+    };
+    if w.len > u64::from(sq.mtu.max(256)) {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    let Some(addr) = address(
+        rdma,
+        av.sgid_index,
+        &AddrIn {
+            dmac: av.rmac,
+            dgid: av.rgid,
+            tclass: av.tclass,
+            flow_label: av.flow_label,
+            hop_limit: av.hop_limit,
+            udp_sport: av.udp_sport,
+        },
+    ) else {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+    };
+    // A Q_Key with the high bit set means "use the QP's".
+    let qkey = if av.qkey & 0x8000_0000 != 0 {
+        sq.qkey
+    } else {
+        av.qkey
+    };
+    let imm = w.opcode == WqeOpcode::SendImm;
+    let h = Headers {
+        bth: Bth {
+            opcode: svc::UD
+                | if imm {
+                    op::SEND_ONLY_IMM
+                } else {
+                    op::SEND_ONLY
+                },
+            se: w.solicited,
+            pkey: packet::DEFAULT_PKEY,
+            dest_qp: av.dqpn,
+            psn: sq.psn,
+            ..Bth::default()
+        },
+        deth: Some(Deth {
+            qkey,
+            src_qp: if qp.st == qp::st::QP1 { 1 } else { qp.qpn },
+        }),
+        imm: imm.then_some(w.imm),
+        ..Headers::default()
+    };
+    sq.psn = (sq.psn + 1) & 0xff_ffff;
+    let mut hb = [0u8; packet::MAX_HDR_LEN];
+    let n = h.emit(&mut hb);
+    let payload = payload(sq, mem, 0, w.len);
+    if let Some(dst) = rdma.route(&addr.dst_gid) {
+        let pkt = Packet {
+            addr,
+            hdr: &hb[..n],
+            payload,
+        };
+        fabric::transmit(rdma, &dst, &pkt, &mut |_| {});
+    }
+    Outcome::Done(w.len as u32)
+}
+
+fn payload<'a>(sq: &'a Sq, mem: &'a GuestMemoryMmap, skip: u64, len: u64) -> Payload<'a> {
+    if len == 0 {
+        return Payload::None;
+    }
+    if !sq.inline.is_empty() {
+        let s = skip as usize;
+        return Payload::Bytes(&sq.inline[s..s + len as usize]);
+    }
+    Payload::Mem {
+        mem,
+        ext: &sq.ext,
+        skip,
+        len,
+    }
+}
+
+/// What the responder's answers said.
+#[derive(Default)]
+struct Answer {
+    acked: bool,
+    nak: Option<u8>,
+    rnr: Option<u8>,
+    fault: bool,
+}
+
+fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
+    use WqeOpcode as W;
+    let rc = qp.st == qp::st::RC;
+    let Some(addr) = address(
+        rdma,
+        sq.path.sgid_index,
+        &AddrIn {
+            dmac: sq.path.dmac,
+            dgid: sq.path.dgid,
+            tclass: sq.path.tclass,
+            flow_label: sq.path.flow_label,
+            hop_limit: sq.path.hop_limit,
+            udp_sport: sq.path.udp_sport,
+        },
+    ) else {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+    };
+    if sq.peer.is_none() {
+        sq.peer = rdma.route(&sq.path.dgid).map(|r| {
+            let q = r.qp(sq.remote_qpn);
+            (r, q)
+        });
+    }
+    let peer = sq.peer.as_ref().map(|(r, _)| r.clone());
+    let mtu = u64::from(sq.mtu.max(256));
+    let first_psn = sq.psn;
+    let ans = std::cell::RefCell::new(Answer::default());
+    let is_read = w.opcode == W::RdmaRead;
+    let is_atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
+    let npkts = if is_atomic {
+        1
+    } else {
+        w.len.div_ceil(mtu).max(1)
+    };
+    let mut hb = [0u8; packet::MAX_HDR_LEN];
+    if let Some(dst) = &peer {
+        // Responses: what the requester does with each.
+        let local_ext: &[Extent] = &sq.ext;
+        let mut on_reply = |r: &Packet<'_>| {
+            let Ok((h, _)) = Headers::parse(r.hdr) else {
+                return;
+            };
+            let mut ans = ans.borrow_mut();
+            let o = h.bth.opcode & 0x1f;
+            if let Some(a) = h.aeth {
+                match a.syndrome & 0x60 {
+                    aeth::RNR_NAK => {
+                        ans.rnr = Some(a.syndrome & 0x1f);
+                        return;
+                    }
+                    aeth::NAK => {
+                        ans.nak = Some(a.syndrome & 0x1f);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+            match o {
+                op::ACKNOWLEDGE => ans.acked = true,
+                op::READ_RESPONSE_FIRST
+                | op::READ_RESPONSE_MIDDLE
+                | op::READ_RESPONSE_LAST
+                | op::READ_RESPONSE_ONLY => {
+                    let off = u64::from(h.bth.psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
+                    if r.payload.copy_to(mem, local_ext, off).is_err() {
+                        ans.fault = true;
+                    }
+                    if matches!(o, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY) {
+                        ans.acked = true;
+                    }
+                }
+                op::ATOMIC_ACKNOWLEDGE => {
+                    let orig = h.atomic_ack.unwrap_or_default();
+                    if mem::write_bytes(mem, local_ext, 0, &orig.to_be_bytes()).is_err() {
+                        ans.fault = true;
+                    }
+                    ans.acked = true;
+                }
+                _ => {}
+            }
+        };
+        let imm = matches!(w.opcode, W::SendImm | W::RdmaWriteImm);
+        let base = if rc { svc::RC } else { svc::UC };
+        if is_read || is_atomic {
+            let mut h = Headers {
+                bth: Bth {
+                    opcode: base
+                        | match w.opcode {
+                            W::RdmaRead => op::READ_REQUEST,
+                            W::AtomicCs => op::COMPARE_SWAP,
+                            _ => op::FETCH_ADD,
+                        },
+                    pkey: packet::DEFAULT_PKEY,
+                    dest_qp: sq.remote_qpn,
+                    ack_req: true,
+                    psn: sq.psn,
+                    ..Bth::default()
+                },
+                ..Headers::default()
+            };
+            if is_read {
+                h.reth = Some(Reth {
+                    va: w.raddr,
+                    rkey: w.rkey,
+                    dma_len: w.len as u32,
+                });
+            } else {
+                h.atomic = Some(AtomicEth {
+                    va: w.raddr,
+                    rkey: w.rkey,
+                    swap_add: w.swap_add,
+                    compare: w.compare,
+                });
+            }
+            let n = h.emit(&mut hb);
+            let pkt = Packet {
+                addr,
+                hdr: &hb[..n],
+                payload: Payload::None,
+            };
+            fabric::transmit(rdma, dst, &pkt, &mut on_reply);
+        } else {
+            let send = matches!(w.opcode, W::Send | W::SendImm | W::SendInval);
+            for i in 0..npkts {
+                let first = i == 0;
+                let last = i + 1 == npkts;
+                let o = match (send, first, last) {
+                    (true, true, true) => match w.opcode {
+                        W::SendImm => op::SEND_ONLY_IMM,
+                        W::SendInval => op::SEND_ONLY_INV,
+                        _ => op::SEND_ONLY,
+                    },
+                    (true, true, false) => op::SEND_FIRST,
+                    (true, false, false) => op::SEND_MIDDLE,
+                    (true, false, true) => match w.opcode {
+                        W::SendImm => op::SEND_LAST_IMM,
+                        W::SendInval => op::SEND_LAST_INV,
+                        _ => op::SEND_LAST,
+                    },
+                    (false, true, true) => {
+                        if imm {
+                            op::WRITE_ONLY_IMM
+                        } else {
+                            op::WRITE_ONLY
+                        }
+                    }
+                    (false, true, false) => op::WRITE_FIRST,
+                    (false, false, false) => op::WRITE_MIDDLE,
+                    (false, false, true) => {
+                        if imm {
+                            op::WRITE_LAST_IMM
+                        } else {
+                            op::WRITE_LAST
+                        }
+                    }
+                };
+                let psn = (first_psn + i as u32) & 0xff_ffff;
+                let h = Headers {
+                    bth: Bth {
+                        opcode: base | o,
+                        se: last && w.solicited,
+                        pkey: packet::DEFAULT_PKEY,
+                        dest_qp: sq.remote_qpn,
+                        ack_req: last && rc,
+                        psn,
+                        ..Bth::default()
+                    },
+                    reth: (!send && first).then_some(Reth {
+                        va: w.raddr,
+                        rkey: w.rkey,
+                        dma_len: w.len as u32,
+                    }),
+                    imm: (last && imm).then_some(w.imm),
+                    ieth: (last && w.opcode == W::SendInval).then_some(w.imm),
+                    ..Headers::default()
+                };
+                let n = h.emit(&mut hb);
+                let skip = i * mtu;
+                let plen = (w.len - skip).min(mtu);
+                let pl = if plen == 0 {
+                    Payload::None
+                } else if !sq.inline.is_empty() {
+                    Payload::Bytes(&sq.inline[skip as usize..(skip + plen) as usize])
+                } else {
+                    Payload::Mem {
+                        mem,
+                        ext: local_ext,
+                        skip,
+                        len: plen,
+                    }
+                };
+                let pkt = Packet {
+                    addr,
+                    hdr: &hb[..n],
+                    payload: pl,
+                };
+                fabric::transmit(rdma, dst, &pkt, &mut on_reply);
+                let a = ans.borrow();
+                if a.nak.is_some() || a.rnr.is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    let ans = ans.into_inner();
+    if !rc {
+        // UC: nothing comes back; the message is done once sent.
+        sq.psn = (first_psn + npkts as u32) & 0xff_ffff;
+        return Outcome::Done(w.len as u32);
+    }
+    if ans.fault {
+        return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT);
+    }
+    if let Some(code) = ans.nak {
+        rdma.counters.naks.fetch_add(1, Ordering::Relaxed);
+        let synd = match code {
+            aeth::NAK_REMOTE_ACCESS => CqeSyndrome::RemoteAccessErr,
+            aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
+            aeth::NAK_PSN_SEQ => {
+                // Go back: resend the message, as after a timeout.
+                return retry_after_timeout(sq, first_psn);
+            }
+            _ => CqeSyndrome::RemoteInvalReqErr,
+        };
+        return Outcome::Error(synd, vendor::NAK);
+    }
+    if let Some(t) = ans.rnr {
+        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+        sq.psn = first_psn;
+        if sq.rnr_retry != 7 {
+            if sq.rnr_left == 0 {
+                return Outcome::Error(CqeSyndrome::RnrRetryExcErr, vendor::RNR_EXCEEDED);
+            }
+            sq.rnr_left -= 1;
+        }
+        return Outcome::Retry(Instant::now() + Duration::from_micros(rnr_timer_us(t)));
+    }
+    if !ans.acked {
+        // Nobody answered: the packet (or its ACK) was lost.
+        sq.peer = None;
+        return retry_after_timeout(sq, first_psn);
+    }
+    sq.psn = (first_psn + npkts as u32) & 0xff_ffff;
+    Outcome::Done(if is_atomic { 8 } else { w.len as u32 })
+}
+
+fn retry_after_timeout(sq: &mut Sq, first_psn: u32) -> Outcome {
+    sq.psn = first_psn;
+    if sq.retries_left == 0 {
+        return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);
+    }
+    sq.retries_left -= 1;
+    match ack_timeout(sq.path.ack_timeout) {
+        Some(d) => Outcome::Retry(Instant::now() + d),
+        // No timeout: wait as long as it takes (checked again every second).
+        None => Outcome::Retry(Instant::now() + Duration::from_secs(1)),
+    }
+}
+
+/// Completes every posted send WQE as flushed.
+fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
+    let mut sq = lock(&qp.sq);
+    let Ok(pi) = qp.sq_pi(mem) else {
+        return false;
+    };
+    let mut busy = false;
+    let mut b = [0u8; 16];
+    while sq.ci != pi {
+        busy = true;
+        let ci = sq.ci;
+        let Some(at) = qp.sq_bb(ci) else {
+            break;
+        };
+        if mem::read(mem, at, &mut b).is_err() {
+            break;
+        }
+        let ds = (be32(&b, 4) & 0x3f) as usize;
+        let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1) as u16;
+        let c = Completion {
+            opcode: CqeOpcode::ReqErr.to_raw(),
+            qpn: qp.qpn,
+            wqe_counter: ci,
+            s_wqe_opcode: b[3],
+            error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
+            ..Completion::default()
+        };
+        if !qp.scq.push(rdma, mem, &c) {
+            break;
+        }
+        sq.ci = ci.wrapping_add(nbb);
+    }
+    busy
+}
+
+/// Completes every posted receive WQE (not an SRQ's) as flushed.
+fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
+    if qp.srq.is_some() || qp.rq_type != qp::rq_type::REGULAR {
+        return false;
+    }
+    let mut rq = lock(&qp.rq);
+    let Ok(pi) = qp.rq_pi(mem) else {
+        return false;
+    };
+    let mut busy = false;
+    // A SEND that was being received is flushed with the rest.
+    if rq.send_on {
+        rq.send_on = false;
+        let c = Completion {
+            opcode: CqeOpcode::RespErr.to_raw(),
+            qpn: qp.qpn,
+            wqe_counter: rq.send.wqe,
+            error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
+            ..Completion::default()
+        };
+        qp.rcq.push(rdma, mem, &c);
+        busy = true;
+    }
+    while rq.ci != pi {
+        busy = true;
+        let c = Completion {
+            opcode: CqeOpcode::RespErr.to_raw(),
+            qpn: qp.qpn,
+            wqe_counter: rq.ci,
+            error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
+            ..Completion::default()
+        };
+        if !qp.rcq.push(rdma, mem, &c) {
+            break;
+        }
+        rq.ci = rq.ci.wrapping_add(1);
+    }
+    busy
+}

@@ -1,0 +1,752 @@
+//! The responder: what a QP does with the packets that reach it.
+//!
+//! RC: PSN checking (a duplicate is acknowledged again, a gap answered
+//! with a PSN sequence error NAK), SEND into the next receive WQE of the RQ
+//! or SRQ (an RNR NAK when none is posted), RDMA WRITE through the rkey
+//! (remote write right, PD, bounds), RDMA READ answered with read response
+//! packets, atomics executed on 8 aligned bytes and answered with the
+//! original value, an ACK for every message. An error NAKs the requester
+//! and moves this QP to ERR as hardware does: a remote access or invalid
+//! request error with an affiliated async event, a receive too small
+//! (local length) or a bad receive lkey (local protection) with an error
+//! CQE. UC: the same without responses; a bad message is dropped. UD:
+//! the Q_Key is checked, the 40-byte GRH is scattered before the payload.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::event::EventType;
+use vm_memory::GuestMemoryMmap;
+
+use super::cq::Completion;
+use super::mem::{self, access, KeyError};
+use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, RoceAddr, Service};
+use super::qp::{self, Qp, RecvError, Rq};
+use super::requester::vendor;
+use super::{rlock, Rdma};
+use crate::fabric::{Packet, Payload};
+use crate::lock;
+
+/// Receives one packet.
+pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let drop = |why: &str| {
+        rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(why, "packet dropped");
+    };
+    let Ok((h, _)) = Headers::parse(pkt.hdr) else {
+        return drop("headers");
+    };
+    if !rdma.has_gid(&pkt.addr.dst_gid) {
+        return drop("destination GID");
+    }
+    let qpn = if h.bth.dest_qp == 1 {
+        match *rlock(&rdma.gsi) {
+            Some(q) => q,
+            None => return drop("no GSI QP"),
+        }
+    } else {
+        h.bth.dest_qp
+    };
+    let Some(qp) = rdma.qp(qpn) else {
+        return drop("no such QP");
+    };
+    if !qp.receives() {
+        return drop("QP state");
+    }
+    let mem = rdma.dma.memory();
+    match (packet::service(h.bth.opcode), qp.st) {
+        (Service::Rc, qp::st::RC) => rc(rdma, &qp, &h, pkt, &mem, reply),
+        (Service::Uc, qp::st::UC) => uc(rdma, &qp, &h, pkt, &mem),
+        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, &qp, &h, pkt, &mem),
+        _ => drop("service"),
+    }
+}
+
+fn psn_add(p: u32, n: u32) -> u32 {
+    (p + n) & 0xff_ffff
+}
+
+/// Sends one response: ACK, NAK or RNR NAK.
+fn respond(
+    reply: &mut dyn FnMut(&Packet<'_>),
+    to: &RoceAddr,
+    dqpn: u32,
+    psn: u32,
+    syndrome: u8,
+    msn: u32,
+) {
+    let h = Headers {
+        bth: Bth {
+            opcode: svc::RC | op::ACKNOWLEDGE,
+            pkey: packet::DEFAULT_PKEY,
+            dest_qp: dqpn,
+            psn,
+            ..Bth::default()
+        },
+        aeth: Some(Aeth { syndrome, msn }),
+        ..Headers::default()
+    };
+    let mut b = [0u8; packet::MAX_HDR_LEN];
+    let n = h.emit(&mut b);
+    reply(&Packet {
+        addr: back(to),
+        hdr: &b[..n],
+        payload: Payload::None,
+    });
+}
+
+fn back(a: &RoceAddr) -> RoceAddr {
+    RoceAddr {
+        dst_mac: a.src_mac,
+        src_mac: a.dst_mac,
+        src_gid: a.dst_gid,
+        dst_gid: a.src_gid,
+        ..*a
+    }
+}
+
+/// The responder's errors that end the connection.
+enum Fatal {
+    /// NAK remote access; async WQ access error.
+    Access,
+    /// NAK invalid request; async WQ invalid request error.
+    Invalid,
+    /// NAK invalid request; local length error CQE on the receive.
+    Length(u16),
+    /// NAK remote operational error; local protection error CQE.
+    Protection(u16, u8),
+}
+
+fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> u8 {
+    let (code, cqe) = match f {
+        Fatal::Access => {
+            rdma.qp_event(EventType::WqAccessError, qp.qpn, false);
+            (aeth::NAK_REMOTE_ACCESS, None)
+        }
+        Fatal::Invalid => {
+            rdma.qp_event(EventType::WqInvalReqError, qp.qpn, false);
+            (aeth::NAK_INVALID_REQUEST, None)
+        }
+        Fatal::Length(wqe) => (
+            aeth::NAK_INVALID_REQUEST,
+            Some((wqe, CqeSyndrome::LocalLengthErr, vendor::LENGTH)),
+        ),
+        Fatal::Protection(wqe, v) => (
+            aeth::NAK_REMOTE_OP,
+            Some((wqe, CqeSyndrome::LocalProtErr, v)),
+        ),
+    };
+    if let Some((wqe, synd, v)) = cqe {
+        recv_error(rdma, qp, mem, wqe, synd, v);
+    }
+    rq.send_on = false;
+    rq.write_on = false;
+    qp.to_error(rdma);
+    code
+}
+
+fn recv_error(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap, wqe: u16, synd: CqeSyndrome, v: u8) {
+    let c = Completion {
+        opcode: CqeOpcode::RespErr.to_raw(),
+        qpn: qp.qpn,
+        wqe_counter: wqe,
+        srqn: qp.srq.as_ref().map_or(0, |s| s.srqn),
+        error: Some((synd.to_raw(), v)),
+        ..Completion::default()
+    };
+    rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+    qp.rcq.push(rdma, mem, &c);
+}
+
+fn key_vendor(e: KeyError) -> u8 {
+    match e {
+        KeyError::Invalid => vendor::BAD_LKEY,
+        KeyError::Pd => vendor::PD_MISMATCH,
+        KeyError::Access => vendor::NO_ACCESS,
+        KeyError::Bounds => vendor::OUT_OF_BOUNDS,
+    }
+}
+
+/// Takes a receive WQE into `rq.send`; `Err(None)` when none is posted.
+fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap) -> Result<(), Option<Fatal>> {
+    let mut r = std::mem::take(&mut rq.send);
+    let res = qp.take_recv(rdma, rq, mem, &mut r);
+    rq.send = r;
+    match res {
+        Ok(()) => Ok(()),
+        Err(RecvError::Empty) => Err(None),
+        Err(RecvError::Key(w, k)) => Err(Some(Fatal::Protection(w, key_vendor(k)))),
+        Err(RecvError::Fault(w)) => Err(Some(Fatal::Protection(w, vendor::DMA_FAULT))),
+    }
+}
+
+fn resp_completion(qp: &Qp, rq: &Rq, opcode: CqeOpcode, h: &Headers, src_qp: u32) -> Completion {
+    Completion {
+        opcode: opcode.to_raw(),
+        qpn: qp.qpn,
+        wqe_counter: rq.send.wqe,
+        byte_cnt: rq.send.off as u32,
+        imm: h.imm.or(h.ieth).unwrap_or_default(),
+        flags_rqpn: src_qp & 0xff_ffff,
+        srqn: qp.srq.as_ref().map_or(0, |s| s.srqn),
+        solicited: h.bth.se,
+        ..Completion::default()
+    }
+}
+
+fn rc(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    h: &Headers,
+    pkt: &Packet<'_>,
+    mem: &GuestMemoryMmap,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    let mut rq = lock(&qp.rq);
+    let psn = h.bth.psn;
+    let remote = rq.remote_qpn;
+    let diff = psn.wrapping_sub(rq.epsn) & 0xff_ffff;
+    if diff != 0 {
+        if diff >= 0x80_0000 {
+            // A duplicate: acknowledge it again.
+            respond(
+                reply,
+                &pkt.addr,
+                remote,
+                psn,
+                aeth::ACK | aeth::CREDITS_INVALID,
+                rq.msn,
+            );
+        } else {
+            let e = rq.epsn;
+            respond(
+                reply,
+                &pkt.addr,
+                remote,
+                e,
+                aeth::NAK | aeth::NAK_PSN_SEQ,
+                rq.msn,
+            );
+        }
+        return;
+    }
+    let o = h.bth.opcode & 0x1f;
+    let len = pkt.payload.len();
+    let mtu = u64::from(rq.mtu.max(256));
+    let nak = |rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), f: Fatal| {
+        let code = fatal(rdma, qp, rq, mem, f);
+        respond(reply, &pkt.addr, remote, psn, aeth::NAK | code, rq.msn);
+    };
+    let middle_len_ok = |l: u64, last: bool| {
+        if last {
+            l <= mtu && l > 0 || l == 0
+        } else {
+            l == mtu
+        }
+    };
+    match o {
+        op::SEND_FIRST
+        | op::SEND_MIDDLE
+        | op::SEND_LAST
+        | op::SEND_LAST_IMM
+        | op::SEND_ONLY
+        | op::SEND_ONLY_IMM
+        | op::SEND_LAST_INV
+        | op::SEND_ONLY_INV => {
+            let first = matches!(
+                o,
+                op::SEND_FIRST | op::SEND_ONLY | op::SEND_ONLY_IMM | op::SEND_ONLY_INV
+            );
+            let last = !matches!(o, op::SEND_FIRST | op::SEND_MIDDLE);
+            if first == rq.send_on || !middle_len_ok(len, last) {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            }
+            if first {
+                match take(rdma, qp, &mut rq, mem) {
+                    Ok(()) => rq.send_on = true,
+                    Err(None) => {
+                        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        let t = rq.min_rnr_nak;
+                        return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
+                    }
+                    Err(Some(f)) => return nak(&mut rq, reply, f),
+                }
+            }
+            if rq.send.off + len > rq.send.cap {
+                let w = rq.send.wqe;
+                return nak(&mut rq, reply, Fatal::Length(w));
+            }
+            if pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
+                let w = rq.send.wqe;
+                return nak(&mut rq, reply, Fatal::Protection(w, vendor::DMA_FAULT));
+            }
+            rq.send.off += len;
+            if last {
+                let opcode = match o {
+                    op::SEND_LAST_IMM | op::SEND_ONLY_IMM => CqeOpcode::RespSendImm,
+                    op::SEND_LAST_INV | op::SEND_ONLY_INV => {
+                        if let Some(k) = h.ieth {
+                            invalidate(rdma, qp.pd, k);
+                        }
+                        CqeOpcode::RespSendInv
+                    }
+                    _ => CqeOpcode::RespSend,
+                };
+                let c = resp_completion(qp, &rq, opcode, h, remote);
+                rq.send_on = false;
+                rq.msn = psn_add(rq.msn, 1);
+                rdma.counters
+                    .messages_received
+                    .fetch_add(1, Ordering::Relaxed);
+                if !qp.rcq.push(rdma, mem, &c) {
+                    qp.to_error(rdma);
+                }
+            }
+        }
+        op::WRITE_FIRST
+        | op::WRITE_MIDDLE
+        | op::WRITE_LAST
+        | op::WRITE_LAST_IMM
+        | op::WRITE_ONLY
+        | op::WRITE_ONLY_IMM => {
+            let first = matches!(o, op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM);
+            let last = !matches!(o, op::WRITE_FIRST | op::WRITE_MIDDLE);
+            let imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+            if (first && rq.write_on && o != op::WRITE_FIRST) || (!first && !rq.write_on) {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            }
+            if first {
+                let Some(r) = h.reth else {
+                    return nak(&mut rq, reply, Fatal::Invalid);
+                };
+                if !rq.rwe {
+                    return nak(&mut rq, reply, Fatal::Access);
+                }
+                let mut w = std::mem::take(&mut rq.write);
+                w.ext.clear();
+                w.off = 0;
+                w.cap = u64::from(r.dma_len);
+                let ok = r.dma_len == 0
+                    || rdma.mkey(r.rkey).is_some_and(|k| {
+                        k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
+                            .is_ok()
+                    });
+                rq.write = w;
+                if !ok {
+                    return nak(&mut rq, reply, Fatal::Access);
+                }
+                rq.write_on = true;
+            }
+            if rq.write.off + len > rq.write.cap || (last && rq.write.off + len != rq.write.cap) {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            }
+            if imm && !rq.send_on {
+                // The immediate needs a receive WQE, before any byte lands.
+                match take(rdma, qp, &mut rq, mem) {
+                    Ok(()) => {}
+                    Err(None) => {
+                        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        if first {
+                            rq.write_on = false;
+                        }
+                        let t = rq.min_rnr_nak;
+                        return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
+                    }
+                    Err(Some(f)) => return nak(&mut rq, reply, f),
+                }
+            }
+            if pkt
+                .payload
+                .copy_to(mem, &rq.write.ext, rq.write.off)
+                .is_err()
+            {
+                return nak(&mut rq, reply, Fatal::Access);
+            }
+            rq.write.off += len;
+            if last {
+                rq.write_on = false;
+                rq.msn = psn_add(rq.msn, 1);
+                rdma.counters
+                    .messages_received
+                    .fetch_add(1, Ordering::Relaxed);
+                if imm {
+                    let mut c = resp_completion(qp, &rq, CqeOpcode::RespWrImm, h, remote);
+                    c.byte_cnt = rq.write.cap as u32;
+                    if !qp.rcq.push(rdma, mem, &c) {
+                        qp.to_error(rdma);
+                    }
+                }
+            }
+        }
+        op::READ_REQUEST => {
+            let Some(r) = h.reth else {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            };
+            if !rq.rre {
+                return nak(&mut rq, reply, Fatal::Access);
+            }
+            let mut w = std::mem::take(&mut rq.write);
+            w.ext.clear();
+            let ok = r.dma_len == 0
+                || rdma.mkey(r.rkey).is_some_and(|k| {
+                    k.resolve(qp.pd, access::RR, r.va, u64::from(r.dma_len), &mut w.ext)
+                        .is_ok()
+                });
+            if !ok {
+                rq.write = w;
+                return nak(&mut rq, reply, Fatal::Access);
+            }
+            let total = u64::from(r.dma_len);
+            let n = total.div_ceil(mtu).max(1);
+            let msn = psn_add(rq.msn, 1);
+            let mut b = [0u8; packet::MAX_HDR_LEN];
+            for i in 0..n {
+                let first = i == 0;
+                let last = i + 1 == n;
+                let ro = match (first, last) {
+                    (true, true) => op::READ_RESPONSE_ONLY,
+                    (true, false) => op::READ_RESPONSE_FIRST,
+                    (false, false) => op::READ_RESPONSE_MIDDLE,
+                    (false, true) => op::READ_RESPONSE_LAST,
+                };
+                let rh = Headers {
+                    bth: Bth {
+                        opcode: svc::RC | ro,
+                        pkey: packet::DEFAULT_PKEY,
+                        dest_qp: remote,
+                        psn: psn_add(psn, i as u32),
+                        ..Bth::default()
+                    },
+                    aeth: (first || last).then_some(Aeth {
+                        syndrome: aeth::ACK | aeth::CREDITS_INVALID,
+                        msn,
+                    }),
+                    ..Headers::default()
+                };
+                let hl = rh.emit(&mut b);
+                let skip = i * mtu;
+                let plen = (total - skip).min(mtu);
+                reply(&Packet {
+                    addr: back(&pkt.addr),
+                    hdr: &b[..hl],
+                    payload: if plen == 0 {
+                        Payload::None
+                    } else {
+                        Payload::Mem {
+                            mem,
+                            ext: &w.ext,
+                            skip,
+                            len: plen,
+                        }
+                    },
+                });
+            }
+            rq.write = w;
+            rq.msn = msn;
+            rq.epsn = psn_add(psn, n as u32);
+            rdma.counters
+                .messages_received
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        op::COMPARE_SWAP | op::FETCH_ADD => {
+            let Some(a) = h.atomic else {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            };
+            if !rq.rae {
+                return nak(&mut rq, reply, Fatal::Access);
+            }
+            if a.va % 8 != 0 {
+                return nak(&mut rq, reply, Fatal::Invalid);
+            }
+            let mut w = std::mem::take(&mut rq.write);
+            w.ext.clear();
+            let ok = rdma
+                .mkey(a.rkey)
+                .is_some_and(|k| k.resolve(qp.pd, access::A, a.va, 8, &mut w.ext).is_ok());
+            let target = w.ext.first().map(|e| e.iova);
+            rq.write = w;
+            let Some(iova) = target.filter(|_| ok) else {
+                return nak(&mut rq, reply, Fatal::Access);
+            };
+            let cs = o == op::COMPARE_SWAP;
+            let r = mem::atomic64(mem, iova, |old| {
+                if cs {
+                    if old == a.compare {
+                        a.swap_add
+                    } else {
+                        old
+                    }
+                } else {
+                    old.wrapping_add(a.swap_add)
+                }
+            });
+            let Ok(orig) = r else {
+                return nak(&mut rq, reply, Fatal::Access);
+            };
+            let msn = psn_add(rq.msn, 1);
+            let rh = Headers {
+                bth: Bth {
+                    opcode: svc::RC | op::ATOMIC_ACKNOWLEDGE,
+                    pkey: packet::DEFAULT_PKEY,
+                    dest_qp: remote,
+                    psn,
+                    ..Bth::default()
+                },
+                aeth: Some(Aeth {
+                    syndrome: aeth::ACK | aeth::CREDITS_INVALID,
+                    msn,
+                }),
+                atomic_ack: Some(orig),
+                ..Headers::default()
+            };
+            let mut b = [0u8; packet::MAX_HDR_LEN];
+            let hl = rh.emit(&mut b);
+            rq.msn = msn;
+            rq.epsn = psn_add(psn, 1);
+            rdma.counters
+                .messages_received
+                .fetch_add(1, Ordering::Relaxed);
+            reply(&Packet {
+                addr: back(&pkt.addr),
+                hdr: &b[..hl],
+                payload: Payload::None,
+            });
+            return;
+        }
+        _ => return nak(&mut rq, reply, Fatal::Invalid),
+    }
+    rq.epsn = psn_add(psn, 1);
+    if h.bth.ack_req {
+        let msn = rq.msn;
+        respond(
+            reply,
+            &pkt.addr,
+            remote,
+            psn,
+            aeth::ACK | aeth::CREDITS_INVALID,
+            msn,
+        );
+    }
+}
+
+/// SEND with invalidate: the named key of this PD becomes free.
+fn invalidate(rdma: &Rdma, pd: u32, key: u32) {
+    let mut t = super::wlock(&rdma.mkeys);
+    if let Some(k) = t.get_mut(&(key >> 8)) {
+        if k.key == key as u8 && k.pd == pd {
+            let mut n = (**k).clone();
+            n.free = true;
+            *k = Arc::new(n);
+        }
+    }
+}
+
+fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemoryMmap) {
+    let mut rq = lock(&qp.rq);
+    let o = h.bth.opcode & 0x1f;
+    let first = matches!(
+        o,
+        op::SEND_FIRST
+            | op::SEND_ONLY
+            | op::SEND_ONLY_IMM
+            | op::WRITE_FIRST
+            | op::WRITE_ONLY
+            | op::WRITE_ONLY_IMM
+    );
+    let last = !matches!(
+        o,
+        op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE
+    );
+    if h.bth.psn != rq.epsn {
+        // A gap: the message in progress is lost.
+        rq.uc_drop = !first;
+        if rq.send_on {
+            // The receive WQE stays consumed, as on hardware; nothing lands.
+            rq.send_on = false;
+        }
+        rq.write_on = false;
+    }
+    rq.epsn = psn_add(h.bth.psn, 1);
+    if first {
+        rq.uc_drop = false;
+    }
+    if rq.uc_drop {
+        rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let len = pkt.payload.len();
+    let remote = rq.remote_qpn;
+    let is_send = o <= op::SEND_ONLY_IMM;
+    let imm = matches!(
+        o,
+        op::SEND_LAST_IMM | op::SEND_ONLY_IMM | op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM
+    );
+    if is_send {
+        if first {
+            match take(rdma, qp, &mut rq, mem) {
+                Ok(()) => rq.send_on = true,
+                Err(None) => {
+                    rq.uc_drop = !last;
+                    rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(Some(f)) => {
+                    fatal(rdma, qp, &mut rq, mem, f);
+                    return;
+                }
+            }
+        } else if !rq.send_on {
+            return;
+        }
+        if rq.send.off + len > rq.send.cap {
+            let w = rq.send.wqe;
+            fatal(rdma, qp, &mut rq, mem, Fatal::Length(w));
+            return;
+        }
+        if pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
+            let w = rq.send.wqe;
+            fatal(
+                rdma,
+                qp,
+                &mut rq,
+                mem,
+                Fatal::Protection(w, vendor::DMA_FAULT),
+            );
+            return;
+        }
+        rq.send.off += len;
+        if last {
+            let opcode = if imm {
+                CqeOpcode::RespSendImm
+            } else {
+                CqeOpcode::RespSend
+            };
+            let c = resp_completion(qp, &rq, opcode, h, remote);
+            rq.send_on = false;
+            rdma.counters
+                .messages_received
+                .fetch_add(1, Ordering::Relaxed);
+            qp.rcq.push(rdma, mem, &c);
+        }
+        return;
+    }
+    // RDMA WRITE.
+    if first {
+        let ok = h.reth.is_some_and(|r| {
+            let mut w = std::mem::take(&mut rq.write);
+            w.ext.clear();
+            w.off = 0;
+            w.cap = u64::from(r.dma_len);
+            let ok = rq.rwe
+                && (r.dma_len == 0
+                    || rdma.mkey(r.rkey).is_some_and(|k| {
+                        k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
+                            .is_ok()
+                    }));
+            rq.write = w;
+            ok
+        });
+        if !ok {
+            rq.uc_drop = !last;
+            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        rq.write_on = true;
+    } else if !rq.write_on {
+        return;
+    }
+    if rq.write.off + len > rq.write.cap {
+        rq.write_on = false;
+        rq.uc_drop = !last;
+        return;
+    }
+    if imm && !rq.send_on {
+        match take(rdma, qp, &mut rq, mem) {
+            Ok(()) => {}
+            Err(_) => {
+                rq.write_on = false;
+                rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+    if pkt
+        .payload
+        .copy_to(mem, &rq.write.ext, rq.write.off)
+        .is_err()
+    {
+        rq.write_on = false;
+        return;
+    }
+    rq.write.off += len;
+    if last {
+        rq.write_on = false;
+        rdma.counters
+            .messages_received
+            .fetch_add(1, Ordering::Relaxed);
+        if imm {
+            let mut c = resp_completion(qp, &rq, CqeOpcode::RespWrImm, h, remote);
+            c.byte_cnt = rq.write.cap as u32;
+            qp.rcq.push(rdma, mem, &c);
+        }
+    }
+}
+
+fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemoryMmap) {
+    let mut rq = lock(&qp.rq);
+    let Some(d) = h.deth else {
+        return;
+    };
+    if d.qkey != rq.qkey {
+        rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(qpn = qp.qpn, qkey = d.qkey, "UD Q_Key mismatch");
+        return;
+    }
+    match take(rdma, qp, &mut rq, mem) {
+        Ok(()) => {}
+        Err(None) => {
+            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(Some(f)) => {
+            fatal(rdma, qp, &mut rq, mem, f);
+            return;
+        }
+    }
+    let len = pkt.payload.len();
+    let w = rq.send.wqe;
+    if 40 + len > rq.send.cap {
+        fatal(rdma, qp, &mut rq, mem, Fatal::Length(w));
+        return;
+    }
+    let g = packet::grh(
+        &pkt.addr,
+        len as usize + h.layout().map_or(0, |l| l.len()) + 4,
+    );
+    if mem::write_bytes(mem, &rq.send.ext, 0, &g).is_err()
+        || pkt.payload.copy_to(mem, &rq.send.ext, 40).is_err()
+    {
+        fatal(
+            rdma,
+            qp,
+            &mut rq,
+            mem,
+            Fatal::Protection(w, vendor::DMA_FAULT),
+        );
+        return;
+    }
+    rq.send.off = 40 + len;
+    let opcode = if h.imm.is_some() {
+        CqeOpcode::RespSendImm
+    } else {
+        CqeOpcode::RespSend
+    };
+    let c = resp_completion(qp, &rq, opcode, h, d.src_qp)
+        .with_grh(packet::gid_is_ipv4(&pkt.addr.src_gid));
+    rdma.counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    qp.rcq.push(rdma, mem, &c);
+}
