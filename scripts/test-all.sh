@@ -27,10 +27,11 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 # The UML kernel for uml_mlx5: reused from ~/.cache/mlx5-uml when the build
-# script, its patches and config are unchanged; otherwise built now (~12 min
-# on 2 cores, once per change). MLX5_UML_BUILD=0 skips the build, and then
-# uml_mlx5 skips (saying so) unless a kernel is already cached.
-if [ "${MLX5_UML_BUILD:-1}" = 1 ]; then
+# script, its patches and config are unchanged; otherwise built (~12 min on
+# 2 cores, ~25 min on a loaded machine, once per change). uml_mlx5 is
+# #[ignore]d until the model has flow steering, so the suite builds the
+# kernel only when asked: MLX5_UML_BUILD=1.
+if [ "${MLX5_UML_BUILD:-0}" = 1 ]; then
     if ! bash scripts/uml/build-kernel.sh --path | xargs test -x; then
         echo "test-all: building the UML kernel for uml_mlx5 (first time for this script version)"
     fi
@@ -38,7 +39,7 @@ if [ "${MLX5_UML_BUILD:-1}" = 1 ]; then
     export MLX5_UML_KERNEL
     echo "test-all: UML kernel $MLX5_UML_KERNEL"
 else
-    echo "test-all: MLX5_UML_BUILD=0: not building the UML kernel; uml_mlx5 runs only if one is cached"
+    echo "test-all: not building the UML kernel (MLX5_UML_BUILD=1 does); uml_mlx5 is ignored for now"
 fi
 
 # kernel_vfio boots a QEMU guest (q35, emulated Intel IOMMU, QEMU's edu

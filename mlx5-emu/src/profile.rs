@@ -27,6 +27,10 @@ pub mod cap_type {
     pub const ROCE: u16 = 0x4;
     /// NIC flow tables.
     pub const FLOW_TABLE: u16 = 0x7;
+    /// E-Switch flow tables (FDB), for an e-switch manager.
+    pub const ESWITCH_FLOW_TABLE: u16 = 0x8;
+    /// E-Switch, for an e-switch manager.
+    pub const ESWITCH: u16 = 0x9;
     /// Device memory.
     pub const DEV_MEM: u16 = 0xf;
     /// General device capabilities, second page (`cmd_hca_cap_2`).
@@ -155,6 +159,20 @@ impl Profile {
         let mut caps = CapPages::parse(CX4_DATA);
         if self != Profile::ConnectX4 {
             caps.raise(self);
+        }
+        // An e-switch manager answers QUERY_HCA_CAP for the e-switch pages
+        // (Linux queries them whenever eswitch_manager is set). The traced
+        // kernel never asked, so their contents are unknown: they offer
+        // nothing (no FDB, no e-switch features).
+        if caps.get(
+            cap_type::GENERAL,
+            mlx5_hw::ifc::cmd_hca_cap::ESWITCH_MANAGER,
+        ) == 1
+        {
+            for ty in [cap_type::ESWITCH_FLOW_TABLE, cap_type::ESWITCH] {
+                caps.cur.entry(ty).or_insert_with(|| vec![0; CAP_PAGE_SIZE]);
+                caps.max.entry(ty).or_insert_with(|| vec![0; CAP_PAGE_SIZE]);
+            }
         }
         caps
     }

@@ -436,13 +436,20 @@ impl<M: DeviceModel + 'static> VhostUserBackend for PcidevBackend<M> {
                 );
                 continue;
             };
-            dma.map_file(
+            if let Err(e) = dma.map_file(
                 region.start_addr().0,
                 region.len(),
                 fo.arc().clone(),
                 fo.start(),
-            )
-            .map_err(std::io::Error::other)?;
+            ) {
+                tracing::error!(
+                    gpa = region.start_addr().0,
+                    len = region.len(),
+                    error = %e,
+                    "cannot map guest memory for DMA"
+                );
+                return Err(std::io::Error::other(e));
+            }
             tracing::debug!(
                 gpa = region.start_addr().0,
                 len = region.len(),

@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod relay;
 pub mod virtio_pcidev;
 
 use std::os::fd::AsRawFd;
@@ -87,6 +88,12 @@ pub struct Stats {
     pub dma_regions: u64,
 }
 
+fn inner_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".backend");
+    PathBuf::from(p)
+}
+
 /// A vhost-user socket serving one device model to one connection.
 #[derive(Debug)]
 pub struct Server<M: DeviceModel + 'static> {
@@ -115,9 +122,12 @@ impl<M: DeviceModel + 'static> Server<M> {
                     source: e,
                 })?;
         }
-        let _ = std::fs::remove_file(path);
-        let sock = path.to_path_buf();
-        let thread = std::thread::Builder::new()
+        // The library listens on an inner socket; the front end connects to
+        // `path`, where the relay mends UML's quirks (see `relay`).
+        let inner = inner_path(path);
+        let _ = std::fs::remove_file(&inner);
+        let sock = inner.clone();
+        let daemon_thread = std::thread::Builder::new()
             .name("pcidev-vhost".into())
             .spawn(move || daemon.serve(&sock).map_err(|e| e.to_string()))
             .map_err(|e| Error::Os {
@@ -125,17 +135,44 @@ impl<M: DeviceModel + 'static> Server<M> {
                 source: e,
             })?;
         let start = Instant::now();
-        while !path.exists() {
-            if thread.is_finished() || start.elapsed() > BIND_TIMEOUT {
-                let why = match thread.join() {
+        while !inner.exists() {
+            if daemon_thread.is_finished() || start.elapsed() > BIND_TIMEOUT {
+                let why = match daemon_thread.join() {
                     Ok(Err(e)) => e,
                     _ => String::new(),
                 };
-                tracing::error!(path = %path.display(), error = %why, "vhost-user socket missing");
-                return Err(Error::NoSocket(path.to_path_buf()));
+                tracing::error!(path = %inner.display(), error = %why, "vhost-user socket missing");
+                return Err(Error::NoSocket(inner));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        let _ = std::fs::remove_file(path);
+        let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| Error::Os {
+            op: "bind(vhost-user socket)",
+            source: e,
+        })?;
+        let thread = std::thread::Builder::new()
+            .name("pcidev-vhost-relay".into())
+            .spawn(move || {
+                let relayed = listener.accept().and_then(|(front, _)| {
+                    let back = std::os::unix::net::UnixStream::connect(&inner)?;
+                    relay::run(front, back)
+                });
+                if relayed.is_err() {
+                    // Lets the library's accept() go.
+                    let _ = std::os::unix::net::UnixStream::connect(&inner);
+                }
+                let served = daemon_thread
+                    .join()
+                    .map_err(|_| "vhost-user thread panicked".to_string())?;
+                let _ = std::fs::remove_file(&inner);
+                relayed.map_err(|e| e.to_string())?;
+                served
+            })
+            .map_err(|e| Error::Os {
+                op: "spawn(vhost-user relay)",
+                source: e,
+            })?;
         Ok(Self {
             path: path.to_path_buf(),
             backend,

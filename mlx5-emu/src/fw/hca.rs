@@ -3,8 +3,8 @@
 //! nic_interface = disabled.
 
 use mlx5_hw::ifc::{
-    disable_hca_in, enable_hca_in, init_hca_in, set_driver_version_in, teardown_hca_in,
-    teardown_hca_out,
+    disable_hca_in, disable_hca_out, enable_hca_in, enable_hca_out, init_hca_in,
+    set_driver_version_in, teardown_hca_in, teardown_hca_out,
 };
 use mlx5_hw::status::CmdStatus;
 
@@ -18,7 +18,12 @@ const TEARDOWN_PREPARE_FAST: u64 = 2;
 
 impl Firmware {
     pub(super) fn enable_hca(&mut self, input: &[u8], outlen: usize) -> CmdResult {
-        sized(input, outlen, enable_hca_in::SIZE_BYTES, 0x10)?;
+        sized(
+            input,
+            outlen,
+            enable_hca_in::SIZE_BYTES,
+            enable_hca_out::SIZE_BYTES,
+        )?;
         if enable_hca_in::FUNCTION_ID.get(input) != 0
             || enable_hca_in::EMBEDDED_CPU_FUNCTION.get(input) != 0
         {
@@ -28,14 +33,19 @@ impl Firmware {
             HcaState::Disabled | HcaState::FastTornDown => {
                 self.hca = HcaState::Enabled;
                 self.issi = 0;
-                Ok(vec![0; 0x10])
+                Ok(vec![0; enable_hca_out::SIZE_BYTES])
             }
             _ => Err(fail(CmdStatus::BadSystemState, synd::HCA_ALREADY_ENABLED)),
         }
     }
 
     pub(super) fn disable_hca(&mut self, input: &[u8], outlen: usize) -> CmdResult {
-        sized(input, outlen, disable_hca_in::SIZE_BYTES, 0x10)?;
+        sized(
+            input,
+            outlen,
+            disable_hca_in::SIZE_BYTES,
+            disable_hca_out::SIZE_BYTES,
+        )?;
         if disable_hca_in::FUNCTION_ID.get(input) != 0 {
             return Err(fail(CmdStatus::BadParameter, synd::BAD_FUNCTION_ID));
         }
@@ -53,7 +63,7 @@ impl Firmware {
                     );
                 }
                 self.hca = HcaState::Disabled;
-                Ok(vec![0; 0x10])
+                Ok(vec![0; disable_hca_out::SIZE_BYTES])
             }
         }
     }
