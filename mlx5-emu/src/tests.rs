@@ -469,13 +469,13 @@ fn eq_events_ownership_and_doorbells() {
     // command's ownership bit, so wait for it).
     let t = Instant::now();
     while ring.load_u8_acquire(0x3f).unwrap() & 1 != 1 {
-        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(t.elapsed() < Duration::from_secs(10));
     }
     d.ok(&cmd_in(0x80d, 0, 16), 16);
     d.ok(&cmd_in(0x80d, 0, 16), 16);
     let t = Instant::now();
     while d.f.model().stats().eq_overruns != 1 {
-        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(t.elapsed() < Duration::from_secs(10));
     }
     let mut q = cmd_in(0x303, 0, 16);
     q[11] = eqn;
@@ -492,7 +492,7 @@ fn eq_events_ownership_and_doorbells() {
     d2.f.model().request_pages(3);
     let t = Instant::now();
     while ring.load_u8_acquire(0x3f).unwrap() & 1 != 0 {
-        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(t.elapsed() < Duration::from_secs(10));
     }
     ring.read(0, &mut e).unwrap();
     assert_eq!(e[1], 0x0b);
@@ -559,7 +559,7 @@ fn fast_teardown_releases_pages() {
     while (rd(bar(&d), initseg::CMDQ_ADDR_L_SZ) >> 8) & 7 != 1
         || d.f.model().stats().pages_held != 0
     {
-        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(t.elapsed() < Duration::from_secs(10));
     }
     assert_eq!(rd(bar(&d), initseg::CMDQ_ADDR_L_SZ) & 0xff, 0x56);
     assert_eq!(d.f.model().stats().hca_state, HcaState::FastTornDown);
