@@ -67,6 +67,8 @@ pub const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(2);
 /// The MAC of a function built with the default configuration (a
 /// Mellanox OUI); [`Fabric::cabled`] numbers its functions from it.
 pub const DEFAULT_MAC: u64 = 0x248a_07a0_0001;
+/// How many trapped EQ doorbell writes wait for the worker at most.
+pub const TRAPPED_DOORBELLS_MAX: usize = 4096;
 /// How many commands the command log keeps (oldest dropped first).
 pub const CMD_LOG_CAPACITY: usize = 4096;
 
@@ -233,6 +235,12 @@ pub(crate) struct Inner {
     pub(crate) stats: Mutex<Stats>,
     pub(crate) log: Mutex<VecDeque<CmdLogEntry>>,
     pub(crate) rdma: Arc<transport::Rdma>,
+    /// EQ doorbell writes that reached the device as trapped accesses
+    /// (vhost-user, vfio-user REGION_WRITE): `(BAR offset, value)`, each
+    /// acted on exactly once, in order, even when it repeats the register's
+    /// previous value or another EQ's write to the same register follows
+    /// before the worker looks.
+    pub(crate) trapped_doorbells: Mutex<Vec<(u64, u32)>>,
     stop: AtomicBool,
     worker: Mutex<Option<Thread>>,
 }
@@ -359,6 +367,7 @@ impl Device {
             faults: Arc::new(Faults::default()),
             stats: Mutex::new(Stats::default()),
             log: Mutex::new(VecDeque::new()),
+            trapped_doorbells: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
             bar,
@@ -530,6 +539,16 @@ impl DeviceModel for Device {
         }
         if initseg::in_msix(self.inner.cfg.profile, offset, data.len()) {
             self.inner.msix_flush_pending();
+        }
+        if let Ok(word) = <[u8; 4]>::try_from(data) {
+            if offset >= u64::from(initseg::FIRST_UAR) << 12 {
+                let mut q = lock(&self.inner.trapped_doorbells);
+                // Bounded while firmware is not reading them (HCA disabled,
+                // health failed): then only the register's last value counts.
+                if q.len() < TRAPPED_DOORBELLS_MAX {
+                    q.push((offset, u32::from_be_bytes(word)));
+                }
+            }
         }
         self.inner.wake();
     }

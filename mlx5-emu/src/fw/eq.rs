@@ -151,6 +151,18 @@ impl Firmware {
     /// Reads the EQ doorbells of every UAR page that has EQs.
     pub(super) fn poll_eq_doorbells(&mut self, inner: &Inner) -> bool {
         let mut busy = false;
+        // Trapped writes first, each exactly as written (the register in
+        // BAR memory holds only the last of them).
+        let trapped = std::mem::take(&mut *crate::lock(&inner.trapped_doorbells));
+        for (at, v) in trapped {
+            let (uar, off) = ((at >> 12) as u32, (at & 0xfff) as usize);
+            if off != EQ_DOORBELL_UPDATE_CI && off != EQ_DOORBELL_ARM {
+                continue;
+            }
+            self.eq_db_last.insert((uar, off), v);
+            busy = true;
+            self.eq_doorbell(inner, uar, v, off == EQ_DOORBELL_ARM);
+        }
         let uars: Vec<u32> = {
             let mut v: Vec<u32> = self.eqs.values().map(|e| e.uar).collect();
             v.sort_unstable();
