@@ -417,6 +417,34 @@ fn wait_irq(fd: &EventFd) -> bool {
 }
 
 #[test]
+fn trapped_eq_rearm_with_the_same_consumer_index_fires() {
+    // Linux's mlx5_core re-arms an EQ with an unchanged consumer index when
+    // an interrupt finds nothing new; through trapped writes (UML's
+    // virtio_pcidev) that repeat of the register's value must still arm.
+    let mut d = Drv::new();
+    d.bring_up();
+    let fd = EventFd::new(EFD_NONBLOCK).unwrap();
+    d.f.set_irqs(IrqKind::MsiX, 0, &[Some(&fd)]).unwrap();
+    d.f.config_write(0x9e, &0x8000u16.to_le_bytes()).unwrap();
+    let uar = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
+    let eqn = create_eq(&mut d, uar, 2, 1 << 0x0a, 0);
+    let arm = |d: &Drv| {
+        let v = u32::from(eqn) << 24;
+        d.f.region_write(0, (u64::from(uar) << 12) + 0x40, &v.to_be_bytes())
+            .unwrap();
+    };
+    arm(&d);
+    d.ok(&cmd_in(0x80d, 0, 16), 16);
+    assert!(wait_irq(&fd), "the first EQE fires the armed EQ");
+    // The same arm again, EQE 0 still unconsumed: fires at once.
+    arm(&d);
+    assert!(
+        wait_irq(&fd),
+        "a re-arm with the same ci while EQEs wait fires"
+    );
+}
+
+#[test]
 fn eq_events_ownership_and_doorbells() {
     let mut d = Drv::new();
     d.bring_up();
