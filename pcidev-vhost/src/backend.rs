@@ -24,6 +24,9 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_queue::{QueueT, Reader, Writer};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::virtio_pcidev::{msi_message, Header, Op, HEADER_LEN};
@@ -464,6 +467,12 @@ impl<M: DeviceModel + 'static> VhostUserBackend for PcidevBackend<M> {
 
     fn set_backend_req_fd(&self, backend: Backend) {
         *lock(&self.shared.backend_req) = Some(backend);
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        // The library notifies it when the connection ends; without one its
+        // queue threads never stop and dropping the daemon waits forever.
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
