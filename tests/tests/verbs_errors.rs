@@ -377,3 +377,31 @@ fn nothing_leaks_after_errors() {
         );
     }
 }
+
+#[test]
+fn looped_back_write_outside_the_mr_is_a_remote_access_error() {
+    // One function looped back to itself: its own QPs talk, and its own
+    // mkey table must still bound a remote write.
+    let fabric = mlx5_emu::Fabric::loopback(mlx5_emu::Profile::ConnectX4);
+    let mut s = side(open(function(&fabric, 0)), 1 << 16, ALL);
+    let mut qa = create_qp(&s, QpType::Rc, cap(8));
+    let mut qb = create_qp(&s, QpType::Rc, cap(8));
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    connect(&mut qa, &s.ctx, &s.ctx, nb);
+    connect(&mut qb, &s.ctx, &s.ctx, na);
+    fill(&s.buf, 0, 64, 9);
+    let src = s.mr.sge(0, 64).unwrap();
+    let end = s.mr.addr() + (1 << 16);
+    qa.post_send(&[
+        // The last 32 bytes of the write lie past the MR's end.
+        write_wr(1, &[src], end - 32, s.mr.rkey()),
+        write_wr(2, &[src], s.mr.addr(), s.mr.rkey()),
+    ])
+    .unwrap();
+    error_then_flush(&mut s.cq, WcStatus::RemAccessErr);
+    assert_eq!(
+        read(&s.buf, (1 << 16) - 32, 32),
+        vec![0; 32],
+        "nothing written"
+    );
+}
