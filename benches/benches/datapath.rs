@@ -26,7 +26,7 @@ use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr, Sge};
 use verbs::pd::Pd;
 use verbs::qp::{
-    attr_mask as m, send_flags, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    required_mask, send_flags, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType,
 };
 use vfio::{DmaBuffer, PciFunction};
 
@@ -98,8 +98,11 @@ fn connect(qp: &mut Qp, remote: &Context, rqpn: u32) {
         qp_access_flags: access::REMOTE_WRITE | access::REMOTE_READ,
         ..Default::default()
     };
-    qp.modify(&init, m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS)
-        .expect("init");
+    qp.modify(
+        &init,
+        required_mask(QpType::Rc, QpState::Reset, QpState::Init),
+    )
+    .expect("init");
     let rtr = QpAttr {
         qp_state: Some(QpState::Rtr),
         path_mtu: 5,
@@ -116,17 +119,8 @@ fn connect(qp: &mut Qp, remote: &Context, rqpn: u32) {
         },
         ..Default::default()
     };
-    qp.modify(
-        &rtr,
-        m::STATE
-            | m::AV
-            | m::PATH_MTU
-            | m::DEST_QPN
-            | m::RQ_PSN
-            | m::MAX_DEST_RD_ATOMIC
-            | m::MIN_RNR_TIMER,
-    )
-    .expect("rtr");
+    qp.modify(&rtr, required_mask(QpType::Rc, QpState::Init, QpState::Rtr))
+        .expect("rtr");
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: 0,
@@ -136,11 +130,8 @@ fn connect(qp: &mut Qp, remote: &Context, rqpn: u32) {
         max_rd_atomic: 4,
         ..Default::default()
     };
-    qp.modify(
-        &rts,
-        m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC,
-    )
-    .expect("rts");
+    qp.modify(&rts, required_mask(QpType::Rc, QpState::Rtr, QpState::Rts))
+        .expect("rts");
 }
 
 fn setup() -> Setup {

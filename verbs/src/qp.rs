@@ -197,6 +197,13 @@ pub fn transition_masks(t: QpType, from: QpState, to: QpState) -> Option<(u32, u
     })
 }
 
+/// `STATE` and every attribute transition `from -> to` of a `t` QP requires:
+/// the mask for a [`Qp::modify`] that sets exactly the required attributes
+/// (`STATE` alone for a transition verbs does not know; `modify` refuses it).
+pub fn required_mask(t: QpType, from: QpState, to: QpState) -> u32 {
+    attr_mask::STATE | transition_masks(t, from, to).map_or(0, |(required, _)| required)
+}
+
 /// Capacities (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QpCap {

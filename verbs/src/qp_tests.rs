@@ -774,3 +774,25 @@ fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
     rq.ring();
     assert_eq!(rq.dbrec.read_u32_be(0).unwrap(), 1, "rcv_counter");
 }
+
+#[test]
+fn required_mask_is_state_plus_the_required_attributes() {
+    use crate::qp::{attr_mask as m, required_mask, QpState as S, QpType as T};
+    assert_eq!(
+        required_mask(T::Rc, S::Init, S::Rtr),
+        m::STATE
+            | m::AV
+            | m::PATH_MTU
+            | m::DEST_QPN
+            | m::RQ_PSN
+            | m::MAX_DEST_RD_ATOMIC
+            | m::MIN_RNR_TIMER
+    );
+    assert_eq!(
+        required_mask(T::Ud, S::Reset, S::Init),
+        m::STATE | m::PKEY_INDEX | m::PORT | m::QKEY
+    );
+    assert_eq!(required_mask(T::Uc, S::Rtr, S::Rts), m::STATE | m::SQ_PSN);
+    // A transition verbs does not know: STATE alone (modify refuses it).
+    assert_eq!(required_mask(T::Rc, S::Reset, S::Rts), m::STATE);
+}

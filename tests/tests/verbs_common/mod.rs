@@ -11,7 +11,7 @@ use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr};
 use verbs::pd::Pd;
-use verbs::qp::{attr_mask as m, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use verbs::qp::{required_mask, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
 use vfio::{DmaBuffer, PciFunction};
 
 /// One side: a context, a PD, a CQ and a buffer with its MR.
@@ -119,15 +119,8 @@ pub fn connect_with(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32, r
         qkey: QKEY,
         ..Default::default()
     };
-    let init_mask = m::STATE
-        | m::PKEY_INDEX
-        | m::PORT
-        | if t == QpType::Ud {
-            m::QKEY
-        } else {
-            m::ACCESS_FLAGS
-        };
-    qp.modify(&init, init_mask).unwrap();
+    qp.modify(&init, required_mask(t, QpState::Reset, QpState::Init))
+        .unwrap();
     let _ = local;
     let dgid = remote.query_gid(1, 0).unwrap();
     let rtr = QpAttr {
@@ -146,20 +139,8 @@ pub fn connect_with(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32, r
         },
         ..Default::default()
     };
-    let rtr_mask = match t {
-        QpType::Rc => {
-            m::STATE
-                | m::AV
-                | m::PATH_MTU
-                | m::DEST_QPN
-                | m::RQ_PSN
-                | m::MAX_DEST_RD_ATOMIC
-                | m::MIN_RNR_TIMER
-        }
-        QpType::Uc => m::STATE | m::AV | m::PATH_MTU | m::DEST_QPN | m::RQ_PSN,
-        QpType::Ud => m::STATE,
-    };
-    qp.modify(&rtr, rtr_mask).unwrap();
+    qp.modify(&rtr, required_mask(t, QpState::Init, QpState::Rtr))
+        .unwrap();
     let rts = QpAttr {
         qp_state: Some(QpState::Rts),
         sq_psn: 0x100,
@@ -169,13 +150,8 @@ pub fn connect_with(qp: &mut Qp, local: &Context, remote: &Context, rqpn: u32, r
         max_rd_atomic: 4,
         ..Default::default()
     };
-    let rts_mask = match t {
-        QpType::Rc => {
-            m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC
-        }
-        _ => m::STATE | m::SQ_PSN,
-    };
-    qp.modify(&rts, rts_mask).unwrap();
+    qp.modify(&rts, required_mask(t, QpState::Rtr, QpState::Rts))
+        .unwrap();
 }
 
 /// Two connected QPs of type `t`, one on each side.

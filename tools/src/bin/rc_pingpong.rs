@@ -27,7 +27,7 @@ use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::access;
 use verbs::qp::{
-    attr_mask as m, send_flags as sf, AhAttr, Payload, Qp, QpAttr, QpCap, QpInitAttr, QpState,
+    required_mask, send_flags as sf, AhAttr, Payload, Qp, QpAttr, QpCap, QpInitAttr, QpState,
     QpType, RecvWr, SendOp, SendWr,
 };
 use vfio::{DmaBuffer, PciFunction};
@@ -218,7 +218,7 @@ fn run_side(
             port_num: o.ib_port,
             ..Default::default()
         },
-        m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+        required_mask(QpType::Rc, QpState::Reset, QpState::Init),
     )
     .map_err(e("Failed to modify QP to INIT"))?;
     let sge = mr.sge(0, o.size).map_err(e("SGE"))?;
@@ -270,13 +270,7 @@ fn run_side(
             },
             ..Default::default()
         },
-        m::STATE
-            | m::AV
-            | m::PATH_MTU
-            | m::DEST_QPN
-            | m::RQ_PSN
-            | m::MAX_DEST_RD_ATOMIC
-            | m::MIN_RNR_TIMER,
+        required_mask(QpType::Rc, QpState::Init, QpState::Rtr),
     )
     .map_err(e("Failed to modify QP to RTR"))?;
     qp.modify(
@@ -289,7 +283,7 @@ fn run_side(
             max_rd_atomic: 1,
             ..Default::default()
         },
-        m::STATE | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::SQ_PSN | m::MAX_QP_RD_ATOMIC,
+        required_mask(QpType::Rc, QpState::Rtr, QpState::Rts),
     )
     .map_err(e("Failed to modify QP to RTS"))?;
     let send = |qp: &mut Qp| {

@@ -13,7 +13,7 @@ use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr};
 use verbs::pd::Pd;
-use verbs::qp::{attr_mask as m, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use verbs::qp::{required_mask, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
 use vfio::{DmaBuffer, PciFunction};
 
 use super::exchange::Dest;
@@ -231,8 +231,8 @@ impl Side {
                 qkey: QKEY,
                 ..Default::default()
             };
-            let im =
-                m::STATE | m::PKEY_INDEX | m::PORT | if ud { m::QKEY } else { m::ACCESS_FLAGS };
+            let qp_type = qp.qp_type();
+            let im = required_mask(qp_type, QpState::Reset, QpState::Init);
             qp.modify(&init, im).map_err(e("modify QP to INIT"))?;
             let ah_attr = AhAttr {
                 dgid: r.gid,
@@ -251,19 +251,7 @@ impl Side {
                 ah_attr,
                 ..Default::default()
             };
-            let rm = match p.flags.conn {
-                Conn::Rc => {
-                    m::STATE
-                        | m::AV
-                        | m::PATH_MTU
-                        | m::DEST_QPN
-                        | m::RQ_PSN
-                        | m::MAX_DEST_RD_ATOMIC
-                        | m::MIN_RNR_TIMER
-                }
-                Conn::Uc => m::STATE | m::AV | m::PATH_MTU | m::DEST_QPN | m::RQ_PSN,
-                Conn::Ud => m::STATE,
-            };
+            let rm = required_mask(qp_type, QpState::Init, QpState::Rtr);
             qp.modify(&rtr, rm).map_err(e("modify QP to RTR"))?;
             let rts = QpAttr {
                 qp_state: Some(QpState::Rts),
@@ -274,17 +262,7 @@ impl Side {
                 max_rd_atomic: outs,
                 ..Default::default()
             };
-            let sm = match p.flags.conn {
-                Conn::Rc => {
-                    m::STATE
-                        | m::SQ_PSN
-                        | m::TIMEOUT
-                        | m::RETRY_CNT
-                        | m::RNR_RETRY
-                        | m::MAX_QP_RD_ATOMIC
-                }
-                _ => m::STATE | m::SQ_PSN,
-            };
+            let sm = required_mask(qp_type, QpState::Rtr, QpState::Rts);
             qp.modify(&rts, sm).map_err(e("modify QP to RTS"))?;
             if ud {
                 let ah = self.pd.create_ah(&ah_attr).map_err(e("ibv_create_ah"))?;
