@@ -189,18 +189,7 @@ impl DmaSpace {
         file_offset: u64,
         keep: Backing,
     ) -> Result<()> {
-        if len == 0 {
-            return Err(Error::Iova {
-                iova,
-                len,
-                why: "empty range",
-            });
-        }
-        let size = usize::try_from(len).map_err(|_| Error::Iova {
-            iova,
-            len,
-            why: "larger than the address space",
-        })?;
+        let size = region_size(iova, len)?;
         let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
             .map_err(|e| Error::Os {
                 op: "mmap(DMA memory, device side)",
@@ -216,11 +205,7 @@ impl DmaSpace {
     /// As [`PciFunction::dma_map_host`]: the memory stays mapped until the
     /// unmap and is accessed only volatilely.
     unsafe fn map_host(&self, iova: u64, addr: u64, len: u64) -> Result<()> {
-        let size = usize::try_from(len).map_err(|_| Error::Iova {
-            iova,
-            len,
-            why: "larger than the address space",
-        })?;
+        let size = region_size(iova, len)?;
         // SAFETY: the caller guarantees `addr .. addr + len` is mapped
         // read/write memory of this process until the unmap; `build_raw`
         // does not take ownership of (nor unmap) it.
@@ -246,13 +231,6 @@ impl DmaSpace {
         region: MmapRegion<()>,
         keep: Backing,
     ) -> Result<()> {
-        if len == 0 {
-            return Err(Error::Iova {
-                iova,
-                len,
-                why: "empty range",
-            });
-        }
         let mut maps = self.lock_maps();
         let end = iova.checked_add(len).ok_or(Error::Iova {
             iova,
@@ -324,6 +302,23 @@ impl DmaSpace {
         *mem = Arc::new(GuestMemoryMmap::default());
         maps.clear();
     }
+}
+
+/// The size of a mapping of `len` bytes at `iova` as the host maps it:
+/// neither empty nor larger than the address space.
+fn region_size(iova: u64, len: u64) -> Result<usize> {
+    if len == 0 {
+        return Err(Error::Iova {
+            iova,
+            len,
+            why: "empty range",
+        });
+    }
+    usize::try_from(len).map_err(|_| Error::Iova {
+        iova,
+        len,
+        why: "larger than the address space",
+    })
 }
 
 /// Interrupt vectors as the device raises them.
