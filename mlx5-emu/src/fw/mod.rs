@@ -5,6 +5,8 @@
 
 mod adapter;
 mod caps;
+mod cong;
+mod counters;
 pub(crate) mod cq;
 mod eq;
 mod hca;
@@ -18,6 +20,7 @@ mod roce;
 mod srq;
 mod uar;
 mod vport;
+mod xrcd;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
@@ -142,6 +145,7 @@ pub(crate) mod synd {
     pub const VPORT_BAD_PORT: u32 = 0x2b07_0001;
     pub const VPORT_OTHER: u32 = 0x2b07_0002;
     pub const VPORT_BAD_GID_INDEX: u32 = 0x2b07_0003;
+    pub const VPORT_BAD_PKEY_INDEX: u32 = 0x2b07_0004;
     pub const BAD_PAS: u32 = 0x1f00_0001;
     pub const PD_EXHAUSTED: u32 = 0x5d00_0001;
     pub const PD_UNKNOWN: u32 = 0x5d00_0002;
@@ -184,6 +188,13 @@ pub(crate) mod synd {
     pub const SRQ_EXHAUSTED: u32 = 0x5a90_0004;
     pub const SRQ_UNKNOWN: u32 = 0x5a90_0005;
     pub const SRQ_IN_USE: u32 = 0x5a90_0006;
+    pub const XRCD_EXHAUSTED: u32 = 0x5d00_0021;
+    pub const XRCD_UNKNOWN: u32 = 0x5d00_0022;
+    pub const Q_COUNTER_EXHAUSTED: u32 = 0x6c00_0001;
+    pub const Q_COUNTER_UNKNOWN: u32 = 0x6c00_0002;
+    pub const Q_COUNTER_IN_USE: u32 = 0x6c00_0003;
+    pub const Q_COUNTER_NO_AGGREGATION: u32 = 0x6c00_0004;
+    pub const BAD_UID: u32 = 0x1d3c_0002;
 }
 
 /// Firmware state.
@@ -224,6 +235,8 @@ pub(crate) struct Firmware {
     pub(crate) vport_mtu: u16,
     /// The port's MAC (DeviceConfig::mac).
     pub(crate) mac: u64,
+    /// NODE_DESC: what firmware reports until the driver sets it.
+    pub(crate) node_desc: [u8; reg::NODE_DESC_BYTES],
 }
 
 impl Firmware {
@@ -259,6 +272,7 @@ impl Firmware {
             roce_en: false,
             vport_mtu: 1500,
             mac: cfg.mac,
+            node_desc: default_node_desc(cfg.profile),
         }
     }
 
@@ -281,6 +295,11 @@ impl Firmware {
         s.eqs = self.eqs.len();
         s.uars = self.uars.len();
         s.hca_state = self.hca;
+    }
+
+    /// The HCA clock (the internal timer): nanoseconds since power-on.
+    pub(crate) fn hca_clock_ns(&self) -> u64 {
+        Instant::now().duration_since(self.power_on_at).as_nanos() as u64
     }
 
     /// Pages firmware needs to hold in its current state.
@@ -447,8 +466,10 @@ impl Firmware {
                 | O::QueryVportState
                 | O::QueryHcaVportContext
                 | O::QueryHcaVportGid
+                | O::QueryHcaVportPkey
                 | O::QueryNicVportContext
                 | O::ModifyNicVportContext
+                | O::QueryCongStatistics
         ) || Self::is_rdma(opcode);
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
@@ -477,6 +498,7 @@ impl Firmware {
             O::QueryVportState => self.query_vport_state(input, outlen),
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),
             O::QueryHcaVportGid => self.query_hca_vport_gid(input, outlen),
+            O::QueryHcaVportPkey => self.query_hca_vport_pkey(input, outlen),
             O::QueryNicVportContext => self.query_nic_vport_context(input, outlen),
             O::ModifyNicVportContext => self.modify_nic_vport_context(input, outlen),
             O::AllocPd => self.alloc_pd(inner, input, outlen),
@@ -507,6 +529,12 @@ impl Firmware {
             O::QuerySrq => self.query_srq(inner, input, outlen),
             O::ArmRq => self.arm_rq(inner, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
+            O::AllocXrcd => self.alloc_xrcd(inner, input, outlen),
+            O::DeallocXrcd => self.dealloc_xrcd(inner, input, outlen),
+            O::AllocQCounter => self.alloc_q_counter(inner, input, outlen),
+            O::DeallocQCounter => self.dealloc_q_counter(inner, input, outlen),
+            O::QueryQCounter => self.query_q_counter(inner, input, outlen),
+            O::QueryCongStatistics => self.query_cong_statistics(input, outlen),
             O::QueryRoceAddress => self.query_roce_address(inner, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         };
@@ -552,6 +580,11 @@ impl Firmware {
                 | O::ArmRq
                 | O::SetRoceAddress
                 | O::QueryRoceAddress
+                | O::AllocXrcd
+                | O::DeallocXrcd
+                | O::AllocQCounter
+                | O::DeallocQCounter
+                | O::QueryQCounter
         )
     }
 
@@ -583,10 +616,26 @@ impl Firmware {
                     | O::QueryVportState
                     | O::QueryHcaVportContext
                     | O::QueryHcaVportGid
+                    | O::QueryHcaVportPkey
                     | O::QueryNicVportContext
                     | O::ModifyNicVportContext
+                    | O::QueryCongStatistics
             )
     }
+}
+
+/// The node description firmware boots with: the part number and the
+/// card's name, as Mellanox firmware reports it ("MT4115 ConnectX4 ...").
+fn default_node_desc(p: Profile) -> [u8; reg::NODE_DESC_BYTES] {
+    let text = format!(
+        "MT{} {} Mellanox Technologies",
+        p.device_id(),
+        p.name().replace('-', "")
+    );
+    let mut d = [0u8; reg::NODE_DESC_BYTES];
+    let n = text.len().min(d.len());
+    d[..n].copy_from_slice(&text.as_bytes()[..n]);
+    d
 }
 
 /// Checks the input and output lengths a command needs.

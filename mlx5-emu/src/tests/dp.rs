@@ -709,3 +709,50 @@ fn qp_state_machine_checks() {
     let out = a.d.ok(&c, 0x120);
     assert_eq!(qpc::STATE.get(&out[create_qp_in::QPC.off / 8..]), 1);
 }
+
+#[test]
+fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
+    use mlx5_hw::ifc::{alloc_q_counter_out, query_q_counter_in, query_q_counter_out};
+    let (_f, mut a, mut b, mut qa, qb) = rc_pair(5);
+    let set_a = alloc_q_counter_out::COUNTER_SET_ID.get(&a.d.ok(&cmd_in(0x771, 0, 16), 16));
+    let set_b = alloc_q_counter_out::COUNTER_SET_ID.get(&b.d.ok(&cmd_in(0x771, 0, 16), 16));
+    // A set that does not exist cannot be bound.
+    let o = a.modify(0x505, &qa, |x, m| {
+        qpc::COUNTER_SET_ID.set(x, 77);
+        *m = 1 << 25;
+    });
+    assert_eq!(o[0], mlx5_hw::status::CmdStatus::BadParameter.to_raw());
+    // RTS2RTS with COUNTER_SET_ID binds each QP to its function's set.
+    for (n, q, set) in [(&mut a, &qa, set_a), (&mut b, &qb, set_b)] {
+        let o = n.modify(0x505, q, |x, m| {
+            qpc::COUNTER_SET_ID.set(x, set);
+            *m = 1 << 25;
+        });
+        assert_eq!(o[0], 0);
+    }
+    // No receive posted at b: RNR NAKs until a's rnr_retry (2) runs out.
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    assert_eq!(a.poll(0)[0x37], 0x16, "RNR retry exceeded");
+    let query = |n: &mut Node, set: u64, clear: bool| {
+        let mut c = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
+        query_q_counter_in::COUNTER_SET_ID.set(&mut c, set);
+        query_q_counter_in::CLEAR.set(&mut c, u64::from(clear));
+        n.d.ok(&c, query_q_counter_out::SIZE_BYTES)
+    };
+    let qa_out = query(&mut a, set_a, false);
+    assert_eq!(query_q_counter_out::RNR_NAK_RETRY_ERR.get(&qa_out), 1);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qa_out), 0);
+    // b answered the first send and each of its 2 retries with an RNR NAK.
+    let qb_out = query(&mut b, set_b, true);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qb_out), 3);
+    // Read with clear: the next read starts from 0.
+    let qb_out = query(&mut b, set_b, false);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qb_out), 0);
+    // A set still bound to a QP cannot go.
+    let mut dealloc = cmd_in(0x772, 0, 16);
+    dealloc[8..12].copy_from_slice(&(set_b as u32).to_be_bytes());
+    assert_eq!(
+        b.d.exec(&dealloc, 16)[0],
+        mlx5_hw::status::CmdStatus::BadResourceState.to_raw()
+    );
+}

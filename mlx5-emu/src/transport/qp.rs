@@ -174,6 +174,8 @@ pub(crate) struct Qp {
     pub dbr: u64,
     pub uar: u32,
     pub state: AtomicU8,
+    /// The Q counter set the QP counts in (qpc.counter_set_id; 0: the default set).
+    pub counter_set: std::sync::atomic::AtomicU32,
     pub sq: Mutex<Sq>,
     pub rq: Mutex<Rq>,
 }

@@ -13,6 +13,9 @@
 mod caps;
 pub use caps::*;
 #[rustfmt::skip]
+mod counters;
+pub use counters::*;
+#[rustfmt::skip]
 mod cq;
 pub use cq::*;
 #[rustfmt::skip]
@@ -56,10 +59,14 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &ads::INFO,
     &alloc_pd_in::INFO,
     &alloc_pd_out::INFO,
+    &alloc_q_counter_in::INFO,
+    &alloc_q_counter_out::INFO,
     &alloc_transport_domain_in::INFO,
     &alloc_transport_domain_out::INFO,
     &alloc_uar_in::INFO,
     &alloc_uar_out::INFO,
+    &alloc_xrcd_in::INFO,
+    &alloc_xrcd_out::INFO,
     &arm_rq_in::INFO,
     &arm_rq_out::INFO,
     &array128_auto::INFO,
@@ -89,10 +96,14 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &dctc::INFO,
     &dealloc_pd_in::INFO,
     &dealloc_pd_out::INFO,
+    &dealloc_q_counter_in::INFO,
+    &dealloc_q_counter_out::INFO,
     &dealloc_transport_domain_in::INFO,
     &dealloc_transport_domain_out::INFO,
     &dealloc_uar_in::INFO,
     &dealloc_uar_out::INFO,
+    &dealloc_xrcd_in::INFO,
+    &dealloc_xrcd_out::INFO,
     &default_timeout::INFO,
     &destroy_cq_in::INFO,
     &destroy_cq_out::INFO,
@@ -167,6 +178,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &odp_per_transport_service_cap::INFO,
     &odp_scheme_cap::INFO,
     &paos_reg::INFO,
+    &pkey::INFO,
     &pmtu_reg::INFO,
     &ptys_reg::INFO,
     &qp_2err_in::INFO,
@@ -182,6 +194,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &query_adapter_in::INFO,
     &query_adapter_out::INFO,
     &query_adapter_param_block::INFO,
+    &query_cong_statistics_in::INFO,
+    &query_cong_statistics_out::INFO,
     &query_cq_in::INFO,
     &query_cq_out::INFO,
     &query_dct_in::INFO,
@@ -194,6 +208,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &query_hca_vport_context_out::INFO,
     &query_hca_vport_gid_in::INFO,
     &query_hca_vport_gid_out::INFO,
+    &query_hca_vport_pkey_in::INFO,
+    &query_hca_vport_pkey_out::INFO,
     &query_issi_in::INFO,
     &query_issi_out::INFO,
     &query_mkey_in::INFO,
@@ -202,6 +218,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &query_nic_vport_context_out::INFO,
     &query_pages_in::INFO,
     &query_pages_out::INFO,
+    &query_q_counter_in::INFO,
+    &query_q_counter_out::INFO,
     &query_qp_in::INFO,
     &query_qp_out::INFO,
     &query_roce_address_in::INFO,
