@@ -190,6 +190,11 @@ pub(crate) mod synd {
     pub const SRQ_IN_USE: u32 = 0x5a90_0006;
     pub const XRCD_EXHAUSTED: u32 = 0x5d00_0021;
     pub const XRCD_UNKNOWN: u32 = 0x5d00_0022;
+    pub const XRCD_IN_USE: u32 = 0x5d00_0023;
+    pub const SRQ_BAD_XRCD: u32 = 0x5a90_0007;
+    pub const SRQ_BAD_CQ: u32 = 0x5a90_0008;
+    pub const SRQ_BAD_STATE: u32 = 0x5a90_0009;
+    pub const SRQ_BAD_WQ_TYPE: u32 = 0x5a90_000a;
     pub const Q_COUNTER_EXHAUSTED: u32 = 0x6c00_0001;
     pub const Q_COUNTER_UNKNOWN: u32 = 0x6c00_0002;
     pub const Q_COUNTER_IN_USE: u32 = 0x6c00_0003;
@@ -530,6 +535,10 @@ impl Firmware {
             O::ArmRq => self.arm_rq(inner, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
             O::AllocXrcd => self.alloc_xrcd(inner, input, outlen),
+            O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
+            O::CreateRmp => self.create_rmp(inner, input, outlen),
+            O::DestroyRmp => self.destroy_rmp(inner, input, outlen),
+            O::DestroyXrcSrq => self.destroy_xrc_srq(inner, input, outlen),
             O::DeallocXrcd => self.dealloc_xrcd(inner, input, outlen),
             O::AllocQCounter => self.alloc_q_counter(inner, input, outlen),
             O::DeallocQCounter => self.dealloc_q_counter(inner, input, outlen),
@@ -581,6 +590,10 @@ impl Firmware {
                 | O::SetRoceAddress
                 | O::QueryRoceAddress
                 | O::AllocXrcd
+                | O::CreateXrcSrq
+                | O::CreateRmp
+                | O::DestroyRmp
+                | O::DestroyXrcSrq
                 | O::DeallocXrcd
                 | O::AllocQCounter
                 | O::DeallocQCounter

@@ -35,9 +35,17 @@ impl Firmware {
         sized(input, outlen, dealloc_xrcd_in::SIZE_BYTES, 0x10)?;
         self.check_uid(dealloc_xrcd_in::UID.get(input))?;
         let xrcd = dealloc_xrcd_in::XRCD.get(input) as u32;
-        if !lock(&inner.rdma.xrcds).remove(&xrcd) {
+        let r = &inner.rdma;
+        if !lock(&r.xrcds).contains(&xrcd) {
             return Err(fail(CmdStatus::BadResource, synd::XRCD_UNKNOWN));
         }
+        if crate::transport::rlock(&r.srqs)
+            .values()
+            .any(|s| s.xrcd == xrcd)
+        {
+            return Err(fail(CmdStatus::BadResourceState, synd::XRCD_IN_USE));
+        }
+        lock(&r.xrcds).remove(&xrcd);
         Ok(vec![0; 0x10])
     }
 

@@ -242,6 +242,8 @@ pub(crate) struct Srq {
     pub buf: Buf,
     pub dbr: u64,
     pub cqn: u32,
+    /// The XRC domain of an XRC SRQ (CREATE_XRC_SRQ); 0 for a basic SRQ.
+    pub xrcd: u32,
     pub st: Mutex<SrqState>,
 }
 
