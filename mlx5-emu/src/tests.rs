@@ -10,6 +10,7 @@ use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use vfio::emulated::EmulatedFunction;
 
 mod dp;
+mod flow;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
