@@ -43,6 +43,7 @@ mod fw;
 pub mod initseg;
 mod profile;
 pub mod transport;
+pub mod vsc;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -365,9 +365,13 @@ impl Firmware {
             self.last_tick = now;
             self.health_counter = (self.health_counter + 1) & 0x00ff_ffff;
             wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
-            let ns = now.duration_since(self.power_on_at).as_nanos() as u64;
-            wr(bar, initseg::INTERNAL_TIMER_H, (ns >> 32) as u32);
-            wr(bar, initseg::INTERNAL_TIMER_L, ns as u32);
+            // The internal timer counts device clock cycles
+            // (device_frequency_khz).
+            let ns = now.duration_since(self.power_on_at).as_nanos();
+            let khz = self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
+            let ticks = (ns * u128::from(khz) / 1_000_000) as u64;
+            wr(bar, initseg::INTERNAL_TIMER_H, (ticks >> 32) as u32);
+            wr(bar, initseg::INTERNAL_TIMER_L, ticks as u32);
         }
         if self.initializing {
             if now.duration_since(self.power_on_at) >= self.fw_start
