@@ -46,7 +46,7 @@ pub mod transport;
 pub mod vsc;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -259,6 +259,12 @@ pub(crate) struct Inner {
     /// previous value or another EQ's write to the same register follows
     /// before the worker looks.
     pub(crate) trapped_doorbells: Mutex<Vec<(u64, u32)>>,
+    /// Command doorbell bits written as trapped accesses, not yet taken by
+    /// the worker (each write ORs in; none is lost).
+    pub(crate) trapped_cmd_doorbell: AtomicU32,
+    /// The command doorbell has arrived as a trapped access: the register's
+    /// copy in shared memory is then stale and no doorbell can be lost.
+    pub(crate) cmd_doorbell_trapped: AtomicBool,
     stop: AtomicBool,
     worker: Mutex<Option<Thread>>,
 }
@@ -386,6 +392,8 @@ impl Device {
             stats: Mutex::new(Stats::default()),
             log: Mutex::new(VecDeque::new()),
             trapped_doorbells: Mutex::new(Vec::new()),
+            trapped_cmd_doorbell: AtomicU32::new(0),
+            cmd_doorbell_trapped: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
             bar,
@@ -561,6 +569,14 @@ impl DeviceModel for Device {
             self.inner.msix_flush_pending();
         }
         if let Ok(word) = <[u8; 4]>::try_from(data) {
+            if offset == initseg::CMD_DBELL as u64 {
+                self.inner
+                    .trapped_cmd_doorbell
+                    .fetch_or(u32::from_be_bytes(word), Ordering::AcqRel);
+                self.inner
+                    .cmd_doorbell_trapped
+                    .store(true, Ordering::Release);
+            }
             if offset >= u64::from(initseg::FIRST_UAR) << 12 {
                 let mut q = lock(&self.inner.trapped_doorbells);
                 // Bounded while firmware is not reading them (HCA disabled,
