@@ -28,7 +28,10 @@
 //! before the worker sees it. The command doorbell (0x18) is treated as
 //! write-1-to-ring: the worker reads it, clears it and ORs it into its
 //! pending set; and once any doorbell has been seen, a slot whose entry has
-//! ownership = HW is executed even if its doorbell bit was lost. EQ
+//! ownership = HW is executed even if its doorbell bit was lost. Command
+//! doorbells that arrive as trapped writes (UML's virt-pci) are ORed into
+//! a pending mask instead, none is lost, and only rung slots run: Linux
+//! sets an entry's ownership before it marks the command pending and rings. EQ
 //! doorbells carry absolute consumer indexes: the worker acts on every change
 //! of the last value seen per UAR doorbell; a write that repeats the
 //! previous value exactly is idempotent and ignored.
