@@ -239,6 +239,11 @@ impl ConfigSpace {
         effect
     }
 
+    /// The vendor-specific gateway.
+    pub fn vsc(&self) -> &Gateway {
+        &self.vsc
+    }
+
     /// The COMMAND register.
     pub fn command(&self) -> u16 {
         self.get16(pci::COMMAND as usize)
