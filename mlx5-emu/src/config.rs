@@ -157,11 +157,12 @@ impl ConfigSpace {
         self.put32(m + pci::MSIX_TABLE as usize, initseg::MSIX_TABLE as u32);
         self.put32(m + pci::MSIX_PBA as usize, initseg::MSIX_PBA as u32);
 
-        // Vendor-specific: the gateway's registers live in `self.vsc`.
+        // Vendor-specific: the gateway's registers live in `self.vsc`,
+        // chip state that a function-level reset leaves alone (a lock
+        // another function holds stays held).
         self.data[CAP_VSC] = CAP_ID_VNDR;
         self.data[CAP_VSC + 1] = 0;
         self.data[CAP_VSC + 2] = vsc::VSC_LEN;
-        self.vsc = Gateway::new(p.hw_id());
     }
 
     /// The gateway register (offset inside the capability) a config dword
@@ -237,6 +238,11 @@ impl ConfigSpace {
         }
         effect.msix_changed = before_cmd != self.command() || before_msix != self.msix_ctrl();
         effect
+    }
+
+    /// The vendor-specific gateway.
+    pub fn vsc(&self) -> &Gateway {
+        &self.vsc
     }
 
     /// The COMMAND register.
@@ -377,6 +383,10 @@ mod tests {
             r32(&mut c, reg(vsc::VSC_ADDR)) & 0x3fff_ffff,
             vsc::CRSPACE_SIZE
         );
+        // A function-level reset leaves the chip's semaphore held.
+        c.write((CAP_PCIE + PCIE_DEVCTL) as u64, &0xa810u16.to_le_bytes());
+        c.reset_function();
+        assert_eq!(r32(&mut c, reg(vsc::VSC_SEMAPHORE)), ticket);
         // Unlock.
         c.write(reg(vsc::VSC_SEMAPHORE), &0u32.to_le_bytes());
         assert_eq!(r32(&mut c, reg(vsc::VSC_SEMAPHORE)), 0);

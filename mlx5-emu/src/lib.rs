@@ -437,6 +437,11 @@ impl Device {
         &self.inner.faults
     }
 
+    /// A snapshot of the vendor-specific gateway (config space).
+    pub fn vsc_gateway(&self) -> vsc::Gateway {
+        lock(&self.inner.pci).vsc().clone()
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let fw = lock(&self.inner.fw);

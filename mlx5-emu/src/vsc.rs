@@ -76,8 +76,24 @@ impl Gateway {
         }
     }
 
-    fn space(&self) -> u16 {
+    /// The space the gateway addresses.
+    pub fn space(&self) -> u16 {
         self.ctrl as u16
+    }
+
+    /// The semaphore register (0: free).
+    pub fn semaphore(&self) -> u32 {
+        self.semaphore
+    }
+
+    /// Tickets the counter handed out (reads of the counter register).
+    pub fn tickets(&self) -> u32 {
+        self.counter
+    }
+
+    /// The semaphore-domain locks held: `(address, owner)`.
+    pub fn locks(&self) -> Vec<(u32, u32)> {
+        self.locks.iter().map(|(&a, &o)| (a, o)).collect()
     }
 
     /// Reads register `reg` (a dword offset inside the capability).

@@ -286,6 +286,17 @@ fn linux_mlx5_probes_registers_ib_and_tears_down() {
         "mlx5_core did not see a Gen3 x16 link:\n{}",
         tail(&probe, 40)
     );
+    // mlx5_core found the vendor-specific gateway and used it (crdump's
+    // probe of the crspace size locks and unlocks it); nothing is left
+    // locked.
+    let gw = model.vsc_gateway();
+    assert!(gw.tickets() > 0, "mlx5_core never took the VSC gateway");
+    assert_eq!(gw.semaphore(), 0, "VSC gateway left locked");
+    assert!(
+        gw.locks().is_empty(),
+        "semaphores left held: {:?}",
+        gw.locks()
+    );
     // Flow steering: the anchor table, and the root it becomes.
     for op in ["CREATE_FLOW_TABLE", "SET_FLOW_TABLE_ROOT"] {
         assert!(
