@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod dma;
+pub mod dma_ring;
 pub mod emulated;
 pub mod function;
 pub mod iova;
@@ -40,6 +41,7 @@ pub mod pci;
 pub mod user;
 
 pub use dma::DmaBuffer;
+pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
 pub use iova::IovaAllocator;
 pub use mmio::Mmio;

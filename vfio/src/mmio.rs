@@ -67,18 +67,25 @@ impl Mmio {
         self.bar_offset
     }
 
+    #[inline(always)]
     fn ptr<T>(&self, offset: usize) -> Result<*mut T> {
         let size = std::mem::size_of::<T>();
         if offset % size != 0 || offset.checked_add(size).is_none_or(|e| e > self.len()) {
-            return Err(Error::OutOfBounds {
-                what: "mapped BAR",
-                offset: offset as u64,
-                len: size as u64,
-                size: self.len() as u64,
-            });
+            return Err(self.oob(offset, size));
         }
         // The pointer stays inside the mapping: checked just above.
         Ok(self.region.as_ptr().wrapping_add(offset).cast())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn oob(&self, offset: usize, size: usize) -> Error {
+        Error::OutOfBounds {
+            what: "mapped BAR",
+            offset: offset as u64,
+            len: size as u64,
+            size: self.len() as u64,
+        }
     }
 
     /// Reads the big-endian 32-bit register at `offset` (4-byte aligned).
@@ -108,6 +115,21 @@ impl Mmio {
         // SAFETY: `p` is aligned and inside the live mapping (checked by
         // `ptr`); one volatile 64-bit store keeps the doorbell atomic.
         unsafe { p.write_volatile(u64::from_ne_bytes(bytes)) };
+        Ok(())
+    }
+
+    /// Writes the 64 bytes `words` (in-memory byte order) at `offset`
+    /// (64-byte aligned, as BlueFlame buffers are) as eight 64-bit stores, checked once: the BlueFlame
+    /// copy of a one-block WQE.
+    #[inline]
+    pub fn write_block64(&self, offset: usize, words: &[u64; 8]) -> Result<()> {
+        let p = self.ptr::<[u64; 8]>(offset)?.cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 64` is inside the live mapping and 8-byte
+            // aligned (`ptr` checked the 64 bytes at `offset`, a multiple
+            // of 64); each qword is one volatile 64-bit store.
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
+        }
         Ok(())
     }
 
