@@ -354,8 +354,10 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
     let sop_qpn = (tail >> 32) as u32;
     let wqe_counter = (tail >> 16) as u16;
     let qpn = sop_qpn & c::CQE_QPN_MASK;
-    // A successful requester completion first: one compare, no table.
-    if op_own >> c::CQE_OPCODE_SHIFT == CqeOpcode::Req.to_raw() {
+    // Tested on the raw opcode, most frequent first: a successful
+    // requester completion is one compare, a receive a range test.
+    let opc = op_own >> c::CQE_OPCODE_SHIFT;
+    if opc == CqeOpcode::Req.to_raw() {
         let s_op = (sop_qpn >> c::CQE_S_WQE_OPCODE_SHIFT) as u8;
         let (opcode, byte_len) = if s_op == WqeOpcode::RdmaWrite.to_raw() {
             (WcOpcode::RdmaWrite, 0)
@@ -369,35 +371,43 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
             qp_num: qpn,
             ..Wc::default()
         };
-        return;
-    }
-    match c::cqe_opcode(op_own) {
-        op @ (CqeOpcode::RespWrImm
-        | CqeOpcode::RespSend
-        | CqeOpcode::RespSendImm
-        | CqeOpcode::RespSendInv) => {
-            let fr = e.be32_at(FLAGS_RQPN);
-            let imm = matches!(op, CqeOpcode::RespWrImm | CqeOpcode::RespSendImm);
-            // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
-            let grh = if (fr >> 28) & 3 != 0 {
-                wc_flags::GRH
+    } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST {
+        let fr = e.be32_at(FLAGS_RQPN);
+        let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
+        // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
+        let grh = if (fr >> 28) & 3 != 0 {
+            wc_flags::GRH
+        } else {
+            0
+        };
+        *wc = Wc {
+            wr_id: t.rq_complete(wqe_counter),
+            opcode: if opc == CqeOpcode::RespWrImm.to_raw() {
+                WcOpcode::RecvRdmaWithImm
             } else {
-                0
-            };
-            *wc = Wc {
-                wr_id: t.rq_complete(wqe_counter),
-                opcode: recv_opcode(op),
-                byte_len: e.be32_at(BYTE_CNT),
-                imm_data: if imm { e.be32_at(IMM) } else { 0 },
-                qp_num: qpn,
-                src_qp: fr & c::CQE_QPN_MASK,
-                wc_flags: grh | if imm { wc_flags::WITH_IMM } else { 0 },
-                ..Wc::default()
-            };
-        }
-        op => error_cqe_to_wc(e, t, op, qpn, wqe_counter, wc),
+                WcOpcode::Recv
+            },
+            byte_len: e.be32_at(BYTE_CNT),
+            imm_data: if imm { e.be32_at(IMM) } else { 0 },
+            qp_num: qpn,
+            src_qp: fr & c::CQE_QPN_MASK,
+            wc_flags: grh | if imm { wc_flags::WITH_IMM } else { 0 },
+            ..Wc::default()
+        };
+    } else {
+        error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
     }
 }
+
+// The responder opcodes, one range: RESP_WR_IMM, RESP_SEND, RESP_SEND_IMM,
+// RESP_SEND_INV.
+const RESP_FIRST: u8 = CqeOpcode::RespWrImm.to_raw();
+const RESP_LAST: u8 = CqeOpcode::RespSendInv.to_raw();
+const _: () = assert!(
+    CqeOpcode::RespSend.to_raw() == RESP_FIRST + 1
+        && CqeOpcode::RespSendImm.to_raw() == RESP_FIRST + 2
+        && RESP_LAST == RESP_FIRST + 3
+);
 
 /// The work-completion opcode and byte count of a requester completion
 /// for WQE opcode `s_op`.
@@ -442,15 +452,6 @@ fn error_cqe_to_wc(
             tracing::warn!("CQE opcode {other} on QP {qpn:#x}");
             wc.status = WcStatus::GeneralErr;
         }
-    }
-}
-
-#[inline(always)]
-fn recv_opcode(op: CqeOpcode) -> WcOpcode {
-    if op == CqeOpcode::RespWrImm {
-        WcOpcode::RecvRdmaWithImm
-    } else {
-        WcOpcode::Recv
     }
 }
 

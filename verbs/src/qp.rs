@@ -34,7 +34,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::BF_BUF_SIZE;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 use vfio::mmio::dma_wmb;
-use vfio::{DmaBuffer, DmaRing, Mmio};
+use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
 
 use crate::ah::Ah;
 use crate::cq::{Cq, CqShared};
@@ -570,8 +570,9 @@ pub struct SendRing {
     /// WQE written (else the last WQE is the one block at `pc - 1`).
     multi: Option<(u32, u32)>,
     dbrec: DmaRing<4>,
-    uar: Arc<Mmio>,
-    bf_off: usize,
+    /// The two BlueFlame buffers, rung in turn; `bf` the next one.
+    bf_regs: MmioRing<BF_BUF_SIZE>,
+    bf: u32,
     qpn8: u32,
     /// Word 0 of a 1-SGE RDMA WRITE's control segment, WQE index zero.
     rdma_write_ctrl: u64,
@@ -624,6 +625,9 @@ impl SendRing {
             return Err(Error::Invalid("tracking smaller than the ring"));
         }
         uar.write64_raw(bf_off, [0; 8])?;
+        let Ok(bf_regs) = MmioRing::new(uar, bf_off & !BF_BUF_SIZE, 2) else {
+            return Err(Error::Invalid("BlueFlame registers outside the UAR"));
+        };
         let qpn8 = track.qpn << w::WQE_CTRL_QPN_SHIFT;
         Ok(Self {
             ring,
@@ -633,8 +637,8 @@ impl SendRing {
             rung: 0,
             multi: None,
             dbrec,
-            uar,
-            bf_off,
+            bf_regs,
+            bf: u32::from(bf_off & BF_BUF_SIZE != 0),
             qpn8,
             rdma_write_ctrl: ctrl_word0(WqeOpcode::RdmaWrite, qpn8 | 3),
             ce_all: 0,
@@ -787,7 +791,7 @@ impl SendRing {
         // Both read back from the ring (as rdma-core copies them).
         if self.blueflame && n == 1 {
             if let Ok(block) = self.ring.load_words::<8>(self.rung, 0) {
-                let _ = self.uar.write_block64(self.bf_off, &block);
+                let _ = self.bf_regs.write_block64(self.bf, 0, &block);
             }
         } else {
             let last = match self.multi {
@@ -795,10 +799,10 @@ impl SendRing {
                 _ => self.pc.wrapping_sub(1),
             };
             if let Ok([ctrl]) = self.ring.load_words::<1>(last, 0) {
-                let _ = self.uar.write64_raw(self.bf_off, ctrl.to_ne_bytes());
+                let _ = self.bf_regs.write64_raw(self.bf, 0, ctrl.to_ne_bytes());
             }
         }
-        self.bf_off ^= BF_BUF_SIZE;
+        self.bf ^= 1;
         self.rung = self.pc;
         self.multi = None;
     }

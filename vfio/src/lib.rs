@@ -44,7 +44,7 @@ pub use dma::DmaBuffer;
 pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
 pub use iova::IovaAllocator;
-pub use mmio::Mmio;
+pub use mmio::{Mmio, MmioRing};
 
 /// Everything that can go wrong while owning a function.
 #[derive(Debug, thiserror::Error)]
