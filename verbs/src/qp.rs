@@ -815,6 +815,26 @@ impl SendRing {
         qp_type: QpType,
         max_inline: usize,
     ) -> std::result::Result<(), PostError> {
+        // The common case, a 1-SGE RDMA WRITE on a connected QP, is one
+        // block built in registers (the same WQE as below builds).
+        if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s]), false) =
+            (wr.op, wr.payload, qp_type == QpType::Ud)
+        {
+            if s.length != 0 {
+                return self.write_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
+            }
+        }
+        self.write_wr_general(wr, qp_type, max_inline)
+    }
+
+    /// [`write_wr`](Self::write_wr) for any WR: the WQE built segment by
+    /// segment, then copied into the ring.
+    pub(crate) fn write_wr_general(
+        &mut self,
+        wr: &SendWr<'_>,
+        qp_type: QpType,
+        max_inline: usize,
+    ) -> std::result::Result<(), PostError> {
         let mut wqe = [0u8; w::SEND_WQE_MAX_SIZE];
         let (opcode, imm, raddr, atomic) = match wr.op {
             SendOp::Send => (WqeOpcode::Send, None, None, None),

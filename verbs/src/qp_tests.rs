@@ -107,8 +107,10 @@ fn fast_rdma_write_is_the_prm_wqe_and_matches_the_general_path() {
         (d.byte_count.get(), d.lkey.get(), d.addr.get()),
         (0x1000, 0xabcd_ef01, 0x1122_3344_5566_7788)
     );
+    // The general builder makes the same WQE as the register fast path
+    // (which `write_wr` takes for it).
     let mut g = rig(4);
-    g.sq.write_wr(
+    g.sq.write_wr_general(
         &wr(
             SendOp::RdmaWrite {
                 raddr: 0x0102_0304_0506_0708,
