@@ -442,7 +442,7 @@ impl SqSlot {
 #[derive(Debug)]
 pub struct WqTrack {
     qpn: u32,
-    sq: Box<[SqSlot]>,
+    sq: Arc<[SqSlot]>,
     sq_tail: AtomicU32,
     sq_mask: u32,
     rq_wrid: Box<[AtomicU64]>,
@@ -578,6 +578,9 @@ pub struct SendRing {
     rdma_write_ctrl: u64,
     /// `fm_ce_se` bits every WQE gets (CQ_UPDATE with `sq_sig_all`).
     ce_all: u8,
+    /// The completion slots of `track`, one per block (held here too: one
+    /// indirection less per WQE).
+    slots: Arc<[SqSlot]>,
     track: Arc<WqTrack>,
     blueflame: bool,
 }
@@ -642,6 +645,7 @@ impl SendRing {
             qpn8,
             rdma_write_ctrl: ctrl_word0(WqeOpcode::RdmaWrite, qpn8 | 3),
             ce_all: 0,
+            slots: track.sq.clone(),
             track,
             blueflame: true,
         })
@@ -738,7 +742,7 @@ impl SendRing {
         ];
         let _ = self.ring.store_words(pc, 0, &words);
         self.pc = pc.wrapping_add(1);
-        if let Some(s) = self.track.sq.get((pc & (self.cnt - 1)) as usize) {
+        if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
             s.set(wr_id, self.pc);
         }
         Ok(())
@@ -764,7 +768,7 @@ impl SendRing {
             let _ = self.ring.store_words(bb, (i % 4) * 16, &words);
         }
         self.pc = self.pc.wrapping_add(nbb);
-        if let Some(s) = self.track.sq.get((start & (self.cnt - 1)) as usize) {
+        if let Some(s) = self.slots.get(self.ring.slot(start) as usize) {
             s.set(wr_id, self.pc);
         }
         self.multi = (nbb > 1).then_some((start, self.pc));

@@ -69,6 +69,12 @@ impl<const S: usize> DmaRing<S> {
         self.mask + 1
     }
 
+    /// The slot index `idx` falls on (`idx` masked into the ring).
+    #[inline(always)]
+    pub fn slot(&self, idx: u32) -> u32 {
+        idx & self.mask
+    }
+
     /// The buffer the ring lies in.
     pub fn buffer(&self) -> &Arc<DmaBuffer> {
         &self.buf
@@ -79,7 +85,7 @@ impl<const S: usize> DmaRing<S> {
     pub fn entry(&self, idx: u32) -> DmaEntry<'_, S> {
         DmaEntry {
             // Inside the ring: `(idx & mask) * S + S <= entries * S`.
-            p: self.base.wrapping_add((idx & self.mask) as usize * S),
+            p: self.base.wrapping_add(self.slot(idx) as usize * S),
             _ring: std::marker::PhantomData,
         }
     }
@@ -257,6 +263,7 @@ mod tests {
         b.read(4096 + 3 * 64 + 8, &mut got).unwrap();
         assert_eq!(&got, b"abcdefghijklmnop");
         // Index 67 is entry 3 again.
+        assert_eq!(r.slot(67), 3);
         let w: [u64; 2] = r.load_words(67, 8).unwrap();
         assert_eq!(w[0].to_ne_bytes(), *b"abcdefgh");
         let e = r.entry(3);
