@@ -170,42 +170,59 @@ fn profile_poll(cq: &mut CqRing, track: &WqTrack, k: u64) {
     }
 }
 
-/// `VERBS_POST_PROFILE=CASE,N` runs N operations of one case without
-/// criterion, for `valgrind --tool=callgrind --toggle-collect='*profile_*'`
-/// (instructions per operation = the collected count / N). CASE: `db`
+/// `VERBS_POST_PROFILE=CASE,N[,R]` runs N operations of one case R times
+/// (default 1) without criterion, and prints the best wall-clock ns per
+/// operation; for `valgrind --tool=callgrind --toggle-collect='*profile_*'`
+/// (instructions per operation = the collected count / N / R). CASE: `db`
 /// (post 1, doorbell), `bf` (post 1, BlueFlame), `batch` (N WQEs in
-/// batches of 32), `poll` (N CQEs, polled one at a time).
-fn profile(case: &str, n: u64) {
+/// batches of 32), `poll` (N CQEs, polled one at a time; refilling the
+/// ring is not timed).
+fn profile(case: &str, n: u64, rounds: u32) {
     // SAFETY: a bench SGE that the driver-alone ring never hands to a device.
     let sge = unsafe { Sge::new_unchecked(0x1000, 64, 0x100) };
-    match case {
-        "db" | "bf" => {
-            let (mut r, track) = ring(case == "bf");
-            profile_post1(&mut r, &track, &sge, n);
-        }
-        "batch" => {
-            let (mut r, track) = ring(false);
-            profile_batch32(&mut r, &track, &sge, n / 32);
-        }
-        "poll" => {
-            let (mut cq, track, fill) = cq_ring();
-            let mut left = n;
-            while left > 0 {
-                fill(cq.ci());
-                let k = left.min(1 << LOG_CQ);
-                profile_poll(&mut cq, &track, k);
-                left -= k;
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds.max(1) {
+        let mut t = Duration::ZERO;
+        match case {
+            "db" | "bf" => {
+                let (mut r, track) = ring(case == "bf");
+                let s = Instant::now();
+                profile_post1(&mut r, &track, &sge, n);
+                t = s.elapsed();
             }
+            "batch" => {
+                let (mut r, track) = ring(false);
+                let s = Instant::now();
+                profile_batch32(&mut r, &track, &sge, n / 32);
+                t = s.elapsed();
+            }
+            "poll" => {
+                let (mut cq, track, fill) = cq_ring();
+                let mut left = n;
+                while left > 0 {
+                    fill(cq.ci());
+                    let k = left.min(1 << LOG_CQ);
+                    let s = Instant::now();
+                    profile_poll(&mut cq, &track, k);
+                    t += s.elapsed();
+                    left -= k;
+                }
+            }
+            other => panic!("VERBS_POST_PROFILE case {other}: db, bf, batch or poll"),
         }
-        other => panic!("VERBS_POST_PROFILE case {other}: db, bf, batch or poll"),
+        best = best.min(t.as_secs_f64() * 1e9 / n.max(1) as f64);
     }
-    println!("{case}: {n} operations");
+    println!("{case}: {n} operations x {rounds}: best {best:.2} ns per operation");
 }
 
 fn main() {
     if let Ok(v) = std::env::var("VERBS_POST_PROFILE") {
-        let (case, n) = v.split_once(',').unwrap_or((v.as_str(), "1000000"));
-        profile(case, n.trim().parse().expect("VERBS_POST_PROFILE=CASE,N"));
+        let mut it = v.split(',').map(str::trim);
+        let case = it.next().unwrap_or("db").to_owned();
+        let num = |x: Option<&str>, d: u64| x.map_or(Ok(d), str::parse::<u64>);
+        let n = num(it.next(), 1_000_000).expect("VERBS_POST_PROFILE=CASE,N[,R]");
+        let r = num(it.next(), 1).expect("VERBS_POST_PROFILE=CASE,N[,R]");
+        profile(&case, n, r as u32);
         return;
     }
     benches();
