@@ -2,15 +2,19 @@
 //! ports: a cable; more: a switch), and the transmission of one packet.
 //!
 //! A packet is its addressing ([`RoceAddr`]: MACs, GIDs, traffic class,
-//! UDP source port), its transport headers as wire bytes, and its payload
-//! ([`Payload`]): bytes, or extents of the sender's IOVA space that the
-//! receiver copies straight into its own memory. [`transmit`] hands it to
-//! the receiving function on the sender's thread, and the receiver's
-//! responses come back through a callback, so an RC exchange costs no
-//! thread hop. A fabric made with `wire_check` instead sends each packet
-//! through the complete RoCEv2 frame encoding (Ethernet, IP, UDP, BTH and
-//! extension headers, payload, pad, ICRC) and decodes it on the other
-//! side, the way a real wire would carry it.
+//! UDP source port), its transport headers ([`Headers`], exactly what
+//! [`Headers::parse`] reads back from the bytes [`Headers::emit`] writes),
+//! and its payload ([`Payload`]): bytes, or extents of the sender's IOVA
+//! space that the receiver copies straight into its own memory.
+//! [`transmit`] hands it to the receiving function on the sender's thread,
+//! and the receiver's responses come back through a callback, so an RC
+//! exchange costs no thread hop. When the sender has nothing more queued
+//! for a QP, [`drained`] tells the receiver, whose QP then sends the ACK
+//! it was holding back (ACK coalescing). A fabric made with `wire_check`
+//! instead sends each packet, responses included, through the complete
+//! RoCEv2 frame encoding (Ethernet, IP, UDP, BTH and extension headers,
+//! payload, pad, ICRC) and decodes it on the other side, the way a real
+//! wire would carry it.
 //!
 //! Every function also reaches its own GIDs without a fabric (loopback).
 
@@ -21,7 +25,7 @@ use vfio::emulated::EmulatedFunction;
 use vm_memory::GuestMemoryMmap;
 
 use crate::transport::mem::{self, Extent};
-use crate::transport::packet::{self, RoceAddr};
+use crate::transport::packet::{self, Headers, RoceAddr};
 use crate::transport::{rlock, wlock, Rdma};
 use crate::{Device, DeviceConfig, Profile};
 
@@ -93,7 +97,7 @@ impl Payload<'_> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Packet<'a> {
     pub addr: RoceAddr,
-    pub hdr: &'a [u8],
+    pub hdr: &'a Headers,
     pub payload: Payload<'a>,
 }
 
@@ -126,6 +130,16 @@ pub(crate) fn transmit(
     src.counters
         .bytes_sent
         .fetch_add(pkt.payload.len(), Ordering::Relaxed);
+    // What the receiver parses from the emitted bytes is what it is given.
+    debug_assert_eq!(
+        {
+            let mut b = [0u8; packet::MAX_HDR_LEN];
+            let n = pkt.hdr.emit(&mut b);
+            Headers::parse(&b[..n]).map(|(h, _)| h)
+        },
+        Ok(*pkt.hdr),
+        "headers not in wire form"
+    );
     let wire = rlock(&src.fabric).as_ref().and_then(Weak::upgrade);
     if let Some(w) = &wire {
         // Fault injection: lose packets.
@@ -157,33 +171,16 @@ pub(crate) fn transmit(
     }
     match packet::decode_frame(&frame) {
         Ok(f) => {
-            let mut th = [0u8; packet::MAX_HDR_LEN];
-            let n = f.hdrs.emit(&mut th);
             let p = Packet {
                 addr: f.addr,
-                hdr: &th[..n],
+                hdr: &f.hdrs,
                 payload: if f.payload.is_empty() {
                     Payload::None
                 } else {
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            let mut back = |r: &Packet<'_>| {
-                let mut rf = Vec::new();
-                if encode(r, &mut rf).is_err() {
-                    return;
-                }
-                if let Ok(f) = packet::decode_frame(&rf) {
-                    let mut th = [0u8; packet::MAX_HDR_LEN];
-                    let n = f.hdrs.emit(&mut th);
-                    reply(&Packet {
-                        addr: f.addr,
-                        hdr: &th[..n],
-                        payload: Payload::Bytes(&rf[f.payload.clone()]),
-                    });
-                }
-            };
-            crate::transport::responder::receive(dst, &p, &mut back);
+            crate::transport::responder::receive(dst, &p, &mut |r| framed(r, reply));
         }
         Err(e) => {
             tracing::warn!(error = %e, "frame failed its own decoding");
@@ -192,11 +189,51 @@ pub(crate) fn transmit(
     }
 }
 
+/// Tells `dst` that `src` has nothing more queued for its QP `qpn` (the
+/// requester's burst ended): the responder sends the ACK it holds back, if
+/// any, to `reply`. `addr` is the addressing of the requests.
+pub(crate) fn drained(
+    src: &Rdma,
+    dst: &Rdma,
+    addr: &RoceAddr,
+    qpn: u32,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    let check = rlock(&src.fabric)
+        .as_ref()
+        .and_then(Weak::upgrade)
+        .is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    if check {
+        crate::transport::responder::drained(dst, addr, qpn, &mut |r| framed(r, reply));
+    } else {
+        crate::transport::responder::drained(dst, addr, qpn, reply);
+    }
+}
+
+/// A response sent through the full frame encoding and decoding.
+fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let mut rf = Vec::new();
+    if encode(r, &mut rf).is_err() {
+        return;
+    }
+    match packet::decode_frame(&rf) {
+        Ok(f) => reply(&Packet {
+            addr: f.addr,
+            hdr: &f.hdrs,
+            payload: if f.payload.is_empty() {
+                Payload::None
+            } else {
+                Payload::Bytes(&rf[f.payload.clone()])
+            },
+        }),
+        Err(e) => tracing::warn!(error = %e, "response frame failed its own decoding"),
+    }
+}
+
 fn encode(pkt: &Packet<'_>, out: &mut Vec<u8>) -> Result<(), mem::Fault> {
-    let (h, _) = packet::Headers::parse(pkt.hdr).map_err(|_| mem::Fault { iova: 0 })?;
     let mut payload = vec![0u8; pkt.payload.len() as usize];
     pkt.payload.read(&mut payload)?;
-    packet::encode_frame(&pkt.addr, &h, &payload, out);
+    packet::encode_frame(&pkt.addr, pkt.hdr, &payload, out);
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! PAS list), the doorbell record, the requester and responder state, and
 //! taking receive WQEs from an RQ or an SRQ.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -121,6 +122,27 @@ pub(crate) struct Sq {
     pub peer: Option<(Arc<Rdma>, Option<Arc<Qp>>)>,
     pub ext: Vec<Extent>,
     pub inline: Vec<u8>,
+    /// RC: messages sent whose (coalesced) ACK has not come yet, oldest
+    /// first; empty whenever the worker is not executing the queue.
+    pub unacked: VecDeque<Unacked>,
+    /// The latest PSN the responses of the last message acknowledged.
+    pub acked: Option<u32>,
+}
+
+/// An RC message sent and not yet acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unacked {
+    /// Its WQE's index (basic-block counter) and size in basic blocks.
+    pub index: u16,
+    pub nbb: u16,
+    /// Its WQE's opcode, for the CQE.
+    pub opcode: u8,
+    pub signaled: bool,
+    /// Message length.
+    pub bytes: u32,
+    /// PSNs of its first and last packets.
+    pub first_psn: u32,
+    pub last_psn: u32,
 }
 
 /// A receive in progress (a multi-packet SEND, or a WRITE's target).
@@ -154,6 +176,9 @@ pub(crate) struct Rq {
     pub write_on: bool,
     /// UC: drop packets until the next first or only packet.
     pub uc_drop: bool,
+    /// RC: packets that asked for an ACK since the last one sent (the
+    /// coalesced ACK names `epsn - 1`).
+    pub ack_owed: u32,
 }
 
 /// One queue pair.

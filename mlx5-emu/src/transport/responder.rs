@@ -5,7 +5,12 @@
 //! or SRQ (an RNR NAK when none is posted), RDMA WRITE through the rkey
 //! (remote write right, PD, bounds), RDMA READ answered with read response
 //! packets, atomics executed on 8 aligned bytes and answered with the
-//! original value, an ACK for every message. An error NAKs the requester
+//! original value. ACKs are coalesced as ConnectX does: a packet that asks
+//! for one (AckReq) leaves it owed, and one ACK for the latest PSN goes
+//! out when the requester's burst ends ([`drained`]) or after
+//! [`ACK_COALESCE`] owed ones; NAKs, read responses and atomic
+//! acknowledgements go out at once (each acknowledges every earlier
+//! packet). An error NAKs the requester
 //! and moves this QP to ERR as hardware does: a remote access or invalid
 //! request error with an affiliated async event, a receive too small
 //! (local length) or a bad receive lkey (local protection) with an error
@@ -28,15 +33,17 @@ use super::{rlock, Rdma};
 use crate::fabric::{Packet, Payload};
 use crate::lock;
 
+/// A responder sends an ACK at the latest after this many packets that
+/// asked for one.
+pub(crate) const ACK_COALESCE: u32 = 64;
+
 /// Receives one packet.
 pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
     let drop = |why: &str| {
         rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(why, "packet dropped");
     };
-    let Ok((h, _)) = Headers::parse(pkt.hdr) else {
-        return drop("headers");
-    };
+    let h = pkt.hdr;
     if !rdma.has_gid(&pkt.addr.dst_gid) {
         return drop("destination GID");
     }
@@ -56,11 +63,37 @@ pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Pack
     }
     let mem = rdma.dma.memory();
     match (packet::service(h.bth.opcode), qp.st) {
-        (Service::Rc, qp::st::RC) => rc(rdma, &qp, &h, pkt, &mem, reply),
-        (Service::Uc, qp::st::UC) => uc(rdma, &qp, &h, pkt, &mem),
-        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, &qp, &h, pkt, &mem),
+        (Service::Rc, qp::st::RC) => rc(rdma, &qp, h, pkt, &mem, reply),
+        (Service::Uc, qp::st::UC) => uc(rdma, &qp, h, pkt, &mem),
+        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, &qp, h, pkt, &mem),
         _ => drop("service"),
     }
+}
+
+/// The requester has nothing more queued for RC QP `qpn` (its requests
+/// came addressed as `addr`): the ACK held back, if any, goes out now.
+pub(crate) fn drained(rdma: &Rdma, addr: &RoceAddr, qpn: u32, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let Some(qp) = rdma.qp(qpn) else {
+        return;
+    };
+    if qp.st != qp::st::RC || !qp.receives() {
+        return;
+    }
+    let mut rq = lock(&qp.rq);
+    if rq.ack_owed == 0 {
+        return;
+    }
+    rq.ack_owed = 0;
+    let (remote, psn, msn) = (rq.remote_qpn, psn_add(rq.epsn, 0xff_ffff), rq.msn);
+    drop(rq);
+    respond(
+        reply,
+        addr,
+        remote,
+        psn,
+        aeth::ACK | aeth::CREDITS_INVALID,
+        msn,
+    );
 }
 
 fn psn_add(p: u32, n: u32) -> u32 {
@@ -87,11 +120,9 @@ fn respond(
         aeth: Some(Aeth { syndrome, msn }),
         ..Headers::default()
     };
-    let mut b = [0u8; packet::MAX_HDR_LEN];
-    let n = h.emit(&mut b);
     reply(&Packet {
         addr: back(to),
-        hdr: &b[..n],
+        hdr: &h,
         payload: Payload::None,
     });
 }
@@ -219,6 +250,8 @@ fn rc(
                 rq.msn,
             );
         } else {
+            // The NAK acknowledges everything before `epsn`.
+            rq.ack_owed = 0;
             let e = rq.epsn;
             respond(
                 reply,
@@ -235,6 +268,7 @@ fn rc(
     let len = pkt.payload.len();
     let mtu = u64::from(rq.mtu.max(256));
     let nak = |rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), f: Fatal| {
+        rq.ack_owed = 0;
         let code = fatal(rdma, qp, rq, mem, f);
         respond(reply, &pkt.addr, remote, psn, aeth::NAK | code, rq.msn);
     };
@@ -267,6 +301,7 @@ fn rc(
                     Ok(()) => rq.send_on = true,
                     Err(None) => {
                         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        rq.ack_owed = 0;
                         let t = rq.min_rnr_nak;
                         return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
                     }
@@ -350,6 +385,7 @@ fn rc(
                         if first {
                             rq.write_on = false;
                         }
+                        rq.ack_owed = 0;
                         let t = rq.min_rnr_nak;
                         return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
                     }
@@ -400,7 +436,7 @@ fn rc(
             let total = u64::from(r.dma_len);
             let n = total.div_ceil(mtu).max(1);
             let msn = psn_add(rq.msn, 1);
-            let mut b = [0u8; packet::MAX_HDR_LEN];
+            rq.ack_owed = 0;
             for i in 0..n {
                 let first = i == 0;
                 let last = i + 1 == n;
@@ -424,12 +460,11 @@ fn rc(
                     }),
                     ..Headers::default()
                 };
-                let hl = rh.emit(&mut b);
                 let skip = i * mtu;
                 let plen = (total - skip).min(mtu);
                 reply(&Packet {
                     addr: back(&pkt.addr),
-                    hdr: &b[..hl],
+                    hdr: &rh,
                     payload: if plen == 0 {
                         Payload::None
                     } else {
@@ -501,16 +536,15 @@ fn rc(
                 atomic_ack: Some(orig),
                 ..Headers::default()
             };
-            let mut b = [0u8; packet::MAX_HDR_LEN];
-            let hl = rh.emit(&mut b);
             rq.msn = msn;
+            rq.ack_owed = 0;
             rq.epsn = psn_add(psn, 1);
             rdma.counters
                 .messages_received
                 .fetch_add(1, Ordering::Relaxed);
             reply(&Packet {
                 addr: back(&pkt.addr),
-                hdr: &b[..hl],
+                hdr: &rh,
                 payload: Payload::None,
             });
             return;
@@ -519,15 +553,21 @@ fn rc(
     }
     rq.epsn = psn_add(psn, 1);
     if h.bth.ack_req {
-        let msn = rq.msn;
-        respond(
-            reply,
-            &pkt.addr,
-            remote,
-            psn,
-            aeth::ACK | aeth::CREDITS_INVALID,
-            msn,
-        );
+        // Coalesced: owed until the requester's burst ends, or sent now
+        // once enough are owed.
+        rq.ack_owed += 1;
+        if rq.ack_owed >= ACK_COALESCE {
+            rq.ack_owed = 0;
+            let msn = rq.msn;
+            respond(
+                reply,
+                &pkt.addr,
+                remote,
+                psn,
+                aeth::ACK | aeth::CREDITS_INVALID,
+                msn,
+            );
+        }
     }
 }
 
