@@ -200,6 +200,8 @@ pub struct Stats {
     pub rnr_naks: u64,
     /// NAKs received.
     pub naks: u64,
+    /// Plain ACKs received (coalesced: one may complete many messages).
+    pub acks: u64,
     /// Packets dropped (no QP, wrong state, Q_Key, lost on the fabric).
     pub dropped: u64,
     /// Send and CQ doorbells noticed.
@@ -433,6 +435,7 @@ impl Device {
         s.retries = g(&c.retries);
         s.rnr_naks = g(&c.rnr_naks);
         s.naks = g(&c.naks);
+        s.acks = g(&c.acks);
         s.dropped = g(&c.dropped);
         s.doorbells = g(&c.doorbells);
         s

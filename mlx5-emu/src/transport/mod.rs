@@ -129,6 +129,7 @@ pub(crate) struct Counters {
     pub retries: AtomicU64,
     pub rnr_naks: AtomicU64,
     pub naks: AtomicU64,
+    pub acks: AtomicU64,
     pub dropped: AtomicU64,
     pub doorbells: AtomicU64,
 }

@@ -389,6 +389,9 @@ fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool 
             note(&mut ans, r, 0, 0, mem, &[]);
         });
     }
+    if ans.acks != 0 {
+        rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
+    }
     settle(rdma, qp, sq, mem, ans.acked) && sq.unacked.is_empty()
 }
 
@@ -707,6 +710,8 @@ struct Answer {
     nak: Option<u8>,
     rnr: Option<u8>,
     fault: bool,
+    /// Plain ACKs among the responses.
+    acks: u64,
 }
 
 impl Answer {
@@ -750,7 +755,10 @@ fn note(
         }
     }
     match o {
-        op::ACKNOWLEDGE => ans.ack(psn),
+        op::ACKNOWLEDGE => {
+            ans.acks += 1;
+            ans.ack(psn);
+        }
         op::READ_RESPONSE_FIRST
         | op::READ_RESPONSE_MIDDLE
         | op::READ_RESPONSE_LAST
@@ -934,6 +942,9 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                 }
             }
         }
+    }
+    if ans.acks != 0 {
+        rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
     }
     if !rc {
         // UC: nothing comes back; the message is done once sent.
