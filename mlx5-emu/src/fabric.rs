@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use vfio::emulated::EmulatedFunction;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
 use crate::transport::mem::{self, Extent};
 use crate::transport::packet::{self, Headers, RoceAddr};
-use crate::transport::{rlock, wlock, Rdma};
+use crate::transport::{rlock, wlock, Qp, Rdma};
 use crate::{Device, DeviceConfig, Profile};
 
 /// What a packet carries after its headers.
@@ -36,6 +36,9 @@ pub(crate) enum Payload<'a> {
     None,
     /// Bytes (inline data, a decoded frame).
     Bytes(&'a [u8]),
+    /// The sender's memory, one contiguous piece looked up once per
+    /// message.
+    Slice(VolatileSlice<'a>),
     /// `len` bytes of `ext` in the sender's memory `mem`, from `skip`.
     Mem {
         mem: &'a GuestMemoryMmap,
@@ -51,6 +54,7 @@ impl Payload<'_> {
         match self {
             Payload::None => 0,
             Payload::Bytes(b) => b.len() as u64,
+            Payload::Slice(s) => s.len() as u64,
             Payload::Mem { len, .. } => *len,
         }
     }
@@ -65,6 +69,7 @@ impl Payload<'_> {
         match self {
             Payload::None => Ok(()),
             Payload::Bytes(b) => mem::write_bytes(dmem, dst, dskip, b),
+            Payload::Slice(s) => mem::write_slice(dmem, dst, dskip, s),
             Payload::Mem {
                 mem: smem,
                 ext,
@@ -81,6 +86,10 @@ impl Payload<'_> {
             Payload::Bytes(b) => {
                 let n = out.len().min(b.len());
                 out[..n].copy_from_slice(&b[..n]);
+                Ok(())
+            }
+            Payload::Slice(s) => {
+                s.copy_to(out);
                 Ok(())
             }
             Payload::Mem {
@@ -120,9 +129,11 @@ impl Wire {
 }
 
 /// Sends `pkt` from `src` to `dst`; `dst`'s responses reach `reply`.
+/// `qp`: the destination QP as the sender last found it (a hint, checked).
 pub(crate) fn transmit(
     src: &Rdma,
     dst: &Rdma,
+    qp: Option<&Arc<Qp>>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
@@ -160,7 +171,7 @@ pub(crate) fn transmit(
         .packets_received
         .fetch_add(1, Ordering::Relaxed);
     if !check {
-        crate::transport::responder::receive(dst, pkt, reply);
+        crate::transport::responder::receive(dst, qp, pkt, reply);
         return;
     }
     // The whole frame, as a real wire carries it.
@@ -180,7 +191,7 @@ pub(crate) fn transmit(
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            crate::transport::responder::receive(dst, &p, &mut |r| framed(r, reply));
+            crate::transport::responder::receive(dst, None, &p, &mut |r| framed(r, reply));
         }
         Err(e) => {
             tracing::warn!(error = %e, "frame failed its own decoding");

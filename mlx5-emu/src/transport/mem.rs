@@ -5,7 +5,9 @@
 
 use std::sync::atomic::Ordering;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory, VolatileSlice,
+};
 
 /// Access rights of an mkey (the `mkc` bits `lr`, `lw`, `rr`, `rw`, `a`).
 pub(crate) mod access {
@@ -235,6 +237,26 @@ pub(crate) fn copy(
                 soff = 0;
             }
         }
+        Ok(())
+    })
+}
+
+/// Copies a slice of another memory into extents.
+pub(crate) fn write_slice(
+    mem: &GuestMemoryMmap,
+    dst: &[Extent],
+    dskip: u64,
+    src: &VolatileSlice<'_>,
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, src.len() as u64, |iova, n| {
+        let to = mem
+            .get_slice(GuestAddress(iova), n)
+            .map_err(|_| Fault { iova })?;
+        src.subslice(at, n)
+            .map_err(|_| Fault { iova })?
+            .copy_to_volatile_slice(to);
+        at += n;
         Ok(())
     })
 }

@@ -311,6 +311,17 @@ impl Rdma {
         (k.key == key as u8).then_some(k)
     }
 
+    /// [`Rdma::mkey`] through `cache`.
+    pub(crate) fn mkey_cached<'c>(&self, key: u32, cache: &'c mut KeyCache) -> Option<&'c Mkey> {
+        let gen = TABLES_GEN.load(Ordering::Acquire);
+        if cache.mkey.is_none() || cache.key != key || cache.gen != gen {
+            cache.mkey = self.mkey(key);
+            cache.key = key;
+            cache.gen = gen;
+        }
+        cache.mkey.as_deref()
+    }
+
     /// Whether `gid` is in this port's GID table.
     pub(crate) fn has_gid(&self, gid: &[u8; 16]) -> bool {
         rlock(&self.gids).iter().flatten().any(|e| &e.gid == gid)
@@ -439,6 +450,25 @@ pub(crate) fn rlock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Counts write locks taken on any table ([`wlock`]): a cached lookup
+/// ([`KeyCache`]) is good while it has not moved.
+static TABLES_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// Takes a write lock (every change to an object table goes through here,
+/// and invalidates cached lookups).
 pub(crate) fn wlock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|p| p.into_inner())
+    let g = l.write().unwrap_or_else(|p| p.into_inner());
+    // Bumped while the lock is held, before the change: a reader that
+    // still sees the old count looked the key up before the change.
+    TABLES_GEN.fetch_add(1, Ordering::AcqRel);
+    g
+}
+
+/// The last mkey a queue looked up, kept while no table changed (a WQE's
+/// lkey, a WRITE's rkey: usually the same from one message to the next).
+#[derive(Debug, Default)]
+pub(crate) struct KeyCache {
+    key: u32,
+    gen: u64,
+    mkey: Option<Arc<Mkey>>,
 }

@@ -127,6 +127,8 @@ pub(crate) struct Sq {
     pub unacked: VecDeque<Unacked>,
     /// The latest PSN the responses of the last message acknowledged.
     pub acked: Option<u32>,
+    /// The last lkey looked up.
+    pub lkeys: super::KeyCache,
 }
 
 /// An RC message sent and not yet acknowledged.
@@ -179,6 +181,8 @@ pub(crate) struct Rq {
     /// RC: packets that asked for an ACK since the last one sent (the
     /// coalesced ACK names `epsn - 1`).
     pub ack_owed: u32,
+    /// The last rkey looked up.
+    pub rkeys: super::KeyCache,
 }
 
 /// One queue pair.

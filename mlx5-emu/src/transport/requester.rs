@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::cq::Completion;
 use super::mem::{self, access, Extent, KeyError};
@@ -129,11 +129,17 @@ struct Av {
     rgid: [u8; 16],
 }
 
+#[inline]
 fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(a)
 }
+#[inline]
 fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
 }
 
 /// Runs what a QP's send side has to do; true if it did something.
@@ -164,6 +170,16 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     };
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
+    // The send queue in one piece of memory is looked up once.
+    let sq_bytes = u64::from(qp.sq_entries()) * 64;
+    let sqs = qp
+        .buf
+        .contig
+        .filter(|_| qp.sq_offset + sq_bytes <= (qp.buf.pas.len() as u64) << qp.buf.log_page)
+        .and_then(|b| {
+            mem.get_slice(GuestAddress(b + qp.sq_offset), sq_bytes as usize)
+                .ok()
+        });
     loop {
         if sq.ci == pi || qp.state() != state::RTS {
             // The burst ends: the responder sends the ACK it holds back.
@@ -174,7 +190,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, ci, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, &mut wqe);
         // Only RC SENDs and WRITEs complete by a later, coalesced ACK;
         // anything else completes after the messages before it.
         let coalesced = qp.st == qp::st::RC
@@ -421,9 +437,33 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Opt
     finish(rdma, qp, sq, mem, head, o);
 }
 
-fn read_wqe(qp: &Qp, mem: &GuestMemoryMmap, ci: u16, buf: &mut [u8]) -> Result<Wqe, u8> {
-    let at = qp.sq_bb(ci).ok_or(vendor::WQE_FAULT)?;
-    mem::read(mem, at, &mut buf[..64]).map_err(|_| vendor::WQE_FAULT)?;
+/// Reads basic block `i` of the send queue (`sqs`: the whole queue).
+fn read_bb(
+    qp: &Qp,
+    mem: &GuestMemoryMmap,
+    sqs: Option<&VolatileSlice<'_>>,
+    i: u16,
+    out: &mut [u8],
+) -> Result<(), u8> {
+    if let Some(s) = sqs {
+        let off = (usize::from(i) & (qp.sq_entries() as usize - 1)) * 64;
+        s.subslice(off, 64)
+            .map_err(|_| vendor::WQE_FAULT)?
+            .copy_to(out);
+        return Ok(());
+    }
+    let at = qp.sq_bb(i).ok_or(vendor::WQE_FAULT)?;
+    mem::read(mem, at, out).map_err(|_| vendor::WQE_FAULT)
+}
+
+fn read_wqe(
+    qp: &Qp,
+    mem: &GuestMemoryMmap,
+    sqs: Option<&VolatileSlice<'_>>,
+    ci: u16,
+    buf: &mut [u8],
+) -> Result<Wqe, u8> {
+    read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
     let w0 = be32(buf, 0);
     let w1 = be32(buf, 4);
     let ds = (w1 & 0x3f) as usize;
@@ -431,10 +471,13 @@ fn read_wqe(qp: &Qp, mem: &GuestMemoryMmap, ci: u16, buf: &mut [u8]) -> Result<W
     let opcode = WqeOpcode::from((w0 & 0xff) as u8);
     let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
     for i in 1..nbb {
-        let at = qp
-            .sq_bb(ci.wrapping_add(i as u16))
-            .ok_or(vendor::WQE_FAULT)?;
-        mem::read(mem, at, &mut buf[i * 64..(i + 1) * 64]).map_err(|_| vendor::WQE_FAULT)?;
+        read_bb(
+            qp,
+            mem,
+            sqs,
+            ci.wrapping_add(i as u16),
+            &mut buf[i * 64..(i + 1) * 64],
+        )?;
     }
     if ds == 0 || index != ci {
         tracing::debug!(qpn = qp.qpn, ci, index, ds, "malformed WQE");
@@ -574,7 +617,7 @@ fn run_wqe(
         if lkey == rdma.resd_lkey {
             mem::push(&mut sq.ext, addr, n);
         } else {
-            let Some(k) = rdma.mkey(lkey) else {
+            let Some(k) = rdma.mkey_cached(lkey, &mut sq.lkeys) else {
                 return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
             };
             if let Err(e) = k.resolve(qp.pd, need, addr, n, &mut sq.ext) {
@@ -680,7 +723,7 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
             hdr: &h,
             payload,
         };
-        fabric::transmit(rdma, &dst, &pkt, &mut |_| {});
+        fabric::transmit(rdma, &dst, None, &pkt, &mut |_| {});
     }
     Outcome::Done(w.len as u32)
 }
@@ -805,7 +848,8 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
             (r, q)
         });
     }
-    let peer = sq.peer.as_ref().map(|(r, _)| r.clone());
+    let peer = sq.peer.as_ref().map(|(r, q)| (&**r, q.as_ref()));
+    let has_peer = peer.is_some();
     let mtu = u64::from(sq.mtu.max(256));
     let first_psn = sq.psn;
     let mut ans = Answer::default();
@@ -817,9 +861,16 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         w.len.div_ceil(mtu).max(1)
     };
     let last_psn = (first_psn + npkts as u32 - 1) & 0xff_ffff;
-    if let Some(dst) = &peer {
+    if let Some((dst, hint)) = peer {
         // Responses: what the requester does with each.
         let local_ext: &[Extent] = &sq.ext;
+        // A message in one piece of memory is looked up once.
+        let whole = match local_ext {
+            [e] if u64::from(e.len) == w.len && sq.inline.is_empty() => {
+                mem.get_slice(GuestAddress(e.iova), e.len as usize).ok()
+            }
+            _ => None,
+        };
         let imm = matches!(w.opcode, W::SendImm | W::RdmaWriteImm);
         let base = if rc { svc::RC } else { svc::UC };
         if is_read || is_atomic {
@@ -858,7 +909,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                 hdr: &h,
                 payload: Payload::None,
             };
-            fabric::transmit(rdma, dst, &pkt, &mut |r| {
+            fabric::transmit(rdma, dst, hint, &pkt, &mut |r| {
                 note(&mut ans, r, first_psn, mtu, mem, local_ext)
             });
         } else {
@@ -919,6 +970,10 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                 let plen = (w.len - skip).min(mtu);
                 let pl = if plen == 0 {
                     Payload::None
+                } else if let Some(s) =
+                    whole.and_then(|s| s.subslice(skip as usize, plen as usize).ok())
+                {
+                    Payload::Slice(s)
                 } else if !sq.inline.is_empty() {
                     Payload::Bytes(&sq.inline[skip as usize..(skip + plen) as usize])
                 } else {
@@ -934,7 +989,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                     hdr: &h,
                     payload: pl,
                 };
-                fabric::transmit(rdma, dst, &pkt, &mut |r| {
+                fabric::transmit(rdma, dst, hint, &pkt, &mut |r| {
                     note(&mut ans, r, first_psn, mtu, mem, local_ext)
                 });
                 if ans.nak.is_some() || ans.rnr.is_some() {
@@ -981,7 +1036,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
     }
     let covered = ans.acked.is_some_and(|p| psn_le(last_psn, p));
     if !covered {
-        if peer.is_some() && !is_read && !is_atomic {
+        if has_peer && !is_read && !is_atomic {
             // Its ACK is owed: coalesced with the next ones.
             sq.psn = (last_psn + 1) & 0xff_ffff;
             return Outcome::Sent(w.len as u32, first_psn, last_psn);

@@ -37,8 +37,14 @@ use crate::lock;
 /// asked for one.
 pub(crate) const ACK_COALESCE: u32 = 64;
 
-/// Receives one packet.
-pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
+/// Receives one packet; `hint`: the destination QP as the sender last
+/// found it (used if it still is that QP).
+pub(crate) fn receive(
+    rdma: &Rdma,
+    hint: Option<&Arc<Qp>>,
+    pkt: &Packet<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
     let drop = |why: &str| {
         rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(why, "packet dropped");
@@ -55,17 +61,25 @@ pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Pack
     } else {
         h.bth.dest_qp
     };
-    let Some(qp) = rdma.qp(qpn) else {
-        return drop("no such QP");
+    let found;
+    let qp = match hint {
+        Some(q) if q.qpn == qpn && q.state() != qp::state::DESTROYED => q,
+        _ => {
+            let Some(q) = rdma.qp(qpn) else {
+                return drop("no such QP");
+            };
+            found = q;
+            &found
+        }
     };
     if !qp.receives() {
         return drop("QP state");
     }
     let mem = rdma.dma.memory();
     match (packet::service(h.bth.opcode), qp.st) {
-        (Service::Rc, qp::st::RC) => rc(rdma, &qp, h, pkt, &mem, reply),
-        (Service::Uc, qp::st::UC) => uc(rdma, &qp, h, pkt, &mem),
-        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, &qp, h, pkt, &mem),
+        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, &mem, reply),
+        (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, &mem),
+        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, &mem),
         _ => drop("service"),
     }
 }
@@ -363,7 +377,7 @@ fn rc(
                 w.off = 0;
                 w.cap = u64::from(r.dma_len);
                 let ok = r.dma_len == 0
-                    || rdma.mkey(r.rkey).is_some_and(|k| {
+                    || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
                         k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
                             .is_ok()
                     });
@@ -425,7 +439,7 @@ fn rc(
             let mut w = std::mem::take(&mut rq.write);
             w.ext.clear();
             let ok = r.dma_len == 0
-                || rdma.mkey(r.rkey).is_some_and(|k| {
+                || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
                     k.resolve(qp.pd, access::RR, r.va, u64::from(r.dma_len), &mut w.ext)
                         .is_ok()
                 });
@@ -681,7 +695,7 @@ fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemor
             w.cap = u64::from(r.dma_len);
             let ok = rq.rwe
                 && (r.dma_len == 0
-                    || rdma.mkey(r.rkey).is_some_and(|k| {
+                    || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
                         k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
                             .is_ok()
                     }));
