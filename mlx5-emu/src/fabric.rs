@@ -128,12 +128,26 @@ impl Wire {
     }
 }
 
+/// Where a packet goes: the receiving function and its memory, the
+/// fabric between (`None`: looped back, or not cabled), and the
+/// destination QP as the sender last found it (a hint, checked).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dest<'a> {
+    pub rdma: &'a Rdma,
+    pub mem: &'a GuestMemoryMmap,
+    pub wire: Option<&'a Wire>,
+    pub qp: Option<&'a Arc<Qp>>,
+}
+
+/// The fabric `rdma` is cabled to.
+pub(crate) fn wire_of(rdma: &Rdma) -> Option<Arc<Wire>> {
+    rlock(&rdma.fabric).as_ref().and_then(Weak::upgrade)
+}
+
 /// Sends `pkt` from `src` to `dst`; `dst`'s responses reach `reply`.
-/// `qp`: the destination QP as the sender last found it (a hint, checked).
 pub(crate) fn transmit(
     src: &Rdma,
-    dst: &Rdma,
-    qp: Option<&Arc<Qp>>,
+    dst: &Dest<'_>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
@@ -151,8 +165,8 @@ pub(crate) fn transmit(
         Ok(*pkt.hdr),
         "headers not in wire form"
     );
-    let wire = rlock(&src.fabric).as_ref().and_then(Weak::upgrade);
-    if let Some(w) = &wire {
+    let wire = dst.wire;
+    if let Some(w) = wire {
         // Fault injection: lose packets.
         let d = w.drop_next.load(Ordering::Relaxed);
         if d > 0
@@ -164,14 +178,13 @@ pub(crate) fn transmit(
             return;
         }
     }
-    let check = wire
-        .as_ref()
-        .is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let check = wire.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let (qp, dmem, dst) = (dst.qp, dst.mem, dst.rdma);
     dst.counters
         .packets_received
         .fetch_add(1, Ordering::Relaxed);
     if !check {
-        crate::transport::responder::receive(dst, qp, pkt, reply);
+        crate::transport::responder::receive(dst, dmem, qp, pkt, reply);
         return;
     }
     // The whole frame, as a real wire carries it.
@@ -191,7 +204,7 @@ pub(crate) fn transmit(
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            crate::transport::responder::receive(dst, None, &p, &mut |r| framed(r, reply));
+            crate::transport::responder::receive(dst, dmem, None, &p, &mut |r| framed(r, reply));
         }
         Err(e) => {
             tracing::warn!(error = %e, "frame failed its own decoding");
@@ -210,10 +223,7 @@ pub(crate) fn drained(
     qpn: u32,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
-    let check = rlock(&src.fabric)
-        .as_ref()
-        .and_then(Weak::upgrade)
-        .is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let check = wire_of(src).is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
     if check {
         crate::transport::responder::drained(dst, addr, qpn, &mut |r| framed(r, reply));
     } else {

@@ -313,7 +313,7 @@ impl Rdma {
 
     /// [`Rdma::mkey`] through `cache`.
     pub(crate) fn mkey_cached<'c>(&self, key: u32, cache: &'c mut KeyCache) -> Option<&'c Mkey> {
-        let gen = TABLES_GEN.load(Ordering::Acquire);
+        let gen = tables_gen();
         if cache.mkey.is_none() || cache.key != key || cache.gen != gen {
             cache.mkey = self.mkey(key);
             cache.key = key;
@@ -462,6 +462,11 @@ pub(crate) fn wlock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     // still sees the old count looked the key up before the change.
     TABLES_GEN.fetch_add(1, Ordering::AcqRel);
     g
+}
+
+/// The count of table changes so far ([`wlock`]).
+pub(crate) fn tables_gen() -> u64 {
+    TABLES_GEN.load(Ordering::Acquire)
 }
 
 /// The last mkey a queue looked up, kept while no table changed (a WQE's

@@ -11,7 +11,9 @@ use std::time::Instant;
 use vm_memory::GuestMemoryMmap;
 
 use super::mem::{self, access, Extent, Fault, KeyError};
+use super::packet::RoceAddr;
 use super::{Cq, Rdma};
+use crate::fabric::Wire;
 use crate::lock;
 
 /// QP states (`MLX5_QPC_STATE_*`).
@@ -119,7 +121,7 @@ pub(crate) struct Sq {
     /// Next WQE (basic-block counter) to execute.
     pub ci: u16,
     pub retry: Option<Retry>,
-    pub peer: Option<(Arc<Rdma>, Option<Arc<Qp>>)>,
+    pub peer: Option<Peer>,
     pub ext: Vec<Extent>,
     pub inline: Vec<u8>,
     /// RC: messages sent whose (coalesced) ACK has not come yet, oldest
@@ -129,6 +131,24 @@ pub(crate) struct Sq {
     pub acked: Option<u32>,
     /// The last lkey looked up.
     pub lkeys: super::KeyCache,
+}
+
+/// The remote end of a connection as the requester last found it.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    /// The function answering to the path's GID.
+    pub rdma: Arc<Rdma>,
+    /// The remote QP (a hint: the receiver checks it is still that QP).
+    pub qp: Option<Arc<Qp>>,
+    /// Addressing of the packets.
+    pub addr: RoceAddr,
+    /// The fabric the sender is cabled to.
+    pub wire: Option<Arc<Wire>>,
+    /// The remote function's memory, taken again at every burst.
+    pub mem: Arc<GuestMemoryMmap>,
+    /// [`super::tables_gen`] when found: any table change (GIDs, QPs,
+    /// the cabling) finds it again.
+    pub gen: u64,
 }
 
 /// An RC message sent and not yet acknowledged.

@@ -27,9 +27,9 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice
 use super::cq::Completion;
 use super::mem::{self, access, Extent, KeyError};
 use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
-use super::qp::{self, state, Qp, Retry, Sq};
+use super::qp::{self, state, Peer, Qp, Retry, Sq};
 use super::{rlock, Rdma};
-use crate::fabric::{self, Packet, Payload};
+use crate::fabric::{self, Dest, Packet, Payload};
 use crate::lock;
 
 /// Largest message (`log_max_msg` = 30).
@@ -168,6 +168,12 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     let Ok(pi) = qp.sq_pi(mem) else {
         return false;
     };
+    if sq.ci != pi {
+        if let Some(p) = sq.peer.as_mut() {
+            // The remote memory as it is now, for this burst.
+            p.mem = p.rdma.dma.memory();
+        }
+    }
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
     // The send queue in one piece of memory is looked up once.
@@ -386,22 +392,9 @@ fn settle(
 /// Asks the responder for the ACK it holds back and completes what it
 /// acknowledges; true if nothing is left unacknowledged.
 fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool {
-    let addr = address(
-        rdma,
-        sq.path.sgid_index,
-        &AddrIn {
-            dmac: sq.path.dmac,
-            dgid: sq.path.dgid,
-            tclass: sq.path.tclass,
-            flow_label: sq.path.flow_label,
-            hop_limit: sq.path.hop_limit,
-            udp_sport: sq.path.udp_sport,
-        },
-    );
-    let peer = sq.peer.as_ref().map(|(r, _)| r.clone());
     let mut ans = Answer::default();
-    if let (Some(dst), Some(addr)) = (peer, addr) {
-        fabric::drained(rdma, &dst, &addr, sq.remote_qpn, &mut |r| {
+    if let Some(p) = &sq.peer {
+        fabric::drained(rdma, &p.rdma, &p.addr, sq.remote_qpn, &mut |r| {
             note(&mut ans, r, 0, 0, mem, &[]);
         });
     }
@@ -639,6 +632,22 @@ fn run_wqe(
     }
 }
 
+/// The addressing of a connected QP's packets.
+fn path_addr(rdma: &Rdma, sq: &Sq) -> Option<RoceAddr> {
+    address(
+        rdma,
+        sq.path.sgid_index,
+        &AddrIn {
+            dmac: sq.path.dmac,
+            dgid: sq.path.dgid,
+            tclass: sq.path.tclass,
+            flow_label: sq.path.flow_label,
+            hop_limit: sq.path.hop_limit,
+            udp_sport: sq.path.udp_sport,
+        },
+    )
+}
+
 /// The local GID and addressing for a packet to `dgid` from `sgid_index`.
 fn address(rdma: &Rdma, sgid_index: u8, p: &AddrIn) -> Option<RoceAddr> {
     let g = rlock(&rdma.gids)
@@ -723,7 +732,14 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
             hdr: &h,
             payload,
         };
-        fabric::transmit(rdma, &dst, None, &pkt, &mut |_| {});
+        let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
+        let to = Dest {
+            rdma: &dst,
+            mem: &dmem,
+            wire: wire.as_deref(),
+            qp: None,
+        };
+        fabric::transmit(rdma, &to, &pkt, &mut |_| {});
     }
     Outcome::Done(w.len as u32)
 }
@@ -828,27 +844,30 @@ fn note(
 fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
     use WqeOpcode as W;
     let rc = qp.st == qp::st::RC;
-    let Some(addr) = address(
-        rdma,
-        sq.path.sgid_index,
-        &AddrIn {
-            dmac: sq.path.dmac,
-            dgid: sq.path.dgid,
-            tclass: sq.path.tclass,
-            flow_label: sq.path.flow_label,
-            hop_limit: sq.path.hop_limit,
-            udp_sport: sq.path.udp_sport,
-        },
-    ) else {
-        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
-    };
-    if sq.peer.is_none() {
-        sq.peer = rdma.route(&sq.path.dgid).map(|r| {
-            let q = r.qp(sq.remote_qpn);
-            (r, q)
+    let gen = super::tables_gen();
+    if sq.peer.as_ref().is_none_or(|p| p.gen != gen) {
+        let Some(addr) = path_addr(rdma, sq) else {
+            sq.peer = None;
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+        };
+        sq.peer = rdma.route(&sq.path.dgid).map(|r| Peer {
+            qp: r.qp(sq.remote_qpn),
+            addr,
+            wire: fabric::wire_of(rdma),
+            mem: r.dma.memory(),
+            gen,
+            rdma: r,
         });
     }
-    let peer = sq.peer.as_ref().map(|(r, q)| (&**r, q.as_ref()));
+    let peer = sq.peer.as_ref().map(|p| {
+        let d = Dest {
+            rdma: &p.rdma,
+            mem: &p.mem,
+            wire: p.wire.as_deref(),
+            qp: p.qp.as_ref(),
+        };
+        (d, p.addr)
+    });
     let has_peer = peer.is_some();
     let mtu = u64::from(sq.mtu.max(256));
     let first_psn = sq.psn;
@@ -861,7 +880,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         w.len.div_ceil(mtu).max(1)
     };
     let last_psn = (first_psn + npkts as u32 - 1) & 0xff_ffff;
-    if let Some((dst, hint)) = peer {
+    if let Some((dst, addr)) = peer {
         // Responses: what the requester does with each.
         let local_ext: &[Extent] = &sq.ext;
         // A message in one piece of memory is looked up once.
@@ -909,7 +928,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                 hdr: &h,
                 payload: Payload::None,
             };
-            fabric::transmit(rdma, dst, hint, &pkt, &mut |r| {
+            fabric::transmit(rdma, &dst, &pkt, &mut |r| {
                 note(&mut ans, r, first_psn, mtu, mem, local_ext)
             });
         } else {
@@ -989,7 +1008,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                     hdr: &h,
                     payload: pl,
                 };
-                fabric::transmit(rdma, dst, hint, &pkt, &mut |r| {
+                fabric::transmit(rdma, &dst, &pkt, &mut |r| {
                     note(&mut ans, r, first_psn, mtu, mem, local_ext)
                 });
                 if ans.nak.is_some() || ans.rnr.is_some() {

@@ -41,6 +41,7 @@ pub(crate) const ACK_COALESCE: u32 = 64;
 /// found it (used if it still is that QP).
 pub(crate) fn receive(
     rdma: &Rdma,
+    mem: &GuestMemoryMmap,
     hint: Option<&Arc<Qp>>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
@@ -75,11 +76,10 @@ pub(crate) fn receive(
     if !qp.receives() {
         return drop("QP state");
     }
-    let mem = rdma.dma.memory();
     match (packet::service(h.bth.opcode), qp.st) {
-        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, &mem, reply),
-        (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, &mem),
-        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, &mem),
+        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, mem, reply),
+        (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, mem),
+        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, mem),
         _ => drop("service"),
     }
 }
