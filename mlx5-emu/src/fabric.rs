@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use vfio::emulated::EmulatedFunction;
 use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
-use crate::transport::mem::{self, Extent};
+use crate::transport::mem::{self, Extent, Hinted};
 use crate::transport::packet::{self, Headers, RoceAddr};
 use crate::transport::{rlock, wlock, Qp, Rdma};
 use crate::{Device, DeviceConfig, Profile};
@@ -79,6 +79,19 @@ impl Payload<'_> {
         }
     }
 
+    /// [`Payload::copy_to`] with the destination's region hint.
+    pub(crate) fn copy_to_hinted(
+        &self,
+        dmem: &Hinted<'_>,
+        dst: &[Extent],
+        dskip: u64,
+    ) -> Result<(), mem::Fault> {
+        match self {
+            Payload::Slice(s) => mem::write_slice_hinted(dmem, dst, dskip, s),
+            _ => self.copy_to(dmem.mem, dst, dskip),
+        }
+    }
+
     /// Copies the first `out.len()` bytes of the payload out.
     pub(crate) fn read(&self, out: &mut [u8]) -> Result<(), mem::Fault> {
         match self {
@@ -128,13 +141,15 @@ impl Wire {
     }
 }
 
-/// Where a packet goes: the receiving function and its memory, the
-/// fabric between (`None`: looped back, or not cabled), and the
-/// destination QP as the sender last found it (a hint, checked).
+/// Where a packet goes: the receiving function and its memory (with the
+/// sender's burst's region hint for it, if any), the fabric between
+/// (`None`: looped back, or not cabled), and the destination QP as the
+/// sender last found it (a hint, checked).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Dest<'a> {
+pub(crate) struct Dest<'a, 'b> {
     pub rdma: &'a Rdma,
     pub mem: &'a GuestMemoryMmap,
+    pub hint: Option<&'a Hinted<'b>>,
     pub wire: Option<&'a Wire>,
     pub qp: Option<&'a Arc<Qp>>,
 }
@@ -147,7 +162,7 @@ pub(crate) fn wire_of(rdma: &Rdma) -> Option<Arc<Wire>> {
 /// Sends `pkt` from `src` to `dst`; `dst`'s responses reach `reply`.
 pub(crate) fn transmit(
     src: &Rdma,
-    dst: &Dest<'_>,
+    dst: &Dest<'_, '_>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
@@ -179,12 +194,12 @@ pub(crate) fn transmit(
         }
     }
     let check = wire.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
-    let (qp, dmem, dst) = (dst.qp, dst.mem, dst.rdma);
+    let (qp, dmem, dhint, dst) = (dst.qp, dst.mem, dst.hint, dst.rdma);
     dst.counters
         .packets_received
         .fetch_add(1, Ordering::Relaxed);
     if !check {
-        crate::transport::responder::receive(dst, dmem, qp, pkt, reply);
+        crate::transport::responder::receive(dst, dmem, dhint, qp, pkt, reply);
         return;
     }
     // The whole frame, as a real wire carries it.
@@ -204,7 +219,9 @@ pub(crate) fn transmit(
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            crate::transport::responder::receive(dst, dmem, None, &p, &mut |r| framed(r, reply));
+            crate::transport::responder::receive(dst, dmem, dhint, None, &p, &mut |r| {
+                framed(r, reply)
+            });
         }
         Err(e) => {
             tracing::warn!(error = %e, "frame failed its own decoding");

@@ -25,7 +25,7 @@ use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::cq::Completion;
-use super::mem::{self, access, Extent, KeyError};
+use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
 use super::qp::{self, state, Peer, Qp, Retry, Sq};
 use super::{rlock, Rdma};
@@ -174,6 +174,13 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
             p.mem = p.rdma.dma.memory();
         }
     }
+    let dmem = sq.peer.as_ref().map(|p| p.mem.clone());
+    let dh = dmem.as_deref().map(Hinted::new);
+    let sh = Hinted::new(mem);
+    let burst = Burst {
+        src: &sh,
+        dst: dh.as_ref().zip(dmem.as_ref()),
+    };
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
     // The send queue in one piece of memory is looked up once.
@@ -221,7 +228,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
         }
         let (w, outcome) = match parsed {
             Ok(w) => {
-                let o = run_wqe(rdma, qp, &mut sq, mem, &w, &wqe);
+                let o = run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe);
                 (Some(w), o)
             }
             Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
@@ -502,6 +509,7 @@ fn run_wqe(
     qp: &Arc<Qp>,
     sq: &mut Sq,
     mem: &GuestMemoryMmap,
+    burst: &Burst<'_>,
     w: &Wqe,
     buf: &[u8],
 ) -> Outcome {
@@ -628,7 +636,7 @@ fn run_wqe(
     }
     match qp.st {
         qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, &w),
-        _ => connected(rdma, qp, sq, mem, &w),
+        _ => connected(rdma, qp, sq, mem, burst, &w),
     }
 }
 
@@ -736,6 +744,7 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
         let to = Dest {
             rdma: &dst,
             mem: &dmem,
+            hint: None,
             wire: wire.as_deref(),
             qp: None,
         };
@@ -841,7 +850,21 @@ fn note(
     }
 }
 
-fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
+/// The memories of one burst, with their region hints: this function's,
+/// and the peer's as the burst began.
+struct Burst<'a> {
+    src: &'a Hinted<'a>,
+    dst: Option<(&'a Hinted<'a>, &'a Arc<GuestMemoryMmap>)>,
+}
+
+fn connected(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    burst: &Burst<'_>,
+    w: &Wqe,
+) -> Outcome {
     use WqeOpcode as W;
     let rc = qp.st == qp::st::RC;
     let gen = super::tables_gen();
@@ -863,6 +886,11 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         let d = Dest {
             rdma: &p.rdma,
             mem: &p.mem,
+            // The burst's hint, unless the peer was found again since.
+            hint: burst
+                .dst
+                .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+                .map(|(h, _)| h),
             wire: p.wire.as_deref(),
             qp: p.qp.as_ref(),
         };
@@ -886,7 +914,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         // A message in one piece of memory is looked up once.
         let whole = match local_ext {
             [e] if u64::from(e.len) == w.len && sq.inline.is_empty() => {
-                mem.get_slice(GuestAddress(e.iova), e.len as usize).ok()
+                burst.src.slice(e.iova, e.len as usize).ok()
             }
             _ => None,
         };

@@ -25,7 +25,7 @@ use mlx5_hw::event::EventType;
 use vm_memory::GuestMemoryMmap;
 
 use super::cq::Completion;
-use super::mem::{self, access, KeyError};
+use super::mem::{self, access, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, RoceAddr, Service};
 use super::qp::{self, Qp, RecvError, Rq};
 use super::requester::vendor;
@@ -42,6 +42,21 @@ pub(crate) const ACK_COALESCE: u32 = 64;
 pub(crate) fn receive(
     rdma: &Rdma,
     mem: &GuestMemoryMmap,
+    dhint: Option<&Hinted<'_>>,
+    hint: Option<&Arc<Qp>>,
+    pkt: &Packet<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    match dhint {
+        Some(d) => receive_in(rdma, d, hint, pkt, reply),
+        None => receive_in(rdma, &Hinted::new(mem), hint, pkt, reply),
+    }
+}
+
+/// [`receive`] into `dmem`.
+fn receive_in(
+    rdma: &Rdma,
+    dmem: &Hinted<'_>,
     hint: Option<&Arc<Qp>>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
@@ -76,8 +91,9 @@ pub(crate) fn receive(
     if !qp.receives() {
         return drop("QP state");
     }
+    let mem = dmem.mem;
     match (packet::service(h.bth.opcode), qp.st) {
-        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, mem, reply),
+        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, dmem, reply),
         (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, mem),
         (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, mem),
         _ => drop("service"),
@@ -245,9 +261,10 @@ fn rc(
     qp: &Arc<Qp>,
     h: &Headers,
     pkt: &Packet<'_>,
-    mem: &GuestMemoryMmap,
+    dmem: &Hinted<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
+    let mem = dmem.mem;
     let mut rq = lock(&qp.rq);
     let psn = h.bth.psn;
     let remote = rq.remote_qpn;
@@ -326,7 +343,11 @@ fn rc(
                 let w = rq.send.wqe;
                 return nak(&mut rq, reply, Fatal::Length(w));
             }
-            if pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
+            if pkt
+                .payload
+                .copy_to_hinted(dmem, &rq.send.ext, rq.send.off)
+                .is_err()
+            {
                 let w = rq.send.wqe;
                 return nak(&mut rq, reply, Fatal::Protection(w, vendor::DMA_FAULT));
             }
@@ -408,7 +429,7 @@ fn rc(
             }
             if pkt
                 .payload
-                .copy_to(mem, &rq.write.ext, rq.write.off)
+                .copy_to_hinted(dmem, &rq.write.ext, rq.write.off)
                 .is_err()
             {
                 return nak(&mut rq, reply, Fatal::Access);
