@@ -26,6 +26,7 @@ use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
 use crate::transport::mem::{self, Extent, Hinted};
 use crate::transport::packet::{self, Headers, RoceAddr};
+use crate::transport::qp::Tally;
 use crate::transport::{rlock, wlock, Qp, Rdma};
 use crate::{Device, DeviceConfig, Profile};
 
@@ -152,6 +153,12 @@ pub(crate) struct Dest<'a, 'b> {
     pub hint: Option<&'a Hinted<'b>>,
     pub wire: Option<&'a Wire>,
     pub qp: Option<&'a Arc<Qp>>,
+    /// The sender counts packets here (and adds them to both functions'
+    /// counters later) rather than in the counters.
+    pub tally: Option<&'a Tally>,
+    /// The sender found `rdma` by this packet's destination GID since the
+    /// last change to any table: the receiver need not look it up again.
+    pub routed: bool,
 }
 
 /// The fabric `rdma` is cabled to.
@@ -166,10 +173,18 @@ pub(crate) fn transmit(
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
-    src.counters.packets_sent.fetch_add(1, Ordering::Relaxed);
-    src.counters
-        .bytes_sent
-        .fetch_add(pkt.payload.len(), Ordering::Relaxed);
+    match dst.tally {
+        Some(t) => {
+            t.packets.set(t.packets.get() + 1);
+            t.bytes.set(t.bytes.get() + pkt.payload.len());
+        }
+        None => {
+            src.counters.packets_sent.fetch_add(1, Ordering::Relaxed);
+            src.counters
+                .bytes_sent
+                .fetch_add(pkt.payload.len(), Ordering::Relaxed);
+        }
+    }
     // What the receiver parses from the emitted bytes is what it is given.
     debug_assert_eq!(
         {
@@ -194,12 +209,15 @@ pub(crate) fn transmit(
         }
     }
     let check = wire.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
-    let (qp, dmem, dhint, dst) = (dst.qp, dst.mem, dst.hint, dst.rdma);
-    dst.counters
-        .packets_received
-        .fetch_add(1, Ordering::Relaxed);
+    let (qp, dmem, dhint, routed, tally, dst) =
+        (dst.qp, dst.mem, dst.hint, dst.routed, dst.tally, dst.rdma);
+    if tally.is_none() {
+        dst.counters
+            .packets_received
+            .fetch_add(1, Ordering::Relaxed);
+    }
     if !check {
-        crate::transport::responder::receive(dst, dmem, dhint, qp, pkt, reply);
+        crate::transport::responder::receive(dst, dmem, dhint, routed, qp, pkt, reply);
         return;
     }
     // The whole frame, as a real wire carries it.
@@ -219,7 +237,7 @@ pub(crate) fn transmit(
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            crate::transport::responder::receive(dst, dmem, dhint, None, &p, &mut |r| {
+            crate::transport::responder::receive(dst, dmem, dhint, false, None, &p, &mut |r| {
                 framed(r, reply)
             });
         }

@@ -118,6 +118,16 @@ impl Mkey {
             ACCESS_MODE_MTT => {
                 let page = 1u64 << self.log_page;
                 let mut at = (self.start & (page - 1)) + off;
+                let in_page = at & (page - 1);
+                if len <= page - in_page {
+                    // Within one page (most messages): one entry.
+                    let base = *self
+                        .mtt
+                        .get((at >> self.log_page) as usize)
+                        .ok_or(KeyError::Bounds)?;
+                    push(out, base + in_page, len);
+                    return Ok(());
+                }
                 let mut left = len;
                 while left > 0 {
                     let idx = (at >> self.log_page) as usize;

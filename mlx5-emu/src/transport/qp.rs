@@ -3,6 +3,7 @@
 //! PAS list), the doorbell record, the requester and responder state, and
 //! taking receive WQEs from an RQ or an SRQ.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -131,6 +132,18 @@ pub(crate) struct Sq {
     pub acked: Option<u32>,
     /// The last lkey looked up.
     pub lkeys: super::KeyCache,
+    /// Counts of the burst in progress, added to the counters at its end
+    /// and before any CQE.
+    pub tally: Tally,
+}
+
+/// Packets and bytes sent to the peer, and messages completed, not yet in
+/// the counters (one atomic add per burst instead of three per packet).
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub packets: Cell<u64>,
+    pub bytes: Cell<u64>,
+    pub messages: Cell<u64>,
 }
 
 /// The remote end of a connection as the requester last found it.

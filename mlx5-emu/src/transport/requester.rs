@@ -282,6 +282,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
             break;
         }
     }
+    flush_tally(rdma, &sq);
     busy
 }
 
@@ -307,6 +308,7 @@ fn finish(
             false
         }
         Outcome::Error(synd, v) => {
+            flush_tally(rdma, sq);
             sq.ci = head.index.wrapping_add(head.nbb);
             let c = Completion {
                 opcode: CqeOpcode::ReqErr.to_raw(),
@@ -342,8 +344,9 @@ fn complete(
 ) -> bool {
     sq.retries_left = sq.retry_count;
     sq.rnr_left = sq.rnr_retry;
-    rdma.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
+    sq.tally.messages.set(sq.tally.messages.get() + 1);
     if head.signaled {
+        flush_tally(rdma, sq);
         let c = Completion {
             opcode: CqeOpcode::Req.to_raw(),
             qpn: qp.qpn,
@@ -359,6 +362,27 @@ fn complete(
         }
     }
     true
+}
+
+/// Adds the burst's tally to the counters (this function's, and the
+/// peer's packets received).
+fn flush_tally(rdma: &Rdma, sq: &Sq) {
+    let t = &sq.tally;
+    let (p, b, m) = (t.packets.take(), t.bytes.take(), t.messages.take());
+    let c = &rdma.counters;
+    if m != 0 {
+        c.messages_sent.fetch_add(m, Ordering::Relaxed);
+    }
+    if p != 0 {
+        c.packets_sent.fetch_add(p, Ordering::Relaxed);
+        c.bytes_sent.fetch_add(b, Ordering::Relaxed);
+        if let Some(peer) = &sq.peer {
+            peer.rdma
+                .counters
+                .packets_received
+                .fetch_add(p, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Completes, in order, the unacknowledged messages up to PSN `acked`;
@@ -430,6 +454,7 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Opt
     let o = match at {
         Some(at) => Outcome::Retry(at),
         None => {
+            flush_tally(rdma, sq);
             sq.peer = None;
             retry_after_timeout(sq, u.first_psn)
         }
@@ -745,6 +770,8 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
             rdma: &dst,
             mem: &dmem,
             hint: None,
+            tally: None,
+            routed: true,
             wire: wire.as_deref(),
             qp: None,
         };
@@ -869,6 +896,7 @@ fn connected(
     let rc = qp.st == qp::st::RC;
     let gen = super::tables_gen();
     if sq.peer.as_ref().is_none_or(|p| p.gen != gen) {
+        flush_tally(rdma, sq);
         let Some(addr) = path_addr(rdma, sq) else {
             sq.peer = None;
             return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
@@ -883,14 +911,17 @@ fn connected(
         });
     }
     let peer = sq.peer.as_ref().map(|p| {
+        // The burst's hint, unless the peer was found again since.
+        let hint = burst
+            .dst
+            .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+            .map(|(h, _)| h);
         let d = Dest {
             rdma: &p.rdma,
             mem: &p.mem,
-            // The burst's hint, unless the peer was found again since.
-            hint: burst
-                .dst
-                .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
-                .map(|(h, _)| h),
+            hint,
+            tally: hint.map(|_| &sq.tally),
+            routed: true,
             wire: p.wire.as_deref(),
             qp: p.qp.as_ref(),
         };
@@ -1089,6 +1120,7 @@ fn connected(
             return Outcome::Sent(w.len as u32, first_psn, last_psn);
         }
         // Nobody answered: the packet (or its ACK) was lost.
+        flush_tally(rdma, sq);
         sq.peer = None;
         return retry_after_timeout(sq, first_psn);
     }

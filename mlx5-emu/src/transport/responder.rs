@@ -38,18 +38,20 @@ use crate::lock;
 pub(crate) const ACK_COALESCE: u32 = 64;
 
 /// Receives one packet; `hint`: the destination QP as the sender last
-/// found it (used if it still is that QP).
+/// found it (used if it still is that QP); `routed`: the sender found this
+/// function by the destination GID since the GID table last changed.
 pub(crate) fn receive(
     rdma: &Rdma,
     mem: &GuestMemoryMmap,
     dhint: Option<&Hinted<'_>>,
+    routed: bool,
     hint: Option<&Arc<Qp>>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
     match dhint {
-        Some(d) => receive_in(rdma, d, hint, pkt, reply),
-        None => receive_in(rdma, &Hinted::new(mem), hint, pkt, reply),
+        Some(d) => receive_in(rdma, d, routed, hint, pkt, reply),
+        None => receive_in(rdma, &Hinted::new(mem), routed, hint, pkt, reply),
     }
 }
 
@@ -57,6 +59,7 @@ pub(crate) fn receive(
 fn receive_in(
     rdma: &Rdma,
     dmem: &Hinted<'_>,
+    routed: bool,
     hint: Option<&Arc<Qp>>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
@@ -66,7 +69,7 @@ fn receive_in(
         tracing::trace!(why, "packet dropped");
     };
     let h = pkt.hdr;
-    if !rdma.has_gid(&pkt.addr.dst_gid) {
+    if !routed && !rdma.has_gid(&pkt.addr.dst_gid) {
         return drop("destination GID");
     }
     let qpn = if h.bth.dest_qp == 1 {
