@@ -248,6 +248,56 @@ pub(crate) fn transmit(
     }
 }
 
+/// The packets of one RC RDMA WRITE, back to back: `npkts` of `mtu` bytes
+/// (the last one the rest) from PSN `psn`, the first with the RETH, the
+/// last asking for an ACK; the payload is `src`.
+#[derive(Debug)]
+pub(crate) struct Train<'a> {
+    pub addr: RoceAddr,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub npkts: u32,
+    pub mtu: u64,
+    pub va: u64,
+    pub rkey: u32,
+    pub src: VolatileSlice<'a>,
+}
+
+/// Sends a WRITE's packets as one train when the fabric would deliver
+/// each as it is (no wire check, no loss pending) and the receiver takes
+/// them all in sequence; false (nothing sent) otherwise, and the sender
+/// sends them one by one. Counted as the packets they are.
+pub(crate) fn write_train(
+    dst: &Dest<'_, '_>,
+    t: &Train<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> bool {
+    let Some(tally) = dst.tally else {
+        return false;
+    };
+    if dst.wire.is_some_and(|w| {
+        w.wire_check.load(Ordering::Relaxed) || w.drop_next.load(Ordering::Relaxed) != 0
+    }) || !dst.routed
+    {
+        return false;
+    }
+    let done = match dst.hint {
+        Some(h) => crate::transport::responder::write_train(dst.rdma, h, dst.qp, t, reply),
+        None => crate::transport::responder::write_train(
+            dst.rdma,
+            &Hinted::new(dst.mem),
+            dst.qp,
+            t,
+            reply,
+        ),
+    };
+    if done {
+        tally.packets.set(tally.packets.get() + u64::from(t.npkts));
+        tally.bytes.set(tally.bytes.get() + t.src.len() as u64);
+    }
+    done
+}
+
 /// Tells `dst` that `src` has nothing more queued for its QP `qpn` (the
 /// requester's burst ended): the responder sends the ACK it holds back, if
 /// any, to `reply`. `addr` is the addressing of the requests.

@@ -680,6 +680,33 @@ fn rc_lost_packet_in_a_coalesced_run_is_resent() {
 }
 
 #[test]
+fn rc_multi_packet_write_counts_every_packet() {
+    let (_f, mut a, mut b, mut qa, _qb) = rc_pair(3); // MTU 1024
+    let data = fill(&a, 0x2_0000, 10_000, 9);
+    let mut segs = raddr_seg(DATA_VA + 0x4_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(10_000, a.lkey, DATA_VA + 0x2_0000));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    assert_eq!(read(&b, 0x4_0000, 10_000), data);
+    let (sa, sb) = (a.d.f.model().stats(), b.d.f.model().stats());
+    assert_eq!((sa.packets_sent, sa.bytes_sent), (10, 10_000), "{sa:?}");
+    assert_eq!(
+        (sb.packets_received, sb.messages_received),
+        (10, 1),
+        "{sb:?}"
+    );
+    // Ten packets into a key of 4 KiB: refused at the first, nothing lands.
+    let before = read(&b, 0xe_0000, 10_000);
+    let small = b.mkey(b.pd, 0b01111, 0xe_0000, 4096, 0x12);
+    let mut segs = raddr_seg(DATA_VA + 0xe_0000, small).to_vec();
+    segs.extend_from_slice(&data_seg(10_000, a.lkey, DATA_VA + 0x2_0000));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x13), "remote access");
+    assert_eq!(read(&b, 0xe_0000, 10_000), before);
+}
+
+#[test]
 fn ud_send_with_grh_and_qkey() {
     let (_f, mut a, mut b) = pair();
     for n in [&mut a, &mut b] {

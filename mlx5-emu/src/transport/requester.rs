@@ -920,7 +920,7 @@ fn connected(
             rdma: &p.rdma,
             mem: &p.mem,
             hint,
-            tally: hint.map(|_| &sq.tally),
+            tally: Some(&sq.tally),
             routed: true,
             wire: p.wire.as_deref(),
             qp: p.qp.as_ref(),
@@ -1000,7 +1000,27 @@ fn connected(
                 },
                 ..Headers::default()
             };
-            for i in 0..npkts {
+            // A multi-packet RC WRITE goes as one train when nothing can
+            // tell it from its packets one by one.
+            let train = match whole {
+                Some(src) if rc && w.opcode == W::RdmaWrite && npkts > 1 => {
+                    let t = fabric::Train {
+                        addr,
+                        dest_qp: sq.remote_qpn,
+                        psn: first_psn,
+                        npkts: npkts as u32,
+                        mtu,
+                        va: w.raddr,
+                        rkey: w.rkey,
+                        src,
+                    };
+                    fabric::write_train(&dst, &t, &mut |r| {
+                        note(&mut ans, r, first_psn, mtu, mem, local_ext)
+                    })
+                }
+                _ => false,
+            };
+            for i in 0..if train { 0 } else { npkts } {
                 let first = i == 0;
                 let last = i + 1 == npkts;
                 let o = match (send, first, last) {

@@ -609,6 +609,76 @@ fn rc(
     }
 }
 
+/// An RC RDMA WRITE's packets back to back ([`crate::fabric::Train`]):
+/// taken when each would be, one by one, in sequence and accepted (the
+/// expected PSN, no message in progress, remote write allowed, the rkey
+/// and every target byte good, the same MTU), the payload then copied in
+/// one piece; false, with nothing changed, otherwise (the packets then
+/// come one by one, and meet whatever error they meet).
+pub(crate) fn write_train(
+    rdma: &Rdma,
+    dmem: &Hinted<'_>,
+    hint: Option<&Arc<Qp>>,
+    t: &crate::fabric::Train<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> bool {
+    let found;
+    let qp = match hint {
+        Some(q) if q.qpn == t.dest_qp && q.state() != qp::state::DESTROYED => q,
+        _ => {
+            let Some(q) = rdma.qp(t.dest_qp) else {
+                return false;
+            };
+            found = q;
+            &found
+        }
+    };
+    if qp.st != qp::st::RC || !qp.receives() {
+        return false;
+    }
+    let len = t.src.len() as u64;
+    let mut rq = lock(&qp.rq);
+    if rq.epsn != t.psn || rq.write_on || !rq.rwe || u64::from(rq.mtu.max(256)) != t.mtu {
+        return false;
+    }
+    let mut w = std::mem::take(&mut rq.write);
+    w.ext.clear();
+    let ok = len <= u64::from(u32::MAX)
+        && rdma
+            .mkey_cached(t.rkey, &mut rq.rkeys)
+            .is_some_and(|k| k.resolve(qp.pd, access::RW, t.va, len, &mut w.ext).is_ok())
+        && mem::walk(&w.ext, 0, len, |iova, n| dmem.slice(iova, n).map(|_| ())).is_ok()
+        && mem::write_slice_hinted(dmem, &w.ext, 0, &t.src).is_ok();
+    if !ok {
+        rq.write = w;
+        return false;
+    }
+    w.off = len;
+    w.cap = len;
+    rq.write = w;
+    let last = psn_add(t.psn, t.npkts - 1);
+    rq.epsn = psn_add(last, 1);
+    rq.msn = psn_add(rq.msn, 1);
+    rdma.counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    rq.ack_owed += 1;
+    if rq.ack_owed >= ACK_COALESCE {
+        rq.ack_owed = 0;
+        let (remote, msn) = (rq.remote_qpn, rq.msn);
+        drop(rq);
+        respond(
+            reply,
+            &t.addr,
+            remote,
+            last,
+            aeth::ACK | aeth::CREDITS_INVALID,
+            msn,
+        );
+    }
+    true
+}
+
 /// SEND with invalidate: the named key of this PD becomes free.
 fn invalidate(rdma: &Rdma, pd: u32, key: u32) {
     let mut t = super::wlock(&rdma.mkeys);
