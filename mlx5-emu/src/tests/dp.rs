@@ -707,6 +707,31 @@ fn rc_multi_packet_write_counts_every_packet() {
 }
 
 #[test]
+fn rc_cached_rkey_goes_with_its_mkey() {
+    let (_f, mut a, mut b, mut qa, _qb) = rc_pair(5);
+    let k = b.mkey(b.pd, 0b01111, 0xc_0000, 4096, 0x21);
+    let mut segs = raddr_seg(DATA_VA + 0xc_0000, k).to_vec();
+    segs.extend_from_slice(&data_seg(64, a.lkey, DATA_VA));
+    for seed in [1, 2] {
+        let d = fill(&a, 0, 64, seed);
+        a.post_send(&mut qa, 0x08, 0, &segs, true);
+        assert_eq!(opcode(&a.poll(0)), 0);
+        assert_eq!(read(&b, 0xc_0000, 64), d);
+    }
+    // Destroyed: the same WRITE (its key and range cached by b's QP) is
+    // refused, and nothing lands.
+    let mut c = cmd_in(0x202, 0, 16);
+    c[8..12].copy_from_slice(&(k >> 8).to_be_bytes());
+    b.d.ok(&c, 16);
+    let before = read(&b, 0xc_0000, 64);
+    fill(&a, 0, 64, 3);
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x13), "remote access");
+    assert_eq!(read(&b, 0xc_0000, 64), before);
+}
+
+#[test]
 fn ud_send_with_grh_and_qkey() {
     let (_f, mut a, mut b) = pair();
     for n in [&mut a, &mut b] {

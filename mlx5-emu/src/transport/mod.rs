@@ -311,6 +311,46 @@ impl Rdma {
         (k.key == key as u8).then_some(k)
     }
 
+    /// Checks `[va, va + len)` of `key` for `need` under `pd` and appends
+    /// its extents to `out` ([`Mkey::resolve`]) through `cache`: the same
+    /// range of the same key again, with no table changed, is not walked
+    /// again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve_cached(
+        &self,
+        key: u32,
+        cache: &mut KeyCache,
+        pd: u32,
+        need: u8,
+        va: u64,
+        len: u64,
+        out: &mut Vec<mem::Extent>,
+    ) -> Result<(), mem::KeyError> {
+        let gen = tables_gen();
+        if let Some(r) = cache.last {
+            if (r.key, r.gen, r.pd, r.need, r.va, r.len) == (key, gen, pd, need, va, len) {
+                mem::push(out, r.ext.iova, u64::from(r.ext.len));
+                return Ok(());
+            }
+        }
+        let fresh = out.is_empty();
+        let k = self.mkey_cached(key, cache).ok_or(mem::KeyError::Invalid)?;
+        k.resolve(pd, need, va, len, out)?;
+        cache.last = match out.as_slice() {
+            [e] if fresh => Some(Resolved {
+                key,
+                gen,
+                pd,
+                need,
+                va,
+                len,
+                ext: *e,
+            }),
+            _ => None,
+        };
+        Ok(())
+    }
+
     /// [`Rdma::mkey`] through `cache`.
     pub(crate) fn mkey_cached<'c>(&self, key: u32, cache: &'c mut KeyCache) -> Option<&'c Mkey> {
         let gen = tables_gen();
@@ -476,4 +516,18 @@ pub(crate) struct KeyCache {
     key: u32,
     gen: u64,
     mkey: Option<Arc<Mkey>>,
+    /// The last range resolved through it, when one extent.
+    last: Option<Resolved>,
+}
+
+/// A key check and translation that gave one extent.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    key: u32,
+    gen: u64,
+    pd: u32,
+    need: u8,
+    va: u64,
+    len: u64,
+    ext: mem::Extent,
 }

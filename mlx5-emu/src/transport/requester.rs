@@ -643,10 +643,9 @@ fn run_wqe(
         if lkey == rdma.resd_lkey {
             mem::push(&mut sq.ext, addr, n);
         } else {
-            let Some(k) = rdma.mkey_cached(lkey, &mut sq.lkeys) else {
-                return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
-            };
-            if let Err(e) = k.resolve(qp.pd, need, addr, n, &mut sq.ext) {
+            if let Err(e) =
+                rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext)
+            {
                 return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
             }
         }

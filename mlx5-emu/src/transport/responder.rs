@@ -401,10 +401,17 @@ fn rc(
                 w.off = 0;
                 w.cap = u64::from(r.dma_len);
                 let ok = r.dma_len == 0
-                    || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
-                        k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
-                            .is_ok()
-                    });
+                    || rdma
+                        .resolve_cached(
+                            r.rkey,
+                            &mut rq.rkeys,
+                            qp.pd,
+                            access::RW,
+                            r.va,
+                            u64::from(r.dma_len),
+                            &mut w.ext,
+                        )
+                        .is_ok();
                 rq.write = w;
                 if !ok {
                     return nak(&mut rq, reply, Fatal::Access);
@@ -645,8 +652,16 @@ pub(crate) fn write_train(
     w.ext.clear();
     let ok = len <= u64::from(u32::MAX)
         && rdma
-            .mkey_cached(t.rkey, &mut rq.rkeys)
-            .is_some_and(|k| k.resolve(qp.pd, access::RW, t.va, len, &mut w.ext).is_ok())
+            .resolve_cached(
+                t.rkey,
+                &mut rq.rkeys,
+                qp.pd,
+                access::RW,
+                t.va,
+                len,
+                &mut w.ext,
+            )
+            .is_ok()
         && mem::walk(&w.ext, 0, len, |iova, n| dmem.slice(iova, n).map(|_| ())).is_ok()
         && mem::write_slice_hinted(dmem, &w.ext, 0, &t.src).is_ok();
     if !ok {
