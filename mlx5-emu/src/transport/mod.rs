@@ -11,14 +11,18 @@
 //! lock. No lock is held across a command.
 //!
 //! A packet goes from requester to responder as a function call on the
-//! requester's worker ([`crate::fabric`]): the transport headers are
-//! emitted as wire bytes ([`packet`]) and parsed by the responder, the
-//! payload is passed as IOVA extents of the sender's memory and copied
-//! once into the receiver's. Responses (ACK, NAK, RNR NAK, read responses,
-//! atomic acknowledgements) come back the same way. So an RC message
-//! completes in one pass, in order; a NAK, an RNR NAK or a packet nobody
-//! answered leaves the WQE at the head of the send queue with a timer
-//! (the RNR timer, or the ACK timeout) and its retry counter.
+//! requester's worker ([`crate::fabric`]): the transport headers go typed
+//! (what parsing their emitted bytes, [`packet`], gives; a wire-check
+//! fabric emits and parses them), the payload as a slice or IOVA extents
+//! of the sender's memory, copied once into the receiver's. Responses
+//! (NAK, RNR NAK, read responses, atomic acknowledgements, and the ACK a
+//! responder holds back until the requester's burst ends) come back the
+//! same way, so a burst of RC messages completes in one pass, in order; a
+//! NAK, an RNR NAK or a packet nobody answered leaves the first WQE not
+//! acknowledged at the head of the send queue with a timer (the RNR
+//! timer, or the ACK timeout) and its retry counter. Caches that last a
+//! burst or until an object table changes ([`tables_gen`]) keep lookups
+//! off the per-packet path.
 //!
 //! Doorbells: the worker reads the send doorbells (UAR 0x800-0xf00, the
 //! first 8 bytes of the last WQE's control segment: its index and QP
