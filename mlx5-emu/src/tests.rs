@@ -70,7 +70,7 @@ impl Drv {
         let t = Instant::now();
         while rd(bar(self), initseg::INITIALIZING) & initseg::INITIALIZING_BIT != 0 {
             assert!(
-                t.elapsed() < Duration::from_secs(2),
+                t.elapsed() < Duration::from_secs(10),
                 "initializing never cleared"
             );
             std::thread::sleep(Duration::from_micros(50));
@@ -141,7 +141,7 @@ impl Drv {
         let t = Instant::now();
         while self.cmdq.load_u8_acquire(at + 0x3f).unwrap() & 1 != 0 {
             assert!(
-                t.elapsed() < Duration::from_secs(2),
+                t.elapsed() < Duration::from_secs(10),
                 "command never completed"
             );
             std::hint::spin_loop();
@@ -231,17 +231,20 @@ fn cmd_in(opcode: u16, op_mod: u16, len: usize) -> Vec<u8> {
 
 #[test]
 fn initializing_clears_after_fw_start_and_counter_moves() {
+    const FW_START: Duration = Duration::from_millis(20);
+    // Time is taken before the device exists, so both checks below hold
+    // however long a loaded machine keeps this thread from running.
+    let t = Instant::now();
     let d = Drv::with(DeviceConfig {
-        fw_start: Duration::from_millis(20),
+        fw_start: FW_START,
         ..DeviceConfig::default()
     });
-    assert_ne!(
-        rd(bar(&d), initseg::INITIALIZING) & initseg::INITIALIZING_BIT,
-        0
-    );
-    let t = Instant::now();
+    let initializing = rd(bar(&d), initseg::INITIALIZING) & initseg::INITIALIZING_BIT != 0;
+    if t.elapsed() < FW_START {
+        assert!(initializing, "ready before fw_start elapsed");
+    }
     d.wait_ready();
-    assert!(t.elapsed() >= Duration::from_millis(15));
+    assert!(t.elapsed() >= FW_START, "ready before fw_start elapsed");
     // The health counter ticks while firmware lives (however busy the
     // machine keeps the worker from running).
     let c0 = rd(bar(&d), initseg::HEALTH_COUNTER);
