@@ -1491,6 +1491,25 @@ impl Qp {
     }
 
     /// `ibv_destroy_qp`.
+    ///
+    /// Takes the QP by value, so posting to a destroyed QP (libibverbs'
+    /// use-after-free) does not compile:
+    ///
+    /// ```compile_fail,E0382
+    /// fn post_after_destroy(mut qp: verbs::qp::Qp, wrs: &[verbs::qp::SendWr<'_>]) {
+    ///     qp.destroy().unwrap();
+    ///     let _ = qp.post_send(wrs); // use of moved value: `qp`
+    /// }
+    /// ```
+    ///
+    /// while the same calls in the other order do:
+    ///
+    /// ```
+    /// fn post_then_destroy(mut qp: verbs::qp::Qp, wrs: &[verbs::qp::SendWr<'_>]) {
+    ///     let _ = qp.post_send(wrs);
+    ///     qp.destroy().unwrap();
+    /// }
+    /// ```
     pub fn destroy(mut self) -> Result<()> {
         self.teardown()
     }
