@@ -7,7 +7,8 @@
 #
 # Source: Debian's linux-source-6.12 (/usr/src/linux-source-6.12.tar.xz),
 # patched with scripts/uml/patches/*.patch and configured with
-# scripts/uml/config.fragment over the UML defconfig. The kernel is cached
+# scripts/uml/config.fragment over `make ARCH=um allnoconfig` (only what the
+# test needs: see the fragment). The kernel is cached
 # outside the repo, in $MLX5_UML_CACHE (default ~/.cache/mlx5-uml), as
 # linux-<hash>, where <hash> covers this script, the patches, the fragment and
 # the source tarball's size: any change there builds a new kernel.
@@ -52,7 +53,7 @@ for p in "$here"/patches/*.patch; do
 done
 
 jobs="$(nproc)"
-make ARCH=um defconfig >/dev/null
+make ARCH=um allnoconfig >/dev/null
 scripts/kconfig/merge_config.sh -m .config "$here/config.fragment" >/dev/null
 make ARCH=um olddefconfig >/dev/null
 # Every option the fragment sets must have survived olddefconfig.
