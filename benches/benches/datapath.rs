@@ -135,7 +135,7 @@ fn connect(qp: &mut Qp, remote: &Context, rqpn: u32) {
 }
 
 fn setup() -> Setup {
-    let fabric = Fabric::cabled(2, Profile::ConnectX4);
+    let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
     let f = |i| fabric.function(i).expect("function") as Arc<dyn PciFunction>;
     let a = side(f(0));
     let b = side(f(1));

@@ -17,7 +17,7 @@ fn opts(event_mode: bool) -> HcaOptions {
 }
 
 fn function() -> Arc<dyn PciFunction> {
-    Arc::new(mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4))
+    Arc::new(mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4Lx))
 }
 
 fn bringup(c: &mut Criterion) {

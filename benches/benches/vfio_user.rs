@@ -22,7 +22,7 @@ fn opts(event_mode: bool) -> HcaOptions {
 }
 
 fn config() -> mlx5_emu::DeviceConfig {
-    mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4)
+    mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4Lx)
 }
 
 fn in_process() -> (Arc<dyn PciFunction>, Option<ServerThread>) {

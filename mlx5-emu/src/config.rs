@@ -1,7 +1,7 @@
 //! PCI config space of the function: type-0 header, a 64-bit prefetchable
-//! BAR0, and a capability list with PCI Express (FLR capable, a Gen3 x16
-//! link), MSI-X and the vendor-specific gateway (`crate::vsc`), at the
-//! offsets a ConnectX-4 has them (0x60, 0x9c, 0xc0).
+//! BAR0, and a capability list with PCI Express (FLR capable, the profile's
+//! link: Gen3 x8 on a ConnectX-4 Lx), MSI-X and the vendor-specific gateway
+//! (`crate::vsc`), at the offsets a ConnectX-4 Lx has them (0x60, 0x9c, 0xc0).
 //!
 //! Every byte has a write mask: read-only bytes ignore writes, BAR0's low
 //! bits below its size read as zero (the sizing protocol: write all ones,
@@ -34,9 +34,12 @@ pub const PCIE_DEVCTL: usize = 8;
 pub const PCIE_DEVCTL_BCR_FLR: u16 = 1 << 15;
 /// Device capabilities: function-level reset capable.
 pub const PCIE_DEVCAP_FLR: u32 = 1 << 28;
-/// Link capabilities 2: supported link speeds vector bits 1..=3
-/// (2.5, 5.0 and 8.0 GT/s), a ConnectX-4's PCIe 3.0 x16 link.
-pub const PCIE_LNKCAP2_SLS_2_5_TO_8GT: u32 = 0b1110;
+/// Link capabilities 2: the supported link speeds vector for a link whose
+/// top speed is `speed` (link capabilities encoding, 1 = 2.5 GT/s ...
+/// 5 = 32 GT/s): bits 1..=speed, every speed up to it.
+pub const fn pcie_lnkcap2_sls(speed: u8) -> u32 {
+    ((1u32 << (speed + 1)) - 1) & !1
+}
 
 /// What a config write asks of the device.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -128,21 +131,23 @@ impl ConfigSpace {
         // the FLR bit writable (FLR is handled, then reads back as 0).
         self.put16(e + PCIE_DEVCTL, 0x2810);
         self.mask(e + PCIE_DEVCTL, &[0xff, 0xff]);
-        // Link capabilities: 8 GT/s, x16; link status: same, trained.
-        let link = 0x3 | 16 << 4;
+        // Link capabilities: the profile's speed and width; link status:
+        // the same, trained.
+        let (speed, width) = p.pcie_link();
+        let link = u32::from(speed) | u32::from(width) << 4;
         self.put32(e + 0xc, link);
         self.put16(e + 0x12, link as u16);
         self.mask(e + 0x10, &[0xff, 0xff]);
         // Device capabilities 2 / control 2.
         self.put32(e + 0x24, 0x0000_001f);
         self.mask(e + 0x28, &[0xff, 0xff]);
-        // Link capabilities 2: supported link speeds vector 2.5, 5 and 8
-        // GT/s (PCIe 3.0). Linux takes a device's speeds from this vector;
+        // Link capabilities 2: supported link speeds vector, every speed up
+        // to the top one. Linux takes a device's speeds from this vector;
         // without it an 8 GT/s link is "Unknown" (it synthesizes only 2.5
         // and 5 GT/s from the link capabilities register).
-        self.put32(e + 0x2c, PCIE_LNKCAP2_SLS_2_5_TO_8GT);
-        // Link control 2: target link speed 8 GT/s (writable).
-        self.put16(e + 0x30, 0x3);
+        self.put32(e + 0x2c, pcie_lnkcap2_sls(speed));
+        // Link control 2: target link speed, the top one (writable).
+        self.put16(e + 0x30, u16::from(speed));
         self.mask(e + 0x30, &[0xff, 0xff]);
 
         // MSI-X: table and PBA in BAR0 (see initseg::MSIX_TABLE/MSIX_PBA).
@@ -284,8 +289,8 @@ mod tests {
 
     #[test]
     fn identity_and_class() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
-        assert_eq!(r32(&mut c, 0), 0x1013_15b3);
+        let mut c = ConfigSpace::new(Profile::ConnectX4Lx);
+        assert_eq!(r32(&mut c, 0), 0x1015_15b3);
         assert_eq!(r32(&mut c, 8) >> 8, 0x020700);
         assert_eq!(r32(&mut c, 0x2c), 0x0008_15b3);
         let mut c = ConfigSpace::new(Profile::ConnectX7);
@@ -294,7 +299,7 @@ mod tests {
 
     #[test]
     fn bar_sizing() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
+        let mut c = ConfigSpace::new(Profile::ConnectX4Lx);
         assert_eq!(r32(&mut c, 0x10), 0xc);
         c.write(0x10, &[0xff; 4]);
         c.write(0x14, &[0xff; 4]);
@@ -308,7 +313,7 @@ mod tests {
 
     #[test]
     fn capability_list() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
+        let mut c = ConfigSpace::new(Profile::ConnectX4Lx);
         assert_ne!(r32(&mut c, 4) >> 16 & u32::from(pci::STATUS_CAP_LIST), 0);
         let mut p = [0u8; 1];
         c.read(0x34, &mut p);
@@ -335,29 +340,41 @@ mod tests {
 
     #[test]
     fn flr_bit_is_self_clearing() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
+        let mut c = ConfigSpace::new(Profile::ConnectX4Lx);
         let e = c.write((CAP_PCIE + PCIE_DEVCTL) as u64, &0xa810u16.to_le_bytes());
         assert!(e.flr);
         assert_eq!(c.get16(CAP_PCIE + PCIE_DEVCTL), 0x2810);
     }
 
     #[test]
-    fn pcie_link_reads_as_gen3_x16_the_linux_way() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
-        let e = CAP_PCIE as u64;
-        let lnkcap = r32(&mut c, e + 0xc);
-        let lnkcap2 = r32(&mut c, e + 0x2c);
-        let lnksta = r32(&mut c, e + 0x10) >> 16;
-        // pcie_get_supported_speeds: the vector, capped at the max speed.
-        let speeds = lnkcap2 & 0xfe & ((2u32 << (lnkcap & 0xf)) - 1);
-        assert_eq!(31 - speeds.leading_zeros(), 3, "8 GT/s supported");
-        assert_eq!(lnkcap >> 4 & 0x3f, 16, "x16 capable");
-        assert_eq!((lnksta & 0xf, lnksta >> 4 & 0x3f), (3, 16), "trained");
+    fn pcie_link_reads_as_each_profiles_link_the_linux_way() {
+        for (p, want_speed, want_width) in [
+            (Profile::ConnectX4Lx, 3, 8),
+            (Profile::ConnectX5, 3, 16),
+            (Profile::ConnectX6, 4, 16),
+            (Profile::ConnectX7, 5, 16),
+        ] {
+            let mut c = ConfigSpace::new(p);
+            let e = CAP_PCIE as u64;
+            let lnkcap = r32(&mut c, e + 0xc);
+            let lnkcap2 = r32(&mut c, e + 0x2c);
+            let lnksta = r32(&mut c, e + 0x10) >> 16;
+            // pcie_get_supported_speeds: the vector, capped at the max speed.
+            let speeds = lnkcap2 & 0xfe & ((2u32 << (lnkcap & 0xf)) - 1);
+            assert_eq!(31 - speeds.leading_zeros(), want_speed, "{p:?} top speed");
+            assert_eq!(speeds, (2u32 << want_speed) - 2, "{p:?} every lower speed");
+            assert_eq!(lnkcap >> 4 & 0x3f, want_width, "{p:?} width");
+            assert_eq!(
+                (lnksta & 0xf, lnksta >> 4 & 0x3f),
+                (want_speed, want_width),
+                "{p:?} trained"
+            );
+        }
     }
 
     #[test]
     fn vendor_gateway_through_config_space() {
-        let mut c = ConfigSpace::new(Profile::ConnectX4);
+        let mut c = ConfigSpace::new(Profile::ConnectX4Lx);
         // Found the way pci_find_capability(PCI_CAP_ID_VNDR) finds it.
         let mut at = u64::from(r32(&mut c, 0x34) as u8);
         while at != 0 && r32(&mut c, at) as u8 != CAP_ID_VNDR {

@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn power_on_segment() {
         let bar = DmaBuffer::new(0x10000).unwrap();
-        power_on(&bar, Profile::ConnectX4, 60_000, 2_000);
+        power_on(&bar, Profile::ConnectX4Lx, 60_000, 2_000);
         assert_eq!(rd(&bar, FW_REV), 12 << 16 | 14);
         assert_eq!(rd(&bar, CMDIF_REV_FW_SUB), 5 << 16 | 1220);
         assert_eq!(rd(&bar, CMDQ_ADDR_L_SZ) & 0xff, 0x56);
@@ -177,11 +177,11 @@ mod tests {
 
     #[test]
     fn msix_hole() {
-        let r = region_info(Profile::ConnectX4);
+        let r = region_info(Profile::ConnectX4Lx);
         assert_eq!(r.size, 32 << 20);
         assert_eq!(r.mmap_areas[0], (0, 0x4000));
-        assert!(in_msix(Profile::ConnectX4, 0x4000 + 16 * 5, 4));
-        assert!(!in_msix(Profile::ConnectX4, 0x18, 4));
+        assert!(in_msix(Profile::ConnectX4Lx, 0x4000 + 16 * 5, 4));
+        assert!(!in_msix(Profile::ConnectX4Lx, 0x18, 4));
         assert!((FIRST_UAR as u64) << 12 >= MSIX_PBA + 0x1000);
     }
 }

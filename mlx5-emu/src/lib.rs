@@ -133,7 +133,7 @@ impl std::fmt::Debug for dyn OutputOverride {
 impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
-            profile: Profile::ConnectX4,
+            profile: Profile::ConnectX4Lx,
             fw_start: Duration::from_millis(2),
             cmd_exec_timeout_ms: 60_000,
             cmd_init_timeout_ms: 2_000,

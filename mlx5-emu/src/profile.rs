@@ -40,9 +40,10 @@ pub mod cap_type {
 /// A ConnectX generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Profile {
-    /// ConnectX-4 (0x1013), firmware 14.12.1220: the traced card.
+    /// ConnectX-4 Lx (0x1015), firmware 14.12.1220: the traced card (firmware
+    /// 14.x and board MT_2430110027 are the Lx's; a ConnectX-4 runs 12.x).
     #[default]
-    ConnectX4,
+    ConnectX4Lx,
     /// ConnectX-5 (0x1017).
     ConnectX5,
     /// ConnectX-6 (0x101b).
@@ -54,7 +55,7 @@ pub enum Profile {
 impl Profile {
     /// Every profile.
     pub const ALL: [Profile; 4] = [
-        Profile::ConnectX4,
+        Profile::ConnectX4Lx,
         Profile::ConnectX5,
         Profile::ConnectX6,
         Profile::ConnectX7,
@@ -63,7 +64,7 @@ impl Profile {
     /// PCI device id.
     pub const fn device_id(self) -> u16 {
         match self {
-            Profile::ConnectX4 => 0x1013,
+            Profile::ConnectX4Lx => 0x1015,
             Profile::ConnectX5 => 0x1017,
             Profile::ConnectX6 => 0x101b,
             Profile::ConnectX7 => 0x1021,
@@ -74,7 +75,7 @@ impl Profile {
     /// mstflint's device table names them).
     pub const fn hw_id(self) -> u32 {
         match self {
-            Profile::ConnectX4 => 0x209,
+            Profile::ConnectX4Lx => 0x20b,
             Profile::ConnectX5 => 0x20d,
             Profile::ConnectX6 => 0x20f,
             Profile::ConnectX7 => 0x218,
@@ -84,7 +85,7 @@ impl Profile {
     /// PCI subsystem id (the Mellanox retail board ids).
     pub const fn subsystem_id(self) -> u16 {
         match self {
-            Profile::ConnectX4 => 0x0008,
+            Profile::ConnectX4Lx => 0x0008,
             Profile::ConnectX5 => 0x0008,
             Profile::ConnectX6 => 0x0006,
             Profile::ConnectX7 => 0x0020,
@@ -99,17 +100,17 @@ impl Profile {
     /// Human name.
     pub const fn name(self) -> &'static str {
         match self {
-            Profile::ConnectX4 => "ConnectX-4",
+            Profile::ConnectX4Lx => "ConnectX-4 Lx",
             Profile::ConnectX5 => "ConnectX-5",
             Profile::ConnectX6 => "ConnectX-6",
             Profile::ConnectX7 => "ConnectX-7",
         }
     }
 
-    /// Short name (`cx4`).
+    /// Short name (`cx4lx`).
     pub const fn short(self) -> &'static str {
         match self {
-            Profile::ConnectX4 => "cx4",
+            Profile::ConnectX4Lx => "cx4lx",
             Profile::ConnectX5 => "cx5",
             Profile::ConnectX6 => "cx6",
             Profile::ConnectX7 => "cx7",
@@ -119,15 +120,28 @@ impl Profile {
     /// BAR0 size in bytes (32 MiB on ConnectX-4/5, 64 MiB later).
     pub const fn bar0_size(self) -> u64 {
         match self {
-            Profile::ConnectX4 | Profile::ConnectX5 => 32 << 20,
+            Profile::ConnectX4Lx | Profile::ConnectX5 => 32 << 20,
             Profile::ConnectX6 | Profile::ConnectX7 => 64 << 20,
+        }
+    }
+
+    /// The PCIe link the card trains to: (speed, width), speed as the link
+    /// capabilities register encodes it (3 = 8 GT/s Gen3, 4 = 16 GT/s Gen4,
+    /// 5 = 32 GT/s Gen5). ConnectX-4 Lx: Gen3 x8; ConnectX-5: Gen3 x16;
+    /// ConnectX-6: Gen4 x16; ConnectX-7: Gen5 x16.
+    pub const fn pcie_link(self) -> (u8, u8) {
+        match self {
+            Profile::ConnectX4Lx => (3, 8),
+            Profile::ConnectX5 => (3, 16),
+            Profile::ConnectX6 => (4, 16),
+            Profile::ConnectX7 => (5, 16),
         }
     }
 
     /// MSI-X vectors.
     pub const fn msix_vectors(self) -> u32 {
         match self {
-            Profile::ConnectX4 => 64,
+            Profile::ConnectX4Lx => 64,
             Profile::ConnectX5 => 64,
             Profile::ConnectX6 | Profile::ConnectX7 => 128,
         }
@@ -136,7 +150,7 @@ impl Profile {
     /// Firmware version (major, minor, subminor).
     pub const fn fw_version(self) -> (u16, u16, u16) {
         match self {
-            Profile::ConnectX4 => (14, 12, 1220),
+            Profile::ConnectX4Lx => (14, 12, 1220),
             Profile::ConnectX5 => (16, 35, 2000),
             Profile::ConnectX6 => (20, 39, 1002),
             Profile::ConnectX7 => (28, 39, 1002),
@@ -146,7 +160,7 @@ impl Profile {
     /// Pages firmware asks for at boot (QUERY_PAGES op_mod 1; CX4: the trace).
     pub const fn boot_pages(self) -> u32 {
         match self {
-            Profile::ConnectX4 => 6,
+            Profile::ConnectX4Lx => 6,
             _ => 8,
         }
     }
@@ -154,7 +168,7 @@ impl Profile {
     /// Pages firmware asks for before INIT_HCA (QUERY_PAGES op_mod 2; CX4: the trace).
     pub const fn init_pages(self) -> u32 {
         match self {
-            Profile::ConnectX4 => 0x3244,
+            Profile::ConnectX4Lx => 0x3244,
             Profile::ConnectX5 => 0x2c00,
             Profile::ConnectX6 | Profile::ConnectX7 => 0x2400,
         }
@@ -168,7 +182,7 @@ impl Profile {
     /// The capability pages of this profile.
     pub fn caps(self) -> CapPages {
         let mut caps = CapPages::parse(CX4_DATA);
-        if self != Profile::ConnectX4 {
+        if self != Profile::ConnectX4Lx {
             caps.raise(self);
         }
         // Firmware 14.12 gives the device (internal timer) frequency only in
@@ -346,7 +360,7 @@ mod tests {
 
     #[test]
     fn cx4_caps_decode_to_the_trace_values() {
-        let c = Profile::ConnectX4.caps();
+        let c = Profile::ConnectX4Lx.caps();
         assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_QP), 0xe);
         assert_eq!(c.max[&cap_type::GENERAL].len(), CAP_PAGE_SIZE);
         assert_eq!(
@@ -380,7 +394,7 @@ mod tests {
         assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::DCT), 1);
         assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::DEVICE_MEMORY), 1);
         assert_eq!(
-            Profile::ConnectX4
+            Profile::ConnectX4Lx
                 .caps()
                 .get(cap_type::GENERAL, cmd_hca_cap::DCT),
             0

@@ -611,7 +611,7 @@ fn profiles_and_config() {
     }
     // The device frequency the traced firmware gives in MHz (275), also in
     // kHz, the field Linux's PTP clock needs.
-    let caps = Profile::ConnectX4.caps();
+    let caps = Profile::ConnectX4Lx.caps();
     assert_eq!(
         caps.get(cap_type::GENERAL, cmd_hca_cap::DEVICE_FREQUENCY_MHZ),
         275

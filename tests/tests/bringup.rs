@@ -14,7 +14,7 @@ const BACKEND: Backend = Backend::InProcess;
 fn device() -> Func {
     tests::backend::device(
         crate::BACKEND,
-        mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4),
+        mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4Lx),
     )
 }
 

@@ -27,7 +27,7 @@ const EXEC_TO_MS: u32 = 250;
 const SLACK: Duration = Duration::from_secs(1);
 
 fn device() -> Func {
-    device_of(Profile::ConnectX4)
+    device_of(Profile::ConnectX4Lx)
 }
 
 fn device_of(profile: Profile) -> Func {
@@ -498,7 +498,7 @@ fn names(log: &[CmdLogEntry]) -> Vec<(&'static str, u16)> {
 /// ConnectX-4 (the traced firmware) does not offer `fast_teardown`; ConnectX-5
 /// and later do, so the fast branch runs on those.
 fn order(event_mode: bool, fast_teardown: bool) {
-    order_on(Profile::ConnectX4, event_mode, fast_teardown);
+    order_on(Profile::ConnectX4Lx, event_mode, fast_teardown);
     if fast_teardown {
         order_on(Profile::ConnectX5, event_mode, true);
     }
@@ -606,7 +606,7 @@ fn order_on(profile: Profile, event_mode: bool, fast_teardown: bool) {
         Duration::from_secs(2),
         || f.model().stats().pages_held == 0,
     );
-    assert_eq!(fast, fast_teardown && profile != Profile::ConnectX4);
+    assert_eq!(fast, fast_teardown && profile != Profile::ConnectX4Lx);
     // The function can be opened again at once.
     reopen_works(&f, false, event_mode);
 }

@@ -103,7 +103,7 @@ fn main() {
 
     // The contract on the device model, through the same checks the guest
     // runs on the kernel backend.
-    let emu = mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4);
+    let emu = mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4Lx);
     for (name, r) in tests::function_contract::check(&emu) {
         match r {
             Ok(()) => t.ok(&format!("emu/{name}")),

@@ -367,7 +367,7 @@ fn server_and_client_over_vfio_user() {
         let path = dir.join(format!("mlx5-perf-test-{}-{i}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let bus = Bus::new();
-        let mut cfg = mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4);
+        let mut cfg = mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4Lx);
         cfg.mac = mlx5_emu::DEFAULT_MAC + i;
         let dev = Arc::new(mlx5_emu::Device::new(cfg, bus.clone()));
         fabric.attach(&dev);

@@ -38,7 +38,7 @@ fn commands() -> Vec<TracedCommand> {
 fn replay_device(replay: &Arc<Replay>) -> Arc<EmulatedFunction<mlx5_emu::Device>> {
     let cfg = mlx5_emu::DeviceConfig {
         output_override: Some(replay.clone()),
-        ..mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4)
+        ..mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4Lx)
     };
     Arc::new(mlx5_emu::emulated_with(cfg))
 }

@@ -315,7 +315,7 @@ fn moving_to_err_flushes_every_outstanding_wr() {
 
 #[test]
 fn cq_overrun_raises_an_async_event() {
-    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4);
+    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4Lx);
     let a = side(open(function(&fabric, 0)), 1 << 16, ALL);
     let b = side(open(function(&fabric, 1)), 1 << 16, ALL);
     let small = a.ctx.create_cq(1, None, None).unwrap();
@@ -382,7 +382,7 @@ fn nothing_leaks_after_errors() {
 fn looped_back_write_outside_the_mr_is_a_remote_access_error() {
     // One function looped back to itself: its own QPs talk, and its own
     // mkey table must still bound a remote write.
-    let fabric = mlx5_emu::Fabric::loopback(mlx5_emu::Profile::ConnectX4);
+    let fabric = mlx5_emu::Fabric::loopback(mlx5_emu::Profile::ConnectX4Lx);
     let mut s = side(open(function(&fabric, 0)), 1 << 16, ALL);
     let mut qa = create_qp(&s, QpType::Rc, cap(8));
     let mut qb = create_qp(&s, QpType::Rc, cap(8));

@@ -83,7 +83,7 @@ fn many_qps(n: usize) {
 #[test]
 fn sixty_four_k_outstanding_wqes_on_one_qp() {
     const N: usize = 1 << 15;
-    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4);
+    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4Lx);
     let a = side(open(function(&fabric, 0)), N * 8, ALL);
     let b = side(open(function(&fabric, 1)), N * 8, ALL);
     let max_wr = a.ctx.query_device().unwrap().max_qp_wr;
@@ -191,7 +191,7 @@ fn sixty_four_k_outstanding_wqes_on_one_qp() {
 #[test]
 fn a_one_gib_mr() {
     const G: usize = 1 << 30;
-    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4);
+    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4Lx);
     let mut a = side(open(function(&fabric, 0)), 1 << 16, ALL);
     let b = side(open(function(&fabric, 1)), 4096, ALL);
     let big = vfio::DmaBuffer::new(G).unwrap();

@@ -301,7 +301,7 @@ fn srq_feeds_two_qps() {
 
 #[test]
 fn completion_channel_fires_after_arm() {
-    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4);
+    let fabric = mlx5_emu::Fabric::cabled(2, mlx5_emu::Profile::ConnectX4Lx);
     let a = side(open(function(&fabric, 0)), 1 << 16, ALL);
     let b = side(open(function(&fabric, 1)), 1 << 16, ALL);
     let ch = b.ctx.create_comp_channel().unwrap();

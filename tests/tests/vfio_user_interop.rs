@@ -24,7 +24,7 @@ fn read_u32_le(b: &[u8]) -> u32 {
 
 #[test]
 fn their_client_against_our_server() {
-    let profile = mlx5_emu::Profile::ConnectX4;
+    let profile = mlx5_emu::Profile::ConnectX4Lx;
     let (model, bus, server) = serve(mlx5_emu::DeviceConfig::for_profile(profile));
     let mut c = vfio_user::Client::new(server.path()).expect("their client negotiates");
 

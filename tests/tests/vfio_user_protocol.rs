@@ -21,7 +21,7 @@ use vfio::{DmaBuffer, Error, PciFunction};
 use zerocopy::IntoBytes;
 
 fn cfg() -> mlx5_emu::DeviceConfig {
-    mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4)
+    mlx5_emu::DeviceConfig::for_profile(mlx5_emu::Profile::ConnectX4Lx)
 }
 
 /// A raw client: sends what it is told, reads one reply.
@@ -127,7 +127,7 @@ fn bring_up_works(path: &std::path::Path) {
 fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
     let (model, bus, server) = serve(cfg());
     let mut c = Raw::connect(server.path());
-    let bar = mlx5_emu::Profile::ConnectX4.bar0_size();
+    let bar = mlx5_emu::Profile::ConnectX4Lx.bar0_size();
 
     // Short: a size smaller than the header itself.
     let id = c.send(

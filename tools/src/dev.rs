@@ -1,6 +1,6 @@
 //! The `DEV` argument of every subcommand: which function to open.
 //!
-//! - `emu` or `emu:PROFILE` (`cx4`, `cx5`, `cx6`, `cx7`): the built-in device
+//! - `emu` or `emu:PROFILE` (`cx4lx`, `cx5`, `cx6`, `cx7`): the built-in device
 //!   model, in this process. The default when `-d` is absent.
 //! - `DDDD:BB:DD.F`: a PCI function bound to vfio-pci (kernel VFIO backend).
 //! - `vfio-user:PATH`: a device served over vfio-user.
@@ -23,7 +23,7 @@ pub enum Dev {
 }
 
 impl Dev {
-    /// Parses `DEV` (`None`: the built-in model, ConnectX-4). The syntax is
+    /// Parses `DEV` (`None`: the built-in model, the traced ConnectX-4 Lx). The syntax is
     /// `verbs::device::DevSpec`'s, so the tools and verbs programs agree.
     pub fn parse(s: Option<&str>) -> Result<Self, String> {
         let spec = DevSpec::parse(s).map_err(|e| match s {
@@ -54,16 +54,16 @@ impl Dev {
     }
 }
 
-/// The device-model profile `emu:NAME` names (`""`: ConnectX-4).
+/// The device-model profile `emu:NAME` names (`""`: the traced ConnectX-4 Lx).
 fn profile(name: &str) -> Result<Profile, String> {
     Ok(match name {
-        "" | "cx4" | "connectx4" | "connectx-4" => Profile::ConnectX4,
+        "" | "cx4lx" | "cx4" | "connectx4lx" | "connectx-4lx" => Profile::ConnectX4Lx,
         "cx5" | "connectx5" | "connectx-5" => Profile::ConnectX5,
         "cx6" | "connectx6" | "connectx-6" => Profile::ConnectX6,
         "cx7" | "connectx7" | "connectx-7" => Profile::ConnectX7,
         _ => {
             return Err(format!(
-                "unknown device-model profile {name:?}: use cx4, cx5, cx6 or cx7"
+                "unknown device-model profile {name:?}: use cx4lx, cx5, cx6 or cx7"
             ))
         }
     })
@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn parses_every_form() {
-        assert_eq!(Dev::parse(None).unwrap(), Dev::Emu(Profile::ConnectX4));
+        assert_eq!(Dev::parse(None).unwrap(), Dev::Emu(Profile::ConnectX4Lx));
         assert_eq!(
             Dev::parse(Some("emu:cx6")).unwrap(),
             Dev::Emu(Profile::ConnectX6)
@@ -118,10 +118,10 @@ mod tests {
             Dev::parse(Some("vfio-user:/tmp/x")).unwrap(),
             Dev::VfioUser("/tmp/x".into())
         );
-        assert!(Dev::parse(Some("emu:cx9")).unwrap_err().contains("cx4"));
+        assert!(Dev::parse(Some("emu:cx9")).unwrap_err().contains("cx4lx"));
         assert_eq!(
             Dev::parse(Some("emu")).unwrap(),
-            Dev::Emu(Profile::ConnectX4)
+            Dev::Emu(Profile::ConnectX4Lx)
         );
         assert!(Dev::parse(Some("mlx5_0")).is_err());
     }

@@ -67,7 +67,7 @@ pub fn render(functions: &[PciDeviceInfo]) -> String {
         );
     }
     for p in Profile::ALL {
-        let dev = format!("emu:{}", p.name().replace("ConnectX-", "cx"));
+        let dev = format!("emu:{}", p.short());
         let _ = writeln!(
             o,
             "{:<14} {:<11} {:<6} {:<10} {} (device model)",
@@ -113,7 +113,7 @@ mod tests {
         assert!(lines[0].starts_with("DEV"));
         assert!(lines[1].starts_with("0000:3b:00.1   15b3:1017   42     vfio-pci   ConnectX-5"));
         assert!(lines[2].starts_with("0000:00:03.0   1234:11e8   -      vfio-pci   no"));
-        assert!(lines[3].starts_with("emu:cx4        15b3:1013   -"));
+        assert!(lines[3].starts_with("emu:cx4lx      15b3:1015   -"));
         assert!(lines[6].contains("ConnectX-7 (device model)"));
         assert_eq!(lines.len(), 7);
     }

@@ -17,11 +17,11 @@ mod tests {
 
     #[test]
     fn resets_the_model() {
-        let f = mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4);
+        let f = mlx5_emu::emulated(mlx5_emu::Profile::ConnectX4Lx);
         let cmd = pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER;
         f.config_write(pci::COMMAND, &cmd.to_le_bytes()).unwrap();
         let out = run(&f).unwrap();
-        assert_eq!(out, "emu:cx4: function reset done");
+        assert_eq!(out, "emu:cx4lx: function reset done");
         // A function-level reset clears the command register.
         let mut b = [0u8; 2];
         f.config_read(pci::COMMAND, &mut b).unwrap();

@@ -27,7 +27,7 @@ use crate::{DmaBuffer, Error, Iova, IovaRange, IrqKind, Mmio, PciFunction, Regio
 
 /// The device side of an emulated PCI function.
 pub trait DeviceModel: Send + Sync + std::fmt::Debug {
-    /// A name for logs and tools (`emu:cx4`).
+    /// A name for logs and tools (`emu:cx4lx`).
     fn name(&self) -> String;
     /// Config-space read.
     fn config_read(&self, offset: u64, buf: &mut [u8]);

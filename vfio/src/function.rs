@@ -65,7 +65,7 @@ pub const CONFIG_REGION: u32 = 7;
 /// in-process backend for device models ([`crate::emulated`]). All methods
 /// take `&self` and are safe to call from several threads.
 pub trait PciFunction: Send + Sync + std::fmt::Debug {
-    /// A human name: the PCI address, `emu:cx4`, a socket path.
+    /// A human name: the PCI address, `emu:cx4lx`, a socket path.
     fn name(&self) -> &str;
 
     /// Reads config space at `offset`.

@@ -729,12 +729,12 @@ impl Firmware {
 }
 
 /// The node description firmware boots with: the part number and the
-/// card's name, as Mellanox firmware reports it ("MT4115 ConnectX4 ...").
+/// card's name, as Mellanox firmware reports it ("MT4117 ConnectX4Lx ...").
 fn default_node_desc(p: Profile) -> [u8; reg::NODE_DESC_BYTES] {
     let text = format!(
         "MT{} {} Mellanox Technologies",
         p.device_id(),
-        p.name().replace('-', "")
+        p.name().replace(['-', ' '], "")
     );
     let mut d = [0u8; reg::NODE_DESC_BYTES];
     let n = text.len().min(d.len());

@@ -369,7 +369,7 @@ fn opcode(e: &[u8; 64]) -> u8 {
 }
 
 fn pair() -> (Fabric, Node, Node) {
-    let f = Fabric::cabled(2, Profile::ConnectX4);
+    let f = Fabric::cabled(2, Profile::ConnectX4Lx);
     let a = Node::new(f.function(0).unwrap());
     let b = Node::new(f.function(1).unwrap());
     (f, a, b)
@@ -778,7 +778,7 @@ fn ud_send_with_grh_and_qkey() {
 
 #[test]
 fn loopback_and_srq_and_objects_leak_free() {
-    let f = Fabric::loopback(Profile::ConnectX4);
+    let f = Fabric::loopback(Profile::ConnectX4Lx);
     let mut n = Node::new(f.function(0).unwrap());
     n.create_cq();
     n.create_cq();

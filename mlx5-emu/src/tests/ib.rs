@@ -24,7 +24,7 @@ fn node_desc_reads_the_part_and_keeps_what_the_driver_writes() {
     d.bring_up();
     let out = node_desc(&mut d, 1, &[]);
     assert_eq!(out[0], 0);
-    assert!(out[0x10..].starts_with(b"MT4115 ConnectX4 Mellanox Technologies\0"));
+    assert!(out[0x10..].starts_with(b"MT4117 ConnectX4Lx Mellanox Technologies\0"));
     let out = node_desc(&mut d, 0, b"host mlx5_0");
     assert_eq!(out[0], 0);
     let out = node_desc(&mut d, 1, &[]);

@@ -56,7 +56,7 @@ pub fn function(fabric: &Fabric, i: usize) -> Arc<dyn PciFunction> {
 }
 
 pub fn pair(len: usize) -> Pair {
-    let fabric = Fabric::cabled(2, Profile::ConnectX4);
+    let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
     let a = side(open(function(&fabric, 0)), len, ALL);
     let b = side(open(function(&fabric, 1)), len, ALL);
     Pair { fabric, a, b }

@@ -1,7 +1,7 @@
 //! `mlx5-emu`: the device model as a process of its own, serving emulated
 //! ConnectX functions over vfio-user.
 //!
-//! `mlx5-emu serve --socket PATH [--profile cx4] [--functions N]` serves
+//! `mlx5-emu serve --socket PATH [--profile cx4lx] [--functions N]` serves
 //! function 0 on `PATH` and function `i` on `PATH.i` (`PATH.1`, ...), each
 //! its own device with its own server thread, one client at a time, their
 //! ports cabled together (`mlx5_emu::Fabric`: two make a cable). Any
@@ -39,8 +39,8 @@ enum Cmd {
         /// Socket of function 0; function i (i > 0) listens on PATH.i.
         #[arg(long)]
         socket: PathBuf,
-        /// Which card: cx4, cx5, cx6 or cx7.
-        #[arg(long, default_value = "cx4", value_parser = parse_profile)]
+        /// Which card: cx4lx, cx5, cx6 or cx7.
+        #[arg(long, default_value = "cx4lx", value_parser = parse_profile)]
         profile: Profile,
         /// How many functions to serve, their ports cabled together.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]

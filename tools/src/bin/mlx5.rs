@@ -23,7 +23,7 @@ struct Cli {
 enum Cmd {
     /// Bring the function up and print what ibv_devinfo prints.
     Devinfo {
-        /// PCI address (0000:3b:00.0), emu[:cx4|cx5|cx6|cx7] or vfio-user:PATH; default emu.
+        /// PCI address (0000:3b:00.0), emu[:cx4lx|cx5|cx6|cx7] or vfio-user:PATH; default emu.
         #[arg(short, long)]
         dev: Option<String>,
         /// Add capabilities by name.

@@ -44,7 +44,7 @@ struct Opts {
     /// Listen on / connect to TCP port.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
-    /// Use this device: PCI address, emu[:cx4|cx5|cx6|cx7] or vfio-user:PATH (default emu).
+    /// Use this device: PCI address, emu[:cx4lx|cx5|cx6|cx7] or vfio-user:PATH (default emu).
     #[arg(short = 'd', long = "ib-dev")]
     ib_dev: Option<String>,
     /// Use port N of the device.

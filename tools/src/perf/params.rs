@@ -119,7 +119,7 @@ impl AtomicType {
 /// The flags every program takes (perftest's names and letters).
 #[derive(Args, Debug, Clone)]
 pub struct Flags {
-    /// The device: emu[:cx4|cx5|cx6|cx7] (default: both sides in this
+    /// The device: emu[:cx4lx|cx5|cx6|cx7] (default: both sides in this
     /// process on two cabled device-model functions), vfio-user:PATH, or a
     /// PCI address.
     #[arg(short = 'd', long = "ib-dev")]
