@@ -43,6 +43,7 @@ mod fw;
 pub mod initseg;
 mod profile;
 pub mod transport;
+pub mod vsc;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,6 +181,17 @@ pub struct Stats {
     pub qps: usize,
     /// SRQs alive.
     pub srqs: usize,
+    /// Flow tables alive.
+    pub flow_tables: usize,
+    /// Flow groups alive.
+    pub flow_groups: usize,
+    /// Flow table entries alive.
+    pub ftes: usize,
+    /// Flow counters alive (every counter of every bulk).
+    pub flow_counters: usize,
+    /// Objects the driver left alive at TEARDOWN_HCA (or a fast teardown),
+    /// which firmware then dropped: leaks, since power-on.
+    pub leaked_at_teardown: u64,
     /// Packets sent on the port.
     pub packets_sent: u64,
     /// Packets that reached the port.
@@ -406,6 +418,11 @@ impl Device {
     /// The fault-injection handle.
     pub fn faults(&self) -> &Arc<Faults> {
         &self.inner.faults
+    }
+
+    /// A snapshot of the vendor-specific gateway (config space).
+    pub fn vsc_gateway(&self) -> vsc::Gateway {
+        lock(&self.inner.pci).vsc().clone()
     }
 
     /// A snapshot of the counters.

@@ -70,6 +70,17 @@ impl Profile {
         }
     }
 
+    /// The chip's hardware id (crspace register 0xf0014, bits 15:0, as
+    /// mstflint's device table names them).
+    pub const fn hw_id(self) -> u32 {
+        match self {
+            Profile::ConnectX4 => 0x209,
+            Profile::ConnectX5 => 0x20d,
+            Profile::ConnectX6 => 0x20f,
+            Profile::ConnectX7 => 0x218,
+        }
+    }
+
     /// PCI subsystem id (the Mellanox retail board ids).
     pub const fn subsystem_id(self) -> u16 {
         match self {
@@ -159,6 +170,17 @@ impl Profile {
         let mut caps = CapPages::parse(CX4_DATA);
         if self != Profile::ConnectX4 {
             caps.raise(self);
+        }
+        // Firmware 14.12 gives the device (internal timer) frequency only in
+        // MHz (275 in the trace); later firmware also fills
+        // device_frequency_khz, the one field Linux 6.12 reads (it refuses
+        // to start the PTP clock on 0). Same frequency, in kHz.
+        {
+            use mlx5_hw::ifc::cmd_hca_cap as g;
+            let mhz = caps.get(cap_type::GENERAL, g::DEVICE_FREQUENCY_MHZ);
+            if caps.get(cap_type::GENERAL, g::DEVICE_FREQUENCY_KHZ) == 0 {
+                caps.set_both(cap_type::GENERAL, g::DEVICE_FREQUENCY_KHZ, mhz * 1000);
+            }
         }
         // An e-switch manager answers QUERY_HCA_CAP for the e-switch pages
         // (Linux queries them whenever eswitch_manager is set). The traced

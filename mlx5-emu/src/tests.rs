@@ -10,6 +10,7 @@ use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use vfio::emulated::EmulatedFunction;
 
 mod dp;
+mod flow;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -604,4 +605,15 @@ fn profiles_and_config() {
         assert_eq!(f.region_info(0).unwrap().size, p.bar0_size());
         assert!(!p.caps().cur[&cap_type::GENERAL].is_empty());
     }
+    // The device frequency the traced firmware gives in MHz (275), also in
+    // kHz, the field Linux's PTP clock needs.
+    let caps = Profile::ConnectX4.caps();
+    assert_eq!(
+        caps.get(cap_type::GENERAL, cmd_hca_cap::DEVICE_FREQUENCY_MHZ),
+        275
+    );
+    assert_eq!(
+        caps.get(cap_type::GENERAL, cmd_hca_cap::DEVICE_FREQUENCY_KHZ),
+        275_000
+    );
 }

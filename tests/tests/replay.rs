@@ -225,12 +225,24 @@ fn bring_up_and_teardown(event_mode: bool) {
         .map(|d| d.what.as_str())
         .collect();
     for d in divs.iter().filter(|d| d.kind == Kind::Output) {
+        if let Some((_, why)) = MODEL_FILLS.iter().find(|(f, _)| d.what.ends_with(f)) {
+            println!("expected divergence: {d} ({why})");
+            continue;
+        }
         assert!(
             set_by_driver.contains(d.what.as_str()),
             "the model differs from real firmware: {d}\n{report}"
         );
     }
 }
+
+/// Fields where the model answers with more than the traced firmware on
+/// purpose, and why.
+const MODEL_FILLS: &[(&str, &str)] = &[(
+    "cmd_hca_cap.device_frequency_khz",
+    "firmware 14.12 gives the frequency only in MHz (275); the model also fills \
+     the kHz field, which Linux 6.12 needs for its PTP clock",
+)];
 
 #[test]
 fn real_firmware_replay_polled() {

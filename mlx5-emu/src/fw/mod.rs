@@ -7,6 +7,7 @@ mod adapter;
 mod caps;
 pub(crate) mod cq;
 mod eq;
+mod flow;
 mod hca;
 mod issi;
 mod mkey;
@@ -184,6 +185,33 @@ pub(crate) mod synd {
     pub const SRQ_EXHAUSTED: u32 = 0x5a90_0004;
     pub const SRQ_UNKNOWN: u32 = 0x5a90_0005;
     pub const SRQ_IN_USE: u32 = 0x5a90_0006;
+    pub const FT_BAD_TYPE: u32 = 0x6f10_0001;
+    pub const FT_OTHER_VPORT: u32 = 0x6f10_0002;
+    pub const FT_UNKNOWN: u32 = 0x6f10_0003;
+    pub const FT_BAD_LEVEL: u32 = 0x6f10_0004;
+    pub const FT_BAD_SIZE: u32 = 0x6f10_0005;
+    pub const FT_UNSUPPORTED: u32 = 0x6f10_0006;
+    pub const FT_BAD_MISS_TABLE: u32 = 0x6f10_0007;
+    pub const FT_BAD_MISS_ACTION: u32 = 0x6f10_0008;
+    pub const FT_EXHAUSTED: u32 = 0x6f10_0009;
+    pub const FT_NOT_EMPTY: u32 = 0x6f10_000a;
+    pub const FT_REFERENCED: u32 = 0x6f10_000b;
+    pub const FT_IS_ROOT: u32 = 0x6f10_000c;
+    pub const FT_BAD_OP_MOD: u32 = 0x6f10_000d;
+    pub const FG_BAD_RANGE: u32 = 0x6f20_0001;
+    pub const FG_OVERLAP: u32 = 0x6f20_0002;
+    pub const FG_BAD_CRITERIA: u32 = 0x6f20_0003;
+    pub const FG_UNKNOWN: u32 = 0x6f20_0004;
+    pub const FG_NOT_EMPTY: u32 = 0x6f20_0005;
+    pub const FTE_BAD_INDEX: u32 = 0x6f30_0001;
+    pub const FTE_EXISTS: u32 = 0x6f30_0002;
+    pub const FTE_UNKNOWN: u32 = 0x6f30_0003;
+    pub const FTE_BAD_ACTION: u32 = 0x6f30_0004;
+    pub const FTE_BAD_DEST: u32 = 0x6f30_0005;
+    pub const FC_UNKNOWN: u32 = 0x6f40_0001;
+    pub const FC_BAD_BULK: u32 = 0x6f40_0002;
+    pub const FC_EXHAUSTED: u32 = 0x6f40_0003;
+    pub const FC_IN_USE: u32 = 0x6f40_0004;
 }
 
 /// Firmware state.
@@ -218,6 +246,9 @@ pub(crate) struct Firmware {
     pub(crate) uars: BTreeSet<u32>,
     pub(crate) eqs: BTreeMap<u8, Eq>,
     pub(crate) eq_db_last: BTreeMap<(u32, usize), u32>,
+    pub(crate) steering: flow::Steering,
+    /// Objects alive at a teardown (Stats::leaked_at_teardown).
+    pub(crate) leaked: u64,
     // Port and vport.
     pub(crate) port: PortState,
     pub(crate) roce_en: bool,
@@ -255,6 +286,8 @@ impl Firmware {
             uars: BTreeSet::new(),
             eqs: BTreeMap::new(),
             eq_db_last: BTreeMap::new(),
+            steering: flow::Steering::default(),
+            leaked: 0,
             port: PortState::power_on(cfg.profile),
             roce_en: false,
             vport_mtu: 1500,
@@ -280,6 +313,11 @@ impl Firmware {
         s.pages_held = self.pages.len() as u64;
         s.eqs = self.eqs.len();
         s.uars = self.uars.len();
+        s.flow_tables = self.steering.tables.len();
+        s.flow_groups = self.steering.groups();
+        s.ftes = self.steering.ftes();
+        s.flow_counters = self.steering.counter_ids();
+        s.leaked_at_teardown = self.leaked;
         s.hca_state = self.hca;
     }
 
@@ -327,9 +365,13 @@ impl Firmware {
             self.last_tick = now;
             self.health_counter = (self.health_counter + 1) & 0x00ff_ffff;
             wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
-            let ns = now.duration_since(self.power_on_at).as_nanos() as u64;
-            wr(bar, initseg::INTERNAL_TIMER_H, (ns >> 32) as u32);
-            wr(bar, initseg::INTERNAL_TIMER_L, ns as u32);
+            // The internal timer counts device clock cycles
+            // (device_frequency_khz).
+            let ns = now.duration_since(self.power_on_at).as_nanos();
+            let khz = self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
+            let ticks = (ns * u128::from(khz) / 1_000_000) as u64;
+            wr(bar, initseg::INTERNAL_TIMER_H, (ticks >> 32) as u32);
+            wr(bar, initseg::INTERNAL_TIMER_L, ticks as u32);
         }
         if self.initializing {
             if now.duration_since(self.power_on_at) >= self.fw_start
@@ -449,7 +491,8 @@ impl Firmware {
                 | O::QueryHcaVportGid
                 | O::QueryNicVportContext
                 | O::ModifyNicVportContext
-        ) || Self::is_rdma(opcode);
+        ) || Self::is_rdma(opcode)
+            || Self::is_flow(opcode);
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
@@ -508,10 +551,23 @@ impl Firmware {
             O::ArmRq => self.arm_rq(inner, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
             O::QueryRoceAddress => self.query_roce_address(inner, input, outlen),
+            O::CreateFlowTable => self.create_flow_table(input, outlen),
+            O::DestroyFlowTable => self.destroy_flow_table(input, outlen),
+            O::ModifyFlowTable => self.modify_flow_table(input, outlen),
+            O::QueryFlowTable => self.query_flow_table(input, outlen),
+            O::SetFlowTableRoot => self.set_flow_table_root(input, outlen),
+            O::CreateFlowGroup => self.create_flow_group(input, outlen),
+            O::DestroyFlowGroup => self.destroy_flow_group(input, outlen),
+            O::SetFlowTableEntry => self.set_fte(input, outlen),
+            O::DeleteFlowTableEntry => self.delete_fte(input, outlen),
+            O::QueryFlowTableEntry => self.query_fte(input, outlen),
+            O::AllocFlowCounter => self.alloc_flow_counter(input, outlen),
+            O::DeallocFlowCounter => self.dealloc_flow_counter(input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         };
         if opcode == O::TeardownHca && r.is_ok() {
             // Firmware forgets every object with the HCA.
+            self.leaked += inner.rdma.objects() as u64;
             inner.rdma.reset();
         }
         let _ = op_mod;
@@ -555,9 +611,30 @@ impl Firmware {
         )
     }
 
+    /// The flow-steering commands (fw/flow.rs).
+    fn is_flow(op: Opcode) -> bool {
+        use Opcode as O;
+        matches!(
+            op,
+            O::CreateFlowTable
+                | O::DestroyFlowTable
+                | O::ModifyFlowTable
+                | O::QueryFlowTable
+                | O::SetFlowTableRoot
+                | O::CreateFlowGroup
+                | O::DestroyFlowGroup
+                | O::SetFlowTableEntry
+                | O::DeleteFlowTableEntry
+                | O::QueryFlowTableEntry
+                | O::AllocFlowCounter
+                | O::DeallocFlowCounter
+        )
+    }
+
     fn implements(&self, op: Opcode) -> bool {
         use Opcode as O;
         Self::is_rdma(op)
+            || Self::is_flow(op)
             || matches!(
                 op,
                 O::EnableHca

@@ -69,7 +69,10 @@ impl Firmware {
             REG_PAOS => paos_reg::SIZE_BYTES,
             REG_HOST_ENDIANNESS => 0x10,
             REG_DTOR => dtor_reg::SIZE_BYTES,
-            _ => return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN)),
+            _ => {
+                tracing::debug!(register_id = format_args!("{id:#x}"), "unknown register");
+                return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN));
+            }
         };
         if data.len() < size {
             return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));

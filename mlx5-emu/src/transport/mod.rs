@@ -228,6 +228,16 @@ impl Rdma {
     }
 
     /// Forgets every object (power-on, FLR, fast teardown).
+    /// Objects alive (PDs, transport domains, MKEYs, CQs, QPs, SRQs).
+    pub(crate) fn objects(&self) -> usize {
+        lock(&self.pds).len()
+            + lock(&self.tds).len()
+            + rlock(&self.mkeys).len()
+            + rlock(&self.cqs).len()
+            + rlock(&self.qps).len()
+            + rlock(&self.srqs).len()
+    }
+
     pub(crate) fn reset(&self) {
         for qp in wlock(&self.qps).drain() {
             qp.1.destroyed();

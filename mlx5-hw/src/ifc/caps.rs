@@ -5444,6 +5444,8 @@ pub mod hca_cap_union {
     pub const ROCE_CAP: BitField = BitField::new(0x0, 0x800);
     /// Place of `device_mem_cap`: bit 0x0, 0x800 bits.
     pub const DEVICE_MEM_CAP: BitField = BitField::new(0x0, 0x800);
+    /// Place of `flow_table_nic_cap`: bit 0x0, 0x8000 bits.
+    pub const FLOW_TABLE_NIC_CAP: BitField = BitField::new(0x0, 0x8000);
     /// Registry entry: every field, reserved gaps included.
     pub static INFO: LayoutInfo = LayoutInfo {
         name: "hca_cap_union",
@@ -5457,6 +5459,7 @@ pub mod hca_cap_union {
             FieldInfo { name: "atomic_caps", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("atomic_caps") },
             FieldInfo { name: "roce_cap", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("roce_cap") },
             FieldInfo { name: "device_mem_cap", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("device_mem_cap") },
+            FieldInfo { name: "flow_table_nic_cap", bit_off: 0x0, width: 0x8000, ty: FieldType::Layout("flow_table_nic_cap") },
             FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x8000, ty: FieldType::Bits },
         ],
     };
@@ -5512,6 +5515,10 @@ impl<T: AsRef<[u8]>> HcaCapUnion<T> {
     pub fn device_mem_cap(&self) -> DeviceMemCap<&[u8]> {
         DeviceMemCap::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x100))
     }
+    /// `flow_table_nic_cap` (`flow_table_nic_cap`, at byte 0x0).
+    pub fn flow_table_nic_cap(&self) -> FlowTableNicCap<&[u8]> {
+        FlowTableNicCap::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x1000))
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> HcaCapUnion<T> {
@@ -5542,6 +5549,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> HcaCapUnion<T> {
     /// `device_mem_cap` (`device_mem_cap`, at byte 0x0), for writing.
     pub fn device_mem_cap_mut(&mut self) -> DeviceMemCap<&mut [u8]> {
         DeviceMemCap::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x100))
+    }
+    /// `flow_table_nic_cap` (`flow_table_nic_cap`, at byte 0x0), for writing.
+    pub fn flow_table_nic_cap_mut(&mut self) -> FlowTableNicCap<&mut [u8]> {
+        FlowTableNicCap::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x1000))
     }
 }
 
