@@ -70,8 +70,10 @@ pub const SPIN_AFTER_ACTIVITY: Duration = Duration::from_millis(2);
 pub const DEFAULT_MAC: u64 = 0x248a_07a0_0001;
 /// How many trapped EQ doorbell writes wait for the worker at most.
 pub const TRAPPED_DOORBELLS_MAX: usize = 4096;
-/// How many commands the command log keeps (oldest dropped first).
-pub const CMD_LOG_CAPACITY: usize = 4096;
+/// How many commands the command log keeps (oldest dropped first). Linux's
+/// mlx5_ib fills its mkey cache with about 4000 CREATE_MKEYs at probe (and
+/// destroys them at remove): a whole probe-and-remove run fits.
+pub const CMD_LOG_CAPACITY: usize = 16384;
 
 /// How the function is built.
 #[derive(Debug, Clone)]
@@ -173,6 +175,10 @@ pub struct Stats {
     pub pds: usize,
     /// Transport domains allocated.
     pub tds: usize,
+    /// XRC domains allocated.
+    pub xrcds: usize,
+    /// Q counter sets allocated.
+    pub q_counters: usize,
     /// Memory keys alive.
     pub mkeys: usize,
     /// CQs alive.
@@ -434,6 +440,8 @@ impl Device {
         let r = &self.inner.rdma;
         s.pds = lock(&r.pds).len();
         s.tds = lock(&r.tds).len();
+        s.xrcds = lock(&r.xrcds).len();
+        s.q_counters = lock(&r.q_counters).len();
         s.mkeys = transport::rlock(&r.mkeys).len();
         s.cqs = transport::rlock(&r.cqs).len();
         s.qps = transport::rlock(&r.qps).len();

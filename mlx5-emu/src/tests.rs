@@ -11,6 +11,7 @@ use vfio::emulated::EmulatedFunction;
 
 mod dp;
 mod flow;
+mod ib;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

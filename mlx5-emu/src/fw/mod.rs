@@ -5,6 +5,8 @@
 
 mod adapter;
 mod caps;
+mod cong;
+mod counters;
 pub(crate) mod cq;
 mod eq;
 mod flow;
@@ -19,6 +21,7 @@ mod roce;
 mod srq;
 mod uar;
 mod vport;
+mod xrcd;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
@@ -143,6 +146,7 @@ pub(crate) mod synd {
     pub const VPORT_BAD_PORT: u32 = 0x2b07_0001;
     pub const VPORT_OTHER: u32 = 0x2b07_0002;
     pub const VPORT_BAD_GID_INDEX: u32 = 0x2b07_0003;
+    pub const VPORT_BAD_PKEY_INDEX: u32 = 0x2b07_0004;
     pub const BAD_PAS: u32 = 0x1f00_0001;
     pub const PD_EXHAUSTED: u32 = 0x5d00_0001;
     pub const PD_UNKNOWN: u32 = 0x5d00_0002;
@@ -185,6 +189,18 @@ pub(crate) mod synd {
     pub const SRQ_EXHAUSTED: u32 = 0x5a90_0004;
     pub const SRQ_UNKNOWN: u32 = 0x5a90_0005;
     pub const SRQ_IN_USE: u32 = 0x5a90_0006;
+    pub const XRCD_EXHAUSTED: u32 = 0x5d00_0021;
+    pub const XRCD_UNKNOWN: u32 = 0x5d00_0022;
+    pub const XRCD_IN_USE: u32 = 0x5d00_0023;
+    pub const SRQ_BAD_XRCD: u32 = 0x5a90_0007;
+    pub const SRQ_BAD_CQ: u32 = 0x5a90_0008;
+    pub const SRQ_BAD_STATE: u32 = 0x5a90_0009;
+    pub const SRQ_BAD_WQ_TYPE: u32 = 0x5a90_000a;
+    pub const Q_COUNTER_EXHAUSTED: u32 = 0x6c00_0001;
+    pub const Q_COUNTER_UNKNOWN: u32 = 0x6c00_0002;
+    pub const Q_COUNTER_IN_USE: u32 = 0x6c00_0003;
+    pub const Q_COUNTER_NO_AGGREGATION: u32 = 0x6c00_0004;
+    pub const BAD_UID: u32 = 0x1d3c_0002;
     pub const FT_BAD_TYPE: u32 = 0x6f10_0001;
     pub const FT_OTHER_VPORT: u32 = 0x6f10_0002;
     pub const FT_UNKNOWN: u32 = 0x6f10_0003;
@@ -255,6 +271,8 @@ pub(crate) struct Firmware {
     pub(crate) vport_mtu: u16,
     /// The port's MAC (DeviceConfig::mac).
     pub(crate) mac: u64,
+    /// NODE_DESC: what firmware reports until the driver sets it.
+    pub(crate) node_desc: [u8; reg::NODE_DESC_BYTES],
 }
 
 impl Firmware {
@@ -292,6 +310,7 @@ impl Firmware {
             roce_en: false,
             vport_mtu: 1500,
             mac: cfg.mac,
+            node_desc: default_node_desc(cfg.profile),
         }
     }
 
@@ -319,6 +338,11 @@ impl Firmware {
         s.flow_counters = self.steering.counter_ids();
         s.leaked_at_teardown = self.leaked;
         s.hca_state = self.hca;
+    }
+
+    /// The HCA clock (the internal timer): nanoseconds since power-on.
+    pub(crate) fn hca_clock_ns(&self) -> u64 {
+        Instant::now().duration_since(self.power_on_at).as_nanos() as u64
     }
 
     /// Pages firmware needs to hold in its current state.
@@ -489,8 +513,10 @@ impl Firmware {
                 | O::QueryVportState
                 | O::QueryHcaVportContext
                 | O::QueryHcaVportGid
+                | O::QueryHcaVportPkey
                 | O::QueryNicVportContext
                 | O::ModifyNicVportContext
+                | O::QueryCongStatistics
         ) || Self::is_rdma(opcode)
             || Self::is_flow(opcode);
         if needs_init && self.hca != HcaState::Initialized {
@@ -520,6 +546,7 @@ impl Firmware {
             O::QueryVportState => self.query_vport_state(input, outlen),
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),
             O::QueryHcaVportGid => self.query_hca_vport_gid(input, outlen),
+            O::QueryHcaVportPkey => self.query_hca_vport_pkey(input, outlen),
             O::QueryNicVportContext => self.query_nic_vport_context(input, outlen),
             O::ModifyNicVportContext => self.modify_nic_vport_context(input, outlen),
             O::AllocPd => self.alloc_pd(inner, input, outlen),
@@ -550,6 +577,16 @@ impl Firmware {
             O::QuerySrq => self.query_srq(inner, input, outlen),
             O::ArmRq => self.arm_rq(inner, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
+            O::AllocXrcd => self.alloc_xrcd(inner, input, outlen),
+            O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
+            O::CreateRmp => self.create_rmp(inner, input, outlen),
+            O::DestroyRmp => self.destroy_rmp(inner, input, outlen),
+            O::DestroyXrcSrq => self.destroy_xrc_srq(inner, input, outlen),
+            O::DeallocXrcd => self.dealloc_xrcd(inner, input, outlen),
+            O::AllocQCounter => self.alloc_q_counter(inner, input, outlen),
+            O::DeallocQCounter => self.dealloc_q_counter(inner, input, outlen),
+            O::QueryQCounter => self.query_q_counter(inner, input, outlen),
+            O::QueryCongStatistics => self.query_cong_statistics(input, outlen),
             O::QueryRoceAddress => self.query_roce_address(inner, input, outlen),
             O::CreateFlowTable => self.create_flow_table(input, outlen),
             O::DestroyFlowTable => self.destroy_flow_table(input, outlen),
@@ -608,6 +645,15 @@ impl Firmware {
                 | O::ArmRq
                 | O::SetRoceAddress
                 | O::QueryRoceAddress
+                | O::AllocXrcd
+                | O::CreateXrcSrq
+                | O::CreateRmp
+                | O::DestroyRmp
+                | O::DestroyXrcSrq
+                | O::DeallocXrcd
+                | O::AllocQCounter
+                | O::DeallocQCounter
+                | O::QueryQCounter
         )
     }
 
@@ -660,10 +706,26 @@ impl Firmware {
                     | O::QueryVportState
                     | O::QueryHcaVportContext
                     | O::QueryHcaVportGid
+                    | O::QueryHcaVportPkey
                     | O::QueryNicVportContext
                     | O::ModifyNicVportContext
+                    | O::QueryCongStatistics
             )
     }
+}
+
+/// The node description firmware boots with: the part number and the
+/// card's name, as Mellanox firmware reports it ("MT4115 ConnectX4 ...").
+fn default_node_desc(p: Profile) -> [u8; reg::NODE_DESC_BYTES] {
+    let text = format!(
+        "MT{} {} Mellanox Technologies",
+        p.device_id(),
+        p.name().replace('-', "")
+    );
+    let mut d = [0u8; reg::NODE_DESC_BYTES];
+    let n = text.len().min(d.len());
+    d[..n].copy_from_slice(&text.as_bytes()[..n]);
+    d
 }
 
 /// Checks the input and output lengths a command needs.

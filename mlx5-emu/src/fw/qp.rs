@@ -35,6 +35,7 @@ mod optpar {
     pub const RETRY_COUNT: u32 = 1 << 12;
     pub const RNR_RETRY: u32 = 1 << 13;
     pub const ACK_TIMEOUT: u32 = 1 << 14;
+    pub const COUNTER_SET_ID: u32 = 1 << 25;
 }
 
 fn mtu_bytes(code: u64) -> u32 {
@@ -170,6 +171,7 @@ impl Firmware {
                 dbr,
                 uar,
                 state: AtomicU8::new(state::RST),
+                counter_set: std::sync::atomic::AtomicU32::new(0),
                 sq: Mutex::new(Sq::default()),
                 rq: Mutex::new(Rq::default()),
             }),
@@ -350,6 +352,14 @@ impl Firmware {
             if (all && ud) || mask & optpar::Q_KEY != 0 {
                 rq.qkey = qpc::Q_KEY.get(c) as u32;
                 sq.qkey = rq.qkey;
+            }
+            if all || mask & optpar::COUNTER_SET_ID != 0 {
+                let id = qpc::COUNTER_SET_ID.get(c) as u32;
+                if id != 0 && !lock(&r.q_counters).contains_key(&id) {
+                    return Err(fail(CmdStatus::BadParameter, synd::Q_COUNTER_UNKNOWN));
+                }
+                qp.counter_set
+                    .store(id, std::sync::atomic::Ordering::Relaxed);
             }
             if all || mask & optpar::PKEY_INDEX != 0 {
                 sq.path.pkey_index = ads::PKEY_INDEX.get(&c[PATH..]) as u16;

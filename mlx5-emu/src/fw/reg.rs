@@ -1,5 +1,5 @@
-//! ACCESS_REG: HOST_ENDIANNESS, PAOS, PMTU, PTYS, DTOR, on a one-port
-//! Ethernet function.
+//! ACCESS_REG: HOST_ENDIANNESS, PAOS, PMTU, PTYS, DTOR, NODE_DESC, on a
+//! one-port Ethernet function.
 
 use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::{
@@ -16,6 +16,11 @@ pub(crate) const REG_PTYS: u16 = 0x5004;
 pub(crate) const REG_PAOS: u16 = 0x5006;
 pub(crate) const REG_HOST_ENDIANNESS: u16 = 0x7004;
 pub(crate) const REG_DTOR: u16 = 0xc00e;
+pub(crate) const REG_NODE_DESC: u16 = 0x6001;
+
+/// NODE_DESC: the node description, 64 bytes of text (IB NodeDescription;
+/// mlx5_ib reads it at probe and writes it on IB_DEVICE_MODIFY_NODE_DESC).
+pub(crate) const NODE_DESC_BYTES: usize = 64;
 
 /// ACCESS_REG op_mod.
 const WRITE: u64 = 0;
@@ -69,6 +74,7 @@ impl Firmware {
             REG_PAOS => paos_reg::SIZE_BYTES,
             REG_HOST_ENDIANNESS => 0x10,
             REG_DTOR => dtor_reg::SIZE_BYTES,
+            REG_NODE_DESC => NODE_DESC_BYTES,
             _ => {
                 tracing::debug!(register_id = format_args!("{id:#x}"), "unknown register");
                 return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN));
@@ -103,6 +109,12 @@ impl Firmware {
                 }
             }
             REG_PAOS => self.paos(inner, op, &mut reg)?,
+            REG_NODE_DESC => {
+                if op == WRITE {
+                    self.node_desc.copy_from_slice(&reg);
+                }
+                reg.copy_from_slice(&self.node_desc);
+            }
             REG_PMTU => {
                 check_port(pmtu_reg::LOCAL_PORT.get(&reg))?;
                 if op == WRITE {

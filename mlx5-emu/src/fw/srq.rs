@@ -1,12 +1,17 @@
 //! CREATE_SRQ / DESTROY_SRQ / QUERY_SRQ / ARM_RQ: shared receive queues
 //! (a linked list of receive WQEs, each a next segment and data segments)
-//! and their limit event.
+//! and their limit event. CREATE_XRC_SRQ / DESTROY_XRC_SRQ: the same queue
+//! in an XRC domain (mlx5_ib creates one for its device resources); XRC
+//! SRQs share the SRQ number space. CREATE_RMP / DESTROY_RMP: the same
+//! queue as a receive memory pool, which is how Linux creates a basic SRQ
+//! once ISSI is 1 (the WQ's linked-list WQEs are the SRQ's).
 
 use std::sync::{Arc, Mutex};
 
 use mlx5_hw::ifc::{
-    arm_rq_in, cmd_hca_cap, create_srq_in, create_srq_out, destroy_srq_in, query_srq_in,
-    query_srq_out, srqc,
+    arm_rq_in, cmd_hca_cap, create_rmp_in, create_rmp_out, create_srq_in, create_srq_out,
+    create_xrc_srq_in, create_xrc_srq_out, destroy_rmp_in, destroy_srq_in, destroy_xrc_srq_in,
+    query_srq_in, query_srq_out, rmpc, srqc, wq, xrc_srqc,
 };
 use mlx5_hw::status::CmdStatus;
 
@@ -17,6 +22,10 @@ use crate::transport::{rlock, wlock, Srq};
 use crate::{lock, Inner};
 
 const CTX: usize = create_srq_in::SRQ_CONTEXT_ENTRY.off / 8;
+/// rmpc.state: ready.
+const RMPC_STATE_RDY: u64 = 1;
+/// wq.wq_type: a linked list (the SRQ's WQE format).
+const WQ_TYPE_LINKED_LIST: u64 = 0;
 
 impl Firmware {
     pub(super) fn create_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
@@ -60,6 +69,7 @@ impl Firmware {
                 buf: Buf::new(pas, log_page, offset),
                 dbr,
                 cqn: srqc::CQN.get(c) as u32,
+                xrcd: 0,
                 st: Mutex::new(SrqState {
                     lwm: srqc::LWM.get(c) as u16,
                     ..SrqState::default()
@@ -71,11 +81,171 @@ impl Firmware {
         Ok(out)
     }
 
-    pub(super) fn destroy_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
-        sized(input, outlen, destroy_srq_in::SIZE_BYTES, 0x10)?;
-        let srqn = destroy_srq_in::SRQN.get(input) as u32;
+    pub(super) fn create_xrc_srq(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_xrc_srq_in::SIZE_BYTES,
+            create_xrc_srq_out::SIZE_BYTES,
+        )?;
+        if self.cap(cmd_hca_cap::XRC) == 0 {
+            return Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE));
+        }
+        self.check_uid(create_xrc_srq_in::UID.get(input))?;
+        let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+        let c = &input[at..at + xrc_srqc::SIZE_BYTES];
+        let log_size = xrc_srqc::LOG_XRC_SRQ_SIZE.get(c) as u8;
+        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_SRQ_SZ).max(15) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
         let r = &inner.rdma;
-        if !rlock(&r.srqs).contains_key(&srqn) {
+        let pd = xrc_srqc::PD.get(c) as u32;
+        if !lock(&r.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_PD));
+        }
+        let xrcd = xrc_srqc::XRCD.get(c) as u32;
+        if !lock(&r.xrcds).contains(&xrcd) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_XRCD));
+        }
+        let cqn = xrc_srqc::CQN.get(c) as u32;
+        if !rlock(&r.cqs).contains_key(&cqn) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_CQ));
+        }
+        let log_stride = xrc_srqc::LOG_RQ_STRIDE.get(c) as u8;
+        let log_page = 12 + xrc_srqc::LOG_PAGE_SIZE.get(c) as u32;
+        let offset = xrc_srqc::PAGE_OFFSET.get(c) * 64;
+        let bytes = offset + ((16u64 << log_stride) << log_size);
+        let npas = bytes.div_ceil(1 << log_page) as usize;
+        let pas = pas(input, create_xrc_srq_in::SIZE_BYTES, npas)?;
+        let dbr = xrc_srqc::DB_RECORD_ADDR_H.get(c) << 32 | xrc_srqc::DB_RECORD_ADDR_L.get(c) << 2;
+        if !inner.bus.dma.is_mapped(dbr, 4) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
+        let mut t = wlock(&r.srqs);
+        let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
+            return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
+        };
+        t.insert(
+            srqn,
+            Arc::new(Srq {
+                srqn,
+                pd,
+                log_size,
+                log_stride,
+                buf: Buf::new(pas, log_page, offset),
+                dbr,
+                cqn,
+                xrcd,
+                st: Mutex::new(SrqState {
+                    lwm: xrc_srqc::LWM.get(c) as u16,
+                    ..SrqState::default()
+                }),
+            }),
+        );
+        let mut out = vec![0u8; create_xrc_srq_out::SIZE_BYTES];
+        create_xrc_srq_out::XRC_SRQN.set(&mut out, u64::from(srqn));
+        Ok(out)
+    }
+
+    pub(super) fn create_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            create_rmp_in::SIZE_BYTES,
+            create_rmp_out::SIZE_BYTES,
+        )?;
+        self.check_uid(create_rmp_in::UID.get(input))?;
+        let at = create_rmp_in::CTX.off / 8;
+        let c = &input[at..at + rmpc::SIZE_BYTES];
+        if rmpc::STATE.get(c) != RMPC_STATE_RDY {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_STATE));
+        }
+        let w = &c[rmpc::WQ.off / 8..rmpc::WQ.off / 8 + wq::SIZE_BYTES];
+        if wq::WQ_TYPE.get(w) != WQ_TYPE_LINKED_LIST {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_WQ_TYPE));
+        }
+        let log_size = wq::LOG_WQ_SZ.get(w) as u8;
+        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_SRQ_SZ).max(15) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
+        // A receive WQE is at least a next segment and one data segment.
+        let log_wq_stride = wq::LOG_WQ_STRIDE.get(w) as u8;
+        if !(5..=11).contains(&log_wq_stride) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
+        let r = &inner.rdma;
+        let pd = wq::PD.get(w) as u32;
+        if !lock(&r.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_PD));
+        }
+        let log_stride = log_wq_stride - 4;
+        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
+        let offset = wq::PAGE_OFFSET.get(w) * 64;
+        let bytes = offset + ((16u64 << log_stride) << log_size);
+        let npas = bytes.div_ceil(1 << log_page) as usize;
+        let pas = pas(input, create_rmp_in::SIZE_BYTES, npas)?;
+        let dbr = wq::DBR_ADDR.get(w);
+        if !inner.bus.dma.is_mapped(dbr, 4) {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
+        }
+        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
+        let mut t = wlock(&r.srqs);
+        let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
+            return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
+        };
+        t.insert(
+            srqn,
+            Arc::new(Srq {
+                srqn,
+                pd,
+                log_size,
+                log_stride,
+                buf: Buf::new(pas, log_page, offset),
+                dbr,
+                cqn: 0,
+                xrcd: 0,
+                st: Mutex::new(SrqState {
+                    lwm: wq::LWM.get(w) as u16,
+                    ..SrqState::default()
+                }),
+            }),
+        );
+        let mut out = vec![0u8; create_rmp_out::SIZE_BYTES];
+        create_rmp_out::RMPN.set(&mut out, u64::from(srqn));
+        Ok(out)
+    }
+
+    pub(super) fn destroy_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, destroy_rmp_in::SIZE_BYTES, 0x10)?;
+        let rmpn = destroy_rmp_in::RMPN.get(input) as u32;
+        self.remove_srq(inner, rmpn, false)
+    }
+
+    pub(super) fn destroy_xrc_srq(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        sized(input, outlen, destroy_xrc_srq_in::SIZE_BYTES, 0x10)?;
+        let srqn = destroy_xrc_srq_in::XRC_SRQN.get(input) as u32;
+        self.remove_srq(inner, srqn, true)
+    }
+
+    /// Destroys SRQ `srqn` if it is of the kind the command names (a basic
+    /// SRQ for DESTROY_SRQ, an XRC SRQ for DESTROY_XRC_SRQ) and no QP uses it.
+    fn remove_srq(&mut self, inner: &Inner, srqn: u32, xrc: bool) -> CmdResult {
+        let r = &inner.rdma;
+        let kind_ok = rlock(&r.srqs)
+            .get(&srqn)
+            .is_some_and(|s| (s.xrcd != 0) == xrc);
+        if !kind_ok {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
         }
         if rlock(&r.qps)
@@ -86,6 +256,12 @@ impl Firmware {
         }
         wlock(&r.srqs).remove(&srqn);
         Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn destroy_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(input, outlen, destroy_srq_in::SIZE_BYTES, 0x10)?;
+        let srqn = destroy_srq_in::SRQN.get(input) as u32;
+        self.remove_srq(inner, srqn, false)
     }
 
     pub(super) fn query_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

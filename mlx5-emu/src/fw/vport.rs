@@ -3,14 +3,18 @@
 //! (roce_en, mtu), for the function's own vport on port 1.
 
 use mlx5_hw::ifc::{
-    hca_vport_context, modify_nic_vport_context_in, modify_nic_vport_field_select,
-    nic_vport_context, query_hca_vport_context_in, query_hca_vport_context_out,
-    query_hca_vport_gid_in, query_hca_vport_gid_out, query_nic_vport_context_in,
-    query_nic_vport_context_out, query_vport_state_in, query_vport_state_out,
+    cmd_hca_cap, hca_vport_context, modify_nic_vport_context_in, modify_nic_vport_field_select,
+    nic_vport_context, pkey, query_hca_vport_context_in, query_hca_vport_context_out,
+    query_hca_vport_gid_in, query_hca_vport_gid_out, query_hca_vport_pkey_in,
+    query_hca_vport_pkey_out, query_nic_vport_context_in, query_nic_vport_context_out,
+    query_vport_state_in, query_vport_state_out,
 };
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
+
+/// The default P_Key: full membership of the default partition.
+const DEFAULT_PKEY: u64 = 0xffff;
 
 /// Vport state: up.
 const VPORT_UP: u64 = 1;
@@ -114,6 +118,41 @@ impl Firmware {
         out[at + 8..at + 16].copy_from_slice(&guid(self.mac).to_be_bytes());
         if outlen < out.len() {
             out.truncate(outlen);
+        }
+        Ok(out)
+    }
+
+    /// The P_Key table: `2^(pkey_table_size + 7)` entries (128 on the
+    /// ConnectX-4); on an Ethernet port only entry 0 is valid, the default
+    /// full-membership key 0xffff, the rest read 0. Index 0xffff asks for
+    /// the whole table.
+    pub(super) fn query_hca_vport_pkey(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_hca_vport_pkey_in::SIZE_BYTES,
+            query_hca_vport_pkey_out::SIZE_BYTES + pkey::SIZE_BYTES,
+        )?;
+        self.own_vport(
+            query_hca_vport_pkey_in::OTHER_VPORT.get(input),
+            query_hca_vport_pkey_in::PORT_NUM.get(input),
+        )?;
+        let len = 128u64 << self.cap(cmd_hca_cap::PKEY_TABLE_SIZE).min(5);
+        let index = query_hca_vport_pkey_in::PKEY_INDEX.get(input);
+        let (first, n) = match index {
+            0xffff => (0, len),
+            i if i < len => (i, 1),
+            _ => return Err(fail(CmdStatus::BadParameter, synd::VPORT_BAD_PKEY_INDEX)),
+        };
+        let head = query_hca_vport_pkey_out::SIZE_BYTES;
+        if outlen < head + n as usize * pkey::SIZE_BYTES {
+            return Err(fail(CmdStatus::BadOutputLength, synd::BAD_OUTPUT_LENGTH));
+        }
+        let mut out = vec![0u8; head + n as usize * pkey::SIZE_BYTES];
+        for i in 0..n {
+            let at = head + i as usize * pkey::SIZE_BYTES;
+            let key = if first + i == 0 { DEFAULT_PKEY } else { 0 };
+            pkey::PKEY.set(&mut out[at..at + pkey::SIZE_BYTES], key);
         }
         Ok(out)
     }

@@ -709,3 +709,132 @@ fn qp_state_machine_checks() {
     let out = a.d.ok(&c, 0x120);
     assert_eq!(qpc::STATE.get(&out[create_qp_in::QPC.off / 8..]), 1);
 }
+
+#[test]
+fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
+    use mlx5_hw::ifc::{alloc_q_counter_out, query_q_counter_in, query_q_counter_out};
+    let (_f, mut a, mut b, mut qa, qb) = rc_pair(5);
+    let set_a = alloc_q_counter_out::COUNTER_SET_ID.get(&a.d.ok(&cmd_in(0x771, 0, 16), 16));
+    let set_b = alloc_q_counter_out::COUNTER_SET_ID.get(&b.d.ok(&cmd_in(0x771, 0, 16), 16));
+    // A set that does not exist cannot be bound.
+    let o = a.modify(0x505, &qa, |x, m| {
+        qpc::COUNTER_SET_ID.set(x, 77);
+        *m = 1 << 25;
+    });
+    assert_eq!(o[0], mlx5_hw::status::CmdStatus::BadParameter.to_raw());
+    // RTS2RTS with COUNTER_SET_ID binds each QP to its function's set.
+    for (n, q, set) in [(&mut a, &qa, set_a), (&mut b, &qb, set_b)] {
+        let o = n.modify(0x505, q, |x, m| {
+            qpc::COUNTER_SET_ID.set(x, set);
+            *m = 1 << 25;
+        });
+        assert_eq!(o[0], 0);
+    }
+    // No receive posted at b: RNR NAKs until a's rnr_retry (2) runs out.
+    a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    assert_eq!(a.poll(0)[0x37], 0x16, "RNR retry exceeded");
+    let query = |n: &mut Node, set: u64, clear: bool| {
+        let mut c = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
+        query_q_counter_in::COUNTER_SET_ID.set(&mut c, set);
+        query_q_counter_in::CLEAR.set(&mut c, u64::from(clear));
+        n.d.ok(&c, query_q_counter_out::SIZE_BYTES)
+    };
+    let qa_out = query(&mut a, set_a, false);
+    assert_eq!(query_q_counter_out::RNR_NAK_RETRY_ERR.get(&qa_out), 1);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qa_out), 0);
+    // b answered the first send and each of its 2 retries with an RNR NAK.
+    let qb_out = query(&mut b, set_b, true);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qb_out), 3);
+    // Read with clear: the next read starts from 0.
+    let qb_out = query(&mut b, set_b, false);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&qb_out), 0);
+    // A set still bound to a QP cannot go.
+    let mut dealloc = cmd_in(0x772, 0, 16);
+    dealloc[8..12].copy_from_slice(&(set_b as u32).to_be_bytes());
+    assert_eq!(
+        b.d.exec(&dealloc, 16)[0],
+        mlx5_hw::status::CmdStatus::BadResourceState.to_raw()
+    );
+}
+
+#[test]
+fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
+    use mlx5_hw::ifc::{create_rmp_in, create_xrc_srq_in, rmpc, wq, xrc_srqc};
+    use mlx5_hw::status::CmdStatus;
+    let (_f, mut n, _b) = pair();
+    let buf = DmaBuffer::new(4096).unwrap();
+    n.d.f.dma_map(Iova(SRQ_IOVA), &buf).unwrap();
+    let cq = n.create_cq();
+    let cqn = n.cq[cq].0;
+    let xrcd = be32(&n.d.ok(&cmd_in(0x80e, 0, 16), 16), 8) & 0xff_ffff;
+    let dbr = DBR_IOVA + n.alloc_dbr() as u64;
+    let xrc = |xrcd: u32, cqn: u32, pd: u32| {
+        let mut c = cmd_in(0x705, 0, create_xrc_srq_in::SIZE_BYTES + 8);
+        let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+        let x = &mut c[at..at + xrc_srqc::SIZE_BYTES];
+        xrc_srqc::LOG_XRC_SRQ_SIZE.set(x, 4);
+        xrc_srqc::LOG_RQ_STRIDE.set(x, 1);
+        xrc_srqc::XRCD.set(x, u64::from(xrcd));
+        xrc_srqc::CQN.set(x, u64::from(cqn));
+        xrc_srqc::PD.set(x, u64::from(pd));
+        xrc_srqc::DB_RECORD_ADDR_H.set(x, dbr >> 32);
+        xrc_srqc::DB_RECORD_ADDR_L.set(x, (dbr & 0xffff_ffff) >> 2);
+        c[create_xrc_srq_in::SIZE_BYTES..].copy_from_slice(&SRQ_IOVA.to_be_bytes());
+        c
+    };
+    let pd = n.pd;
+    // Unknown XRC domain, CQ or PD: bad resource.
+    for c in [
+        xrc(xrcd + 9, cqn, pd),
+        xrc(xrcd, cqn + 9, pd),
+        xrc(xrcd, cqn, pd + 9),
+    ] {
+        assert_eq!(n.d.exec(&c, 16)[0], CmdStatus::BadResource.to_raw());
+    }
+    let xsrqn = be32(&n.d.ok(&xrc(xrcd, cqn, pd), 16), 8) & 0xff_ffff;
+    assert_eq!(n.d.f.model().stats().srqs, 1);
+    // The domain is busy while its SRQ lives.
+    let mut dx = cmd_in(0x80f, 0, 16);
+    dx[8..12].copy_from_slice(&xrcd.to_be_bytes());
+    assert_eq!(n.d.exec(&dx, 16)[0], CmdStatus::BadResourceState.to_raw());
+    // An RMP: a linked-list WQ in the ready state.
+    let rmp = |state: u64, wq_type: u64, log_stride: u64| {
+        let mut c = cmd_in(0x90c, 0, create_rmp_in::SIZE_BYTES + 8);
+        let at = create_rmp_in::CTX.off / 8;
+        let x = &mut c[at..at + rmpc::SIZE_BYTES];
+        rmpc::STATE.set(x, state);
+        let w = &mut x[rmpc::WQ.off / 8..];
+        wq::WQ_TYPE.set(w, wq_type);
+        wq::LOG_WQ_SZ.set(w, 4);
+        wq::LOG_WQ_STRIDE.set(w, log_stride);
+        wq::PD.set(w, u64::from(pd));
+        wq::DBR_ADDR.set(w, dbr + 8);
+        c[create_rmp_in::SIZE_BYTES..].copy_from_slice(&SRQ_IOVA.to_be_bytes());
+        c
+    };
+    for c in [rmp(0, 0, 5), rmp(1, 1, 5), rmp(1, 0, 3)] {
+        assert_eq!(n.d.exec(&c, 16)[0], CmdStatus::BadParameter.to_raw());
+    }
+    let rmpn = be32(&n.d.ok(&rmp(1, 0, 5), 16), 8) & 0xff_ffff;
+    assert_ne!(rmpn, xsrqn, "one number space");
+    assert_eq!(n.d.f.model().stats().srqs, 2);
+    // Each goes only by its own kind's destroy.
+    let destroy = |op: u16, num: u32| {
+        let mut c = cmd_in(op, 0, 16);
+        c[8..12].copy_from_slice(&num.to_be_bytes());
+        c
+    };
+    assert_eq!(
+        n.d.exec(&destroy(0x706, rmpn), 16)[0],
+        CmdStatus::BadResource.to_raw()
+    );
+    assert_eq!(
+        n.d.exec(&destroy(0x90e, xsrqn), 16)[0],
+        CmdStatus::BadResource.to_raw()
+    );
+    n.d.ok(&destroy(0x90e, rmpn), 16);
+    n.d.ok(&destroy(0x706, xsrqn), 16);
+    n.d.ok(&dx, 16);
+    let s = n.d.f.model().stats();
+    assert_eq!((s.srqs, s.xrcds), (0, 0));
+}

@@ -36,7 +36,7 @@ pub(crate) mod qp;
 pub(crate) mod requester;
 pub(crate) mod responder;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -133,6 +133,17 @@ pub(crate) struct Counters {
     pub doorbells: AtomicU64,
 }
 
+/// A Q counter set: what QUERY_Q_COUNTER reports for the QPs bound to it
+/// (qpc.counter_set_id). The model counts the events its transport knows.
+#[derive(Debug, Default)]
+pub(crate) struct QCounterSet {
+    /// A responder found no receive WQE for an incoming message (it sent an
+    /// RNR NAK).
+    pub out_of_buffer: AtomicU64,
+    /// A requester ran out of RNR retries (the WQE completed in error).
+    pub rnr_nak_retry_err: AtomicU64,
+}
+
 /// One function's data-path state.
 #[derive(Debug)]
 pub(crate) struct Rdma {
@@ -144,6 +155,10 @@ pub(crate) struct Rdma {
     pub srqs: RwLock<Table<Srq>>,
     pub pds: Mutex<BTreeSet<u32>>,
     pub tds: Mutex<BTreeSet<u32>>,
+    /// XRC domains (fw/xrcd.rs).
+    pub xrcds: Mutex<BTreeSet<u32>>,
+    /// Q counter sets (fw/counters.rs), by counter_set_id.
+    pub q_counters: Mutex<BTreeMap<u32, Arc<QCounterSet>>>,
     pub gids: RwLock<[Option<GidEntry>; GID_TABLE_LEN]>,
     /// The GSI QP (st QP1), which packets to QP 1 reach.
     pub gsi: RwLock<Option<u32>>,
@@ -209,6 +224,8 @@ impl Rdma {
             srqs: RwLock::new(Table::default()),
             pds: Mutex::new(BTreeSet::new()),
             tds: Mutex::new(BTreeSet::new()),
+            xrcds: Mutex::new(BTreeSet::new()),
+            q_counters: Mutex::new(BTreeMap::new()),
             gids: RwLock::new([None; GID_TABLE_LEN]),
             gsi: RwLock::new(None),
             fabric: RwLock::new(None),
@@ -236,6 +253,8 @@ impl Rdma {
             + rlock(&self.cqs).len()
             + rlock(&self.qps).len()
             + rlock(&self.srqs).len()
+            + lock(&self.xrcds).len()
+            + lock(&self.q_counters).len()
     }
 
     pub(crate) fn reset(&self) {
@@ -247,6 +266,8 @@ impl Rdma {
         wlock(&self.srqs).clear();
         lock(&self.pds).clear();
         lock(&self.tds).clear();
+        lock(&self.xrcds).clear();
+        lock(&self.q_counters).clear();
         *wlock(&self.gids) = [None; GID_TABLE_LEN];
         *wlock(&self.gsi) = None;
         lock(&self.events).clear();
@@ -309,6 +330,18 @@ impl Rdma {
     /// QP `qpn` waits for a timer (RNR, ACK timeout) due at `at`.
     pub(crate) fn timer(&self, qpn: u32, at: Instant) {
         lock(&self.timers).insert(qpn, at);
+    }
+
+    /// Counts an event in the Q counter set the QP is bound to (none for
+    /// set 0, the function's default set, which no command can read).
+    pub(crate) fn q_count(&self, qp: &Qp, which: fn(&QCounterSet) -> &AtomicU64) {
+        let id = qp.counter_set.load(Ordering::Relaxed);
+        if id == 0 {
+            return;
+        }
+        if let Some(s) = lock(&self.q_counters).get(&id) {
+            which(s).fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {

@@ -174,6 +174,8 @@ pub(crate) struct Qp {
     pub dbr: u64,
     pub uar: u32,
     pub state: AtomicU8,
+    /// The Q counter set the QP counts in (qpc.counter_set_id; 0: the default set).
+    pub counter_set: std::sync::atomic::AtomicU32,
     pub sq: Mutex<Sq>,
     pub rq: Mutex<Rq>,
 }
@@ -240,6 +242,8 @@ pub(crate) struct Srq {
     pub buf: Buf,
     pub dbr: u64,
     pub cqn: u32,
+    /// The XRC domain of an XRC SRQ (CREATE_XRC_SRQ); 0 for a basic SRQ.
+    pub xrcd: u32,
     pub st: Mutex<SrqState>,
 }
 

@@ -750,6 +750,7 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         sq.psn = first_psn;
         if sq.rnr_retry != 7 {
             if sq.rnr_left == 0 {
+                rdma.q_count(qp, |c| &c.rnr_nak_retry_err);
                 return Outcome::Error(CqeSyndrome::RnrRetryExcErr, vendor::RNR_EXCEEDED);
             }
             sq.rnr_left -= 1;

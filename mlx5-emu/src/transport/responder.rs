@@ -267,6 +267,7 @@ fn rc(
                     Ok(()) => rq.send_on = true,
                     Err(None) => {
                         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        rdma.q_count(qp, |c| &c.out_of_buffer);
                         let t = rq.min_rnr_nak;
                         return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
                     }
@@ -347,6 +348,7 @@ fn rc(
                     Ok(()) => {}
                     Err(None) => {
                         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+                        rdma.q_count(qp, |c| &c.out_of_buffer);
                         if first {
                             rq.write_on = false;
                         }

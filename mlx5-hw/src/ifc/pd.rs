@@ -759,3 +759,377 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DeallocTransportDomainOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`AllocXrcdIn`] (`struct mlx5_ifc_alloc_xrcd_in_bits`).
+pub mod alloc_xrcd_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "alloc_xrcd_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "ALLOC_XRCD input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// ALLOC_XRCD input.
+///
+/// A view of `struct mlx5_ifc_alloc_xrcd_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocXrcdIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> AllocXrcdIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("alloc_xrcd_in", alloc_xrcd_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AllocXrcdIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`AllocXrcdOut`] (`struct mlx5_ifc_alloc_xrcd_out_bits`).
+pub mod alloc_xrcd_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `xrcd`: bit 0x48, 0x18 bits.
+    pub const XRCD: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "alloc_xrcd_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "ALLOC_XRCD output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrcd", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// ALLOC_XRCD output.
+///
+/// A view of `struct mlx5_ifc_alloc_xrcd_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocXrcdOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> AllocXrcdOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("alloc_xrcd_out", alloc_xrcd_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `xrcd`: 24 bits at bit 0x48.
+    pub fn xrcd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AllocXrcdOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `xrcd` (24 bits at bit 0x48).
+    pub fn set_xrcd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DeallocXrcdIn`] (`struct mlx5_ifc_dealloc_xrcd_in_bits`).
+pub mod dealloc_xrcd_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `xrcd`: bit 0x48, 0x18 bits.
+    pub const XRCD: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "dealloc_xrcd_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DEALLOC_XRCD input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrcd", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DEALLOC_XRCD input.
+///
+/// A view of `struct mlx5_ifc_dealloc_xrcd_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeallocXrcdIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DeallocXrcdIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("dealloc_xrcd_in", dealloc_xrcd_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `xrcd`: 24 bits at bit 0x48.
+    pub fn xrcd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DeallocXrcdIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `xrcd` (24 bits at bit 0x48).
+    pub fn set_xrcd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DeallocXrcdOut`] (`struct mlx5_ifc_dealloc_xrcd_out_bits`).
+pub mod dealloc_xrcd_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "dealloc_xrcd_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DEALLOC_XRCD output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DEALLOC_XRCD output.
+///
+/// A view of `struct mlx5_ifc_dealloc_xrcd_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeallocXrcdOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DeallocXrcdOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("dealloc_xrcd_out", dealloc_xrcd_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DeallocXrcdOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}

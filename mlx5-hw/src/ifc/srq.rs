@@ -2245,3 +2245,1653 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DrainDctOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`XrcSrqc`] (`struct mlx5_ifc_xrc_srqc_bits`).
+pub mod xrc_srqc {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x200;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x40;
+    /// Place of `state`: bit 0x0, 0x4 bits.
+    pub const STATE: BitField = BitField::new(0x0, 0x4);
+    /// Place of `log_xrc_srq_size`: bit 0x4, 0x4 bits.
+    pub const LOG_XRC_SRQ_SIZE: BitField = BitField::new(0x4, 0x4);
+    /// Place of `wq_signature`: bit 0x20, 0x1 bits.
+    pub const WQ_SIGNATURE: BitField = BitField::new(0x20, 0x1);
+    /// Place of `cont_srq`: bit 0x21, 0x1 bits.
+    pub const CONT_SRQ: BitField = BitField::new(0x21, 0x1);
+    /// Place of `rlky`: bit 0x23, 0x1 bits.
+    pub const RLKY: BitField = BitField::new(0x23, 0x1);
+    /// Place of `basic_cyclic_rcv_wqe`: bit 0x24, 0x1 bits.
+    pub const BASIC_CYCLIC_RCV_WQE: BitField = BitField::new(0x24, 0x1);
+    /// Place of `log_rq_stride`: bit 0x25, 0x3 bits.
+    pub const LOG_RQ_STRIDE: BitField = BitField::new(0x25, 0x3);
+    /// Place of `xrcd`: bit 0x28, 0x18 bits.
+    pub const XRCD: BitField = BitField::new(0x28, 0x18);
+    /// Place of `page_offset`: bit 0x40, 0x6 bits.
+    pub const PAGE_OFFSET: BitField = BitField::new(0x40, 0x6);
+    /// Place of `dbr_umem_valid`: bit 0x47, 0x1 bits.
+    pub const DBR_UMEM_VALID: BitField = BitField::new(0x47, 0x1);
+    /// Place of `cqn`: bit 0x48, 0x18 bits.
+    pub const CQN: BitField = BitField::new(0x48, 0x18);
+    /// Place of `user_index_equal_xrc_srqn`: bit 0x80, 0x1 bits.
+    pub const USER_INDEX_EQUAL_XRC_SRQN: BitField = BitField::new(0x80, 0x1);
+    /// Place of `log_page_size`: bit 0x82, 0x6 bits.
+    pub const LOG_PAGE_SIZE: BitField = BitField::new(0x82, 0x6);
+    /// Place of `user_index`: bit 0x88, 0x18 bits.
+    pub const USER_INDEX: BitField = BitField::new(0x88, 0x18);
+    /// Place of `pd`: bit 0xc8, 0x18 bits.
+    pub const PD: BitField = BitField::new(0xc8, 0x18);
+    /// Place of `lwm`: bit 0xe0, 0x10 bits.
+    pub const LWM: BitField = BitField::new(0xe0, 0x10);
+    /// Place of `wqe_cnt`: bit 0xf0, 0x10 bits.
+    pub const WQE_CNT: BitField = BitField::new(0xf0, 0x10);
+    /// Place of `db_record_addr_h`: bit 0x140, 0x20 bits.
+    pub const DB_RECORD_ADDR_H: BitField = BitField::new(0x140, 0x20);
+    /// Place of `db_record_addr_l`: bit 0x160, 0x1e bits.
+    pub const DB_RECORD_ADDR_L: BitField = BitField::new(0x160, 0x1e);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "xrc_srqc",
+        kind: LayoutKind::Struct,
+        size_bits: 0x200,
+        doc: "XRC SRQ context.",
+        fields: &[
+            FieldInfo { name: "state", bit_off: 0x0, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "log_xrc_srq_size", bit_off: 0x4, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "wq_signature", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "cont_srq", bit_off: 0x21, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_22", bit_off: 0x22, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "rlky", bit_off: 0x23, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "basic_cyclic_rcv_wqe", bit_off: 0x24, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "log_rq_stride", bit_off: 0x25, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "xrcd", bit_off: 0x28, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "page_offset", bit_off: 0x40, width: 0x6, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_46", bit_off: 0x46, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_umem_valid", bit_off: 0x47, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "cqn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "user_index_equal_xrc_srqn", bit_off: 0x80, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_81", bit_off: 0x81, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "log_page_size", bit_off: 0x82, width: 0x6, ty: FieldType::Bits },
+            FieldInfo { name: "user_index", bit_off: 0x88, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_a0", bit_off: 0xa0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "pd", bit_off: 0xc8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "lwm", bit_off: 0xe0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "wqe_cnt", bit_off: 0xf0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_100", bit_off: 0x100, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "db_record_addr_h", bit_off: 0x140, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "db_record_addr_l", bit_off: 0x160, width: 0x1e, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_17e", bit_off: 0x17e, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_180", bit_off: 0x180, width: 0x80, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// XRC SRQ context.
+///
+/// A view of `struct mlx5_ifc_xrc_srqc_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XrcSrqc<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> XrcSrqc<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("xrc_srqc", xrc_srqc::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `state`: 4 bits at bit 0x0.
+    pub fn state(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 4) as u8
+    }
+    /// `log_xrc_srq_size`: 4 bits at bit 0x4.
+    pub fn log_xrc_srq_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x4, 4) as u8
+    }
+    /// `wq_signature`: 1 bits at bit 0x20.
+    pub fn wq_signature(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x20, 1) != 0
+    }
+    /// `cont_srq`: 1 bits at bit 0x21.
+    pub fn cont_srq(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x21, 1) != 0
+    }
+    /// `rlky`: 1 bits at bit 0x23.
+    pub fn rlky(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x23, 1) != 0
+    }
+    /// `basic_cyclic_rcv_wqe`: 1 bits at bit 0x24.
+    pub fn basic_cyclic_rcv_wqe(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x24, 1) != 0
+    }
+    /// `log_rq_stride`: 3 bits at bit 0x25.
+    pub fn log_rq_stride(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x25, 3) as u8
+    }
+    /// `xrcd`: 24 bits at bit 0x28.
+    pub fn xrcd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x28, 24) as u32
+    }
+    /// `page_offset`: 6 bits at bit 0x40.
+    pub fn page_offset(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x40, 6) as u8
+    }
+    /// `dbr_umem_valid`: 1 bits at bit 0x47.
+    pub fn dbr_umem_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x47, 1) != 0
+    }
+    /// `cqn`: 24 bits at bit 0x48.
+    pub fn cqn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `user_index_equal_xrc_srqn`: 1 bits at bit 0x80.
+    pub fn user_index_equal_xrc_srqn(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x80, 1) != 0
+    }
+    /// `log_page_size`: 6 bits at bit 0x82.
+    pub fn log_page_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x82, 6) as u8
+    }
+    /// `user_index`: 24 bits at bit 0x88.
+    pub fn user_index(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x88, 24) as u32
+    }
+    /// `pd`: 24 bits at bit 0xc8.
+    pub fn pd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xc8, 24) as u32
+    }
+    /// `lwm`: 16 bits at bit 0xe0.
+    pub fn lwm(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0xe0, 16) as u16
+    }
+    /// `wqe_cnt`: 16 bits at bit 0xf0.
+    pub fn wqe_cnt(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0xf0, 16) as u16
+    }
+    /// `db_record_addr_h`: 32 bits at bit 0x140.
+    pub fn db_record_addr_h(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x140, 32) as u32
+    }
+    /// `db_record_addr_l`: 30 bits at bit 0x160.
+    pub fn db_record_addr_l(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x160, 30) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> XrcSrqc<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `state` (4 bits at bit 0x0).
+    pub fn set_state(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 4, u64::from(value));
+        self
+    }
+    /// Sets `log_xrc_srq_size` (4 bits at bit 0x4).
+    pub fn set_log_xrc_srq_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4, 4, u64::from(value));
+        self
+    }
+    /// Sets `wq_signature` (1 bits at bit 0x20).
+    pub fn set_wq_signature(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
+        self
+    }
+    /// Sets `cont_srq` (1 bits at bit 0x21).
+    pub fn set_cont_srq(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x21, 1, u64::from(value));
+        self
+    }
+    /// Sets `rlky` (1 bits at bit 0x23).
+    pub fn set_rlky(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x23, 1, u64::from(value));
+        self
+    }
+    /// Sets `basic_cyclic_rcv_wqe` (1 bits at bit 0x24).
+    pub fn set_basic_cyclic_rcv_wqe(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x24, 1, u64::from(value));
+        self
+    }
+    /// Sets `log_rq_stride` (3 bits at bit 0x25).
+    pub fn set_log_rq_stride(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x25, 3, u64::from(value));
+        self
+    }
+    /// Sets `xrcd` (24 bits at bit 0x28).
+    pub fn set_xrcd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x28, 24, u64::from(value));
+        self
+    }
+    /// Sets `page_offset` (6 bits at bit 0x40).
+    pub fn set_page_offset(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 6, u64::from(value));
+        self
+    }
+    /// Sets `dbr_umem_valid` (1 bits at bit 0x47).
+    pub fn set_dbr_umem_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x47, 1, u64::from(value));
+        self
+    }
+    /// Sets `cqn` (24 bits at bit 0x48).
+    pub fn set_cqn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// Sets `user_index_equal_xrc_srqn` (1 bits at bit 0x80).
+    pub fn set_user_index_equal_xrc_srqn(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 1, u64::from(value));
+        self
+    }
+    /// Sets `log_page_size` (6 bits at bit 0x82).
+    pub fn set_log_page_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x82, 6, u64::from(value));
+        self
+    }
+    /// Sets `user_index` (24 bits at bit 0x88).
+    pub fn set_user_index(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x88, 24, u64::from(value));
+        self
+    }
+    /// Sets `pd` (24 bits at bit 0xc8).
+    pub fn set_pd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xc8, 24, u64::from(value));
+        self
+    }
+    /// Sets `lwm` (16 bits at bit 0xe0).
+    pub fn set_lwm(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xe0, 16, u64::from(value));
+        self
+    }
+    /// Sets `wqe_cnt` (16 bits at bit 0xf0).
+    pub fn set_wqe_cnt(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xf0, 16, u64::from(value));
+        self
+    }
+    /// Sets `db_record_addr_h` (32 bits at bit 0x140).
+    pub fn set_db_record_addr_h(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x140, 32, u64::from(value));
+        self
+    }
+    /// Sets `db_record_addr_l` (30 bits at bit 0x160).
+    pub fn set_db_record_addr_l(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x160, 30, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`CreateXrcSrqIn`] (`struct mlx5_ifc_create_xrc_srq_in_bits`).
+pub mod create_xrc_srq_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x880;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x110;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `xrc_srq_context_entry`: bit 0x80, 0x200 bits.
+    pub const XRC_SRQ_CONTEXT_ENTRY: BitField = BitField::new(0x80, 0x200);
+    /// Place of `xrc_srq_umem_valid`: bit 0x2e0, 0x1 bits.
+    pub const XRC_SRQ_UMEM_VALID: BitField = BitField::new(0x2e0, 0x1);
+    /// Place of `pas`: bit 0x880, 0x0 bits.
+    pub const PAS: BitField = BitField::new(0x880, 0x0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "create_xrc_srq_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x880,
+        doc: "CREATE_XRC_SRQ input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srq_context_entry", bit_off: 0x80, width: 0x200, ty: FieldType::Layout("xrc_srqc") },
+            FieldInfo { name: "reserved_at_280", bit_off: 0x280, width: 0x60, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srq_umem_valid", bit_off: 0x2e0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_2e1", bit_off: 0x2e1, width: 0x1f, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_300", bit_off: 0x300, width: 0x580, ty: FieldType::Bits },
+            FieldInfo { name: "pas", bit_off: 0x880, width: 0x0, ty: FieldType::Array { elem_bits: 0x40, count: 0, elem: None } },
+        ],
+    };
+}
+
+/// CREATE_XRC_SRQ input.
+///
+/// A view of `struct mlx5_ifc_create_xrc_srq_in_bits` (2176 bits, 272 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateXrcSrqIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> CreateXrcSrqIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("create_xrc_srq_in", create_xrc_srq_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `xrc_srq_context_entry` (`xrc_srqc`, at byte 0x10).
+    pub fn xrc_srq_context_entry(&self) -> XrcSrqc<&[u8]> {
+        XrcSrqc::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x40))
+    }
+    /// `xrc_srq_umem_valid`: 1 bits at bit 0x2e0.
+    pub fn xrc_srq_umem_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2e0, 1) != 0
+    }
+    /// `pas[index]`: 64-bit elements from bit 0x880. Elements past the buffer read as zero.
+    pub fn pas(&self, index: usize) -> u64 {
+        get_bits(self.buf.as_ref(), 0x880 + index * 64, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateXrcSrqIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// `xrc_srq_context_entry` (`xrc_srqc`, at byte 0x10), for writing.
+    pub fn xrc_srq_context_entry_mut(&mut self) -> XrcSrqc<&mut [u8]> {
+        XrcSrqc::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x40))
+    }
+    /// Sets `xrc_srq_umem_valid` (1 bits at bit 0x2e0).
+    pub fn set_xrc_srq_umem_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2e0, 1, u64::from(value));
+        self
+    }
+    /// Sets `pas[index]`.
+    pub fn set_pas(&mut self, index: usize, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x880 + index * 64, 64, value);
+        self
+    }
+}
+
+/// Constants and registry entry of [`CreateXrcSrqOut`] (`struct mlx5_ifc_create_xrc_srq_out_bits`).
+pub mod create_xrc_srq_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `xrc_srqn`: bit 0x48, 0x18 bits.
+    pub const XRC_SRQN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "create_xrc_srq_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "CREATE_XRC_SRQ output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srqn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// CREATE_XRC_SRQ output.
+///
+/// A view of `struct mlx5_ifc_create_xrc_srq_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateXrcSrqOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> CreateXrcSrqOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("create_xrc_srq_out", create_xrc_srq_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `xrc_srqn`: 24 bits at bit 0x48.
+    pub fn xrc_srqn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateXrcSrqOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `xrc_srqn` (24 bits at bit 0x48).
+    pub fn set_xrc_srqn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DestroyXrcSrqIn`] (`struct mlx5_ifc_destroy_xrc_srq_in_bits`).
+pub mod destroy_xrc_srq_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `xrc_srqn`: bit 0x48, 0x18 bits.
+    pub const XRC_SRQN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "destroy_xrc_srq_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DESTROY_XRC_SRQ input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srqn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DESTROY_XRC_SRQ input.
+///
+/// A view of `struct mlx5_ifc_destroy_xrc_srq_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyXrcSrqIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DestroyXrcSrqIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("destroy_xrc_srq_in", destroy_xrc_srq_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `xrc_srqn`: 24 bits at bit 0x48.
+    pub fn xrc_srqn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DestroyXrcSrqIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `xrc_srqn` (24 bits at bit 0x48).
+    pub fn set_xrc_srqn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DestroyXrcSrqOut`] (`struct mlx5_ifc_destroy_xrc_srq_out_bits`).
+pub mod destroy_xrc_srq_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "destroy_xrc_srq_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DESTROY_XRC_SRQ output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DESTROY_XRC_SRQ output.
+///
+/// A view of `struct mlx5_ifc_destroy_xrc_srq_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyXrcSrqOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DestroyXrcSrqOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("destroy_xrc_srq_out", destroy_xrc_srq_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DestroyXrcSrqOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`Wq`] (`struct mlx5_ifc_wq_bits`).
+pub mod wq {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x600;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0xc0;
+    /// Place of `wq_type`: bit 0x0, 0x4 bits.
+    pub const WQ_TYPE: BitField = BitField::new(0x0, 0x4);
+    /// Place of `wq_signature`: bit 0x4, 0x1 bits.
+    pub const WQ_SIGNATURE: BitField = BitField::new(0x4, 0x1);
+    /// Place of `end_padding_mode`: bit 0x5, 0x2 bits.
+    pub const END_PADDING_MODE: BitField = BitField::new(0x5, 0x2);
+    /// Place of `cd_slave`: bit 0x7, 0x1 bits.
+    pub const CD_SLAVE: BitField = BitField::new(0x7, 0x1);
+    /// Place of `hds_skip_first_sge`: bit 0x20, 0x1 bits.
+    pub const HDS_SKIP_FIRST_SGE: BitField = BitField::new(0x20, 0x1);
+    /// Place of `log2_hds_buf_size`: bit 0x21, 0x3 bits.
+    pub const LOG2_HDS_BUF_SIZE: BitField = BitField::new(0x21, 0x3);
+    /// Place of `page_offset`: bit 0x2b, 0x5 bits.
+    pub const PAGE_OFFSET: BitField = BitField::new(0x2b, 0x5);
+    /// Place of `lwm`: bit 0x30, 0x10 bits.
+    pub const LWM: BitField = BitField::new(0x30, 0x10);
+    /// Place of `pd`: bit 0x48, 0x18 bits.
+    pub const PD: BitField = BitField::new(0x48, 0x18);
+    /// Place of `uar_page`: bit 0x68, 0x18 bits.
+    pub const UAR_PAGE: BitField = BitField::new(0x68, 0x18);
+    /// Place of `dbr_addr`: bit 0x80, 0x40 bits.
+    pub const DBR_ADDR: BitField = BitField::new(0x80, 0x40);
+    /// Place of `hw_counter`: bit 0xc0, 0x20 bits.
+    pub const HW_COUNTER: BitField = BitField::new(0xc0, 0x20);
+    /// Place of `sw_counter`: bit 0xe0, 0x20 bits.
+    pub const SW_COUNTER: BitField = BitField::new(0xe0, 0x20);
+    /// Place of `log_wq_stride`: bit 0x10c, 0x4 bits.
+    pub const LOG_WQ_STRIDE: BitField = BitField::new(0x10c, 0x4);
+    /// Place of `log_wq_pg_sz`: bit 0x113, 0x5 bits.
+    pub const LOG_WQ_PG_SZ: BitField = BitField::new(0x113, 0x5);
+    /// Place of `log_wq_sz`: bit 0x11b, 0x5 bits.
+    pub const LOG_WQ_SZ: BitField = BitField::new(0x11b, 0x5);
+    /// Place of `dbr_umem_valid`: bit 0x120, 0x1 bits.
+    pub const DBR_UMEM_VALID: BitField = BitField::new(0x120, 0x1);
+    /// Place of `wq_umem_valid`: bit 0x121, 0x1 bits.
+    pub const WQ_UMEM_VALID: BitField = BitField::new(0x121, 0x1);
+    /// Place of `log_hairpin_num_packets`: bit 0x123, 0x5 bits.
+    pub const LOG_HAIRPIN_NUM_PACKETS: BitField = BitField::new(0x123, 0x5);
+    /// Place of `log_hairpin_data_sz`: bit 0x12b, 0x5 bits.
+    pub const LOG_HAIRPIN_DATA_SZ: BitField = BitField::new(0x12b, 0x5);
+    /// Place of `log_wqe_num_of_strides`: bit 0x134, 0x4 bits.
+    pub const LOG_WQE_NUM_OF_STRIDES: BitField = BitField::new(0x134, 0x4);
+    /// Place of `two_byte_shift_en`: bit 0x138, 0x1 bits.
+    pub const TWO_BYTE_SHIFT_EN: BitField = BitField::new(0x138, 0x1);
+    /// Place of `log_wqe_stride_size`: bit 0x13d, 0x3 bits.
+    pub const LOG_WQE_STRIDE_SIZE: BitField = BitField::new(0x13d, 0x3);
+    /// Place of `dbr_umem_id`: bit 0x140, 0x20 bits.
+    pub const DBR_UMEM_ID: BitField = BitField::new(0x140, 0x20);
+    /// Place of `wq_umem_id`: bit 0x160, 0x20 bits.
+    pub const WQ_UMEM_ID: BitField = BitField::new(0x160, 0x20);
+    /// Place of `wq_umem_offset`: bit 0x180, 0x40 bits.
+    pub const WQ_UMEM_OFFSET: BitField = BitField::new(0x180, 0x40);
+    /// Place of `headers_mkey`: bit 0x1c0, 0x20 bits.
+    pub const HEADERS_MKEY: BitField = BitField::new(0x1c0, 0x20);
+    /// Place of `shampo_enable`: bit 0x1e0, 0x1 bits.
+    pub const SHAMPO_ENABLE: BitField = BitField::new(0x1e0, 0x1);
+    /// Place of `log_reservation_size`: bit 0x1e5, 0x3 bits.
+    pub const LOG_RESERVATION_SIZE: BitField = BitField::new(0x1e5, 0x3);
+    /// Place of `log_max_num_of_packets_per_reservation`: bit 0x1ed, 0x3 bits.
+    pub const LOG_MAX_NUM_OF_PACKETS_PER_RESERVATION: BitField = BitField::new(0x1ed, 0x3);
+    /// Place of `log_headers_entry_size`: bit 0x1f6, 0x2 bits.
+    pub const LOG_HEADERS_ENTRY_SIZE: BitField = BitField::new(0x1f6, 0x2);
+    /// Place of `log_headers_buffer_entry_num`: bit 0x1fc, 0x4 bits.
+    pub const LOG_HEADERS_BUFFER_ENTRY_NUM: BitField = BitField::new(0x1fc, 0x4);
+    /// Place of `pas`: bit 0x600, 0x0 bits.
+    pub const PAS: BitField = BitField::new(0x600, 0x0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "wq",
+        kind: LayoutKind::Struct,
+        size_bits: 0x600,
+        doc: "A work queue (the queue part of RQs, SQs and RMPs).",
+        fields: &[
+            FieldInfo { name: "wq_type", bit_off: 0x0, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "wq_signature", bit_off: 0x4, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "end_padding_mode", bit_off: 0x5, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "cd_slave", bit_off: 0x7, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "hds_skip_first_sge", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "log2_hds_buf_size", bit_off: 0x21, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_24", bit_off: 0x24, width: 0x7, ty: FieldType::Bits },
+            FieldInfo { name: "page_offset", bit_off: 0x2b, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "lwm", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "pd", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "uar_page", bit_off: 0x68, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_addr", bit_off: 0x80, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "hw_counter", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "sw_counter", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_100", bit_off: 0x100, width: 0xc, ty: FieldType::Bits },
+            FieldInfo { name: "log_wq_stride", bit_off: 0x10c, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_110", bit_off: 0x110, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "log_wq_pg_sz", bit_off: 0x113, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_118", bit_off: 0x118, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "log_wq_sz", bit_off: 0x11b, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_umem_valid", bit_off: 0x120, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "wq_umem_valid", bit_off: 0x121, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_122", bit_off: 0x122, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "log_hairpin_num_packets", bit_off: 0x123, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_128", bit_off: 0x128, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "log_hairpin_data_sz", bit_off: 0x12b, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_130", bit_off: 0x130, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "log_wqe_num_of_strides", bit_off: 0x134, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "two_byte_shift_en", bit_off: 0x138, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_139", bit_off: 0x139, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "log_wqe_stride_size", bit_off: 0x13d, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_umem_id", bit_off: 0x140, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "wq_umem_id", bit_off: 0x160, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "wq_umem_offset", bit_off: 0x180, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "headers_mkey", bit_off: 0x1c0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "shampo_enable", bit_off: 0x1e0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1e1", bit_off: 0x1e1, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "log_reservation_size", bit_off: 0x1e5, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1e8", bit_off: 0x1e8, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "log_max_num_of_packets_per_reservation", bit_off: 0x1ed, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1f0", bit_off: 0x1f0, width: 0x6, ty: FieldType::Bits },
+            FieldInfo { name: "log_headers_entry_size", bit_off: 0x1f6, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1f8", bit_off: 0x1f8, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "log_headers_buffer_entry_num", bit_off: 0x1fc, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_200", bit_off: 0x200, width: 0x400, ty: FieldType::Bits },
+            FieldInfo { name: "pas", bit_off: 0x600, width: 0x0, ty: FieldType::Array { elem_bits: 0x40, count: 0, elem: Some("cmd_pas") } },
+        ],
+    };
+}
+
+/// A work queue (the queue part of RQs, SQs and RMPs).
+///
+/// A view of `struct mlx5_ifc_wq_bits` (1536 bits, 192 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wq<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Wq<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (192 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("wq", wq::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `wq_type`: 4 bits at bit 0x0.
+    pub fn wq_type(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 4) as u8
+    }
+    /// `wq_signature`: 1 bits at bit 0x4.
+    pub fn wq_signature(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x4, 1) != 0
+    }
+    /// `end_padding_mode`: 2 bits at bit 0x5.
+    pub fn end_padding_mode(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x5, 2) as u8
+    }
+    /// `cd_slave`: 1 bits at bit 0x7.
+    pub fn cd_slave(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x7, 1) != 0
+    }
+    /// `hds_skip_first_sge`: 1 bits at bit 0x20.
+    pub fn hds_skip_first_sge(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x20, 1) != 0
+    }
+    /// `log2_hds_buf_size`: 3 bits at bit 0x21.
+    pub fn log2_hds_buf_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x21, 3) as u8
+    }
+    /// `page_offset`: 5 bits at bit 0x2b.
+    pub fn page_offset(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x2b, 5) as u8
+    }
+    /// `lwm`: 16 bits at bit 0x30.
+    pub fn lwm(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `pd`: 24 bits at bit 0x48.
+    pub fn pd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `uar_page`: 24 bits at bit 0x68.
+    pub fn uar_page(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x68, 24) as u32
+    }
+    /// `dbr_addr`: 64 bits at bit 0x80.
+    pub fn dbr_addr(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x80, 64)
+    }
+    /// `hw_counter`: 32 bits at bit 0xc0.
+    pub fn hw_counter(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xc0, 32) as u32
+    }
+    /// `sw_counter`: 32 bits at bit 0xe0.
+    pub fn sw_counter(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xe0, 32) as u32
+    }
+    /// `log_wq_stride`: 4 bits at bit 0x10c.
+    pub fn log_wq_stride(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x10c, 4) as u8
+    }
+    /// `log_wq_pg_sz`: 5 bits at bit 0x113.
+    pub fn log_wq_pg_sz(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x113, 5) as u8
+    }
+    /// `log_wq_sz`: 5 bits at bit 0x11b.
+    pub fn log_wq_sz(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x11b, 5) as u8
+    }
+    /// `dbr_umem_valid`: 1 bits at bit 0x120.
+    pub fn dbr_umem_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x120, 1) != 0
+    }
+    /// `wq_umem_valid`: 1 bits at bit 0x121.
+    pub fn wq_umem_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x121, 1) != 0
+    }
+    /// `log_hairpin_num_packets`: 5 bits at bit 0x123.
+    pub fn log_hairpin_num_packets(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x123, 5) as u8
+    }
+    /// `log_hairpin_data_sz`: 5 bits at bit 0x12b.
+    pub fn log_hairpin_data_sz(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x12b, 5) as u8
+    }
+    /// `log_wqe_num_of_strides`: 4 bits at bit 0x134.
+    pub fn log_wqe_num_of_strides(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x134, 4) as u8
+    }
+    /// `two_byte_shift_en`: 1 bits at bit 0x138.
+    pub fn two_byte_shift_en(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x138, 1) != 0
+    }
+    /// `log_wqe_stride_size`: 3 bits at bit 0x13d.
+    pub fn log_wqe_stride_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x13d, 3) as u8
+    }
+    /// `dbr_umem_id`: 32 bits at bit 0x140.
+    pub fn dbr_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x140, 32) as u32
+    }
+    /// `wq_umem_id`: 32 bits at bit 0x160.
+    pub fn wq_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x160, 32) as u32
+    }
+    /// `wq_umem_offset`: 64 bits at bit 0x180.
+    pub fn wq_umem_offset(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x180, 64)
+    }
+    /// `headers_mkey`: 32 bits at bit 0x1c0.
+    pub fn headers_mkey(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x1c0, 32) as u32
+    }
+    /// `shampo_enable`: 1 bits at bit 0x1e0.
+    pub fn shampo_enable(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1e0, 1) != 0
+    }
+    /// `log_reservation_size`: 3 bits at bit 0x1e5.
+    pub fn log_reservation_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1e5, 3) as u8
+    }
+    /// `log_max_num_of_packets_per_reservation`: 3 bits at bit 0x1ed.
+    pub fn log_max_num_of_packets_per_reservation(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1ed, 3) as u8
+    }
+    /// `log_headers_entry_size`: 2 bits at bit 0x1f6.
+    pub fn log_headers_entry_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1f6, 2) as u8
+    }
+    /// `log_headers_buffer_entry_num`: 4 bits at bit 0x1fc.
+    pub fn log_headers_buffer_entry_num(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1fc, 4) as u8
+    }
+    /// `pas[index]` (`cmd_pas`, 8 bytes each from byte 0xc0).
+    pub fn pas(&self, index: usize) -> CmdPas<&[u8]> {
+        CmdPas::new_unchecked(sub(self.buf.as_ref(), 0xc0 + index * 0x8, 0x8))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Wq<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `wq_type` (4 bits at bit 0x0).
+    pub fn set_wq_type(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 4, u64::from(value));
+        self
+    }
+    /// Sets `wq_signature` (1 bits at bit 0x4).
+    pub fn set_wq_signature(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4, 1, u64::from(value));
+        self
+    }
+    /// Sets `end_padding_mode` (2 bits at bit 0x5).
+    pub fn set_end_padding_mode(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x5, 2, u64::from(value));
+        self
+    }
+    /// Sets `cd_slave` (1 bits at bit 0x7).
+    pub fn set_cd_slave(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x7, 1, u64::from(value));
+        self
+    }
+    /// Sets `hds_skip_first_sge` (1 bits at bit 0x20).
+    pub fn set_hds_skip_first_sge(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
+        self
+    }
+    /// Sets `log2_hds_buf_size` (3 bits at bit 0x21).
+    pub fn set_log2_hds_buf_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x21, 3, u64::from(value));
+        self
+    }
+    /// Sets `page_offset` (5 bits at bit 0x2b).
+    pub fn set_page_offset(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2b, 5, u64::from(value));
+        self
+    }
+    /// Sets `lwm` (16 bits at bit 0x30).
+    pub fn set_lwm(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `pd` (24 bits at bit 0x48).
+    pub fn set_pd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// Sets `uar_page` (24 bits at bit 0x68).
+    pub fn set_uar_page(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x68, 24, u64::from(value));
+        self
+    }
+    /// Sets `dbr_addr` (64 bits at bit 0x80).
+    pub fn set_dbr_addr(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 64, value);
+        self
+    }
+    /// Sets `hw_counter` (32 bits at bit 0xc0).
+    pub fn set_hw_counter(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xc0, 32, u64::from(value));
+        self
+    }
+    /// Sets `sw_counter` (32 bits at bit 0xe0).
+    pub fn set_sw_counter(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xe0, 32, u64::from(value));
+        self
+    }
+    /// Sets `log_wq_stride` (4 bits at bit 0x10c).
+    pub fn set_log_wq_stride(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10c, 4, u64::from(value));
+        self
+    }
+    /// Sets `log_wq_pg_sz` (5 bits at bit 0x113).
+    pub fn set_log_wq_pg_sz(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x113, 5, u64::from(value));
+        self
+    }
+    /// Sets `log_wq_sz` (5 bits at bit 0x11b).
+    pub fn set_log_wq_sz(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x11b, 5, u64::from(value));
+        self
+    }
+    /// Sets `dbr_umem_valid` (1 bits at bit 0x120).
+    pub fn set_dbr_umem_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x120, 1, u64::from(value));
+        self
+    }
+    /// Sets `wq_umem_valid` (1 bits at bit 0x121).
+    pub fn set_wq_umem_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x121, 1, u64::from(value));
+        self
+    }
+    /// Sets `log_hairpin_num_packets` (5 bits at bit 0x123).
+    pub fn set_log_hairpin_num_packets(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x123, 5, u64::from(value));
+        self
+    }
+    /// Sets `log_hairpin_data_sz` (5 bits at bit 0x12b).
+    pub fn set_log_hairpin_data_sz(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x12b, 5, u64::from(value));
+        self
+    }
+    /// Sets `log_wqe_num_of_strides` (4 bits at bit 0x134).
+    pub fn set_log_wqe_num_of_strides(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x134, 4, u64::from(value));
+        self
+    }
+    /// Sets `two_byte_shift_en` (1 bits at bit 0x138).
+    pub fn set_two_byte_shift_en(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x138, 1, u64::from(value));
+        self
+    }
+    /// Sets `log_wqe_stride_size` (3 bits at bit 0x13d).
+    pub fn set_log_wqe_stride_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x13d, 3, u64::from(value));
+        self
+    }
+    /// Sets `dbr_umem_id` (32 bits at bit 0x140).
+    pub fn set_dbr_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x140, 32, u64::from(value));
+        self
+    }
+    /// Sets `wq_umem_id` (32 bits at bit 0x160).
+    pub fn set_wq_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x160, 32, u64::from(value));
+        self
+    }
+    /// Sets `wq_umem_offset` (64 bits at bit 0x180).
+    pub fn set_wq_umem_offset(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x180, 64, value);
+        self
+    }
+    /// Sets `headers_mkey` (32 bits at bit 0x1c0).
+    pub fn set_headers_mkey(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1c0, 32, u64::from(value));
+        self
+    }
+    /// Sets `shampo_enable` (1 bits at bit 0x1e0).
+    pub fn set_shampo_enable(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1e0, 1, u64::from(value));
+        self
+    }
+    /// Sets `log_reservation_size` (3 bits at bit 0x1e5).
+    pub fn set_log_reservation_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1e5, 3, u64::from(value));
+        self
+    }
+    /// Sets `log_max_num_of_packets_per_reservation` (3 bits at bit 0x1ed).
+    pub fn set_log_max_num_of_packets_per_reservation(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1ed, 3, u64::from(value));
+        self
+    }
+    /// Sets `log_headers_entry_size` (2 bits at bit 0x1f6).
+    pub fn set_log_headers_entry_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1f6, 2, u64::from(value));
+        self
+    }
+    /// Sets `log_headers_buffer_entry_num` (4 bits at bit 0x1fc).
+    pub fn set_log_headers_buffer_entry_num(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1fc, 4, u64::from(value));
+        self
+    }
+    /// `pas[index]`, for writing.
+    pub fn pas_mut(&mut self, index: usize) -> CmdPas<&mut [u8]> {
+        CmdPas::new_unchecked(sub_mut(self.buf.as_mut(), 0xc0 + index * 0x8, 0x8))
+    }
+}
+
+/// Constants and registry entry of [`Rmpc`] (`struct mlx5_ifc_rmpc_bits`).
+pub mod rmpc {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x780;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0xf0;
+    /// Place of `state`: bit 0x8, 0x4 bits.
+    pub const STATE: BitField = BitField::new(0x8, 0x4);
+    /// Place of `basic_cyclic_rcv_wqe`: bit 0x20, 0x1 bits.
+    pub const BASIC_CYCLIC_RCV_WQE: BitField = BitField::new(0x20, 0x1);
+    /// Place of `wq`: bit 0x180, 0x600 bits.
+    pub const WQ: BitField = BitField::new(0x180, 0x600);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "rmpc",
+        kind: LayoutKind::Struct,
+        size_bits: 0x780,
+        doc: "RMP context: a receive memory pool, what an SRQ is under ISSI 1.",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "state", bit_off: 0x8, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c", bit_off: 0xc, width: 0x14, ty: FieldType::Bits },
+            FieldInfo { name: "basic_cyclic_rcv_wqe", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_21", bit_off: 0x21, width: 0x1f, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x140, ty: FieldType::Bits },
+            FieldInfo { name: "wq", bit_off: 0x180, width: 0x600, ty: FieldType::Layout("wq") },
+        ],
+    };
+}
+
+/// RMP context: a receive memory pool, what an SRQ is under ISSI 1.
+///
+/// A view of `struct mlx5_ifc_rmpc_bits` (1920 bits, 240 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rmpc<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Rmpc<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (240 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("rmpc", rmpc::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `state`: 4 bits at bit 0x8.
+    pub fn state(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x8, 4) as u8
+    }
+    /// `basic_cyclic_rcv_wqe`: 1 bits at bit 0x20.
+    pub fn basic_cyclic_rcv_wqe(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x20, 1) != 0
+    }
+    /// `wq` (`wq`, at byte 0x30).
+    pub fn wq(&self) -> Wq<&[u8]> {
+        Wq::new_unchecked(sub(self.buf.as_ref(), 0x30, 0xc0))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Rmpc<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `state` (4 bits at bit 0x8).
+    pub fn set_state(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x8, 4, u64::from(value));
+        self
+    }
+    /// Sets `basic_cyclic_rcv_wqe` (1 bits at bit 0x20).
+    pub fn set_basic_cyclic_rcv_wqe(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
+        self
+    }
+    /// `wq` (`wq`, at byte 0x30), for writing.
+    pub fn wq_mut(&mut self) -> Wq<&mut [u8]> {
+        Wq::new_unchecked(sub_mut(self.buf.as_mut(), 0x30, 0xc0))
+    }
+}
+
+/// Constants and registry entry of [`CreateRmpIn`] (`struct mlx5_ifc_create_rmp_in_bits`).
+pub mod create_rmp_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x880;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x110;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `ctx`: bit 0x100, 0x780 bits.
+    pub const CTX: BitField = BitField::new(0x100, 0x780);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "create_rmp_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x880,
+        doc: "CREATE_RMP input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0xc0, ty: FieldType::Bits },
+            FieldInfo { name: "ctx", bit_off: 0x100, width: 0x780, ty: FieldType::Layout("rmpc") },
+        ],
+    };
+}
+
+/// CREATE_RMP input.
+///
+/// A view of `struct mlx5_ifc_create_rmp_in_bits` (2176 bits, 272 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateRmpIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> CreateRmpIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("create_rmp_in", create_rmp_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `ctx` (`rmpc`, at byte 0x20).
+    pub fn ctx(&self) -> Rmpc<&[u8]> {
+        Rmpc::new_unchecked(sub(self.buf.as_ref(), 0x20, 0xf0))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateRmpIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// `ctx` (`rmpc`, at byte 0x20), for writing.
+    pub fn ctx_mut(&mut self) -> Rmpc<&mut [u8]> {
+        Rmpc::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0xf0))
+    }
+}
+
+/// Constants and registry entry of [`CreateRmpOut`] (`struct mlx5_ifc_create_rmp_out_bits`).
+pub mod create_rmp_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `rmpn`: bit 0x48, 0x18 bits.
+    pub const RMPN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "create_rmp_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "CREATE_RMP output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "rmpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// CREATE_RMP output.
+///
+/// A view of `struct mlx5_ifc_create_rmp_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateRmpOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> CreateRmpOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("create_rmp_out", create_rmp_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `rmpn`: 24 bits at bit 0x48.
+    pub fn rmpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateRmpOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `rmpn` (24 bits at bit 0x48).
+    pub fn set_rmpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DestroyRmpIn`] (`struct mlx5_ifc_destroy_rmp_in_bits`).
+pub mod destroy_rmp_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `rmpn`: bit 0x48, 0x18 bits.
+    pub const RMPN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "destroy_rmp_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DESTROY_RMP input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "rmpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DESTROY_RMP input.
+///
+/// A view of `struct mlx5_ifc_destroy_rmp_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyRmpIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DestroyRmpIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("destroy_rmp_in", destroy_rmp_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `rmpn`: 24 bits at bit 0x48.
+    pub fn rmpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DestroyRmpIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `rmpn` (24 bits at bit 0x48).
+    pub fn set_rmpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DestroyRmpOut`] (`struct mlx5_ifc_destroy_rmp_out_bits`).
+pub mod destroy_rmp_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "destroy_rmp_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DESTROY_RMP output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DESTROY_RMP output.
+///
+/// A view of `struct mlx5_ifc_destroy_rmp_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestroyRmpOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DestroyRmpOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("destroy_rmp_out", destroy_rmp_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DestroyRmpOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}

@@ -2721,3 +2721,294 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> SetRoceAddressOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`Pkey`] (`struct mlx5_ifc_pkey_bits`).
+pub mod pkey {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x20;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x4;
+    /// Place of `pkey`: bit 0x10, 0x10 bits.
+    pub const PKEY: BitField = BitField::new(0x10, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "pkey",
+        kind: LayoutKind::Struct,
+        size_bits: 0x20,
+        doc: "One P_Key table entry of QUERY_HCA_VPORT_PKEY.",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "pkey", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// One P_Key table entry of QUERY_HCA_VPORT_PKEY.
+///
+/// A view of `struct mlx5_ifc_pkey_bits` (32 bits, 4 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pkey<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Pkey<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (4 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("pkey", pkey::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `pkey`: 16 bits at bit 0x10.
+    pub fn pkey(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Pkey<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `pkey` (16 bits at bit 0x10).
+    pub fn set_pkey(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryHcaVportPkeyIn`] (`struct mlx5_ifc_query_hca_vport_pkey_in_bits`).
+pub mod query_hca_vport_pkey_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `other_vport`: bit 0x40, 0x1 bits.
+    pub const OTHER_VPORT: BitField = BitField::new(0x40, 0x1);
+    /// Place of `port_num`: bit 0x4c, 0x4 bits.
+    pub const PORT_NUM: BitField = BitField::new(0x4c, 0x4);
+    /// Place of `vport_number`: bit 0x50, 0x10 bits.
+    pub const VPORT_NUMBER: BitField = BitField::new(0x50, 0x10);
+    /// Place of `pkey_index`: bit 0x70, 0x10 bits.
+    pub const PKEY_INDEX: BitField = BitField::new(0x70, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_hca_vport_pkey_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "QUERY_HCA_VPORT_PKEY input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "other_vport", bit_off: 0x40, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_41", bit_off: 0x41, width: 0xb, ty: FieldType::Bits },
+            FieldInfo { name: "port_num", bit_off: 0x4c, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "vport_number", bit_off: 0x50, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "pkey_index", bit_off: 0x70, width: 0x10, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_HCA_VPORT_PKEY input.
+///
+/// A view of `struct mlx5_ifc_query_hca_vport_pkey_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryHcaVportPkeyIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryHcaVportPkeyIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_hca_vport_pkey_in", query_hca_vport_pkey_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `other_vport`: 1 bits at bit 0x40.
+    pub fn other_vport(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x40, 1) != 0
+    }
+    /// `port_num`: 4 bits at bit 0x4c.
+    pub fn port_num(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x4c, 4) as u8
+    }
+    /// `vport_number`: 16 bits at bit 0x50.
+    pub fn vport_number(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x50, 16) as u16
+    }
+    /// `pkey_index`: 16 bits at bit 0x70.
+    pub fn pkey_index(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x70, 16) as u16
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryHcaVportPkeyIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `other_vport` (1 bits at bit 0x40).
+    pub fn set_other_vport(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 1, u64::from(value));
+        self
+    }
+    /// Sets `port_num` (4 bits at bit 0x4c).
+    pub fn set_port_num(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4c, 4, u64::from(value));
+        self
+    }
+    /// Sets `vport_number` (16 bits at bit 0x50).
+    pub fn set_vport_number(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x50, 16, u64::from(value));
+        self
+    }
+    /// Sets `pkey_index` (16 bits at bit 0x70).
+    pub fn set_pkey_index(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x70, 16, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryHcaVportPkeyOut`] (`struct mlx5_ifc_query_hca_vport_pkey_out_bits`).
+pub mod query_hca_vport_pkey_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `pkey`: bit 0x80, 0x0 bits.
+    pub const PKEY: BitField = BitField::new(0x80, 0x0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_hca_vport_pkey_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "QUERY_HCA_VPORT_PKEY output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "pkey", bit_off: 0x80, width: 0x0, ty: FieldType::Array { elem_bits: 0x20, count: 0, elem: Some("pkey") } },
+        ],
+    };
+}
+
+/// QUERY_HCA_VPORT_PKEY output.
+///
+/// A view of `struct mlx5_ifc_query_hca_vport_pkey_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryHcaVportPkeyOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryHcaVportPkeyOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_hca_vport_pkey_out", query_hca_vport_pkey_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `pkey[index]` (`pkey`, 4 bytes each from byte 0x10).
+    pub fn pkey(&self, index: usize) -> Pkey<&[u8]> {
+        Pkey::new_unchecked(sub(self.buf.as_ref(), 0x10 + index * 0x4, 0x4))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryHcaVportPkeyOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// `pkey[index]`, for writing.
+    pub fn pkey_mut(&mut self, index: usize) -> Pkey<&mut [u8]> {
+        Pkey::new_unchecked(sub_mut(self.buf.as_mut(), 0x10 + index * 0x4, 0x4))
+    }
+}

@@ -1,0 +1,166 @@
+//! What Linux's mlx5_ib asks of firmware at probe and remove, beyond the
+//! data path: NODE_DESC, the P_Key table, XRC domains, Q counter sets and
+//! congestion statistics.
+
+use mlx5_hw::ifc::{
+    access_register_in, alloc_q_counter_out, alloc_xrcd_out, query_cong_statistics_in,
+    query_cong_statistics_out, query_hca_vport_pkey_in, query_hca_vport_pkey_out,
+    query_q_counter_in, query_q_counter_out,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::{be32, cmd_in, Drv};
+
+fn node_desc(d: &mut Drv, op_mod: u16, text: &[u8]) -> Vec<u8> {
+    let mut c = cmd_in(0x805, op_mod, access_register_in::SIZE_BYTES + 64);
+    access_register_in::REGISTER_ID.set(&mut c, 0x6001);
+    c[access_register_in::SIZE_BYTES..][..text.len()].copy_from_slice(text);
+    d.exec(&c, 0x10 + 64)
+}
+
+#[test]
+fn node_desc_reads_the_part_and_keeps_what_the_driver_writes() {
+    let mut d = Drv::new();
+    d.bring_up();
+    let out = node_desc(&mut d, 1, &[]);
+    assert_eq!(out[0], 0);
+    assert!(out[0x10..].starts_with(b"MT4115 ConnectX4 Mellanox Technologies\0"));
+    let out = node_desc(&mut d, 0, b"host mlx5_0");
+    assert_eq!(out[0], 0);
+    let out = node_desc(&mut d, 1, &[]);
+    assert!(out[0x10..].starts_with(b"host mlx5_0\0"));
+    // A register shorter than 64 bytes is a bad input length.
+    let mut c = cmd_in(0x805, 1, access_register_in::SIZE_BYTES + 32);
+    access_register_in::REGISTER_ID.set(&mut c, 0x6001);
+    assert_eq!(d.exec(&c, 0x10 + 64)[0], CmdStatus::BadInputLength.to_raw());
+}
+
+fn pkeys(d: &mut Drv, index: u16, n: usize) -> Vec<u8> {
+    let mut c = cmd_in(0x765, 0, query_hca_vport_pkey_in::SIZE_BYTES);
+    query_hca_vport_pkey_in::PKEY_INDEX.set(&mut c, u64::from(index));
+    d.exec(&c, query_hca_vport_pkey_out::SIZE_BYTES + 4 * n)
+}
+
+#[test]
+fn pkey_table_has_the_default_key_at_index_0() {
+    let mut d = Drv::new();
+    // Before INIT_HCA: bad system state.
+    d.open();
+    d.ok(&cmd_in(0x104, 0, 16), 16);
+    assert_eq!(pkeys(&mut d, 0, 1)[0], CmdStatus::BadSystemState.to_raw());
+    d.ok(&cmd_in(0x105, 0, 16), 16);
+    d.bring_up();
+    let one = pkeys(&mut d, 0, 1);
+    assert_eq!(one[0], 0);
+    assert_eq!(be32(&one, 0x10) & 0xffff, 0xffff);
+    // The whole table (0xffff): 128 entries, only the first valid.
+    let all = pkeys(&mut d, 0xffff, 128);
+    assert_eq!(all[0], 0);
+    assert_eq!(be32(&all, 0x10) & 0xffff, 0xffff);
+    assert!((1..128).all(|i| be32(&all, 0x10 + 4 * i) == 0));
+    assert_eq!(be32(&pkeys(&mut d, 5, 1), 0x10), 0);
+    // Past the table; the whole table into a one-entry output.
+    assert_eq!(pkeys(&mut d, 128, 1)[0], CmdStatus::BadParameter.to_raw());
+    assert_eq!(
+        pkeys(&mut d, 0xffff, 1)[0],
+        CmdStatus::BadOutputLength.to_raw()
+    );
+    // Another vport's table: this function manages none.
+    let mut c = cmd_in(0x765, 0, query_hca_vport_pkey_in::SIZE_BYTES);
+    query_hca_vport_pkey_in::OTHER_VPORT.set(&mut c, 1);
+    assert_eq!(d.exec(&c, 0x14)[0], CmdStatus::BadParameter.to_raw());
+}
+
+#[test]
+fn xrc_domains_alloc_dealloc_and_leak_count() {
+    let mut d = Drv::new();
+    d.bring_up();
+    let a = alloc_xrcd_out::XRCD.get(&d.ok(&cmd_in(0x80e, 0, 16), 16)) as u32;
+    let b = alloc_xrcd_out::XRCD.get(&d.ok(&cmd_in(0x80e, 0, 16), 16)) as u32;
+    assert_ne!(a, b);
+    assert_eq!(d.f.model().stats().xrcds, 2);
+    let mut dealloc = cmd_in(0x80f, 0, 16);
+    dealloc[8..12].copy_from_slice(&a.to_be_bytes());
+    d.ok(&dealloc, 16);
+    // Twice: unknown.
+    assert_eq!(d.exec(&dealloc, 16)[0], CmdStatus::BadResource.to_raw());
+    // A user context's uid without DEVX: bad parameter.
+    let mut with_uid = cmd_in(0x80e, 0, 16);
+    with_uid[2..4].copy_from_slice(&7u16.to_be_bytes());
+    assert_eq!(d.exec(&with_uid, 16)[0], CmdStatus::BadParameter.to_raw());
+    assert_eq!(d.f.model().stats().xrcds, 1);
+    // The lowest free number comes back.
+    let c = alloc_xrcd_out::XRCD.get(&d.ok(&cmd_in(0x80e, 0, 16), 16)) as u32;
+    assert_eq!(c, a);
+}
+
+fn query_q_counter(d: &mut Drv, id: u32, clear: bool) -> Vec<u8> {
+    let mut c = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
+    query_q_counter_in::COUNTER_SET_ID.set(&mut c, u64::from(id));
+    query_q_counter_in::CLEAR.set(&mut c, u64::from(clear));
+    d.exec(&c, query_q_counter_out::SIZE_BYTES)
+}
+
+#[test]
+fn q_counter_sets_are_max_qp_cnt_and_checked() {
+    let mut d = Drv::new();
+    d.bring_up();
+    // max_qp_cnt (0xff on the ConnectX-4) sets, numbered from 1.
+    let mut ids = vec![];
+    for _ in 0..0xff {
+        let out = d.ok(&cmd_in(0x771, 0, 16), 16);
+        ids.push(alloc_q_counter_out::COUNTER_SET_ID.get(&out) as u32);
+    }
+    assert_eq!(ids, (1..=0xff).collect::<Vec<u32>>());
+    assert_eq!(
+        d.exec(&cmd_in(0x771, 0, 16), 16)[0],
+        CmdStatus::NoResources.to_raw()
+    );
+    assert_eq!(d.f.model().stats().q_counters, 0xff);
+    let out = query_q_counter(&mut d, 3, false);
+    assert_eq!(out[0], 0);
+    assert_eq!(query_q_counter_out::OUT_OF_BUFFER.get(&out), 0);
+    let mut dealloc = cmd_in(0x772, 0, 16);
+    dealloc[8..12].copy_from_slice(&3u32.to_be_bytes());
+    d.ok(&dealloc, 16);
+    assert_eq!(d.exec(&dealloc, 16)[0], CmdStatus::BadResource.to_raw());
+    assert_eq!(
+        query_q_counter(&mut d, 3, false)[0],
+        CmdStatus::BadResource.to_raw()
+    );
+    // Aggregation is not a ConnectX-4 capability.
+    let mut agg = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
+    query_q_counter_in::COUNTER_SET_ID.set(&mut agg, 4);
+    query_q_counter_in::AGGREGATE.set(&mut agg, 1);
+    assert_eq!(
+        d.exec(&agg, query_q_counter_out::SIZE_BYTES)[0],
+        CmdStatus::BadParameter.to_raw()
+    );
+    assert_eq!(d.f.model().stats().q_counters, 0xfe);
+}
+
+#[test]
+fn congestion_statistics_are_zero_without_congestion() {
+    let mut d = Drv::new();
+    d.bring_up();
+    let c = cmd_in(0x826, 0, query_cong_statistics_in::SIZE_BYTES);
+    let out = d.ok(&c, query_cong_statistics_out::SIZE_BYTES);
+    for f in [
+        query_cong_statistics_out::RP_CNP_HANDLED_LOW,
+        query_cong_statistics_out::RP_CNP_IGNORED_LOW,
+        query_cong_statistics_out::NP_ECN_MARKED_ROCE_PACKETS_LOW,
+        query_cong_statistics_out::NP_CNP_SENT_LOW,
+    ] {
+        assert_eq!(f.get(&out), 0);
+    }
+    // The sample carries the HCA clock, which moves.
+    let t0 = query_cong_statistics_out::TIME_STAMP_HIGH.get(&out) << 32
+        | query_cong_statistics_out::TIME_STAMP_LOW.get(&out);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let out = d.ok(&c, query_cong_statistics_out::SIZE_BYTES);
+    let t1 = query_cong_statistics_out::TIME_STAMP_HIGH.get(&out) << 32
+        | query_cong_statistics_out::TIME_STAMP_LOW.get(&out);
+    assert!(t1 > t0);
+    // A short output: bad output length.
+    assert_eq!(d.exec(&c, 0x20)[0], CmdStatus::BadOutputLength.to_raw());
+}
