@@ -121,6 +121,9 @@ ls /sys/class/infiniband > $out/ib-devices.txt 2>&1
 # Let the health poller (every 2 s) run a few times.
 sleep 5
 dmesg > $out/dmesg-probe.txt
+# The guest's memory with mlx5_ib up (its mkey cache included): the artifact
+# that says whether mem= leaves room.
+cat /proc/meminfo > $out/meminfo-probe.txt
 echo "init: unbinding" > /dev/console
 for d in /sys/bus/pci/drivers/mlx5_core/0000:*; do
     [ -e "$d" ] && echo "$(basename $d)" > /sys/bus/pci/drivers/mlx5_core/unbind
