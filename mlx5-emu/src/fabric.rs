@@ -2,15 +2,19 @@
 //! ports: a cable; more: a switch), and the transmission of one packet.
 //!
 //! A packet is its addressing ([`RoceAddr`]: MACs, GIDs, traffic class,
-//! UDP source port), its transport headers as wire bytes, and its payload
-//! ([`Payload`]): bytes, or extents of the sender's IOVA space that the
-//! receiver copies straight into its own memory. [`transmit`] hands it to
-//! the receiving function on the sender's thread, and the receiver's
-//! responses come back through a callback, so an RC exchange costs no
-//! thread hop. A fabric made with `wire_check` instead sends each packet
-//! through the complete RoCEv2 frame encoding (Ethernet, IP, UDP, BTH and
-//! extension headers, payload, pad, ICRC) and decodes it on the other
-//! side, the way a real wire would carry it.
+//! UDP source port), its transport headers ([`Headers`], exactly what
+//! [`Headers::parse`] reads back from the bytes [`Headers::emit`] writes),
+//! and its payload ([`Payload`]): bytes, or extents of the sender's IOVA
+//! space that the receiver copies straight into its own memory.
+//! [`transmit`] hands it to the receiving function on the sender's thread,
+//! and the receiver's responses come back through a callback, so an RC
+//! exchange costs no thread hop. When the sender has nothing more queued
+//! for a QP, [`drained`] tells the receiver, whose QP then sends the ACK
+//! it was holding back (ACK coalescing). A fabric made with `wire_check`
+//! instead sends each packet, responses included, through the complete
+//! RoCEv2 frame encoding (Ethernet, IP, UDP, BTH and extension headers,
+//! payload, pad, ICRC) and decodes it on the other side, the way a real
+//! wire would carry it.
 //!
 //! Every function also reaches its own GIDs without a fabric (loopback).
 
@@ -18,11 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use vfio::emulated::EmulatedFunction;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
-use crate::transport::mem::{self, Extent};
-use crate::transport::packet::{self, RoceAddr};
-use crate::transport::{rlock, wlock, Rdma};
+use crate::transport::mem::{self, Extent, Hinted};
+use crate::transport::packet::{self, Headers, RoceAddr};
+use crate::transport::qp::Tally;
+use crate::transport::{rlock, wlock, Qp, Rdma};
 use crate::{Device, DeviceConfig, Profile};
 
 /// What a packet carries after its headers.
@@ -32,6 +37,9 @@ pub(crate) enum Payload<'a> {
     None,
     /// Bytes (inline data, a decoded frame).
     Bytes(&'a [u8]),
+    /// The sender's memory, one contiguous piece looked up once per
+    /// message.
+    Slice(VolatileSlice<'a>),
     /// `len` bytes of `ext` in the sender's memory `mem`, from `skip`.
     Mem {
         mem: &'a GuestMemoryMmap,
@@ -47,6 +55,7 @@ impl Payload<'_> {
         match self {
             Payload::None => 0,
             Payload::Bytes(b) => b.len() as u64,
+            Payload::Slice(s) => s.len() as u64,
             Payload::Mem { len, .. } => *len,
         }
     }
@@ -61,12 +70,26 @@ impl Payload<'_> {
         match self {
             Payload::None => Ok(()),
             Payload::Bytes(b) => mem::write_bytes(dmem, dst, dskip, b),
+            Payload::Slice(s) => mem::write_slice(dmem, dst, dskip, s),
             Payload::Mem {
                 mem: smem,
                 ext,
                 skip,
                 len,
             } => mem::copy(smem, ext, *skip, dmem, dst, dskip, *len),
+        }
+    }
+
+    /// [`Payload::copy_to`] with the destination's region hint.
+    pub(crate) fn copy_to_hinted(
+        &self,
+        dmem: &Hinted<'_>,
+        dst: &[Extent],
+        dskip: u64,
+    ) -> Result<(), mem::Fault> {
+        match self {
+            Payload::Slice(s) => mem::write_slice_hinted(dmem, dst, dskip, s),
+            _ => self.copy_to(dmem.mem, dst, dskip),
         }
     }
 
@@ -77,6 +100,10 @@ impl Payload<'_> {
             Payload::Bytes(b) => {
                 let n = out.len().min(b.len());
                 out[..n].copy_from_slice(&b[..n]);
+                Ok(())
+            }
+            Payload::Slice(s) => {
+                s.copy_to(out);
                 Ok(())
             }
             Payload::Mem {
@@ -93,7 +120,7 @@ impl Payload<'_> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Packet<'a> {
     pub addr: RoceAddr,
-    pub hdr: &'a [u8],
+    pub hdr: &'a Headers,
     pub payload: Payload<'a>,
 }
 
@@ -115,19 +142,61 @@ impl Wire {
     }
 }
 
+/// Where a packet goes: the receiving function and its memory (with the
+/// sender's burst's region hint for it, if any), the fabric between
+/// (`None`: looped back, or not cabled), and the destination QP as the
+/// sender last found it (a hint, checked).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dest<'a, 'b> {
+    pub rdma: &'a Rdma,
+    pub mem: &'a GuestMemoryMmap,
+    pub hint: Option<&'a Hinted<'b>>,
+    pub wire: Option<&'a Wire>,
+    pub qp: Option<&'a Arc<Qp>>,
+    /// The sender counts packets here (and adds them to both functions'
+    /// counters later) rather than in the counters.
+    pub tally: Option<&'a Tally>,
+    /// The sender found `rdma` by this packet's destination GID since the
+    /// last change to any table: the receiver need not look it up again.
+    pub routed: bool,
+}
+
+/// The fabric `rdma` is cabled to.
+pub(crate) fn wire_of(rdma: &Rdma) -> Option<Arc<Wire>> {
+    rlock(&rdma.fabric).as_ref().and_then(Weak::upgrade)
+}
+
 /// Sends `pkt` from `src` to `dst`; `dst`'s responses reach `reply`.
 pub(crate) fn transmit(
     src: &Rdma,
-    dst: &Rdma,
+    dst: &Dest<'_, '_>,
     pkt: &Packet<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
-    src.counters.packets_sent.fetch_add(1, Ordering::Relaxed);
-    src.counters
-        .bytes_sent
-        .fetch_add(pkt.payload.len(), Ordering::Relaxed);
-    let wire = rlock(&src.fabric).as_ref().and_then(Weak::upgrade);
-    if let Some(w) = &wire {
+    match dst.tally {
+        Some(t) => {
+            t.packets.set(t.packets.get() + 1);
+            t.bytes.set(t.bytes.get() + pkt.payload.len());
+        }
+        None => {
+            src.counters.packets_sent.fetch_add(1, Ordering::Relaxed);
+            src.counters
+                .bytes_sent
+                .fetch_add(pkt.payload.len(), Ordering::Relaxed);
+        }
+    }
+    // What the receiver parses from the emitted bytes is what it is given.
+    debug_assert_eq!(
+        {
+            let mut b = [0u8; packet::MAX_HDR_LEN];
+            let n = pkt.hdr.emit(&mut b);
+            Headers::parse(&b[..n]).map(|(h, _)| h)
+        },
+        Ok(*pkt.hdr),
+        "headers not in wire form"
+    );
+    let wire = dst.wire;
+    if let Some(w) = wire {
         // Fault injection: lose packets.
         let d = w.drop_next.load(Ordering::Relaxed);
         if d > 0
@@ -139,14 +208,16 @@ pub(crate) fn transmit(
             return;
         }
     }
-    let check = wire
-        .as_ref()
-        .is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
-    dst.counters
-        .packets_received
-        .fetch_add(1, Ordering::Relaxed);
+    let check = wire.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let (qp, dmem, dhint, routed, tally, dst) =
+        (dst.qp, dst.mem, dst.hint, dst.routed, dst.tally, dst.rdma);
+    if tally.is_none() {
+        dst.counters
+            .packets_received
+            .fetch_add(1, Ordering::Relaxed);
+    }
     if !check {
-        crate::transport::responder::receive(dst, pkt, reply);
+        crate::transport::responder::receive(dst, dmem, dhint, routed, qp, pkt, reply);
         return;
     }
     // The whole frame, as a real wire carries it.
@@ -157,33 +228,18 @@ pub(crate) fn transmit(
     }
     match packet::decode_frame(&frame) {
         Ok(f) => {
-            let mut th = [0u8; packet::MAX_HDR_LEN];
-            let n = f.hdrs.emit(&mut th);
             let p = Packet {
                 addr: f.addr,
-                hdr: &th[..n],
+                hdr: &f.hdrs,
                 payload: if f.payload.is_empty() {
                     Payload::None
                 } else {
                     Payload::Bytes(&frame[f.payload.clone()])
                 },
             };
-            let mut back = |r: &Packet<'_>| {
-                let mut rf = Vec::new();
-                if encode(r, &mut rf).is_err() {
-                    return;
-                }
-                if let Ok(f) = packet::decode_frame(&rf) {
-                    let mut th = [0u8; packet::MAX_HDR_LEN];
-                    let n = f.hdrs.emit(&mut th);
-                    reply(&Packet {
-                        addr: f.addr,
-                        hdr: &th[..n],
-                        payload: Payload::Bytes(&rf[f.payload.clone()]),
-                    });
-                }
-            };
-            crate::transport::responder::receive(dst, &p, &mut back);
+            crate::transport::responder::receive(dst, dmem, dhint, false, None, &p, &mut |r| {
+                framed(r, reply)
+            });
         }
         Err(e) => {
             tracing::warn!(error = %e, "frame failed its own decoding");
@@ -192,11 +248,98 @@ pub(crate) fn transmit(
     }
 }
 
+/// The packets of one RC RDMA WRITE, back to back: `npkts` of `mtu` bytes
+/// (the last one the rest) from PSN `psn`, the first with the RETH, the
+/// last asking for an ACK; the payload is `src`.
+#[derive(Debug)]
+pub(crate) struct Train<'a> {
+    pub addr: RoceAddr,
+    pub dest_qp: u32,
+    pub psn: u32,
+    pub npkts: u32,
+    pub mtu: u64,
+    pub va: u64,
+    pub rkey: u32,
+    pub src: VolatileSlice<'a>,
+}
+
+/// Sends a WRITE's packets as one train when the fabric would deliver
+/// each as it is (no wire check, no loss pending) and the receiver takes
+/// them all in sequence; false (nothing sent) otherwise, and the sender
+/// sends them one by one. Counted as the packets they are.
+pub(crate) fn write_train(
+    dst: &Dest<'_, '_>,
+    t: &Train<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> bool {
+    let Some(tally) = dst.tally else {
+        return false;
+    };
+    if dst.wire.is_some_and(|w| {
+        w.wire_check.load(Ordering::Relaxed) || w.drop_next.load(Ordering::Relaxed) != 0
+    }) || !dst.routed
+    {
+        return false;
+    }
+    let done = match dst.hint {
+        Some(h) => crate::transport::responder::write_train(dst.rdma, h, dst.qp, t, reply),
+        None => crate::transport::responder::write_train(
+            dst.rdma,
+            &Hinted::new(dst.mem),
+            dst.qp,
+            t,
+            reply,
+        ),
+    };
+    if done {
+        tally.packets.set(tally.packets.get() + u64::from(t.npkts));
+        tally.bytes.set(tally.bytes.get() + t.src.len() as u64);
+    }
+    done
+}
+
+/// Tells `dst` that `src` has nothing more queued for its QP `qpn` (the
+/// requester's burst ended): the responder sends the ACK it holds back, if
+/// any, to `reply`. `addr` is the addressing of the requests.
+pub(crate) fn drained(
+    src: &Rdma,
+    dst: &Rdma,
+    addr: &RoceAddr,
+    qpn: u32,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    let check = wire_of(src).is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    if check {
+        crate::transport::responder::drained(dst, addr, qpn, &mut |r| framed(r, reply));
+    } else {
+        crate::transport::responder::drained(dst, addr, qpn, reply);
+    }
+}
+
+/// A response sent through the full frame encoding and decoding.
+fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let mut rf = Vec::new();
+    if encode(r, &mut rf).is_err() {
+        return;
+    }
+    match packet::decode_frame(&rf) {
+        Ok(f) => reply(&Packet {
+            addr: f.addr,
+            hdr: &f.hdrs,
+            payload: if f.payload.is_empty() {
+                Payload::None
+            } else {
+                Payload::Bytes(&rf[f.payload.clone()])
+            },
+        }),
+        Err(e) => tracing::warn!(error = %e, "response frame failed its own decoding"),
+    }
+}
+
 fn encode(pkt: &Packet<'_>, out: &mut Vec<u8>) -> Result<(), mem::Fault> {
-    let (h, _) = packet::Headers::parse(pkt.hdr).map_err(|_| mem::Fault { iova: 0 })?;
     let mut payload = vec![0u8; pkt.payload.len() as usize];
     pkt.payload.read(&mut payload)?;
-    packet::encode_frame(&pkt.addr, &h, &payload, out);
+    packet::encode_frame(&pkt.addr, pkt.hdr, &payload, out);
     Ok(())
 }
 

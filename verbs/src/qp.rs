@@ -34,7 +34,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::BF_BUF_SIZE;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 use vfio::mmio::dma_wmb;
-use vfio::{DmaBuffer, Mmio};
+use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
 
 use crate::ah::Ah;
 use crate::cq::{Cq, CqShared};
@@ -442,7 +442,7 @@ impl SqSlot {
 #[derive(Debug)]
 pub struct WqTrack {
     qpn: u32,
-    sq: Box<[SqSlot]>,
+    sq: Arc<[SqSlot]>,
     sq_tail: AtomicU32,
     sq_mask: u32,
     rq_wrid: Box<[AtomicU64]>,
@@ -552,24 +552,54 @@ fn put_data_seg(b: &mut [u8], o: usize, s: &Sge) {
 
 /// The send side of a QP: ring memory, producer counter, doorbell record
 /// and BlueFlame register. Usable on its own (driver-alone benchmarks).
+///
+/// Everything the per-WQE path reads is here, by value: the ring's base
+/// and mask ([`DmaRing`], checked once), the counter up to which the ring
+/// is known to have room (the shared tail is read only when that runs
+/// out), and the constant part of a 1-SGE RDMA WRITE's control segment.
 #[derive(Debug)]
 pub struct SendRing {
-    buf: Arc<DmaBuffer>,
-    base: usize,
-    mask: u32,
-    cnt: u32,
+    ring: DmaRing<BB>,
     pc: u32,
-    dbrec: Arc<DmaBuffer>,
-    dbrec_off: usize,
-    uar: Arc<Mmio>,
-    bf_off: usize,
+    /// `pc` may grow to here: the tail when last read, plus the ring size.
+    limit: u32,
+    cnt: u32,
+    /// `pc` at the last doorbell: the WQEs from here on are pending.
+    rung: u32,
+    /// `(start, end)` of the last multi-block WQE, while it is the last
+    /// WQE written (else the last WQE is the one block at `pc - 1`).
+    multi: Option<(u32, u32)>,
+    dbrec: DmaRing<4>,
+    /// The two BlueFlame buffers, rung in turn; `bf` the next one.
+    bf_regs: MmioRing<BF_BUF_SIZE>,
+    bf: u32,
     qpn8: u32,
+    /// Word 0 of a 1-SGE RDMA WRITE's control segment, WQE index zero.
+    rdma_write_ctrl: u64,
+    /// `fm_ce_se` bits every WQE gets (CQ_UPDATE with `sq_sig_all`).
+    ce_all: u8,
+    /// The completion slots of `track`, one per block (held here too: one
+    /// indirection less per WQE).
+    slots: Arc<[SqSlot]>,
     track: Arc<WqTrack>,
-    pending: Option<[u8; 8]>,
     blueflame: bool,
-    sig_all: bool,
-    posted_in_batch: u32,
-    last_bb: [u8; BB],
+}
+
+/// A control segment's first word (`opmod_idx_opcode`, `qpn_ds`) in memory
+/// order, WQE index zero: the index is OR-ed in by [`ctrl_idx`].
+#[inline(always)]
+fn ctrl_word0(opcode: WqeOpcode, qpn_ds: u32) -> u64 {
+    let o = w::opmod_idx_opcode(0, 0, opcode).to_be_bytes();
+    let q = qpn_ds.to_be_bytes();
+    u64::from_ne_bytes([o[0], o[1], o[2], o[3], q[0], q[1], q[2], q[3]])
+}
+
+/// WQE index `idx` at its place (bytes 1-2, big-endian) of a control
+/// segment's first word in memory order.
+#[inline(always)]
+fn ctrl_idx(idx: u16) -> u64 {
+    let i = idx.to_be_bytes();
+    u64::from_ne_bytes([0, i[0], i[1], 0, 0, 0, 0, 0])
 }
 
 impl SendRing {
@@ -588,30 +618,36 @@ impl SendRing {
         track: Arc<WqTrack>,
     ) -> Result<Self> {
         let cnt = 1u32 << log_cnt;
-        if base + cnt as usize * BB > buf.len() || dbrec_off + 4 > dbrec.len() {
+        let (Ok(ring), Ok(dbrec)) = (
+            DmaRing::new(buf, base, cnt),
+            DmaRing::new(dbrec, dbrec_off, 1),
+        ) else {
             return Err(Error::Invalid("send ring outside its buffers"));
-        }
+        };
         if track.sq.len() < cnt as usize {
             return Err(Error::Invalid("tracking smaller than the ring"));
         }
         uar.write64_raw(bf_off, [0; 8])?;
+        let Ok(bf_regs) = MmioRing::new(uar, bf_off & !BF_BUF_SIZE, 2) else {
+            return Err(Error::Invalid("BlueFlame registers outside the UAR"));
+        };
+        let qpn8 = track.qpn << w::WQE_CTRL_QPN_SHIFT;
         Ok(Self {
-            buf,
-            base,
-            mask: cnt - 1,
-            cnt,
+            ring,
             pc: 0,
+            limit: cnt,
+            cnt,
+            rung: 0,
+            multi: None,
             dbrec,
-            dbrec_off,
-            uar,
-            bf_off,
-            qpn8: track.qpn << w::WQE_CTRL_QPN_SHIFT,
+            bf_regs,
+            bf: u32::from(bf_off & BF_BUF_SIZE != 0),
+            qpn8,
+            rdma_write_ctrl: ctrl_word0(WqeOpcode::RdmaWrite, qpn8 | 3),
+            ce_all: 0,
+            slots: track.sq.clone(),
             track,
-            pending: None,
             blueflame: true,
-            sig_all: false,
-            posted_in_batch: 0,
-            last_bb: [0; BB],
         })
     }
 
@@ -623,7 +659,7 @@ impl SendRing {
 
     /// Every WQE requests a completion.
     pub fn set_sig_all(&mut self, on: bool) {
-        self.sig_all = on;
+        self.ce_all = if on { w::WQE_CTRL_CQ_UPDATE } else { 0 };
     }
 
     /// Blocks free now.
@@ -631,6 +667,22 @@ impl SendRing {
     pub fn free(&self) -> u32 {
         let tail = self.track.sq_tail.load(Ordering::Acquire);
         self.cnt - self.pc.wrapping_sub(tail)
+    }
+
+    /// Whether `nbb` blocks fit: first against the room known from the last
+    /// look at the tail, then (rarely) by reading the tail again.
+    #[inline(always)]
+    fn room_for(&mut self, nbb: u32) -> bool {
+        self.limit.wrapping_sub(self.pc) >= nbb || self.reload_limit(nbb)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reload_limit(&mut self, nbb: u32) -> bool {
+        // Acquire: the CQ freed these blocks after the device was done with them.
+        let tail = self.track.sq_tail.load(Ordering::Acquire);
+        self.limit = tail.wrapping_add(self.cnt);
+        self.limit.wrapping_sub(self.pc) >= nbb
     }
 
     /// The producer counter (in blocks).
@@ -641,14 +693,14 @@ impl SendRing {
     /// Forgets every WQE written since producer counter `pc` (not rung yet).
     pub fn rewind(&mut self, pc: u32) {
         self.pc = pc;
-        self.pending = None;
-        self.posted_in_batch = 0;
+        self.rung = pc;
+        self.multi = None;
     }
 
     #[inline(always)]
     fn fm_ce_se(&self, flags: u32) -> u8 {
-        let mut f = 0;
-        if flags & send_flags::SIGNALED != 0 || self.sig_all {
+        let mut f = self.ce_all;
+        if flags & send_flags::SIGNALED != 0 {
             f |= w::WQE_CTRL_CQ_UPDATE;
         }
         if flags & send_flags::SOLICITED != 0 {
@@ -671,38 +723,28 @@ impl SendRing {
         sge: &Sge,
         flags: u32,
     ) -> std::result::Result<(), PostError> {
-        if self.free() < 1 {
+        if !self.room_for(1) {
             return Err(PostError::QueueFull);
         }
         // The three segments (ctrl, raddr, data: ds = 3) as six words in
         // memory order, written straight into the ring (the block's last
         // 16 bytes are beyond ds and left alone, as rdma-core does).
         let be2 = |hi: u32, lo: u32| ((u64::from(hi) << 32) | u64::from(lo)).to_be();
-        let idx = self.pc as u16;
+        let pc = self.pc;
+        let ctrl = self.rdma_write_ctrl | ctrl_idx(pc as u16);
         let words = [
-            be2(
-                w::opmod_idx_opcode(0, idx, WqeOpcode::RdmaWrite),
-                self.qpn8 | 3,
-            ),
-            be2(u32::from(self.fm_ce_se(flags)), 0),
+            ctrl,
+            u64::from_ne_bytes([0, 0, 0, self.fm_ce_se(flags), 0, 0, 0, 0]),
             raddr.to_be(),
             be2(rkey, 0),
             be2(sge.length, sge.lkey),
             sge.addr.to_be(),
         ];
-        let slot = (self.pc & self.mask) as usize;
-        let _ = self.buf.store_words(self.base + slot * BB, &words);
-        self.pc = self.pc.wrapping_add(1);
-        self.track.sq[slot].set(wr_id, self.pc);
-        self.pending = Some(words[0].to_ne_bytes());
-        // Only a lone WQE goes by BlueFlame: keep the batch's first block.
-        if self.posted_in_batch == 0 && self.blueflame {
-            for (i, q) in words.iter().enumerate() {
-                self.last_bb[i * 8..i * 8 + 8].copy_from_slice(&q.to_ne_bytes());
-            }
-            self.last_bb[48..].fill(0);
+        let _ = self.ring.store_words(pc, 0, &words);
+        self.pc = pc.wrapping_add(1);
+        if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
+            s.set(wr_id, self.pc);
         }
-        self.posted_in_batch += 1;
         Ok(())
     }
 
@@ -710,27 +752,26 @@ impl SendRing {
     /// around the ring end block by block.
     fn commit(&mut self, wqe: &[u8], wr_id: u64) -> std::result::Result<(), PostError> {
         let nbb = wqe.len().div_ceil(BB) as u32;
-        if self.free() < nbb {
+        if !self.room_for(nbb) {
             return Err(PostError::QueueFull);
         }
         let start = self.pc;
-        let slot0 = (start & self.mask) as usize;
-        for i in 0..nbb as usize {
-            let slot = (start.wrapping_add(i as u32) & self.mask) as usize;
-            let from = i * BB;
-            let to = (from + BB).min(wqe.len());
-            let _ = self.buf.write(self.base + slot * BB, &wqe[from..to]);
+        for (i, c) in wqe.chunks_exact(16).enumerate() {
+            let mut q = [0u8; 16];
+            q.copy_from_slice(c);
+            let (a, b) = q.split_at(8);
+            let words = [
+                u64::from_ne_bytes(a.try_into().unwrap_or_default()),
+                u64::from_ne_bytes(b.try_into().unwrap_or_default()),
+            ];
+            let bb = start.wrapping_add((i / 4) as u32);
+            let _ = self.ring.store_words(bb, (i % 4) * 16, &words);
         }
         self.pc = self.pc.wrapping_add(nbb);
-        self.track.sq[slot0].set(wr_id, self.pc);
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&wqe[..8]);
-        self.pending = Some(first);
-        self.posted_in_batch += if nbb == 1 { 1 } else { 2 };
-        if nbb == 1 {
-            self.last_bb[..wqe.len()].copy_from_slice(wqe);
-            self.last_bb[wqe.len()..].fill(0);
+        if let Some(s) = self.slots.get(self.ring.slot(start) as usize) {
+            s.set(wr_id, self.pc);
         }
+        self.multi = (nbb > 1).then_some((start, self.pc));
         Ok(())
     }
 
@@ -738,28 +779,61 @@ impl SendRing {
     /// (BlueFlame when it is a single one-block WQE).
     #[inline(always)]
     pub fn ring(&mut self) {
-        let Some(first) = self.pending.take() else {
+        let n = self.pc.wrapping_sub(self.rung);
+        if n == 0 {
             return;
-        };
-        // 2. The WQEs are in memory before the record says so.
+        }
+        // 2. The WQEs are in memory before the record says so (a compiler
+        // barrier on x86-64, where stores are not reordered with stores).
         dma_wmb();
         // 3. Doorbell record: the send counter (PRM "Send Doorbell").
-        let _ = self.dbrec.store_u32_be(self.dbrec_off, self.pc & 0xffff);
+        let _ = self.dbrec.store_u32_be(0, 0, self.pc & 0xffff);
         // 4. The record before the UAR write.
         doorbell_barrier();
-        // 5. BlueFlame copy of a lone small WQE, else the 8-byte doorbell.
-        if self.blueflame && self.posted_in_batch == 1 {
-            let _ = self.uar.write_blueflame(self.bf_off, &self.last_bb);
+        // 5. BlueFlame copy of a lone one-block WQE, else the 8-byte
+        // doorbell: the first 8 bytes of the last WQE's control segment.
+        // Both read back from the ring (as rdma-core copies them).
+        if self.blueflame && n == 1 {
+            if let Ok(block) = self.ring.load_words::<8>(self.rung, 0) {
+                let _ = self.bf_regs.write_block64(self.bf, 0, &block);
+            }
         } else {
-            let _ = self.uar.write64_raw(self.bf_off, first);
+            let last = match self.multi {
+                Some((start, end)) if end == self.pc => start,
+                _ => self.pc.wrapping_sub(1),
+            };
+            if let Ok([ctrl]) = self.ring.load_words::<1>(last, 0) {
+                let _ = self.bf_regs.write64_raw(self.bf, 0, ctrl.to_ne_bytes());
+            }
         }
-        self.bf_off ^= BF_BUF_SIZE;
-        self.posted_in_batch = 0;
+        self.bf ^= 1;
+        self.rung = self.pc;
+        self.multi = None;
     }
 
     /// Builds and writes one WQE for `wr`; the doorbell is left for
     /// [`ring`](Self::ring).
     pub(crate) fn write_wr(
+        &mut self,
+        wr: &SendWr<'_>,
+        qp_type: QpType,
+        max_inline: usize,
+    ) -> std::result::Result<(), PostError> {
+        // The common case, a 1-SGE RDMA WRITE on a connected QP, is one
+        // block built in registers (the same WQE as below builds).
+        if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s]), false) =
+            (wr.op, wr.payload, qp_type == QpType::Ud)
+        {
+            if s.length != 0 {
+                return self.write_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
+            }
+        }
+        self.write_wr_general(wr, qp_type, max_inline)
+    }
+
+    /// [`write_wr`](Self::write_wr) for any WR: the WQE built segment by
+    /// segment, then copied into the ring.
+    pub(crate) fn write_wr_general(
         &mut self,
         wr: &SendWr<'_>,
         qp_type: QpType,
@@ -1202,8 +1276,10 @@ impl Qp {
     fn reset_rings(&mut self) {
         // After 2RST the device starts the queues at 0 again.
         self.sq.pc = 0;
-        self.sq.pending = None;
+        self.sq.rung = 0;
+        self.sq.multi = None;
         self.sq.track.sq_tail.store(0, Ordering::Release);
+        self.sq.limit = self.sq.cnt;
         if let Some(rq) = &mut self.rq {
             rq.pc = 0;
             rq.track.rq_tail.store(0, Ordering::Release);
@@ -1415,6 +1491,25 @@ impl Qp {
     }
 
     /// `ibv_destroy_qp`.
+    ///
+    /// Takes the QP by value, so posting to a destroyed QP (libibverbs'
+    /// use-after-free) does not compile:
+    ///
+    /// ```compile_fail,E0382
+    /// fn post_after_destroy(mut qp: verbs::qp::Qp, wrs: &[verbs::qp::SendWr<'_>]) {
+    ///     qp.destroy().unwrap();
+    ///     let _ = qp.post_send(wrs); // use of moved value: `qp`
+    /// }
+    /// ```
+    ///
+    /// while the same calls in the other order do:
+    ///
+    /// ```
+    /// fn post_then_destroy(mut qp: verbs::qp::Qp, wrs: &[verbs::qp::SendWr<'_>]) {
+    ///     let _ = qp.post_send(wrs);
+    ///     qp.destroy().unwrap();
+    /// }
+    /// ```
     pub fn destroy(mut self) -> Result<()> {
         self.teardown()
     }

@@ -107,8 +107,10 @@ fn fast_rdma_write_is_the_prm_wqe_and_matches_the_general_path() {
         (d.byte_count.get(), d.lkey.get(), d.addr.get()),
         (0x1000, 0xabcd_ef01, 0x1122_3344_5566_7788)
     );
+    // The general builder makes the same WQE as the register fast path
+    // (which `write_wr` takes for it).
     let mut g = rig(4);
-    g.sq.write_wr(
+    g.sq.write_wr_general(
         &wr(
             SendOp::RdmaWrite {
                 raddr: 0x0102_0304_0506_0708,
@@ -403,6 +405,37 @@ fn blueflame_copies_a_lone_wqe_and_batches_ring_the_doorbell() {
     d.sq.ring();
     assert_eq!(uar_bytes(&d, 0x800, 8), block(&d, 0, 1)[..8]);
     assert_eq!(uar_bytes(&d, 0x808, 56), vec![0; 56]);
+}
+
+#[test]
+fn the_doorbell_carries_the_last_wqe_whatever_its_size() {
+    let s = sge(0x1000, 16, 1);
+    let four = [s, s, s, s];
+    let big = wr(SendOp::Send, Payload::Sges(&four), 0);
+    let mut r = rig(4);
+    r.sq.set_blueflame(false);
+    // A two-block WQE last (ctrl + 4 data segments = 80 bytes): its first
+    // block's ctrl word, not the block before the counter.
+    r.sq.write_rdma_write(1, 0x10, 2, &s, 0).unwrap();
+    r.sq.write_wr(&big, QpType::Rc, 64).unwrap();
+    assert_eq!(r.sq.pc(), 3);
+    r.sq.ring();
+    assert_eq!(uar_bytes(&r, 0x800, 8), block(&r, 1, 1)[..8]);
+    // A one-block WQE after a two-block one: that one.
+    r.sq.write_wr(&big, QpType::Rc, 64).unwrap();
+    r.sq.write_rdma_write(2, 0x10, 2, &s, 0).unwrap();
+    r.sq.ring();
+    assert_eq!(uar_bytes(&r, 0x900, 8), block(&r, 5, 1)[..8]);
+    // A two-block WQE rewound away, then a one-block WQE ending where it
+    // ended: the one-block WQE rings.
+    let pc = r.sq.pc();
+    r.sq.write_wr(&big, QpType::Rc, 64).unwrap();
+    r.sq.rewind(pc);
+    r.sq.write_rdma_write(3, 0x10, 2, &s, 0).unwrap();
+    r.sq.write_rdma_write(4, 0x10, 2, &s, 0).unwrap();
+    r.sq.ring();
+    assert_eq!(uar_bytes(&r, 0x800, 8), block(&r, 7, 1)[..8]);
+    assert_eq!(opcode_index(&ctrl(&block(&r, 7, 1))), (0x08, 7));
 }
 
 #[test]

@@ -158,6 +158,11 @@ impl DmaBuffer {
         self.region.as_ptr() as u64
     }
 
+    /// The first byte of the mapping (for [`DmaRing`](crate::dma_ring::DmaRing)).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.region.as_ptr()
+    }
+
     /// A volatile view of the whole buffer.
     pub fn slice(&self) -> VolatileSlice<'_, BS<'_, ()>> {
         self.region.as_volatile_slice()

@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod dma;
+pub mod dma_ring;
 pub mod emulated;
 pub mod function;
 pub mod iova;
@@ -40,9 +41,10 @@ pub mod pci;
 pub mod user;
 
 pub use dma::DmaBuffer;
+pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
 pub use iova::IovaAllocator;
-pub use mmio::Mmio;
+pub use mmio::{Mmio, MmioRing};
 
 /// Everything that can go wrong while owning a function.
 #[derive(Debug, thiserror::Error)]

@@ -67,18 +67,25 @@ impl Mmio {
         self.bar_offset
     }
 
+    #[inline(always)]
     fn ptr<T>(&self, offset: usize) -> Result<*mut T> {
         let size = std::mem::size_of::<T>();
         if offset % size != 0 || offset.checked_add(size).is_none_or(|e| e > self.len()) {
-            return Err(Error::OutOfBounds {
-                what: "mapped BAR",
-                offset: offset as u64,
-                len: size as u64,
-                size: self.len() as u64,
-            });
+            return Err(self.oob(offset, size));
         }
         // The pointer stays inside the mapping: checked just above.
         Ok(self.region.as_ptr().wrapping_add(offset).cast())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn oob(&self, offset: usize, size: usize) -> Error {
+        Error::OutOfBounds {
+            what: "mapped BAR",
+            offset: offset as u64,
+            len: size as u64,
+            size: self.len() as u64,
+        }
     }
 
     /// Reads the big-endian 32-bit register at `offset` (4-byte aligned).
@@ -129,5 +136,121 @@ impl Mmio {
             self.write64_raw(offset + i * 8, b)?;
         }
         Ok(())
+    }
+}
+
+/// `2^k` registers of `S` bytes (a power of two, at least 64) at some
+/// offset of a mapped BAR, checked once: the BlueFlame buffers of a UAR,
+/// which a send queue rings in turn. A write at a constant offset inside a
+/// register then needs no bounds test at run time.
+#[derive(Debug, Clone)]
+pub struct MmioRing<const S: usize> {
+    /// The first register: inside `mmio`'s mapping, `S`-aligned in it.
+    base: *mut u8,
+    mask: u32,
+    mmio: std::sync::Arc<Mmio>,
+}
+
+// SAFETY: the pointer is into `mmio`'s mapping, which the ring keeps alive;
+// every access through it is a volatile store, as `Mmio`'s own (which is
+// Send and Sync for the same reason).
+unsafe impl<const S: usize> Send for MmioRing<S> {}
+// SAFETY: as above.
+unsafe impl<const S: usize> Sync for MmioRing<S> {}
+
+impl<const S: usize> MmioRing<S> {
+    /// `entries` (a power of two) registers from `offset` (a multiple of
+    /// `S`) of `mmio`, which must hold them all.
+    pub fn new(mmio: std::sync::Arc<Mmio>, offset: usize, entries: u32) -> Result<Self> {
+        const { assert!(S.is_power_of_two() && S >= 64) };
+        let bytes = (entries as usize).checked_mul(S);
+        let end = bytes.and_then(|b| offset.checked_add(b));
+        if !entries.is_power_of_two() || offset % S != 0 || end.is_none_or(|e| e > mmio.len()) {
+            return Err(mmio.oob(offset, bytes.unwrap_or(usize::MAX)));
+        }
+        // The mapping is page aligned, so `base` is aligned as `offset` is.
+        let base = mmio.region.as_ptr().wrapping_add(offset);
+        Ok(Self {
+            base,
+            mask: entries - 1,
+            mmio,
+        })
+    }
+
+    /// The mapping the registers are in.
+    pub fn mmio(&self) -> &std::sync::Arc<Mmio> {
+        &self.mmio
+    }
+
+    /// Where `N` qwords at `off` of register `idx` (masked) lie, if inside
+    /// the register and `off` is a multiple of their size (hence aligned).
+    #[inline(always)]
+    fn at<const N: usize>(&self, idx: u32, off: usize) -> Result<*mut u64> {
+        if off % (8 * N) != 0 || off.checked_add(8 * N).is_none_or(|e| e > S) {
+            return Err(self.mmio.oob(off, 8 * N));
+        }
+        Ok(self
+            .base
+            .wrapping_add((idx & self.mask) as usize * S + off)
+            .cast())
+    }
+
+    /// Writes 8 bytes at `off` (8-byte aligned) of register `idx` as one
+    /// 64-bit store: a send doorbell.
+    #[inline(always)]
+    pub fn write64_raw(&self, idx: u32, off: usize, bytes: [u8; 8]) -> Result<()> {
+        let p = self.at::<1>(idx, off)?;
+        // SAFETY: `p` is inside register `idx` (checked above), which is
+        // inside the live mapping (checked by `new`), and 8-byte aligned;
+        // one volatile 64-bit store keeps the doorbell atomic.
+        unsafe { p.write_volatile(u64::from_ne_bytes(bytes)) };
+        Ok(())
+    }
+
+    /// Writes the 64 bytes `words` (in-memory byte order) at `off` (64-byte
+    /// aligned) of register `idx` as eight 64-bit stores: the BlueFlame copy
+    /// of a one-block WQE.
+    #[inline(always)]
+    pub fn write_block64(&self, idx: u32, off: usize, words: &[u64; 8]) -> Result<()> {
+        let p = self.at::<8>(idx, off)?;
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 64` is inside register `idx` and the live
+            // mapping (checked), 64-byte aligned; each qword one volatile store.
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn registers_of_a_ring_take_whole_qwords_and_stay_inside() {
+        let m = Arc::new(Mmio::new(MmapRegion::<()>::new(4096).unwrap(), 0));
+        let bf = MmioRing::<256>::new(m.clone(), 0x800, 2).unwrap();
+        bf.write64_raw(0, 0, *b"abcdefgh").unwrap();
+        bf.write64_raw(3, 8, *b"ijklmnop").unwrap();
+        let w: [u64; 8] = std::array::from_fn(|i| u64::from_ne_bytes([i as u8; 8]));
+        bf.write_block64(0, 64, &w).unwrap();
+        let be = |o: usize| m.read32_be(o).unwrap().to_be_bytes();
+        assert_eq!([be(0x800), be(0x804)].concat(), b"abcdefgh");
+        assert_eq!(
+            [be(0x908), be(0x90c)].concat(),
+            b"ijklmnop",
+            "index 3 is register 1"
+        );
+        assert_eq!(be(0x840 + 7 * 8), [7; 4]);
+        // Outside a register, misaligned, or a ring past the mapping: refused.
+        assert!(bf.write64_raw(0, 256, [0; 8]).is_err());
+        assert!(bf.write64_raw(0, 4, [0; 8]).is_err());
+        assert!(bf.write_block64(0, 8, &w).is_err());
+        assert!(bf.write_block64(0, 224, &w).is_err());
+        assert!(MmioRing::<256>::new(m.clone(), 0xf00, 2).is_err());
+        assert!(MmioRing::<256>::new(m.clone(), 0x880, 1).is_err());
+        assert!(MmioRing::<256>::new(m, 0x800, 3).is_err());
     }
 }

@@ -24,6 +24,7 @@ mod vport;
 mod xrcd;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use mlx5_hw::opcode::Opcode;
@@ -455,16 +456,29 @@ impl Firmware {
 
     fn poll_commands(&mut self, inner: &Inner) -> bool {
         let bar = &inner.bar;
-        let db = rd(bar, initseg::CMD_DBELL);
+        let mut db = rd(bar, initseg::CMD_DBELL);
         if db != 0 {
             wr(bar, initseg::CMD_DBELL, 0);
+        }
+        // Doorbells that arrive as trapped writes are all there: the shared
+        // copy only repeats them (possibly an old one, which would start a
+        // command the driver has handed over but not rung yet), and slots
+        // are run on their doorbell only, as silicon does. Linux sets an
+        // entry's ownership before it marks the command pending and rings:
+        // running it early completes a command the driver does not wait for
+        // yet ("Command completion arrived after timeout").
+        let trapped = inner.cmd_doorbell_trapped.load(Ordering::Acquire);
+        if trapped {
+            db = inner.trapped_cmd_doorbell.swap(0, Ordering::AcqRel);
+        }
+        if db != 0 {
             self.pending |= db & !self.stuck;
             self.doorbell_seen = true;
         }
         if self.cmdq_base == 0 {
             return db != 0;
         }
-        if self.doorbell_seen {
+        if self.doorbell_seen && !trapped {
             // A lost doorbell (overwritten in shared memory): any entry that
             // the driver handed to HW counts as rung.
             const N: usize = 1 << initseg::LOG_CMDQ_SIZE;

@@ -11,7 +11,7 @@ use mlx5_hw::ifc::{
 };
 use vfio::{DmaBuffer, Iova, PciFunction};
 
-use super::{be32, cmd_in, create_eq, Drv};
+use super::{be16, be32, cmd_in, create_eq, Drv};
 use crate::{Fabric, Profile};
 
 const DATA_IOVA: u64 = 0x4000_0000;
@@ -253,6 +253,31 @@ impl Node {
 
     /// Writes a send WQE of `segs` (after the control segment) and rings.
     fn post_send(&mut self, q: &mut Q, opcode: u8, imm: u32, segs: &[u8], signaled: bool) -> u16 {
+        let (idx, ctrl) = self.write_send(q, opcode, imm, segs, signaled);
+        self.ring(q, &ctrl);
+        idx
+    }
+
+    /// Rings the send doorbell once for everything written so far
+    /// (`ctrl`: the first 8 bytes of the last WQE).
+    fn ring(&mut self, q: &Q, ctrl: &[u8; 8]) {
+        self.dbr
+            .write_u32_be(q.dbr + 4, u32::from(q.sq_pi))
+            .unwrap();
+        let bar = self.d.f.model().bar0();
+        bar.write((self.uar as usize) << 12 | 0x800, ctrl).unwrap();
+    }
+
+    /// Writes a send WQE without ringing; returns its index and the first
+    /// 8 bytes of its control segment.
+    fn write_send(
+        &mut self,
+        q: &mut Q,
+        opcode: u8,
+        imm: u32,
+        segs: &[u8],
+        signaled: bool,
+    ) -> (u16, [u8; 8]) {
         let ds = 1 + segs.len() / 16;
         let nbb = ds.div_ceil(4) as u16;
         let idx = q.sq_pi;
@@ -277,13 +302,9 @@ impl Node {
                 .unwrap();
         }
         q.sq_pi = q.sq_pi.wrapping_add(nbb);
-        self.dbr
-            .write_u32_be(q.dbr + 4, u32::from(q.sq_pi))
-            .unwrap();
-        let bar = self.d.f.model().bar0();
-        bar.write((self.uar as usize) << 12 | 0x800, &w[..8])
-            .unwrap();
-        idx
+        let mut ctrl = [0u8; 8];
+        ctrl.copy_from_slice(&w[..8]);
+        (idx, ctrl)
     }
 
     fn post_recv(&mut self, q: &mut Q, addr: u64, len: u32) {
@@ -564,6 +585,150 @@ fn transport_retry_exceeded_when_nobody_answers() {
     let e = a.poll(0);
     assert_eq!((opcode(&e), e[0x37]), (13, 0x15));
     assert_eq!(a.d.f.model().stats().retries, 3);
+}
+
+/// `n` RDMA WRITEs of 100 bytes each, a's `DATA_VA + 0x2_0000 + i * 0x1000`
+/// to b's `DATA_VA + 0x4_0000 + i * 0x1000`, posted with one doorbell; the
+/// WRITE numbered `bad` (if any) names a wrong rkey. Every WRITE is
+/// signaled. Returns the source data.
+fn write_burst(a: &mut Node, b: &Node, qa: &mut Q, n: usize, bad: Option<usize>) -> Vec<Vec<u8>> {
+    let mut data = vec![];
+    let mut ctrl = [0u8; 8];
+    for i in 0..n {
+        data.push(fill(a, 0x2_0000 + i * 0x1000, 100, i as u8));
+        let rkey = if Some(i) == bad { 0xbad00 } else { b.lkey };
+        let mut segs = raddr_seg(DATA_VA + 0x4_0000 + i as u64 * 0x1000, rkey).to_vec();
+        segs.extend_from_slice(&data_seg(
+            100,
+            a.lkey,
+            DATA_VA + 0x2_0000 + i as u64 * 0x1000,
+        ));
+        ctrl = a.write_send(qa, 0x08, 0, &segs, true).1;
+    }
+    a.ring(qa, &ctrl);
+    data
+}
+
+#[test]
+fn rc_coalesced_acks_complete_every_wqe_in_order() {
+    for check in [false, true] {
+        let (f, mut a, b, mut qa, _qb) = rc_pair(5);
+        f.set_wire_check(check);
+        let data = write_burst(&mut a, &b, &mut qa, 40, None);
+        for (i, d) in data.iter().enumerate() {
+            let e = a.poll(0);
+            assert_eq!(
+                (opcode(&e), e[0x3c..0x3e].to_vec()),
+                (0, (i as u16).to_be_bytes().to_vec()),
+                "CQE {i}"
+            );
+            assert_eq!(
+                &read(&b, 0x4_0000 + i * 0x1000, 100),
+                d,
+                "WRITE {i} (wire check {check})"
+            );
+        }
+        let s = a.d.f.model().stats();
+        assert_eq!(s.messages_sent, 40);
+        // One burst of 40 messages: a single coalesced ACK.
+        assert_eq!(s.acks, 1, "{s:?}");
+        assert_eq!(b.d.f.model().stats().messages_received, 40);
+    }
+}
+
+#[test]
+fn rc_nak_in_a_coalesced_run() {
+    let (_f, mut a, b, mut qa, _qb) = rc_pair(5);
+    write_burst(&mut a, &b, &mut qa, 9, Some(5));
+    // The five before the bad rkey complete, in order, as the NAK
+    // acknowledges them; the bad one fails; the rest are flushed.
+    for i in 0..5u16 {
+        let e = a.poll(0);
+        assert_eq!((opcode(&e), be16(&e, 0x3c)), (0, i));
+    }
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37], be16(&e, 0x3c)),
+        (13, 0x13, 5),
+        "remote access"
+    );
+    for i in 6..9u16 {
+        let e = a.poll(0);
+        assert_eq!(
+            (opcode(&e), e[0x37], be16(&e, 0x3c)),
+            (13, 0x05, i),
+            "flushed"
+        );
+    }
+    assert_eq!(a.d.f.model().stats().acks, 0, "the NAK acknowledged them");
+}
+
+#[test]
+fn rc_lost_packet_in_a_coalesced_run_is_resent() {
+    let (f, mut a, b, mut qa, _qb) = rc_pair(5);
+    // The first WRITE is lost: the second is NAKed (PSN sequence error),
+    // and the requester goes back to the first.
+    f.drop_packets(1);
+    let data = write_burst(&mut a, &b, &mut qa, 6, None);
+    for (i, d) in data.iter().enumerate() {
+        let e = a.poll(0);
+        assert_eq!((opcode(&e), be16(&e, 0x3c)), (0, i as u16), "CQE {i}");
+        assert_eq!(&read(&b, 0x4_0000 + i * 0x1000, 100), d, "WRITE {i}");
+    }
+    let s = a.d.f.model().stats();
+    assert_eq!((s.retries, s.naks, s.messages_sent), (1, 1, 6), "{s:?}");
+}
+
+#[test]
+fn rc_multi_packet_write_counts_every_packet() {
+    let (_f, mut a, mut b, mut qa, _qb) = rc_pair(3); // MTU 1024
+    let data = fill(&a, 0x2_0000, 10_000, 9);
+    let mut segs = raddr_seg(DATA_VA + 0x4_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(10_000, a.lkey, DATA_VA + 0x2_0000));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    assert_eq!(read(&b, 0x4_0000, 10_000), data);
+    let (sa, sb) = (a.d.f.model().stats(), b.d.f.model().stats());
+    assert_eq!((sa.packets_sent, sa.bytes_sent), (10, 10_000), "{sa:?}");
+    assert_eq!(
+        (sb.packets_received, sb.messages_received),
+        (10, 1),
+        "{sb:?}"
+    );
+    // Ten packets into a key of 4 KiB: refused at the first, nothing lands.
+    let before = read(&b, 0xe_0000, 10_000);
+    let small = b.mkey(b.pd, 0b01111, 0xe_0000, 4096, 0x12);
+    let mut segs = raddr_seg(DATA_VA + 0xe_0000, small).to_vec();
+    segs.extend_from_slice(&data_seg(10_000, a.lkey, DATA_VA + 0x2_0000));
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x13), "remote access");
+    assert_eq!(read(&b, 0xe_0000, 10_000), before);
+}
+
+#[test]
+fn rc_cached_rkey_goes_with_its_mkey() {
+    let (_f, mut a, mut b, mut qa, _qb) = rc_pair(5);
+    let k = b.mkey(b.pd, 0b01111, 0xc_0000, 4096, 0x21);
+    let mut segs = raddr_seg(DATA_VA + 0xc_0000, k).to_vec();
+    segs.extend_from_slice(&data_seg(64, a.lkey, DATA_VA));
+    for seed in [1, 2] {
+        let d = fill(&a, 0, 64, seed);
+        a.post_send(&mut qa, 0x08, 0, &segs, true);
+        assert_eq!(opcode(&a.poll(0)), 0);
+        assert_eq!(read(&b, 0xc_0000, 64), d);
+    }
+    // Destroyed: the same WRITE (its key and range cached by b's QP) is
+    // refused, and nothing lands.
+    let mut c = cmd_in(0x202, 0, 16);
+    c[8..12].copy_from_slice(&(k >> 8).to_be_bytes());
+    b.d.ok(&c, 16);
+    let before = read(&b, 0xc_0000, 64);
+    fill(&a, 0, 64, 3);
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x13), "remote access");
+    assert_eq!(read(&b, 0xc_0000, 64), before);
 }
 
 #[test]

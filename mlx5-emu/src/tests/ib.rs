@@ -164,3 +164,16 @@ fn congestion_statistics_are_zero_without_congestion() {
     // A short output: bad output length.
     assert_eq!(d.exec(&c, 0x20)[0], CmdStatus::BadOutputLength.to_raw());
 }
+
+#[test]
+fn xrc_domains_and_q_counter_sets_left_at_teardown_count_as_leaked() {
+    let mut d = Drv::new();
+    d.bring_up();
+    d.ok(&cmd_in(0x80e, 0, 16), 16);
+    d.ok(&cmd_in(0x771, 0, 16), 16);
+    d.ok(&cmd_in(0x771, 0, 16), 16);
+    d.ok(&cmd_in(0x103, 0, 16), 16);
+    let s = d.f.model().stats();
+    assert_eq!((s.xrcds, s.q_counters), (0, 0), "firmware forgot them");
+    assert_eq!(s.leaked_at_teardown, 3);
+}

@@ -3,9 +3,13 @@
 //! translated through its MTT into IOVA extents, and copies between two
 //! IOVA spaces without a bounce buffer.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    MemoryRegionAddress, VolatileMemory, VolatileSlice,
+};
 
 /// Access rights of an mkey (the `mkc` bits `lr`, `lw`, `rr`, `rw`, `a`).
 pub(crate) mod access {
@@ -114,6 +118,16 @@ impl Mkey {
             ACCESS_MODE_MTT => {
                 let page = 1u64 << self.log_page;
                 let mut at = (self.start & (page - 1)) + off;
+                let in_page = at & (page - 1);
+                if len <= page - in_page {
+                    // Within one page (most messages): one entry.
+                    let base = *self
+                        .mtt
+                        .get((at >> self.log_page) as usize)
+                        .ok_or(KeyError::Bounds)?;
+                    push(out, base + in_page, len);
+                    return Ok(());
+                }
                 let mut left = len;
                 while left > 0 {
                     let idx = (at >> self.log_page) as usize;
@@ -235,6 +249,83 @@ pub(crate) fn copy(
                 soff = 0;
             }
         }
+        Ok(())
+    })
+}
+
+/// A memory snapshot and the region last used in it: the messages of a
+/// burst touch the same few buffers, so most lookups skip the search
+/// through every mapping.
+#[derive(Debug)]
+pub(crate) struct Hinted<'a> {
+    pub mem: &'a GuestMemoryMmap,
+    last: Cell<Option<&'a GuestRegionMmap>>,
+}
+
+impl<'a> Hinted<'a> {
+    pub(crate) fn new(mem: &'a GuestMemoryMmap) -> Self {
+        Self {
+            mem,
+            last: Cell::new(None),
+        }
+    }
+
+    /// `len` bytes at `iova`, within one mapping.
+    pub(crate) fn slice(&self, iova: u64, len: usize) -> Result<VolatileSlice<'a>, Fault> {
+        let within = |r: &GuestRegionMmap| {
+            let start = r.start_addr().0;
+            iova >= start && (len as u64) <= r.len() && iova - start <= r.len() - len as u64
+        };
+        let r = match self.last.get() {
+            Some(r) if within(r) => r,
+            _ => {
+                let r = self
+                    .mem
+                    .find_region(GuestAddress(iova))
+                    .ok_or(Fault { iova })?;
+                self.last.set(Some(r));
+                r
+            }
+        };
+        r.get_slice(MemoryRegionAddress(iova - r.start_addr().0), len)
+            .map_err(|_| Fault { iova })
+    }
+}
+
+/// Copies a slice of another memory into extents of `mem`.
+pub(crate) fn write_slice_hinted(
+    mem: &Hinted<'_>,
+    dst: &[Extent],
+    dskip: u64,
+    src: &VolatileSlice<'_>,
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, src.len() as u64, |iova, n| {
+        let to = mem.slice(iova, n)?;
+        src.subslice(at, n)
+            .map_err(|_| Fault { iova })?
+            .copy_to_volatile_slice(to);
+        at += n;
+        Ok(())
+    })
+}
+
+/// Copies a slice of another memory into extents.
+pub(crate) fn write_slice(
+    mem: &GuestMemoryMmap,
+    dst: &[Extent],
+    dskip: u64,
+    src: &VolatileSlice<'_>,
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, src.len() as u64, |iova, n| {
+        let to = mem
+            .get_slice(GuestAddress(iova), n)
+            .map_err(|_| Fault { iova })?;
+        src.subslice(at, n)
+            .map_err(|_| Fault { iova })?
+            .copy_to_volatile_slice(to);
+        at += n;
         Ok(())
     })
 }

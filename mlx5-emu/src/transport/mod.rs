@@ -11,14 +11,18 @@
 //! lock. No lock is held across a command.
 //!
 //! A packet goes from requester to responder as a function call on the
-//! requester's worker ([`crate::fabric`]): the transport headers are
-//! emitted as wire bytes ([`packet`]) and parsed by the responder, the
-//! payload is passed as IOVA extents of the sender's memory and copied
-//! once into the receiver's. Responses (ACK, NAK, RNR NAK, read responses,
-//! atomic acknowledgements) come back the same way. So an RC message
-//! completes in one pass, in order; a NAK, an RNR NAK or a packet nobody
-//! answered leaves the WQE at the head of the send queue with a timer
-//! (the RNR timer, or the ACK timeout) and its retry counter.
+//! requester's worker ([`crate::fabric`]): the transport headers go typed
+//! (what parsing their emitted bytes, [`packet`], gives; a wire-check
+//! fabric emits and parses them), the payload as a slice or IOVA extents
+//! of the sender's memory, copied once into the receiver's. Responses
+//! (NAK, RNR NAK, read responses, atomic acknowledgements, and the ACK a
+//! responder holds back until the requester's burst ends) come back the
+//! same way, so a burst of RC messages completes in one pass, in order; a
+//! NAK, an RNR NAK or a packet nobody answered leaves the first WQE not
+//! acknowledged at the head of the send queue with a timer (the RNR
+//! timer, or the ACK timeout) and its retry counter. Caches that last a
+//! burst or until an object table changes ([`tables_gen`]) keep lookups
+//! off the per-packet path.
 //!
 //! Doorbells: the worker reads the send doorbells (UAR 0x800-0xf00, the
 //! first 8 bytes of the last WQE's control segment: its index and QP
@@ -129,6 +133,7 @@ pub(crate) struct Counters {
     pub retries: AtomicU64,
     pub rnr_naks: AtomicU64,
     pub naks: AtomicU64,
+    pub acks: AtomicU64,
     pub dropped: AtomicU64,
     pub doorbells: AtomicU64,
 }
@@ -353,6 +358,57 @@ impl Rdma {
         (k.key == key as u8).then_some(k)
     }
 
+    /// Checks `[va, va + len)` of `key` for `need` under `pd` and appends
+    /// its extents to `out` ([`Mkey::resolve`]) through `cache`: the same
+    /// range of the same key again, with no table changed, is not walked
+    /// again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve_cached(
+        &self,
+        key: u32,
+        cache: &mut KeyCache,
+        pd: u32,
+        need: u8,
+        va: u64,
+        len: u64,
+        out: &mut Vec<mem::Extent>,
+    ) -> Result<(), mem::KeyError> {
+        let gen = tables_gen();
+        if let Some(r) = cache.last {
+            if (r.key, r.gen, r.pd, r.need, r.va, r.len) == (key, gen, pd, need, va, len) {
+                mem::push(out, r.ext.iova, u64::from(r.ext.len));
+                return Ok(());
+            }
+        }
+        let fresh = out.is_empty();
+        let k = self.mkey_cached(key, cache).ok_or(mem::KeyError::Invalid)?;
+        k.resolve(pd, need, va, len, out)?;
+        cache.last = match out.as_slice() {
+            [e] if fresh => Some(Resolved {
+                key,
+                gen,
+                pd,
+                need,
+                va,
+                len,
+                ext: *e,
+            }),
+            _ => None,
+        };
+        Ok(())
+    }
+
+    /// [`Rdma::mkey`] through `cache`.
+    pub(crate) fn mkey_cached<'c>(&self, key: u32, cache: &'c mut KeyCache) -> Option<&'c Mkey> {
+        let gen = tables_gen();
+        if cache.mkey.is_none() || cache.key != key || cache.gen != gen {
+            cache.mkey = self.mkey(key);
+            cache.key = key;
+            cache.gen = gen;
+        }
+        cache.mkey.as_deref()
+    }
+
     /// Whether `gid` is in this port's GID table.
     pub(crate) fn has_gid(&self, gid: &[u8; 16]) -> bool {
         rlock(&self.gids).iter().flatten().any(|e| &e.gid == gid)
@@ -481,6 +537,44 @@ pub(crate) fn rlock<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Counts write locks taken on any table ([`wlock`]): a cached lookup
+/// ([`KeyCache`]) is good while it has not moved.
+static TABLES_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// Takes a write lock (every change to an object table goes through here,
+/// and invalidates cached lookups).
 pub(crate) fn wlock<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|p| p.into_inner())
+    let g = l.write().unwrap_or_else(|p| p.into_inner());
+    // Bumped while the lock is held, before the change: a reader that
+    // still sees the old count looked the key up before the change.
+    TABLES_GEN.fetch_add(1, Ordering::AcqRel);
+    g
+}
+
+/// The count of table changes so far ([`wlock`]).
+pub(crate) fn tables_gen() -> u64 {
+    TABLES_GEN.load(Ordering::Acquire)
+}
+
+/// The last mkey a queue looked up, kept while no table changed (a WQE's
+/// lkey, a WRITE's rkey: usually the same from one message to the next).
+#[derive(Debug, Default)]
+pub(crate) struct KeyCache {
+    key: u32,
+    gen: u64,
+    mkey: Option<Arc<Mkey>>,
+    /// The last range resolved through it, when one extent.
+    last: Option<Resolved>,
+}
+
+/// A key check and translation that gave one extent.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    key: u32,
+    gen: u64,
+    pd: u32,
+    need: u8,
+    va: u64,
+    len: u64,
+    ext: mem::Extent,
 }

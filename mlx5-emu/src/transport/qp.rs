@@ -3,6 +3,8 @@
 //! PAS list), the doorbell record, the requester and responder state, and
 //! taking receive WQEs from an RQ or an SRQ.
 
+use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -10,7 +12,9 @@ use std::time::Instant;
 use vm_memory::GuestMemoryMmap;
 
 use super::mem::{self, access, Extent, Fault, KeyError};
+use super::packet::RoceAddr;
 use super::{Cq, Rdma};
+use crate::fabric::Wire;
 use crate::lock;
 
 /// QP states (`MLX5_QPC_STATE_*`).
@@ -118,9 +122,62 @@ pub(crate) struct Sq {
     /// Next WQE (basic-block counter) to execute.
     pub ci: u16,
     pub retry: Option<Retry>,
-    pub peer: Option<(Arc<Rdma>, Option<Arc<Qp>>)>,
+    pub peer: Option<Peer>,
     pub ext: Vec<Extent>,
     pub inline: Vec<u8>,
+    /// RC: messages sent whose (coalesced) ACK has not come yet, oldest
+    /// first; empty whenever the worker is not executing the queue.
+    pub unacked: VecDeque<Unacked>,
+    /// The latest PSN the responses of the last message acknowledged.
+    pub acked: Option<u32>,
+    /// The last lkey looked up.
+    pub lkeys: super::KeyCache,
+    /// Counts of the burst in progress, added to the counters at its end
+    /// and before any CQE.
+    pub tally: Tally,
+}
+
+/// Packets and bytes sent to the peer, and messages completed, not yet in
+/// the counters (one atomic add per burst instead of three per packet).
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub packets: Cell<u64>,
+    pub bytes: Cell<u64>,
+    pub messages: Cell<u64>,
+}
+
+/// The remote end of a connection as the requester last found it.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    /// The function answering to the path's GID.
+    pub rdma: Arc<Rdma>,
+    /// The remote QP (a hint: the receiver checks it is still that QP).
+    pub qp: Option<Arc<Qp>>,
+    /// Addressing of the packets.
+    pub addr: RoceAddr,
+    /// The fabric the sender is cabled to.
+    pub wire: Option<Arc<Wire>>,
+    /// The remote function's memory, taken again at every burst.
+    pub mem: Arc<GuestMemoryMmap>,
+    /// [`super::tables_gen`] when found: any table change (GIDs, QPs,
+    /// the cabling) finds it again.
+    pub gen: u64,
+}
+
+/// An RC message sent and not yet acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unacked {
+    /// Its WQE's index (basic-block counter) and size in basic blocks.
+    pub index: u16,
+    pub nbb: u16,
+    /// Its WQE's opcode, for the CQE.
+    pub opcode: u8,
+    pub signaled: bool,
+    /// Message length.
+    pub bytes: u32,
+    /// PSNs of its first and last packets.
+    pub first_psn: u32,
+    pub last_psn: u32,
 }
 
 /// A receive in progress (a multi-packet SEND, or a WRITE's target).
@@ -154,6 +211,11 @@ pub(crate) struct Rq {
     pub write_on: bool,
     /// UC: drop packets until the next first or only packet.
     pub uc_drop: bool,
+    /// RC: packets that asked for an ACK since the last one sent (the
+    /// coalesced ACK names `epsn - 1`).
+    pub ack_owed: u32,
+    /// The last rkey looked up.
+    pub rkeys: super::KeyCache,
 }
 
 /// One queue pair.

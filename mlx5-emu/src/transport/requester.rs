@@ -4,9 +4,14 @@
 //! remote-address, atomic or datagram segment the opcode calls for, then
 //! data or inline segments), local keys are checked (PD, local read or
 //! write, bounds), and the message goes out as packets of at most the path
-//! MTU. RC waits for the ACK, read response or atomic acknowledgement of
-//! each message (they come back synchronously, see [`crate::fabric`]); an
-//! RNR NAK or silence leaves the WQE at the head with a timer, until
+//! MTU. RC SENDs and WRITEs go out back to back and their ACKs are
+//! coalesced: the responder answers once the burst ends (or every
+//! [`super::responder::ACK_COALESCE`] messages), and one ACK completes
+//! every message up to its PSN, in order. A READ, an atomic or a NOP waits
+//! for the messages before it to be acknowledged, then for its own
+//! response (they come back synchronously, see [`crate::fabric`]). A NAK
+//! acknowledges what precedes its PSN; an RNR NAK or silence leaves the
+//! unacknowledged WQE at the head with a timer, until
 //! `rnr_retry` or `retry_count` is used up. A WQE that fails completes
 //! with an error CQE and moves the QP to ERR (RC) or SQE (UC, UD); in ERR
 //! every posted WQE, send and receive, completes as flushed.
@@ -17,14 +22,14 @@ use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use super::cq::Completion;
-use super::mem::{self, access, Extent, KeyError};
+use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
-use super::qp::{self, state, Qp, Retry, Sq};
+use super::qp::{self, state, Peer, Qp, Retry, Sq};
 use super::{rlock, Rdma};
-use crate::fabric::{self, Packet, Payload};
+use crate::fabric::{self, Dest, Packet, Payload};
 use crate::lock;
 
 /// Largest message (`log_max_msg` = 30).
@@ -49,8 +54,24 @@ pub(crate) mod vendor {
 /// What became of a WQE.
 enum Outcome {
     Done(u32),
+    /// RC: sent, its ACK owed (coalesced): length, first and last PSN.
+    Sent(u32, u32, u32),
     Retry(Instant),
     Error(CqeSyndrome, u8),
+}
+
+/// `a` is at or before `b` in PSN order (24-bit, half the space ahead).
+fn psn_le(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) & 0xff_ffff < 0x80_0000
+}
+
+/// The WQE an outcome belongs to: index, basic blocks, opcode, signaled.
+#[derive(Clone, Copy)]
+struct Head {
+    index: u16,
+    nbb: u16,
+    opcode: u8,
+    signaled: bool,
 }
 
 /// The RNR timer (IBTA table 45), in microseconds.
@@ -108,11 +129,17 @@ struct Av {
     rgid: [u8; 16],
 }
 
+#[inline]
 fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_be_bytes(a)
 }
+#[inline]
 fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
 }
 
 /// Runs what a QP's send side has to do; true if it did something.
@@ -141,80 +168,327 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     let Ok(pi) = qp.sq_pi(mem) else {
         return false;
     };
+    if sq.ci != pi {
+        if let Some(p) = sq.peer.as_mut() {
+            // The remote memory as it is now, for this burst.
+            p.mem = p.rdma.dma.memory();
+        }
+    }
+    let dmem = sq.peer.as_ref().map(|p| p.mem.clone());
+    let dh = dmem.as_deref().map(Hinted::new);
+    let sh = Hinted::new(mem);
+    let burst = Burst {
+        src: &sh,
+        dst: dh.as_ref().zip(dmem.as_ref()),
+    };
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
-    while sq.ci != pi && qp.state() == state::RTS {
+    // The send queue in one piece of memory is looked up once.
+    let sq_bytes = u64::from(qp.sq_entries()) * 64;
+    let sqs = qp
+        .buf
+        .contig
+        .filter(|_| qp.sq_offset + sq_bytes <= (qp.buf.pas.len() as u64) << qp.buf.log_page)
+        .and_then(|b| {
+            mem.get_slice(GuestAddress(b + qp.sq_offset), sq_bytes as usize)
+                .ok()
+        });
+    loop {
+        if sq.ci == pi || qp.state() != state::RTS {
+            // The burst ends: the responder sends the ACK it holds back.
+            if !sq.unacked.is_empty() && !drain(rdma, qp, &mut sq, mem) {
+                rewind(rdma, qp, &mut sq, mem, None);
+            }
+            break;
+        }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, ci, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, &mut wqe);
+        // Only RC SENDs and WRITEs complete by a later, coalesced ACK;
+        // anything else completes after the messages before it.
+        let coalesced = qp.st == qp::st::RC
+            && parsed.as_ref().is_ok_and(|w| {
+                matches!(
+                    w.opcode,
+                    WqeOpcode::Send
+                        | WqeOpcode::SendImm
+                        | WqeOpcode::SendInval
+                        | WqeOpcode::RdmaWrite
+                        | WqeOpcode::RdmaWriteImm
+                )
+            });
+        if !coalesced && !sq.unacked.is_empty() {
+            if !drain(rdma, qp, &mut sq, mem) {
+                rewind(rdma, qp, &mut sq, mem, None);
+                break;
+            }
+            if qp.state() != state::RTS {
+                break;
+            }
+        }
         let (w, outcome) = match parsed {
             Ok(w) => {
-                let o = run_wqe(rdma, qp, &mut sq, mem, &w, &wqe);
+                let o = run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe);
                 (Some(w), o)
             }
             Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
         };
-        let (index, nbb, opcode, signaled) = match &w {
-            Some(w) => (w.index, w.nbb, w.opcode.to_raw(), w.signaled),
-            None => (ci, 1, 0, true),
+        let head = match &w {
+            Some(w) => Head {
+                index: w.index,
+                nbb: w.nbb,
+                opcode: w.opcode.to_raw(),
+                signaled: w.signaled,
+            },
+            None => Head {
+                index: ci,
+                nbb: 1,
+                opcode: 0,
+                signaled: true,
+            },
         };
-        match outcome {
-            Outcome::Done(bytes) => {
-                sq.ci = ci.wrapping_add(nbb);
-                sq.retries_left = sq.retry_count;
-                sq.rnr_left = sq.rnr_retry;
-                rdma.counters.messages_sent.fetch_add(1, Ordering::Relaxed);
-                if signaled {
-                    let c = Completion {
-                        opcode: CqeOpcode::Req.to_raw(),
-                        qpn: qp.qpn,
-                        wqe_counter: index,
-                        s_wqe_opcode: opcode,
-                        byte_cnt: bytes,
-                        ..Completion::default()
-                    };
-                    if !qp.scq.push(rdma, mem, &c) {
-                        qp.to_error(rdma);
-                        rdma.qp_event(mlx5_hw::event::EventType::WqCatasError, qp.qpn, false);
-                        break;
-                    }
-                }
-            }
-            Outcome::Retry(at) => {
-                sq.retry = Some(Retry { at });
-                rdma.counters.retries.fetch_add(1, Ordering::Relaxed);
-                rdma.timer(qp.qpn, at);
+        // What this exchange acknowledged of the messages before it.
+        let acked = sq.acked.take();
+        if !sq.unacked.is_empty() && !settle(rdma, qp, &mut sq, mem, acked) {
+            break;
+        }
+        if let Outcome::Sent(bytes, first_psn, last_psn) = outcome {
+            sq.ci = ci.wrapping_add(head.nbb);
+            sq.unacked.push_back(qp::Unacked {
+                index: head.index,
+                nbb: head.nbb,
+                opcode: head.opcode,
+                signaled: head.signaled,
+                bytes,
+                first_psn,
+                last_psn,
+            });
+            continue;
+        }
+        if !sq.unacked.is_empty() {
+            // This WQE's fate is known but earlier messages are still
+            // unacknowledged (a packet was lost): they go first.
+            if let Outcome::Retry(at) = outcome {
+                // A PSN sequence NAK: resend from the oldest.
+                rewind(rdma, qp, &mut sq, mem, Some(at));
                 break;
             }
-            Outcome::Error(synd, v) => {
-                sq.ci = ci.wrapping_add(nbb);
-                let c = Completion {
-                    opcode: CqeOpcode::ReqErr.to_raw(),
-                    qpn: qp.qpn,
-                    wqe_counter: index,
-                    s_wqe_opcode: opcode,
-                    error: Some((synd.to_raw(), v)),
-                    ..Completion::default()
-                };
-                rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(qpn = qp.qpn, %synd, vendor = v, "requester error");
-                qp.scq.push(rdma, mem, &c);
-                if qp.st == qp::st::RC || qp.st == qp::st::REG_UMR {
-                    qp.to_error(rdma);
-                } else {
-                    qp.set_state(state::SQER);
-                    rdma.attend(qp.qpn);
-                }
+            if !drain(rdma, qp, &mut sq, mem) {
+                rewind(rdma, qp, &mut sq, mem, None);
                 break;
             }
         }
+        if !finish(rdma, qp, &mut sq, mem, head, outcome) {
+            break;
+        }
     }
+    flush_tally(rdma, &sq);
     busy
 }
 
-fn read_wqe(qp: &Qp, mem: &GuestMemoryMmap, ci: u16, buf: &mut [u8]) -> Result<Wqe, u8> {
-    let at = qp.sq_bb(ci).ok_or(vendor::WQE_FAULT)?;
-    mem::read(mem, at, &mut buf[..64]).map_err(|_| vendor::WQE_FAULT)?;
+/// Applies a WQE's final outcome (CQE, counters, state); false when the
+/// queue stops here (retry timer, error).
+fn finish(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    head: Head,
+    outcome: Outcome,
+) -> bool {
+    match outcome {
+        Outcome::Done(bytes) | Outcome::Sent(bytes, _, _) => {
+            sq.ci = head.index.wrapping_add(head.nbb);
+            complete(rdma, qp, sq, mem, head, bytes)
+        }
+        Outcome::Retry(at) => {
+            sq.retry = Some(Retry { at });
+            rdma.counters.retries.fetch_add(1, Ordering::Relaxed);
+            rdma.timer(qp.qpn, at);
+            false
+        }
+        Outcome::Error(synd, v) => {
+            flush_tally(rdma, sq);
+            sq.ci = head.index.wrapping_add(head.nbb);
+            let c = Completion {
+                opcode: CqeOpcode::ReqErr.to_raw(),
+                qpn: qp.qpn,
+                wqe_counter: head.index,
+                s_wqe_opcode: head.opcode,
+                error: Some((synd.to_raw(), v)),
+                ..Completion::default()
+            };
+            rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(qpn = qp.qpn, %synd, vendor = v, "requester error");
+            qp.scq.push(rdma, mem, &c);
+            if qp.st == qp::st::RC || qp.st == qp::st::REG_UMR {
+                qp.to_error(rdma);
+            } else {
+                qp.set_state(state::SQER);
+                rdma.attend(qp.qpn);
+            }
+            false
+        }
+    }
+}
+
+/// A WQE completed successfully: counters, and its CQE if signaled; false
+/// if the CQ overran (the QP is then in error).
+fn complete(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    head: Head,
+    bytes: u32,
+) -> bool {
+    sq.retries_left = sq.retry_count;
+    sq.rnr_left = sq.rnr_retry;
+    sq.tally.messages.set(sq.tally.messages.get() + 1);
+    if head.signaled {
+        flush_tally(rdma, sq);
+        let c = Completion {
+            opcode: CqeOpcode::Req.to_raw(),
+            qpn: qp.qpn,
+            wqe_counter: head.index,
+            s_wqe_opcode: head.opcode,
+            byte_cnt: bytes,
+            ..Completion::default()
+        };
+        if !qp.scq.push(rdma, mem, &c) {
+            qp.to_error(rdma);
+            rdma.qp_event(mlx5_hw::event::EventType::WqCatasError, qp.qpn, false);
+            return false;
+        }
+    }
+    true
+}
+
+/// Adds the burst's tally to the counters (this function's, and the
+/// peer's packets received).
+fn flush_tally(rdma: &Rdma, sq: &Sq) {
+    let t = &sq.tally;
+    let (p, b, m) = (t.packets.take(), t.bytes.take(), t.messages.take());
+    let c = &rdma.counters;
+    if m != 0 {
+        c.messages_sent.fetch_add(m, Ordering::Relaxed);
+    }
+    if p != 0 {
+        c.packets_sent.fetch_add(p, Ordering::Relaxed);
+        c.bytes_sent.fetch_add(b, Ordering::Relaxed);
+        if let Some(peer) = &sq.peer {
+            peer.rdma
+                .counters
+                .packets_received
+                .fetch_add(p, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Completes, in order, the unacknowledged messages up to PSN `acked`;
+/// false if the CQ overran (the rest are then left for the flush).
+fn settle(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    acked: Option<u32>,
+) -> bool {
+    let Some(p) = acked else {
+        return true;
+    };
+    while let Some(u) = sq.unacked.front().copied() {
+        if !psn_le(u.last_psn, p) {
+            break;
+        }
+        sq.unacked.pop_front();
+        let head = Head {
+            index: u.index,
+            nbb: u.nbb,
+            opcode: u.opcode,
+            signaled: u.signaled,
+        };
+        if !complete(rdma, qp, sq, mem, head, u.bytes) {
+            // Flushed from the oldest not completed.
+            if let Some(n) = sq.unacked.front() {
+                sq.ci = n.index;
+            }
+            sq.unacked.clear();
+            return false;
+        }
+    }
+    true
+}
+
+/// Asks the responder for the ACK it holds back and completes what it
+/// acknowledges; true if nothing is left unacknowledged.
+fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool {
+    let mut ans = Answer::default();
+    if let Some(p) = &sq.peer {
+        fabric::drained(rdma, &p.rdma, &p.addr, sq.remote_qpn, &mut |r| {
+            note(&mut ans, r, 0, 0, mem, &[]);
+        });
+    }
+    if ans.acks != 0 {
+        rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
+    }
+    settle(rdma, qp, sq, mem, ans.acked) && sq.unacked.is_empty()
+}
+
+/// Nobody acknowledged the oldest unacknowledged message (or a PSN
+/// sequence NAK named it): the send queue goes back to it, after the ACK
+/// timeout (or at `at`, a timer already counted).
+fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Option<Instant>) {
+    let Some(u) = sq.unacked.front().copied() else {
+        return;
+    };
+    sq.unacked.clear();
+    sq.ci = u.index;
+    sq.psn = u.first_psn;
+    let head = Head {
+        index: u.index,
+        nbb: u.nbb,
+        opcode: u.opcode,
+        signaled: u.signaled,
+    };
+    let o = match at {
+        Some(at) => Outcome::Retry(at),
+        None => {
+            flush_tally(rdma, sq);
+            sq.peer = None;
+            retry_after_timeout(sq, u.first_psn)
+        }
+    };
+    finish(rdma, qp, sq, mem, head, o);
+}
+
+/// Reads basic block `i` of the send queue (`sqs`: the whole queue).
+fn read_bb(
+    qp: &Qp,
+    mem: &GuestMemoryMmap,
+    sqs: Option<&VolatileSlice<'_>>,
+    i: u16,
+    out: &mut [u8],
+) -> Result<(), u8> {
+    if let Some(s) = sqs {
+        let off = (usize::from(i) & (qp.sq_entries() as usize - 1)) * 64;
+        s.subslice(off, 64)
+            .map_err(|_| vendor::WQE_FAULT)?
+            .copy_to(out);
+        return Ok(());
+    }
+    let at = qp.sq_bb(i).ok_or(vendor::WQE_FAULT)?;
+    mem::read(mem, at, out).map_err(|_| vendor::WQE_FAULT)
+}
+
+fn read_wqe(
+    qp: &Qp,
+    mem: &GuestMemoryMmap,
+    sqs: Option<&VolatileSlice<'_>>,
+    ci: u16,
+    buf: &mut [u8],
+) -> Result<Wqe, u8> {
+    read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
     let w0 = be32(buf, 0);
     let w1 = be32(buf, 4);
     let ds = (w1 & 0x3f) as usize;
@@ -222,10 +496,13 @@ fn read_wqe(qp: &Qp, mem: &GuestMemoryMmap, ci: u16, buf: &mut [u8]) -> Result<W
     let opcode = WqeOpcode::from((w0 & 0xff) as u8);
     let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
     for i in 1..nbb {
-        let at = qp
-            .sq_bb(ci.wrapping_add(i as u16))
-            .ok_or(vendor::WQE_FAULT)?;
-        mem::read(mem, at, &mut buf[i * 64..(i + 1) * 64]).map_err(|_| vendor::WQE_FAULT)?;
+        read_bb(
+            qp,
+            mem,
+            sqs,
+            ci.wrapping_add(i as u16),
+            &mut buf[i * 64..(i + 1) * 64],
+        )?;
     }
     if ds == 0 || index != ci {
         tracing::debug!(qpn = qp.qpn, ci, index, ds, "malformed WQE");
@@ -257,6 +534,7 @@ fn run_wqe(
     qp: &Arc<Qp>,
     sq: &mut Sq,
     mem: &GuestMemoryMmap,
+    burst: &Burst<'_>,
     w: &Wqe,
     buf: &[u8],
 ) -> Outcome {
@@ -365,10 +643,9 @@ fn run_wqe(
         if lkey == rdma.resd_lkey {
             mem::push(&mut sq.ext, addr, n);
         } else {
-            let Some(k) = rdma.mkey(lkey) else {
-                return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
-            };
-            if let Err(e) = k.resolve(qp.pd, need, addr, n, &mut sq.ext) {
+            if let Err(e) =
+                rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext)
+            {
                 return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
             }
         }
@@ -383,8 +660,24 @@ fn run_wqe(
     }
     match qp.st {
         qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, &w),
-        _ => connected(rdma, qp, sq, mem, &w),
+        _ => connected(rdma, qp, sq, mem, burst, &w),
     }
+}
+
+/// The addressing of a connected QP's packets.
+fn path_addr(rdma: &Rdma, sq: &Sq) -> Option<RoceAddr> {
+    address(
+        rdma,
+        sq.path.sgid_index,
+        &AddrIn {
+            dmac: sq.path.dmac,
+            dgid: sq.path.dgid,
+            tclass: sq.path.tclass,
+            flow_label: sq.path.flow_label,
+            hop_limit: sq.path.hop_limit,
+            udp_sport: sq.path.udp_sport,
+        },
+    )
 }
 
 /// The local GID and addressing for a packet to `dgid` from `sgid_index`.
@@ -464,16 +757,24 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
         ..Headers::default()
     };
     sq.psn = (sq.psn + 1) & 0xff_ffff;
-    let mut hb = [0u8; packet::MAX_HDR_LEN];
-    let n = h.emit(&mut hb);
     let payload = payload(sq, mem, 0, w.len);
     if let Some(dst) = rdma.route(&addr.dst_gid) {
         let pkt = Packet {
             addr,
-            hdr: &hb[..n],
+            hdr: &h,
             payload,
         };
-        fabric::transmit(rdma, &dst, &pkt, &mut |_| {});
+        let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
+        let to = Dest {
+            rdma: &dst,
+            mem: &dmem,
+            hint: None,
+            tally: None,
+            routed: true,
+            wire: wire.as_deref(),
+            qp: None,
+        };
+        fabric::transmit(rdma, &to, &pkt, &mut |_| {});
     }
     Outcome::Done(w.len as u32)
 }
@@ -497,39 +798,138 @@ fn payload<'a>(sq: &'a Sq, mem: &'a GuestMemoryMmap, skip: u64, len: u64) -> Pay
 /// What the responder's answers said.
 #[derive(Default)]
 struct Answer {
-    acked: bool,
+    /// The latest PSN acknowledged (an ACK's PSN, the PSN before a NAK's,
+    /// a read response's or atomic acknowledgement's).
+    acked: Option<u32>,
     nak: Option<u8>,
     rnr: Option<u8>,
     fault: bool,
+    /// Plain ACKs among the responses.
+    acks: u64,
 }
 
-fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
+impl Answer {
+    fn ack(&mut self, psn: u32) {
+        if self.acked.is_none_or(|a| psn_le(a, psn)) {
+            self.acked = Some(psn);
+        }
+    }
+}
+
+/// Takes one response into `ans`: read response payload lands in `ext`
+/// (the READ's local buffer, its first packet PSN `first_psn`, `mtu`
+/// bytes a packet), an atomic's original value at its start.
+fn note(
+    ans: &mut Answer,
+    r: &Packet<'_>,
+    first_psn: u32,
+    mtu: u64,
+    mem: &GuestMemoryMmap,
+    ext: &[Extent],
+) {
+    let h = r.hdr;
+    let o = h.bth.opcode & 0x1f;
+    if h.bth.opcode & 0xe0 != svc::RC {
+        return;
+    }
+    let psn = h.bth.psn;
+    if let Some(a) = h.aeth {
+        match a.syndrome & 0x60 {
+            aeth::RNR_NAK => {
+                ans.rnr = Some(a.syndrome & 0x1f);
+                ans.ack(psn.wrapping_sub(1) & 0xff_ffff);
+                return;
+            }
+            aeth::NAK => {
+                ans.nak = Some(a.syndrome & 0x1f);
+                ans.ack(psn.wrapping_sub(1) & 0xff_ffff);
+                return;
+            }
+            _ => {}
+        }
+    }
+    match o {
+        op::ACKNOWLEDGE => {
+            ans.acks += 1;
+            ans.ack(psn);
+        }
+        op::READ_RESPONSE_FIRST
+        | op::READ_RESPONSE_MIDDLE
+        | op::READ_RESPONSE_LAST
+        | op::READ_RESPONSE_ONLY => {
+            let off = u64::from(psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
+            if r.payload.copy_to(mem, ext, off).is_err() {
+                ans.fault = true;
+            }
+            if matches!(o, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY) {
+                ans.ack(psn);
+            }
+        }
+        op::ATOMIC_ACKNOWLEDGE => {
+            let orig = h.atomic_ack.unwrap_or_default();
+            if mem::write_bytes(mem, ext, 0, &orig.to_be_bytes()).is_err() {
+                ans.fault = true;
+            }
+            ans.ack(psn);
+        }
+        _ => {}
+    }
+}
+
+/// The memories of one burst, with their region hints: this function's,
+/// and the peer's as the burst began.
+struct Burst<'a> {
+    src: &'a Hinted<'a>,
+    dst: Option<(&'a Hinted<'a>, &'a Arc<GuestMemoryMmap>)>,
+}
+
+fn connected(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    mem: &GuestMemoryMmap,
+    burst: &Burst<'_>,
+    w: &Wqe,
+) -> Outcome {
     use WqeOpcode as W;
     let rc = qp.st == qp::st::RC;
-    let Some(addr) = address(
-        rdma,
-        sq.path.sgid_index,
-        &AddrIn {
-            dmac: sq.path.dmac,
-            dgid: sq.path.dgid,
-            tclass: sq.path.tclass,
-            flow_label: sq.path.flow_label,
-            hop_limit: sq.path.hop_limit,
-            udp_sport: sq.path.udp_sport,
-        },
-    ) else {
-        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
-    };
-    if sq.peer.is_none() {
-        sq.peer = rdma.route(&sq.path.dgid).map(|r| {
-            let q = r.qp(sq.remote_qpn);
-            (r, q)
+    let gen = super::tables_gen();
+    if sq.peer.as_ref().is_none_or(|p| p.gen != gen) {
+        flush_tally(rdma, sq);
+        let Some(addr) = path_addr(rdma, sq) else {
+            sq.peer = None;
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+        };
+        sq.peer = rdma.route(&sq.path.dgid).map(|r| Peer {
+            qp: r.qp(sq.remote_qpn),
+            addr,
+            wire: fabric::wire_of(rdma),
+            mem: r.dma.memory(),
+            gen,
+            rdma: r,
         });
     }
-    let peer = sq.peer.as_ref().map(|(r, _)| r.clone());
+    let peer = sq.peer.as_ref().map(|p| {
+        // The burst's hint, unless the peer was found again since.
+        let hint = burst
+            .dst
+            .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+            .map(|(h, _)| h);
+        let d = Dest {
+            rdma: &p.rdma,
+            mem: &p.mem,
+            hint,
+            tally: Some(&sq.tally),
+            routed: true,
+            wire: p.wire.as_deref(),
+            qp: p.qp.as_ref(),
+        };
+        (d, p.addr)
+    });
+    let has_peer = peer.is_some();
     let mtu = u64::from(sq.mtu.max(256));
     let first_psn = sq.psn;
-    let ans = std::cell::RefCell::new(Answer::default());
+    let mut ans = Answer::default();
     let is_read = w.opcode == W::RdmaRead;
     let is_atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
     let npkts = if is_atomic {
@@ -537,68 +937,16 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
     } else {
         w.len.div_ceil(mtu).max(1)
     };
-    let mut hb = [0u8; packet::MAX_HDR_LEN];
-    if let Some(dst) = &peer {
+    let last_psn = (first_psn + npkts as u32 - 1) & 0xff_ffff;
+    if let Some((dst, addr)) = peer {
         // Responses: what the requester does with each.
         let local_ext: &[Extent] = &sq.ext;
-        let mut on_reply = |r: &Packet<'_>| {
-            // The common answer, a plain ACKNOWLEDGE (BTH + AETH), read
-            // without building the whole header set.
-            if r.hdr.len() == packet::BTH_LEN + packet::AETH_LEN
-                && r.hdr[0] & 0x1f == op::ACKNOWLEDGE
-                && r.hdr[0] & 0xe0 == packet::svc::RC
-                && r.hdr[1] & 0xf == 0
-            {
-                let syndrome = r.hdr[packet::BTH_LEN];
-                let mut ans = ans.borrow_mut();
-                match syndrome & 0x60 {
-                    aeth::RNR_NAK => ans.rnr = Some(syndrome & 0x1f),
-                    aeth::NAK => ans.nak = Some(syndrome & 0x1f),
-                    _ => ans.acked = true,
-                }
-                return;
+        // A message in one piece of memory is looked up once.
+        let whole = match local_ext {
+            [e] if u64::from(e.len) == w.len && sq.inline.is_empty() => {
+                burst.src.slice(e.iova, e.len as usize).ok()
             }
-            let Ok((h, _)) = Headers::parse(r.hdr) else {
-                return;
-            };
-            let mut ans = ans.borrow_mut();
-            let o = h.bth.opcode & 0x1f;
-            if let Some(a) = h.aeth {
-                match a.syndrome & 0x60 {
-                    aeth::RNR_NAK => {
-                        ans.rnr = Some(a.syndrome & 0x1f);
-                        return;
-                    }
-                    aeth::NAK => {
-                        ans.nak = Some(a.syndrome & 0x1f);
-                        return;
-                    }
-                    _ => {}
-                }
-            }
-            match o {
-                op::ACKNOWLEDGE => ans.acked = true,
-                op::READ_RESPONSE_FIRST
-                | op::READ_RESPONSE_MIDDLE
-                | op::READ_RESPONSE_LAST
-                | op::READ_RESPONSE_ONLY => {
-                    let off = u64::from(h.bth.psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
-                    if r.payload.copy_to(mem, local_ext, off).is_err() {
-                        ans.fault = true;
-                    }
-                    if matches!(o, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY) {
-                        ans.acked = true;
-                    }
-                }
-                op::ATOMIC_ACKNOWLEDGE => {
-                    let orig = h.atomic_ack.unwrap_or_default();
-                    if mem::write_bytes(mem, local_ext, 0, &orig.to_be_bytes()).is_err() {
-                        ans.fault = true;
-                    }
-                    ans.acked = true;
-                }
-                _ => {}
-            }
+            _ => None,
         };
         let imm = matches!(w.opcode, W::SendImm | W::RdmaWriteImm);
         let base = if rc { svc::RC } else { svc::UC };
@@ -633,16 +981,45 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                     compare: w.compare,
                 });
             }
-            let n = h.emit(&mut hb);
             let pkt = Packet {
                 addr,
-                hdr: &hb[..n],
+                hdr: &h,
                 payload: Payload::None,
             };
-            fabric::transmit(rdma, dst, &pkt, &mut on_reply);
+            fabric::transmit(rdma, &dst, &pkt, &mut |r| {
+                note(&mut ans, r, first_psn, mtu, mem, local_ext)
+            });
         } else {
             let send = matches!(w.opcode, W::Send | W::SendImm | W::SendInval);
-            for i in 0..npkts {
+            let mut h = Headers {
+                bth: Bth {
+                    pkey: packet::DEFAULT_PKEY,
+                    dest_qp: sq.remote_qpn,
+                    ..Bth::default()
+                },
+                ..Headers::default()
+            };
+            // A multi-packet RC WRITE goes as one train when nothing can
+            // tell it from its packets one by one.
+            let train = match whole {
+                Some(src) if rc && w.opcode == W::RdmaWrite && npkts > 1 => {
+                    let t = fabric::Train {
+                        addr,
+                        dest_qp: sq.remote_qpn,
+                        psn: first_psn,
+                        npkts: npkts as u32,
+                        mtu,
+                        va: w.raddr,
+                        rkey: w.rkey,
+                        src,
+                    };
+                    fabric::write_train(&dst, &t, &mut |r| {
+                        note(&mut ans, r, first_psn, mtu, mem, local_ext)
+                    })
+                }
+                _ => false,
+            };
+            for i in 0..if train { 0 } else { npkts } {
                 let first = i == 0;
                 let last = i + 1 == npkts;
                 let o = match (send, first, last) {
@@ -675,31 +1052,25 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                         }
                     }
                 };
-                let psn = (first_psn + i as u32) & 0xff_ffff;
-                let h = Headers {
-                    bth: Bth {
-                        opcode: base | o,
-                        se: last && w.solicited,
-                        pkey: packet::DEFAULT_PKEY,
-                        dest_qp: sq.remote_qpn,
-                        ack_req: last && rc,
-                        psn,
-                        ..Bth::default()
-                    },
-                    reth: (!send && first).then_some(Reth {
-                        va: w.raddr,
-                        rkey: w.rkey,
-                        dma_len: w.len as u32,
-                    }),
-                    imm: (last && imm).then_some(w.imm),
-                    ieth: (last && w.opcode == W::SendInval).then_some(w.imm),
-                    ..Headers::default()
-                };
-                let n = h.emit(&mut hb);
+                h.bth.opcode = base | o;
+                h.bth.se = last && w.solicited;
+                h.bth.ack_req = last && rc;
+                h.bth.psn = (first_psn + i as u32) & 0xff_ffff;
+                h.reth = (!send && first).then_some(Reth {
+                    va: w.raddr,
+                    rkey: w.rkey,
+                    dma_len: w.len as u32,
+                });
+                h.imm = (last && imm).then_some(w.imm);
+                h.ieth = (last && w.opcode == W::SendInval).then_some(w.imm);
                 let skip = i * mtu;
                 let plen = (w.len - skip).min(mtu);
                 let pl = if plen == 0 {
                     Payload::None
+                } else if let Some(s) =
+                    whole.and_then(|s| s.subslice(skip as usize, plen as usize).ok())
+                {
+                    Payload::Slice(s)
                 } else if !sq.inline.is_empty() {
                     Payload::Bytes(&sq.inline[skip as usize..(skip + plen) as usize])
                 } else {
@@ -712,23 +1083,27 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
                 };
                 let pkt = Packet {
                     addr,
-                    hdr: &hb[..n],
+                    hdr: &h,
                     payload: pl,
                 };
-                fabric::transmit(rdma, dst, &pkt, &mut on_reply);
-                let a = ans.borrow();
-                if a.nak.is_some() || a.rnr.is_some() {
+                fabric::transmit(rdma, &dst, &pkt, &mut |r| {
+                    note(&mut ans, r, first_psn, mtu, mem, local_ext)
+                });
+                if ans.nak.is_some() || ans.rnr.is_some() {
                     break;
                 }
             }
         }
     }
-    let ans = ans.into_inner();
+    if ans.acks != 0 {
+        rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
+    }
     if !rc {
         // UC: nothing comes back; the message is done once sent.
         sq.psn = (first_psn + npkts as u32) & 0xff_ffff;
         return Outcome::Done(w.len as u32);
     }
+    sq.acked = ans.acked;
     if ans.fault {
         return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT);
     }
@@ -757,12 +1132,19 @@ fn connected(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) 
         }
         return Outcome::Retry(Instant::now() + Duration::from_micros(rnr_timer_us(t)));
     }
-    if !ans.acked {
+    let covered = ans.acked.is_some_and(|p| psn_le(last_psn, p));
+    if !covered {
+        if has_peer && !is_read && !is_atomic {
+            // Its ACK is owed: coalesced with the next ones.
+            sq.psn = (last_psn + 1) & 0xff_ffff;
+            return Outcome::Sent(w.len as u32, first_psn, last_psn);
+        }
         // Nobody answered: the packet (or its ACK) was lost.
+        flush_tally(rdma, sq);
         sq.peer = None;
         return retry_after_timeout(sq, first_psn);
     }
-    sq.psn = (first_psn + npkts as u32) & 0xff_ffff;
+    sq.psn = (last_psn + 1) & 0xff_ffff;
     Outcome::Done(if is_atomic { 8 } else { w.len as u32 })
 }
 

@@ -5,7 +5,12 @@
 //! or SRQ (an RNR NAK when none is posted), RDMA WRITE through the rkey
 //! (remote write right, PD, bounds), RDMA READ answered with read response
 //! packets, atomics executed on 8 aligned bytes and answered with the
-//! original value, an ACK for every message. An error NAKs the requester
+//! original value. ACKs are coalesced as ConnectX does: a packet that asks
+//! for one (AckReq) leaves it owed, and one ACK for the latest PSN goes
+//! out when the requester's burst ends ([`drained`]) or after
+//! [`ACK_COALESCE`] owed ones; NAKs, read responses and atomic
+//! acknowledgements go out at once (each acknowledges every earlier
+//! packet). An error NAKs the requester
 //! and moves this QP to ERR as hardware does: a remote access or invalid
 //! request error with an affiliated async event, a receive too small
 //! (local length) or a bad receive lkey (local protection) with an error
@@ -20,7 +25,7 @@ use mlx5_hw::event::EventType;
 use vm_memory::GuestMemoryMmap;
 
 use super::cq::Completion;
-use super::mem::{self, access, KeyError};
+use super::mem::{self, access, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, RoceAddr, Service};
 use super::qp::{self, Qp, RecvError, Rq};
 use super::requester::vendor;
@@ -28,16 +33,43 @@ use super::{rlock, Rdma};
 use crate::fabric::{Packet, Payload};
 use crate::lock;
 
-/// Receives one packet.
-pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
+/// A responder sends an ACK at the latest after this many packets that
+/// asked for one.
+pub(crate) const ACK_COALESCE: u32 = 64;
+
+/// Receives one packet; `hint`: the destination QP as the sender last
+/// found it (used if it still is that QP); `routed`: the sender found this
+/// function by the destination GID since the GID table last changed.
+pub(crate) fn receive(
+    rdma: &Rdma,
+    mem: &GuestMemoryMmap,
+    dhint: Option<&Hinted<'_>>,
+    routed: bool,
+    hint: Option<&Arc<Qp>>,
+    pkt: &Packet<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    match dhint {
+        Some(d) => receive_in(rdma, d, routed, hint, pkt, reply),
+        None => receive_in(rdma, &Hinted::new(mem), routed, hint, pkt, reply),
+    }
+}
+
+/// [`receive`] into `dmem`.
+fn receive_in(
+    rdma: &Rdma,
+    dmem: &Hinted<'_>,
+    routed: bool,
+    hint: Option<&Arc<Qp>>,
+    pkt: &Packet<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
     let drop = |why: &str| {
         rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(why, "packet dropped");
     };
-    let Ok((h, _)) = Headers::parse(pkt.hdr) else {
-        return drop("headers");
-    };
-    if !rdma.has_gid(&pkt.addr.dst_gid) {
+    let h = pkt.hdr;
+    if !routed && !rdma.has_gid(&pkt.addr.dst_gid) {
         return drop("destination GID");
     }
     let qpn = if h.bth.dest_qp == 1 {
@@ -48,19 +80,53 @@ pub(crate) fn receive(rdma: &Rdma, pkt: &Packet<'_>, reply: &mut dyn FnMut(&Pack
     } else {
         h.bth.dest_qp
     };
-    let Some(qp) = rdma.qp(qpn) else {
-        return drop("no such QP");
+    let found;
+    let qp = match hint {
+        Some(q) if q.qpn == qpn && q.state() != qp::state::DESTROYED => q,
+        _ => {
+            let Some(q) = rdma.qp(qpn) else {
+                return drop("no such QP");
+            };
+            found = q;
+            &found
+        }
     };
     if !qp.receives() {
         return drop("QP state");
     }
-    let mem = rdma.dma.memory();
+    let mem = dmem.mem;
     match (packet::service(h.bth.opcode), qp.st) {
-        (Service::Rc, qp::st::RC) => rc(rdma, &qp, &h, pkt, &mem, reply),
-        (Service::Uc, qp::st::UC) => uc(rdma, &qp, &h, pkt, &mem),
-        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, &qp, &h, pkt, &mem),
+        (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, dmem, reply),
+        (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, mem),
+        (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, mem),
         _ => drop("service"),
     }
+}
+
+/// The requester has nothing more queued for RC QP `qpn` (its requests
+/// came addressed as `addr`): the ACK held back, if any, goes out now.
+pub(crate) fn drained(rdma: &Rdma, addr: &RoceAddr, qpn: u32, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let Some(qp) = rdma.qp(qpn) else {
+        return;
+    };
+    if qp.st != qp::st::RC || !qp.receives() {
+        return;
+    }
+    let mut rq = lock(&qp.rq);
+    if rq.ack_owed == 0 {
+        return;
+    }
+    rq.ack_owed = 0;
+    let (remote, psn, msn) = (rq.remote_qpn, psn_add(rq.epsn, 0xff_ffff), rq.msn);
+    drop(rq);
+    respond(
+        reply,
+        addr,
+        remote,
+        psn,
+        aeth::ACK | aeth::CREDITS_INVALID,
+        msn,
+    );
 }
 
 fn psn_add(p: u32, n: u32) -> u32 {
@@ -87,11 +153,9 @@ fn respond(
         aeth: Some(Aeth { syndrome, msn }),
         ..Headers::default()
     };
-    let mut b = [0u8; packet::MAX_HDR_LEN];
-    let n = h.emit(&mut b);
     reply(&Packet {
         addr: back(to),
-        hdr: &b[..n],
+        hdr: &h,
         payload: Payload::None,
     });
 }
@@ -200,9 +264,10 @@ fn rc(
     qp: &Arc<Qp>,
     h: &Headers,
     pkt: &Packet<'_>,
-    mem: &GuestMemoryMmap,
+    dmem: &Hinted<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
+    let mem = dmem.mem;
     let mut rq = lock(&qp.rq);
     let psn = h.bth.psn;
     let remote = rq.remote_qpn;
@@ -219,6 +284,8 @@ fn rc(
                 rq.msn,
             );
         } else {
+            // The NAK acknowledges everything before `epsn`.
+            rq.ack_owed = 0;
             let e = rq.epsn;
             respond(
                 reply,
@@ -235,6 +302,7 @@ fn rc(
     let len = pkt.payload.len();
     let mtu = u64::from(rq.mtu.max(256));
     let nak = |rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), f: Fatal| {
+        rq.ack_owed = 0;
         let code = fatal(rdma, qp, rq, mem, f);
         respond(reply, &pkt.addr, remote, psn, aeth::NAK | code, rq.msn);
     };
@@ -268,6 +336,7 @@ fn rc(
                     Err(None) => {
                         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
                         rdma.q_count(qp, |c| &c.out_of_buffer);
+                        rq.ack_owed = 0;
                         let t = rq.min_rnr_nak;
                         return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
                     }
@@ -278,7 +347,11 @@ fn rc(
                 let w = rq.send.wqe;
                 return nak(&mut rq, reply, Fatal::Length(w));
             }
-            if pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
+            if pkt
+                .payload
+                .copy_to_hinted(dmem, &rq.send.ext, rq.send.off)
+                .is_err()
+            {
                 let w = rq.send.wqe;
                 return nak(&mut rq, reply, Fatal::Protection(w, vendor::DMA_FAULT));
             }
@@ -329,10 +402,17 @@ fn rc(
                 w.off = 0;
                 w.cap = u64::from(r.dma_len);
                 let ok = r.dma_len == 0
-                    || rdma.mkey(r.rkey).is_some_and(|k| {
-                        k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
-                            .is_ok()
-                    });
+                    || rdma
+                        .resolve_cached(
+                            r.rkey,
+                            &mut rq.rkeys,
+                            qp.pd,
+                            access::RW,
+                            r.va,
+                            u64::from(r.dma_len),
+                            &mut w.ext,
+                        )
+                        .is_ok();
                 rq.write = w;
                 if !ok {
                     return nak(&mut rq, reply, Fatal::Access);
@@ -352,6 +432,7 @@ fn rc(
                         if first {
                             rq.write_on = false;
                         }
+                        rq.ack_owed = 0;
                         let t = rq.min_rnr_nak;
                         return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
                     }
@@ -360,7 +441,7 @@ fn rc(
             }
             if pkt
                 .payload
-                .copy_to(mem, &rq.write.ext, rq.write.off)
+                .copy_to_hinted(dmem, &rq.write.ext, rq.write.off)
                 .is_err()
             {
                 return nak(&mut rq, reply, Fatal::Access);
@@ -391,7 +472,7 @@ fn rc(
             let mut w = std::mem::take(&mut rq.write);
             w.ext.clear();
             let ok = r.dma_len == 0
-                || rdma.mkey(r.rkey).is_some_and(|k| {
+                || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
                     k.resolve(qp.pd, access::RR, r.va, u64::from(r.dma_len), &mut w.ext)
                         .is_ok()
                 });
@@ -402,7 +483,7 @@ fn rc(
             let total = u64::from(r.dma_len);
             let n = total.div_ceil(mtu).max(1);
             let msn = psn_add(rq.msn, 1);
-            let mut b = [0u8; packet::MAX_HDR_LEN];
+            rq.ack_owed = 0;
             for i in 0..n {
                 let first = i == 0;
                 let last = i + 1 == n;
@@ -426,12 +507,11 @@ fn rc(
                     }),
                     ..Headers::default()
                 };
-                let hl = rh.emit(&mut b);
                 let skip = i * mtu;
                 let plen = (total - skip).min(mtu);
                 reply(&Packet {
                     addr: back(&pkt.addr),
-                    hdr: &b[..hl],
+                    hdr: &rh,
                     payload: if plen == 0 {
                         Payload::None
                     } else {
@@ -503,16 +583,15 @@ fn rc(
                 atomic_ack: Some(orig),
                 ..Headers::default()
             };
-            let mut b = [0u8; packet::MAX_HDR_LEN];
-            let hl = rh.emit(&mut b);
             rq.msn = msn;
+            rq.ack_owed = 0;
             rq.epsn = psn_add(psn, 1);
             rdma.counters
                 .messages_received
                 .fetch_add(1, Ordering::Relaxed);
             reply(&Packet {
                 addr: back(&pkt.addr),
-                hdr: &b[..hl],
+                hdr: &rh,
                 payload: Payload::None,
             });
             return;
@@ -521,16 +600,100 @@ fn rc(
     }
     rq.epsn = psn_add(psn, 1);
     if h.bth.ack_req {
-        let msn = rq.msn;
+        // Coalesced: owed until the requester's burst ends, or sent now
+        // once enough are owed.
+        rq.ack_owed += 1;
+        if rq.ack_owed >= ACK_COALESCE {
+            rq.ack_owed = 0;
+            let msn = rq.msn;
+            respond(
+                reply,
+                &pkt.addr,
+                remote,
+                psn,
+                aeth::ACK | aeth::CREDITS_INVALID,
+                msn,
+            );
+        }
+    }
+}
+
+/// An RC RDMA WRITE's packets back to back ([`crate::fabric::Train`]):
+/// taken when each would be, one by one, in sequence and accepted (the
+/// expected PSN, no message in progress, remote write allowed, the rkey
+/// and every target byte good, the same MTU), the payload then copied in
+/// one piece; false, with nothing changed, otherwise (the packets then
+/// come one by one, and meet whatever error they meet).
+pub(crate) fn write_train(
+    rdma: &Rdma,
+    dmem: &Hinted<'_>,
+    hint: Option<&Arc<Qp>>,
+    t: &crate::fabric::Train<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> bool {
+    let found;
+    let qp = match hint {
+        Some(q) if q.qpn == t.dest_qp && q.state() != qp::state::DESTROYED => q,
+        _ => {
+            let Some(q) = rdma.qp(t.dest_qp) else {
+                return false;
+            };
+            found = q;
+            &found
+        }
+    };
+    if qp.st != qp::st::RC || !qp.receives() {
+        return false;
+    }
+    let len = t.src.len() as u64;
+    let mut rq = lock(&qp.rq);
+    if rq.epsn != t.psn || rq.write_on || !rq.rwe || u64::from(rq.mtu.max(256)) != t.mtu {
+        return false;
+    }
+    let mut w = std::mem::take(&mut rq.write);
+    w.ext.clear();
+    let ok = len <= u64::from(u32::MAX)
+        && rdma
+            .resolve_cached(
+                t.rkey,
+                &mut rq.rkeys,
+                qp.pd,
+                access::RW,
+                t.va,
+                len,
+                &mut w.ext,
+            )
+            .is_ok()
+        && mem::walk(&w.ext, 0, len, |iova, n| dmem.slice(iova, n).map(|_| ())).is_ok()
+        && mem::write_slice_hinted(dmem, &w.ext, 0, &t.src).is_ok();
+    if !ok {
+        rq.write = w;
+        return false;
+    }
+    w.off = len;
+    w.cap = len;
+    rq.write = w;
+    let last = psn_add(t.psn, t.npkts - 1);
+    rq.epsn = psn_add(last, 1);
+    rq.msn = psn_add(rq.msn, 1);
+    rdma.counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    rq.ack_owed += 1;
+    if rq.ack_owed >= ACK_COALESCE {
+        rq.ack_owed = 0;
+        let (remote, msn) = (rq.remote_qpn, rq.msn);
+        drop(rq);
         respond(
             reply,
-            &pkt.addr,
+            &t.addr,
             remote,
-            psn,
+            last,
             aeth::ACK | aeth::CREDITS_INVALID,
             msn,
         );
     }
+    true
 }
 
 /// SEND with invalidate: the named key of this PD becomes free.
@@ -643,7 +806,7 @@ fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemor
             w.cap = u64::from(r.dma_len);
             let ok = rq.rwe
                 && (r.dma_len == 0
-                    || rdma.mkey(r.rkey).is_some_and(|k| {
+                    || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
                         k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
                             .is_ok()
                     }));
