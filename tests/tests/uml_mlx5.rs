@@ -161,8 +161,6 @@ fn failures(dmesg: &str) -> Vec<&str> {
 }
 
 #[test]
-#[ignore = "boots a UML kernel (scripts/uml/build-kernel.sh) for about a minute; run with \
-            --ignored"]
 fn linux_mlx5_probes_registers_ib_and_tears_down() {
     // RUST_LOG=debug shows the vhost-user conversation and the model.
     let _ = tracing_subscriber::fmt()
