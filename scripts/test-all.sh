@@ -92,11 +92,3 @@ cargo run -q -p mlx5-hw-gen -- --check
 
 cargo test --workspace --all-targets
 cargo test --workspace --doc
-
-# uml_mlx5 is #[ignore]d until the model gets Linux's mlx5_core and mlx5_ib
-# all the way through; MLX5_UML_TEST=1 runs it here already. Once
-# the #[ignore] goes, the `cargo test --workspace` above runs it and this
-# goes too.
-if [ "${MLX5_UML_TEST:-0}" = 1 ]; then
-    cargo test -p tests --test uml_mlx5 -- --include-ignored
-fi
