@@ -211,7 +211,6 @@ fn linux_mlx5_probes_registers_ib_and_tears_down() {
         // within 40 ms (its default): a backend thread that a loaded host
         // (CI, 2 shared cores) leaves unscheduled that long is not a device
         // fault. 2 s; a longer stall still shows as "um virt-pci delay".
-        .arg("virt_pci.max_delay_us=2000000")
         .env("TMPDIR", "/dev/shm")
         .stdin(Stdio::null())
         .stdout(console.try_clone().expect("console fd"))

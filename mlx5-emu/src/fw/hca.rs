@@ -93,7 +93,11 @@ impl Firmware {
         self.hca = HcaState::Initialized;
         self.extra_demand = 0;
         self.port.oper_up = self.port.admin_up;
-        self.port.eth_proto_oper = if self.port.oper_up { 1 << 20 } else { 0 };
+        self.port.eth_proto_oper = if self.port.oper_up {
+            self.port.eth_proto_up
+        } else {
+            0
+        };
         Ok(vec![0; 0x10])
     }
 

@@ -74,13 +74,29 @@ pub struct PortState {
     pub eth_proto_admin: u32,
     /// Ethernet protocol the link runs (PTYS eth_proto_oper; 0 when down).
     pub eth_proto_oper: u32,
+    /// The protocol the link trains to when it comes up.
+    pub eth_proto_up: u32,
+}
+
+/// PTYS eth_proto bits (legacy field, mlx5_ifc's `mlx5e_link_modes`).
+pub(crate) mod eth_proto {
+    pub const CR_10G: u32 = 1 << 2;
+    pub const CR4_40G: u32 = 1 << 6;
+    pub const CR4_100G: u32 = 1 << 20;
+    pub const CR_25G: u32 = 1 << 27;
+    pub const CR2_50G: u32 = 1 << 30;
 }
 
 impl PortState {
-    fn power_on(p: Profile) -> Self {
-        // 10GBASE-CR (2), 40GBASE-CR4 (6), 100GBASE-CR4 (20), 25GBASE-CR (27), 50GBASE-CR2 (30).
-        let cap = 1 << 2 | 1 << 6 | 1 << 20 | 1 << 27 | 1 << 30;
-        let _ = p;
+    pub(crate) fn power_on(p: Profile) -> Self {
+        use eth_proto::*;
+        // A ConnectX-4 Lx port does 10/25/50G (a 25G card trains to
+        // 25GBASE-CR); ConnectX-5 and later also 40 and 100G and train to
+        // 100GBASE-CR4 in this legacy field.
+        let (cap, up) = match p {
+            Profile::ConnectX4Lx => (CR_10G | CR_25G | CR2_50G, CR_25G),
+            _ => (CR_10G | CR4_40G | CR4_100G | CR_25G | CR2_50G, CR4_100G),
+        };
         Self {
             admin_up: true,
             oper_up: false,
@@ -89,6 +105,7 @@ impl PortState {
             eth_proto_cap: cap,
             eth_proto_admin: cap,
             eth_proto_oper: 0,
+            eth_proto_up: up,
         }
     }
 }

@@ -36,8 +36,6 @@ const PORT_CHANGE_ACTIVE: u8 = 4;
 
 /// PTYS proto_mask: Ethernet.
 const PROTO_ETH: u64 = 1 << 2;
-/// The protocol the link trains to when up: 100GBASE-CR4.
-const OPER_PROTO: u32 = 1 << 20;
 
 /// DTOR default timeouts, in milliseconds (what firmware advertises).
 const DTOR_MS: [(&str, u64); 11] = [
@@ -167,7 +165,7 @@ impl Firmware {
             let oper = self.port.admin_up && self.hca == super::HcaState::Initialized;
             if oper != self.port.oper_up {
                 self.port.oper_up = oper;
-                self.port.eth_proto_oper = if oper { OPER_PROTO } else { 0 };
+                self.port.eth_proto_oper = if oper { self.port.eth_proto_up } else { 0 };
                 if let Some(eqn) = self.eq_for(EventType::PortChange) {
                     let mut data = [0u8; 28];
                     data[8] = 1 << 4; // port 1

@@ -177,3 +177,33 @@ fn xrc_domains_and_q_counter_sets_left_at_teardown_count_as_leaked() {
     assert_eq!((s.xrcds, s.q_counters), (0, 0), "firmware forgot them");
     assert_eq!(s.leaked_at_teardown, 3);
 }
+
+/// PTYS as mlx5_ib's query_port reads it for the rate: the traced
+/// ConnectX-4 Lx's port runs 25GBASE-CR once the HCA is up and offers no
+/// 40/100G; a ConnectX-5's trains to 100GBASE-CR4.
+#[test]
+fn ptys_reports_the_cards_link_protocols() {
+    use crate::fw::PortState;
+    use crate::Profile;
+    use mlx5_hw::ifc::ptys_reg;
+    let mut d = Drv::new();
+    d.bring_up();
+    let mut c = cmd_in(
+        0x805,
+        1,
+        access_register_in::SIZE_BYTES + ptys_reg::SIZE_BYTES,
+    );
+    access_register_in::REGISTER_ID.set(&mut c, 0x5004);
+    let reg = &mut c[access_register_in::SIZE_BYTES..];
+    ptys_reg::LOCAL_PORT.set(reg, 1);
+    ptys_reg::PROTO_MASK.set(reg, 1 << 2);
+    let out = d.exec(&c, 0x10 + ptys_reg::SIZE_BYTES);
+    assert_eq!(out[0], 0);
+    let reg = &out[0x10..];
+    assert_eq!(ptys_reg::ETH_PROTO_OPER.get(reg), 1 << 27, "25GBASE-CR");
+    let cap = ptys_reg::ETH_PROTO_CAPABILITY.get(reg);
+    assert_eq!(cap & (1 << 20 | 1 << 6), 0, "no 40/100G on a ConnectX-4 Lx");
+    let cx5 = PortState::power_on(Profile::ConnectX5);
+    assert_eq!(cx5.eth_proto_up, 1 << 20, "100GBASE-CR4");
+    assert_ne!(cx5.eth_proto_cap & cx5.eth_proto_up, 0);
+}
