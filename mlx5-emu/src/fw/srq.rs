@@ -16,7 +16,7 @@ use mlx5_hw::ifc::{
 use mlx5_hw::status::CmdStatus;
 
 use super::cq::pas;
-use super::{fail, sized, synd, CmdResult, Firmware};
+use super::{fail, sized, synd, CmdResult, Fail, Firmware};
 use crate::transport::qp::{Buf, SrqState};
 use crate::transport::{rlock, wlock, Srq};
 use crate::{lock, Inner};
@@ -26,6 +26,23 @@ const CTX: usize = create_srq_in::SRQ_CONTEXT_ENTRY.off / 8;
 const RMPC_STATE_RDY: u64 = 1;
 /// wq.wq_type: a linked list (the SRQ's WQE format).
 const WQ_TYPE_LINKED_LIST: u64 = 0;
+
+/// What the three SRQ flavours' contexts say about the queue.
+struct SrqSpec {
+    pd: u32,
+    log_size: u8,
+    /// log2 of the WQE stride in 16-byte units.
+    log_stride: u8,
+    log_page: u32,
+    /// Byte offset of the queue in its first page.
+    offset: u64,
+    dbr: u64,
+    /// The CQ XRC completions go to (0: none).
+    cqn: u32,
+    /// The XRC domain (0: none).
+    xrcd: u32,
+    lwm: u16,
+}
 
 impl Firmware {
     pub(super) fn create_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
@@ -44,38 +61,22 @@ impl Firmware {
         if !lock(&inner.rdma.pds).contains(&pd) {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_PD));
         }
-        let log_stride = srqc::LOG_RQ_STRIDE.get(c) as u8;
-        let log_page = 12 + srqc::LOG_PAGE_SIZE.get(c) as u32;
-        let offset = srqc::PAGE_OFFSET.get(c) * 64;
-        let bytes = offset + ((16u64 << log_stride) << log_size);
-        let npas = bytes.div_ceil(1 << log_page) as usize;
-        let pas = pas(input, create_srq_in::SIZE_BYTES, npas)?;
-        let dbr = srqc::DBR_ADDR.get(c);
-        if !inner.bus.dma.is_mapped(dbr, 4) {
-            return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
-        }
-        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
-        let mut t = wlock(&inner.rdma.srqs);
-        let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
-            return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
-        };
-        t.insert(
-            srqn,
-            Arc::new(Srq {
-                srqn,
+        let srqn = self.place_srq(
+            inner,
+            input,
+            create_srq_in::SIZE_BYTES,
+            SrqSpec {
                 pd,
                 log_size,
-                log_stride,
-                buf: Buf::new(pas, log_page, offset),
-                dbr,
+                log_stride: srqc::LOG_RQ_STRIDE.get(c) as u8,
+                log_page: 12 + srqc::LOG_PAGE_SIZE.get(c) as u32,
+                offset: srqc::PAGE_OFFSET.get(c) * 64,
+                dbr: srqc::DBR_ADDR.get(c),
                 cqn: srqc::CQN.get(c) as u32,
                 xrcd: 0,
-                st: Mutex::new(SrqState {
-                    lwm: srqc::LWM.get(c) as u16,
-                    ..SrqState::default()
-                }),
-            }),
-        );
+                lwm: srqc::LWM.get(c) as u16,
+            },
+        )?;
         let mut out = vec![0u8; create_srq_out::SIZE_BYTES];
         create_srq_out::SRQN.set(&mut out, u64::from(srqn));
         Ok(out)
@@ -117,37 +118,23 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_CQ));
         }
         let log_stride = xrc_srqc::LOG_RQ_STRIDE.get(c) as u8;
-        let log_page = 12 + xrc_srqc::LOG_PAGE_SIZE.get(c) as u32;
-        let offset = xrc_srqc::PAGE_OFFSET.get(c) * 64;
-        let bytes = offset + ((16u64 << log_stride) << log_size);
-        let npas = bytes.div_ceil(1 << log_page) as usize;
-        let pas = pas(input, create_xrc_srq_in::SIZE_BYTES, npas)?;
         let dbr = xrc_srqc::DB_RECORD_ADDR_H.get(c) << 32 | xrc_srqc::DB_RECORD_ADDR_L.get(c) << 2;
-        if !inner.bus.dma.is_mapped(dbr, 4) {
-            return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
-        }
-        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
-        let mut t = wlock(&r.srqs);
-        let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
-            return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
-        };
-        t.insert(
-            srqn,
-            Arc::new(Srq {
-                srqn,
+        let srqn = self.place_srq(
+            inner,
+            input,
+            create_xrc_srq_in::SIZE_BYTES,
+            SrqSpec {
                 pd,
                 log_size,
                 log_stride,
-                buf: Buf::new(pas, log_page, offset),
+                log_page: 12 + xrc_srqc::LOG_PAGE_SIZE.get(c) as u32,
+                offset: xrc_srqc::PAGE_OFFSET.get(c) * 64,
                 dbr,
                 cqn,
                 xrcd,
-                st: Mutex::new(SrqState {
-                    lwm: xrc_srqc::LWM.get(c) as u16,
-                    ..SrqState::default()
-                }),
-            }),
-        );
+                lwm: xrc_srqc::LWM.get(c) as u16,
+            },
+        )?;
         let mut out = vec![0u8; create_xrc_srq_out::SIZE_BYTES];
         create_xrc_srq_out::XRC_SRQN.set(&mut out, u64::from(srqn));
         Ok(out)
@@ -185,17 +172,45 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_BAD_PD));
         }
         let log_stride = log_wq_stride - 4;
-        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
-        let offset = wq::PAGE_OFFSET.get(w) * 64;
-        let bytes = offset + ((16u64 << log_stride) << log_size);
-        let npas = bytes.div_ceil(1 << log_page) as usize;
-        let pas = pas(input, create_rmp_in::SIZE_BYTES, npas)?;
-        let dbr = wq::DBR_ADDR.get(w);
-        if !inner.bus.dma.is_mapped(dbr, 4) {
+        let srqn = self.place_srq(
+            inner,
+            input,
+            create_rmp_in::SIZE_BYTES,
+            SrqSpec {
+                pd,
+                log_size,
+                log_stride,
+                log_page: 12 + wq::LOG_WQ_PG_SZ.get(w) as u32,
+                offset: wq::PAGE_OFFSET.get(w) * 64,
+                dbr: wq::DBR_ADDR.get(w),
+                cqn: 0,
+                xrcd: 0,
+                lwm: wq::LWM.get(w) as u16,
+            },
+        )?;
+        let mut out = vec![0u8; create_rmp_out::SIZE_BYTES];
+        create_rmp_out::RMPN.set(&mut out, u64::from(srqn));
+        Ok(out)
+    }
+
+    /// Takes the queue's page list (`pas` after `in_size` bytes of input),
+    /// checks its doorbell record is mapped, and gives it the lowest free
+    /// SRQ number (one space for SRQs, XRC SRQs and RMPs).
+    fn place_srq(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        in_size: usize,
+        s: SrqSpec,
+    ) -> Result<u32, Fail> {
+        let bytes = s.offset + ((16u64 << s.log_stride) << s.log_size);
+        let npas = bytes.div_ceil(1 << s.log_page) as usize;
+        let pas = pas(input, in_size, npas)?;
+        if !inner.bus.dma.is_mapped(s.dbr, 4) {
             return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
         }
         let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
-        let mut t = wlock(&r.srqs);
+        let mut t = wlock(&inner.rdma.srqs);
         let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
             return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
         };
@@ -203,22 +218,20 @@ impl Firmware {
             srqn,
             Arc::new(Srq {
                 srqn,
-                pd,
-                log_size,
-                log_stride,
-                buf: Buf::new(pas, log_page, offset),
-                dbr,
-                cqn: 0,
-                xrcd: 0,
+                pd: s.pd,
+                log_size: s.log_size,
+                log_stride: s.log_stride,
+                buf: Buf::new(pas, s.log_page, s.offset),
+                dbr: s.dbr,
+                cqn: s.cqn,
+                xrcd: s.xrcd,
                 st: Mutex::new(SrqState {
-                    lwm: wq::LWM.get(w) as u16,
+                    lwm: s.lwm,
                     ..SrqState::default()
                 }),
             }),
         );
-        let mut out = vec![0u8; create_rmp_out::SIZE_BYTES];
-        create_rmp_out::RMPN.set(&mut out, u64::from(srqn));
-        Ok(out)
+        Ok(srqn)
     }
 
     pub(super) fn destroy_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
