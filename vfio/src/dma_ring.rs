@@ -150,13 +150,13 @@ impl<const S: usize> DmaEntry<'_, S> {
     /// in registers.
     #[inline(always)]
     pub fn store_words<const N: usize>(&self, off: usize, words: &[u64; N]) -> Result<()> {
+        // `p .. p + 8N` lies inside the entry (checked by `words_at`), which
+        // lies inside the live mapping (checked by `DmaRing::new`), and is
+        // 8-byte aligned (the entry and `off` are); memory shared with a
+        // device is only accessed volatile, so no reference aliases it.
         let p = self.words_at::<N>(off)?;
         for (i, w) in words.iter().enumerate() {
-            // SAFETY: `p .. p + 8N` lies inside the entry (checked above),
-            // which lies inside the live mapping (checked by `DmaRing::new`),
-            // and is 8-byte aligned (the entry and `off` are); memory shared
-            // with a device is only accessed volatile, so no reference
-            // aliases it.
+            // SAFETY: in bounds, aligned, volatile (see above).
             unsafe { p.wrapping_add(i).write_volatile(*w) };
         }
         Ok(())
