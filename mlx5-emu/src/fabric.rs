@@ -67,17 +67,7 @@ impl Payload<'_> {
         dst: &[Extent],
         dskip: u64,
     ) -> Result<(), mem::Fault> {
-        match self {
-            Payload::None => Ok(()),
-            Payload::Bytes(b) => mem::write_bytes(dmem, dst, dskip, b),
-            Payload::Slice(s) => mem::write_slice(dmem, dst, dskip, s),
-            Payload::Mem {
-                mem: smem,
-                ext,
-                skip,
-                len,
-            } => mem::copy(smem, ext, *skip, dmem, dst, dskip, *len),
-        }
+        self.copy_to_hinted(&Hinted::new(dmem), dst, dskip)
     }
 
     /// [`Payload::copy_to`] with the destination's region hint.
@@ -88,8 +78,15 @@ impl Payload<'_> {
         dskip: u64,
     ) -> Result<(), mem::Fault> {
         match self {
-            Payload::Slice(s) => mem::write_slice_hinted(dmem, dst, dskip, s),
-            _ => self.copy_to(dmem.mem, dst, dskip),
+            Payload::None => Ok(()),
+            Payload::Bytes(b) => mem::write_bytes(dmem.mem, dst, dskip, b),
+            Payload::Slice(s) => mem::write_slice(dmem, dst, dskip, s),
+            Payload::Mem {
+                mem: smem,
+                ext,
+                skip,
+                len,
+            } => mem::copy(smem, ext, *skip, dmem.mem, dst, dskip, *len),
         }
     }
 

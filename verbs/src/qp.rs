@@ -757,9 +757,7 @@ impl SendRing {
         }
         let start = self.pc;
         for (i, c) in wqe.chunks_exact(16).enumerate() {
-            let mut q = [0u8; 16];
-            q.copy_from_slice(c);
-            let (a, b) = q.split_at(8);
+            let (a, b) = c.split_at(8);
             let words = [
                 u64::from_ne_bytes(a.try_into().unwrap_or_default()),
                 u64::from_ne_bytes(b.try_into().unwrap_or_default()),

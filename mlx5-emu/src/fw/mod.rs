@@ -533,23 +533,7 @@ impl Firmware {
             }
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_ENABLED));
         }
-        let needs_init = matches!(
-            opcode,
-            O::AllocUar
-                | O::DeallocUar
-                | O::CreateEq
-                | O::DestroyEq
-                | O::QueryEq
-                | O::QuerySpecialContexts
-                | O::QueryVportState
-                | O::QueryHcaVportContext
-                | O::QueryHcaVportGid
-                | O::QueryHcaVportPkey
-                | O::QueryNicVportContext
-                | O::ModifyNicVportContext
-                | O::QueryCongStatistics
-        ) || Self::is_rdma(opcode)
-            || Self::is_flow(opcode);
+        let needs_init = Self::needs_init(opcode);
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
@@ -708,10 +692,32 @@ impl Firmware {
         )
     }
 
-    fn implements(&self, op: Opcode) -> bool {
+    /// The commands firmware takes only once INIT_HCA has run.
+    fn needs_init(op: Opcode) -> bool {
         use Opcode as O;
         Self::is_rdma(op)
             || Self::is_flow(op)
+            || matches!(
+                op,
+                O::AllocUar
+                    | O::DeallocUar
+                    | O::CreateEq
+                    | O::DestroyEq
+                    | O::QueryEq
+                    | O::QuerySpecialContexts
+                    | O::QueryVportState
+                    | O::QueryHcaVportContext
+                    | O::QueryHcaVportGid
+                    | O::QueryHcaVportPkey
+                    | O::QueryNicVportContext
+                    | O::ModifyNicVportContext
+                    | O::QueryCongStatistics
+            )
+    }
+
+    fn implements(&self, op: Opcode) -> bool {
+        use Opcode as O;
+        Self::needs_init(op)
             || matches!(
                 op,
                 O::EnableHca
@@ -728,19 +734,6 @@ impl Firmware {
                     | O::SetHcaCap
                     | O::AccessReg
                     | O::QueryAdapter
-                    | O::QuerySpecialContexts
-                    | O::AllocUar
-                    | O::DeallocUar
-                    | O::CreateEq
-                    | O::DestroyEq
-                    | O::QueryEq
-                    | O::QueryVportState
-                    | O::QueryHcaVportContext
-                    | O::QueryHcaVportGid
-                    | O::QueryHcaVportPkey
-                    | O::QueryNicVportContext
-                    | O::ModifyNicVportContext
-                    | O::QueryCongStatistics
             )
     }
 }

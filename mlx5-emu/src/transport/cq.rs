@@ -18,6 +18,9 @@ use crate::lock;
 
 /// `cq_err` syndrome: CQ overrun (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`).
 const CQ_ERROR_OVERRUN: u8 = 1;
+/// `cq_err` syndrome: access violation, a CQE write faulted
+/// (`MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR`).
+const CQ_ERROR_ACCESS_VIOLATION: u8 = 2;
 /// `flags_rqpn` bits 29:28: a GRH is present.
 const FLAGS_GRH: u32 = 1 << 28;
 
@@ -84,6 +87,19 @@ impl Completion {
 }
 
 impl Cq {
+    /// Raises the CQ error event (`cqn`, then the syndrome at byte 11).
+    fn cq_error(&self, rdma: &Rdma, syndrome: u8) {
+        let mut data = [0u8; 28];
+        data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
+        data[11] = syndrome;
+        rdma.event(PendingEvent {
+            eqn: None,
+            ty: EventType::CqError.to_raw(),
+            sub: 0,
+            data,
+        });
+    }
+
     fn entries(&self) -> u32 {
         1 << self.log_size
     }
@@ -103,15 +119,7 @@ impl Cq {
                 st.error = true;
                 drop(st);
                 tracing::warn!(cqn = self.cqn, "CQ overrun");
-                let mut data = [0u8; 28];
-                data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
-                data[11] = CQ_ERROR_OVERRUN;
-                rdma.event(PendingEvent {
-                    eqn: None,
-                    ty: EventType::CqError.to_raw(),
-                    sub: 0,
-                    data,
-                });
+                self.cq_error(rdma, CQ_ERROR_OVERRUN);
                 return false;
             }
         }
@@ -154,15 +162,7 @@ impl Cq {
             st.error = true;
             drop(st);
             tracing::warn!(cqn = self.cqn, "CQE write faulted");
-            let mut data = [0u8; 28];
-            data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
-            data[11] = 2;
-            rdma.event(PendingEvent {
-                eqn: None,
-                ty: EventType::CqError.to_raw(),
-                sub: 0,
-                data,
-            });
+            self.cq_error(rdma, CQ_ERROR_ACCESS_VIOLATION);
             return false;
         }
         st.pi = st.pi.wrapping_add(1);

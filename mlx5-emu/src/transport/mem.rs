@@ -293,7 +293,7 @@ impl<'a> Hinted<'a> {
 }
 
 /// Copies a slice of another memory into extents of `mem`.
-pub(crate) fn write_slice_hinted(
+pub(crate) fn write_slice(
     mem: &Hinted<'_>,
     dst: &[Extent],
     dskip: u64,
@@ -302,26 +302,6 @@ pub(crate) fn write_slice_hinted(
     let mut at = 0usize;
     walk(dst, dskip, src.len() as u64, |iova, n| {
         let to = mem.slice(iova, n)?;
-        src.subslice(at, n)
-            .map_err(|_| Fault { iova })?
-            .copy_to_volatile_slice(to);
-        at += n;
-        Ok(())
-    })
-}
-
-/// Copies a slice of another memory into extents.
-pub(crate) fn write_slice(
-    mem: &GuestMemoryMmap,
-    dst: &[Extent],
-    dskip: u64,
-    src: &VolatileSlice<'_>,
-) -> Result<(), Fault> {
-    let mut at = 0usize;
-    walk(dst, dskip, src.len() as u64, |iova, n| {
-        let to = mem
-            .get_slice(GuestAddress(iova), n)
-            .map_err(|_| Fault { iova })?;
         src.subslice(at, n)
             .map_err(|_| Fault { iova })?
             .copy_to_volatile_slice(to);

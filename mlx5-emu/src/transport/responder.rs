@@ -665,7 +665,7 @@ pub(crate) fn write_train(
             )
             .is_ok()
         && mem::walk(&w.ext, 0, len, |iova, n| dmem.slice(iova, n).map(|_| ())).is_ok()
-        && mem::write_slice_hinted(dmem, &w.ext, 0, &t.src).is_ok();
+        && mem::write_slice(dmem, &w.ext, 0, &t.src).is_ok();
     if !ok {
         rq.write = w;
         return false;
