@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use tests::backend::serve;
 use verbs::device::Context;
 use verbs::hca::{Hca, HcaOptions};
-use vfio::user::header::{Command, Header};
+use vfio::user::header::{Command, Header, HEADER_SIZE};
 use vfio::user::region::RegionAccess;
 use vfio::user::socket::{self, Message};
 use vfio::user::version::{Capabilities, Version};
 use vfio::user::{VfioUserFunction, MAX_MESSAGE};
+use vfio::PciFunction;
 use zerocopy::IntoBytes;
 
 /// Short advertised command timeouts: a function that cannot run commands
@@ -203,4 +204,66 @@ fn a_reset_restores_power_on_state_completely() {
         &model.power_on_state(),
         "after a driver hung up with objects alive",
     );
+}
+
+/// A second client that trickles its first message (a byte every 400 ms,
+/// on its own thread, until the test tells it to stop) does not hold up
+/// the owner: the owner's requests are all answered, each within the
+/// owner's own request timeout, while the trickler is connected and still
+/// in the middle of its header. (Before the fix the owner's session thread
+/// read the trickler's message, a second at most per byte, for as long as
+/// the bytes kept coming: the owner's first request timed out.)
+#[test]
+fn a_trickling_second_client_never_stalls_the_owner() {
+    const REQUESTS: usize = 50;
+    let (_model, _bus, server) = serve(cfg());
+    let opts = vfio::user::Options {
+        timeout: Duration::from_secs(3),
+    };
+    let owner = VfioUserFunction::connect_with(server.path(), opts).unwrap();
+    let trickler = UnixStream::connect(server.path()).unwrap();
+    // A VERSION header promising a payload that never comes.
+    let bytes = Header::command(1, Command::Version, 4096)
+        .as_bytes()
+        .to_vec();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let (first, first_sent) = std::sync::mpsc::channel::<()>();
+    let trickle = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            if (&trickler).write_all(&bytes[sent..sent + 1]).is_err() {
+                break;
+            }
+            sent += 1;
+            let _ = first.send(());
+            match stopped.recv_timeout(Duration::from_millis(400)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => break,
+            }
+        }
+        (sent, trickler)
+    });
+    first_sent.recv().unwrap();
+    let mut v = [0u8; 2];
+    for i in 0..REQUESTS {
+        owner
+            .config_read(0, &mut v)
+            .unwrap_or_else(|e| panic!("owner request {i} with a trickler connected: {e}"));
+        assert_eq!(u16::from_le_bytes(v), 0x15b3);
+    }
+    stop.send(()).unwrap();
+    let (sent, trickler) = trickle.join().unwrap();
+    assert!(
+        sent < HEADER_SIZE,
+        "the trickler was still mid-header ({sent} of {HEADER_SIZE} bytes) when the owner was done"
+    );
+    // The trickler is never served: its connection ends (cut off at its
+    // deadline) without a reply.
+    trickler
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = std::io::Read::read(&mut &trickler, &mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the trickler gets no reply, only the hang-up");
 }
