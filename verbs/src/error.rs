@@ -66,6 +66,16 @@ pub enum Error {
         /// What is wrong.
         what: &'static str,
     },
+    /// Firmware reported a capability no device can have.
+    #[error("capability {field} = {value} is out of range (at most {max})")]
+    BadCap {
+        /// The PRM name of the capability field.
+        field: &'static str,
+        /// What firmware reported.
+        value: u64,
+        /// The largest value that makes sense.
+        max: u64,
+    },
     /// A capability or feature the driver needs is missing.
     #[error("not supported: {0}")]
     NotSupported(&'static str),
@@ -108,7 +118,7 @@ impl Error {
             Error::Timeout { .. } => status::ETIMEDOUT,
             Error::Health(_) => status::EIO,
             Error::CmdifRevision(_) => status::EOPNOTSUPP,
-            Error::BadOutput { .. } => status::EIO,
+            Error::BadOutput { .. } | Error::BadCap { .. } => status::EIO,
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
