@@ -119,3 +119,136 @@ fn queue_sizes_by_absurd_capabilities_are_errors() {
     bad_cap(ctx.create_cq(16, None, None), "log_max_cq_sz");
     ctx.close().unwrap();
 }
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// MANAGE_PAGES op_mod 0 ("cannot give") commands firmware received.
+fn refusals(f: &tests::backend::Func) -> usize {
+    f.model()
+        .command_log()
+        .iter()
+        .filter(|c| c.opcode == Opcode::ManagePages.to_raw() && c.op_mod == 0)
+        .count()
+}
+
+fn open_with_budget(budget: usize) -> (tests::backend::Func, Context) {
+    let f = device(
+        Backend::InProcess,
+        DeviceConfig::for_profile(Profile::ConnectX4Lx),
+    );
+    let opts = HcaOptions {
+        max_fw_pages: budget,
+        ..HcaOptions::default()
+    };
+    let ctx = Context::open(f.function(), opts).unwrap_or_else(|e| panic!("open: {e}"));
+    (f, ctx)
+}
+
+/// A PAGE_REQUEST for 2^31 - 1 pages: refused whole (nothing allocated),
+/// reported to firmware as the kernel does (MANAGE_PAGES op_mod 0), and
+/// the HCA still works and closes with every page back.
+#[test]
+fn a_page_request_for_2_31_pages_is_refused_and_reported() {
+    let (f, ctx) = open_with_budget(16_384);
+    let held = f.model().stats().pages_held;
+    f.model().request_pages(i32::MAX);
+    wait_for("the refusal", || refusals(&f) == 1);
+    assert_eq!(f.model().stats().pages_held, held, "nothing was given");
+    assert_eq!(ctx.hca().fw_pages(), held as usize);
+    ctx.hca().nop().unwrap();
+    ctx.close().unwrap();
+    assert_eq!(f.model().stats().pages_held, 0);
+    assert_eq!(f.dma_mappings(), 0);
+}
+
+/// A storm of one-page requests past the budget: pages are given up to
+/// the budget, each request past it refused to firmware.
+#[test]
+fn a_page_request_storm_stops_at_the_budget() {
+    // What bring-up gives (boot and init pages), then 40 more at most.
+    let (f0, ctx0) = open_with_budget(1 << 16);
+    let need = f0.model().stats().pages_held as usize;
+    ctx0.close().unwrap();
+    drop(f0);
+    let budget = need + 40;
+    let (f, ctx) = open_with_budget(budget);
+    f.model().faults().page_request_storm(100);
+    wait_for("60 refusals", || refusals(&f) == 60);
+    assert_eq!(f.model().stats().pages_held as usize, budget);
+    ctx.close().unwrap();
+    assert_eq!(f.model().stats().pages_held, 0);
+    assert_eq!(f.dma_mappings(), 0);
+}
+
+/// A request within the budget but huge: closing interrupts the give
+/// (before the fix close waited for every page to be given).
+#[test]
+fn close_interrupts_a_give_in_progress() {
+    // 300 MANAGE_PAGES of 512 pages (300 blocks of 2 MiB).
+    let want = 300 * 512;
+    let (f, ctx) = open_with_budget(want + (1 << 16));
+    let held = f.model().stats().pages_held;
+    let gives = |f: &tests::backend::Func| {
+        f.model()
+            .command_log()
+            .iter()
+            .filter(|c| c.opcode == Opcode::ManagePages.to_raw() && c.op_mod == 1)
+            .count()
+    };
+    let at_boot = gives(&f);
+    f.model().request_pages(want as i32);
+    wait_for("the give to start", || f.model().stats().pages_held > held);
+    ctx.close().unwrap();
+    assert_eq!(
+        f.model().stats().pages_held,
+        0,
+        "every page given came back"
+    );
+    let gives = gives(&f) - at_boot;
+    assert!(
+        gives < want / 512,
+        "the give was interrupted ({gives} MANAGE_PAGES GIVE of {})",
+        want / 512
+    );
+    assert_eq!(f.dma_mappings(), 0);
+}
+
+/// Answers QUERY_PAGES (boot) with 2^31 - 1 pages.
+struct BootPagesEdit;
+
+impl OutputOverride for BootPagesEdit {
+    fn answer(&self, opcode: u16, op_mod: u16, _: &[u8], out: &[u8]) -> Option<Vec<u8>> {
+        if opcode != Opcode::QueryPages.to_raw() || op_mod != 1 {
+            return None;
+        }
+        let mut out = out.to_vec();
+        mlx5_hw::ifc::query_pages_out::NUM_PAGES.set(&mut out, i32::MAX as u64);
+        Some(out)
+    }
+}
+
+/// QUERY_PAGES at boot asking 2^31 - 1 pages: bring-up fails with the
+/// budget error, having allocated nothing and left nothing mapped.
+#[test]
+fn boot_pages_past_the_budget_fail_bring_up() {
+    let cfg = DeviceConfig {
+        output_override: Some(Arc::new(BootPagesEdit)),
+        ..DeviceConfig::for_profile(Profile::ConnectX4Lx)
+    };
+    let f = device(Backend::InProcess, cfg);
+    match Context::open(f.function(), HcaOptions::default()) {
+        Err(Error::PageBudget { requested, .. }) => assert_eq!(requested, i32::MAX as u64),
+        other => panic!("expected PageBudget, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(f.model().stats().pages_held, 0);
+    assert_eq!(f.dma_mappings(), 0);
+}

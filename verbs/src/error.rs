@@ -76,6 +76,17 @@ pub enum Error {
         /// The largest value that makes sense.
         max: u64,
     },
+    /// Firmware asked for more pages than the budget lets it hold
+    /// (`HcaOptions::max_fw_pages`).
+    #[error("firmware asked for {requested} pages; it holds {held} and may hold {budget}")]
+    PageBudget {
+        /// Pages asked for.
+        requested: u64,
+        /// Pages firmware held then.
+        held: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// A capability or feature the driver needs is missing.
     #[error("not supported: {0}")]
     NotSupported(&'static str),
@@ -122,7 +133,7 @@ impl Error {
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
-            Error::QueueFull(_) => status::ENOMEM,
+            Error::QueueFull(_) | Error::PageBudget { .. } => status::ENOMEM,
             Error::Closed => status::EIO,
             Error::Open(_) => 19, // ENODEV
             Error::Vfio(vfio::Error::IovaExhausted { .. }) => status::ENOSPC,
