@@ -267,3 +267,33 @@ fn a_trickling_second_client_never_stalls_the_owner() {
     let n = std::io::Read::read(&mut &trickler, &mut buf).unwrap_or(0);
     assert_eq!(n, 0, "the trickler gets no reply, only the hang-up");
 }
+
+/// `mlx5-emu serve --socket notes.txt`: binding over a regular file (or a
+/// directory) is refused and leaves it alone; a stale socket is replaced.
+#[test]
+fn binding_never_deletes_what_is_not_a_stale_socket() {
+    let dir = std::env::temp_dir().join(format!("mlx5-bind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let notes = dir.join("notes.txt");
+    std::fs::write(&notes, "keep me\n").unwrap();
+    let bind = |p: &std::path::Path| {
+        let bus = vfio::emulated::Bus::new();
+        let model: Arc<dyn vfio::emulated::DeviceModel> =
+            Arc::new(mlx5_emu::Device::new(cfg(), bus.clone()));
+        vfio::user::Server::bind(p, model, bus)
+    };
+    let e = bind(&notes).unwrap_err().to_string();
+    assert!(e.contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me\n");
+    let sub = dir.join("a-directory");
+    std::fs::create_dir_all(&sub).unwrap();
+    assert!(bind(&sub).is_err());
+    assert!(sub.is_dir());
+    // A stale socket (its listener gone) is replaced.
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let s = bind(&stale).unwrap_or_else(|e| panic!("a stale socket is replaced: {e}"));
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

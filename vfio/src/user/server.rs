@@ -193,11 +193,25 @@ fn irq_kind(index: u32) -> std::result::Result<IrqKind, Refusal> {
 impl Server {
     /// Listens on `path` for clients of `model`, whose bus is `bus` (the
     /// server fills its DMA space and vectors from what clients send). A
-    /// stale socket file (nobody listening) is replaced; a live one is an
-    /// error.
+    /// stale socket file (nobody listening) is replaced; a live one, and
+    /// anything that is not a socket (a file, a directory), is an error
+    /// and left as it is.
     pub fn bind(path: impl AsRef<Path>, model: Arc<dyn DeviceModel>, bus: Bus) -> Result<Self> {
+        use std::os::unix::fs::FileTypeExt;
         let path = path.as_ref().to_path_buf();
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            if !meta.file_type().is_socket() {
+                return Err(Error::Os {
+                    op: "bind(vfio-user socket)",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!(
+                            "{} exists and is not a socket; not replacing it",
+                            path.display()
+                        ),
+                    ),
+                });
+            }
             if UnixStream::connect(&path).is_ok() {
                 return Err(Error::Os {
                     op: "bind(vfio-user socket)",
