@@ -233,6 +233,32 @@ pub struct Stats {
     pub doorbells: u64,
 }
 
+/// Everything the model keeps that a client can change, as one comparable
+/// value: after a reset (FLR, or a vfio-user client hanging up) it equals
+/// the value right after power-on ([`Device::power_on_state`]).
+///
+/// Left out, with reasons: what time alone moves (the health counter, the
+/// `initializing` bit, the HCA clock), the reset count, the command log
+/// (a diagnostic record since the model was built), the fault-injection
+/// settings and the fabric cabling (the operator's, not a client's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PowerOnState {
+    /// Config space bytes and the vendor-specific gateway.
+    pub config_space: String,
+    /// Every non-zero 32-bit word of BAR0 as `(offset, value)`, the health
+    /// counter and the internal timer left out and `initializing` masked.
+    pub bar0: Vec<(usize, u32)>,
+    /// Firmware state (HCA, pages, EQs, UARs, steering, port, vport).
+    pub firmware: String,
+    /// Data-path state (objects, GIDs, pending events, counters).
+    pub data_path: String,
+    /// Trapped EQ doorbells waiting, the trapped command doorbell bits, and
+    /// whether the command doorbell arrived trapped.
+    pub trapped: (Vec<(u64, u32)>, u32, bool),
+    /// The counters, `resets` zeroed.
+    pub stats: Stats,
+}
+
 /// One executed command, as the command log keeps it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CmdLogEntry {
@@ -334,6 +360,11 @@ impl Inner {
         lock(&self.pci).reset_function();
         fw.power_on(&self.bar, &self.cfg);
         self.rdma.reset();
+        // How the previous owner rang the command doorbell is its own: the
+        // next one may map the BAR and ring through shared memory.
+        lock(&self.trapped_doorbells).clear();
+        self.trapped_cmd_doorbell.store(0, Ordering::Release);
+        self.cmd_doorbell_trapped.store(false, Ordering::Release);
         let resets = self.stats().resets + 1;
         *self.stats() = Stats {
             resets,
@@ -505,6 +536,58 @@ impl Device {
     pub fn request_pages(&self, npages: i32) {
         lock(&self.inner.fw).queue_page_request(npages);
         self.inner.wake();
+    }
+
+    /// Everything the model keeps that a client can change (see
+    /// [`PowerOnState`]); take it right after power-on and after a reset
+    /// and compare.
+    pub fn power_on_state(&self) -> PowerOnState {
+        let inner = &self.inner;
+        let fw = lock(&inner.fw);
+        let pci = lock(&inner.pci);
+        let config_space = format!("{:?}", *pci);
+        drop(pci);
+        let firmware = fw.state_summary();
+        let mut bar = vec![0u8; inner.bar.len()];
+        if let Err(e) = inner.bar.read(0, &mut bar) {
+            tracing::error!(error = %e, "cannot read BAR0");
+        }
+        drop(fw);
+        let bar0 = bar
+            .chunks_exact(4)
+            .enumerate()
+            .filter_map(|(i, w)| {
+                let off = i * 4;
+                let mut v = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
+                if [
+                    initseg::HEALTH_COUNTER,
+                    initseg::INTERNAL_TIMER_H,
+                    initseg::INTERNAL_TIMER_L,
+                ]
+                .contains(&off)
+                {
+                    v = 0;
+                } else if off == initseg::INITIALIZING {
+                    v &= !initseg::INITIALIZING_BIT;
+                }
+                (v != 0).then_some((off, v))
+            })
+            .collect();
+        let trapped = (
+            lock(&inner.trapped_doorbells).clone(),
+            inner.trapped_cmd_doorbell.load(Ordering::Acquire),
+            inner.cmd_doorbell_trapped.load(Ordering::Acquire),
+        );
+        let mut stats = self.stats();
+        stats.resets = 0;
+        PowerOnState {
+            config_space,
+            bar0,
+            firmware,
+            data_path: inner.rdma.state_summary(),
+            trapped,
+            stats,
+        }
     }
 
     /// The BAR0 memory (as the driver maps it), for tests.

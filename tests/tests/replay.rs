@@ -7,8 +7,8 @@
 //! every command it sends that real firmware never answered in the trace is
 //! named (the trace ends at the kernel's CREATE_EQs).
 //!
-//! The trace is found at `$MLX5_TRACE`, else in `shared/traces/` beside the
-//! workspace.
+//! The trace is found at `$MLX5_TRACE`, else in the repo's
+//! `tests/data/traces/` (its README says where it came from).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The real ConnectX-4 bring-up trace (`shared/traces/`, firmware
+//! The real ConnectX-4 bring-up trace (`tests/data/traces/`, firmware
 //! 14.12.1220), parsed with `mlx5_hw::trace` and decoded two independent
 //! ways: with the run-time registry (`registry::decode`) and with the
 //! generated views (`mlx5_hw::ifc::*`). Every expected number below was read
@@ -16,8 +16,8 @@
 //! comments, `"054: 00170000"` is the word at dump offset 0x054 (the second
 //! word of the dump's `050:` line).
 //!
-//! The trace is found at `$MLX5_TRACE`, else in `shared/traces/` beside the
-//! workspace.
+//! The trace is found at `$MLX5_TRACE`, else in the repo's
+//! `tests/data/traces/` (its README says where it came from).
 
 use std::collections::BTreeMap;
 

@@ -86,16 +86,26 @@ impl Provider for Tools {
 /// (iommufd cdev when the kernel has it, else the group): the driver runs
 /// on it unchanged.
 fn open_pci(addr: &str) -> Result<Arc<dyn PciFunction>, String> {
+    open_pci_in(addr, None)
+}
+
+/// [`open_pci`] with sysfs at `sysfs_root` (`None`: `/sys`). Vendor and
+/// device are checked first: a function mlx5 does not drive is refused
+/// without any advice to rebind it.
+pub fn open_pci_in(
+    addr: &str,
+    sysfs_root: Option<std::path::PathBuf>,
+) -> Result<Arc<dyn PciFunction>, String> {
     let addr: vfio::kernel::PciAddress = addr.parse().map_err(|e: vfio::Error| e.to_string())?;
-    let f = vfio::kernel::open(addr, &vfio::kernel::OpenOptions::default())
-        .map_err(|e| e.to_string())?;
-    let info = f.info();
-    if crate::list::mlx5_name(info.vendor, info.device).is_none() {
-        return Err(format!(
-            "{addr}: is {:04x}:{:04x}, not a function mlx5 drives (`mlx5 list` shows them)",
-            info.vendor, info.device
-        ));
-    }
+    let opts = vfio::kernel::OpenOptions {
+        sysfs_root,
+        accept: Some(vfio::kernel::Accept {
+            id: |v, d| crate::list::mlx5_name(v, d).is_some(),
+            what: "a function mlx5 drives (a Mellanox ConnectX; `mlx5 list` shows them)",
+        }),
+        ..vfio::kernel::OpenOptions::default()
+    };
+    let f = vfio::kernel::open(addr, &opts).map_err(|e| e.to_string())?;
     Ok(Arc::new(f))
 }
 

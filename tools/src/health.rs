@@ -1,9 +1,31 @@
-//! `mlx5 health`: the decoded health buffer.
+//! `mlx5 health`: the decoded health buffer, read from the initialization
+//! segment without bringing the function up (so it works on firmware that
+//! is stuck initializing, the moment a bring-up engineer needs it).
 
 use std::fmt::Write;
 
 use mlx5_hw::health::HealthSyndrome;
-use verbs::health::HealthSnapshot;
+use verbs::health::{HealthSnapshot, InitSegment};
+use vfio::PciFunction;
+
+/// `mlx5 health` on `func`: the init segment's firmware version and
+/// `initializing`, then the health buffer; no command is sent.
+pub fn report(func: &dyn PciFunction) -> Result<String, String> {
+    let seg = InitSegment::read(func).map_err(|e| format!("{}: {e}", func.name()))?;
+    let mut o = render(&seg.health, func.name());
+    let _ = write!(
+        o,
+        "\nfw_rev:          {} (command interface {})\ninitializing:    {}",
+        seg.fw,
+        seg.cmdif_rev,
+        if seg.initializing {
+            "yes (firmware has not finished starting)"
+        } else {
+            "no"
+        }
+    );
+    Ok(o)
+}
 
 /// The health buffer, decoded as the kernel's `print_health_info` does.
 pub fn render(s: &HealthSnapshot, name: &str) -> String {

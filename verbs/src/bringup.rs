@@ -75,6 +75,10 @@ pub struct HcaOptions {
     pub driver_version: String,
     /// How long to wait for `initializing` before the queue is set up.
     pub fw_pre_init_timeout: Duration,
+    /// The most 4 KiB pages firmware may hold at once (boot, init and
+    /// run-time requests together); a request past it is refused
+    /// (`pagealloc`). Default: [`crate::pagealloc::default_budget`].
+    pub max_fw_pages: usize,
 }
 
 impl Default for HcaOptions {
@@ -88,6 +92,7 @@ impl Default for HcaOptions {
             fast_teardown: true,
             driver_version: format!("Linux,mlx5-user,{}", env!("CARGO_PKG_VERSION")),
             fw_pre_init_timeout: FW_PRE_INIT_TIMEOUT,
+            max_fw_pages: crate::pagealloc::default_budget(),
         }
     }
 }
@@ -226,7 +231,7 @@ impl Hca {
             opts: opts.clone(),
             bar: bar.clone(),
             cmd,
-            pages: Arc::new(Pages::new(dma.clone())),
+            pages: Arc::new(Pages::new(dma.clone(), opts.max_fw_pages)),
             page_tx: Arc::default(),
             page_worker: None,
             events: None,
@@ -683,6 +688,9 @@ impl Hca {
             return Ok(());
         }
         self.closed = true;
+        // A give in progress (however large the request) ends after the
+        // MANAGE_PAGES in flight.
+        self.pages.stop();
         let mut first: Option<Error> = None;
         let mut note = |r: Result<()>, what: &str| {
             if let Err(e) = r {

@@ -13,7 +13,7 @@ use mlx5_hw::ifc::{QueryHcaCapIn, SetHcaCapIn};
 use mlx5_hw::opcode::Opcode;
 
 use crate::cmd::Cmd;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Capability types (`MLX5_CAP_*`, the `op_mod >> 1` of QUERY_HCA_CAP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,7 +67,99 @@ pub struct Caps {
     pub device_mem: Option<CapPage>,
 }
 
+/// The largest value of each `log_*` capability the driver computes with
+/// that can mean anything: the PRM's field is wider (5, 6 or 8 bits) than
+/// what the objects it sizes can hold. A larger value is firmware's error
+/// ([`Error::BadCap`]), never a shift overflow.
+pub mod log_limits {
+    /// `log_max_qp_sz`: qpc `log_sq_size`/`log_rq_size` are 4 bits.
+    pub const LOG_MAX_QP_SZ: u8 = 15;
+    /// `log_max_srq_sz`: srqc/wq `log_wq_sz` is 5 bits; a WQE count is u32.
+    pub const LOG_MAX_SRQ_SZ: u8 = 31;
+    /// `log_max_cq_sz`: cqc `log_cq_size` is 5 bits; a CQE count is u32.
+    pub const LOG_MAX_CQ_SZ: u8 = 31;
+    /// `log_max_qp`, `log_max_cq`, `log_max_srq`, `log_max_pd`,
+    /// `log_max_mkey`: object numbers (qpn, cqn, srqn, pd, mkey index) are
+    /// 24 bits.
+    pub const LOG_MAX_OBJECTS: u8 = 24;
+    /// `log_max_ra_req_qp`, `log_max_ra_res_qp`: qpc `log_sra_max` and
+    /// `log_rra_max` are 3 bits.
+    pub const LOG_MAX_RA: u8 = 7;
+    /// `log_max_msg`: a message length is u32 (2 GiB at most).
+    pub const LOG_MAX_MSG: u8 = 31;
+}
+
+/// `1 << value` of capability `field`, or [`Error::BadCap`] naming it when
+/// `value` exceeds `max` (see [`log_limits`]).
+pub fn pow2_cap(field: &'static str, value: u8, max: u8) -> Result<u32> {
+    if value > max {
+        return Err(Error::BadCap {
+            field,
+            value: value.into(),
+            max: max.into(),
+        });
+    }
+    Ok(1u32 << value)
+}
+
 impl Caps {
+    /// `1 << log_max_qp_sz`: WQEs in a send or receive queue, at most.
+    pub fn max_qp_sz(&self) -> Result<u32> {
+        let v = self.gen().log_max_qp_sz();
+        pow2_cap("log_max_qp_sz", v, log_limits::LOG_MAX_QP_SZ)
+    }
+    /// `1 << log_max_srq_sz`: WQEs in an SRQ, at most.
+    pub fn max_srq_sz(&self) -> Result<u32> {
+        let v = self.gen().log_max_srq_sz();
+        pow2_cap("log_max_srq_sz", v, log_limits::LOG_MAX_SRQ_SZ)
+    }
+    /// `1 << log_max_cq_sz`: CQEs in a CQ, at most.
+    pub fn max_cq_sz(&self) -> Result<u32> {
+        let v = self.gen().log_max_cq_sz();
+        pow2_cap("log_max_cq_sz", v, log_limits::LOG_MAX_CQ_SZ)
+    }
+    /// `1 << log_max_qp`: QPs.
+    pub fn max_qp(&self) -> Result<u32> {
+        let v = self.gen().log_max_qp();
+        pow2_cap("log_max_qp", v, log_limits::LOG_MAX_OBJECTS)
+    }
+    /// `1 << log_max_cq`: CQs.
+    pub fn max_cq(&self) -> Result<u32> {
+        let v = self.gen().log_max_cq();
+        pow2_cap("log_max_cq", v, log_limits::LOG_MAX_OBJECTS)
+    }
+    /// `1 << log_max_srq`: SRQs.
+    pub fn max_srq(&self) -> Result<u32> {
+        let v = self.gen().log_max_srq();
+        pow2_cap("log_max_srq", v, log_limits::LOG_MAX_OBJECTS)
+    }
+    /// `1 << log_max_pd`: protection domains.
+    pub fn max_pd(&self) -> Result<u32> {
+        let v = self.gen().log_max_pd();
+        pow2_cap("log_max_pd", v, log_limits::LOG_MAX_OBJECTS)
+    }
+    /// `1 << log_max_mkey`: memory keys.
+    pub fn max_mkey(&self) -> Result<u32> {
+        let v = self.gen().log_max_mkey();
+        pow2_cap("log_max_mkey", v, log_limits::LOG_MAX_OBJECTS)
+    }
+    /// `1 << log_max_ra_req_qp`: RDMA reads and atomics a QP may have
+    /// outstanding as requester.
+    pub fn max_ra_req_qp(&self) -> Result<u32> {
+        let v = self.gen().log_max_ra_req_qp();
+        pow2_cap("log_max_ra_req_qp", v, log_limits::LOG_MAX_RA)
+    }
+    /// `1 << log_max_ra_res_qp`: the same as responder.
+    pub fn max_ra_res_qp(&self) -> Result<u32> {
+        let v = self.gen().log_max_ra_res_qp();
+        pow2_cap("log_max_ra_res_qp", v, log_limits::LOG_MAX_RA)
+    }
+    /// `1 << log_max_msg`: the longest message, in bytes.
+    pub fn max_msg(&self) -> Result<u32> {
+        let v = self.gen().log_max_msg();
+        pow2_cap("log_max_msg", v, log_limits::LOG_MAX_MSG)
+    }
+
     /// Current general caps.
     pub fn gen(&self) -> CmdHcaCap<&[u8]> {
         CmdHcaCap::new_unchecked(&self.general.current[..])

@@ -525,7 +525,7 @@ impl Cq {
         vector: Option<usize>,
     ) -> Result<Self> {
         let c = &ctx.ctx;
-        let max = 1u32 << c.hca.caps().gen().log_max_cq_sz();
+        let max = c.hca.caps().max_cq_sz()?;
         if cqe == 0 || cqe >= max {
             return Err(Error::Invalid("CQ size out of range"));
         }

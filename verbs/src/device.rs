@@ -498,8 +498,9 @@ impl Context {
         let fw = hca.fw_version();
         let mut dev_id = [0u8; 2];
         hca.function().config_read(2, &mut dev_id)?;
-        let atomic = hca.caps().atomic().is_some() && g.atomic();
-        let max_wqes = 1u32 << g.log_max_qp_sz();
+        let caps = hca.caps();
+        let atomic = caps.atomic().is_some() && g.atomic();
+        let max_wqes = caps.max_qp_sz()?;
         Ok(DeviceAttr {
             fw_ver: fw.to_string(),
             node_guid: id.node_guid.unwrap_or(0),
@@ -507,17 +508,17 @@ impl Context {
             max_mr_size: u64::MAX,
             vendor_id: 0x02c9,
             vendor_part_id: u16::from_le_bytes(dev_id).into(),
-            max_qp: 1 << g.log_max_qp(),
+            max_qp: caps.max_qp()?,
             max_qp_wr: max_wqes,
             max_sge: crate::qp::MAX_SGE as u32,
-            max_cq: 1 << g.log_max_cq(),
-            max_cqe: (1u32 << g.log_max_cq_sz()) - 1,
-            max_mr: 1 << g.log_max_mkey(),
-            max_pd: 1 << g.log_max_pd(),
-            max_qp_rd_atom: 1 << g.log_max_ra_res_qp(),
-            max_qp_init_rd_atom: 1 << g.log_max_ra_req_qp(),
-            max_srq: 1 << g.log_max_srq(),
-            max_srq_wr: (1u32 << g.log_max_srq_sz()) - 1,
+            max_cq: caps.max_cq()?,
+            max_cqe: caps.max_cq_sz()? - 1,
+            max_mr: caps.max_mkey()?,
+            max_pd: caps.max_pd()?,
+            max_qp_rd_atom: caps.max_ra_res_qp()?,
+            max_qp_init_rd_atom: caps.max_ra_req_qp()?,
+            max_srq: caps.max_srq()?,
+            max_srq_wr: caps.max_srq_sz()? - 1,
             max_srq_sge: crate::qp::MAX_SGE as u32 - 1,
             phys_port_cnt: g.num_ports(),
             atomic_cap: u32::from(atomic),
@@ -549,7 +550,7 @@ impl Context {
             max_mtu: mtu(s.max_mtu),
             active_mtu: mtu(s.oper_mtu),
             gid_tbl_len: g.len() as u32,
-            max_msg_sz: 1 << self.ctx.hca.caps().gen().log_max_msg(),
+            max_msg_sz: self.ctx.hca.caps().max_msg()?,
             link_layer: 2,
         })
     }

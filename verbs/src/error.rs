@@ -66,6 +66,27 @@ pub enum Error {
         /// What is wrong.
         what: &'static str,
     },
+    /// Firmware reported a capability no device can have.
+    #[error("capability {field} = {value} is out of range (at most {max})")]
+    BadCap {
+        /// The PRM name of the capability field.
+        field: &'static str,
+        /// What firmware reported.
+        value: u64,
+        /// The largest value that makes sense.
+        max: u64,
+    },
+    /// Firmware asked for more pages than the budget lets it hold
+    /// (`HcaOptions::max_fw_pages`).
+    #[error("firmware asked for {requested} pages; it holds {held} and may hold {budget}")]
+    PageBudget {
+        /// Pages asked for.
+        requested: u64,
+        /// Pages firmware held then.
+        held: u64,
+        /// The budget.
+        budget: u64,
+    },
     /// A capability or feature the driver needs is missing.
     #[error("not supported: {0}")]
     NotSupported(&'static str),
@@ -108,11 +129,11 @@ impl Error {
             Error::Timeout { .. } => status::ETIMEDOUT,
             Error::Health(_) => status::EIO,
             Error::CmdifRevision(_) => status::EOPNOTSUPP,
-            Error::BadOutput { .. } => status::EIO,
+            Error::BadOutput { .. } | Error::BadCap { .. } => status::EIO,
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
-            Error::QueueFull(_) => status::ENOMEM,
+            Error::QueueFull(_) | Error::PageBudget { .. } => status::ENOMEM,
             Error::Closed => status::EIO,
             Error::Open(_) => 19, // ENODEV
             Error::Vfio(vfio::Error::IovaExhausted { .. }) => status::ENOSPC,

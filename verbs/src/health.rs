@@ -127,6 +127,43 @@ impl fmt::Display for HealthEvent {
     }
 }
 
+/// What the initialization segment says without any command: firmware
+/// version, command interface revision, whether firmware is still
+/// initializing, and the health registers. Reading it needs no bring-up,
+/// so it works on firmware that is stuck (`initializing` never clears) or
+/// dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InitSegment {
+    /// `fw_rev` (0x00) and `fw_rev_subminor` (0x04).
+    pub fw: crate::bringup::FwVersion,
+    /// `cmd_interface_rev` (0x04 bits 31:16).
+    pub cmdif_rev: u16,
+    /// `initializing` (0x1fc bit 31).
+    pub initializing: bool,
+    /// The health buffer and counter.
+    pub health: HealthSnapshot,
+}
+
+impl InitSegment {
+    /// Maps BAR0 of `func` and reads the segment (no config-space write,
+    /// no command).
+    pub fn read(func: &dyn vfio::PciFunction) -> Result<Self> {
+        let bar = func.map_region(0)?;
+        let fw_rev = bar.read32_be(iseg::FW_REV)?;
+        let sub = bar.read32_be(iseg::CMDIF_REV_FW_SUB)?;
+        Ok(Self {
+            fw: crate::bringup::FwVersion {
+                major: fw_rev as u16,
+                minor: (fw_rev >> 16) as u16,
+                subminor: sub as u16,
+            },
+            cmdif_rev: (sub >> 16) as u16,
+            initializing: bar.read32_be(iseg::INITIALIZING)? >> 31 != 0,
+            health: HealthSnapshot::read(&bar)?,
+        })
+    }
+}
+
 /// A snapshot of the health registers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HealthSnapshot {

@@ -14,9 +14,22 @@
 //!
 //! Run-time requests are served by a worker thread, never by the event
 //! thread: MANAGE_PAGES itself completes through the command EQ, which the
-//! event thread must stay free to drain.
+//! event thread must stay free to drain. Closing the HCA interrupts the
+//! worker between two MANAGE_PAGES.
+//!
+//! Firmware may hold at most a budget of pages ([`Pages::budget`], set by
+//! `HcaOptions::max_fw_pages`, by default [`default_budget`]: an eighth of
+//! the machine's memory). A request beyond it is refused whole, before any
+//! page is allocated: at run time the kernel's way (MANAGE_PAGES op_mod 0,
+//! [`MANAGE_PAGES_CANT_GIVE`], "allocation failed"), at boot as
+//! [`Error::PageBudget`].
+//!
+//! Picking a block with a free page is amortized O(1): blocks with room
+//! sit on a stack (pushed when one is made or stops being full, popped when
+//! it fills or is gone).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -45,6 +58,9 @@ pub const RECLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 pub const QUERY_PAGES_BOOT: u16 = 1;
 /// QUERY_PAGES op_mod: init pages.
 pub const QUERY_PAGES_INIT: u16 = 2;
+/// MANAGE_PAGES op_mod: the driver cannot give the pages firmware asked
+/// for (Linux: MLX5_PAGES_CANT_GIVE, `page_notify_fail`).
+pub const MANAGE_PAGES_CANT_GIVE: u16 = 0;
 /// MANAGE_PAGES op_mod: give pages.
 pub const MANAGE_PAGES_GIVE: u16 = 1;
 /// MANAGE_PAGES op_mod: take pages.
@@ -106,15 +122,38 @@ struct Block {
 struct Allocator {
     dma: Arc<DmaCtx>,
     blocks: BTreeMap<u64, Block>,
+    /// Bases of blocks that may have room (the top one is tried first;
+    /// entries of blocks since filled or freed are dropped when met).
+    room: Vec<u64>,
     /// IOVA of each page firmware holds -> (function id, ec_function).
     given: BTreeMap<u64, (u16, bool)>,
 }
 
 impl Allocator {
+    fn new(dma: Arc<DmaCtx>) -> Self {
+        Self {
+            dma,
+            blocks: BTreeMap::new(),
+            room: Vec::new(),
+            given: BTreeMap::new(),
+        }
+    }
+
     fn alloc_page(&mut self) -> Result<u64> {
-        if let Some((base, b)) = self.blocks.iter_mut().find(|(_, b)| !b.map.is_full()) {
-            if let Some(i) = b.map.alloc() {
-                return Ok(base + (i * FW_PAGE) as u64);
+        while let Some(&base) = self.room.last() {
+            match self.blocks.get_mut(&base) {
+                Some(b) if !b.map.is_full() => {
+                    if let Some(i) = b.map.alloc() {
+                        if b.map.is_full() {
+                            self.room.pop();
+                        }
+                        return Ok(base + (i * FW_PAGE) as u64);
+                    }
+                    self.room.pop();
+                }
+                _ => {
+                    self.room.pop();
+                }
             }
         }
         let region = self.dma.alloc(BLOCK_BYTES)?;
@@ -122,6 +161,7 @@ impl Allocator {
         let mut map = PageBitmap::default();
         let i = map.alloc().unwrap_or(0);
         self.blocks.insert(base, Block { region, map });
+        self.room.push(base);
         Ok(base + (i * FW_PAGE) as u64)
     }
 
@@ -132,10 +172,14 @@ impl Allocator {
         if iova >= base + b.region.len() as u64 {
             return false;
         }
+        let was_full = b.map.is_full();
         let ok = b.map.free(((iova - base) as usize) / FW_PAGE);
         if b.map.used() == 0 {
-            // Dropping the region unmaps the block.
+            // Dropping the region unmaps the block (its stale entry in
+            // `room`, if any, is dropped when met).
             self.blocks.remove(&base);
+        } else if ok && was_full {
+            self.room.push(base);
         }
         ok
     }
@@ -168,21 +212,66 @@ impl PageRequest {
     }
 }
 
+/// The default budget of pages firmware may hold: an eighth of the
+/// machine's memory (`MemTotal` of /proc/meminfo), or 1 GiB where that
+/// cannot be read; never less than [`MIN_BUDGET`].
+pub fn default_budget() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kib| kib.saturating_mul(1024))
+        .unwrap_or(8 << 30);
+    ((total / 8) as usize / FW_PAGE).max(MIN_BUDGET)
+}
+
+/// The smallest budget [`default_budget`] gives: 256 MiB of pages, more
+/// than any ConnectX asks for at boot.
+pub const MIN_BUDGET: usize = (256 << 20) / FW_PAGE;
+
 /// The firmware page supply of one function.
 #[derive(Debug)]
 pub struct Pages {
     alloc: Mutex<Allocator>,
+    budget: usize,
+    /// Set by close: the worker gives no more.
+    stop: AtomicBool,
 }
 
 impl Pages {
-    pub(crate) fn new(dma: Arc<DmaCtx>) -> Self {
+    pub(crate) fn new(dma: Arc<DmaCtx>, budget: usize) -> Self {
         Self {
-            alloc: Mutex::new(Allocator {
-                dma,
-                blocks: BTreeMap::new(),
-                given: BTreeMap::new(),
-            }),
+            alloc: Mutex::new(Allocator::new(dma)),
+            budget,
+            stop: AtomicBool::new(false),
         }
+    }
+
+    /// The most pages firmware may hold at once.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Stops giving (the HCA is closing): a give in progress ends after
+    /// the MANAGE_PAGES in flight, with [`Error::Closed`].
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether `n` more pages fit the budget; else [`Error::PageBudget`].
+    fn within_budget(&self, n: usize) -> Result<()> {
+        let held = self.given();
+        if n > self.budget.saturating_sub(held) {
+            return Err(Error::PageBudget {
+                requested: n as u64,
+                held: held as u64,
+                budget: self.budget as u64,
+            });
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Allocator> {
@@ -226,10 +315,15 @@ impl Pages {
         Ok(())
     }
 
-    /// Gives `n` pages to function `func` (MANAGE_PAGES GIVE).
+    /// Gives `n` pages to function `func` (MANAGE_PAGES GIVE), all or
+    /// none of them past the budget ([`Error::PageBudget`]).
     pub(crate) fn give(&self, cmd: &Cmd, func: u16, ec: bool, n: usize) -> Result<()> {
+        self.within_budget(n)?;
         let mut left = n;
         while left > 0 {
+            if self.stop.load(Ordering::Acquire) {
+                return Err(Error::Closed);
+            }
             let k = left.min(PAGES_PER_CMD);
             let mut pages = Vec::with_capacity(k);
             {
@@ -333,14 +427,46 @@ impl Pages {
         pages.len()
     }
 
-    /// Serves one run-time request.
+    /// Tells firmware the pages it asked `func` for will not come
+    /// (MANAGE_PAGES op_mod 0), as the kernel's `page_notify_fail` does.
+    fn cant_give(&self, cmd: &Cmd, func: u16, ec: bool) -> Result<()> {
+        let mut inb = [0u8; manage_pages_in::SIZE_BYTES];
+        ManagePagesIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::ManagePages.to_raw())
+            .set_op_mod(MANAGE_PAGES_CANT_GIVE)
+            .set_embedded_cpu_function(ec)
+            .set_function_id(func);
+        cmd.exec_page(&inb, manage_pages_out::SIZE_BYTES)
+            .map(|_| ())
+    }
+
+    /// Serves one run-time request. A give that cannot be made (past the
+    /// budget, or memory or mappings failed) is reported to firmware with
+    /// MANAGE_PAGES op_mod 0, and the error returned.
     pub fn handle(&self, cmd: &Cmd, req: PageRequest) -> Result<()> {
         if req.release_all {
             let n = self.release_all(req.func_id, req.ec_function);
             tracing::debug!("release_all: freed {n} pages of function {}", req.func_id);
             Ok(())
         } else if req.num_pages > 0 {
-            self.give(cmd, req.func_id, req.ec_function, req.num_pages as usize)
+            let r = self.give(cmd, req.func_id, req.ec_function, req.num_pages as usize);
+            match r {
+                Err(Error::Closed) | Ok(()) => r,
+                Err(e) => {
+                    if !matches!(
+                        e,
+                        Error::Cmd { .. } | Error::Timeout { .. } | Error::Health(_)
+                    ) {
+                        if let Err(n) = self.cant_give(cmd, req.func_id, req.ec_function) {
+                            tracing::warn!(
+                                "MANAGE_PAGES (cannot give) for function {}: {n}",
+                                req.func_id
+                            );
+                        }
+                    }
+                    Err(e)
+                }
+            }
         } else if req.num_pages < 0 {
             // The kernel caps one reclaim at 50 000 pages.
             let n = req
@@ -405,6 +531,7 @@ impl Pages {
 /// The page worker: serves PAGE_REQUESTs off the event thread.
 #[derive(Debug)]
 pub(crate) struct PageWorker {
+    pages: Arc<Pages>,
     tx: Option<Sender<PageRequest>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -412,17 +539,22 @@ pub(crate) struct PageWorker {
 impl PageWorker {
     pub(crate) fn start(pages: Arc<Pages>, cmd: Cmd) -> Result<Self> {
         let (tx, rx): (Sender<PageRequest>, Receiver<PageRequest>) = mpsc::channel();
+        let p = pages.clone();
         let thread = std::thread::Builder::new()
             .name("mlx5-pages".into())
             .spawn(move || {
                 while let Ok(req) = rx.recv() {
-                    if let Err(e) = pages.handle(&cmd, req) {
+                    if p.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Err(e) = p.handle(&cmd, req) {
                         tracing::error!("page request {req:?}: {e}");
                     }
                 }
             })
             .map_err(|e| Error::os("spawn page worker", e))?;
         Ok(Self {
+            pages,
             tx: Some(tx),
             thread: Some(thread),
         })
@@ -432,7 +564,9 @@ impl PageWorker {
         self.tx.clone()
     }
 
+    /// Interrupts a give in progress and waits for the worker to end.
     pub(crate) fn stop(&mut self) {
+        self.pages.stop();
         self.tx.take();
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
@@ -487,11 +621,7 @@ mod tests {
     fn allocator_maps_blocks_once_and_frees_them_empty() {
         let f: Arc<dyn vfio::PciFunction> = Arc::new(NullFunction::default());
         let dma = DmaCtx::new(f.clone()).unwrap();
-        let mut a = Allocator {
-            dma,
-            blocks: BTreeMap::new(),
-            given: BTreeMap::new(),
-        };
+        let mut a = Allocator::new(dma);
         let pages: Vec<u64> = (0..PAGES_PER_BLOCK + 3)
             .map(|_| a.alloc_page().unwrap())
             .collect();
@@ -510,6 +640,27 @@ mod tests {
         }
         assert_eq!(f.dma_mappings(), 0);
         assert!(!a.free_page(pages[0]));
+    }
+
+    #[test]
+    fn a_page_freed_in_a_full_block_is_the_next_one_given() {
+        let f: Arc<dyn vfio::PciFunction> = Arc::new(NullFunction::default());
+        let mut a = Allocator::new(DmaCtx::new(f.clone()).unwrap());
+        let pages: Vec<u64> = (0..3 * PAGES_PER_BLOCK)
+            .map(|_| a.alloc_page().unwrap())
+            .collect();
+        assert_eq!(a.blocks.len(), 3);
+        // Block 0 is full; a page freed there is reused before a new block.
+        assert!(a.free_page(pages[7]));
+        assert_eq!(a.alloc_page().unwrap(), pages[7]);
+        // A block emptied and unmapped leaves no usable entry behind.
+        for p in &pages[PAGES_PER_BLOCK..2 * PAGES_PER_BLOCK] {
+            assert!(a.free_page(*p));
+        }
+        assert_eq!(a.blocks.len(), 2);
+        let next = a.alloc_page().unwrap();
+        assert!(a.blocks.len() == 3 && !pages[..PAGES_PER_BLOCK].contains(&next));
+        assert!(a.room.len() <= 3, "the stack holds blocks with room only");
     }
 
     /// A function with DMA bookkeeping only.

@@ -1041,7 +1041,6 @@ impl Pd {
 impl Qp {
     fn create(pd: &Arc<PdInner>, a: &QpInitAttr<'_>) -> Result<Self> {
         let ctx = &pd.ctx;
-        let g = ctx.hca.caps().gen();
         let cap = a.cap;
         if cap.max_send_sge as usize > MAX_SGE
             || cap.max_recv_sge as usize > MAX_SGE
@@ -1061,7 +1060,8 @@ impl Qp {
             .max((4 + cap.max_inline_data as usize).next_multiple_of(16));
         let wqe_bbs = (hdr + body).div_ceil(BB).next_power_of_two() as u32;
         let sq_cnt = (cap.max_send_wr.max(1) * wqe_bbs).next_power_of_two();
-        if sq_cnt > 1 << g.log_max_qp_sz() {
+        let max_wqes = ctx.hca.caps().max_qp_sz()?;
+        if sq_cnt > max_wqes {
             return Err(Error::Invalid("max_send_wr beyond the device's"));
         }
         let (rq_cnt, stride) = if a.srq.is_some() || cap.max_recv_wr == 0 {
@@ -1074,7 +1074,7 @@ impl Qp {
             let bytes = (cap.max_recv_wr.next_power_of_two() as usize * st).max(BB);
             ((bytes / st) as u32, st)
         };
-        if rq_cnt > 1 << g.log_max_qp_sz() {
+        if rq_cnt > max_wqes {
             return Err(Error::Invalid("max_recv_wr beyond the device's"));
         }
         let rq_bytes = rq_cnt as usize * stride;

@@ -121,12 +121,11 @@ impl Pd {
     /// `ibv_create_srq` with at least `max_wr` WQEs of `max_sge` entries.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
         let ctx = &self.inner.ctx;
-        let g = ctx.hca.caps().gen();
         if max_sge == 0 || max_sge as usize >= crate::qp::MAX_SGE || max_wr == 0 {
             return Err(Error::Invalid("SRQ capacities"));
         }
         let n = (max_wr + 1).next_power_of_two();
-        if n > 1 << g.log_max_srq_sz() {
+        if n > ctx.hca.caps().max_srq_sz()? {
             return Err(Error::Invalid("max_wr beyond the device's"));
         }
         let stride = (SEG + 16 * max_sge as usize).next_power_of_two();

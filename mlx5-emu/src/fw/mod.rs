@@ -334,8 +334,10 @@ impl Firmware {
 
     /// Power-on (or FLR): forget everything, rewrite BAR0.
     pub(crate) fn power_on(&mut self, bar: &vfio::DmaBuffer, cfg: &DeviceConfig) {
-        for &u in &self.uars {
-            let _ = bar.fill((u as usize) << 12, 4096, 0);
+        // The whole BAR: a client may have stored anywhere in it (UAR pages
+        // it never allocated included), and nothing of it may reach the next.
+        if let Err(e) = bar.fill(0, bar.len(), 0) {
+            tracing::error!(error = %e, "cannot clear BAR0 at power-on");
         }
         *self = Self::new(cfg);
         initseg::power_on(
@@ -344,6 +346,56 @@ impl Firmware {
             cfg.cmd_exec_timeout_ms,
             cfg.cmd_init_timeout_ms,
         );
+    }
+
+    /// Everything firmware keeps except what time alone moves (the power-on
+    /// instant, the last tick, the health counter and `initializing`), for
+    /// [`crate::PowerOnState`].
+    pub(crate) fn state_summary(&self) -> String {
+        let Self {
+            profile,
+            caps,
+            power_on_at: _,
+            fw_start,
+            initializing: _,
+            dead,
+            last_tick: _,
+            health_counter: _,
+            cmdq_base,
+            pending,
+            stuck,
+            doorbell_seen,
+            checksums,
+            nic_interface,
+            hca,
+            issi,
+            driver_version,
+            fast_teardown_prepared,
+            host_endianness,
+            pages,
+            extra_demand,
+            page_requests,
+            uars,
+            eqs,
+            eq_db_last,
+            steering,
+            leaked,
+            port,
+            roce_en,
+            vport_mtu,
+            mac,
+            node_desc,
+        } = self;
+        format!(
+            "{:?}",
+            (
+                (profile, caps, fw_start, dead, cmdq_base, pending, stuck),
+                (doorbell_seen, checksums, nic_interface, hca, issi),
+                (driver_version, fast_teardown_prepared, host_endianness),
+                (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
+                (steering, leaked, port, roce_en, vport_mtu, mac, node_desc),
+            )
+        )
     }
 
     pub(crate) fn fill_stats(&self, s: &mut Stats) {

@@ -138,6 +138,29 @@ pub(crate) struct Counters {
     pub doorbells: AtomicU64,
 }
 
+impl Counters {
+    /// Back to zero (power-on, FLR).
+    fn reset(&self) {
+        for c in [
+            &self.packets_sent,
+            &self.packets_received,
+            &self.messages_sent,
+            &self.messages_received,
+            &self.bytes_sent,
+            &self.cqes,
+            &self.error_cqes,
+            &self.retries,
+            &self.rnr_naks,
+            &self.naks,
+            &self.acks,
+            &self.dropped,
+            &self.doorbells,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A Q counter set: what QUERY_Q_COUNTER reports for the QPs bound to it
 /// (qpc.counter_set_id). The model counts the events its transport knows.
 #[derive(Debug, Default)]
@@ -279,6 +302,32 @@ impl Rdma {
         lock(&self.attention).clear();
         lock(&self.uars).clear();
         lock(&self.timers).clear();
+        self.counters.reset();
+    }
+
+    /// What a client left in the data path, for [`crate::PowerOnState`]:
+    /// every table and queue (the fabric the port is cabled to is the
+    /// operator's, not the client's, and stays out).
+    pub(crate) fn state_summary(&self) -> String {
+        format!(
+            "mkeys {} cqs {} qps {} srqs {} pds {:?} tds {:?} xrcds {:?} q_counters {} \
+             gids {:?} gsi {:?} events {} attention {:?} uars {} timers {} counters {:?}",
+            rlock(&self.mkeys).len(),
+            rlock(&self.cqs).len(),
+            rlock(&self.qps).len(),
+            rlock(&self.srqs).len(),
+            lock(&self.pds),
+            lock(&self.tds),
+            lock(&self.xrcds),
+            lock(&self.q_counters).len(),
+            rlock(&self.gids),
+            rlock(&self.gsi),
+            lock(&self.events).len(),
+            lock(&self.attention),
+            lock(&self.uars).len(),
+            lock(&self.timers).len(),
+            self.counters,
+        )
     }
 
     pub(crate) fn wake(&self) {

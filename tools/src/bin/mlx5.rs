@@ -50,7 +50,8 @@ enum Cmd {
         #[arg(long)]
         polling: bool,
     },
-    /// The decoded health buffer.
+    /// The decoded health buffer and firmware state, read from the init
+    /// segment without bringing the function up (works on stuck firmware).
     Health {
         /// The device (see devinfo).
         #[arg(short, long)]
@@ -125,11 +126,8 @@ fn run(cmd: Cmd) -> Result<String, String> {
             Ok(out.trim_end().to_string())
         }
         Cmd::Health { dev } => {
-            let hca = open(dev.as_deref(), HcaOptions::default())?;
-            let snap = hca.health_snapshot().map_err(|e| e.to_string());
-            let name = hca.function().name().to_string();
-            close(hca)?;
-            Ok(tools::health::render(&snap?, &name))
+            let func = tools::dev::Dev::parse(dev.as_deref())?.open()?;
+            tools::health::report(&*func)
         }
     }
 }

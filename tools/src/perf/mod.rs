@@ -86,7 +86,7 @@ pub fn run(p: &Params, out: &mut dyn Write) -> Result<(), String> {
             let server = server
                 .join()
                 .unwrap_or_else(|_| Err("the server side panicked".into()));
-            client.and(server.map_err(|e| format!("server side: {e}")))?;
+            pair_result(client, server)?;
             drop(fabric);
             Ok(())
         }
@@ -108,6 +108,30 @@ pub fn run(p: &Params, out: &mut dyn Write) -> Result<(), String> {
             };
             side_main(func, p, &mut ctl, Some(out))
         }
+    }
+}
+
+/// Whether `e` only says the control connection to the peer went (the
+/// peer's own error is then the cause).
+fn peer_lost(e: &str) -> bool {
+    e.starts_with("send to peer") || e.starts_with("receive from peer")
+}
+
+/// The outcome of the in-process pair: when one side fails, the other
+/// usually fails next only because its peer went ("Connection reset by
+/// peer"); the real cause leads, the consequence follows.
+pub(crate) fn pair_result(
+    client: Result<(), String>,
+    server: Result<(), String>,
+) -> Result<(), String> {
+    match (client, server) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(c), Ok(())) => Err(c),
+        (Ok(()), Err(s)) => Err(format!("server side: {s}")),
+        (Err(c), Err(s)) if peer_lost(&c) && !peer_lost(&s) => {
+            Err(format!("server side: {s} (then the client side: {c})"))
+        }
+        (Err(c), Err(s)) => Err(format!("{c} (then the server side: {s})")),
     }
 }
 
@@ -278,4 +302,23 @@ fn side_main(
     }
     ctl.sync()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod pair_tests {
+    use super::pair_result;
+
+    #[test]
+    fn the_failing_side_is_reported_not_the_reset_it_caused() {
+        let reset = "receive from peer: Connection reset by peer (os error 104)".to_string();
+        let cause = "CREATE_QP (0x500) op_mod 0: bad parameter (0x3), syndrome 0x1".to_string();
+        let e = pair_result(Err(reset.clone()), Err(cause.clone())).unwrap_err();
+        assert!(e.starts_with("server side: CREATE_QP"), "{e}");
+        assert!(e.contains("Connection reset"), "{e}");
+        let e = pair_result(Err(cause.clone()), Err(reset.clone())).unwrap_err();
+        assert!(e.starts_with("CREATE_QP"), "{e}");
+        let e = pair_result(Ok(()), Err(cause.clone())).unwrap_err();
+        assert!(e.contains("CREATE_QP"), "{e}");
+        assert!(pair_result(Ok(()), Ok(())).is_ok());
+    }
 }

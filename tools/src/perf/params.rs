@@ -338,6 +338,13 @@ impl Params {
             return Err("-l: from 1 to the TX depth".into());
         }
         let cq_mod = if f.post_list > 1 { f.post_list } else { cq_mod };
+        // As perftest: a run of iterations posts whole lists.
+        if bw && f.duration.is_none() && iters % u64::from(f.post_list) != 0 {
+            return Err(format!(
+                "-n {iters}: the number of iterations must be a multiple of the post list size (-l {})",
+                f.post_list
+            ));
+        }
         let def_inline = match (test.verb, f.conn) {
             (Verb::Write, _) => 220,
             (Verb::Send, Conn::Ud) => 188,

@@ -73,6 +73,19 @@ pub struct OpenOptions {
     pub expect_id: Option<(u16, u16)>,
     /// Where sysfs is (`/sys` when `None`).
     pub sysfs_root: Option<std::path::PathBuf>,
+    /// Refuse a function this says no to, by (vendor, device), before
+    /// anything else is checked or suggested (binding a disk to vfio-pci
+    /// is never the fix). `what` names the functions accepted.
+    pub accept: Option<Accept>,
+}
+
+/// Which functions a program drives (see [`OpenOptions::accept`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Accept {
+    /// Whether (vendor, device) is one.
+    pub id: fn(u16, u16) -> bool,
+    /// What they are, for the refusal ("a Mellanox ConnectX function").
+    pub what: &'static str,
 }
 
 /// Read and write permissions of a DMA mapping, as the device sees them.
@@ -158,6 +171,23 @@ impl KernelFunction {
             .sysfs_root
             .as_ref()
             .map_or_else(Sysfs::default, Sysfs::new);
+        if let Some(a) = opts.accept {
+            let info = sysfs.describe(addr)?;
+            if !(a.id)(info.vendor, info.device) {
+                return Err(Error::Setup {
+                    device: addr.to_string(),
+                    problem: format!(
+                        "is {:04x}:{:04x} (class {:06x}, driver {}), not {}",
+                        info.vendor,
+                        info.device,
+                        info.class,
+                        info.driver.as_deref().unwrap_or("none"),
+                        a.what
+                    ),
+                    fix: "check the address; leave this device to its driver".into(),
+                });
+            }
+        }
         let info = sysfs.check_for_vfio(addr, opts.expect_id)?;
         let group = info
             .iommu_group

@@ -334,6 +334,15 @@ impl VfioUserFunction {
         Ok(f)
     }
 
+    /// Hangs up now, as a client process that dies does: the server
+    /// releases the function (reset, mappings and eventfds dropped) and
+    /// every later request through this handle fails with [`Error::Gone`].
+    pub fn hang_up(&self) {
+        if let Err(e) = self.conn.sock.shutdown(std::net::Shutdown::Both) {
+            tracing::debug!(error = %e, "shutdown(vfio-user socket)");
+        }
+    }
+
     /// What the server announced (`max_msg_fds`, `max_data_xfer_size`, ...).
     pub fn server_capabilities(&self) -> Capabilities {
         self.caps

@@ -16,15 +16,24 @@
 //! reset, every DMA mapping dropped, every eventfd closed; the server then
 //! waits for the next client. A second client while one is connected is
 //! answered `EBUSY`.
+//!
+//! Threads: the caller of [`Server::run`] only accepts connections. Each
+//! newcomer gets a thread of its own that reads its first message, within
+//! [`FIRST_MESSAGE_TIMEOUT`] in all however slowly it trickles (at the
+//! deadline the acceptor shuts the connection down), and then either
+//! becomes the owner and is served on that thread, or is answered `EBUSY`.
+//! Nothing a newcomer does runs on the owner's thread, so no newcomer can
+//! stall the owner. At most [`MAX_NEWCOMERS`] wait at once; more are
+//! closed unanswered.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::{FromBytes, IntoBytes};
@@ -47,6 +56,11 @@ pub const CONFIG_SPACE_SIZE: u64 = 4096;
 /// How long the server waits for the rest of a message, or for a client to
 /// take a reply, before it gives the client up.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a newcomer has to send its whole first message.
+pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many newcomers may be waiting (for their first message, or for the
+/// previous owner's release) at once.
+pub const MAX_NEWCOMERS: usize = 16;
 /// How often a waiting server looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
@@ -74,6 +88,24 @@ pub struct Server {
     model: Arc<dyn DeviceModel>,
     bus: Bus,
     stop: Arc<AtomicBool>,
+    /// The owner's connection (a second handle on it), while there is one.
+    owner: Mutex<Option<UnixStream>>,
+    /// Signalled when the owner's function has been released.
+    released: Condvar,
+    /// Newcomers being admitted.
+    newcomers: AtomicUsize,
+}
+
+/// A newcomer the acceptor watches: a handle to shut it down at its
+/// deadline, and whether its admission has finished.
+struct Newcomer {
+    deadline: Instant,
+    sock: UnixStream,
+    done: Arc<AtomicBool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A server running on its own thread; stopped and joined when dropped.
@@ -161,11 +193,25 @@ fn irq_kind(index: u32) -> std::result::Result<IrqKind, Refusal> {
 impl Server {
     /// Listens on `path` for clients of `model`, whose bus is `bus` (the
     /// server fills its DMA space and vectors from what clients send). A
-    /// stale socket file (nobody listening) is replaced; a live one is an
-    /// error.
+    /// stale socket file (nobody listening) is replaced; a live one, and
+    /// anything that is not a socket (a file, a directory), is an error
+    /// and left as it is.
     pub fn bind(path: impl AsRef<Path>, model: Arc<dyn DeviceModel>, bus: Bus) -> Result<Self> {
+        use std::os::unix::fs::FileTypeExt;
         let path = path.as_ref().to_path_buf();
-        if path.exists() {
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            if !meta.file_type().is_socket() {
+                return Err(Error::Os {
+                    op: "bind(vfio-user socket)",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!(
+                            "{} exists and is not a socket; not replacing it",
+                            path.display()
+                        ),
+                    ),
+                });
+            }
             if UnixStream::connect(&path).is_ok() {
                 return Err(Error::Os {
                     op: "bind(vfio-user socket)",
@@ -187,6 +233,9 @@ impl Server {
             model,
             bus,
             stop: Arc::new(AtomicBool::new(false)),
+            owner: Mutex::new(None),
+            released: Condvar::new(),
+            newcomers: AtomicUsize::new(0),
         })
     }
 
@@ -227,44 +276,173 @@ impl Server {
         })
     }
 
-    /// Serves clients, one at a time, until the stop flag is set.
+    /// Serves clients, one at a time, until the stop flag is set (the
+    /// owner's session ends within 100 ms of it too).
     pub fn run(&self) -> Result<()> {
         tracing::info!(path = %self.path.display(), device = %self.model.name(), "vfio-user server listening");
-        while !self.stop.load(Ordering::Acquire) {
-            let ready =
-                socket::poll_readable(&[self.listener.as_raw_fd()], STOP_POLL).map_err(|e| {
-                    Error::Os {
-                        op: "poll(vfio-user listener)",
-                        source: e,
+        std::thread::scope(|scope| {
+            let mut waiting: Vec<Newcomer> = Vec::new();
+            let result = loop {
+                if self.stop.load(Ordering::Acquire) {
+                    break Ok(());
+                }
+                let ready = match socket::poll_readable(&[self.listener.as_raw_fd()], STOP_POLL) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        break Err(Error::Os {
+                            op: "poll(vfio-user listener)",
+                            source: e,
+                        })
                     }
-                })?;
-            if !ready[0] {
-                continue;
+                };
+                // Newcomers past their deadline are cut off: a read blocked
+                // on them returns.
+                let now = Instant::now();
+                waiting.retain(|n| {
+                    if n.done.load(Ordering::Acquire) {
+                        return false;
+                    }
+                    if now < n.deadline {
+                        return true;
+                    }
+                    tracing::warn!(path = %self.path.display(), "a newcomer did not finish its first message in time; cut off");
+                    let _ = n.sock.shutdown(std::net::Shutdown::Both);
+                    false
+                });
+                if !ready[0] {
+                    continue;
+                }
+                let sock = match self.listener.accept() {
+                    Ok((sock, _)) => sock,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept");
+                        continue;
+                    }
+                };
+                if self.newcomers.load(Ordering::Acquire) >= MAX_NEWCOMERS {
+                    tracing::warn!(path = %self.path.display(), "too many clients waiting; one more closed unanswered");
+                    continue;
+                }
+                let watch = match sock.try_clone() {
+                    Ok(w) => w,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dup(vfio-user connection)");
+                        continue;
+                    }
+                };
+                let done = Arc::new(AtomicBool::new(false));
+                let deadline = Instant::now() + FIRST_MESSAGE_TIMEOUT;
+                waiting.push(Newcomer {
+                    deadline,
+                    sock: watch,
+                    done: done.clone(),
+                });
+                self.newcomers.fetch_add(1, Ordering::AcqRel);
+                let spawned = std::thread::Builder::new()
+                    .name("vfio-user-session".into())
+                    .spawn_scoped(scope, move || self.admit(sock, deadline, &done));
+                if let Err(e) = spawned {
+                    self.newcomers.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(error = %e, "spawn(vfio-user session)");
+                }
+            };
+            // Stopping: newcomers still talking are cut off; the owner's
+            // session sees the stop flag.
+            for n in &waiting {
+                let _ = n.sock.shutdown(std::net::Shutdown::Both);
             }
-            match self.listener.accept() {
-                Ok((sock, _)) => self.serve(sock),
-                Err(e) => tracing::warn!(error = %e, "accept"),
-            }
-        }
+            self.released.notify_all();
+            result
+        })?;
         tracing::info!(path = %self.path.display(), "vfio-user server stopped");
         Ok(())
     }
 
-    /// One client's session, then the release of the function.
-    fn serve(&self, sock: UnixStream) {
-        tracing::info!(path = %self.path.display(), "client connected");
+    /// A newcomer's thread: its first message, then its session as the
+    /// owner or an `EBUSY`.
+    fn admit(&self, sock: UnixStream, deadline: Instant, done: &AtomicBool) {
         if let Err(e) = sock
             .set_read_timeout(Some(IO_TIMEOUT))
             .and_then(|()| sock.set_write_timeout(Some(IO_TIMEOUT)))
         {
             tracing::warn!(error = %e, "socket timeouts");
         }
+        let first = socket::recv(&sock, MAX_MESSAGE);
+        done.store(true, Ordering::Release);
+        let owner = self.take_ownership(&sock, deadline, &first);
+        self.newcomers.fetch_sub(1, Ordering::AcqRel);
+        if owner {
+            self.serve(sock, first);
+            *lock(&self.owner) = None;
+            self.released.notify_all();
+        }
+    }
+
+    /// Makes the newcomer on `sock` the owner if there is none (or the one
+    /// there is has hung up and is being released, which it waits for, up
+    /// to `deadline`); otherwise answers its `first` message `EBUSY`.
+    fn take_ownership(
+        &self,
+        sock: &UnixStream,
+        deadline: Instant,
+        first: &std::result::Result<Option<socket::Message>, RecvError>,
+    ) -> bool {
+        if matches!(first, Ok(None) | Err(RecvError::Io(_))) {
+            // Gone (or cut off) before it said anything.
+            return false;
+        }
+        let mut owner = lock(&self.owner);
+        loop {
+            let leaving = match owner.as_ref() {
+                None => match sock.try_clone() {
+                    Ok(s) => {
+                        *owner = Some(s);
+                        return true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dup(vfio-user connection)");
+                        return false;
+                    }
+                },
+                Some(o) => socket::peer_hung_up(o.as_raw_fd()).unwrap_or(false),
+            };
+            let now = Instant::now();
+            if !leaving || now >= deadline || self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            // The owner hung up: the function is free once released.
+            owner = match self.released.wait_timeout(owner, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        drop(owner);
+        if let Ok(Some(m)) = first {
+            if !m.header.no_reply() {
+                let _ = socket::send(sock, &m.header.error_reply(libc::EBUSY), &[], &[]);
+            }
+        }
+        tracing::warn!(path = %self.path.display(), "second client turned away: the function has an owner");
+        false
+    }
+
+    /// One client's session (its `first` message already read), then the
+    /// release of the function.
+    fn serve(
+        &self,
+        sock: UnixStream,
+        first: std::result::Result<Option<socket::Message>, RecvError>,
+    ) {
+        tracing::info!(path = %self.path.display(), "client connected");
         let mut s = Session {
             srv: self,
             sock,
             negotiated: false,
         };
-        let why = s.run();
+        let why = match s.received(first) {
+            Some(why) => why,
+            None => s.run(),
+        };
         tracing::info!(path = %self.path.display(), "client gone ({why}); releasing the function");
         self.release();
     }
@@ -278,19 +456,6 @@ impl Server {
             let _ = self.bus.irqs.set(k, 0, &[]);
         }
         set_msix_enable(&*self.model, false);
-    }
-
-    /// A second client while one is served: answer its first message EBUSY.
-    fn turn_away(&self) {
-        let Ok((sock, _)) = self.listener.accept() else {
-            return;
-        };
-        let _ = sock.set_read_timeout(Some(Duration::from_secs(1)));
-        let _ = sock.set_write_timeout(Some(Duration::from_secs(1)));
-        if let Ok(Some(m)) = socket::recv(&sock, MAX_MESSAGE) {
-            let _ = socket::send(&sock, &m.header.error_reply(libc::EBUSY), &[], &[]);
-        }
-        tracing::warn!(path = %self.path.display(), "second client turned away: the function has an owner");
     }
 }
 
@@ -309,7 +474,7 @@ struct Session<'a> {
 impl Session<'_> {
     /// Serves messages until the client goes; returns why it ended.
     fn run(&mut self) -> String {
-        let fds = [self.sock.as_raw_fd(), self.srv.listener.as_raw_fd()];
+        let fds = [self.sock.as_raw_fd()];
         loop {
             if self.srv.stop.load(Ordering::Acquire) {
                 return "server stopping".into();
@@ -319,39 +484,36 @@ impl Session<'_> {
                 Err(e) => return format!("poll: {e}"),
             };
             if !ready[0] {
-                // The owner's messages (and its hang-up) first: a client
-                // that connects right after the owner left is served next,
-                // not turned away.
-                if ready[1] {
-                    self.srv.turn_away();
-                }
                 continue;
             }
-            match socket::recv(&self.sock, MAX_MESSAGE) {
-                Ok(None) => return "hung up".into(),
-                Ok(Some(m)) => {
-                    if let Err(e) = self.handle(m) {
-                        return format!("reply failed: {e}");
-                    }
+            if let Some(why) = self.received(socket::recv(&self.sock, MAX_MESSAGE)) {
+                return why;
+            }
+        }
+    }
+
+    /// Acts on one receive; `Some(why)` when the session is over.
+    fn received(&mut self, r: std::result::Result<Option<Message>, RecvError>) -> Option<String> {
+        match r {
+            Ok(None) => Some("hung up".into()),
+            Ok(Some(m)) => self.handle(m).err().map(|e| format!("reply failed: {e}")),
+            Err(RecvError::Io(e)) => Some(format!("receive: {e}")),
+            Err(RecvError::Short(h)) => {
+                // The size cannot be trusted, so nothing more is read;
+                // what follows is taken as the next message.
+                tracing::warn!(size = h.size, "message shorter than its header");
+                self.error_reply(&h, libc::EINVAL)
+                    .err()
+                    .map(|e| format!("reply failed: {e}"))
+            }
+            Err(RecvError::TooLong(h)) => {
+                tracing::warn!(size = h.size, cmd = h.command_name(), "message too long");
+                if let Err(e) = self.error_reply(&h, libc::E2BIG) {
+                    return Some(format!("reply failed: {e}"));
                 }
-                Err(RecvError::Io(e)) => return format!("receive: {e}"),
-                Err(RecvError::Short(h)) => {
-                    // The size cannot be trusted, so nothing more is read;
-                    // what follows is taken as the next message.
-                    tracing::warn!(size = h.size, "message shorter than its header");
-                    if let Err(e) = self.error_reply(&h, libc::EINVAL) {
-                        return format!("reply failed: {e}");
-                    }
-                }
-                Err(RecvError::TooLong(h)) => {
-                    tracing::warn!(size = h.size, cmd = h.command_name(), "message too long");
-                    if let Err(e) = self.error_reply(&h, libc::E2BIG) {
-                        return format!("reply failed: {e}");
-                    }
-                    if let Err(e) = socket::discard(&self.sock, h.payload_len()) {
-                        return format!("skipping an oversized message: {e}");
-                    }
-                }
+                socket::discard(&self.sock, h.payload_len())
+                    .err()
+                    .map(|e| format!("skipping an oversized message: {e}"))
             }
         }
     }

@@ -164,6 +164,22 @@ pub fn poll_readable(fds: &[RawFd], timeout: std::time::Duration) -> io::Result<
     Ok(p.iter().map(|x| x.revents != 0).collect())
 }
 
+/// Whether the peer of `fd` has closed or shut down its end (data it sent
+/// before may still be unread); does not wait.
+pub fn peer_hung_up(fd: RawFd) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `p` is one live pollfd that poll fills in; timeout 0.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0)
+}
+
 /// Bytes of control buffer for `n` fds.
 fn cmsg_space(n: usize) -> usize {
     // SAFETY: CMSG_SPACE is arithmetic on its argument; no memory is touched.
