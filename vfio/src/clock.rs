@@ -71,7 +71,7 @@ pub fn system() -> SharedClock {
 
 /// `start + d`, or a year on if that overflows (an absurd timeout is a
 /// long one, never a panic).
-fn add(start: Instant, d: Duration) -> Instant {
+pub fn later(start: Instant, d: Duration) -> Instant {
     start
         .checked_add(d)
         .or_else(|| start.checked_add(Duration::from_secs(365 * 86_400)))
@@ -114,7 +114,7 @@ impl Deadline {
     /// [`ManualClock::wait_armed`]).
     pub fn after(clock: &SharedClock, timeout: Duration, what: &'static str) -> Self {
         let start = clock.now();
-        let at = add(start, timeout);
+        let at = later(start, timeout);
         Self {
             token: clock.arm(at, what),
             clock: clock.clone(),
@@ -232,10 +232,10 @@ impl ManualClock {
     /// a deadline whose name contains `what` and that has not passed;
     /// returns the earliest such deadline, `None` if none came.
     pub fn wait_armed(&self, what: &str, hang_guard: Duration) -> Option<Instant> {
-        let give_up = add(Instant::now(), hang_guard);
+        let give_up = later(Instant::now(), hang_guard);
         let mut s = self.lock();
         loop {
-            let now = add(self.base, s.offset);
+            let now = later(self.base, s.offset);
             let found = s
                 .armed
                 .values()
@@ -274,12 +274,12 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
-        add(self.base, self.lock().offset)
+        later(self.base, self.lock().offset)
     }
 
     fn park_until(&self, deadline: Instant, most: Duration) {
         let mut s = self.lock();
-        if add(self.base, s.offset) >= deadline {
+        if later(self.base, s.offset) >= deadline {
             return;
         }
         let token = Self::token(&mut s);
