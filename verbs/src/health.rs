@@ -23,12 +23,14 @@
 //! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_hw::health::{self as hw, HealthSyndrome};
+use vfio::clock::SharedClock;
 use vfio::{Mmio, PciFunction};
 
 use crate::cmd::{iseg, CmdQueue};
@@ -354,7 +356,7 @@ impl Watch {
 /// The running poller.
 #[derive(Debug)]
 pub(crate) struct HealthPoller {
-    stop: Option<Sender<()>>,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -362,21 +364,23 @@ pub(crate) struct HealthPoller {
 pub(crate) type HealthSubscribers = Arc<Mutex<Vec<Sender<HealthEvent>>>>;
 
 impl HealthPoller {
-    pub(crate) fn start(watch: Watch, interval: Duration) -> Result<Self> {
-        let (stop, stop_rx) = mpsc::channel::<()>();
+    pub(crate) fn start(watch: Watch, clock: SharedClock, interval: Duration) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mlx5-health".into())
-            .spawn(move || poll_loop(&watch, interval, &stop_rx))
+            .spawn(move || poll_loop(&watch, &clock, interval, &stopped))
             .map_err(|e| Error::os("spawn health poller", e))?;
         Ok(Self {
-            stop: Some(stop),
+            stop,
             thread: Some(thread),
         })
     }
 
     pub(crate) fn stop(&mut self) {
-        self.stop.take();
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             if t.join().is_err() {
                 tracing::error!("health poller panicked");
             }
@@ -390,17 +394,23 @@ impl Drop for HealthPoller {
     }
 }
 
-fn poll_loop(watch: &Watch, interval: Duration, stop: &Receiver<()>) {
+fn poll_loop(watch: &Watch, clock: &SharedClock, interval: Duration, stop: &AtomicBool) {
     let mut live = Liveness::default();
-    let mut next = Instant::now() + interval;
     loop {
-        // Sleep until the next poll or until told to stop.
-        let now = Instant::now();
-        match stop.recv_timeout(next.saturating_duration_since(now)) {
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            _ => return,
+        // Park until the next poll on the clock or until told to stop
+        // (`stop` unparks). The next poll is an interval after this one,
+        // as the kernel re-arms its timer: a late poll is not followed by
+        // a burst that would find the counter still.
+        let next = vfio::clock::later(clock.now(), interval);
+        while clock.now() < next {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            clock.park_until(next, interval);
         }
-        next += interval;
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
         if watch.cmd.health_event().is_some() {
             // Declared by a caller's check: reported once already.
             return;
