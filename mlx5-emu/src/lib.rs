@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use vfio::clock::SharedClock;
 use vfio::emulated::{Bus, DeviceModel, EmulatedFunction};
 use vfio::{DmaBuffer, IrqKind, RegionInfo};
 
@@ -98,6 +99,13 @@ pub struct DeviceConfig {
     pub output_override: Option<Arc<dyn OutputOverride>>,
     /// The port's MAC address (QUERY_NIC_VPORT_CONTEXT permanent_address).
     pub mac: u64,
+    /// The clock firmware delays (`fw_start`), the internal timer, ACK
+    /// timeouts and RNR retries are measured on. Default: the monotonic
+    /// clock; tests hand a [`vfio::clock::ManualClock`] (the driver's, so
+    /// both see one time) and move it themselves. The worker's polling
+    /// pace and the health counter's heartbeat stay on real time: they say
+    /// when the model looks and that it runs, and measure nothing.
+    pub clock: SharedClock,
 }
 
 /// A hook on the command engine: after the model executed a delivered
@@ -139,6 +147,7 @@ impl Default for DeviceConfig {
             cmd_init_timeout_ms: 2_000,
             output_override: None,
             mac: DEFAULT_MAC,
+            clock: vfio::clock::system(),
         }
     }
 }
@@ -423,7 +432,7 @@ impl Device {
             }
         };
         let fw = fw::Firmware::new(&cfg);
-        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY);
+        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY, cfg.clock.clone());
         let inner = Arc::new(Inner {
             rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),

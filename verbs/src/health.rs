@@ -15,12 +15,14 @@
 //! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_hw::health::{self as hw, HealthSyndrome};
+use vfio::clock::SharedClock;
 use vfio::Mmio;
 
 use crate::cmd::{iseg, CmdQueue};
@@ -276,7 +278,7 @@ impl Liveness {
 /// The running poller.
 #[derive(Debug)]
 pub(crate) struct HealthPoller {
-    stop: Option<Sender<()>>,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -287,23 +289,26 @@ impl HealthPoller {
     pub(crate) fn start(
         bar: Arc<Mmio>,
         cmd: Arc<CmdQueue>,
+        clock: SharedClock,
         interval: Duration,
         subs: HealthSubscribers,
     ) -> Result<Self> {
-        let (stop, stop_rx) = mpsc::channel::<()>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mlx5-health".into())
-            .spawn(move || poll_loop(&bar, &cmd, interval, &subs, &stop_rx))
+            .spawn(move || poll_loop(&bar, &cmd, &clock, interval, &subs, &stopped))
             .map_err(|e| Error::os("spawn health poller", e))?;
         Ok(Self {
-            stop: Some(stop),
+            stop,
             thread: Some(thread),
         })
     }
 
     pub(crate) fn stop(&mut self) {
-        self.stop.take();
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             if t.join().is_err() {
                 tracing::error!("health poller panicked");
             }
@@ -320,20 +325,27 @@ impl Drop for HealthPoller {
 fn poll_loop(
     bar: &Mmio,
     cmd: &CmdQueue,
+    clock: &SharedClock,
     interval: Duration,
     subs: &HealthSubscribers,
-    stop: &Receiver<()>,
+    stop: &AtomicBool,
 ) {
     let mut live = Liveness::default();
-    let mut next = Instant::now() + interval;
     loop {
-        // Sleep until the next poll or until told to stop.
-        let now = Instant::now();
-        match stop.recv_timeout(next.saturating_duration_since(now)) {
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            _ => return,
+        // Park until the next poll on the clock or until told to stop
+        // (`stop` unparks). The next poll is an interval after this one,
+        // as the kernel re-arms its timer: a late poll is not followed by
+        // a burst that would find the counter still.
+        let next = vfio::clock::later(clock.now(), interval);
+        while clock.now() < next {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            clock.park_until(next, interval);
         }
-        next += interval;
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
         let ev = match HealthSnapshot::read(bar) {
             Err(e) => Some(HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string()))),
             Ok(s) => match s.fatal() {

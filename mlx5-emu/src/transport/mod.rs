@@ -47,6 +47,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use vfio::clock::SharedClock;
+
 use vfio::emulated::DmaSpace;
 use vfio::DmaBuffer;
 
@@ -177,6 +179,10 @@ pub(crate) struct QCounterSet {
 pub(crate) struct Rdma {
     pub me: Weak<Rdma>,
     pub dma: Arc<DmaSpace>,
+    /// The model's clock (DeviceConfig::clock): ACK timeouts and RNR
+    /// retries are due on it. The poll pace (hot doorbells, the sweep)
+    /// stays on real time.
+    pub clock: SharedClock,
     pub mkeys: RwLock<Table<Mkey>>,
     pub cqs: RwLock<Table<Cq>>,
     pub qps: RwLock<Table<Qp>>,
@@ -242,10 +248,11 @@ pub(crate) struct UarWatch {
 const SQ_DOORBELLS: [usize; 8] = [0x800, 0x900, 0xa00, 0xb00, 0xc00, 0xd00, 0xe00, 0xf00];
 
 impl Rdma {
-    pub(crate) fn new(dma: Arc<DmaSpace>, resd_lkey: u32) -> Arc<Self> {
+    pub(crate) fn new(dma: Arc<DmaSpace>, resd_lkey: u32, clock: SharedClock) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
             dma,
+            clock,
             mkeys: RwLock::new(Table::default()),
             cqs: RwLock::new(Table::default()),
             qps: RwLock::new(Table::default()),
@@ -547,7 +554,7 @@ impl Rdma {
         {
             let mut t = lock(&self.timers);
             if !t.is_empty() {
-                let now = Instant::now();
+                let now = self.clock.now();
                 t.retain(|&q, &mut at| {
                     if at <= now {
                         attention.push(q);

@@ -159,7 +159,7 @@ pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
 fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     let mut sq = lock(&qp.sq);
     if let Some(r) = sq.retry {
-        if Instant::now() < r.at {
+        if rdma.clock.now() < r.at {
             rdma.timer(qp.qpn, r.at);
             return false;
         }
@@ -456,7 +456,7 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Opt
         None => {
             flush_tally(rdma, sq);
             sq.peer = None;
-            retry_after_timeout(sq, u.first_psn)
+            retry_after_timeout(sq, u.first_psn, rdma.clock.now())
         }
     };
     finish(rdma, qp, sq, mem, head, o);
@@ -1114,7 +1114,7 @@ fn connected(
             aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
             aeth::NAK_PSN_SEQ => {
                 // Go back: resend the message, as after a timeout.
-                return retry_after_timeout(sq, first_psn);
+                return retry_after_timeout(sq, first_psn, rdma.clock.now());
             }
             _ => CqeSyndrome::RemoteInvalReqErr,
         };
@@ -1130,7 +1130,8 @@ fn connected(
             }
             sq.rnr_left -= 1;
         }
-        return Outcome::Retry(Instant::now() + Duration::from_micros(rnr_timer_us(t)));
+        let after = Duration::from_micros(rnr_timer_us(t));
+        return Outcome::Retry(vfio::clock::later(rdma.clock.now(), after));
     }
     let covered = ans.acked.is_some_and(|p| psn_le(last_psn, p));
     if !covered {
@@ -1142,22 +1143,22 @@ fn connected(
         // Nobody answered: the packet (or its ACK) was lost.
         flush_tally(rdma, sq);
         sq.peer = None;
-        return retry_after_timeout(sq, first_psn);
+        return retry_after_timeout(sq, first_psn, rdma.clock.now());
     }
     sq.psn = (last_psn + 1) & 0xff_ffff;
     Outcome::Done(if is_atomic { 8 } else { w.len as u32 })
 }
 
-fn retry_after_timeout(sq: &mut Sq, first_psn: u32) -> Outcome {
+fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
     sq.psn = first_psn;
     if sq.retries_left == 0 {
         return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);
     }
     sq.retries_left -= 1;
     match ack_timeout(sq.path.ack_timeout) {
-        Some(d) => Outcome::Retry(Instant::now() + d),
+        Some(d) => Outcome::Retry(vfio::clock::later(now, d)),
         // No timeout: wait as long as it takes (checked again every second).
-        None => Outcome::Retry(Instant::now() + Duration::from_secs(1)),
+        None => Outcome::Retry(vfio::clock::later(now, Duration::from_secs(1))),
     }
 }
 
