@@ -540,6 +540,12 @@ impl Device {
         lock(&self.inner.fw).port
     }
 
+    /// Whether firmware has raised an injected health failure (the health
+    /// buffer and counter show it from then on).
+    pub fn firmware_failed(&self) -> bool {
+        lock(&self.inner.fw).dead
+    }
+
     /// Firmware asks the driver for `npages` more pages (positive) or wants
     /// to return `-npages` (negative), through a PAGE_REQUEST EQE.
     pub fn request_pages(&self, npages: i32) {

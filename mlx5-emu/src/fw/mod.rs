@@ -261,7 +261,7 @@ pub(crate) struct Firmware {
     power_on_at: Instant,
     fw_start: std::time::Duration,
     initializing: bool,
-    dead: bool,
+    pub(crate) dead: bool,
     last_tick: Instant,
     health_counter: u32,
     // Command interface.
