@@ -1,0 +1,446 @@
+//! Issue 15's soak: two cabled functions under RC SEND traffic with packets
+//! lost on the wire (`Fabric::drop_packets`), QPs created and destroyed
+//! concurrently, and the receiving function reset mid-run (its QP to ERR,
+//! its context closed, an FLR, a fresh bring-up), for a fixed count of
+//! messages. Each message carries its sequence number, generation, length
+//! and a checksum. At the end: every message has exactly one send
+//! completion; one that completed successfully was received exactly once
+//! with its data intact; one that failed did so with an error CQE; nothing
+//! was received twice, corrupted, or without having been sent.
+
+mod verbs_common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx5_emu::{Fabric, Profile};
+use verbs::cq::{Wc, WcStatus};
+use verbs::device::{Context, Gid};
+use verbs::qp::{
+    attr_mask, required_mask, send_flags, AhAttr, Payload, Qp, QpAttr, QpInitAttr, QpState, QpType,
+    RecvWr, SendOp, SendWr,
+};
+
+use verbs_common::*;
+
+/// Messages in the run.
+const MESSAGES: u32 = 12_000;
+/// A new QP pair every this many messages (and after a QP error).
+const PER_GENERATION: u32 = 1000;
+/// Sends outstanding at most.
+const WINDOW: u32 = 16;
+/// Receives posted on the receiver's QP.
+const RECVS: u32 = 64;
+/// Bytes per send or receive slot; messages are 16 ..= SLOT bytes, up to
+/// three 1024-byte packets.
+const SLOT: u64 = 2560;
+/// The receiver is reset when this many messages have been posted (inside
+/// a generation, not at its end).
+const RESET_AT: u32 = MESSAGES / 2 + 137;
+/// One packet lost every this many messages posted.
+const DROP_EVERY: u32 = 7;
+/// Only a guard against a hang: the loop ends on outcomes.
+const HANG_GUARD: Duration = Duration::from_secs(240);
+
+/// FNV-1a, over the header fields and the payload.
+fn checksum(seq: u32, gen: u32, len: u32, payload: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in seq
+        .to_le_bytes()
+        .iter()
+        .chain(&gen.to_le_bytes())
+        .chain(&len.to_le_bytes())
+        .chain(payload)
+    {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+fn len_of(seq: u32) -> u32 {
+    16 + (seq.wrapping_mul(2_654_435_761) >> 7) % (SLOT as u32 - 16 + 1)
+}
+
+/// The message `seq` of generation `gen`: header, then bytes derived from both.
+fn message(seq: u32, gen: u32) -> Vec<u8> {
+    let len = len_of(seq);
+    let payload: Vec<u8> = (0..len - 16)
+        .map(|i| (seq.wrapping_mul(31).wrapping_add(i.wrapping_mul(7)) ^ (i >> 8)) as u8)
+        .collect();
+    let mut m = Vec::with_capacity(len as usize);
+    m.extend_from_slice(&seq.to_le_bytes());
+    m.extend_from_slice(&gen.to_le_bytes());
+    m.extend_from_slice(&len.to_le_bytes());
+    m.extend_from_slice(&checksum(seq, gen, len, &payload).to_le_bytes());
+    m.extend_from_slice(&payload);
+    m
+}
+
+/// What a received message says about itself, if it is intact.
+fn parse(m: &[u8], byte_len: u32) -> Result<(u32, u32), String> {
+    let w = |o: usize| u32::from_le_bytes(m[o..o + 4].try_into().unwrap());
+    if byte_len < 16 {
+        return Err(format!("{byte_len} bytes: shorter than the header"));
+    }
+    let (seq, gen, len, sum) = (w(0), w(4), w(8), w(12));
+    if len != byte_len || len != len_of(seq) {
+        return Err(format!(
+            "seq {seq}: {byte_len} bytes arrived, the header says {len}"
+        ));
+    }
+    if checksum(seq, gen, len, &m[16..len as usize]) != sum {
+        return Err(format!("seq {seq}: checksum mismatch"));
+    }
+    Ok((seq, gen))
+}
+
+/// The receiving side: a context that may be reset, its QP of this generation.
+struct Receiver {
+    side: Side,
+    qp: Option<Qp>,
+    /// Receives posted to `qp` and not yet completed.
+    posted: u32,
+}
+
+fn post_recv(r: &mut Receiver, slot: u32) {
+    let sge = r.side.mr.sge(u64::from(slot) * SLOT, SLOT as u32).unwrap();
+    let wr = RecvWr {
+        wr_id: u64::from(slot),
+        sg_list: std::slice::from_ref(&sge),
+    };
+    r.qp.as_mut().unwrap().post_recv(&[wr]).unwrap();
+    r.posted += 1;
+}
+
+#[derive(Default)]
+struct Ledger {
+    /// seq -> the status of its one send completion.
+    sent: HashMap<u32, WcStatus>,
+    /// seq -> times received intact.
+    received: HashMap<u32, u32>,
+    /// Corrupted or impossible receives.
+    bad: Vec<String>,
+    /// Error CQEs on the send side.
+    send_errors: u32,
+    /// Receives flushed (QP to ERR).
+    flushed: u32,
+}
+
+impl Ledger {
+    fn send_done(&mut self, w: &Wc) {
+        let seq = w.wr_id as u32;
+        if let Some(prev) = self.sent.insert(seq, w.status) {
+            self.bad.push(format!(
+                "seq {seq}: a second send completion ({:?} after {prev:?})",
+                w.status
+            ));
+        }
+        if w.status != WcStatus::Success {
+            self.send_errors += 1;
+        }
+    }
+}
+
+/// Polls the receiver's CQ once: checks and records what arrived, reposts
+/// the slot unless `repost` is off. Returns how many completions it saw.
+fn poll_receiver(r: &mut Receiver, l: &mut Ledger, repost: bool) -> usize {
+    let mut wc = [Wc::default(); 16];
+    let n = r.side.cq.poll(&mut wc).expect("receiver poll");
+    for w in &wc[..n] {
+        r.posted -= 1;
+        if w.status != WcStatus::Success {
+            assert_eq!(
+                w.status,
+                WcStatus::WrFlushErr,
+                "a receive fails only by flush: {w:?}"
+            );
+            l.flushed += 1;
+            continue;
+        }
+        let slot = w.wr_id as u32;
+        let mut m = vec![0u8; SLOT as usize];
+        r.side
+            .buf
+            .read((u64::from(slot) * SLOT) as usize, &mut m)
+            .unwrap();
+        match parse(&m, w.byte_len) {
+            Ok((seq, _gen)) => {
+                if seq >= MESSAGES {
+                    l.bad.push(format!("seq {seq} was never sent"));
+                }
+                *l.received.entry(seq).or_default() += 1;
+            }
+            Err(e) => l.bad.push(e),
+        }
+        if repost {
+            post_recv(r, slot);
+        }
+    }
+    n
+}
+
+/// Moves the receiver's QP to ERR and takes every receive's completion
+/// (intact data or a flush), then destroys the QP.
+fn retire_receiver_qp(r: &mut Receiver, l: &mut Ledger, guard: Instant) {
+    let Some(qp) = r.qp.as_mut() else { return };
+    let err = QpAttr {
+        qp_state: Some(QpState::Err),
+        ..Default::default()
+    };
+    qp.modify(&err, attr_mask::STATE).unwrap();
+    while r.posted > 0 {
+        if poll_receiver(r, l, false) == 0 {
+            assert!(Instant::now() < guard, "receives never flushed");
+            std::thread::yield_now();
+        }
+    }
+    r.qp.take().unwrap().destroy().unwrap();
+}
+
+/// RESET -> INIT -> RTR -> RTS towards `(dgid, rqpn)`.
+fn connect_gid(qp: &mut Qp, dgid: Gid, rqpn: u32) {
+    let steps = [
+        QpAttr {
+            qp_state: Some(QpState::Init),
+            port_num: 1,
+            ..Default::default()
+        },
+        QpAttr {
+            qp_state: Some(QpState::Rtr),
+            path_mtu: 3,
+            dest_qp_num: rqpn,
+            rq_psn: 1,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 1,
+            ah_attr: AhAttr {
+                dgid,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        QpAttr {
+            qp_state: Some(QpState::Rts),
+            sq_psn: 1,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        },
+    ];
+    let mut from = QpState::Reset;
+    for a in steps {
+        let to = a.qp_state.unwrap();
+        qp.modify(&a, required_mask(QpType::Rc, from, to)).unwrap();
+        from = to;
+    }
+}
+
+/// Creates, connects and destroys QPs on `ctx` until told to stop.
+fn churn(ctx: Context, peer_gid: Gid, stop: Arc<AtomicBool>, n: Arc<AtomicU64>) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, None).unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        let mut qps: Vec<Qp> = (0..4)
+            .map(|_| {
+                pd.create_qp(&QpInitAttr {
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    srq: None,
+                    cap: cap(16),
+                    qp_type: QpType::Rc,
+                    sq_sig_all: false,
+                })
+                .unwrap()
+            })
+            .collect();
+        for (i, qp) in qps.iter_mut().enumerate() {
+            // Towards a QP number nobody has: nothing is sent on them.
+            connect_gid(qp, peer_gid, 0xff_f000 + i as u32);
+        }
+        for qp in qps {
+            qp.destroy().unwrap();
+        }
+        n.fetch_add(4, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn soak_rc_with_loss_churn_and_a_reset() {
+    let start = Instant::now();
+    let guard = start + HANG_GUARD;
+    let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
+    let fb = function(&fabric, 1);
+    let sbytes = (u64::from(WINDOW) * SLOT) as usize;
+    let rbytes = (u64::from(RECVS) * SLOT) as usize;
+    let mut a = side(open(function(&fabric, 0)), sbytes, ALL);
+    let mut r = Receiver {
+        side: side(open(fb.clone()), rbytes, ALL),
+        qp: None,
+        posted: 0,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let churned = Arc::new(AtomicU64::new(0));
+    let churner = {
+        let (ctx, gid) = (a.ctx.clone(), r.side.ctx.query_gid(1, 0).unwrap());
+        let (stop, n) = (stop.clone(), churned.clone());
+        std::thread::spawn(move || churn(ctx, gid, stop, n))
+    };
+    // Short ACK timeouts keep lost packets cheap; seven retries.
+    let retry = Retry {
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
+
+    let mut l = Ledger::default();
+    let mut next: u32 = 0;
+    let mut gen: u32 = 0;
+    let mut reset_done = false;
+    let mut wc = [Wc::default(); 16];
+    while next < MESSAGES {
+        // A generation: a fresh QP pair.
+        gen += 1;
+        let mut qa = create_qp(&a, QpType::Rc, cap(WINDOW));
+        let mut qb = create_qp(&r.side, QpType::Rc, cap(RECVS));
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        connect_with(&mut qa, &a.ctx, &r.side.ctx, nb, retry);
+        connect_with(&mut qb, &r.side.ctx, &a.ctx, na, retry);
+        r.qp = Some(qb);
+        for s in 0..RECVS {
+            post_recv(&mut r, s);
+        }
+        let quota = (next + PER_GENERATION).min(MESSAGES);
+        // seq of each outstanding send, oldest first.
+        let mut outstanding = std::collections::VecDeque::new();
+        let mut failed = false;
+        let mut reset_now = false;
+        loop {
+            assert!(
+                Instant::now() < guard,
+                "the soak hangs: {next} of {MESSAGES} posted"
+            );
+            while !failed && !reset_now && next < quota && outstanding.len() < WINDOW as usize {
+                let seq = next;
+                let m = message(seq, gen);
+                let slot = u64::from(seq % WINDOW) * SLOT;
+                a.buf.write(slot as usize, &m).unwrap();
+                let sge = a.mr.sge(slot, m.len() as u32).unwrap();
+                let wr = SendWr {
+                    wr_id: u64::from(seq),
+                    op: SendOp::Send,
+                    payload: Payload::Sges(std::slice::from_ref(&sge)),
+                    flags: send_flags::SIGNALED,
+                    ud: None,
+                };
+                qa.post_send(&[wr]).unwrap();
+                outstanding.push_back(seq);
+                next += 1;
+                if next % DROP_EVERY == 0 {
+                    fabric.drop_packets(1);
+                }
+                if !reset_done && next == RESET_AT {
+                    reset_now = true;
+                }
+            }
+            if reset_now && !reset_done {
+                // The receiver goes away with messages in flight: its QP
+                // to ERR (every receive completes), its context closed,
+                // an FLR, a fresh bring-up. The sender's QP then hears
+                // nothing back: its sends end in error CQEs (retries
+                // exceeded, then flushes).
+                reset_done = true;
+                retire_receiver_qp(&mut r, &mut l, guard);
+                let Side {
+                    ctx,
+                    pd,
+                    cq,
+                    mr,
+                    buf,
+                } = r.side;
+                drop((mr, cq, pd, buf));
+                ctx.close().unwrap();
+                fb.reset().unwrap();
+                r = Receiver {
+                    side: side(open(fb.clone()), rbytes, ALL),
+                    qp: None,
+                    posted: 0,
+                };
+            }
+            let n = a.cq.poll(&mut wc).expect("sender poll");
+            for w in &wc[..n] {
+                l.send_done(w);
+                assert_eq!(
+                    outstanding.pop_front(),
+                    Some(w.wr_id as u32),
+                    "send completions in order"
+                );
+                if w.status != WcStatus::Success {
+                    failed = true;
+                }
+            }
+            let m = if r.qp.is_some() {
+                poll_receiver(&mut r, &mut l, true)
+            } else {
+                0
+            };
+            if outstanding.is_empty() && (failed || reset_now || next >= quota) {
+                break;
+            }
+            if n == 0 && m == 0 {
+                std::thread::yield_now();
+            }
+        }
+        retire_receiver_qp(&mut r, &mut l, guard);
+        qa.destroy().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    churner.join().unwrap();
+
+    // Every message: one send completion; received exactly once if it
+    // succeeded; never received twice, corrupted, or unsent.
+    assert!(l.bad.is_empty(), "{:#?}", l.bad);
+    assert_eq!(
+        l.sent.len(),
+        MESSAGES as usize,
+        "a send completion for each"
+    );
+    for seq in 0..MESSAGES {
+        let got = l.received.get(&seq).copied().unwrap_or(0);
+        assert!(got <= 1, "seq {seq} delivered {got} times");
+        if l.sent[&seq] == WcStatus::Success {
+            assert_eq!(got, 1, "seq {seq} completed but was never received");
+        }
+    }
+    let ok = l.sent.values().filter(|s| **s == WcStatus::Success).count();
+    let mut errors: std::collections::BTreeMap<String, u32> = Default::default();
+    for s in l.sent.values().filter(|s| **s != WcStatus::Success) {
+        *errors.entry(format!("{s:?}")).or_default() += 1;
+    }
+    let stats = fabric.function(0).unwrap().model().stats();
+    eprintln!(
+        "soak: {MESSAGES} messages in {gen} generations, {ok} completed, {} failed with \
+         error CQEs {errors:?}, {} receives flushed; {} packets dropped, {} retries, {} NAKs; \
+         {} QPs churned; {:.1} s",
+        l.send_errors,
+        l.flushed,
+        stats.dropped,
+        stats.retries,
+        stats.naks,
+        churned.load(Ordering::Relaxed),
+        start.elapsed().as_secs_f64()
+    );
+    // The run exercised what it claims: loss, a reset's failures, churn.
+    assert!(stats.dropped > 0 && stats.retries > 0, "{stats:?}");
+    assert!(l.send_errors > 0, "the reset failed the messages in flight");
+    assert!(churned.load(Ordering::Relaxed) > 0);
+    assert!(
+        ok > (MESSAGES / 2) as usize,
+        "most messages completed: {ok}"
+    );
+}
