@@ -8,10 +8,16 @@
 //! completion; one that completed successfully was received exactly once
 //! with its data intact; one that failed did so with an error CQE; nothing
 //! was received twice, corrupted, or without having been sent.
+//!
+//! Two QP pairs run at once, sharing each side's CQ. Loss is armed as the
+//! sender posts, so one QP's retransmissions are often what the other's
+//! posts make the wire lose: a QP may use up its seven retries and fail
+//! (RETRY_EXC_ERR, then flushes), which is an outcome the test accepts
+//! (the next generation goes on); it prints how many did.
 
 mod verbs_common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,11 +34,13 @@ use verbs_common::*;
 
 /// Messages in the run.
 const MESSAGES: u32 = 10_000;
-/// A new QP pair every this many messages (and after a QP error).
+/// New QP pairs every this many messages (and after their QPs failed).
 const PER_GENERATION: u32 = 1000;
-/// Sends outstanding at most.
+/// QP pairs at once, sharing each side's CQ.
+const QPS: usize = 2;
+/// Sends outstanding at most, per QP.
 const WINDOW: u32 = 16;
-/// Receives posted on the receiver's QP.
+/// Receives posted on each of the receiver's QPs.
 const RECVS: u32 = 64;
 /// Bytes per send or receive slot; messages are 16 ..= SLOT bytes, up to
 /// three 1024-byte packets.
@@ -98,22 +106,23 @@ fn parse(m: &[u8], byte_len: u32) -> Result<(u32, u32), String> {
     Ok((seq, gen))
 }
 
-/// The receiving side: a context that may be reset, its QP of this generation.
+/// The receiving side: a context that may be reset, its QPs of this
+/// generation (QP `i` receives into slots `i * RECVS ..`).
 struct Receiver {
     side: Side,
-    qp: Option<Qp>,
-    /// Receives posted to `qp` and not yet completed.
-    posted: u32,
+    qps: Vec<Qp>,
+    /// Receives posted and not yet completed, per QP.
+    posted: Vec<u32>,
 }
 
-fn post_recv(r: &mut Receiver, slot: u32) {
+fn post_recv(r: &mut Receiver, i: usize, slot: u32) {
     let sge = r.side.mr.sge(u64::from(slot) * SLOT, SLOT as u32).unwrap();
     let wr = RecvWr {
         wr_id: u64::from(slot),
         sg_list: std::slice::from_ref(&sge),
     };
-    r.qp.as_mut().unwrap().post_recv(&[wr]).unwrap();
-    r.posted += 1;
+    r.qps[i].post_recv(&[wr]).unwrap();
+    r.posted[i] += 1;
 }
 
 #[derive(Default)]
@@ -151,7 +160,12 @@ fn poll_receiver(r: &mut Receiver, l: &mut Ledger, repost: bool) -> usize {
     let mut wc = [Wc::default(); 16];
     let n = r.side.cq.poll(&mut wc).expect("receiver poll");
     for w in &wc[..n] {
-        r.posted -= 1;
+        let i = r
+            .qps
+            .iter()
+            .position(|q| q.qp_num() == w.qp_num)
+            .unwrap_or_else(|| panic!("a receive completion of no QP of this generation: {w:?}"));
+        r.posted[i] -= 1;
         if w.status != WcStatus::Success {
             assert_eq!(
                 w.status,
@@ -177,28 +191,32 @@ fn poll_receiver(r: &mut Receiver, l: &mut Ledger, repost: bool) -> usize {
             Err(e) => l.bad.push(e),
         }
         if repost {
-            post_recv(r, slot);
+            post_recv(r, i, slot);
         }
     }
     n
 }
 
-/// Moves the receiver's QP to ERR and takes every receive's completion
-/// (intact data or a flush), then destroys the QP.
-fn retire_receiver_qp(r: &mut Receiver, l: &mut Ledger, guard: Instant) {
-    let Some(qp) = r.qp.as_mut() else { return };
+/// Moves the receiver's QPs to ERR and takes every receive's completion
+/// (intact data or a flush), then destroys the QPs.
+fn retire_receiver_qps(r: &mut Receiver, l: &mut Ledger, guard: Instant) {
     let err = QpAttr {
         qp_state: Some(QpState::Err),
         ..Default::default()
     };
-    qp.modify(&err, attr_mask::STATE).unwrap();
-    while r.posted > 0 {
+    for qp in &mut r.qps {
+        qp.modify(&err, attr_mask::STATE).unwrap();
+    }
+    while r.posted.iter().any(|&p| p > 0) {
         if poll_receiver(r, l, false) == 0 {
             assert!(Instant::now() < guard, "receives never flushed");
             std::thread::yield_now();
         }
     }
-    r.qp.take().unwrap().destroy().unwrap();
+    for qp in r.qps.drain(..) {
+        qp.destroy().unwrap();
+    }
+    r.posted.clear();
 }
 
 /// RESET -> INIT -> RTR -> RTS towards `(dgid, rqpn)`.
@@ -277,14 +295,15 @@ fn soak_rc_with_loss_churn_and_a_reset() {
     let guard = start + HANG_GUARD;
     let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
     let fb = function(&fabric, 1);
-    let sbytes = (u64::from(WINDOW) * SLOT) as usize;
-    let rbytes = (u64::from(RECVS) * SLOT) as usize;
+    let sbytes = (u64::from(WINDOW) * SLOT) as usize * QPS;
+    let rbytes = (u64::from(RECVS) * SLOT) as usize * QPS;
     let mut a = side(open(function(&fabric, 0)), sbytes, ALL);
-    let mut r = Receiver {
-        side: side(open(fb.clone()), rbytes, ALL),
-        qp: None,
-        posted: 0,
+    let fresh = |f: &Arc<dyn vfio::PciFunction>| Receiver {
+        side: side(open(f.clone()), rbytes, ALL),
+        qps: Vec::new(),
+        posted: Vec::new(),
     };
+    let mut r = fresh(&fb);
     let stop = Arc::new(AtomicBool::new(false));
     let churned = Arc::new(AtomicU64::new(0));
     let churner = {
@@ -307,46 +326,67 @@ fn soak_rc_with_loss_churn_and_a_reset() {
     let mut in_flight_at_reset = 0;
     let mut wc = [Wc::default(); 16];
     while next < MESSAGES {
-        // A generation: a fresh QP pair; every other one with every packet
+        // A generation: fresh QP pairs; every other one with every packet
         // through the full frame encoding and decoding (ICRC included).
         gen += 1;
         fabric.set_wire_check(gen % 2 == 0);
-        let mut qa = create_qp(&a, QpType::Rc, cap(WINDOW));
-        let mut qb = create_qp(&r.side, QpType::Rc, cap(RECVS));
-        let (na, nb) = (qa.qp_num(), qb.qp_num());
-        connect_with(&mut qa, &a.ctx, &r.side.ctx, nb, retry);
-        connect_with(&mut qb, &r.side.ctx, &a.ctx, na, retry);
-        r.qp = Some(qb);
-        for s in 0..RECVS {
-            post_recv(&mut r, s);
+        let mut qa = Vec::new();
+        for i in 0..QPS {
+            let mut q = create_qp(&a, QpType::Rc, cap(WINDOW));
+            let mut qb = create_qp(&r.side, QpType::Rc, cap(RECVS));
+            let (na, nb) = (q.qp_num(), qb.qp_num());
+            connect_with(&mut q, &a.ctx, &r.side.ctx, nb, retry);
+            connect_with(&mut qb, &r.side.ctx, &a.ctx, na, retry);
+            qa.push(q);
+            r.qps.push(qb);
+            r.posted.push(0);
+            for s in 0..RECVS {
+                post_recv(&mut r, i, i as u32 * RECVS + s);
+            }
         }
         let quota = (next + PER_GENERATION).min(MESSAGES);
-        // seq of each outstanding send, oldest first.
-        let mut outstanding = std::collections::VecDeque::new();
-        let mut failed = false;
+        // Per QP: the seq of each outstanding send, oldest first; sends
+        // posted (for the send slot); whether it failed.
+        let mut outstanding = vec![VecDeque::new(); QPS];
+        let mut posts = [0u32; QPS];
+        let mut failed = [false; QPS];
+        let mut reset_here = false;
         loop {
             assert!(
                 Instant::now() < guard,
-                "the soak hangs: {next} of {MESSAGES} posted"
+                "the soak hangs: {next} of {MESSAGES} posted; outstanding {:?}, receives posted {:?}, failed {failed:?}, received {:?}",
+                outstanding,
+                r.posted,
+                outstanding.iter().flatten().map(|s| l.received.contains_key(s)).collect::<Vec<_>>()
             );
-            while !failed && next < quota && outstanding.len() < WINDOW as usize {
-                let seq = next;
-                let m = message(seq, gen);
-                let slot = u64::from(seq % WINDOW) * SLOT;
-                a.buf.write(slot as usize, &m).unwrap();
-                let sge = a.mr.sge(slot, m.len() as u32).unwrap();
-                let wr = SendWr {
-                    wr_id: u64::from(seq),
-                    op: SendOp::Send,
-                    payload: Payload::Sges(std::slice::from_ref(&sge)),
-                    flags: send_flags::SIGNALED,
-                    ud: None,
-                };
-                qa.post_send(&[wr]).unwrap();
-                outstanding.push_back(seq);
-                next += 1;
-                if next % DROP_EVERY == 0 {
-                    fabric.drop_packets(1 + u64::from(next % 3));
+            // One message at a time to each QP with room, in turn.
+            let mut room = true;
+            while room && !reset_here && next < quota {
+                room = false;
+                for i in 0..QPS {
+                    if failed[i] || next >= quota || outstanding[i].len() >= WINDOW as usize {
+                        continue;
+                    }
+                    room = true;
+                    let seq = next;
+                    let m = message(seq, gen);
+                    let slot = u64::from(i as u32 * WINDOW + posts[i] % WINDOW) * SLOT;
+                    a.buf.write(slot as usize, &m).unwrap();
+                    let sge = a.mr.sge(slot, m.len() as u32).unwrap();
+                    let wr = SendWr {
+                        wr_id: u64::from(seq),
+                        op: SendOp::Send,
+                        payload: Payload::Sges(std::slice::from_ref(&sge)),
+                        flags: send_flags::SIGNALED,
+                        ud: None,
+                    };
+                    qa[i].post_send(&[wr]).unwrap();
+                    outstanding[i].push_back(seq);
+                    posts[i] += 1;
+                    next += 1;
+                    if next % DROP_EVERY == 0 {
+                        fabric.drop_packets(1 + u64::from(next % 3));
+                    }
                 }
             }
             // Past RESET_AT the receiver stops reposting receives: once it
@@ -354,19 +394,23 @@ fn soak_rc_with_loss_churn_and_a_reset() {
             // received, those sends are stuck in RNR retries: certainly in
             // flight when it is reset.
             let starving = !reset_done && next >= RESET_AT;
+            let waiting: Vec<u32> = outstanding.iter().flatten().copied().collect();
+            // (A QP whose sender failed receives nothing more: it does not
+            // count.)
             if starving
-                && r.posted == 0
-                && !outstanding.is_empty()
-                && outstanding.iter().all(|s| !l.received.contains_key(s))
+                && r.posted.iter().zip(&failed).all(|(&p, &f)| p == 0 || f)
+                && !waiting.is_empty()
+                && waiting.iter().all(|s| !l.received.contains_key(s))
             {
-                // The receiver goes away with messages in flight: its QP
+                // The receiver goes away with messages in flight: its QPs
                 // to ERR (every receive completes), its context closed,
-                // an FLR, a fresh bring-up. The sender's QP then hears
-                // nothing back: its sends end in error CQEs (retries
+                // an FLR, a fresh bring-up. The sender's QPs then hear
+                // nothing back: their sends end in error CQEs (retries
                 // exceeded, then flushes).
                 reset_done = true;
-                in_flight_at_reset = outstanding.len() as u32;
-                retire_receiver_qp(&mut r, &mut l, guard);
+                reset_here = true;
+                in_flight_at_reset = waiting.len() as u32;
+                retire_receiver_qps(&mut r, &mut l, guard);
                 let Side {
                     ctx,
                     pd,
@@ -377,38 +421,42 @@ fn soak_rc_with_loss_churn_and_a_reset() {
                 drop((mr, cq, pd, buf));
                 ctx.close().unwrap();
                 fb.reset().unwrap();
-                r = Receiver {
-                    side: side(open(fb.clone()), rbytes, ALL),
-                    qp: None,
-                    posted: 0,
-                };
+                r = fresh(&fb);
             }
             let n = a.cq.poll(&mut wc).expect("sender poll");
             for w in &wc[..n] {
                 l.send_done(w);
+                let i = qa
+                    .iter()
+                    .position(|q| q.qp_num() == w.qp_num)
+                    .unwrap_or_else(|| panic!("a send completion of no QP of ours: {w:?}"));
                 assert_eq!(
-                    outstanding.pop_front(),
+                    outstanding[i].pop_front(),
                     Some(w.wr_id as u32),
-                    "send completions in order"
+                    "send completions in order on QP {i}"
                 );
                 if w.status != WcStatus::Success {
-                    failed = true;
+                    failed[i] = true;
                 }
             }
-            let m = if r.qp.is_some() {
-                poll_receiver(&mut r, &mut l, reset_done || next < RESET_AT)
-            } else {
+            let m = if r.qps.is_empty() {
                 0
+            } else {
+                poll_receiver(&mut r, &mut l, reset_done || next < RESET_AT)
             };
-            if outstanding.is_empty() && (failed || next >= quota) {
+            if outstanding.iter().all(VecDeque::is_empty)
+                && (reset_here || failed.iter().all(|&f| f) || next >= quota)
+            {
                 break;
             }
             if n == 0 && m == 0 {
                 std::thread::yield_now();
             }
         }
-        retire_receiver_qp(&mut r, &mut l, guard);
-        qa.destroy().unwrap();
+        retire_receiver_qps(&mut r, &mut l, guard);
+        for q in qa {
+            q.destroy().unwrap();
+        }
     }
     stop.store(true, Ordering::Relaxed);
     churner.join().unwrap();
