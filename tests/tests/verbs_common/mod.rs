@@ -175,7 +175,9 @@ pub fn poll_n(cq: &mut Cq, n: usize) -> Vec<Wc> {
     let mut wc = [Wc::default(); 16];
     let deadline = Instant::now() + Duration::from_secs(5);
     while out.len() < n {
-        let k = cq.poll(&mut wc[..(n - out.len()).min(16)]);
+        let k = cq
+            .poll(&mut wc[..(n - out.len()).min(16)])
+            .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"));
         out.extend_from_slice(&wc[..k]);
         if k == 0 {
             assert!(
@@ -199,7 +201,11 @@ pub fn nothing_more(cq: &mut Cq) -> bool {
     let mut wc = [Wc::default(); 4];
     let deadline = Instant::now() + Duration::from_millis(100);
     while Instant::now() < deadline {
-        if cq.poll(&mut wc) != 0 {
+        if cq
+            .poll(&mut wc)
+            .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"))
+            != 0
+        {
             return false;
         }
         std::thread::yield_now();
