@@ -276,7 +276,11 @@ impl WqeRig {
         let mut last = Instant::now();
         let mut seen = 0;
         while last.elapsed() < QUIET && start.elapsed() < BUSY_MAX {
-            let n = q.cq.poll(&mut wc);
+            // An error: the device failed or vanished, which no send-queue
+            // content may cause.
+            let n =
+                q.cq.poll(&mut wc)
+                    .unwrap_or_else(|e| panic!("the device failed under a send queue input: {e}"));
             assert!(
                 n <= wc.len(),
                 "poll reported {n} completions into {}",
