@@ -36,7 +36,7 @@ use crate::cmd::{iseg, Cmd, CmdQueue, TraceSink};
 use crate::dma::DmaCtx;
 use crate::eq::{self, AsyncEvent, Dispatch, Eq, EventLoop};
 use crate::health::{
-    HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, NIC_IFC_DISABLED,
+    HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, Watch, NIC_IFC_DISABLED,
 };
 use crate::pagealloc::{PageWorker, Pages, QUERY_PAGES_BOOT, QUERY_PAGES_INIT};
 use crate::uar::Uar;
@@ -284,11 +284,9 @@ impl Hca {
         wait_initializing(&self.bar, &self.opts.clock, init_to)?;
         if let Some(iv) = self.opts.health_interval {
             self.health = Some(HealthPoller::start(
-                self.bar.clone(),
-                self.cmd.0.clone(),
+                self.watch(),
                 self.opts.clock.clone(),
                 iv,
-                self.health_subs.clone(),
             )?);
         }
         self.enable_hca()?;
@@ -673,6 +671,24 @@ impl Hca {
     /// The health failure, if the device has failed.
     pub fn health_failure(&self) -> Option<HealthEvent> {
         self.cmd.health_failure()
+    }
+
+    /// Runs the health sensors now (config space, the health buffer,
+    /// `fw_ver`, `nic_interface`; not the counter, which needs polls):
+    /// a failure is declared, as the poller would, and returned, so a
+    /// caller that suspects the device gets the cause at once.
+    pub fn check_health(&self) -> Result<()> {
+        self.watch().check_now()
+    }
+
+    fn watch(&self) -> Watch {
+        Watch {
+            func: self.func.clone(),
+            bar: self.bar.clone(),
+            cmd: self.cmd.0.clone(),
+            comp: self.comp_table.clone(),
+            subs: self.health_subs.clone(),
+        }
     }
 
     /// Reads the health registers now.

@@ -485,21 +485,30 @@ impl CmdQueue {
         }
     }
 
+    /// The failure, if the device was declared failed.
+    pub(crate) fn health_event(&self) -> Option<HealthEvent> {
+        lock(&self.failed).clone()
+    }
+
     /// Marks the device failed: every waiter wakes, every later command
-    /// fails with [`Error::Health`].
-    pub(crate) fn fail(&self, ev: HealthEvent) {
-        {
+    /// fails with [`Error::Health`]. Whether this was the first failure
+    /// (only the first is kept).
+    pub(crate) fn fail(&self, ev: HealthEvent) -> bool {
+        let first = {
             let mut f = lock(&self.failed);
-            if f.is_none() {
+            let first = f.is_none();
+            if first {
                 *f = Some(ev);
             }
-        }
+            first
+        };
         self.is_failed.store(true, Ordering::Release);
         let _d = lock(&self.done);
         self.done_cv.notify_all();
         drop(_d);
         let _p = lock(&self.pool);
         self.pool_cv.notify_all();
+        first
     }
 
     pub(crate) fn close(&self) {
@@ -786,6 +795,17 @@ impl CmdQueue {
 }
 
 impl Cmd {
+    /// Whether the device was declared failed (health): one atomic load,
+    /// cheap enough for the data path.
+    pub fn is_failed(&self) -> bool {
+        self.0.is_failed.load(Ordering::Acquire)
+    }
+
+    /// The failure as an error, if the device failed.
+    pub fn failure(&self) -> Option<Error> {
+        self.0.health_error()
+    }
+
     /// Executes a command: `input` is the whole inbox (opcode first),
     /// `out_len` the outbox length. Returns the outbox; a failing delivery
     /// or command status becomes [`Error::Delivery`] / [`Error::Cmd`].
@@ -839,7 +859,7 @@ impl Cmd {
 
     /// The health failure commands fail with, if any.
     pub fn health_failure(&self) -> Option<HealthEvent> {
-        lock(&self.0.failed).clone()
+        self.0.health_event()
     }
 }
 

@@ -8,9 +8,17 @@
 //! 7 (software reset) means the function was taken away.
 //!
 //! The poller checks these every interval (the kernel: 2 s) on its own
-//! thread. A counter that stays still for [`HEALTH_MAX_MISSES`] polls in a
-//! row, or any fatal sensor, becomes a [`HealthEvent`]: the command queue
-//! fails every waiting and later command with [`crate::Error::Health`], and
+//! thread. Before the registers it reads the function's vendor and device
+//! ID from config space, as the kernel checks `pci_channel_offline`: a
+//! function that vanished (a vfio-user server that hung up or died, a
+//! device unplugged, config reads of all ones) fails at once, while the
+//! mapped BAR of a dead server would still read its last values. A counter
+//! that stays still for [`HEALTH_MAX_MISSES`] polls in a row, or any fatal
+//! sensor, becomes a [`HealthEvent`]: the command queue fails every waiting
+//! and later command with [`crate::Error::Health`], posts fail with
+//! `PostError::DeviceFailed`, an empty CQ poll returns the failure, every
+//! CQ's completion handler fires once (as mlx5_ib's internal-error flow
+//! does) so that waiters on completion channels wake and poll, and
 //! subscribers are told. Nothing aborts; recovery is a function reset and a
 //! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
@@ -23,9 +31,10 @@ use std::time::Duration;
 
 use mlx5_hw::health::{self as hw, HealthSyndrome};
 use vfio::clock::{Deadline, SharedClock};
-use vfio::Mmio;
+use vfio::{Mmio, PciFunction};
 
 use crate::cmd::{iseg, CmdQueue};
+use crate::eq::CompTable;
 use crate::{Error, Result};
 
 pub use mlx5_hw::health::HEALTH_MAX_MISSES;
@@ -61,6 +70,9 @@ pub enum HealthCause {
     CounterStuck(u32),
     /// The device could not be read at all.
     Unreadable(String),
+    /// The function vanished: its config space cannot be read (a vfio-user
+    /// server that hung up or died) or reads all ones (unplugged).
+    Vanished(String),
 }
 
 /// A decoded health failure.
@@ -112,6 +124,7 @@ impl fmt::Display for HealthEvent {
                 self.counter
             )?,
             HealthCause::Unreadable(e) => write!(f, "health registers unreadable: {e}")?,
+            HealthCause::Vanished(e) => write!(f, "the function vanished: {e}")?,
         }
         if let (Some(synd), false) = (
             self.synd,
@@ -279,6 +292,71 @@ impl Liveness {
     }
 }
 
+/// What the sensors read and whom a failure is told: shared by the
+/// poller and [`crate::hca::Hca::check_health`].
+#[derive(Debug, Clone)]
+pub(crate) struct Watch {
+    pub(crate) func: Arc<dyn PciFunction>,
+    pub(crate) bar: Arc<Mmio>,
+    pub(crate) cmd: Arc<CmdQueue>,
+    pub(crate) comp: Arc<CompTable>,
+    pub(crate) subs: HealthSubscribers,
+}
+
+impl Watch {
+    /// The sensors that need no history, read now: config space first (a
+    /// vanished function), then the fatal registers. Without a failure the
+    /// snapshot comes back, for the counter's liveness.
+    pub(crate) fn sense(&self) -> std::result::Result<HealthSnapshot, HealthEvent> {
+        let mut id = [0u8; 4];
+        let gone = match self.func.config_read(0, &mut id) {
+            Err(e) => Some(format!("config space unreadable: {e}")),
+            Ok(()) if id == [0xff; 4] => Some("config space reads all ones".to_string()),
+            Ok(()) => None,
+        };
+        if let Some(why) = gone {
+            // The registers, for the report, if they still read.
+            let s = HealthSnapshot::read(&self.bar).unwrap_or_default();
+            return Err(s.event(HealthCause::Vanished(why)));
+        }
+        let s = HealthSnapshot::read(&self.bar)
+            .map_err(|e| HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string())))?;
+        match s.fatal() {
+            Some(c) => Err(s.event(c)),
+            None => Ok(s),
+        }
+    }
+
+    /// Declares the device failed, once: commands, posts and polls fail from
+    /// now on, every CQ's completion handler fires (waiters on channels wake
+    /// and find the failure), subscribers are told.
+    pub(crate) fn declare(&self, ev: HealthEvent) {
+        if !self.cmd.fail(ev.clone()) {
+            return;
+        }
+        tracing::error!("mlx5 health: {ev}");
+        self.comp.fire_all();
+        lock_subs(&self.subs).retain(|s| s.send(ev.clone()).is_ok());
+    }
+
+    /// Runs the sensors now; a failure is declared and returned.
+    pub(crate) fn check_now(&self) -> Result<()> {
+        if let Some(ev) = self.cmd.health_event() {
+            return Err(Error::Health(ev));
+        }
+        match self.sense() {
+            Ok(_) => Ok(()),
+            Err(ev) => {
+                self.declare(ev);
+                // The first declaration wins (the poller may have raced us).
+                Err(Error::Health(self.cmd.health_event().unwrap_or_else(
+                    || HealthSnapshot::default().event(HealthCause::Unreadable("unknown".into())),
+                )))
+            }
+        }
+    }
+}
+
 /// The running poller.
 #[derive(Debug)]
 pub(crate) struct HealthPoller {
@@ -290,18 +368,12 @@ pub(crate) struct HealthPoller {
 pub(crate) type HealthSubscribers = Arc<Mutex<Vec<Sender<HealthEvent>>>>;
 
 impl HealthPoller {
-    pub(crate) fn start(
-        bar: Arc<Mmio>,
-        cmd: Arc<CmdQueue>,
-        clock: SharedClock,
-        interval: Duration,
-        subs: HealthSubscribers,
-    ) -> Result<Self> {
+    pub(crate) fn start(watch: Watch, clock: SharedClock, interval: Duration) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mlx5-health".into())
-            .spawn(move || poll_loop(&bar, &cmd, &clock, interval, &subs, &stopped))
+            .spawn(move || poll_loop(&watch, &clock, interval, &stopped))
             .map_err(|e| Error::os("spawn health poller", e))?;
         Ok(Self {
             stop,
@@ -326,14 +398,7 @@ impl Drop for HealthPoller {
     }
 }
 
-fn poll_loop(
-    bar: &Mmio,
-    cmd: &CmdQueue,
-    clock: &SharedClock,
-    interval: Duration,
-    subs: &HealthSubscribers,
-    stop: &AtomicBool,
-) {
+fn poll_loop(watch: &Watch, clock: &SharedClock, interval: Duration, stop: &AtomicBool) {
     let mut live = Liveness::default();
     loop {
         // Park until the next poll on the clock or until told to stop
@@ -350,19 +415,18 @@ fn poll_loop(
         if stop.load(Ordering::Acquire) {
             return;
         }
-        let ev = match HealthSnapshot::read(bar) {
-            Err(e) => Some(HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string()))),
-            Ok(s) => match s.fatal() {
-                Some(c) => Some(s.event(c)),
-                None => live
-                    .observe(s.counter())
-                    .map(|n| s.event(HealthCause::CounterStuck(n))),
-            },
+        if watch.cmd.health_event().is_some() {
+            // Declared by a caller's check: reported once already.
+            return;
+        }
+        let ev = match watch.sense() {
+            Err(ev) => Some(ev),
+            Ok(s) => live
+                .observe(s.counter())
+                .map(|n| s.event(HealthCause::CounterStuck(n))),
         };
         if let Some(ev) = ev {
-            tracing::error!("mlx5 health: {ev}");
-            cmd.fail(ev.clone());
-            lock_subs(subs).retain(|s| s.send(ev.clone()).is_ok());
+            watch.declare(ev);
             // Reported once; the device stays failed until recovered.
             return;
         }

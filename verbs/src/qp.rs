@@ -419,6 +419,9 @@ pub enum PostError {
     /// The operation does not apply to this QP type, or lacks a UD address (EINVAL).
     #[error("operation not valid on this QP")]
     BadOp,
+    /// The device failed (health) or vanished: nothing more is posted (EIO).
+    #[error("the device failed")]
+    DeviceFailed,
 }
 
 /// What a send WQE's completion needs: its wr_id and the producer counter
@@ -1396,6 +1399,9 @@ impl Qp {
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return Err((0, PostError::BadState(self.state)));
         }
@@ -1416,6 +1422,11 @@ impl Qp {
         Ok(())
     }
 
+    /// Whether the device failed (then nothing more is posted).
+    pub(crate) fn device_failed(&self) -> bool {
+        self.ctx.hca.cmd().is_failed()
+    }
+
     /// Posts one 1-SGE RDMA WRITE with its doorbell: the fast path.
     #[inline]
     pub fn post_rdma_write(
@@ -1426,6 +1437,9 @@ impl Qp {
         rkey: u32,
         flags: u32,
     ) -> std::result::Result<(), PostError> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err(PostError::DeviceFailed);
+        }
         if self.state != QpState::Rts || self.qp_type == QpType::Ud {
             return Err(PostError::BadState(self.state));
         }
@@ -1471,6 +1485,9 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
         if self.state == QpState::Reset {
             return Err((0, PostError::BadState(self.state)));
         }

@@ -1055,3 +1055,40 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
     let s = n.d.f.model().stats();
     assert_eq!((s.srqs, s.xrcds), (0, 0));
 }
+
+/// A WQE whose ds count reaches past the producer counter (the control
+/// segment claims four blocks, the doorbell record says one) completes
+/// once, as a local QP operation error, and the consumer index stops at
+/// the counter: the next WQE posted is the next one completed. (Before,
+/// the index jumped past the counter and the flush ran it round the whole
+/// 16-bit space: thousands of flush CQEs from one WQE, found by the `wqe`
+/// fuzz target.)
+#[test]
+fn wqe_reaching_past_the_producer_counter_is_one_error() {
+    let (_f, mut a, _b, mut qa, _qb) = rc_pair(5);
+    // RDMA WRITE with 15 segments after the control: ds 16, 4 blocks.
+    let mut segs = raddr_seg(DATA_VA, 0).to_vec();
+    for _ in 0..14 {
+        segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+    }
+    let (idx, ctrl) = a.write_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!((idx, qa.sq_pi), (0, 4));
+    qa.sq_pi = 1;
+    a.ring(&qa, &ctrl);
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37], u16::from_be_bytes([e[0x3c], e[0x3d]])),
+        (13, 0x02, 0),
+        "REQ_ERR, local QP operation error, on WQE 0"
+    );
+    // The QP is in error: the next WQE (index 1) is flushed, and it is the
+    // next completion.
+    a.post_send(&mut qa, 0x08, 0, &raddr_seg(0, 0), true);
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37], u16::from_be_bytes([e[0x3c], e[0x3d]])),
+        (13, 0x05, 1),
+        "WQE 1 flushed, right after WQE 0"
+    );
+    assert_eq!(a.d.f.model().stats().error_cqes, 1);
+}

@@ -203,7 +203,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe);
         // Only RC SENDs and WRITEs complete by a later, coalesced ACK;
         // anything else completes after the messages before it.
         let coalesced = qp.st == qp::st::RC
@@ -481,11 +481,15 @@ fn read_bb(
     mem::read(mem, at, out).map_err(|_| vendor::WQE_FAULT)
 }
 
+/// The WQE at `ci`, which must end at or before the producer counter
+/// `pi`: a WQE that reaches past it (the driver rang before writing all of
+/// it, or its ds count is garbage) is malformed.
 fn read_wqe(
     qp: &Qp,
     mem: &GuestMemoryMmap,
     sqs: Option<&VolatileSlice<'_>>,
     ci: u16,
+    pi: u16,
     buf: &mut [u8],
 ) -> Result<Wqe, u8> {
     read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
@@ -495,6 +499,16 @@ fn read_wqe(
     let index = (w0 >> 8) as u16;
     let opcode = WqeOpcode::from((w0 & 0xff) as u8);
     let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
+    if nbb > usize::from(pi.wrapping_sub(ci)) {
+        tracing::debug!(
+            qpn = qp.qpn,
+            ci,
+            pi,
+            ds,
+            "WQE reaches past the producer counter"
+        );
+        return Err(vendor::WQE_FAULT);
+    }
     for i in 1..nbb {
         read_bb(
             qp,
@@ -1180,7 +1194,9 @@ fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
             break;
         }
         let ds = (be32(&b, 4) & 0x3f) as usize;
-        let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1) as u16;
+        // A WQE that claims more blocks than were posted ends at the
+        // producer counter: the flush never runs past it.
+        let nbb = (mlx5_hw::wqe::wqebbs_for_ds(ds).max(1) as u16).min(pi.wrapping_sub(ci));
         let c = Completion {
             opcode: CqeOpcode::ReqErr.to_raw(),
             qpn: qp.qpn,

@@ -207,7 +207,9 @@ pub fn poll_n(cq: &mut Cq, n: usize) -> Vec<Wc> {
     let mut wc = [Wc::default(); 16];
     let deadline = Instant::now() + HANG_GUARD;
     while out.len() < n {
-        let k = cq.poll(&mut wc[..(n - out.len()).min(16)]);
+        let k = cq
+            .poll(&mut wc[..(n - out.len()).min(16)])
+            .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"));
         out.extend_from_slice(&wc[..k]);
         if k == 0 {
             assert!(
@@ -231,7 +233,9 @@ pub fn stats(fabric: &Fabric, i: usize) -> mlx5_emu::Stats {
 pub fn nothing_more(fabric: &Fabric, cq: &mut Cq) -> bool {
     settle(fabric);
     let mut wc = [Wc::default(); 4];
-    cq.poll(&mut wc) == 0
+    cq.poll(&mut wc)
+        .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"))
+        == 0
 }
 
 /// Returns once every model of `fabric` has made a whole worker pass.
