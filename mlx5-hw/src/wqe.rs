@@ -132,6 +132,21 @@ pub const PERM_REMOTE_READ: u8 = 1 << 4;
 pub const PERM_REMOTE_WRITE: u8 = 1 << 5;
 /// `mkey_seg.flags` access: atomic (`MLX5_PERM_ATOMIC`).
 pub const PERM_ATOMIC: u8 = 1 << 6;
+/// mkc `access_mode` (`access_mode_4_2 << 2 | access_mode_1_0`): physical
+/// addresses, the key covers the IOVA space (`MLX5_MKC_ACCESS_MODE_PA`).
+pub const MKC_ACCESS_MODE_PA: u8 = 0x0;
+/// mkc `access_mode`: a translation table of pages (`MLX5_MKC_ACCESS_MODE_MTT`).
+pub const MKC_ACCESS_MODE_MTT: u8 = 0x1;
+/// mkc `access_mode`: a list of (key, address, length) entries (`MLX5_MKC_ACCESS_MODE_KLMS`).
+pub const MKC_ACCESS_MODE_KLMS: u8 = 0x2;
+/// mkc `access_mode`: fixed-size (key, address) entries (`MLX5_MKC_ACCESS_MODE_KSM`).
+pub const MKC_ACCESS_MODE_KSM: u8 = 0x3;
+/// mkc `access_mode`: software-owned ICM (`MLX5_MKC_ACCESS_MODE_SW_ICM`).
+pub const MKC_ACCESS_MODE_SW_ICM: u8 = 0x4;
+/// mkc `access_mode`: device memory (`MLX5_MKC_ACCESS_MODE_MEMIC`).
+pub const MKC_ACCESS_MODE_MEMIC: u8 = 0x5;
+/// mkc `access_mode`: crossing vhca (`MLX5_MKC_ACCESS_MODE_CROSSING`).
+pub const MKC_ACCESS_MODE_CROSSING: u8 = 0x6;
 /// `mkey_seg.flags`: UMR may modify this mkey (`MLX5_PERM_UMR_EN`).
 pub const PERM_UMR_EN: u8 = 1 << 7;
 /// `mkey_seg.status`: the mkey is free (`MLX5_MKEY_STATUS_FREE`).

@@ -57,8 +57,6 @@ pub mod access {
         LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | HUGETLB | RELAXED_ORDERING;
 }
 
-/// mkc `access_mode_1_0`: MTT translation (`MLX5_MKC_ACCESS_MODE_MTT`).
-pub const ACCESS_MODE_MTT: u8 = 1;
 /// MTT entry bits: read and write enable (`MLX5_MTT_READ | MLX5_MTT_WRITE`).
 pub const MTT_RD_WR: u64 = 0x3;
 /// mkc `qpn` when no QP owns the mkey.
@@ -250,7 +248,7 @@ impl Mr {
             c.set_opcode(Opcode::CreateMkey.to_raw())
                 .set_translations_octword_actual_size(entries.div_ceil(2) as u32);
             let mut m = c.memory_key_mkey_entry_mut();
-            m.set_access_mode_1_0(ACCESS_MODE_MTT)
+            m.set_access_mode_1_0(mlx5_hw::wqe::MKC_ACCESS_MODE_MTT)
                 .set_lr(true)
                 .set_lw(access & LOCAL_WRITE != 0)
                 .set_rr(access & REMOTE_READ != 0)

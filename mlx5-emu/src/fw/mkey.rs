@@ -13,7 +13,7 @@ use mlx5_hw::ifc::{
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
-use crate::transport::mem::{access, Mkey, ACCESS_MODE_MTT, ACCESS_MODE_PA};
+use crate::transport::mem::{access, Mkey, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
 
@@ -35,7 +35,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::MKEY_BAD_PD));
         }
         let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
-        if mode != ACCESS_MODE_PA && mode != ACCESS_MODE_MTT {
+        if mode != MKC_ACCESS_MODE_PA && mode != MKC_ACCESS_MODE_MTT {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
         }
         let mut acc = 0;
@@ -59,7 +59,7 @@ impl Firmware {
         let log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
         let free = mkc::FREE.get(c) != 0;
         let mut mtt = Vec::new();
-        if mode == ACCESS_MODE_MTT {
+        if mode == MKC_ACCESS_MODE_MTT {
             if !(12..=40).contains(&log_page) {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
             }

@@ -118,7 +118,7 @@ impl Node {
             create_mkey_in::SIZE_BYTES + pages.next_multiple_of(2) * 8,
         );
         let m = &mut c[0x10..0x50];
-        mkc::ACCESS_MODE_1_0.set(m, 1);
+        mkc::ACCESS_MODE_1_0.set(m, mlx5_hw::wqe::MKC_ACCESS_MODE_MTT.into());
         mkc::A.set(m, u64::from(acc >> 4 & 1));
         mkc::RW.set(m, u64::from(acc >> 3 & 1));
         mkc::RR.set(m, u64::from(acc >> 2 & 1));

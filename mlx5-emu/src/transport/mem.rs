@@ -25,10 +25,7 @@ pub(crate) mod access {
     pub const A: u8 = 1 << 4;
 }
 
-/// mkc `access_mode`: physical addresses (the key covers the IOVA space).
-pub(crate) const ACCESS_MODE_PA: u8 = 0;
-/// mkc `access_mode`: an MTT of pages.
-pub(crate) const ACCESS_MODE_MTT: u8 = 1;
+pub(crate) use mlx5_hw::wqe::{MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
 
 /// One memory key.
 #[derive(Debug, Clone)]
@@ -41,7 +38,7 @@ pub(crate) struct Mkey {
     pub pd: u32,
     /// Access rights (`access::*`).
     pub access: u8,
-    /// `ACCESS_MODE_*`.
+    /// `MKC_ACCESS_MODE_*`.
     pub mode: u8,
     /// Start of the key's virtual range.
     pub start: u64,
@@ -114,8 +111,8 @@ impl Mkey {
             return Ok(());
         }
         match self.mode {
-            ACCESS_MODE_PA => push(out, va, len),
-            ACCESS_MODE_MTT => {
+            MKC_ACCESS_MODE_PA => push(out, va, len),
+            MKC_ACCESS_MODE_MTT => {
                 let page = 1u64 << self.log_page;
                 let mut at = (self.start & (page - 1)) + off;
                 let in_page = at & (page - 1);
@@ -403,7 +400,7 @@ mod tests {
             key: 0x42,
             pd: 7,
             access: access::LR | access::LW | access::RR,
-            mode: ACCESS_MODE_MTT,
+            mode: MKC_ACCESS_MODE_MTT,
             start: 0x7f00_0000_1800,
             len: 0x3000,
             log_page: 12,
