@@ -5,9 +5,9 @@
 use crate::macros::prm_enum;
 
 /// Size of a basic CQE, in bytes.
-pub const CQE_SIZE: usize = 64;
+pub const CQE_SIZE: usize = crate::ifc::cqe64::SIZE_BYTES;
 /// Byte offset of `op_own` in a 64-byte CQE.
-pub const CQE_OP_OWN_OFFSET: usize = 0x3f;
+pub const CQE_OP_OWN_OFFSET: usize = crate::ifc::cqe64::OP_OWN.off / 8;
 
 /// `op_own` bit 0: the ownership bit; it flips on every pass over the CQ.
 pub const CQE_OWNER_MASK: u8 = 0x1;

@@ -7,9 +7,11 @@
 
 use std::sync::Mutex;
 
-use mlx5_hw::cqe::CqeOpcode;
+use mlx5_hw::cqe::{self, CqeOpcode};
 use mlx5_hw::event::EventType;
+use mlx5_hw::ifc::{Cqe64, ErrCqe};
 use vm_memory::GuestMemoryMmap;
+use zerocopy::{FromZeros, IntoBytes};
 
 use super::mem;
 use super::qp::Buf;
@@ -23,6 +25,9 @@ const CQ_ERROR_OVERRUN: u8 = 1;
 const CQ_ERROR_ACCESS_VIOLATION: u8 = 2;
 /// `flags_rqpn` bits 29:28: a GRH is present.
 const FLAGS_GRH: u32 = 1 << 28;
+
+/// Where `op_own` (opcode and owner bit) sits in a CQE.
+const OP_OWN_AT: u64 = cqe::CQE_OP_OWN_OFFSET as u64;
 
 /// One completion queue.
 #[derive(Debug)]
@@ -126,38 +131,41 @@ impl Cq {
         let index = st.pi & (n - 1);
         let Some(at) = self
             .buf
-            .addr(u64::from(index) * self.stride + (self.stride - 64))
+            .addr(u64::from(index) * self.stride + (self.stride - cqe::CQE_SIZE as u64))
         else {
             return false;
         };
-        let mut e = [0u8; 64];
         let owner = ((st.pi >> self.log_size) & 1) as u8;
+        let sop_qpn =
+            u32::from(c.s_wqe_opcode) << cqe::CQE_S_WQE_OPCODE_SHIFT | (c.qpn & cqe::CQE_QPN_MASK);
+        let mut e = Cqe64::new_zeroed();
         let opcode = match c.error {
             Some((synd, vendor)) => {
-                e[0x20..0x24].copy_from_slice(&c.srqn.to_be_bytes());
-                e[0x36] = vendor;
-                e[0x37] = synd;
-                e[0x38..0x3c].copy_from_slice(
-                    &(u32::from(c.s_wqe_opcode) << 24 | (c.qpn & 0xff_ffff)).to_be_bytes(),
-                );
+                let err: &mut ErrCqe = zerocopy::transmute_mut!(&mut e);
+                err.srqn.set(c.srqn);
+                err.vendor_err_synd = vendor;
+                err.syndrome = synd;
+                err.s_wqe_opcode_qpn.set(sop_qpn);
                 c.opcode
             }
             None => {
-                e[0x18..0x1c].copy_from_slice(&c.flags_rqpn.to_be_bytes());
-                e[0x1d] = c.l3;
-                e[0x20..0x24].copy_from_slice(&(c.srqn & 0xff_ffff).to_be_bytes());
-                e[0x24..0x28].copy_from_slice(&c.imm.to_be_bytes());
-                e[0x2c..0x30].copy_from_slice(&c.byte_cnt.to_be_bytes());
-                e[0x38..0x3c].copy_from_slice(
-                    &(u32::from(c.s_wqe_opcode) << 24 | (c.qpn & 0xff_ffff)).to_be_bytes(),
-                );
+                e.flags_rqpn.set(c.flags_rqpn);
+                e.l4_l3_hdr_type = c.l3;
+                e.srqn.set(c.srqn & cqe::CQE_QPN_MASK);
+                e.immediate.set(c.imm);
+                e.byte_cnt.set(c.byte_cnt);
+                e.sop_drop_qpn.set(sop_qpn);
                 c.opcode
             }
         };
-        e[0x3c..0x3e].copy_from_slice(&c.wqe_counter.to_be_bytes());
-        let op_own = opcode << 4 | u8::from(c.solicited) << 1 | owner;
-        if mem::write(mem, at, &e[..0x3f]).is_err()
-            || mem::store_u8_release(mem, at + 0x3f, op_own).is_err()
+        e.wqe_counter.set(c.wqe_counter);
+        let op_own = opcode << cqe::CQE_OPCODE_SHIFT
+            | if c.solicited { cqe::CQE_SE_MASK } else { 0 }
+            | owner;
+        // Everything but op_own, then op_own (the owner bit) last.
+        let body = &e.as_bytes()[..cqe::CQE_OP_OWN_OFFSET];
+        if mem::write(mem, at, body).is_err()
+            || mem::store_u8_release(mem, at + OP_OWN_AT, op_own).is_err()
         {
             st.error = true;
             drop(st);
