@@ -5,22 +5,24 @@
 //! Event type names are the constants without their `MLX5_EVENT_TYPE_`
 //! prefix (Linux's `eqe_type_str()` prints them with it).
 
+use crate::ifc::eqe;
 use crate::macros::prm_enum;
 
 /// Size of one EQE, in bytes.
-pub const EQE_SIZE: usize = 64;
+pub const EQE_SIZE: usize = eqe::SIZE_BYTES;
 /// Byte offset of the event type in an EQE.
-pub const EQE_TYPE_OFFSET: usize = 0x01;
+pub const EQE_TYPE_OFFSET: usize = eqe::EVENT_TYPE.off / 8;
 /// Byte offset of the event subtype in an EQE.
-pub const EQE_SUB_TYPE_OFFSET: usize = 0x03;
+pub const EQE_SUB_TYPE_OFFSET: usize = eqe::EVENT_SUB_TYPE.off / 8;
 /// Byte offset of the 28-byte event data in an EQE.
-pub const EQE_DATA_OFFSET: usize = 0x20;
+pub const EQE_DATA_OFFSET: usize = eqe::EVENT_DATA.off / 8;
 /// Size of the event data, in bytes.
-pub const EQE_DATA_SIZE: usize = 28;
-/// Byte offset of the owner byte in an EQE.
-pub const EQE_OWNER_OFFSET: usize = 0x3f;
-/// Owner bit of the EQE owner byte.
-pub const EQE_OWNER_MASK: u8 = 0x1;
+pub const EQE_DATA_SIZE: usize = eqe::EVENT_DATA.width / 8;
+/// Byte offset of the byte that holds the one-bit `owner` in an EQE
+/// (device.h's `owner` byte).
+pub const EQE_OWNER_OFFSET: usize = eqe::OWNER.off / 8;
+/// The `owner` bit within its byte.
+pub const EQE_OWNER_MASK: u8 = 1 << (7 - eqe::OWNER.off % 8);
 /// Value software writes into every EQE's owner byte before creating the EQ.
 pub const EQE_OWNER_INIT_VAL: u8 = 0x1;
 /// Extra EQEs Linux adds to every EQ so the consumer index is updated in time.

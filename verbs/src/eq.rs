@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use mlx5_hw::event::{self as ev, EventType};
 use mlx5_hw::ifc::{create_eq_in, create_eq_out, destroy_eq_in, destroy_eq_out};
-use mlx5_hw::ifc::{CreateEqIn, CreateEqOut, DestroyEqIn};
+use mlx5_hw::ifc::{CreateEqIn, CreateEqOut, DestroyEqIn, Eqe};
 use mlx5_hw::opcode::Opcode;
 use vfio::mmio::dma_rmb;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -70,11 +70,12 @@ pub struct AsyncEvent {
 impl AsyncEvent {
     /// Decodes a copied EQE.
     pub fn from_eqe(e: &[u8; ev::EQE_SIZE]) -> Self {
+        let e = Eqe::new_unchecked(&e[..]);
         let mut data = [0u8; ev::EQE_DATA_SIZE];
-        data.copy_from_slice(&e[ev::EQE_DATA_OFFSET..ev::EQE_DATA_OFFSET + ev::EQE_DATA_SIZE]);
+        data.copy_from_slice(e.event_data().into_inner());
         Self {
-            event_type: EventType::from_raw(e[ev::EQE_TYPE_OFFSET]),
-            sub_type: e[ev::EQE_SUB_TYPE_OFFSET],
+            event_type: EventType::from_raw(e.event_type()),
+            sub_type: e.event_sub_type(),
             data,
         }
     }
@@ -526,19 +527,22 @@ mod tests {
         assert!(next_eqe(&buf, 0, log).unwrap().is_none());
         // The device writes entries 0 and 1 with owner 0 (first pass).
         for i in 0..2 {
-            let mut e = [0u8; 64];
-            e[1] = EventType::PortChange.to_raw();
-            e[0x20] = i as u8;
-            e[0x3f] = 0;
-            buf.write(i * 64, &e).unwrap();
+            let mut e = [0u8; ev::EQE_SIZE];
+            let mut v = Eqe::new_unchecked(&mut e[..]);
+            v.set_event_type(EventType::PortChange.to_raw())
+                .set_owner(false);
+            v.event_data_mut().into_inner()[0] = i as u8;
+            buf.write(i * ev::EQE_SIZE, &e).unwrap();
         }
         let e = next_eqe(&buf, 0, log).unwrap().unwrap();
         assert_eq!(AsyncEvent::from_eqe(&e).event_type, EventType::PortChange);
-        assert_eq!(next_eqe(&buf, 1, log).unwrap().unwrap()[0x20], 1);
+        let e = next_eqe(&buf, 1, log).unwrap().unwrap();
+        assert_eq!(AsyncEvent::from_eqe(&e).data[0], 1);
         assert!(next_eqe(&buf, 2, log).unwrap().is_none());
         // Second pass: owner 1 belongs to software at ci 4..8.
         assert!(next_eqe(&buf, 4, log).unwrap().is_none()); // entry 0 still owner 0
-        buf.write(0x3f, &[1]).unwrap();
+        buf.write(ev::EQE_OWNER_OFFSET, &[ev::EQE_OWNER_MASK])
+            .unwrap();
         assert!(next_eqe(&buf, 4, log).unwrap().is_some());
         assert!(eqe_is_sw_owned(0, 3, log));
         assert!(!eqe_is_sw_owned(1, 3, log));

@@ -9,8 +9,10 @@
 //! consumer index) fires it and disarms it. An event that finds the EQ
 //! full overruns it: the EQ goes to the overflow state and takes no more.
 
-use mlx5_hw::event::EventType;
-use mlx5_hw::ifc::{create_eq_in, create_eq_out, destroy_eq_in, eqc, query_eq_in, query_eq_out};
+use mlx5_hw::event::{self as ev, EventType};
+use mlx5_hw::ifc::{
+    create_eq_in, create_eq_out, destroy_eq_in, eqc, eqe, query_eq_in, query_eq_out, Eqe,
+};
 use mlx5_hw::status::CmdStatus;
 use mlx5_hw::uar::{DB_CI_MASK, EQ_DB_EQN_SHIFT, EQ_DOORBELL_ARM, EQ_DOORBELL_UPDATE_CI};
 
@@ -29,7 +31,7 @@ const ST_ARMED: u8 = mlx5_hw::event::EQ_STATE_ARMED;
 /// EQ context st: fired.
 const ST_FIRED: u8 = mlx5_hw::event::EQ_STATE_FIRED;
 /// EQE size.
-const EQE: u64 = 64;
+const EQE: u64 = eqe::SIZE_BYTES as u64;
 
 /// One event queue.
 #[derive(Debug, Clone)]
@@ -108,13 +110,16 @@ impl Firmware {
         let Some(at) = eq.entry_iova(eq.pi & (nent - 1)) else {
             return false;
         };
-        let mut e = [0u8; 64];
-        e[1] = ty;
-        e[3] = sub;
-        e[0x20..0x3c].copy_from_slice(data);
-        let owner = ((eq.pi >> eq.log_size) & 1) as u8;
+        let mut e = [0u8; eqe::SIZE_BYTES];
+        let mut v = Eqe::new_unchecked(&mut e[..]);
+        v.set_event_type(ty)
+            .set_event_sub_type(sub)
+            .set_owner((eq.pi >> eq.log_size) & 1 != 0);
+        v.event_data_mut().into_inner().copy_from_slice(data);
+        // Everything before the owner's byte, then that byte last.
+        let (body, owner) = e.split_at(ev::EQE_OWNER_OFFSET);
         let dma = &inner.bus.dma;
-        if dma.write(at, &e[..0x3f]).is_err() || dma.write(at + 0x3f, &[owner]).is_err() {
+        if dma.write(at, body).is_err() || dma.write(at + body.len() as u64, owner).is_err() {
             tracing::warn!(eqn, iova = format_args!("{at:#x}"), "EQE write faulted");
             inner.stats().dma_faults += 1;
             eq.status = EQ_STATUS_OVERFLOW;

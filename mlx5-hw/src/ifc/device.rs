@@ -386,7 +386,65 @@ pub struct CmdProtBlock {
 
 const _: () = assert!(core::mem::size_of::<CmdProtBlock>() == cmd_prot_block::SIZE_BYTES);
 
-/// Constants and registry entry of [`Eqe`] (`struct mlx5_eqe`).
+/// Constants and registry entry of [`EventAuto`] (`union mlx5_ifc_event_auto_bits`).
+pub mod event_auto {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0xe0;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x1c;
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "event_auto",
+        kind: LayoutKind::Union,
+        size_bits: 0xe0,
+        doc: "EQE event data, 28 bytes (union mlx5_ifc_event_auto_bits).",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0xe0, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// EQE event data, 28 bytes (union mlx5_ifc_event_auto_bits).
+/// Only the raw reading is declared; the per-event readings are the `eqe_*`
+/// layouts below.
+///
+/// A view of `union mlx5_ifc_event_auto_bits` (224 bits, 28 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventAuto<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> EventAuto<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (28 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("event_auto", event_auto::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EventAuto<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+}
+
+/// Constants and registry entry of [`Eqe`] (`struct mlx5_ifc_eqe_bits`).
 pub mod eqe {
     use crate::bits::BitField;
     use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
@@ -395,63 +453,116 @@ pub mod eqe {
     pub const SIZE_BITS: usize = 0x200;
     /// Size in bytes.
     pub const SIZE_BYTES: usize = 0x40;
-    /// Place of `type`: bit 0x8, 0x8 bits.
-    pub const TYPE: BitField = BitField::new(0x8, 0x8);
-    /// Place of `sub_type`: bit 0x18, 0x8 bits.
-    pub const SUB_TYPE: BitField = BitField::new(0x18, 0x8);
-    /// Place of `data`: bit 0x100, 0xe0 bits.
-    pub const DATA: BitField = BitField::new(0x100, 0xe0);
+    /// Place of `event_type`: bit 0x8, 0x8 bits.
+    pub const EVENT_TYPE: BitField = BitField::new(0x8, 0x8);
+    /// Place of `event_sub_type`: bit 0x18, 0x8 bits.
+    pub const EVENT_SUB_TYPE: BitField = BitField::new(0x18, 0x8);
+    /// Place of `event_data`: bit 0x100, 0xe0 bits.
+    pub const EVENT_DATA: BitField = BitField::new(0x100, 0xe0);
     /// Place of `signature`: bit 0x1f0, 0x8 bits.
     pub const SIGNATURE: BitField = BitField::new(0x1f0, 0x8);
-    /// Place of `owner`: bit 0x1f8, 0x8 bits.
-    pub const OWNER: BitField = BitField::new(0x1f8, 0x8);
+    /// Place of `owner`: bit 0x1ff, 0x1 bits.
+    pub const OWNER: BitField = BitField::new(0x1ff, 0x1);
     /// Registry entry: every field, reserved gaps included.
     pub static INFO: LayoutInfo = LayoutInfo {
         name: "eqe",
-        kind: LayoutKind::Bytes,
+        kind: LayoutKind::Struct,
         size_bits: 0x200,
-        doc: "Event queue entry (struct mlx5_eqe, 64 bytes).",
+        doc: "Event queue entry, 64 bytes (mlx5_ifc_eqe_bits; struct mlx5_eqe of device.h).",
         fields: &[
-            FieldInfo { name: "rsvd0", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "type", bit_off: 0x8, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "rsvd1", bit_off: 0x10, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "sub_type", bit_off: 0x18, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "rsvd2", bit_off: 0x20, width: 0xe0, ty: FieldType::Array { elem_bits: 0x20, count: 7, elem: None } },
-            FieldInfo { name: "data", bit_off: 0x100, width: 0xe0, ty: FieldType::Array { elem_bits: 0x8, count: 28, elem: None } },
-            FieldInfo { name: "rsvd3", bit_off: 0x1e0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "event_type", bit_off: 0x8, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "event_sub_type", bit_off: 0x18, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0xe0, ty: FieldType::Bits },
+            FieldInfo { name: "event_data", bit_off: 0x100, width: 0xe0, ty: FieldType::Layout("event_auto") },
+            FieldInfo { name: "reserved_at_1e0", bit_off: 0x1e0, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "signature", bit_off: 0x1f0, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "owner", bit_off: 0x1f8, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1f8", bit_off: 0x1f8, width: 0x7, ty: FieldType::Bits },
+            FieldInfo { name: "owner", bit_off: 0x1ff, width: 0x1, ty: FieldType::Bits },
         ],
     };
 }
 
-/// Event queue entry (struct mlx5_eqe, 64 bytes).
+/// Event queue entry, 64 bytes (mlx5_ifc_eqe_bits; struct mlx5_eqe of device.h).
+/// `owner` is one bit, bit 0 of byte 0x3f (device.h's `owner` byte).
 ///
-/// `struct mlx5_eqe`: 64 bytes, big-endian.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-pub struct Eqe {
-    /// `rsvd0` (byte 0x0).
-    pub rsvd0: u8,
-    /// `type` (byte 0x1).
-    pub r#type: u8,
-    /// `rsvd1` (byte 0x2).
-    pub rsvd1: u8,
-    /// `sub_type` (byte 0x3).
-    pub sub_type: u8,
-    /// `rsvd2` (byte 0x4).
-    pub rsvd2: [U32; 7],
-    /// `data` (byte 0x20).
-    pub data: [u8; 28],
-    /// `rsvd3` (byte 0x3c).
-    pub rsvd3: U16,
-    /// `signature` (byte 0x3e).
-    pub signature: u8,
-    /// `owner` (byte 0x3f).
-    pub owner: u8,
+/// A view of `struct mlx5_ifc_eqe_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eqe<T> {
+    buf: T,
 }
 
-const _: () = assert!(core::mem::size_of::<Eqe>() == eqe::SIZE_BYTES);
+impl<T: AsRef<[u8]>> Eqe<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("eqe", eqe::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `event_type`: 8 bits at bit 0x8.
+    pub fn event_type(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x8, 8) as u8
+    }
+    /// `event_sub_type`: 8 bits at bit 0x18.
+    pub fn event_sub_type(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x18, 8) as u8
+    }
+    /// `event_data` (`event_auto`, at byte 0x20).
+    pub fn event_data(&self) -> EventAuto<&[u8]> {
+        EventAuto::new_unchecked(sub(self.buf.as_ref(), 0x20, 0x1c))
+    }
+    /// `signature`: 8 bits at bit 0x1f0.
+    pub fn signature(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1f0, 8) as u8
+    }
+    /// `owner`: 1 bits at bit 0x1ff.
+    pub fn owner(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1ff, 1) != 0
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Eqe<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `event_type` (8 bits at bit 0x8).
+    pub fn set_event_type(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x8, 8, u64::from(value));
+        self
+    }
+    /// Sets `event_sub_type` (8 bits at bit 0x18).
+    pub fn set_event_sub_type(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x18, 8, u64::from(value));
+        self
+    }
+    /// `event_data` (`event_auto`, at byte 0x20), for writing.
+    pub fn event_data_mut(&mut self) -> EventAuto<&mut [u8]> {
+        EventAuto::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0x1c))
+    }
+    /// Sets `signature` (8 bits at bit 0x1f0).
+    pub fn set_signature(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1f0, 8, u64::from(value));
+        self
+    }
+    /// Sets `owner` (1 bits at bit 0x1ff).
+    pub fn set_owner(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1ff, 1, u64::from(value));
+        self
+    }
+}
 
 /// Constants and registry entry of [`EqeCmd`] (`struct mlx5_eqe_cmd`).
 pub mod eqe_cmd {

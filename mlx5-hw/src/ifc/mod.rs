@@ -173,6 +173,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_vport_change::INFO,
     &eqe_xrq_err::INFO,
     &err_cqe::INFO,
+    &event_auto::INFO,
     &exe_aso_ctrl::INFO,
     &exe_aso_ctrl_flow_meter::INFO,
     &execute_aso::INFO,
