@@ -1,7 +1,8 @@
 //! Issue 15: a device that vanishes under traffic (its vfio-user server
 //! stops) fails every wait with a named error: a command in flight and
 //! every later one, posts (send, RDMA WRITE fast path, `ibv_wr_*` batch,
-//! receive, SRQ receive), polls, and a waiter on a completion channel. The
+//! receive, SRQ receive), polls, a waiter on a completion channel, and
+//! async-event waiters (`IBV_EVENT_DEVICE_FATAL`). The
 //! other function of the cable carries on.
 
 mod verbs_common;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use mlx5_emu::{DeviceConfig, Fabric, Profile};
 use mlx5_hw::opcode::Opcode;
 use verbs::cq::WcStatus;
+use verbs::device::AsyncEventKind;
 use verbs::health::HealthCause;
 use verbs::qp::{send_flags, Payload, PostError, QpType, RecvWr, SendOp, SendWr};
 use verbs::Error;
@@ -95,6 +97,11 @@ fn a_vanished_device_fails_commands_posts_polls_and_channel_waits() {
     assert_eq!(woke, Some(ccq.cqn()), "the channel's waiter woke");
     let e = ccq.poll(&mut [Default::default(); 4]).unwrap_err();
     assert!(vanished(&e), "poll after the wake-up: {e}");
+
+    // Async-event waiters hear IBV_EVENT_DEVICE_FATAL.
+    let fatal = std::iter::from_fn(|| p.a.ctx.get_async_event(HANG_GUARD))
+        .find(|e| *e == AsyncEventKind::DeviceFatal);
+    assert_eq!(fatal, Some(AsyncEventKind::DeviceFatal));
 
     // Every later wait fails at once, with the same cause.
     let e = p.a.cq.poll(&mut [Default::default(); 4]).unwrap_err();
