@@ -20,8 +20,8 @@
 //! CQ's completion handler fires once (as mlx5_ib's internal-error flow
 //! does) so that waiters on completion channels wake and poll, and
 //! subscribers are told (health subscribers the event, async-event ones
-//! `IBV_EVENT_DEVICE_FATAL`). Nothing aborts; recovery is a function reset and a
-//! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
+//! `IBV_EVENT_DEVICE_FATAL`). Nothing aborts; recovery is a function reset
+//! and a fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
