@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mlx5_hw::health::{self as hw, HealthSyndrome};
-use vfio::clock::SharedClock;
+use vfio::clock::{Deadline, SharedClock};
 use vfio::{Mmio, PciFunction};
 
 use crate::cmd::{iseg, CmdQueue};
@@ -38,6 +38,10 @@ use crate::eq::CompTable;
 use crate::{Error, Result};
 
 pub use mlx5_hw::health::HEALTH_MAX_MISSES;
+
+/// Names the poller's wait for its next poll (a test's
+/// `ManualClock::wait_armed`).
+pub const HEALTH_POLL_DEADLINE: &str = "health poll";
 
 /// `nic_interface` value: the NIC interface is disabled.
 pub const NIC_IFC_DISABLED: u32 = 1;
@@ -401,12 +405,12 @@ fn poll_loop(watch: &Watch, clock: &SharedClock, interval: Duration, stop: &Atom
         // (`stop` unparks). The next poll is an interval after this one,
         // as the kernel re-arms its timer: a late poll is not followed by
         // a burst that would find the counter still.
-        let next = vfio::clock::later(clock.now(), interval);
-        while clock.now() < next {
+        let next = Deadline::after(clock, interval, HEALTH_POLL_DEADLINE);
+        while !next.passed() {
             if stop.load(Ordering::Acquire) {
                 return;
             }
-            clock.park_until(next, interval);
+            next.pause(interval);
         }
         if stop.load(Ordering::Acquire) {
             return;

@@ -123,6 +123,16 @@ impl Deadline {
         }
     }
 
+    /// A wait until `at` on `clock` (which may already have passed).
+    pub fn until(clock: &SharedClock, at: Instant, what: &'static str) -> Self {
+        Self {
+            token: clock.arm(at, what),
+            clock: clock.clone(),
+            start: clock.now(),
+            at,
+        }
+    }
+
     /// When it passes.
     pub fn at(&self) -> Instant {
         self.at
@@ -193,6 +203,11 @@ impl ManualClock {
     /// This clock as the driver and the model take it.
     pub fn shared(self: &Arc<Self>) -> SharedClock {
         self.clone()
+    }
+
+    /// The time on this clock (also [`Clock::now`]).
+    pub fn now(&self) -> Instant {
+        later(self.base, self.lock().offset)
     }
 
     fn lock(&self) -> MutexGuard<'_, ManualState> {
@@ -274,7 +289,7 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
-        later(self.base, self.lock().offset)
+        ManualClock::now(self)
     }
 
     fn park_until(&self, deadline: Instant, most: Duration) {

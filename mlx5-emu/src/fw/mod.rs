@@ -40,7 +40,7 @@ pub(crate) use adapter::RESD_LKEY;
 pub(crate) use eq::Eq;
 
 /// How often the health counter moves while firmware lives.
-const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+pub(crate) const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The HCA's life cycle as firmware tracks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -261,7 +261,7 @@ pub(crate) struct Firmware {
     power_on_at: Instant,
     fw_start: std::time::Duration,
     initializing: bool,
-    dead: bool,
+    pub(crate) dead: bool,
     last_tick: Instant,
     health_counter: u32,
     // Command interface.

@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use vfio::clock::SharedClock;
+use vfio::clock::{Deadline, SharedClock};
 
 use vfio::emulated::DmaSpace;
 use vfio::DmaBuffer;
@@ -202,7 +202,8 @@ pub(crate) struct Rdma {
     pub attention: Mutex<BTreeSet<u32>>,
     /// UAR pages to watch.
     pub uars: Mutex<Vec<UarWatch>>,
-    pub timers: Mutex<HashMap<u32, Instant>>,
+    /// Retry timers (ACK timeout, RNR timer) by QP, on the clock.
+    pub timers: Mutex<HashMap<u32, Deadline>>,
     pub counters: Counters,
     pub worker: Mutex<Option<Thread>>,
     /// Reserved lkey (QUERY_SPECIAL_CONTEXTS): physical addressing.
@@ -242,6 +243,10 @@ pub(crate) struct UarWatch {
     /// When it last rang.
     rang: Instant,
 }
+
+/// Names a send queue's wait for its retry timer (ACK timeout, RNR timer),
+/// for a test's `ManualClock::wait_armed`.
+pub const RETRY_DEADLINE: &str = "transport retry";
 
 /// Send doorbell offsets in a UAR page: the two BlueFlame buffers of each
 /// of the four bfregs.
@@ -390,7 +395,11 @@ impl Rdma {
 
     /// QP `qpn` waits for a timer (RNR, ACK timeout) due at `at`.
     pub(crate) fn timer(&self, qpn: u32, at: Instant) {
-        lock(&self.timers).insert(qpn, at);
+        let mut t = lock(&self.timers);
+        if t.get(&qpn).is_some_and(|d| d.at() == at) {
+            return;
+        }
+        t.insert(qpn, Deadline::until(&self.clock, at, RETRY_DEADLINE));
     }
 
     /// Counts an event in the Q counter set the QP is bound to (none for
@@ -555,8 +564,8 @@ impl Rdma {
             let mut t = lock(&self.timers);
             if !t.is_empty() {
                 let now = self.clock.now();
-                t.retain(|&q, &mut at| {
-                    if at <= now {
+                t.retain(|&q, d| {
+                    if d.at() <= now {
                         attention.push(q);
                         false
                     } else {
