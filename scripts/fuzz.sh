@@ -29,7 +29,8 @@ if ! cargo afl --version 2>/dev/null | grep -q "^cargo-afl $afl_version "; then
     cargo install cargo-afl --locked --version "$afl_version"
 fi
 # AFL++ is built per rustc version: a toolchain update needs it again.
-if ! cargo afl fuzz -h >/dev/null 2>&1; then
+# (afl-fuzz -h exits non-zero: its usage text tells that it is there.)
+if ! cargo afl fuzz -h 2>&1 | grep -q -- '-V seconds'; then
     cargo afl config --build --force
 fi
 

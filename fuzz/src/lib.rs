@@ -9,7 +9,8 @@
 //! |---|---|
 //! | `vfio_user` | a client's byte stream to the vfio-user server serving the model ([`vfio_user`]) |
 //! | `cmd_engine` | command entries and mailbox chains to the model's command engine ([`cmd_engine`]) |
-//! //! | `driver_decode` | command outputs, CQEs, EQEs and capability pages to the driver's decoders ([`driver_decode`]) |
+//! | `wqe` | send-queue bytes and doorbells to the model's data path ([`wqe`]) |
+//! | `driver_decode` | command outputs, CQEs, EQEs and capability pages to the driver's decoders ([`driver_decode`]) |
 //! | `prm_decode` | buffers to the PRM registry decoder and text to the trace codec ([`prm_decode`]) |
 //! | `perf_flags` | argv to `mlx5-perf`'s flag parsing and checks ([`perf_flags`]) |
 //!
@@ -26,6 +27,7 @@ pub mod prm_decode;
 pub mod rig;
 pub mod seeds;
 pub mod vfio_user;
+pub mod wqe;
 
 use std::path::PathBuf;
 
@@ -47,6 +49,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "cmd_engine",
         run: cmd_engine::run,
+    },
+    Target {
+        name: "wqe",
+        run: wqe::run,
     },
     Target {
         name: "driver_decode",

@@ -23,6 +23,7 @@ pub fn seeds(name: &str) -> Vec<Seed> {
     match name {
         "vfio_user" => vfio_user(),
         "cmd_engine" => cmd_engine(),
+        "wqe" => crate::wqe::seeds(),
         "driver_decode" => driver_decode(),
         "prm_decode" => prm_decode(),
         "perf_flags" => perf_flags(),

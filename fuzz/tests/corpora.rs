@@ -54,6 +54,11 @@ fn cmd_engine_corpus_replays() {
 }
 
 #[test]
+fn wqe_corpus_replays() {
+    replay("wqe");
+}
+
+#[test]
 fn driver_decode_corpus_replays() {
     replay("driver_decode");
 }

@@ -81,10 +81,7 @@ fn a_vanished_device_fails_commands_posts_polls_and_channel_waits() {
         let chan = chan.clone();
         std::thread::spawn(move || chan.get_cq_event(HANG_GUARD))
     };
-    // The NOP's doorbell has rung.
-    while posted() == before {
-        std::thread::yield_now();
-    }
+    tests::wait::until("the NOP's doorbell", || posted() != before);
     drop(servers.remove(0));
 
     let e = in_flight.join().unwrap().unwrap_err();
