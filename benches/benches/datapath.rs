@@ -189,7 +189,7 @@ fn run(s: &mut Setup, n: u64, sge: &Sge, window: u32, sig: u32, batch: u32) -> D
             }
             ring.ring();
         }
-        let k = s.a.cq.poll(&mut wc);
+        let k = s.a.cq.poll(&mut wc).expect("poll");
         for w in &wc[..k] {
             assert_eq!(w.status, WcStatus::Success, "completion {w:?}");
             done = w.wr_id;

@@ -359,9 +359,16 @@ impl Fabric {
     /// `n` functions of `profile` (MACs `..:01`, `..:02`, ...) cabled
     /// together: two are a cable, more a switch.
     pub fn cabled(n: usize, profile: Profile) -> Self {
+        Self::cabled_as(n, &DeviceConfig::for_profile(profile))
+    }
+
+    /// `n` functions built as `cfg` says but for their MACs (`..:01`,
+    /// `..:02`, ... as [`Fabric::cabled`]), cabled together; one clock, if
+    /// `cfg` hands a manual one, moves them all.
+    pub fn cabled_as(n: usize, cfg: &DeviceConfig) -> Self {
         let f = Self::new();
         for i in 0..n {
-            let mut cfg = DeviceConfig::for_profile(profile);
+            let mut cfg = cfg.clone();
             cfg.mac = crate::DEFAULT_MAC + i as u64;
             f.add(cfg);
         }

@@ -49,11 +49,12 @@ pub mod transport;
 pub mod vsc;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use vfio::clock::SharedClock;
 use vfio::emulated::{Bus, DeviceModel, EmulatedFunction};
 use vfio::{DmaBuffer, IrqKind, RegionInfo};
 
@@ -98,6 +99,13 @@ pub struct DeviceConfig {
     pub output_override: Option<Arc<dyn OutputOverride>>,
     /// The port's MAC address (QUERY_NIC_VPORT_CONTEXT permanent_address).
     pub mac: u64,
+    /// The clock firmware delays (`fw_start`), the internal timer, ACK
+    /// timeouts and RNR retries are measured on. Default: the monotonic
+    /// clock; tests hand a [`vfio::clock::ManualClock`] (the driver's, so
+    /// both see one time) and move it themselves. The worker's polling
+    /// pace and the health counter's heartbeat stay on real time: they say
+    /// when the model looks and that it runs, and measure nothing.
+    pub clock: SharedClock,
 }
 
 /// A hook on the command engine: after the model executed a delivered
@@ -139,6 +147,7 @@ impl Default for DeviceConfig {
             cmd_init_timeout_ms: 2_000,
             output_override: None,
             mac: DEFAULT_MAC,
+            clock: vfio::clock::system(),
         }
     }
 }
@@ -300,6 +309,8 @@ pub(crate) struct Inner {
     /// The command doorbell has arrived as a trapped access: the register's
     /// copy in shared memory is then stale and no doorbell can be lost.
     pub(crate) cmd_doorbell_trapped: AtomicBool,
+    /// Worker passes so far (Device::worker_passes).
+    passes: AtomicU64,
     stop: AtomicBool,
     worker: Mutex<Option<Thread>>,
 }
@@ -423,7 +434,7 @@ impl Device {
             }
         };
         let fw = fw::Firmware::new(&cfg);
-        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY);
+        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY, cfg.clock.clone());
         let inner = Arc::new(Inner {
             rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),
@@ -434,6 +445,7 @@ impl Device {
             trapped_doorbells: Mutex::new(Vec::new()),
             trapped_cmd_doorbell: AtomicU32::new(0),
             cmd_doorbell_trapped: AtomicBool::new(false),
+            passes: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             worker: Mutex::new(None),
             bar,
@@ -531,6 +543,21 @@ impl Device {
         lock(&self.inner.fw).port
     }
 
+    /// How many passes the worker has made over the device (firmware, then
+    /// the data path). A test that reads `n` here and waits for `n + 2`
+    /// knows one whole pass began after it looked: what the model would
+    /// have done by then, it has done (firmware is looked at on every pass
+    /// while the data path is idle).
+    pub fn worker_passes(&self) -> u64 {
+        self.inner.passes.load(Ordering::Acquire)
+    }
+
+    /// Whether firmware has raised an injected health failure (the health
+    /// buffer and counter show it from then on).
+    pub fn firmware_failed(&self) -> bool {
+        lock(&self.inner.fw).dead
+    }
+
     /// Firmware asks the driver for `npages` more pages (positive) or wants
     /// to return `-npages` (negative), through a PAGE_REQUEST EQE.
     pub fn request_pages(&self, npages: i32) {
@@ -601,7 +628,9 @@ fn worker(inner: Arc<Inner>) {
     let mut pace = (false, last_activity);
     let mut empty: u32 = 0;
     while !inner.stop.load(Ordering::Acquire) {
-        if inner.poll_once(&mut pace) {
+        let busy = inner.poll_once(&mut pace);
+        inner.passes.fetch_add(1, Ordering::Release);
+        if busy {
             last_activity = Instant::now();
             empty = 0;
             continue;

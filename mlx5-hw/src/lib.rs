@@ -48,6 +48,7 @@ pub mod health;
 pub mod ifc;
 pub mod init;
 pub mod opcode;
+pub mod qp;
 pub mod registry;
 pub mod status;
 pub mod trace;

@@ -2,6 +2,7 @@
 pub mod backend;
 pub mod function_contract;
 pub mod replay;
+pub mod wait;
 
 /// The real ConnectX-4 firmware trace the repo carries, parsed:
 /// `$MLX5_TRACE` or `tests/data/traces/connectx4-mlx5_core-bringup.txt`

@@ -1,20 +1,33 @@
 //! Fault injection, mailbox chains, run-time pages and the bring-up order:
 //! the driver's HCA layer against the device model.
 //!
-//! Every fault must end in a *named* error within the device's advertised
-//! timeout, and the driver must then close cleanly (no DMA mappings, no
-//! eventfds) so that a fresh `Hca::open` on the same function succeeds.
+//! Every fault must end in a *named* error once the device's advertised
+//! timeout has passed, and the driver must then close cleanly (no DMA
+//! mappings, no eventfds) so that a fresh `Hca::open` on the same function
+//! succeeds.
+//!
+//! The driver and the model share a `ManualClock`: time moves only when a
+//! test moves it, to the deadline the driver is waiting for
+//! (`ManualClock::advance_to_armed`), so a timeout fires because the test
+//! said so and never because the machine was busy, and nothing times out
+//! while the test does not move time. Tests assert what happened (which
+//! error, after how much time on that clock), never how long it took.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use mlx5_emu::{CmdLogEntry, DeviceConfig, Profile};
 use mlx5_hw::health::HealthSyndrome;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use tests::backend::{Backend, Func};
+use tests::wait::{until, HANG_GUARD};
+use verbs::bringup::INITIALIZING_DEADLINE;
+use verbs::cmd::{CMD_DEADLINE, CMD_TIMEOUT_SLACK};
 use verbs::hca::{Hca, HcaOptions};
-use verbs::health::HealthCause;
+use verbs::health::{HealthCause, HEALTH_POLL_DEADLINE};
 use verbs::Error;
+use vfio::clock::ManualClock;
 
 /// The backend this suite runs on (`vfio_user_bringup.rs` includes this
 /// file and runs it over vfio-user).
@@ -23,35 +36,66 @@ const BACKEND: Backend = Backend::InProcess;
 
 /// The command execution timeout the model advertises (iseg 0xff8).
 const EXEC_TO_MS: u32 = 250;
-/// The driver's slack past the advertised timeout (`verbs::cmd::CMD_TIMEOUT_SLACK`).
-const SLACK: Duration = Duration::from_secs(1);
+/// The health poll interval.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+/// How long the driver waits for `initializing` before the queue exists.
+const PRE_INIT_TIMEOUT: Duration = Duration::from_millis(300);
 
-fn device() -> Func {
+/// The function, and the clock its model and driver share.
+struct Dev {
+    f: Func,
+    clock: Arc<ManualClock>,
+}
+
+impl std::ops::Deref for Dev {
+    type Target = Func;
+    fn deref(&self) -> &Func {
+        &self.f
+    }
+}
+
+fn device() -> Dev {
     device_of(Profile::ConnectX4Lx)
 }
 
-fn device_of(profile: Profile) -> Func {
-    tests::backend::device(
+fn device_of(profile: Profile) -> Dev {
+    let clock = ManualClock::new();
+    let f = tests::backend::device(
         crate::BACKEND,
         DeviceConfig {
             cmd_exec_timeout_ms: EXEC_TO_MS,
             cmd_init_timeout_ms: 500,
+            // Ready at power-on: on a clock that stands still, any delay
+            // would hold every bring-up.
+            fw_start: Duration::ZERO,
+            clock: clock.shared(),
             ..DeviceConfig::for_profile(profile)
         },
-    )
+    );
+    Dev { f, clock }
 }
 
-fn opts(event_mode: bool) -> HcaOptions {
+fn opts(f: &Dev, event_mode: bool) -> HcaOptions {
     HcaOptions {
         event_mode,
-        health_interval: Some(Duration::from_millis(250)),
-        fw_pre_init_timeout: Duration::from_millis(300),
+        health_interval: Some(HEALTH_INTERVAL),
+        fw_pre_init_timeout: PRE_INIT_TIMEOUT,
+        clock: f.clock.shared(),
         ..HcaOptions::default()
     }
 }
 
 fn try_open(f: &Func, o: HcaOptions) -> Result<Hca, Error> {
     Hca::open(f.function(), o)
+}
+
+/// Opens on another thread, moves the clock to the deadline named `what`
+/// once the driver waits for it, and returns what the open returned.
+fn open_past(f: &Dev, o: HcaOptions, what: &str) -> Result<Hca, Error> {
+    let func = f.function();
+    let t = std::thread::spawn(move || Hca::open(func, o));
+    f.clock.advance_to_armed(what, HANG_GUARD);
+    t.join().expect("the open panicked")
 }
 
 fn open(f: &Func, o: HcaOptions) -> Hca {
@@ -65,12 +109,12 @@ fn assert_clean(f: &Func, what: &str) {
 }
 
 /// A fresh open (after an FLR if `reset`) works and closes cleanly.
-fn reopen_works(f: &Func, reset: bool, event_mode: bool) {
+fn reopen_works(f: &Dev, reset: bool, event_mode: bool) {
     f.model().faults().clear();
     if reset {
         f.reset().unwrap();
     }
-    let hca = open(f, opts(event_mode));
+    let hca = open(f, opts(f, event_mode));
     hca.nop().unwrap();
     hca.close().unwrap();
     assert_clean(f, "after the re-open");
@@ -80,6 +124,15 @@ const ADAPTER_OUT: usize = mlx5_hw::ifc::query_adapter_out::SIZE_BYTES;
 
 fn exec_to() -> Duration {
     Duration::from_millis(EXEC_TO_MS.into())
+}
+
+/// Runs `input` on another thread, moves the clock to its command deadline
+/// once the driver waits for it, and returns what the command returned.
+fn exec_past_deadline(f: &Dev, hca: &Hca, input: Vec<u8>, out: usize) -> verbs::Result<Vec<u8>> {
+    let cmd = hca.cmd().clone();
+    let t = std::thread::spawn(move || cmd.exec(&input, out));
+    f.clock.advance_to_armed(CMD_DEADLINE, HANG_GUARD);
+    t.join().expect("the command panicked")
 }
 
 fn raw(op: Opcode, op_mod: u16, len: usize) -> Vec<u8> {
@@ -93,14 +146,6 @@ fn log_since(f: &Func, from: usize) -> Vec<CmdLogEntry> {
     f.model().command_log().split_off(from)
 }
 
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 // ---------------------------------------------------------------------------
 // 1. Faults
 // ---------------------------------------------------------------------------
@@ -110,19 +155,21 @@ fn a_firmware_stuck_initializing_times_out_by_name() {
     let f = device();
     f.model().faults().stuck_initializing(true);
     f.reset().unwrap();
-    let start = Instant::now();
-    let e = try_open(&f, opts(false)).unwrap_err();
-    let took = start.elapsed();
+    let e = open_past(&f, opts(&f, false), INITIALIZING_DEADLINE).unwrap_err();
     match &e {
-        Error::Timeout { what, .. } => assert!(what.contains("initializing"), "{e}"),
+        Error::Timeout { what, after } => {
+            assert!(what.contains("initializing"), "{e}");
+            // It gave up exactly when its timeout passed on the clock.
+            assert_eq!(*after, PRE_INIT_TIMEOUT, "{e}");
+        }
         other => panic!("expected a timeout naming initializing, got {other:?}"),
     }
     assert!(e.to_string().contains("initializing"), "{e}");
-    assert!(took < Duration::from_millis(300) + SLACK, "took {took:?}");
+    assert_eq!(f.model().stats().commands, 0, "no command was sent");
     assert_clean(&f, "failed open");
     // Still stuck: still a timeout, still clean.
     assert!(matches!(
-        try_open(&f, opts(true)),
+        open_past(&f, opts(&f, true), INITIALIZING_DEADLINE),
         Err(Error::Timeout { .. })
     ));
     assert_clean(&f, "second failed open");
@@ -131,7 +178,7 @@ fn a_firmware_stuck_initializing_times_out_by_name() {
 
 fn never_completes(event_mode: bool) {
     let f = device();
-    let hca = open(&f, opts(event_mode));
+    let hca = open(&f, opts(&f, event_mode));
     assert_eq!(
         hca.cmd().geometry().exec_timeout,
         exec_to(),
@@ -140,29 +187,22 @@ fn never_completes(event_mode: bool) {
     f.model()
         .faults()
         .never_complete(Opcode::QueryAdapter.to_raw());
-    let start = Instant::now();
-    let e = hca
-        .cmd()
-        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT)
-        .unwrap_err();
-    let took = start.elapsed();
+    let e =
+        exec_past_deadline(&f, &hca, raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT).unwrap_err();
     match &e {
-        Error::Timeout { what, .. } => assert!(what.contains("QUERY_ADAPTER"), "{e}"),
+        Error::Timeout { what, after } => {
+            assert!(what.contains("QUERY_ADAPTER"), "{e}");
+            // Not before the advertised timeout and the kernel's slack.
+            assert_eq!(*after, exec_to() + CMD_TIMEOUT_SLACK, "{e}");
+        }
         other => panic!("expected a timeout naming QUERY_ADAPTER, got {other:?}"),
     }
-    assert!(took >= exec_to(), "gave up early: {took:?}");
-    assert!(
-        took < exec_to() + SLACK + Duration::from_millis(500),
-        "took {took:?}"
-    );
     // The stuck slot is not reused: other commands still work, many times.
     for _ in 0..2 * hca.cmd().slots() {
         hca.nop().unwrap();
     }
     // The same opcode keeps timing out (fault is forever) and is named again.
-    let e = hca
-        .cmd()
-        .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT);
+    let e = exec_past_deadline(&f, &hca, raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT);
     assert!(matches!(e, Err(Error::Timeout { what, .. }) if what.contains("QUERY_ADAPTER")));
     hca.nop().unwrap();
     f.model().faults().clear();
@@ -185,14 +225,14 @@ fn b_never_completing_command_times_out_by_opcode_event() {
 fn c_delivery_error_is_named() {
     for event_mode in [false, true] {
         let f = device();
-        let hca = open(&f, opts(event_mode));
+        let hca = open(&f, opts(&f, event_mode));
         let n = f.model().command_log().len();
         f.model()
             .faults()
             .delivery_error(Opcode::Nop.to_raw(), DeliveryStatus::BadBlockNumber, 1);
-        let start = Instant::now();
+        // The clock stands still: the answer is the delivery status, never
+        // a timeout.
         let e = hca.nop().unwrap_err();
-        assert!(start.elapsed() < exec_to());
         match &e {
             Error::Delivery {
                 opcode,
@@ -225,7 +265,7 @@ fn c_delivery_error_is_named() {
 #[test]
 fn d_command_status_and_syndrome_are_named() {
     let f = device();
-    let hca = open(&f, opts(true));
+    let hca = open(&f, opts(&f, true));
     f.model().faults().command_status(
         Opcode::Nop.to_raw(),
         CmdStatus::BadParameter,
@@ -270,7 +310,7 @@ fn d_failing_status_during_bring_up_unwinds() {
         0x0bad_0001,
         1,
     );
-    let e = try_open(&f, opts(true)).unwrap_err();
+    let e = try_open(&f, opts(&f, true)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -296,15 +336,20 @@ fn d_failing_status_during_bring_up_unwinds() {
 
 fn health_failure(event_mode: bool) {
     let f = device();
-    let hca = open(&f, opts(event_mode));
+    let hca = open(&f, opts(&f, event_mode));
     let rx = hca.subscribe_health();
     hca.nop().unwrap();
     f.model()
         .faults()
         .health_failure(HealthSyndrome::DeadIrisc, 0x12);
-    let ev = rx
-        .recv_timeout(Duration::from_secs(5))
-        .expect("a health event within 5 s");
+    until("firmware to raise the failure", || {
+        f.model().firmware_failed()
+    });
+    // Nothing is reported until the poller's next poll is due.
+    assert!(rx.try_recv().is_err(), "reported before a poll");
+    // The poller's next poll: one is enough.
+    f.clock.advance_to_armed(HEALTH_POLL_DEADLINE, HANG_GUARD);
+    let ev = rx.recv_timeout(HANG_GUARD).expect("a health event");
     println!("health event: {ev}");
     assert_eq!(ev.synd, Some(HealthSyndrome::DeadIrisc), "{ev}");
     assert_eq!(ev.ext_synd, 0x12, "{ev}");
@@ -314,19 +359,24 @@ fn health_failure(event_mode: bool) {
         HealthCause::PciDead | HealthCause::Syndrome { .. } | HealthCause::CounterStuck(_)
     ));
     assert_eq!(hca.health_failure().as_ref(), Some(&ev));
-    // Every later command fails at once with the event.
+    // Every later command fails at once with the event: none reaches
+    // firmware (and the clock stands still, so none could time out).
+    let sent = f.model().stats().commands;
     for _ in 0..3 {
-        let start = Instant::now();
         match hca.nop() {
             Err(Error::Health(e)) => assert_eq!(e, ev),
             other => panic!("expected a health error, got {other:?}"),
         }
-        assert!(start.elapsed() < Duration::from_millis(50));
     }
     let e = hca
         .cmd()
         .exec(&raw(Opcode::QueryAdapter, 0, 16), ADAPTER_OUT);
     assert!(matches!(e, Err(Error::Health(_))));
+    assert_eq!(
+        f.model().stats().commands,
+        sent,
+        "a command reached firmware"
+    );
     f.model().faults().clear();
     let hca = hca.recover().unwrap_or_else(|e| panic!("recover: {e}"));
     assert!(hca.health_failure().is_none());
@@ -349,16 +399,17 @@ fn e_health_failure_reported_and_recovered_polled() {
 #[test]
 fn f_page_request_storm_loses_nothing() {
     let f = device();
-    let hca = open(&f, opts(true));
+    let hca = open(&f, opts(&f, true));
     let before = f.model().stats().pages_held;
     assert_eq!(before, hca.fw_pages() as u64);
     const STORM: u64 = 600;
     f.model().faults().page_request_storm(STORM as u32);
-    wait_for("the storm's pages", Duration::from_secs(20), || {
+    until("the storm's pages", || {
         f.model().stats().pages_held == before + STORM && hca.fw_pages() as u64 == before + STORM
     });
-    // And nothing more arrives late.
-    std::thread::sleep(Duration::from_millis(50));
+    // And nothing more arrives late: a command round trip later (the
+    // model's worker has passed its page requests again), still the same.
+    hca.nop().unwrap();
     assert_eq!(f.model().stats().pages_held, before + STORM);
     assert_eq!(hca.fw_pages() as u64, before + STORM);
     assert_eq!(f.model().stats().eq_overruns, 0);
@@ -375,7 +426,7 @@ fn f_page_request_storm_loses_nothing() {
 fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
     use verbs::cmd::blocks_for;
     let f = device();
-    let hca = open(&f, opts(true));
+    let hca = open(&f, opts(&f, true));
     let cmd = hca.cmd();
     let n0 = f.model().command_log().len();
 
@@ -423,16 +474,10 @@ fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
     // command, the driver's PAGES_PER_CMD) + 2 blocks.
     let held = f.model().stats().pages_held;
     f.model().request_pages(100);
-    wait_for("100 pages", Duration::from_secs(5), || {
-        f.model().stats().pages_held == held + 100
-    });
+    until("100 pages", || f.model().stats().pages_held == held + 100);
     f.model().request_pages(600);
-    wait_for("600 pages", Duration::from_secs(5), || {
-        f.model().stats().pages_held == held + 700
-    });
-    wait_for("driver's count", Duration::from_secs(1), || {
-        hca.fw_pages() as u64 == held + 700
-    });
+    until("600 pages", || f.model().stats().pages_held == held + 700);
+    until("driver's count", || hca.fw_pages() as u64 == held + 700);
 
     let log = log_since(&f, n0);
     assert!(
@@ -458,15 +503,15 @@ fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
 fn runtime_pages_give_then_take() {
     for event_mode in [false, true] {
         let f = device();
-        let hca = open(&f, opts(event_mode));
+        let hca = open(&f, opts(&f, event_mode));
         let base = f.model().stats().pages_held;
         assert_eq!(hca.fw_pages() as u64, base);
         f.model().request_pages(300);
-        wait_for("give", Duration::from_secs(5), || {
+        until("give", || {
             f.model().stats().pages_held == base + 300 && hca.fw_pages() as u64 == base + 300
         });
         f.model().request_pages(-120);
-        wait_for("take", Duration::from_secs(5), || {
+        until("take", || {
             f.model().stats().pages_held == base + 180 && hca.fw_pages() as u64 == base + 180
         });
         let n = f.model().command_log().len();
@@ -511,7 +556,7 @@ fn order_on(profile: Profile, event_mode: bool, fast_teardown: bool) {
         &f,
         HcaOptions {
             fast_teardown,
-            ..opts(event_mode)
+            ..opts(&f, event_mode)
         },
     );
     let up = names(&f.model().command_log());
@@ -601,11 +646,9 @@ fn order_on(profile: Profile, event_mode: bool, fast_teardown: bool) {
     // "disabled"; in shared BAR memory it can read its own store before the
     // model's worker has acted on it, so the model lets go of its pages a
     // moment later (a limit of polled shared memory, see ARCHITECTURE.md).
-    wait_for(
-        "firmware to let go of its pages",
-        Duration::from_secs(2),
-        || f.model().stats().pages_held == 0,
-    );
+    until("firmware to let go of its pages", || {
+        f.model().stats().pages_held == 0
+    });
     assert_eq!(fast, fast_teardown && profile != Profile::ConnectX4Lx);
     // The function can be opened again at once.
     reopen_works(&f, false, event_mode);

@@ -8,6 +8,7 @@ use mlx5_emu::{DeviceConfig, OutputOverride, Profile};
 use mlx5_hw::ifc::CmdHcaCap;
 use mlx5_hw::opcode::Opcode;
 use tests::backend::{device, Backend};
+use tests::wait::until;
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::Error;
@@ -120,17 +121,6 @@ fn queue_sizes_by_absurd_capabilities_are_errors() {
     ctx.close().unwrap();
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-}
-
 /// MANAGE_PAGES op_mod 0 ("cannot give") commands firmware received.
 fn refusals(f: &tests::backend::Func) -> usize {
     f.model()
@@ -161,7 +151,7 @@ fn a_page_request_for_2_31_pages_is_refused_and_reported() {
     let (f, ctx) = open_with_budget(16_384);
     let held = f.model().stats().pages_held;
     f.model().request_pages(i32::MAX);
-    wait_for("the refusal", || refusals(&f) == 1);
+    until("the refusal", || refusals(&f) == 1);
     assert_eq!(f.model().stats().pages_held, held, "nothing was given");
     assert_eq!(ctx.hca().fw_pages(), held as usize);
     ctx.hca().nop().unwrap();
@@ -182,7 +172,7 @@ fn a_page_request_storm_stops_at_the_budget() {
     let budget = need + 40;
     let (f, ctx) = open_with_budget(budget);
     f.model().faults().page_request_storm(100);
-    wait_for("60 refusals", || refusals(&f) == 60);
+    until("60 refusals", || refusals(&f) == 60);
     assert_eq!(f.model().stats().pages_held as usize, budget);
     ctx.close().unwrap();
     assert_eq!(f.model().stats().pages_held, 0);
@@ -206,7 +196,7 @@ fn close_interrupts_a_give_in_progress() {
     };
     let at_boot = gives(&f);
     f.model().request_pages(want as i32);
-    wait_for("the give to start", || f.model().stats().pages_held > held);
+    until("the give to start", || f.model().stats().pages_held > held);
     ctx.close().unwrap();
     assert_eq!(
         f.model().stats().pages_held,

@@ -5,6 +5,8 @@ mod verbs_common;
 
 use std::time::Duration;
 
+use vfio::clock::ManualClock;
+
 use verbs::cq::{Wc, WcStatus};
 use verbs::device::AsyncEventKind;
 use verbs::mr::{access, Sge};
@@ -173,7 +175,8 @@ fn receive_buffer_too_small_fails_both_sides() {
 
 #[test]
 fn no_receive_posted_is_rnr_retry_exceeded() {
-    let mut p = pair(1 << 16);
+    let clock = ManualClock::new();
+    let mut p = pair_on(1 << 16, &clock);
     let retry = Retry {
         timeout: 10,
         retry_cnt: 3,
@@ -189,15 +192,22 @@ fn no_receive_posted_is_rnr_retry_exceeded() {
         ud: None,
     }])
     .unwrap();
+    // Each RNR NAK holds the send queue for the RNR timer; after two
+    // retries the third NAK ends it.
+    for _ in 0..2 {
+        assert!(next_retry(&clock) > Duration::ZERO);
+    }
     let w = poll_n(&mut p.a.cq, 1);
     assert_eq!(w[0].status, WcStatus::RnrRetryExcErr, "{w:?}");
     let st = stats(&p.fabric, 0);
-    assert!(st.rnr_naks >= 3, "initial try + 2 retries NAKed: {st:?}");
+    assert_eq!(st.rnr_naks, 3, "initial try + 2 retries NAKed: {st:?}");
+    assert_eq!(st.retries, 2, "{st:?}");
 }
 
 #[test]
 fn peer_gone_is_transport_retry_exceeded() {
-    let mut p = pair(1 << 16);
+    let clock = ManualClock::new();
+    let mut p = pair_on(1 << 16, &clock);
     let retry = Retry {
         timeout: 8,
         retry_cnt: 2,
@@ -208,8 +218,14 @@ fn peer_gone_is_transport_retry_exceeded() {
     let s = p.a.mr.sge(0, 32).unwrap();
     qa.post_send(&[write_wr(1, &[s], p.b.mr.addr(), p.b.mr.rkey())])
         .unwrap();
+    // Nobody answers: two resends, each after the local ACK timeout
+    // (4.096 us << timeout 8), then the error.
+    for _ in 0..2 {
+        assert_eq!(next_retry(&clock), Duration::from_nanos(4096 << 8));
+    }
     let w = poll_n(&mut p.a.cq, 1);
     assert_eq!(w[0].status, WcStatus::RetryExcErr, "{w:?}");
+    assert_eq!(stats(&p.fabric, 0).retries, 2);
 }
 
 #[test]
@@ -310,7 +326,7 @@ fn moving_to_err_flushes_every_outstanding_wr() {
             .map(|i| (1000 + i, WcStatus::WrFlushErr, qb.qp_num()))
             .collect::<Vec<_>>()
     );
-    assert!(nothing_more(&mut p.b.cq));
+    assert!(nothing_more(&p.fabric, &mut p.b.cq));
 }
 
 #[test]

@@ -38,7 +38,10 @@ fn rc_rdma_write_lands_byte_exact() {
         vec![0; 16],
         "nothing beyond"
     );
-    assert!(nothing_more(&mut p.b.cq), "a WRITE consumes no receive");
+    assert!(
+        nothing_more(&p.fabric, &mut p.b.cq),
+        "a WRITE consumes no receive"
+    );
 }
 
 #[test]

@@ -4,9 +4,10 @@
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tests::backend::serve;
+use tests::wait::until;
 use verbs::device::Context;
 use verbs::hca::{Hca, HcaOptions};
 use vfio::user::header::{Command, Header, HEADER_SIZE};
@@ -127,17 +128,6 @@ fn same_state(want: &mlx5_emu::PowerOnState, got: &mlx5_emu::PowerOnState, when:
     );
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// The reported scenario: VERSION, a 4-byte REGION_WRITE to the command
 /// doorbell (BAR0 + 0x18), hang-up; the next client (which rings through
 /// the mapped BAR) brings the function up.
@@ -149,7 +139,7 @@ fn a_trapped_command_doorbell_does_not_outlive_its_client() {
         c.version();
         c.write(0, 0x18, &1u32.to_be_bytes());
     }
-    wait_for("the release", || model.stats().resets == 1);
+    until("the release", || model.stats().resets == 1);
     let f = Arc::new(VfioUserFunction::connect(server.path()).unwrap());
     let hca = Hca::open(f, HcaOptions::default())
         .unwrap_or_else(|e| panic!("bring-up after the doorbell client: {e}"));
@@ -176,7 +166,7 @@ fn a_reset_restores_power_on_state_completely() {
         c.write(0, mlx5_emu::initseg::MSIX_TABLE + 0x30, &[0x5a; 4]);
         c.write(7, 0x4, &0x0006u16.to_le_bytes());
     }
-    wait_for("the first release", || model.stats().resets == 1);
+    until("the first release", || model.stats().resets == 1);
     same_state(
         &power_on,
         &model.power_on_state(),
@@ -197,8 +187,8 @@ fn a_reset_restores_power_on_state_completely() {
         std::mem::forget((cq, pd, ctx));
         f.hang_up();
     }
-    wait_for("the second release", || model.stats().resets == 2);
-    wait_for("the mappings to go", || bus.dma.mappings() == 0);
+    until("the second release", || model.stats().resets == 2);
+    until("the mappings to go", || bus.dma.mappings() == 0);
     same_state(
         &power_on,
         &model.power_on_state(),

@@ -5,9 +5,10 @@
 
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tests::backend::{serve, socket_path};
+use tests::wait::until;
 use verbs::hca::{Hca, HcaOptions};
 use vfio::user::device::DeviceInfo;
 use vfio::user::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE};
@@ -100,17 +101,6 @@ impl Raw {
         let m = self.ask(Command::DeviceGetInfo as u16, &[req.as_bytes()]);
         assert_eq!(m.header.errno(), None);
         assert_eq!(m.payload.len(), 16);
-    }
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -330,7 +320,7 @@ fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
 
     // The client leaves; its mapping goes with it; the next client works.
     drop(c);
-    wait_for("the release", || bus.dma.mappings() == 0);
+    until("the release", || bus.dma.mappings() == 0);
     bring_up_works(server.path());
 }
 
@@ -355,7 +345,7 @@ fn a_client_dying_mid_message_or_mid_run_leaves_the_server_ready() {
         assert_eq!((bus.dma.mappings(), bus.irqs.attached()), (1, 1));
         drop(f);
     }
-    wait_for("the release", || {
+    until("the release", || {
         bus.dma.mappings() == 0 && bus.irqs.attached() == 0
     });
     bring_up_works(server.path());

@@ -2,20 +2,72 @@
 //! processes over vfio-user: devinfo and trace work, a client killed
 //! mid-run leaves the server ready for the next, a second function is
 //! served on `PATH.1`, and SIGTERM stops the server and removes its sockets.
+//!
+//! The test follows the server's log (its stderr) to know when it serves
+//! and how far a client got: nothing here sleeps or measures; waits on the
+//! log have a hang guard only.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
 
 const EMU: &str = env!("CARGO_BIN_EXE_mlx5-emu");
 const MLX5: &str = env!("CARGO_BIN_EXE_mlx5");
+/// How long to wait for a line of the server's log before calling it a hang.
+const HANG_GUARD: Duration = Duration::from_secs(60);
 
-struct Served(Child);
+/// The server, and the lines of its log as they come.
+struct Served {
+    child: Child,
+    log: Receiver<String>,
+}
+
+impl Served {
+    fn start(args: &[&str], sock: &std::path::Path) -> Self {
+        let mut child = Command::new(EMU)
+            .arg("serve")
+            .arg("--socket")
+            .arg(sock)
+            .args(args)
+            // Connections (info) and the command queue address (debug).
+            .env("RUST_LOG", "info,mlx5_emu=debug")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting mlx5-emu");
+        let err = child.stderr.take().expect("piped stderr");
+        let (tx, log) = mpsc::channel();
+        // Read to the end, so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Self { child, log }
+    }
+
+    /// Lines logged so far are forgotten.
+    fn forget(&self) {
+        while self.log.try_recv().is_ok() {}
+    }
+
+    /// Waits for a log line containing `what`.
+    fn wait_line(&self, what: &str) {
+        loop {
+            match self.log.recv_timeout(HANG_GUARD) {
+                Ok(l) if l.contains(what) => return,
+                Ok(_) => {}
+                Err(e) => panic!("the server never logged {what:?} ({e})"),
+            }
+        }
+    }
+}
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -36,32 +88,14 @@ fn ok(o: &Output, what: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn wait_for(path: &Path) {
-    let start = Instant::now();
-    while !path.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{} never appeared",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn serve_devinfo_trace_kill_and_second_function() {
     let sock = std::env::temp_dir().join(format!("mlx5-emu-test-{}.sock", std::process::id()));
     let sock1 = PathBuf::from(format!("{}.1", sock.display()));
-    let mut served = Served(
-        Command::new(EMU)
-            .args(["serve", "--socket"])
-            .arg(&sock)
-            .args(["--profile", "cx5", "--functions", "2"])
-            .spawn()
-            .expect("starting mlx5-emu"),
-    );
-    wait_for(&sock);
-    wait_for(&sock1);
+    let mut served = Served::start(&["--profile", "cx5", "--functions", "2"], &sock);
+    // Logged once every function's socket is bound.
+    served.wait_line("mlx5-emu: serving");
+    assert!(sock.exists() && sock1.exists());
     let dev = format!("vfio-user:{}", sock.display());
     let dev1 = format!("vfio-user:{}", sock1.display());
 
@@ -73,13 +107,23 @@ fn serve_devinfo_trace_kill_and_second_function() {
     let trace = ok(&mlx5(&["trace", "-d", &dev]), "trace");
     assert!(trace.contains("INIT_HCA") && trace.contains("TEARDOWN_HCA"));
 
-    // Killed mid-run, at several points of its bring-up; the next run works.
-    for ms in [5, 20, 60] {
+    // Killed mid-run, at several points of its bring-up (at once; once it
+    // connected; once it gave firmware its command queue); the next run
+    // works.
+    for point in [
+        None,
+        Some("client connected"),
+        Some("command queue address"),
+    ] {
+        served.forget();
         let mut c = Command::new(MLX5)
             .args(["trace", "-d", &dev])
+            .stdout(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(ms));
+        if let Some(line) = point {
+            served.wait_line(line);
+        }
         let _ = c.kill();
         let _ = c.wait();
         let again = ok(&mlx5(&["trace", "-d", &dev]), "trace after a killed client");
@@ -94,11 +138,12 @@ fn serve_devinfo_trace_kill_and_second_function() {
 
     // SIGTERM: a clean stop, sockets removed.
     let st = Command::new("kill")
-        .args(["-TERM", &served.0.id().to_string()])
+        .args(["-TERM", &served.child.id().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
-    let status = served.0.wait().unwrap();
+    served.wait_line("mlx5-emu: stopped");
+    let status = served.child.wait().unwrap();
     assert!(status.success(), "mlx5-emu exited {status}");
     assert!(!sock.exists() && !sock1.exists(), "sockets removed");
 }

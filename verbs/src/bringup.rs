@@ -22,11 +22,12 @@
 
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_hw::ifc::*;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
+use vfio::clock::{self, Deadline, SharedClock};
 use vfio::mmio::mmio_wmb;
 use vfio::{pci, Mmio, PciFunction};
 
@@ -35,7 +36,7 @@ use crate::cmd::{iseg, Cmd, CmdQueue, TraceSink};
 use crate::dma::DmaCtx;
 use crate::eq::{self, AsyncEvent, Dispatch, Eq, EventLoop};
 use crate::health::{
-    HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, NIC_IFC_DISABLED,
+    HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, Watch, NIC_IFC_DISABLED,
 };
 use crate::pagealloc::{PageWorker, Pages, QUERY_PAGES_BOOT, QUERY_PAGES_INIT};
 use crate::uar::Uar;
@@ -79,6 +80,10 @@ pub struct HcaOptions {
     /// run-time requests together); a request past it is refused
     /// (`pagealloc`). Default: [`crate::pagealloc::default_budget`].
     pub max_fw_pages: usize,
+    /// The clock every timeout and the health poll interval are measured
+    /// on. Default: the monotonic clock; tests hand a
+    /// [`vfio::clock::ManualClock`] and move time themselves.
+    pub clock: SharedClock,
 }
 
 impl Default for HcaOptions {
@@ -93,6 +98,7 @@ impl Default for HcaOptions {
             driver_version: format!("Linux,mlx5-user,{}", env!("CARGO_PKG_VERSION")),
             fw_pre_init_timeout: FW_PRE_INIT_TIMEOUT,
             max_fw_pages: crate::pagealloc::default_budget(),
+            clock: clock::system(),
         }
     }
 }
@@ -174,19 +180,24 @@ pub struct Hca {
     closed: bool,
 }
 
-fn wait_initializing(bar: &Mmio, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
+/// Names the wait for `initializing` (a test's `ManualClock::wait_armed`).
+pub const INITIALIZING_DEADLINE: &str = "firmware initializing";
+/// Names the wait for `nic_interface` after a fast teardown.
+pub const TEARDOWN_DEADLINE: &str = "fast teardown";
+
+fn wait_initializing(bar: &Mmio, clock: &SharedClock, timeout: Duration) -> Result<()> {
+    let deadline = Deadline::after(clock, timeout, INITIALIZING_DEADLINE);
     loop {
         if bar.read32_be(iseg::INITIALIZING)? >> 31 == 0 {
             return Ok(());
         }
-        if start.elapsed() >= timeout {
+        if deadline.passed() {
             return Err(Error::Timeout {
                 what: "firmware initializing (init segment 0x1fc bit 31)",
-                after: start.elapsed(),
+                after: deadline.waited(),
             });
         }
-        std::thread::sleep(FW_INIT_POLL);
+        deadline.pause(FW_INIT_POLL);
     }
 }
 
@@ -213,7 +224,7 @@ impl Hca {
         enable_bus_master(&*func)?;
         let bar = Arc::new(func.map_region(0)?);
         // Kernel order: wait *before* touching the queue registers.
-        wait_initializing(&bar, opts.fw_pre_init_timeout)?;
+        wait_initializing(&bar, &opts.clock, opts.fw_pre_init_timeout)?;
         let geo = CmdQueue::read_geometry(&bar)?;
         let dma = DmaCtx::new(func.clone())?;
         let q = CmdQueue::new(
@@ -221,6 +232,7 @@ impl Hca {
             bar.clone(),
             dma.clone(),
             geo,
+            opts.clock.clone(),
             opts.trace.clone(),
         )?;
         let cmd = Cmd(q);
@@ -269,13 +281,12 @@ impl Hca {
 
     fn bring_up(&mut self, dma: &Arc<DmaCtx>) -> Result<()> {
         let init_to = self.cmd.geometry().init_timeout.max(Duration::from_secs(2));
-        wait_initializing(&self.bar, init_to)?;
+        wait_initializing(&self.bar, &self.opts.clock, init_to)?;
         if let Some(iv) = self.opts.health_interval {
             self.health = Some(HealthPoller::start(
-                self.bar.clone(),
-                self.cmd.0.clone(),
+                self.watch(),
+                self.opts.clock.clone(),
                 iv,
-                self.health_subs.clone(),
             )?);
         }
         self.enable_hca()?;
@@ -662,6 +673,24 @@ impl Hca {
         self.cmd.health_failure()
     }
 
+    /// Runs the health sensors now (config space, the health buffer,
+    /// `fw_ver`, `nic_interface`; not the counter, which needs polls):
+    /// a failure is declared, as the poller would, and returned, so a
+    /// caller that suspects the device gets the cause at once.
+    pub fn check_health(&self) -> Result<()> {
+        self.watch().check_now()
+    }
+
+    fn watch(&self) -> Watch {
+        Watch {
+            func: self.func.clone(),
+            bar: self.bar.clone(),
+            cmd: self.cmd.0.clone(),
+            comp: self.comp_table.clone(),
+            subs: self.health_subs.clone(),
+        }
+    }
+
     /// Reads the health registers now.
     pub fn health_snapshot(&self) -> Result<HealthSnapshot> {
         HealthSnapshot::read(&self.bar)
@@ -792,19 +821,19 @@ impl Hca {
         let l = (self.cmd.0.queue_iova() as u32 & 0xffff_f000) | (NIC_IFC_DISABLED << 8);
         self.bar.write32_be(iseg::CMDQ_ADDR_L_SZ, l)?;
         mmio_wmb();
-        let start = Instant::now();
+        let deadline = Deadline::after(&self.opts.clock, TEARDOWN_TIMEOUT, TEARDOWN_DEADLINE);
         loop {
             let v = (self.bar.read32_be(iseg::CMDQ_ADDR_L_SZ)? >> 8) & 7;
             if v == NIC_IFC_DISABLED {
                 return Ok(());
             }
-            if start.elapsed() >= TEARDOWN_TIMEOUT {
+            if deadline.passed() {
                 return Err(Error::Timeout {
                     what: "nic_interface to read disabled after fast teardown",
-                    after: start.elapsed(),
+                    after: deadline.waited(),
                 });
             }
-            std::thread::sleep(Duration::from_millis(1));
+            deadline.pause(Duration::from_millis(1));
         }
     }
 }

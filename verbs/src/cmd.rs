@@ -29,11 +29,12 @@ use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use mlx5_hw::trace;
+use vfio::clock::{Deadline, SharedClock};
 use vfio::mmio::{dma_rmb, dma_wmb, mmio_wmb};
 use vfio::Mmio;
 
@@ -61,6 +62,10 @@ pub const DEFAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
 pub const CMD_TIMEOUT_SLACK: Duration = Duration::from_secs(1);
 /// How often an event-mode waiter wakes to check health and ownership.
 const EVENT_WAIT_SLICE: Duration = Duration::from_millis(50);
+/// The pace of a polled waiter once yielding has not seen the entry back.
+const POLL_PAUSE: Duration = Duration::from_micros(50);
+/// Names the deadline of a command (a test's `ManualClock::wait_armed`).
+pub const CMD_DEADLINE: &str = "command completion";
 
 /// Init-segment offsets used by the command interface.
 pub(crate) mod iseg {
@@ -342,6 +347,7 @@ pub(crate) struct CmdQueue {
     queue_buf: Arc<vfio::DmaBuffer>,
     queue_iova: u64,
     geo: CmdGeometry,
+    clock: SharedClock,
     slots: Vec<Mutex<SlotMem>>,
     pool: Mutex<Vec<usize>>,
     pool_cv: Condvar,
@@ -404,6 +410,7 @@ impl CmdQueue {
         bar: Arc<Mmio>,
         dma: Arc<DmaCtx>,
         geo: CmdGeometry,
+        clock: SharedClock,
         trace: Option<TraceSink>,
     ) -> Result<Arc<Self>> {
         let queue = dma.alloc(4096)?;
@@ -423,6 +430,7 @@ impl CmdQueue {
             queue_buf,
             queue_iova,
             geo,
+            clock,
             slots: (0..n).map(|_| Mutex::new(SlotMem::default())).collect(),
             pool: Mutex::new(pool),
             pool_cv: Condvar::new(),
@@ -477,21 +485,30 @@ impl CmdQueue {
         }
     }
 
+    /// The failure, if the device was declared failed.
+    pub(crate) fn health_event(&self) -> Option<HealthEvent> {
+        lock(&self.failed).clone()
+    }
+
     /// Marks the device failed: every waiter wakes, every later command
-    /// fails with [`Error::Health`].
-    pub(crate) fn fail(&self, ev: HealthEvent) {
-        {
+    /// fails with [`Error::Health`]. Whether this was the first failure
+    /// (only the first is kept).
+    pub(crate) fn fail(&self, ev: HealthEvent) -> bool {
+        let first = {
             let mut f = lock(&self.failed);
-            if f.is_none() {
+            let first = f.is_none();
+            if first {
                 *f = Some(ev);
             }
-        }
+            first
+        };
         self.is_failed.store(true, Ordering::Release);
         let _d = lock(&self.done);
         self.done_cv.notify_all();
         drop(_d);
         let _p = lock(&self.pool);
         self.pool_cv.notify_all();
+        first
     }
 
     pub(crate) fn close(&self) {
@@ -507,11 +524,16 @@ impl CmdQueue {
         self.done_cv.notify_all();
     }
 
+    /// The clock the queue's deadlines are on (the driver's clock).
+    pub(crate) fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
     pub(crate) fn set_event_mode(&self, on: bool) {
         self.event_mode.store(on, Ordering::Release);
     }
 
-    fn acquire_slot(&self, deadline: Instant) -> Result<usize> {
+    fn acquire_slot(&self, deadline: &Deadline) -> Result<usize> {
         let mut pool = lock(&self.pool);
         loop {
             if let Some(e) = self.health_error() {
@@ -523,16 +545,15 @@ impl CmdQueue {
             if let Some(s) = pool.pop() {
                 return Ok(s);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 return Err(Error::Timeout {
                     what: "a free command slot",
-                    after: self.geo.exec_timeout,
+                    after: deadline.waited(),
                 });
             }
             pool = self
                 .pool_cv
-                .wait_timeout(pool, deadline - now)
+                .wait_timeout(pool, deadline.slice(Duration::MAX))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -570,10 +591,10 @@ impl CmdQueue {
     /// Runs a command on a pool slot; returns the whole output (even a
     /// failing one: the status is checked by the caller).
     pub(crate) fn exec_raw(&self, input: &[u8], out_len: usize) -> Result<(u8, Vec<u8>)> {
-        let deadline = Instant::now() + self.geo.exec_timeout + CMD_TIMEOUT_SLACK;
+        let deadline = self.deadline();
         self.unquarantine();
-        let slot = self.acquire_slot(deadline)?;
-        let r = self.run(slot, input, out_len, deadline);
+        let slot = self.acquire_slot(&deadline)?;
+        let r = self.run(slot, input, out_len, &deadline);
         if matches!(r, Err(Error::Timeout { .. })) && self.hw_owned(slot) {
             // As the kernel keeps a timed-out entry until firmware's real
             // completion: reusing the slot would hand firmware a second
@@ -591,12 +612,22 @@ impl CmdQueue {
         let Some(slot) = self.page_slot else {
             return self.exec_raw(input, out_len);
         };
-        let deadline = Instant::now() + self.geo.exec_timeout + CMD_TIMEOUT_SLACK;
+        let deadline = self.deadline();
         let _g = lock(&self.page_lock);
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        self.run(slot, input, out_len, deadline)
+        self.run(slot, input, out_len, &deadline)
+    }
+
+    /// A command's deadline: the advertised execution timeout and the
+    /// kernel's slack, on the queue's clock.
+    fn deadline(&self) -> Deadline {
+        Deadline::after(
+            &self.clock,
+            self.geo.exec_timeout + CMD_TIMEOUT_SLACK,
+            CMD_DEADLINE,
+        )
     }
 
     fn run(
@@ -604,7 +635,7 @@ impl CmdQueue {
         slot: usize,
         input: &[u8],
         out_len: usize,
-        deadline: Instant,
+        deadline: &Deadline,
     ) -> Result<(u8, Vec<u8>)> {
         if input.len() < 8 {
             return Err(Error::Invalid("a command input is at least 8 bytes"));
@@ -696,8 +727,7 @@ impl CmdQueue {
         Ok((done[ent::STATUS_OWN], output))
     }
 
-    fn wait_poll(&self, off: usize, deadline: Instant) -> Result<()> {
-        let start = Instant::now();
+    fn wait_poll(&self, off: usize, deadline: &Deadline) -> Result<()> {
         let mut spins = 0u32;
         loop {
             if self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0 {
@@ -706,23 +736,22 @@ impl CmdQueue {
             if let Some(e) = self.health_error() {
                 return Err(e);
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Err(Error::Timeout {
                     what: "command completion (polling)",
-                    after: start.elapsed(),
+                    after: deadline.waited(),
                 });
             }
             spins += 1;
             if spins < 1000 {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(Duration::from_micros(50));
+                deadline.pause(POLL_PAUSE);
             }
         }
     }
 
-    fn wait_event(&self, slot: usize, off: usize, deadline: Instant) -> Result<()> {
-        let start = Instant::now();
+    fn wait_event(&self, slot: usize, off: usize, deadline: &Deadline) -> Result<()> {
         let bit = 1u64 << slot;
         let mut d = lock(&self.done);
         loop {
@@ -741,16 +770,15 @@ impl CmdQueue {
             if let Some(e) = self.health_error() {
                 return Err(e);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 return Err(Error::Timeout {
                     what: "command completion event",
-                    after: start.elapsed(),
+                    after: deadline.waited(),
                 });
             }
             let (g, to) = self
                 .done_cv
-                .wait_timeout(d, (deadline - now).min(EVENT_WAIT_SLICE))
+                .wait_timeout(d, deadline.slice(EVENT_WAIT_SLICE))
                 .unwrap_or_else(|p| p.into_inner());
             d = g;
             if to.timed_out()
@@ -767,6 +795,17 @@ impl CmdQueue {
 }
 
 impl Cmd {
+    /// Whether the device was declared failed (health): one atomic load,
+    /// cheap enough for the data path.
+    pub fn is_failed(&self) -> bool {
+        self.0.is_failed.load(Ordering::Acquire)
+    }
+
+    /// The failure as an error, if the device failed.
+    pub fn failure(&self) -> Option<Error> {
+        self.0.health_error()
+    }
+
     /// Executes a command: `input` is the whole inbox (opcode first),
     /// `out_len` the outbox length. Returns the outbox; a failing delivery
     /// or command status becomes [`Error::Delivery`] / [`Error::Cmd`].
@@ -820,7 +859,7 @@ impl Cmd {
 
     /// The health failure commands fail with, if any.
     pub fn health_failure(&self) -> Option<HealthEvent> {
-        lock(&self.0.failed).clone()
+        self.0.health_event()
     }
 }
 

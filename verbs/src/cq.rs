@@ -641,8 +641,13 @@ impl Cq {
 
     /// `ibv_poll_cq`: fills `wc` with up to `wc.len()` completions and
     /// returns how many.
+    ///
+    /// Once the device failed (health) or vanished, a poll that finds no
+    /// completion returns the failure ([`crate::Error::Health`]):
+    /// completions the device wrote before are still returned first. The
+    /// check costs one atomic load, on empty polls only.
     #[inline]
-    pub fn poll(&mut self, wc: &mut [Wc]) -> usize {
+    pub fn poll(&mut self, wc: &mut [Wc]) -> Result<usize> {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.cache = None;
@@ -658,8 +663,10 @@ impl Cq {
         }
         if n > 0 {
             self.ring.update_ci();
+        } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
+            return Err(e);
         }
-        n
+        Ok(n)
     }
 
     /// `ibv_destroy_cq`: now, or `Busy` while QPs use the CQ (it is then

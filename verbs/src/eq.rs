@@ -283,6 +283,22 @@ impl CompTable {
             .remove(&cqn);
     }
 
+    /// Fires every CQ's handler once: the device failed, and whoever waits
+    /// on a completion channel must wake and poll to find out (mlx5_ib's
+    /// `mlx5_ib_handle_internal_error` triggers the CQs' handlers too).
+    pub(crate) fn fire_all(&self) {
+        let all: Vec<CompHandler> = self
+            .0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for h in all {
+            h();
+        }
+    }
+
     fn fire(&self, cqn: u32) {
         let h = self
             .0

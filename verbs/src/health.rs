@@ -8,25 +8,40 @@
 //! 7 (software reset) means the function was taken away.
 //!
 //! The poller checks these every interval (the kernel: 2 s) on its own
-//! thread. A counter that stays still for [`HEALTH_MAX_MISSES`] polls in a
-//! row, or any fatal sensor, becomes a [`HealthEvent`]: the command queue
-//! fails every waiting and later command with [`crate::Error::Health`], and
+//! thread. Before the registers it reads the function's vendor and device
+//! ID from config space, as the kernel checks `pci_channel_offline`: a
+//! function that vanished (a vfio-user server that hung up or died, a
+//! device unplugged, config reads of all ones) fails at once, while the
+//! mapped BAR of a dead server would still read its last values. A counter
+//! that stays still for [`HEALTH_MAX_MISSES`] polls in a row, or any fatal
+//! sensor, becomes a [`HealthEvent`]: the command queue fails every waiting
+//! and later command with [`crate::Error::Health`], posts fail with
+//! `PostError::DeviceFailed`, an empty CQ poll returns the failure, every
+//! CQ's completion handler fires once (as mlx5_ib's internal-error flow
+//! does) so that waiters on completion channels wake and poll, and
 //! subscribers are told. Nothing aborts; recovery is a function reset and a
 //! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx5_hw::health::{self as hw, HealthSyndrome};
-use vfio::Mmio;
+use vfio::clock::{Deadline, SharedClock};
+use vfio::{Mmio, PciFunction};
 
 use crate::cmd::{iseg, CmdQueue};
+use crate::eq::CompTable;
 use crate::{Error, Result};
 
 pub use mlx5_hw::health::HEALTH_MAX_MISSES;
+
+/// Names the poller's wait for its next poll (a test's
+/// `ManualClock::wait_armed`).
+pub const HEALTH_POLL_DEADLINE: &str = "health poll";
 
 /// `nic_interface` value: the NIC interface is disabled.
 pub const NIC_IFC_DISABLED: u32 = 1;
@@ -55,6 +70,9 @@ pub enum HealthCause {
     CounterStuck(u32),
     /// The device could not be read at all.
     Unreadable(String),
+    /// The function vanished: its config space cannot be read (a vfio-user
+    /// server that hung up or died) or reads all ones (unplugged).
+    Vanished(String),
 }
 
 /// A decoded health failure.
@@ -106,6 +124,7 @@ impl fmt::Display for HealthEvent {
                 self.counter
             )?,
             HealthCause::Unreadable(e) => write!(f, "health registers unreadable: {e}")?,
+            HealthCause::Vanished(e) => write!(f, "the function vanished: {e}")?,
         }
         if let (Some(synd), false) = (
             self.synd,
@@ -273,10 +292,75 @@ impl Liveness {
     }
 }
 
+/// What the sensors read and whom a failure is told: shared by the
+/// poller and [`crate::hca::Hca::check_health`].
+#[derive(Debug, Clone)]
+pub(crate) struct Watch {
+    pub(crate) func: Arc<dyn PciFunction>,
+    pub(crate) bar: Arc<Mmio>,
+    pub(crate) cmd: Arc<CmdQueue>,
+    pub(crate) comp: Arc<CompTable>,
+    pub(crate) subs: HealthSubscribers,
+}
+
+impl Watch {
+    /// The sensors that need no history, read now: config space first (a
+    /// vanished function), then the fatal registers. Without a failure the
+    /// snapshot comes back, for the counter's liveness.
+    pub(crate) fn sense(&self) -> std::result::Result<HealthSnapshot, HealthEvent> {
+        let mut id = [0u8; 4];
+        let gone = match self.func.config_read(0, &mut id) {
+            Err(e) => Some(format!("config space unreadable: {e}")),
+            Ok(()) if id == [0xff; 4] => Some("config space reads all ones".to_string()),
+            Ok(()) => None,
+        };
+        if let Some(why) = gone {
+            // The registers, for the report, if they still read.
+            let s = HealthSnapshot::read(&self.bar).unwrap_or_default();
+            return Err(s.event(HealthCause::Vanished(why)));
+        }
+        let s = HealthSnapshot::read(&self.bar)
+            .map_err(|e| HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string())))?;
+        match s.fatal() {
+            Some(c) => Err(s.event(c)),
+            None => Ok(s),
+        }
+    }
+
+    /// Declares the device failed, once: commands, posts and polls fail from
+    /// now on, every CQ's completion handler fires (waiters on channels wake
+    /// and find the failure), subscribers are told.
+    pub(crate) fn declare(&self, ev: HealthEvent) {
+        if !self.cmd.fail(ev.clone()) {
+            return;
+        }
+        tracing::error!("mlx5 health: {ev}");
+        self.comp.fire_all();
+        lock_subs(&self.subs).retain(|s| s.send(ev.clone()).is_ok());
+    }
+
+    /// Runs the sensors now; a failure is declared and returned.
+    pub(crate) fn check_now(&self) -> Result<()> {
+        if let Some(ev) = self.cmd.health_event() {
+            return Err(Error::Health(ev));
+        }
+        match self.sense() {
+            Ok(_) => Ok(()),
+            Err(ev) => {
+                self.declare(ev);
+                // The first declaration wins (the poller may have raced us).
+                Err(Error::Health(self.cmd.health_event().unwrap_or_else(
+                    || HealthSnapshot::default().event(HealthCause::Unreadable("unknown".into())),
+                )))
+            }
+        }
+    }
+}
+
 /// The running poller.
 #[derive(Debug)]
 pub(crate) struct HealthPoller {
-    stop: Option<Sender<()>>,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -284,26 +368,23 @@ pub(crate) struct HealthPoller {
 pub(crate) type HealthSubscribers = Arc<Mutex<Vec<Sender<HealthEvent>>>>;
 
 impl HealthPoller {
-    pub(crate) fn start(
-        bar: Arc<Mmio>,
-        cmd: Arc<CmdQueue>,
-        interval: Duration,
-        subs: HealthSubscribers,
-    ) -> Result<Self> {
-        let (stop, stop_rx) = mpsc::channel::<()>();
+    pub(crate) fn start(watch: Watch, clock: SharedClock, interval: Duration) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let thread = std::thread::Builder::new()
             .name("mlx5-health".into())
-            .spawn(move || poll_loop(&bar, &cmd, interval, &subs, &stop_rx))
+            .spawn(move || poll_loop(&watch, &clock, interval, &stopped))
             .map_err(|e| Error::os("spawn health poller", e))?;
         Ok(Self {
-            stop: Some(stop),
+            stop,
             thread: Some(thread),
         })
     }
 
     pub(crate) fn stop(&mut self) {
-        self.stop.take();
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             if t.join().is_err() {
                 tracing::error!("health poller panicked");
             }
@@ -317,36 +398,35 @@ impl Drop for HealthPoller {
     }
 }
 
-fn poll_loop(
-    bar: &Mmio,
-    cmd: &CmdQueue,
-    interval: Duration,
-    subs: &HealthSubscribers,
-    stop: &Receiver<()>,
-) {
+fn poll_loop(watch: &Watch, clock: &SharedClock, interval: Duration, stop: &AtomicBool) {
     let mut live = Liveness::default();
-    let mut next = Instant::now() + interval;
     loop {
-        // Sleep until the next poll or until told to stop.
-        let now = Instant::now();
-        match stop.recv_timeout(next.saturating_duration_since(now)) {
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            _ => return,
+        // Park until the next poll on the clock or until told to stop
+        // (`stop` unparks). The next poll is an interval after this one,
+        // as the kernel re-arms its timer: a late poll is not followed by
+        // a burst that would find the counter still.
+        let next = Deadline::after(clock, interval, HEALTH_POLL_DEADLINE);
+        while !next.passed() {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            next.pause(interval);
         }
-        next += interval;
-        let ev = match HealthSnapshot::read(bar) {
-            Err(e) => Some(HealthSnapshot::default().event(HealthCause::Unreadable(e.to_string()))),
-            Ok(s) => match s.fatal() {
-                Some(c) => Some(s.event(c)),
-                None => live
-                    .observe(s.counter())
-                    .map(|n| s.event(HealthCause::CounterStuck(n))),
-            },
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        if watch.cmd.health_event().is_some() {
+            // Declared by a caller's check: reported once already.
+            return;
+        }
+        let ev = match watch.sense() {
+            Err(ev) => Some(ev),
+            Ok(s) => live
+                .observe(s.counter())
+                .map(|n| s.event(HealthCause::CounterStuck(n))),
         };
         if let Some(ev) = ev {
-            tracing::error!("mlx5 health: {ev}");
-            cmd.fail(ev.clone());
-            lock_subs(subs).retain(|s| s.send(ev.clone()).is_ok());
+            watch.declare(ev);
             // Reported once; the device stays failed until recovered.
             return;
         }

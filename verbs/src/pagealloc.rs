@@ -33,7 +33,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use vfio::clock::Deadline;
 
 use mlx5_hw::ifc::{manage_pages_in, manage_pages_out, query_pages_in, query_pages_out};
 use mlx5_hw::ifc::{ManagePagesIn, ManagePagesOut, QueryPagesIn, QueryPagesOut};
@@ -484,7 +486,7 @@ impl Pages {
     /// locally so nothing stays mapped. Returns the pages firmware kept.
     pub(crate) fn reclaim_all(&self, cmd: Option<&Cmd>) -> usize {
         if let Some(cmd) = cmd {
-            let deadline = Instant::now() + RECLAIM_TIMEOUT;
+            let deadline = Deadline::after(cmd.0.clock(), RECLAIM_TIMEOUT, "page reclaim");
             loop {
                 let funcs: Vec<(u16, bool)> = {
                     let a = self.lock();
@@ -494,7 +496,7 @@ impl Pages {
                     v.dedup();
                     v
                 };
-                if funcs.is_empty() || Instant::now() >= deadline {
+                if funcs.is_empty() || deadline.passed() {
                     break;
                 }
                 let mut progress = false;

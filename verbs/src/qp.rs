@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use mlx5_hw::ifc::*;
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::qp::*;
 use mlx5_hw::uar::BF_BUF_SIZE;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 use vfio::mmio::dma_wmb;
@@ -419,6 +420,9 @@ pub enum PostError {
     /// The operation does not apply to this QP type, or lacks a UD address (EINVAL).
     #[error("operation not valid on this QP")]
     BadOp,
+    /// The device failed (health) or vanished: nothing more is posted (EIO).
+    #[error("the device failed")]
+    DeviceFailed,
 }
 
 /// What a send WQE's completion needs: its wr_id and the producer counter
@@ -1311,15 +1315,15 @@ impl Qp {
                 if f & REMOTE_ATOMIC != 0 {
                     q.set_atomic_mode(1); // IB-compliant 8-byte atomics
                 }
-                opt |= OPT_RRE | OPT_RWE | OPT_RAE;
+                opt |= QP_OPTPAR_RRE | QP_OPTPAR_RWE | QP_OPTPAR_RAE;
             }
             if mask & QKEY != 0 {
                 q.set_q_key(a.qkey);
-                opt |= OPT_Q_KEY;
+                opt |= QP_OPTPAR_Q_KEY;
             }
             if mask & PKEY_INDEX != 0 {
                 q.primary_address_path_mut().set_pkey_index(a.pkey_index);
-                opt |= OPT_PKEY_INDEX;
+                opt |= QP_OPTPAR_PKEY_INDEX;
             }
             if mask & PORT != 0 || op == Opcode::Rst2InitQp {
                 q.primary_address_path_mut().set_vhca_port_num(1);
@@ -1347,7 +1351,7 @@ impl Qp {
             }
             if mask & MIN_RNR_TIMER != 0 {
                 q.set_min_rnr_nak(a.min_rnr_timer);
-                opt |= OPT_RNR_TIMEOUT;
+                opt |= QP_OPTPAR_RNR_TIMEOUT;
             }
             if mask & RETRY_CNT != 0 {
                 q.set_retry_count(a.retry_cnt);
@@ -1382,7 +1386,7 @@ impl Qp {
                     .set_rmac_47_32(u16::from_be_bytes([dmac[0], dmac[1]]))
                     .set_rmac_31_0(u32::from_be_bytes([dmac[2], dmac[3], dmac[4], dmac[5]]));
                 p.rgid_rip_mut().copy_from_slice(&ah.dgid);
-                opt |= OPT_PRIMARY_ADDR_PATH;
+                opt |= QP_OPTPAR_PRIMARY_ADDR_PATH;
             }
             let _ = to;
             // Optional parameters only in transitions that take them.
@@ -1396,6 +1400,9 @@ impl Qp {
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return Err((0, PostError::BadState(self.state)));
         }
@@ -1416,6 +1423,11 @@ impl Qp {
         Ok(())
     }
 
+    /// Whether the device failed (then nothing more is posted).
+    pub(crate) fn device_failed(&self) -> bool {
+        self.ctx.hca.cmd().is_failed()
+    }
+
     /// Posts one 1-SGE RDMA WRITE with its doorbell: the fast path.
     #[inline]
     pub fn post_rdma_write(
@@ -1426,6 +1438,9 @@ impl Qp {
         rkey: u32,
         flags: u32,
     ) -> std::result::Result<(), PostError> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err(PostError::DeviceFailed);
+        }
         if self.state != QpState::Rts || self.qp_type == QpType::Ud {
             return Err(PostError::BadState(self.state));
         }
@@ -1471,6 +1486,9 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
         if self.state == QpState::Reset {
             return Err((0, PostError::BadState(self.state)));
         }
@@ -1554,21 +1572,6 @@ impl Drop for Qp {
         }
     }
 }
-
-/// `opt_param_mask` bits (`MLX5_QP_OPTPAR_*`).
-pub const OPT_RRE: u32 = 1 << 1;
-/// MLX5_QP_OPTPAR_RAE.
-pub const OPT_RAE: u32 = 1 << 2;
-/// MLX5_QP_OPTPAR_RWE.
-pub const OPT_RWE: u32 = 1 << 3;
-/// MLX5_QP_OPTPAR_PKEY_INDEX.
-pub const OPT_PKEY_INDEX: u32 = 1 << 4;
-/// MLX5_QP_OPTPAR_Q_KEY.
-pub const OPT_Q_KEY: u32 = 1 << 5;
-/// MLX5_QP_OPTPAR_RNR_TIMEOUT.
-pub const OPT_RNR_TIMEOUT: u32 = 1 << 6;
-/// MLX5_QP_OPTPAR_PRIMARY_ADDR_PATH.
-pub const OPT_PRIMARY_ADDR_PATH: u32 = 1 << 7;
 
 #[cfg(test)]
 #[path = "qp_tests.rs"]

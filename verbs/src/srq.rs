@@ -181,6 +181,9 @@ impl Srq {
 
     /// `ibv_post_srq_recv`.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.shared.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
         for (i, wr) in wrs.iter().enumerate() {
             self.shared.post(wr).map_err(|e| (i, e))?;
         }

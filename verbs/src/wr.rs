@@ -151,6 +151,10 @@ impl WrBatch<'_> {
     /// `ibv_wr_complete`: one doorbell for the batch; or the first error
     /// (then nothing of the batch is posted).
     pub fn complete(self) -> std::result::Result<(), PostError> {
+        if self.qp.device_failed() {
+            self.abort();
+            return Err(PostError::DeviceFailed);
+        }
         if !matches!(self.qp.state(), QpState::Rts | QpState::Sqd) {
             let s = self.qp.state();
             self.abort();

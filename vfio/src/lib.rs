@@ -11,6 +11,8 @@
 //! runs on.
 //!
 //! - [`function`]: the driver-side interface, [`PciFunction`].
+//! - [`clock`]: time as an input ([`clock::Clock`]; the monotonic clock by
+//!   default, a manual one for tests).
 //! - [`dma`]: DMA memory ([`DmaBuffer`], memfd-backed so any backend can share it).
 //! - [`iova`]: the allocator of naturally aligned IOVA ranges.
 //! - [`mmio`]: mapped BAR access ([`Mmio`]) and the barriers that order it.
@@ -30,6 +32,7 @@
 //! mapped: the backend holds an `Arc` to it until `dma_unmap`.
 #![deny(missing_docs)]
 
+pub mod clock;
 pub mod dma;
 pub mod dma_ring;
 pub mod emulated;

@@ -27,6 +27,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use vfio::clock::SharedClock;
+
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 
@@ -38,7 +40,7 @@ pub(crate) use adapter::RESD_LKEY;
 pub(crate) use eq::Eq;
 
 /// How often the health counter moves while firmware lives.
-const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+pub(crate) const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The HCA's life cycle as firmware tracks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -253,10 +255,13 @@ pub(crate) mod synd {
 pub(crate) struct Firmware {
     pub(crate) profile: Profile,
     pub(crate) caps: CapPages,
+    /// The model's clock (DeviceConfig::clock): firmware delays and the
+    /// internal timer are measured on it.
+    clock: SharedClock,
     power_on_at: Instant,
     fw_start: std::time::Duration,
     initializing: bool,
-    dead: bool,
+    pub(crate) dead: bool,
     last_tick: Instant,
     health_counter: u32,
     // Command interface.
@@ -295,15 +300,15 @@ pub(crate) struct Firmware {
 
 impl Firmware {
     pub(crate) fn new(cfg: &DeviceConfig) -> Self {
-        let now = Instant::now();
         Self {
             profile: cfg.profile,
             caps: cfg.profile.caps(),
-            power_on_at: now,
+            clock: cfg.clock.clone(),
+            power_on_at: cfg.clock.now(),
             fw_start: cfg.fw_start,
             initializing: true,
             dead: false,
-            last_tick: now,
+            last_tick: Instant::now(),
             health_counter: 0,
             cmdq_base: 0,
             pending: 0,
@@ -355,6 +360,7 @@ impl Firmware {
         let Self {
             profile,
             caps,
+            clock: _,
             power_on_at: _,
             fw_start,
             initializing: _,
@@ -412,7 +418,7 @@ impl Firmware {
 
     /// The HCA clock (the internal timer): nanoseconds since power-on.
     pub(crate) fn hca_clock_ns(&self) -> u64 {
-        Instant::now().duration_since(self.power_on_at).as_nanos() as u64
+        self.clock.now().duration_since(self.power_on_at).as_nanos() as u64
     }
 
     /// Pages firmware needs to hold in its current state.
@@ -434,7 +440,11 @@ impl Firmware {
     /// One pass of the worker; true if something happened.
     pub(crate) fn poll(&mut self, inner: &Inner) -> bool {
         let bar = &inner.bar;
-        let now = Instant::now();
+        // The heartbeat (the health counter) beats on real time: it says
+        // the firmware's thread runs, which on a clock a test holds still
+        // it does. Start-up delays and the internal timer are model time.
+        let beat = Instant::now();
+        let now = self.clock.now();
         let mut busy = false;
         // Health.
         if let Some((synd, ext)) = inner.faults.health() {
@@ -455,8 +465,8 @@ impl Firmware {
             }
             return busy;
         }
-        if now.duration_since(self.last_tick) >= HEALTH_TICK {
-            self.last_tick = now;
+        if beat.duration_since(self.last_tick) >= HEALTH_TICK {
+            self.last_tick = beat;
             self.health_counter = (self.health_counter + 1) & 0x00ff_ffff;
             wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
             // The internal timer counts device clock cycles

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use mlx5_hw::ifc::{ads, cmd_hca_cap, create_qp_in, create_qp_out, qpc, query_qp_in, query_qp_out};
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::qp::*;
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
@@ -22,21 +23,6 @@ pub(crate) const FIRST_QPN: u32 = 0x100;
 /// transition's input.
 const CTX: usize = create_qp_in::QPC.off / 8;
 const PATH: usize = qpc::PRIMARY_ADDRESS_PATH.off / 8;
-
-/// `opt_param_mask` bits (`MLX5_QP_OPTPAR_*`).
-mod optpar {
-    pub const RRE: u32 = 1 << 1;
-    pub const RAE: u32 = 1 << 2;
-    pub const RWE: u32 = 1 << 3;
-    pub const PKEY_INDEX: u32 = 1 << 4;
-    pub const Q_KEY: u32 = 1 << 5;
-    pub const RNR_TIMEOUT: u32 = 1 << 6;
-    pub const PRIMARY_ADDR_PATH: u32 = 1 << 7;
-    pub const RETRY_COUNT: u32 = 1 << 12;
-    pub const RNR_RETRY: u32 = 1 << 13;
-    pub const ACK_TIMEOUT: u32 = 1 << 14;
-    pub const COUNTER_SET_ID: u32 = 1 << 25;
-}
 
 fn mtu_bytes(code: u64) -> u32 {
     match code {
@@ -340,20 +326,20 @@ impl Firmware {
         if with_ctx {
             let c = &input[CTX..CTX + qpc::SIZE_BYTES];
             let all = op == Opcode::Rst2InitQp;
-            if all || mask & optpar::RRE != 0 {
+            if all || mask & QP_OPTPAR_RRE != 0 {
                 rq.rre = qpc::RRE.get(c) != 0;
             }
-            if all || mask & optpar::RWE != 0 {
+            if all || mask & QP_OPTPAR_RWE != 0 {
                 rq.rwe = qpc::RWE.get(c) != 0;
             }
-            if all || mask & optpar::RAE != 0 {
+            if all || mask & QP_OPTPAR_RAE != 0 {
                 rq.rae = qpc::RAE.get(c) != 0;
             }
-            if (all && ud) || mask & optpar::Q_KEY != 0 {
+            if (all && ud) || mask & QP_OPTPAR_Q_KEY != 0 {
                 rq.qkey = qpc::Q_KEY.get(c) as u32;
                 sq.qkey = rq.qkey;
             }
-            if all || mask & optpar::COUNTER_SET_ID != 0 {
+            if all || mask & QP_OPTPAR_COUNTER_SET_ID != 0 {
                 let id = qpc::COUNTER_SET_ID.get(c) as u32;
                 if id != 0 && !lock(&r.q_counters).contains_key(&id) {
                     return Err(fail(CmdStatus::BadParameter, synd::Q_COUNTER_UNKNOWN));
@@ -361,7 +347,7 @@ impl Firmware {
                 qp.counter_set
                     .store(id, std::sync::atomic::Ordering::Relaxed);
             }
-            if all || mask & optpar::PKEY_INDEX != 0 {
+            if all || mask & QP_OPTPAR_PKEY_INDEX != 0 {
                 sq.path.pkey_index = ads::PKEY_INDEX.get(&c[PATH..]) as u16;
             }
             if all {
@@ -374,7 +360,7 @@ impl Firmware {
                     rq.mtu = 4096;
                 }
             }
-            if (op == Opcode::Init2RtrQp || mask & optpar::PRIMARY_ADDR_PATH != 0) && !ud {
+            if (op == Opcode::Init2RtrQp || mask & QP_OPTPAR_PRIMARY_ADDR_PATH != 0) && !ud {
                 {
                     let p = read_path(c);
                     if rlock(&r.gids)
@@ -410,7 +396,7 @@ impl Firmware {
                     rq.mtu = m;
                 }
             }
-            if op != Opcode::Init2RtrQp && mask & optpar::RNR_TIMEOUT != 0 {
+            if op != Opcode::Init2RtrQp && mask & QP_OPTPAR_RNR_TIMEOUT != 0 {
                 rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
             }
             if op == Opcode::Rtr2RtsQp {
@@ -421,13 +407,13 @@ impl Firmware {
                     sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
                 }
             } else {
-                if mask & optpar::RETRY_COUNT != 0 {
+                if mask & QP_OPTPAR_RETRY_COUNT != 0 {
                     sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
                 }
-                if mask & optpar::RNR_RETRY != 0 {
+                if mask & QP_OPTPAR_RNR_RETRY != 0 {
                     sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
                 }
-                if mask & optpar::ACK_TIMEOUT != 0 {
+                if mask & QP_OPTPAR_ACK_TIMEOUT != 0 {
                     sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
                 }
             }

@@ -11,8 +11,11 @@ use mlx5_hw::ifc::{
 };
 use vfio::{DmaBuffer, Iova, PciFunction};
 
-use super::{be16, be32, cmd_in, create_eq, Drv};
-use crate::{Fabric, Profile};
+use vfio::clock::ManualClock;
+
+use super::{be16, be32, cmd_in, create_eq, until, Drv, HANG_GUARD};
+use crate::transport::RETRY_DEADLINE;
+use crate::{DeviceConfig, Fabric, Profile};
 
 const DATA_IOVA: u64 = 0x4000_0000;
 const DATA_VA: u64 = 0x7f12_3400_0000;
@@ -321,7 +324,7 @@ impl Node {
 
     /// Waits for the next CQE of CQ `i`; returns its 64 bytes.
     fn poll(&mut self, i: usize) -> [u8; 64] {
-        self.try_poll(i, Duration::from_secs(3)).expect("no CQE")
+        self.try_poll(i, HANG_GUARD).expect("no CQE")
     }
 
     fn try_poll(&mut self, i: usize, wait: Duration) -> Option<[u8; 64]> {
@@ -338,7 +341,7 @@ impl Node {
             if t.elapsed() > wait {
                 return None;
             }
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         let mut e = [0u8; 64];
         buf.read(slot * 64, &mut e).unwrap();
@@ -369,7 +372,10 @@ fn opcode(e: &[u8; 64]) -> u8 {
 }
 
 fn pair() -> (Fabric, Node, Node) {
-    let f = Fabric::cabled(2, Profile::ConnectX4Lx);
+    pair_of(Fabric::cabled(2, Profile::ConnectX4Lx))
+}
+
+fn pair_of(f: Fabric) -> (Fabric, Node, Node) {
     let a = Node::new(f.function(0).unwrap());
     let b = Node::new(f.function(1).unwrap());
     (f, a, b)
@@ -377,7 +383,32 @@ fn pair() -> (Fabric, Node, Node) {
 
 /// Two RC QPs connected across the fabric, CQs 0 (send) and 1 (recv) on each side.
 fn rc_pair(mtu: u8) -> (Fabric, Node, Node, Q, Q) {
-    let (f, mut a, mut b) = pair();
+    rc_pair_of(pair(), mtu)
+}
+
+/// [`rc_pair`] on `clock`: retry timers wait until the test moves it.
+fn rc_pair_on(clock: &Arc<ManualClock>, mtu: u8) -> (Fabric, Node, Node, Q, Q) {
+    let cfg = DeviceConfig {
+        fw_start: Duration::ZERO,
+        clock: clock.shared(),
+        ..DeviceConfig::for_profile(Profile::ConnectX4Lx)
+    };
+    rc_pair_of(pair_of(Fabric::cabled_as(2, &cfg)), mtu)
+}
+
+/// Once a send queue waits for its retry timer, moves `clock` to it;
+/// returns how long the timer was (the clock moves for nothing else).
+fn next_retry(clock: &ManualClock) -> Duration {
+    let before = clock.now();
+    clock.advance_to_armed(RETRY_DEADLINE, HANG_GUARD) - before
+}
+
+/// The RNR timer a's QPs get from b's min_rnr_nak (1: 0.01 ms).
+const RNR_TIMER: Duration = Duration::from_micros(10);
+/// The local ACK timeout of `connect` (ack_timeout 8): 4.096 µs << 8.
+const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 8);
+
+fn rc_pair_of((f, mut a, mut b): (Fabric, Node, Node), mtu: u8) -> (Fabric, Node, Node, Q, Q) {
     for n in [&mut a, &mut b] {
         n.create_cq();
         n.create_cq();
@@ -505,9 +536,14 @@ fn rc_wire_check_carries_full_frames() {
 
 #[test]
 fn rc_errors_rnr_and_flush() {
-    let (_f, mut a, _b, mut qa, _qb) = rc_pair(5);
-    // No receive posted: RNR NAKs (rnr_retry 2), then RNR_RETRY_EXC_ERR.
+    let clock = ManualClock::new();
+    let (_f, mut a, _b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    // No receive posted: RNR NAKs (rnr_retry 2), each retried after the
+    // RNR timer the NAK carries, then RNR_RETRY_EXC_ERR.
     a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    for _ in 0..2 {
+        assert_eq!(next_retry(&clock), RNR_TIMER);
+    }
     let e = a.poll(0);
     assert_eq!(
         (opcode(&e), e[0x37]),
@@ -520,7 +556,7 @@ fn rc_errors_rnr_and_flush() {
     let e = a.poll(0);
     assert_eq!((opcode(&e), e[0x37]), (13, 0x05), "flushed");
     // b was never hurt: a fresh pair works; here check RNR then success.
-    let (_f2, mut a, mut b2, mut qa, mut qb2) = rc_pair(5);
+    let (_f2, mut a, mut b2, mut qa, mut qb2) = rc_pair_on(&clock, 5);
     // rnr_retry 7: retry for ever (RTS2RTS with the RNR_RETRY mask bit).
     let o = a.modify(0x505, &qa, |x, m| {
         qpc::RNR_RETRY.set(x, 7);
@@ -528,12 +564,15 @@ fn rc_errors_rnr_and_flush() {
     });
     assert_eq!(o[0], 0);
     a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
-    let t = Instant::now();
-    while a.d.f.model().stats().rnr_naks < 3 {
-        assert!(t.elapsed() < Duration::from_secs(5), "no RNR NAK");
-        std::thread::yield_now();
+    // The first send and two retries are NAKed; the third retry waits.
+    for _ in 0..2 {
+        assert_eq!(next_retry(&clock), RNR_TIMER);
     }
+    assert!(clock.wait_armed(RETRY_DEADLINE, HANG_GUARD).is_some());
+    assert_eq!(a.d.f.model().stats().rnr_naks, 3);
+    // A receive, and the retry goes through.
     b2.post_recv(&mut qb2, DATA_VA, 64);
+    assert_eq!(next_retry(&clock), RNR_TIMER);
     assert_eq!(opcode(&a.poll(0)), 0);
     assert_eq!(opcode(&b2.poll(1)), 2);
     assert!(a.d.f.model().stats().rnr_naks >= 1);
@@ -577,11 +616,17 @@ fn rc_errors_rnr_and_flush() {
 
 #[test]
 fn transport_retry_exceeded_when_nobody_answers() {
-    let (f, mut a, _b, mut qa, _qb) = rc_pair(5);
+    let clock = ManualClock::new();
+    let (f, mut a, _b, mut qa, _qb) = rc_pair_on(&clock, 5);
     f.drop_packets(100);
     let mut segs = raddr_seg(DATA_VA, _b.lkey).to_vec();
     segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
     a.post_send(&mut qa, 0x08, 0, &segs, true);
+    // retry_count 3: the send and three resends, each after the ACK
+    // timeout, then TRANSPORT_RETRY_EXC_ERR.
+    for _ in 0..3 {
+        assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    }
     let e = a.poll(0);
     assert_eq!((opcode(&e), e[0x37]), (13, 0x15));
     assert_eq!(a.d.f.model().stats().retries, 3);
@@ -665,11 +710,13 @@ fn rc_nak_in_a_coalesced_run() {
 
 #[test]
 fn rc_lost_packet_in_a_coalesced_run_is_resent() {
-    let (f, mut a, b, mut qa, _qb) = rc_pair(5);
+    let clock = ManualClock::new();
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
     // The first WRITE is lost: the second is NAKed (PSN sequence error),
-    // and the requester goes back to the first.
+    // and the requester goes back to the first, as after an ACK timeout.
     f.drop_packets(1);
     let data = write_burst(&mut a, &b, &mut qa, 6, None);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
     for (i, d) in data.iter().enumerate() {
         let e = a.poll(0);
         assert_eq!((opcode(&e), be16(&e, 0x3c)), (0, i as u16), "CQE {i}");
@@ -770,10 +817,11 @@ fn ud_send_with_grh_and_qkey() {
     let mut segs = av.to_vec();
     segs[0..4].copy_from_slice(&0x2222u32.to_be_bytes());
     segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA));
+    let dropped = b.d.f.model().stats().dropped;
     a.post_send(&mut qa, 0x0a, 0, &segs, true);
     assert_eq!(opcode(&a.poll(0)), 0);
-    assert!(b.try_poll(1, Duration::from_millis(20)).is_none());
-    assert!(b.d.f.model().stats().dropped >= 1);
+    until("the drop", || b.d.f.model().stats().dropped > dropped);
+    assert!(b.try_poll(1, Duration::ZERO).is_none());
 }
 
 #[test]
@@ -878,7 +926,8 @@ fn qp_state_machine_checks() {
 #[test]
 fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
     use mlx5_hw::ifc::{alloc_q_counter_out, query_q_counter_in, query_q_counter_out};
-    let (_f, mut a, mut b, mut qa, qb) = rc_pair(5);
+    let clock = ManualClock::new();
+    let (_f, mut a, mut b, mut qa, qb) = rc_pair_on(&clock, 5);
     let set_a = alloc_q_counter_out::COUNTER_SET_ID.get(&a.d.ok(&cmd_in(0x771, 0, 16), 16));
     let set_b = alloc_q_counter_out::COUNTER_SET_ID.get(&b.d.ok(&cmd_in(0x771, 0, 16), 16));
     // A set that does not exist cannot be bound.
@@ -897,6 +946,9 @@ fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
     }
     // No receive posted at b: RNR NAKs until a's rnr_retry (2) runs out.
     a.post_send(&mut qa, 0x0a, 0, &data_seg(8, a.lkey, DATA_VA), true);
+    for _ in 0..2 {
+        assert_eq!(next_retry(&clock), RNR_TIMER);
+    }
     assert_eq!(a.poll(0)[0x37], 0x16, "RNR retry exceeded");
     let query = |n: &mut Node, set: u64, clear: bool| {
         let mut c = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
@@ -1002,4 +1054,41 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
     n.d.ok(&dx, 16);
     let s = n.d.f.model().stats();
     assert_eq!((s.srqs, s.xrcds), (0, 0));
+}
+
+/// A WQE whose ds count reaches past the producer counter (the control
+/// segment claims four blocks, the doorbell record says one) completes
+/// once, as a local QP operation error, and the consumer index stops at
+/// the counter: the next WQE posted is the next one completed. (Before,
+/// the index jumped past the counter and the flush ran it round the whole
+/// 16-bit space: thousands of flush CQEs from one WQE, found by the `wqe`
+/// fuzz target.)
+#[test]
+fn wqe_reaching_past_the_producer_counter_is_one_error() {
+    let (_f, mut a, _b, mut qa, _qb) = rc_pair(5);
+    // RDMA WRITE with 15 segments after the control: ds 16, 4 blocks.
+    let mut segs = raddr_seg(DATA_VA, 0).to_vec();
+    for _ in 0..14 {
+        segs.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+    }
+    let (idx, ctrl) = a.write_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!((idx, qa.sq_pi), (0, 4));
+    qa.sq_pi = 1;
+    a.ring(&qa, &ctrl);
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37], u16::from_be_bytes([e[0x3c], e[0x3d]])),
+        (13, 0x02, 0),
+        "REQ_ERR, local QP operation error, on WQE 0"
+    );
+    // The QP is in error: the next WQE (index 1) is flushed, and it is the
+    // next completion.
+    a.post_send(&mut qa, 0x08, 0, &raddr_seg(0, 0), true);
+    let e = a.poll(0);
+    assert_eq!(
+        (opcode(&e), e[0x37], u16::from_be_bytes([e[0x3c], e[0x3d]])),
+        (13, 0x05, 1),
+        "WQE 1 flushed, right after WQE 0"
+    );
+    assert_eq!(a.d.f.model().stats().error_cqes, 1);
 }

@@ -141,7 +141,7 @@ fn q_counter_sets_are_max_qp_cnt_and_checked() {
 
 #[test]
 fn congestion_statistics_are_zero_without_congestion() {
-    let mut d = Drv::new();
+    let (mut d, clock) = Drv::manual();
     d.bring_up();
     let c = cmd_in(0x826, 0, query_cong_statistics_in::SIZE_BYTES);
     let out = d.ok(&c, query_cong_statistics_out::SIZE_BYTES);
@@ -153,14 +153,17 @@ fn congestion_statistics_are_zero_without_congestion() {
     ] {
         assert_eq!(f.get(&out), 0);
     }
-    // The sample carries the HCA clock, which moves.
-    let t0 = query_cong_statistics_out::TIME_STAMP_HIGH.get(&out) << 32
-        | query_cong_statistics_out::TIME_STAMP_LOW.get(&out);
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    let out = d.ok(&c, query_cong_statistics_out::SIZE_BYTES);
-    let t1 = query_cong_statistics_out::TIME_STAMP_HIGH.get(&out) << 32
-        | query_cong_statistics_out::TIME_STAMP_LOW.get(&out);
-    assert!(t1 > t0);
+    // The sample carries the HCA clock (ns since power-on), which moves
+    // with the model's clock and only with it.
+    let stamp = |out: &[u8]| {
+        query_cong_statistics_out::TIME_STAMP_HIGH.get(out) << 32
+            | query_cong_statistics_out::TIME_STAMP_LOW.get(out)
+    };
+    let t0 = stamp(&out);
+    assert_eq!(stamp(&d.ok(&c, query_cong_statistics_out::SIZE_BYTES)), t0);
+    clock.advance(std::time::Duration::from_millis(2));
+    let t1 = stamp(&d.ok(&c, query_cong_statistics_out::SIZE_BYTES));
+    assert_eq!(t1 - t0, 2_000_000);
     // A short output: bad output length.
     assert_eq!(d.exec(&c, 0x20)[0], CmdStatus::BadOutputLength.to_raw());
 }

@@ -47,6 +47,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use vfio::clock::{Deadline, SharedClock};
+
 use vfio::emulated::DmaSpace;
 use vfio::DmaBuffer;
 
@@ -177,6 +179,10 @@ pub(crate) struct QCounterSet {
 pub(crate) struct Rdma {
     pub me: Weak<Rdma>,
     pub dma: Arc<DmaSpace>,
+    /// The model's clock (DeviceConfig::clock): ACK timeouts and RNR
+    /// retries are due on it. The poll pace (hot doorbells, the sweep)
+    /// stays on real time.
+    pub clock: SharedClock,
     pub mkeys: RwLock<Table<Mkey>>,
     pub cqs: RwLock<Table<Cq>>,
     pub qps: RwLock<Table<Qp>>,
@@ -196,7 +202,8 @@ pub(crate) struct Rdma {
     pub attention: Mutex<BTreeSet<u32>>,
     /// UAR pages to watch.
     pub uars: Mutex<Vec<UarWatch>>,
-    pub timers: Mutex<HashMap<u32, Instant>>,
+    /// Retry timers (ACK timeout, RNR timer) by QP, on the clock.
+    pub timers: Mutex<HashMap<u32, Deadline>>,
     pub counters: Counters,
     pub worker: Mutex<Option<Thread>>,
     /// Reserved lkey (QUERY_SPECIAL_CONTEXTS): physical addressing.
@@ -237,15 +244,20 @@ pub(crate) struct UarWatch {
     rang: Instant,
 }
 
+/// Names a send queue's wait for its retry timer (ACK timeout, RNR timer),
+/// for a test's `ManualClock::wait_armed`.
+pub const RETRY_DEADLINE: &str = "transport retry";
+
 /// Send doorbell offsets in a UAR page: the two BlueFlame buffers of each
 /// of the four bfregs.
 const SQ_DOORBELLS: [usize; 8] = [0x800, 0x900, 0xa00, 0xb00, 0xc00, 0xd00, 0xe00, 0xf00];
 
 impl Rdma {
-    pub(crate) fn new(dma: Arc<DmaSpace>, resd_lkey: u32) -> Arc<Self> {
+    pub(crate) fn new(dma: Arc<DmaSpace>, resd_lkey: u32, clock: SharedClock) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
             dma,
+            clock,
             mkeys: RwLock::new(Table::default()),
             cqs: RwLock::new(Table::default()),
             qps: RwLock::new(Table::default()),
@@ -383,7 +395,11 @@ impl Rdma {
 
     /// QP `qpn` waits for a timer (RNR, ACK timeout) due at `at`.
     pub(crate) fn timer(&self, qpn: u32, at: Instant) {
-        lock(&self.timers).insert(qpn, at);
+        let mut t = lock(&self.timers);
+        if t.get(&qpn).is_some_and(|d| d.at() == at) {
+            return;
+        }
+        t.insert(qpn, Deadline::until(&self.clock, at, RETRY_DEADLINE));
     }
 
     /// Counts an event in the Q counter set the QP is bound to (none for
@@ -547,9 +563,9 @@ impl Rdma {
         {
             let mut t = lock(&self.timers);
             if !t.is_empty() {
-                let now = Instant::now();
-                t.retain(|&q, &mut at| {
-                    if at <= now {
+                let now = self.clock.now();
+                t.retain(|&q, d| {
+                    if d.at() <= now {
                         attention.push(q);
                         false
                     } else {

@@ -159,7 +159,7 @@ pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
 fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     let mut sq = lock(&qp.sq);
     if let Some(r) = sq.retry {
-        if Instant::now() < r.at {
+        if rdma.clock.now() < r.at {
             rdma.timer(qp.qpn, r.at);
             return false;
         }
@@ -203,7 +203,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe);
         // Only RC SENDs and WRITEs complete by a later, coalesced ACK;
         // anything else completes after the messages before it.
         let coalesced = qp.st == qp::st::RC
@@ -456,7 +456,7 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Opt
         None => {
             flush_tally(rdma, sq);
             sq.peer = None;
-            retry_after_timeout(sq, u.first_psn)
+            retry_after_timeout(sq, u.first_psn, rdma.clock.now())
         }
     };
     finish(rdma, qp, sq, mem, head, o);
@@ -481,11 +481,15 @@ fn read_bb(
     mem::read(mem, at, out).map_err(|_| vendor::WQE_FAULT)
 }
 
+/// The WQE at `ci`, which must end at or before the producer counter
+/// `pi`: a WQE that reaches past it (the driver rang before writing all of
+/// it, or its ds count is garbage) is malformed.
 fn read_wqe(
     qp: &Qp,
     mem: &GuestMemoryMmap,
     sqs: Option<&VolatileSlice<'_>>,
     ci: u16,
+    pi: u16,
     buf: &mut [u8],
 ) -> Result<Wqe, u8> {
     read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
@@ -495,6 +499,16 @@ fn read_wqe(
     let index = (w0 >> 8) as u16;
     let opcode = WqeOpcode::from((w0 & 0xff) as u8);
     let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
+    if nbb > usize::from(pi.wrapping_sub(ci)) {
+        tracing::debug!(
+            qpn = qp.qpn,
+            ci,
+            pi,
+            ds,
+            "WQE reaches past the producer counter"
+        );
+        return Err(vendor::WQE_FAULT);
+    }
     for i in 1..nbb {
         read_bb(
             qp,
@@ -1114,7 +1128,7 @@ fn connected(
             aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
             aeth::NAK_PSN_SEQ => {
                 // Go back: resend the message, as after a timeout.
-                return retry_after_timeout(sq, first_psn);
+                return retry_after_timeout(sq, first_psn, rdma.clock.now());
             }
             _ => CqeSyndrome::RemoteInvalReqErr,
         };
@@ -1130,7 +1144,8 @@ fn connected(
             }
             sq.rnr_left -= 1;
         }
-        return Outcome::Retry(Instant::now() + Duration::from_micros(rnr_timer_us(t)));
+        let after = Duration::from_micros(rnr_timer_us(t));
+        return Outcome::Retry(vfio::clock::later(rdma.clock.now(), after));
     }
     let covered = ans.acked.is_some_and(|p| psn_le(last_psn, p));
     if !covered {
@@ -1142,22 +1157,22 @@ fn connected(
         // Nobody answered: the packet (or its ACK) was lost.
         flush_tally(rdma, sq);
         sq.peer = None;
-        return retry_after_timeout(sq, first_psn);
+        return retry_after_timeout(sq, first_psn, rdma.clock.now());
     }
     sq.psn = (last_psn + 1) & 0xff_ffff;
     Outcome::Done(if is_atomic { 8 } else { w.len as u32 })
 }
 
-fn retry_after_timeout(sq: &mut Sq, first_psn: u32) -> Outcome {
+fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
     sq.psn = first_psn;
     if sq.retries_left == 0 {
         return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);
     }
     sq.retries_left -= 1;
     match ack_timeout(sq.path.ack_timeout) {
-        Some(d) => Outcome::Retry(Instant::now() + d),
+        Some(d) => Outcome::Retry(vfio::clock::later(now, d)),
         // No timeout: wait as long as it takes (checked again every second).
-        None => Outcome::Retry(Instant::now() + Duration::from_secs(1)),
+        None => Outcome::Retry(vfio::clock::later(now, Duration::from_secs(1))),
     }
 }
 
@@ -1179,7 +1194,9 @@ fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
             break;
         }
         let ds = (be32(&b, 4) & 0x3f) as usize;
-        let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1) as u16;
+        // A WQE that claims more blocks than were posted ends at the
+        // producer counter: the flush never runs past it.
+        let nbb = (mlx5_hw::wqe::wqebbs_for_ds(ds).max(1) as u16).min(pi.wrapping_sub(ci));
         let c = Completion {
             opcode: CqeOpcode::ReqErr.to_raw(),
             qpn: qp.qpn,

@@ -5,13 +5,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mlx5_emu::{Fabric, Profile};
+use mlx5_emu::transport::RETRY_DEADLINE;
+use mlx5_emu::{DeviceConfig, Fabric, Profile};
+use tests::wait::{until, HANG_GUARD};
 use verbs::cq::{Cq, Wc};
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr};
 use verbs::pd::Pd;
 use verbs::qp::{required_mask, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use vfio::clock::ManualClock;
 use vfio::{DmaBuffer, PciFunction};
 
 /// One side: a context, a PD, a CQ and a buffer with its MR.
@@ -60,6 +63,35 @@ pub fn pair(len: usize) -> Pair {
     let a = side(open(function(&fabric, 0)), len, ALL);
     let b = side(open(function(&fabric, 1)), len, ALL);
     Pair { fabric, a, b }
+}
+
+/// [`pair`] with the models and the drivers on `clock`: retry timers
+/// (and every driver timeout) wait until the test moves it.
+pub fn pair_on(len: usize, clock: &Arc<ManualClock>) -> Pair {
+    let fabric = Fabric::cabled_as(
+        2,
+        &DeviceConfig {
+            fw_start: Duration::ZERO,
+            clock: clock.shared(),
+            ..DeviceConfig::for_profile(Profile::ConnectX4Lx)
+        },
+    );
+    let opts = || HcaOptions {
+        clock: clock.shared(),
+        ..HcaOptions::default()
+    };
+    let on =
+        |i| Context::open(function(&fabric, i), opts()).unwrap_or_else(|e| panic!("open: {e}"));
+    let a = side(on(0), len, ALL);
+    let b = side(on(1), len, ALL);
+    Pair { fabric, a, b }
+}
+
+/// Once a send queue waits for its retry timer (ACK timeout, RNR timer),
+/// moves `clock` to it; returns how long the timer was.
+pub fn next_retry(clock: &ManualClock) -> Duration {
+    let before = clock.now();
+    clock.advance_to_armed(RETRY_DEADLINE, HANG_GUARD) - before
 }
 
 pub fn cap(wr: u32) -> QpCap {
@@ -169,13 +201,15 @@ pub fn qp_pair_with(p: &Pair, t: QpType, cap: QpCap, retry: Retry) -> (Qp, Qp) {
     (qa, qb)
 }
 
-/// Polls `cq` until `n` completions came (5 s deadline: a hang is a bug).
+/// Polls `cq` until `n` completions came ([`HANG_GUARD`]: a hang is a bug).
 pub fn poll_n(cq: &mut Cq, n: usize) -> Vec<Wc> {
     let mut out = Vec::with_capacity(n);
     let mut wc = [Wc::default(); 16];
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + HANG_GUARD;
     while out.len() < n {
-        let k = cq.poll(&mut wc[..(n - out.len()).min(16)]);
+        let k = cq
+            .poll(&mut wc[..(n - out.len()).min(16)])
+            .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"));
         out.extend_from_slice(&wc[..k]);
         if k == 0 {
             assert!(
@@ -194,17 +228,23 @@ pub fn stats(fabric: &Fabric, i: usize) -> mlx5_emu::Stats {
     fabric.function(i).expect("function").model().stats()
 }
 
-/// Polls `cq` briefly and says whether nothing more arrives.
-pub fn nothing_more(cq: &mut Cq) -> bool {
+/// Whether `cq` stays empty once every model of `fabric` has made a whole
+/// worker pass (what they had to write, they have written).
+pub fn nothing_more(fabric: &Fabric, cq: &mut Cq) -> bool {
+    settle(fabric);
     let mut wc = [Wc::default(); 4];
-    let deadline = Instant::now() + Duration::from_millis(100);
-    while Instant::now() < deadline {
-        if cq.poll(&mut wc) != 0 {
-            return false;
-        }
-        std::thread::yield_now();
+    cq.poll(&mut wc)
+        .unwrap_or_else(|e| panic!("ibv_poll_cq: {e}"))
+        == 0
+}
+
+/// Returns once every model of `fabric` has made a whole worker pass.
+pub fn settle(fabric: &Fabric) {
+    for i in 0..fabric.len() {
+        let m = fabric.function(i).expect("function").model().clone();
+        let n = m.worker_passes();
+        until("a worker pass", || m.worker_passes() >= n + 2);
     }
-    true
 }
 
 pub fn fill(buf: &DmaBuffer, off: usize, len: usize, seed: u8) -> Vec<u8> {

@@ -317,7 +317,7 @@ fn run_side(
                 .map_err(e("Couldn't request CQ notification"))?;
         }
         let n = loop {
-            let n = cq.poll(&mut wc);
+            let n = cq.poll(&mut wc).map_err(e("poll CQ failed"))?;
             if n > 0 || channel.is_some() {
                 break n;
             }

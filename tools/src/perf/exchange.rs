@@ -8,6 +8,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
+/// How often a side waiting for its peer checks its own device.
+pub const WATCH_SLICE: Duration = Duration::from_millis(100);
+
 /// perftest's `KEY_MSG_SIZE_GID`: every message on the socket.
 pub const MSG_SIZE: usize = 108;
 
@@ -217,6 +220,30 @@ impl Ctl {
         if !self.peer_done {
             self.recv()?;
             self.peer_done = true;
+        }
+        Ok(())
+    }
+
+    /// [`Ctl::wait_peer_done`], checking `watch` (this side's device)
+    /// every [`WATCH_SLICE`] meanwhile: a side that only waits for its peer
+    /// still ends with its own device's failure.
+    pub fn wait_peer_done_watching(
+        &mut self,
+        watch: &mut dyn FnMut() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut b = [0u8; 1];
+        while !self.peer_done() {
+            watch()?;
+            // Wait for data (or a hang-up) for one slice.
+            self.sock.set_read_timeout(Some(WATCH_SLICE)).ok();
+            let r = self.sock.peek(&mut b);
+            self.sock.set_read_timeout(None).ok();
+            match r {
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("receive from peer: {e}")),
+            }
         }
         Ok(())
     }

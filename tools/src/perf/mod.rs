@@ -149,11 +149,22 @@ fn side_main(
     func: Arc<dyn PciFunction>,
     p: &Params,
     ctl: &mut Ctl,
-    mut out: Option<&mut dyn Write>,
+    out: Option<&mut dyn Write>,
 ) -> Result<(), String> {
     let client = ctl.client;
     let seed = (clock::cycles() as u32) ^ if client { 0x5a5a } else { 0xa5a5 };
     let mut side = Side::new(func, p, seed)?;
+    side_run(&mut side, p, ctl, out).map_err(|e| side.explain(e))
+}
+
+/// One side's exchange, rounds and report, over its resources.
+fn side_run(
+    side: &mut Side,
+    p: &Params,
+    ctl: &mut Ctl,
+    mut out: Option<&mut dyn Write>,
+) -> Result<(), String> {
+    let client = ctl.client;
     let report_here = client || p.flags.bidirectional;
     w(
         &mut out,
@@ -193,13 +204,13 @@ fn side_main(
                         rx,
                     };
                     let c0 = clock::cpu_stat();
-                    let st = bw::run(&mut side, p, ctl, r)?;
+                    let st = bw::run(side, p, ctl, r)?;
                     let c1 = clock::cpu_stat();
                     if tx {
                         ctl.send_done()?;
                     }
                     if peer_tx {
-                        ctl.wait_peer_done()?;
+                        ctl.wait_peer_done_watching(&mut || side.device_ok())?;
                     }
                     ctl.reset_done();
                     Ok::<_, String>((st, clock::cpu_util(c0, c1)))
@@ -246,12 +257,12 @@ fn side_main(
                 }
                 let mut one = |iters: u64, duration: Option<Duration>| {
                     let c0 = clock::cpu_stat();
-                    let (stamps, n) = lat::run(&mut side, p, ctl, size, iters, duration)?;
+                    let (stamps, n) = lat::run(side, p, ctl, size, iters, duration)?;
                     let c1 = clock::cpu_stat();
                     if client {
                         ctl.send_done()?;
                     } else {
-                        ctl.wait_peer_done()?;
+                        ctl.wait_peer_done_watching(&mut || side.device_ok())?;
                         if duration.is_none()
                             && n != iters
                             && !matches!(p.test.verb, Verb::Read | Verb::Atomic)

@@ -75,6 +75,29 @@ fn e<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
 }
 
 impl Side {
+    /// `Err` with the cause once this side's device has failed or vanished
+    /// (what the health poller found; no device access).
+    pub fn device_ok(&self) -> Result<(), String> {
+        match self.ctx.hca().health_failure() {
+            Some(h) => Err(format!("device health failure: {h}")),
+            None => Ok(()),
+        }
+    }
+
+    /// `err` as the user should read it: when this side's device is dead
+    /// or gone (the health sensors are read now), that is the cause and
+    /// `err` (often only "connection reset" by a peer that saw it first)
+    /// the consequence.
+    pub fn explain(&self, err: String) -> String {
+        if err.contains("device health failure") {
+            return err;
+        }
+        match self.ctx.hca().check_health() {
+            Err(h) => format!("{h} (then: {err})"),
+            Ok(()) => err,
+        }
+    }
+
     /// Opens `func` and creates everything for `p`.
     pub fn new(func: Arc<dyn PciFunction>, p: &Params, seed: u32) -> Result<Self, String> {
         let dev_name = func.name().to_string();
@@ -277,15 +300,15 @@ impl Side {
     /// nothing is there. Error completions are errors.
     pub fn poll(&mut self, recv: bool, wc: &mut [Wc]) -> Result<usize, String> {
         let cq = if recv { &mut self.rcq } else { &mut self.scq };
-        let mut n = cq.poll(wc);
+        let mut n = cq.poll(wc).map_err(e("ibv_poll_cq"))?;
         if n == 0 {
             if let Some(ch) = &self.chan {
                 cq.req_notify(false).map_err(e("ibv_req_notify_cq"))?;
-                n = cq.poll(wc);
+                n = cq.poll(wc).map_err(e("ibv_poll_cq"))?;
                 if n == 0 {
                     ch.get_cq_event(Duration::from_millis(1))
                         .map_err(e("ibv_get_cq_event"))?;
-                    n = cq.poll(wc);
+                    n = cq.poll(wc).map_err(e("ibv_poll_cq"))?;
                 }
             }
         }
