@@ -683,6 +683,7 @@ impl Hca {
             cmd: self.cmd.0.clone(),
             comp: self.comp_table.clone(),
             subs: self.health_subs.clone(),
+            events: self.event_subs.clone(),
         }
     }
 

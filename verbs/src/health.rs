@@ -19,8 +19,9 @@
 //! `PostError::DeviceFailed`, an empty CQ poll returns the failure, every
 //! CQ's completion handler fires once (as mlx5_ib's internal-error flow
 //! does) so that waiters on completion channels wake and poll, and
-//! subscribers are told. Nothing aborts; recovery is a function reset and a
-//! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
+//! subscribers are told (health subscribers the event, async-event ones
+//! `IBV_EVENT_DEVICE_FATAL`). Nothing aborts; recovery is a function reset
+//! and a fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use mlx5_hw::event::EventType;
 use mlx5_hw::health::{self as hw, HealthSyndrome};
 use mlx5_hw::ifc::HealthBuffer;
 use mlx5_hw::init::{self as iseg, NicInterface};
@@ -37,7 +39,7 @@ use vfio::{Mmio, PciFunction};
 use zerocopy::{FromZeros, IntoBytes};
 
 use crate::cmd::CmdQueue;
-use crate::eq::CompTable;
+use crate::eq::{AsyncEvent, CompTable};
 use crate::{Error, Result};
 
 pub use mlx5_hw::health::HEALTH_MAX_MISSES;
@@ -308,6 +310,9 @@ pub(crate) struct Watch {
     pub(crate) cmd: Arc<CmdQueue>,
     pub(crate) comp: Arc<CompTable>,
     pub(crate) subs: HealthSubscribers,
+    /// Async-event subscribers: they get an INTERNAL_ERROR event
+    /// (`IBV_EVENT_DEVICE_FATAL`), as mlx5_ib dispatches on a fatal error.
+    pub(crate) events: Arc<Mutex<Vec<Sender<AsyncEvent>>>>,
 }
 
 impl Watch {
@@ -344,6 +349,15 @@ impl Watch {
         tracing::error!("mlx5 health: {ev}");
         self.comp.fire_all();
         lock_subs(&self.subs).retain(|s| s.send(ev.clone()).is_ok());
+        let fatal = AsyncEvent {
+            event_type: EventType::InternalError,
+            sub_type: 0,
+            data: [0; mlx5_hw::event::EQE_DATA_SIZE],
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|s| s.send(fatal).is_ok());
     }
 
     /// Runs the sensors now; a failure is declared and returned.
