@@ -11,7 +11,7 @@ use mlx5_hw::ifc::{cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, roce_cap};
 const CX4_DATA: &str = include_str!("../profiles/connectx4-caps.txt");
 
 /// Size of one capability page (QUERY_HCA_CAP payload), in bytes.
-pub const CAP_PAGE_SIZE: usize = 4096;
+pub const CAP_PAGE_SIZE: usize = mlx5_hw::ifc::hca_cap_union::SIZE_BYTES;
 
 /// Capability types (QUERY_HCA_CAP op_mod >> 1) the model answers.
 pub mod cap_type {

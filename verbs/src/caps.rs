@@ -33,9 +33,9 @@ pub enum CapType {
 }
 
 /// Capability page size in bytes (the `hca_cap_union`).
-pub const CAP_PAGE_BYTES: usize = 0x1000;
+pub const CAP_PAGE_BYTES: usize = mlx5_hw::ifc::hca_cap_union::SIZE_BYTES;
 /// Byte offset of the capability in the QUERY_HCA_CAP outbox.
-const CAP_OFFSET: usize = 0x10;
+const CAP_OFFSET: usize = mlx5_hw::ifc::query_hca_cap_out::CAPABILITY.off / 8;
 /// `atomic_req_8B_endianness_mode`: host endianness.
 pub const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u8 = 1;
 /// The kernel's default profile: log_max_qp at most 18.

@@ -46,7 +46,7 @@ use crate::dma::{DmaCtx, DmaRegion};
 use crate::{Error, Result};
 
 /// Firmware page size.
-pub const FW_PAGE: usize = 4096;
+pub const FW_PAGE: usize = mlx5_hw::init::FW_PAGE_SIZE;
 /// DMA block size pages are carved from.
 pub const BLOCK_BYTES: usize = 2 << 20;
 /// Pages per block.

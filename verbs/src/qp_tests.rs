@@ -462,7 +462,7 @@ fn a_full_ring_refuses_and_completions_free_it() {
 
 // ---- CQEs ----
 
-const OP_OWN: usize = 63;
+const OP_OWN: usize = mlx5_hw::cqe::CQE_OP_OWN_OFFSET;
 
 fn cqe(opcode: u8, owner: u8, f: impl FnOnce(&mut [u8; 64])) -> [u8; 64] {
     let mut e = [0u8; 64];

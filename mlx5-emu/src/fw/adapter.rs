@@ -1,6 +1,6 @@
 //! QUERY_ADAPTER and QUERY_SPECIAL_CONTEXTS.
 
-use mlx5_hw::ifc::{query_adapter_out, query_special_contexts_out};
+use mlx5_hw::ifc::{query_adapter_in, query_adapter_out, query_special_contexts_out};
 
 use super::{sized, CmdResult, Firmware};
 
@@ -15,10 +15,16 @@ pub(crate) const TERMINATE_SCATTER_MKEY: u32 = 0x400;
 
 impl Firmware {
     pub(super) fn query_adapter(&mut self, input: &[u8], outlen: usize) -> CmdResult {
-        sized(input, outlen, 0x10, query_adapter_out::SIZE_BYTES)?;
+        sized(
+            input,
+            outlen,
+            query_adapter_in::SIZE_BYTES,
+            query_adapter_out::SIZE_BYTES,
+        )?;
         let mut out = vec![0u8; query_adapter_out::SIZE_BYTES];
-        let n = self.caps.adapter.len().min(out.len() - 0x10);
-        out[0x10..0x10 + n].copy_from_slice(&self.caps.adapter[..n]);
+        let at = query_adapter_out::QUERY_ADAPTER_STRUCT.off / 8;
+        let n = self.caps.adapter.len().min(out.len() - at);
+        out[at..at + n].copy_from_slice(&self.caps.adapter[..n]);
         Ok(out)
     }
 

@@ -13,7 +13,8 @@ use super::{fail, sized, synd, CmdResult, Firmware, HcaState};
 use crate::profile::{cap_type, CAP_PAGE_SIZE};
 
 /// Offset of the capability page in QUERY output and SET input.
-const CAP_OFF: usize = 0x10;
+const CAP_OFF: usize = mlx5_hw::ifc::query_hca_cap_out::CAPABILITY.off / 8;
+const _: () = assert!(CAP_OFF == mlx5_hw::ifc::set_hca_cap_in::CAPABILITY.off / 8);
 
 fn layout_of(ty: u16) -> Option<&'static LayoutInfo> {
     use mlx5_hw::ifc::*;

@@ -195,7 +195,7 @@ impl Firmware {
             // Resize is not modelled.
             return Err(fail(CmdStatus::BadParameter, synd::CQ_RESIZE));
         }
-        let sel = u32::from_be_bytes(input[0x0c..0x10].try_into().unwrap_or([0; 4]));
+        let sel = modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT.get(input) as u32;
         let at = modify_cq_in::CQ_CONTEXT.off / 8;
         let c = &input[at..at + cqc::SIZE_BYTES];
         let mut st = lock(&cq.st);

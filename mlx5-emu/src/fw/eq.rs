@@ -222,7 +222,8 @@ impl Firmware {
             create_eq_in::SIZE_BYTES,
             create_eq_out::SIZE_BYTES,
         )?;
-        let ctx = &input[0x10..0x10 + eqc::SIZE_BYTES];
+        let at = create_eq_in::EQ_CONTEXT_ENTRY.off / 8;
+        let ctx = &input[at..at + eqc::SIZE_BYTES];
         let log_size = eqc::LOG_EQ_SIZE.get(ctx) as u8;
         let max_log = self.caps.get(
             crate::profile::cap_type::GENERAL,
@@ -322,7 +323,8 @@ impl Firmware {
         let npas = eq.pas.len().min(room);
         let mut out = vec![0u8; query_eq_out::SIZE_BYTES + npas * 8];
         {
-            let ctx = &mut out[0x10..0x10 + eqc::SIZE_BYTES];
+            let at = query_eq_out::EQ_CONTEXT_ENTRY.off / 8;
+            let ctx = &mut out[at..at + eqc::SIZE_BYTES];
             eqc::STATUS.set(ctx, u64::from(eq.status));
             eqc::ST.set(ctx, u64::from(if eq.armed { ST_ARMED } else { ST_FIRED }));
             eqc::PAGE_OFFSET.set(ctx, u64::from(eq.page_offset));

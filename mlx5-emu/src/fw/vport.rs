@@ -80,7 +80,7 @@ impl Firmware {
             query_hca_vport_context_in::PORT_NUM.get(input),
         )?;
         let mut out = vec![0u8; query_hca_vport_context_out::SIZE_BYTES];
-        let ctx = &mut out[0x10..];
+        let ctx = &mut out[query_hca_vport_context_out::HCA_VPORT_CONTEXT.off / 8..];
         let up = self.port.oper_up;
         hca_vport_context::PORT_PHYSICAL_STATE
             .set(ctx, if up { PHYS_LINK_UP } else { PHYS_DISABLED });
@@ -166,7 +166,7 @@ impl Firmware {
         )?;
         self.own_vport(query_nic_vport_context_in::OTHER_VPORT.get(input), 1)?;
         let mut out = vec![0u8; query_nic_vport_context_out::SIZE_BYTES];
-        let ctx = &mut out[0x10..];
+        let ctx = &mut out[query_nic_vport_context_out::NIC_VPORT_CONTEXT.off / 8..];
         nic_vport_context::ROCE_EN.set(ctx, u64::from(self.roce_en));
         nic_vport_context::MTU.set(ctx, u64::from(self.vport_mtu));
         nic_vport_context::SYSTEM_IMAGE_GUID.set(ctx, guid(self.mac));

@@ -21,8 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::ifc::{wqe_datagram_seg, WqeDatagramSeg};
 use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+use zerocopy::FromBytes;
 
 use super::cq::Completion;
 use super::mem::{self, access, Extent, Hinted, KeyError};
@@ -583,27 +585,28 @@ fn run_wqe(
         return Outcome::Done(0);
     }
     if matches!(qp.st, qp::st::UD | qp::st::QP1) {
-        if end < at + 48 {
+        let seg = buf
+            .get(at..end)
+            .and_then(|b| WqeDatagramSeg::ref_from_prefix(b).ok());
+        let Some((seg, _)) = seg else {
             return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
-        }
-        let a = &buf[at..at + 48];
-        let gf = be32(a, 0x1c);
-        let mut rmac = [0u8; 6];
-        rmac.copy_from_slice(&a[0x14..0x1a]);
-        let mut rgid = [0u8; 16];
-        rgid.copy_from_slice(&a[0x20..0x30]);
+        };
+        let a = &seg.av;
+        let gf = a.grh_gid_fl.get();
         w.av = Some(Av {
-            qkey: be32(a, 0),
-            dqpn: be32(a, 8) & 0xff_ffff,
-            rmac,
-            tclass: a[0x1a],
-            hop_limit: a[0x1b],
+            // The UD qkey is the upper half of the `key` union (qkey.qkey).
+            qkey: (a.dc_key.get() >> 32) as u32,
+            dqpn: a.dqp_dct.get() & 0xff_ffff,
+            rmac: a.rmac,
+            tclass: a.tclass,
+            hop_limit: a.hop_limit,
             sgid_index: (gf >> 20) as u8,
             flow_label: gf & 0xf_ffff,
-            udp_sport: u16::from_be_bytes([a[0x0e], a[0x0f]]),
-            rgid,
+            // `rlid` is `udp_sport` on RoCE v2.
+            udp_sport: a.rlid.get(),
+            rgid: a.rgid,
         });
-        at += 48;
+        at += wqe_datagram_seg::SIZE_BYTES;
     }
     if matches!(
         w.opcode,
