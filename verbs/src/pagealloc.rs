@@ -39,6 +39,7 @@ use vfio::clock::Deadline;
 
 use mlx5_hw::ifc::{manage_pages_in, manage_pages_out, query_pages_in, query_pages_out};
 use mlx5_hw::ifc::{ManagePagesIn, ManagePagesOut, QueryPagesIn, QueryPagesOut};
+use mlx5_hw::init::{ManagePagesOpMod, QueryPagesOpMod};
 use mlx5_hw::opcode::Opcode;
 
 use crate::cmd::Cmd;
@@ -57,16 +58,16 @@ pub const PAGES_PER_CMD: usize = 512;
 pub const RECLAIM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// QUERY_PAGES op_mod: boot pages.
-pub const QUERY_PAGES_BOOT: u16 = 1;
+pub const QUERY_PAGES_BOOT: u16 = QueryPagesOpMod::BootPages.to_raw();
 /// QUERY_PAGES op_mod: init pages.
-pub const QUERY_PAGES_INIT: u16 = 2;
+pub const QUERY_PAGES_INIT: u16 = QueryPagesOpMod::InitPages.to_raw();
 /// MANAGE_PAGES op_mod: the driver cannot give the pages firmware asked
 /// for (Linux: MLX5_PAGES_CANT_GIVE, `page_notify_fail`).
-pub const MANAGE_PAGES_CANT_GIVE: u16 = 0;
+pub const MANAGE_PAGES_CANT_GIVE: u16 = ManagePagesOpMod::AllocationFail.to_raw();
 /// MANAGE_PAGES op_mod: give pages.
-pub const MANAGE_PAGES_GIVE: u16 = 1;
+pub const MANAGE_PAGES_GIVE: u16 = ManagePagesOpMod::AllocationSuccess.to_raw();
 /// MANAGE_PAGES op_mod: take pages.
-pub const MANAGE_PAGES_TAKE: u16 = 2;
+pub const MANAGE_PAGES_TAKE: u16 = ManagePagesOpMod::HcaReturnPages.to_raw();
 
 /// A 512-page occupancy bitmap.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

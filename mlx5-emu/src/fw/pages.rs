@@ -7,27 +7,28 @@
 
 use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::{manage_pages_in, manage_pages_out, query_pages_in, query_pages_out};
+use mlx5_hw::init::{ManagePagesOpMod, QueryPagesOpMod, FW_PAGE_SIZE};
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware, HcaState};
 use crate::Inner;
 
 /// QUERY_PAGES op_mod: boot pages.
-const BOOT_PAGES: u64 = 1;
+const BOOT_PAGES: u64 = QueryPagesOpMod::BootPages.to_raw() as u64;
 /// QUERY_PAGES op_mod: init pages.
-const INIT_PAGES: u64 = 2;
+const INIT_PAGES: u64 = QueryPagesOpMod::InitPages.to_raw() as u64;
 /// QUERY_PAGES op_mod: regular (run-time) pages.
-const REGULAR_PAGES: u64 = 3;
+const REGULAR_PAGES: u64 = QueryPagesOpMod::RegularPages.to_raw() as u64;
 /// MANAGE_PAGES op_mod: the driver cannot give the pages asked for.
-const MANAGE_CANT_GIVE: u64 = 0;
+const MANAGE_CANT_GIVE: u64 = ManagePagesOpMod::AllocationFail.to_raw() as u64;
 /// MANAGE_PAGES op_mod: give pages.
-const MANAGE_GIVE: u64 = 1;
+const MANAGE_GIVE: u64 = ManagePagesOpMod::AllocationSuccess.to_raw() as u64;
 /// MANAGE_PAGES op_mod: take pages back.
-const MANAGE_TAKE: u64 = 2;
+const MANAGE_TAKE: u64 = ManagePagesOpMod::HcaReturnPages.to_raw() as u64;
 /// Most pages one MANAGE_PAGES may carry (what fits a 1 MiB message).
 const MAX_PAGES_PER_CMD: u64 = 128 * 1024 - 2;
 /// Firmware's page size.
-const PAGE: u64 = 4096;
+const PAGE: u64 = FW_PAGE_SIZE as u64;
 
 impl Firmware {
     pub(super) fn query_pages(&mut self, input: &[u8], outlen: usize) -> CmdResult {

@@ -9,6 +9,7 @@ use mlx5_hw::ifc::{
     query_hca_vport_pkey_out, query_nic_vport_context_in, query_nic_vport_context_out,
     query_vport_state_in, query_vport_state_out,
 };
+use mlx5_hw::init;
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
@@ -17,11 +18,11 @@ use super::{fail, sized, synd, CmdResult, Firmware};
 const DEFAULT_PKEY: u64 = 0xffff;
 
 /// Vport state: up.
-const VPORT_UP: u64 = 1;
+const VPORT_UP: u64 = init::VPORT_STATE_UP as u64;
 /// Vport state: down.
-const VPORT_DOWN: u64 = 0;
+const VPORT_DOWN: u64 = init::VPORT_STATE_DOWN as u64;
 /// Admin state: follow the uplink.
-const VPORT_FOLLOW: u64 = 2;
+const VPORT_FOLLOW: u64 = init::VPORT_ADMIN_STATE_AUTO as u64;
 /// IB port state: active / down.
 const PORT_ACTIVE: u64 = 4;
 const PORT_DOWN: u64 = 1;
