@@ -276,16 +276,16 @@ impl AsyncEventKind {
 
     /// Decodes an EQE of the async EQ as mlx5 does (`mlx5_ib_event`).
     pub fn from_eqe(e: &AsyncEvent) -> Self {
-        let be =
-            |o: usize| u32::from_be_bytes([e.data[o], e.data[o + 1], e.data[o + 2], e.data[o + 3]]);
-        // struct mlx5_eqe_qp_srq: the resource number in the 7th dword.
-        let res = be(24) & mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK;
-        // struct mlx5_eqe_port_state: port in byte 8, bits 7:4.
-        let port = e.data[8] >> mlx5_hw::event::EQE_PORT_SHIFT;
+        use mlx5_hw::event::{EQE_PORT_SHIFT, EQE_RESOURCE_NUMBER_MASK};
+        let qp_srq: &EqeQpSrq = zerocopy::transmute_ref!(&e.data);
+        let res = qp_srq.qp_srq_n.get() & EQE_RESOURCE_NUMBER_MASK;
+        let port_state: &EqePortState = zerocopy::transmute_ref!(&e.data);
+        let port = port_state.port >> EQE_PORT_SHIFT;
+        let cq_err: &EqeCqErr = zerocopy::transmute_ref!(&e.data);
         match e.event_type {
             EventType::CqError => Self::CqErr {
-                cqn: be(0) & mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK,
-                syndrome: e.data[11],
+                cqn: cq_err.cqn.get() & EQE_RESOURCE_NUMBER_MASK,
+                syndrome: cq_err.syndrome,
             },
             EventType::WqCatasError => Self::QpFatal(res),
             EventType::WqInvalReqError => Self::QpReqErr(res),

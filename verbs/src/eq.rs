@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use mlx5_hw::event::{self as ev, EventType};
 use mlx5_hw::ifc::{create_eq_in, create_eq_out, destroy_eq_in, destroy_eq_out};
-use mlx5_hw::ifc::{CreateEqIn, CreateEqOut, DestroyEqIn, Eqe};
+use mlx5_hw::ifc::{CreateEqIn, CreateEqOut, DestroyEqIn, Eqe, EqeCmd, EqeComp};
 use mlx5_hw::opcode::Opcode;
 use vfio::mmio::dma_rmb;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -328,15 +328,12 @@ impl Dispatch {
         let a = AsyncEvent::from_eqe(e);
         match a.event_type {
             EventType::Comp => {
-                // struct mlx5_eqe_comp: the CQ number in the last dword.
-                let d = &a.data[24..28];
-                let cqn =
-                    u32::from_be_bytes([d[0], d[1], d[2], d[3]]) & ev::EQE_RESOURCE_NUMBER_MASK;
-                self.comp.fire(cqn);
+                let d: &EqeComp = zerocopy::transmute_ref!(&a.data);
+                self.comp.fire(d.cqn.get() & ev::EQE_RESOURCE_NUMBER_MASK);
             }
             EventType::Cmd => {
-                let v = u32::from_be_bytes([a.data[0], a.data[1], a.data[2], a.data[3]]);
-                self.cmd.complete(v);
+                let d: &EqeCmd = zerocopy::transmute_ref!(&a.data);
+                self.cmd.complete(d.vector.get());
             }
             EventType::PageRequest => {
                 let req = PageRequest::from_eqe_data(&a.data);

@@ -204,13 +204,17 @@ pub struct PageRequest {
 impl PageRequest {
     /// Decodes the 28-byte EQE data area of a PAGE_REQUEST event.
     pub fn from_eqe_data(d: &[u8]) -> Self {
-        let g = |i: usize| d.get(i).copied().unwrap_or(0);
-        let ec = u16::from_be_bytes([g(0), g(1)]);
+        // A short buffer reads as zeros past its end.
+        let mut raw = [0u8; mlx5_hw::ifc::eqe_page_req::SIZE_BYTES];
+        let n = d.len().min(raw.len());
+        raw[..n].copy_from_slice(&d[..n]);
+        let r: mlx5_hw::ifc::EqePageReq = zerocopy::transmute!(raw);
+        let ec = r.ec_function.get();
         Self {
             ec_function: ec & mlx5_hw::event::PAGE_REQ_EC_FUNCTION != 0,
             release_all: ec & mlx5_hw::event::PAGE_REQ_RELEASE_ALL_PAGES != 0,
-            func_id: u16::from_be_bytes([g(2), g(3)]),
-            num_pages: i32::from_be_bytes([g(4), g(5), g(6), g(7)]),
+            func_id: r.func_id.get(),
+            num_pages: r.num_pages.get() as i32,
         }
     }
 }

@@ -11,10 +11,11 @@
 
 use mlx5_hw::event::{self as ev, EventType};
 use mlx5_hw::ifc::{
-    create_eq_in, create_eq_out, destroy_eq_in, eqc, eqe, query_eq_in, query_eq_out, Eqe,
+    create_eq_in, create_eq_out, destroy_eq_in, eqc, eqe, query_eq_in, query_eq_out, Eqe, EqeCmd,
 };
 use mlx5_hw::status::CmdStatus;
 use mlx5_hw::uar::{DB_CI_MASK, EQ_DB_EQN_SHIFT, EQ_DOORBELL_ARM, EQ_DOORBELL_UPDATE_CI};
+use zerocopy::FromZeros;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::initseg::rd;
@@ -147,9 +148,9 @@ impl Firmware {
             e.born_in_slot = None;
         }
         if let Some(eqn) = target {
-            let mut data = [0u8; 28];
-            data[..4].copy_from_slice(&(1u32 << slot).to_be_bytes());
-            self.post_eqe(inner, eqn, t, 0, &data);
+            let mut d = EqeCmd::new_zeroed();
+            d.vector.set(1u32 << slot);
+            self.post_eqe(inner, eqn, t, 0, &zerocopy::transmute!(d));
         }
     }
 

@@ -6,9 +6,12 @@
 //! state needs; after TEARDOWN_HCA, all of them).
 
 use mlx5_hw::event::EventType;
-use mlx5_hw::ifc::{manage_pages_in, manage_pages_out, query_pages_in, query_pages_out};
+use mlx5_hw::ifc::{
+    manage_pages_in, manage_pages_out, query_pages_in, query_pages_out, EqePageReq,
+};
 use mlx5_hw::init::{ManagePagesOpMod, QueryPagesOpMod, FW_PAGE_SIZE};
 use mlx5_hw::status::CmdStatus;
+use zerocopy::FromZeros;
 
 use super::{fail, sized, synd, CmdResult, Firmware, HcaState};
 use crate::Inner;
@@ -160,9 +163,10 @@ impl Firmware {
                 break;
             }
             self.page_requests.pop_front();
-            let mut data = [0u8; 28];
             // ec_function 0, func_id 0, num_pages (signed).
-            data[4..8].copy_from_slice(&n.to_be_bytes());
+            let mut d = EqePageReq::new_zeroed();
+            d.num_pages.set(n as u32);
+            let data = zerocopy::transmute!(d);
             self.extra_demand += i64::from(n);
             self.post_eqe(inner, eqn, EventType::PageRequest.to_raw(), 0, &data);
             busy = true;

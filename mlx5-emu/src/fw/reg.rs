@@ -2,11 +2,13 @@
 //! one-port Ethernet function.
 
 use mlx5_hw::event::EventType;
+use mlx5_hw::ifc::EqePortState;
 use mlx5_hw::ifc::{
     access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ptys_reg,
 };
 use mlx5_hw::init::{RegisterId, ACCESS_REG_OP_MOD_READ, ACCESS_REG_OP_MOD_WRITE};
 use mlx5_hw::status::CmdStatus;
+use zerocopy::FromZeros;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::Inner;
@@ -160,8 +162,9 @@ impl Firmware {
                 self.port.oper_up = oper;
                 self.port.eth_proto_oper = if oper { self.port.eth_proto_up } else { 0 };
                 if let Some(eqn) = self.eq_for(EventType::PortChange) {
-                    let mut data = [0u8; 28];
-                    data[8] = 1 << 4; // port 1
+                    let mut d = EqePortState::new_zeroed();
+                    d.port = 1 << mlx5_hw::event::EQE_PORT_SHIFT; // port 1
+                    let data = zerocopy::transmute!(d);
                     let sub = if oper {
                         PORT_CHANGE_ACTIVE
                     } else {

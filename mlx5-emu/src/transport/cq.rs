@@ -9,7 +9,8 @@ use std::sync::Mutex;
 
 use mlx5_hw::cqe::{self, CqeOpcode};
 use mlx5_hw::event::EventType;
-use mlx5_hw::ifc::{Cqe64, ErrCqe};
+use mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK;
+use mlx5_hw::ifc::{Cqe64, EqeComp, EqeCqErr, ErrCqe};
 use vm_memory::GuestMemoryMmap;
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -94,9 +95,10 @@ impl Completion {
 impl Cq {
     /// Raises the CQ error event (`cqn`, then the syndrome at byte 11).
     fn cq_error(&self, rdma: &Rdma, syndrome: u8) {
-        let mut data = [0u8; 28];
-        data[..4].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
-        data[11] = syndrome;
+        let mut d = EqeCqErr::new_zeroed();
+        d.cqn.set(self.cqn & EQE_RESOURCE_NUMBER_MASK);
+        d.syndrome = syndrome;
+        let data = zerocopy::transmute!(d);
         rdma.event(PendingEvent {
             eqn: None,
             ty: EventType::CqError.to_raw(),
@@ -198,8 +200,9 @@ impl Cq {
     }
 
     fn completion_event(&self, rdma: &Rdma) {
-        let mut data = [0u8; 28];
-        data[24..28].copy_from_slice(&(self.cqn & 0xff_ffff).to_be_bytes());
+        let mut d = EqeComp::new_zeroed();
+        d.cqn.set(self.cqn & EQE_RESOURCE_NUMBER_MASK);
+        let data = zerocopy::transmute!(d);
         rdma.event(PendingEvent {
             eqn: Some(self.eqn),
             ty: EventType::Comp.to_raw(),

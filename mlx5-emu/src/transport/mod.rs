@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
+use zerocopy::FromZeros;
 
 use vfio::clock::{Deadline, SharedClock};
 
@@ -356,9 +357,12 @@ impl Rdma {
 
     /// Queues an affiliated QP/SRQ event (eqe_qp_srq).
     pub(crate) fn qp_event(&self, ty: mlx5_hw::event::EventType, qpn: u32, is_srq: bool) {
-        let mut data = [0u8; 28];
-        data[20] = if is_srq { 1 } else { 0 };
-        data[24..28].copy_from_slice(&(qpn & 0xff_ffff).to_be_bytes());
+        let mut d = mlx5_hw::ifc::EqeQpSrq::new_zeroed();
+        // MLX5_EVENT_QUEUE_TYPE_SRQ (1) or _QP (0).
+        d.r#type = u8::from(is_srq);
+        d.qp_srq_n
+            .set(qpn & mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK);
+        let data = zerocopy::transmute!(d);
         self.event(PendingEvent {
             eqn: None,
             ty: ty.to_raw(),
