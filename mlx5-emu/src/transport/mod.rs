@@ -46,12 +46,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
-use zerocopy::FromZeros;
 
 use vfio::clock::{Deadline, SharedClock};
 
 use vfio::emulated::DmaSpace;
 use vfio::DmaBuffer;
+use zerocopy::FromZeros;
 
 pub(crate) use cq::Cq;
 pub(crate) use mem::Mkey;
