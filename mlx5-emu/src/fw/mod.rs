@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use vfio::clock::SharedClock;
 
+use mlx5_hw::health;
 use mlx5_hw::ifc::CmdLayout;
 use mlx5_hw::init::NicInterface;
 use mlx5_hw::opcode::Opcode;
@@ -456,13 +457,17 @@ impl Firmware {
                 self.dead = true;
                 let _ = bar.write(initseg::HEALTH_SYND, &[synd.to_raw()]);
                 let _ = bar.write(initseg::HEALTH_EXT_SYND, &ext.to_be_bytes());
-                let _ = bar.write(initseg::HEALTH_RFR_SEVERITY, &[0x80 | 0x8 | 2]);
-                wr(bar, initseg::HEALTH_FW_VER, 0xffff_ffff);
-                let hc = rd(bar, initseg::HEALTH_COUNTER) & 0x00ff_ffff;
+                // rfr set, severity valid and critical.
+                let rfr_severity = 1 << health::RFR_BIT_OFFSET
+                    | health::SEVERITY_VALID_MASK
+                    | health::HealthSeverity::Critical.to_raw();
+                let _ = bar.write(initseg::HEALTH_RFR_SEVERITY, &[rfr_severity]);
+                wr(bar, initseg::HEALTH_FW_VER, health::HEALTH_FW_VER_DEAD);
+                let hc = rd(bar, initseg::HEALTH_COUNTER) & health::HEALTH_COUNTER_MASK;
                 wr(
                     bar,
                     initseg::HEALTH_COUNTER,
-                    u32::from(synd.to_raw()) << 24 | hc,
+                    u32::from(synd.to_raw()) << health::HEALTH_COUNTER_SYNDROME_SHIFT | hc,
                 );
                 busy = true;
             }
@@ -470,7 +475,7 @@ impl Firmware {
         }
         if beat.duration_since(self.last_tick) >= HEALTH_TICK {
             self.last_tick = beat;
-            self.health_counter = (self.health_counter + 1) & 0x00ff_ffff;
+            self.health_counter = (self.health_counter + 1) & health::HEALTH_COUNTER_MASK;
             wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
             // The internal timer counts device clock cycles
             // (device_frequency_khz).
