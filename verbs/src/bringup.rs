@@ -28,7 +28,7 @@ use mlx5_hw::ifc::*;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 use vfio::clock::{self, Deadline, SharedClock};
-use vfio::mmio::mmio_wmb;
+use vfio::mmio::wmb;
 use vfio::{pci, Mmio, PciFunction};
 
 use crate::caps::{self, Caps};
@@ -820,7 +820,7 @@ impl Hca {
         // nic_interface = disabled, keeping the queue address bits.
         let l = (self.cmd.0.queue_iova() as u32 & 0xffff_f000) | (NIC_IFC_DISABLED << 8);
         self.bar.write32_be(iseg::CMDQ_ADDR_L_SZ, l)?;
-        mmio_wmb();
+        wmb();
         let deadline = Deadline::after(&self.opts.clock, TEARDOWN_TIMEOUT, TEARDOWN_DEADLINE);
         loop {
             let v = (self.bar.read32_be(iseg::CMDQ_ADDR_L_SZ)? >> 8) & 7;
