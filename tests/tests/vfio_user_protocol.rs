@@ -14,7 +14,7 @@ use vfio::user::device::DeviceInfo;
 use vfio::user::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE};
 use vfio::user::header::{Command, Header, HEADER_SIZE};
 use vfio::user::irq::{IrqSet, IRQ_SET_ACTION_MASK, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD};
-use vfio::user::region::{RegionAccess, RegionInfoWire};
+use vfio::user::region::{RegionAccess, RegionInfoWire, REGION_FLAG_CAPS};
 use vfio::user::socket::{self, Message};
 use vfio::user::version::{Capabilities, Version};
 use vfio::user::{Options, VfioUserFunction, MAX_MESSAGE};
@@ -462,4 +462,147 @@ fn client_serves_dma_read_and_write_from_the_server() {
     buf.read(8, &mut b).unwrap();
     assert_eq!(&b, b"\xde\xad\xbe\xef");
     let _ = std::fs::remove_file(&path);
+}
+
+// What QEMU 11's vfio-user client (hw/vfio-user/) sends, message for
+// message, and the checks it makes on the replies.
+
+impl Raw {
+    /// Connected, nothing sent yet.
+    fn bare(path: &std::path::Path) -> Self {
+        let sock = UnixStream::connect(path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        Raw { sock, id: 0 }
+    }
+}
+
+/// QEMU's `caps_json()`: its own limits, a migration object and
+/// write_multiple; major 0, minor 0.
+fn qemu_version(c: &mut Raw) -> Message {
+    let caps = br#"{"capabilities": {"migration": {"pgsize": 4096, "max_bitmap_size": 268435456}, "max_msg_fds": 16, "max_data_xfer_size": 1048576, "pgsizes": 4096, "max_dma_maps": 65535, "write_multiple": true}}"#;
+    let v = Version { major: 0, minor: 0 };
+    c.ask(Command::Version as u16, &[v.as_bytes(), caps, &[0]])
+}
+
+#[test]
+fn qemu_version_reply_passes_qemus_capability_checks() {
+    let (_model, _bus, server) = serve(cfg());
+    let mut c = Raw::bare(server.path());
+    let m = qemu_version(&mut c);
+    assert_eq!(m.header.errno(), None);
+    let (v, rest) = m.payload.split_at(4);
+    assert_eq!(
+        v,
+        Version { major: 0, minor: 0 }.as_bytes(),
+        "minor no higher than QEMU's 0"
+    );
+    assert_eq!(
+        rest.last(),
+        Some(&0),
+        "NUL-terminated (QEMU: corrupt version reply)"
+    );
+    let json: serde_json::Value = serde_json::from_slice(&rest[..rest.len() - 1]).unwrap();
+    let caps = &json["capabilities"];
+    // QEMU's check_max_fds, check_max_xfer, check_max_dma, check_pgsizes.
+    let fds = caps["max_msg_fds"].as_u64().unwrap();
+    assert!(fds <= 16, "max_msg_fds {fds} > VFIO_USER_MAX_MAX_FDS (16)");
+    let xfer = caps["max_data_xfer_size"].as_u64().unwrap();
+    assert!(xfer <= 64 << 20, "max_data_xfer_size {xfer} > 64 MiB");
+    let maps = caps["max_dma_maps"].as_u64().unwrap();
+    assert!(maps <= 65535, "max_dma_maps {maps} > 65535");
+    let pg = caps["pgsizes"].as_u64().unwrap();
+    assert_eq!(pg % 4096, 0, "pgsizes below 4 KiB");
+    c.still_serving();
+}
+
+#[test]
+fn qemu_region_info_with_a_short_argsz_then_the_full_one() {
+    let (_model, _bus, server) = serve(cfg());
+    let mut c = Raw::bare(server.path());
+    assert_eq!(qemu_version(&mut c).header.errno(), None);
+    // QEMU asks with argsz = sizeof(struct vfio_region_info) and checks:
+    // with the CAPS flag, cap_offset must lie in [32, argsz]; a larger argsz
+    // in the reply makes it ask again with that.
+    let head = std::mem::size_of::<RegionInfoWire>() as u32;
+    let ask = |c: &mut Raw, argsz| {
+        let req = RegionInfoWire {
+            argsz,
+            index: 0,
+            ..RegionInfoWire::default()
+        };
+        let m = c.ask(Command::DeviceGetRegionInfo as u16, &[req.as_bytes()]);
+        assert_eq!(m.header.errno(), None);
+        let (info, _) =
+            <RegionInfoWire as zerocopy::FromBytes>::read_from_prefix(&m.payload).unwrap();
+        (info, m)
+    };
+    let (short, m) = ask(&mut c, head);
+    assert_eq!(m.payload.len(), head as usize, "only the head fits");
+    assert!(short.argsz > head, "argsz says how much to ask for");
+    assert!(
+        short.flags & REGION_FLAG_CAPS == 0
+            || (short.cap_offset >= head && short.cap_offset <= short.argsz),
+        "QEMU refuses CAPS with cap_offset {} (argsz {})",
+        short.cap_offset,
+        short.argsz
+    );
+    let (full, m) = ask(&mut c, short.argsz);
+    assert_eq!(full.argsz, short.argsz);
+    assert_ne!(
+        full.flags & REGION_FLAG_CAPS,
+        0,
+        "the chain comes with the full reply"
+    );
+    assert_eq!(
+        full.cap_offset, head,
+        "the sparse-mmap capability follows the head"
+    );
+    assert_eq!(m.payload.len(), full.argsz as usize);
+    assert_eq!(m.fds.len(), 1, "BAR0's memory by fd");
+    c.still_serving();
+}
+
+#[test]
+fn qemu_wires_intx_with_an_eventfd_and_unwires_it() {
+    let (_model, bus, server) = serve(cfg());
+    let mut c = Raw::bare(server.path());
+    assert_eq!(qemu_version(&mut c).header.errno(), None);
+    // GET_IRQ_INFO on VFIO_PCI_INTX_IRQ_INDEX: config space has pin INTA,
+    // so one line, by eventfd (as vfio-pci counts it).
+    let req = vfio::user::irq::IrqInfo {
+        argsz: 16,
+        index: 0,
+        ..Default::default()
+    };
+    let m = c.ask(Command::DeviceGetIrqInfo as u16, &[req.as_bytes()]);
+    assert_eq!(m.header.errno(), None);
+    let (info, _) =
+        <vfio::user::irq::IrqInfo as zerocopy::FromBytes>::read_from_prefix(&m.payload).unwrap();
+    assert_eq!(info.count, 1);
+    assert_ne!(info.flags & vfio::user::irq::IRQ_INFO_EVENTFD, 0);
+    // vfio_intx_enable: SET_IRQS trigger, eventfd, argsz 20, one fd.
+    let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    let set = IrqSet {
+        argsz: 20,
+        flags: IRQ_SET_DATA_EVENTFD | IRQ_SET_ACTION_TRIGGER,
+        index: 0,
+        start: 0,
+        count: 1,
+    };
+    // SAFETY: `efd` is open for the whole call and outlives the borrow.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(std::os::fd::AsRawFd::as_raw_fd(&efd)) };
+    let m = c.ask_with(Command::DeviceSetIrqs as u16, &[set.as_bytes()], &[fd]);
+    assert_eq!(m.header.errno(), None, "INTx eventfd accepted");
+    assert_eq!(bus.irqs.attached_of(vfio::IrqKind::Intx), 1);
+    // vfio_intx_disable (when MSI-X comes on): trigger, no data, count 0.
+    let off = IrqSet {
+        flags: vfio::user::irq::IRQ_SET_DATA_NONE | IRQ_SET_ACTION_TRIGGER,
+        count: 0,
+        ..set
+    };
+    let m = c.ask(Command::DeviceSetIrqs as u16, &[off.as_bytes()]);
+    assert_eq!(m.header.errno(), None);
+    assert_eq!(bus.irqs.attached_of(vfio::IrqKind::Intx), 0);
+    c.still_serving();
 }

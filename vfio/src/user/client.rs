@@ -420,7 +420,9 @@ impl VfioUserFunction {
             };
             let mut m = self.conn.request(cmd, &[req.as_bytes()], &[])?;
             let (info, caps) = reply_head::<RegionInfoWire>(cmd, &m)?;
-            if info.argsz > argsz && info.flags & REGION_FLAG_CAPS != 0 {
+            // A larger argsz asks for a larger request, CAPS flag or not
+            // (QEMU's rule; a short reply need not carry the flag).
+            if info.argsz > argsz {
                 if info.argsz > MAX_REGION_INFO {
                     return Err(proto(
                         cmd,

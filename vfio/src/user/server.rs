@@ -53,6 +53,8 @@ use crate::{Error, IrqKind, Result};
 
 /// Size of config space served (PCIe: 4 KiB).
 pub const CONFIG_SPACE_SIZE: u64 = 4096;
+/// Config-space offset of the interrupt pin register (0: no INTx).
+const PCI_INTERRUPT_PIN: u64 = 0x3d;
 /// How long the server waits for the rest of a message, or for a client to
 /// take a reply, before it gives the client up.
 pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,9 +66,12 @@ pub const MAX_NEWCOMERS: usize = 16;
 /// How often a waiting server looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
-/// What this server announces in `VERSION`.
+/// What this server announces in `VERSION`. `max_msg_fds` is QEMU's ceiling
+/// (`VFIO_USER_MAX_MAX_FDS`, 16): QEMU refuses a server announcing more
+/// ("malformed max_msg_fds"), and splits a longer run of eventfds into
+/// several `SET_IRQS` anyway.
 pub const SERVER_CAPS: Capabilities = Capabilities {
-    max_msg_fds: 64,
+    max_msg_fds: 16,
     max_data_xfer_size: 1 << 20,
     max_dma_maps: 65535,
     pgsizes: 4096,
@@ -760,7 +765,11 @@ impl Session<'_> {
         info.argsz = full;
         if caps.is_empty() || req.argsz < full {
             // Too small for the chain: the head alone, argsz saying how
-            // much to ask for.
+            // much to ask for. No CAPS flag without a chain: a client
+            // checks cap_offset whenever the flag is set (QEMU refuses a
+            // cap_offset below the head's size), and asks again for the
+            // larger argsz either way.
+            info.flags &= !REGION_FLAG_CAPS;
             return Ok(Reply {
                 payload: info.as_bytes().to_vec(),
                 files,
@@ -771,6 +780,21 @@ impl Session<'_> {
             payload: [info.as_bytes(), &caps].concat(),
             files,
         })
+    }
+
+    /// How many vectors of `kind` the function has. INTx is counted as
+    /// vfio-pci counts it: one line when config space names an interrupt
+    /// pin (QEMU then wires it and sends its eventfd), whatever the model
+    /// says; a model that never asserts INTx simply never signals it.
+    fn irq_count(&self, kind: IrqKind) -> u32 {
+        if kind == IrqKind::Intx {
+            let mut pin = [0u8; 1];
+            self.srv.model.config_read(PCI_INTERRUPT_PIN, &mut pin);
+            if pin[0] != 0 {
+                return 1;
+            }
+        }
+        self.srv.model.irq_count(kind)
     }
 
     fn irq_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
@@ -785,7 +809,7 @@ impl Session<'_> {
                     0
                 },
             index: req.index,
-            count: self.srv.model.irq_count(kind),
+            count: self.irq_count(kind),
         };
         Ok(Reply::of(&[info.as_bytes()]))
     }
@@ -793,7 +817,7 @@ impl Session<'_> {
     fn set_irqs(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
         let (s, data) = head::<IrqSet>(Command::DeviceSetIrqs, p)?;
         let kind = irq_kind(s.index)?;
-        let have = self.srv.model.irq_count(kind);
+        let have = self.irq_count(kind);
         let action = s.flags & IRQ_SET_ACTION_TYPE_MASK;
         let dtype = s.flags & IRQ_SET_DATA_MASK;
         let bad = |why: String| {
