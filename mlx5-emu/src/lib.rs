@@ -37,6 +37,7 @@
 //! previous value exactly is idempotent and ignored.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::too_many_lines)] // at most 120 lines: clippy.toml
 
 mod cmdq;
 pub mod config;

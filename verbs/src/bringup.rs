@@ -29,7 +29,7 @@ use mlx5_hw::init::{self as iseg, NicInterface, RegisterId, TeardownProfile};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 use vfio::clock::{self, Deadline, SharedClock};
-use vfio::mmio::mmio_wmb;
+use vfio::mmio::wmb;
 use vfio::{pci, Mmio, PciFunction};
 
 use crate::caps::{self, Caps};
@@ -822,7 +822,7 @@ impl Hca {
         // nic_interface = disabled, keeping the queue address bits.
         let l = iseg::cmdq_addr_l_sz(self.cmd.0.queue_iova() as u32, NicInterface::Disabled);
         self.bar.write32_be(iseg::ISEG_CMDQ_ADDR_L_SZ, l)?;
-        mmio_wmb();
+        wmb();
         let deadline = Deadline::after(&self.opts.clock, TEARDOWN_TIMEOUT, TEARDOWN_DEADLINE);
         loop {
             let v = iseg::nic_interface(self.bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)?);

@@ -12,7 +12,7 @@
 //!    signature) with the ownership bit still clear;
 //! 2. [`dma_wmb`]: the entry and mailboxes are visible before ownership;
 //! 3. set `status_own` bit 0 (ownership to hardware);
-//! 4. [`mmio_wmb`]: ownership is visible before the doorbell;
+//! 4. [`wmb`]: ownership is visible before the doorbell;
 //! 5. write `1 << slot` to the doorbell (init-segment 0x18).
 //!
 //! Firmware returns the entry by clearing the ownership bit, with the
@@ -37,7 +37,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use mlx5_hw::trace;
 use vfio::clock::{Deadline, SharedClock};
-use vfio::mmio::{dma_rmb, dma_wmb, mmio_wmb};
+use vfio::mmio::{dma_rmb, dma_wmb, wmb};
 use vfio::Mmio;
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -405,7 +405,7 @@ impl CmdQueue {
             hw::ISEG_CMDQ_ADDR_L_SZ,
             hw::cmdq_addr_l_sz(iova as u32, hw::NicInterface::FullDriver),
         )?;
-        mmio_wmb();
+        wmb();
         Ok(q)
     }
 
@@ -645,7 +645,7 @@ impl CmdQueue {
         dma_wmb();
         buf.store_u8_release(off + STATUS_OWN, entry[STATUS_OWN])?;
         // Ownership visible before the doorbell (kernel: wmb() then iowrite32be).
-        mmio_wmb();
+        wmb();
         self.stats.posted.fetch_add(1, Ordering::Relaxed);
         self.bar.write32_be(hw::ISEG_CMD_DBELL, 1u32 << slot)?;
 

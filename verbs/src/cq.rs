@@ -310,7 +310,7 @@ impl CqRing {
         // Release: the CQEs were read before the index frees them for
         // reuse (a compiler barrier on x86-64).
         vfio::mmio::dma_wmb();
-        let _ = self.dbrec.store_u32_be(0, 0, self.ci & u::DB_CI_MASK);
+        self.dbrec.store_u32_be_at::<0>(0, self.ci & u::DB_CI_MASK);
     }
 
     /// Polls CQEs of the one QP `t` tracks into `wc` (driver-alone use:
@@ -336,7 +336,7 @@ impl CqRing {
         let word = u::cq_arm_word(sn, cmd, self.ci);
         self.dbrec.store_u32_be(0, 4 * u::CQ_ARM_DB, word)?;
         // The record is written before the doorbell (PRM "CQ Doorbell").
-        vfio::mmio::mmio_wmb();
+        vfio::mmio::wmb();
         let v = u::cq_doorbell(sn, cmd, self.ci, self.cqn);
         self.uar
             .write64_raw(self.uar_off + CQ_DOORBELL, v.to_be_bytes())?;

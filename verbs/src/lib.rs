@@ -42,6 +42,7 @@
 //! writes can make the driver panic: it becomes an [`Error`].
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(clippy::too_many_lines)] // at most 120 lines: clippy.toml
 
 pub mod ah;
 pub mod bringup;

@@ -12,7 +12,7 @@
 //! 2. [`dma_wmb`]: the WQE is visible before the doorbell record;
 //! 3. doorbell record `snd_counter` = producer counter (in 64-byte basic
 //!    blocks);
-//! 4. [`doorbell_barrier`]: the record is visible before the UAR write;
+//! 4. [`wmb`]: the record is visible before the UAR write;
 //! 5. the first 8 bytes of the last WQE's control segment to the UAR's
 //!    BlueFlame register (alternating its two buffers), or, for a single
 //!    one-block WQE, the whole WQE as a BlueFlame copy.
@@ -34,7 +34,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::*;
 use mlx5_hw::uar::BF_BUF_SIZE;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
-use vfio::mmio::dma_wmb;
+use vfio::mmio::{dma_wmb, wmb};
 use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
 
 use crate::ah::Ah;
@@ -51,17 +51,6 @@ use crate::{Error, Result};
 pub const MAX_SGE: usize = 16;
 /// Most inline bytes per send (fits one WQE of 16 blocks with room).
 pub const MAX_INLINE: usize = 512;
-
-/// Orders the doorbell record before the UAR doorbell. On x86-64 stores
-/// are not reordered with earlier stores, also to uncached device memory,
-/// so the compiler must only keep the order; elsewhere a full barrier.
-#[inline(always)]
-pub fn doorbell_barrier() {
-    #[cfg(target_arch = "x86_64")]
-    std::sync::atomic::compiler_fence(Ordering::SeqCst);
-    #[cfg(not(target_arch = "x86_64"))]
-    vfio::mmio::mmio_wmb();
-}
 
 /// QP transport (`enum ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -744,7 +733,7 @@ impl SendRing {
             be2(sge.length, sge.lkey),
             sge.addr.to_be(),
         ];
-        let _ = self.ring.store_words(pc, 0, &words);
+        self.ring.store_words_at::<0, 6>(pc, &words);
         self.pc = pc.wrapping_add(1);
         if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
             s.set(wr_id, self.pc);
@@ -767,7 +756,14 @@ impl SendRing {
                 u64::from_ne_bytes(b.try_into().unwrap_or_default()),
             ];
             let bb = start.wrapping_add((i / 4) as u32);
-            let _ = self.ring.store_words(bb, (i % 4) * 16, &words);
+            // The 16-byte chunk's place in its 64-byte block, each offset a
+            // constant the store is checked against when compiled.
+            match i % 4 {
+                0 => self.ring.store_words_at::<0, 2>(bb, &words),
+                1 => self.ring.store_words_at::<16, 2>(bb, &words),
+                2 => self.ring.store_words_at::<32, 2>(bb, &words),
+                _ => self.ring.store_words_at::<48, 2>(bb, &words),
+            }
         }
         self.pc = self.pc.wrapping_add(nbb);
         if let Some(s) = self.slots.get(self.ring.slot(start) as usize) {
@@ -789,24 +785,23 @@ impl SendRing {
         // barrier on x86-64, where stores are not reordered with stores).
         dma_wmb();
         // 3. Doorbell record: the send counter (PRM "Send Doorbell").
-        let _ = self.dbrec.store_u32_be(0, 0, self.pc & 0xffff);
-        // 4. The record before the UAR write.
-        doorbell_barrier();
+        self.dbrec.store_u32_be_at::<0>(0, self.pc & 0xffff);
+        // 4. The record before the UAR write (Linux `wmb()`, as mlx5e's
+        // `mlx5e_notify_hw` and mlx5_ib's post_send).
+        wmb();
         // 5. BlueFlame copy of a lone one-block WQE, else the 8-byte
         // doorbell: the first 8 bytes of the last WQE's control segment.
         // Both read back from the ring (as rdma-core copies them).
         if self.blueflame && n == 1 {
-            if let Ok(block) = self.ring.load_words::<8>(self.rung, 0) {
-                let _ = self.bf_regs.write_block64(self.bf, 0, &block);
-            }
+            let block = self.ring.load_words_at::<0, 8>(self.rung);
+            self.bf_regs.write_block64_at::<0>(self.bf, &block);
         } else {
             let last = match self.multi {
                 Some((start, end)) if end == self.pc => start,
                 _ => self.pc.wrapping_sub(1),
             };
-            if let Ok([ctrl]) = self.ring.load_words::<1>(last, 0) {
-                let _ = self.bf_regs.write64_raw(self.bf, 0, ctrl.to_ne_bytes());
-            }
+            let [ctrl] = self.ring.load_words_at::<0, 1>(last);
+            self.bf_regs.write64_at::<0>(self.bf, ctrl.to_ne_bytes());
         }
         self.bf ^= 1;
         self.rung = self.pc;
@@ -964,16 +959,41 @@ impl SendRing {
 /// The receive side of a QP (or nothing, with an SRQ).
 #[derive(Debug)]
 pub(crate) struct RecvRing {
-    buf: Arc<DmaBuffer>,
-    stride: usize,
+    /// The receive queue as data segments: WQE `n`'s `i`th is entry
+    /// `(n << log_segs) + i` (the ring masks it).
+    segs: DmaRing<DATA_SIZE>,
+    /// log2 of the data segments per WQE (the stride / 16).
+    log_segs: u32,
     max_sge: usize,
     mask: u32,
     pc: u32,
-    dbrec: Arc<DmaBuffer>,
+    /// The `rcv_counter` dword of the doorbell record.
+    dbrec: DmaRing<4>,
     track: Arc<WqTrack>,
 }
 
 impl RecvRing {
+    /// The receive queue at offset 0 of `region`: `cnt` WQEs of `stride`
+    /// bytes (both powers of two); its counter at `MLX5_RCV_DBR` of `dbrec`.
+    fn new(
+        region: &DmaRegion,
+        stride: usize,
+        cnt: u32,
+        dbrec: &DmaRegion,
+        track: &Arc<WqTrack>,
+    ) -> Result<Self> {
+        let per_wqe = (stride / DATA_SIZE) as u32;
+        Ok(Self {
+            segs: DmaRing::new(region.buf.clone(), 0, cnt * per_wqe)?,
+            log_segs: per_wqe.trailing_zeros(),
+            max_sge: per_wqe as usize,
+            mask: cnt - 1,
+            pc: 0,
+            dbrec: DmaRing::new(dbrec.buf.clone(), 4 * w::RCV_DBR, 1)?,
+            track: track.clone(),
+        })
+    }
+
     fn post(&mut self, wr: &RecvWr<'_>) -> std::result::Result<(), PostError> {
         if wr.sg_list.len() > self.max_sge {
             return Err(PostError::TooLarge);
@@ -983,7 +1003,7 @@ impl RecvRing {
             return Err(PostError::QueueFull);
         }
         let slot = (self.pc & self.mask) as usize;
-        let base = slot * self.stride;
+        let base = self.pc << self.log_segs;
         // Data segments as two words each (byte_count:lkey, addr), no
         // staging copy; a short list ends with a zero-length segment whose
         // lkey is MLX5_INVALID_LKEY, as rdma-core writes it.
@@ -992,13 +1012,13 @@ impl RecvRing {
                 ((u64::from(s.length) << 32) | u64::from(s.lkey)).to_be(),
                 s.addr.to_be(),
             ];
-            let _ = self.buf.store_words(base + i * DATA_SIZE, &words);
+            self.segs
+                .store_words_at::<0, 2>(base.wrapping_add(i as u32), &words);
         }
-        if wr.sg_list.len() * DATA_SIZE < self.stride {
+        if wr.sg_list.len() < self.max_sge {
             let words = [u64::from(w::TERMINATE_SCATTER_LIST_LKEY).to_be(), 0];
-            let _ = self
-                .buf
-                .store_words(base + wr.sg_list.len() * DATA_SIZE, &words);
+            let end = base.wrapping_add(wr.sg_list.len() as u32);
+            self.segs.store_words_at::<0, 2>(end, &words);
         }
         self.track.rq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(1);
@@ -1007,7 +1027,7 @@ impl RecvRing {
 
     fn ring(&self) {
         dma_wmb();
-        let _ = self.dbrec.store_u32_be(0, self.pc & 0xffff);
+        self.dbrec.store_u32_be_at::<0>(0, self.pc & 0xffff);
     }
 }
 
@@ -1043,6 +1063,7 @@ impl Pd {
 }
 
 impl Qp {
+    #[allow(clippy::too_many_lines)] // Over clippy.toml's 120: to split (issue 13, point 3).
     fn create(pd: &Arc<PdInner>, a: &QpInitAttr<'_>) -> Result<Self> {
         let ctx = &pd.ctx;
         let cap = a.cap;
@@ -1145,15 +1166,16 @@ impl Qp {
             }
         };
         sq.set_sig_all(a.sq_sig_all);
-        let rq = (rq_cnt > 0).then(|| RecvRing {
-            buf: region.buf.clone(),
-            stride,
-            max_sge: stride / DATA_SIZE,
-            mask: rq_cnt - 1,
-            pc: 0,
-            dbrec: dbrec.buf.clone(),
-            track: track.clone(),
-        });
+        let rq = match (rq_cnt > 0).then(|| RecvRing::new(&region, stride, rq_cnt, &dbrec, &track))
+        {
+            None => None,
+            Some(Ok(r)) => Some(r),
+            Some(Err(e)) => {
+                destroy_qp_cmd(ctx, qpn);
+                ctx.release_uar(uar);
+                return Err(e);
+            }
+        };
         a.send_cq.shared.attach(qpn, track.clone());
         a.recv_cq.shared.attach(qpn, track);
         let max_inline = (wqe_bbs as usize * BB - hdr - 4).min(MAX_INLINE);
@@ -1282,11 +1304,14 @@ impl Qp {
         self.sq.multi = None;
         self.sq.track.sq_tail.store(0, Ordering::Release);
         self.sq.limit = self.sq.cnt;
+        // Both doorbell-record counters back to 0 (without a receive queue
+        // of its own the QP never writes the receive counter).
+        self.sq.dbrec.store_u32_be_at::<0>(0, 0);
         if let Some(rq) = &mut self.rq {
             rq.pc = 0;
             rq.track.rq_tail.store(0, Ordering::Release);
+            rq.dbrec.store_u32_be_at::<0>(0, 0);
         }
-        let _ = self._dbrec.buf.write(0, &[0; 8]);
     }
 
     fn transition_input(&self, op: Opcode, a: &QpAttr, mask: u32, to: QpState) -> Result<Vec<u8>> {

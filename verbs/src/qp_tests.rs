@@ -529,16 +529,16 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
     let dbrec = DmaBuffer::new(4096).unwrap();
     let track = WqTrack::new(QPN, 4, 4);
     let mut rq = RecvRing {
-        buf,
-        stride: 16,
+        segs: vfio::DmaRing::new(buf.clone(), 0, 4).unwrap(),
+        log_segs: 0,
         max_sge: 1,
         mask: 3,
         pc: 0,
-        dbrec,
+        dbrec: vfio::DmaRing::new(dbrec, 0, 1).unwrap(),
         track: track.clone(),
     };
     let s = sge(0x1000, 64, 1);
-    let rbuf = rq.buf.clone();
+    let rbuf = buf;
     for id in [500, 501, 502, 503] {
         rq.post(&RecvWr {
             wr_id: id,
@@ -766,13 +766,14 @@ fn transition_masks_are_ib_modify_qp_is_ok_s_table() {
 fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
     let buf = DmaBuffer::new(4096).unwrap();
     buf.fill(0, 4096, 0xee).unwrap();
+    let dbrec = DmaBuffer::new(4096).unwrap();
     let mut rq = RecvRing {
-        buf: buf.clone(),
-        stride: 64,
+        segs: vfio::DmaRing::new(buf.clone(), 0, 16).unwrap(),
+        log_segs: 2,
         max_sge: 4,
         mask: 3,
         pc: 0,
-        dbrec: DmaBuffer::new(4096).unwrap(),
+        dbrec: vfio::DmaRing::new(dbrec.clone(), 0, 1).unwrap(),
         track: WqTrack::new(QPN, 4, 4),
     };
     let s = [sge(0x1000, 10, 7), sge(0x2000, 20, 8)];
@@ -805,7 +806,7 @@ fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
         Err(PostError::TooLarge)
     );
     rq.ring();
-    assert_eq!(rq.dbrec.read_u32_be(0).unwrap(), 1, "rcv_counter");
+    assert_eq!(dbrec.read_u32_be(0).unwrap(), 1, "rcv_counter");
 }
 
 #[test]

@@ -16,10 +16,10 @@ use mlx5_hw::wqe as w;
 
 use crate::device::Ctx;
 use crate::dma::DmaRegion;
-use crate::mr::Sge;
 use crate::pd::{Pd, PdInner};
 use crate::qp::{PostError, RecvWr};
 use crate::{Error, Result};
+use vfio::DmaRing;
 
 const NEXT: usize = wqe_srq_next_seg::NEXT_WQE_INDEX.off / 8;
 const SEG: usize = wqe_srq_next_seg::SIZE_BYTES;
@@ -38,9 +38,16 @@ pub(crate) struct SrqShared {
     pub(crate) srqn: u32,
     ctx: Arc<Ctx>,
     _pd: Arc<PdInner>,
-    region: DmaRegion,
-    dbrec: DmaRegion,
-    stride: usize,
+    /// Keeps the queue's memory mapped; written through `segs`.
+    _region: DmaRegion,
+    /// Keeps the doorbell record mapped; written through `counter`.
+    _dbrec: DmaRegion,
+    /// The queue as 16-byte segments: WQE `n`'s next segment is entry
+    /// `n << log_segs`, its data segments the entries after it.
+    segs: DmaRing<SEG>,
+    log_segs: u32,
+    /// The doorbell record's receive counter.
+    counter: DmaRing<4>,
     max_sge: usize,
     state: Mutex<SrqState>,
 }
@@ -52,10 +59,8 @@ impl SrqShared {
         let i = u32::from(idx) & (s.wrid.len() as u32 - 1);
         let id = s.wrid[i as usize];
         let tail = s.tail as usize;
-        let _ = self
-            .region
-            .buf
-            .write(tail * self.stride + NEXT, &(i as u16).to_be_bytes());
+        self.segs
+            .store_u16_be_at::<NEXT>((tail as u32) << self.log_segs, i as u16);
         s.tail = i;
         s.free += 1;
         id
@@ -71,32 +76,32 @@ impl SrqShared {
             return Err(PostError::QueueFull);
         }
         let i = s.head as usize;
-        let mut next = [0u8; 2];
-        let _ = self.region.buf.read(i * self.stride + NEXT, &mut next);
-        let mut segs = vec![0u8; self.stride - SEG];
-        let mut at = 0;
-        for g in wr.sg_list {
-            put_seg(&mut segs[at..at + 16], g);
-            at += 16;
+        let base = s.head << self.log_segs;
+        let next = self.segs.load_u16_be_at::<NEXT>(base);
+        // Data segments after the next segment, two words each
+        // (byte_count:lkey, addr); a short list ends with a zero-length
+        // segment whose lkey is MLX5_INVALID_LKEY.
+        for (k, g) in wr.sg_list.iter().enumerate() {
+            let words = [
+                ((u64::from(g.length) << 32) | u64::from(g.lkey)).to_be(),
+                g.addr.to_be(),
+            ];
+            self.segs
+                .store_words_at::<0, 2>(base.wrapping_add(1 + k as u32), &words);
         }
-        if at < segs.len() {
-            segs[at + 4..at + 8].copy_from_slice(&w::TERMINATE_SCATTER_LIST_LKEY.to_be_bytes());
+        if wr.sg_list.len() < self.max_sge {
+            let words = [u64::from(w::TERMINATE_SCATTER_LIST_LKEY).to_be(), 0];
+            let end = base.wrapping_add(1 + wr.sg_list.len() as u32);
+            self.segs.store_words_at::<0, 2>(end, &words);
         }
-        let _ = self.region.buf.write(i * self.stride + SEG, &segs);
         s.wrid[i] = wr.wr_id;
-        s.head = u32::from(u16::from_be_bytes(next)) & (s.wrid.len() as u32 - 1);
+        s.head = u32::from(next) & (s.wrid.len() as u32 - 1);
         s.free -= 1;
         s.counter = s.counter.wrapping_add(1);
         vfio::mmio::dma_wmb();
-        let _ = self.dbrec.buf.write_u32_be(0, s.counter & 0xffff);
+        self.counter.store_u32_be_at::<0>(0, s.counter & 0xffff);
         Ok(())
     }
-}
-
-fn put_seg(b: &mut [u8], s: &Sge) {
-    b[0..4].copy_from_slice(&s.length.to_be_bytes());
-    b[4..8].copy_from_slice(&s.lkey.to_be_bytes());
-    b[8..16].copy_from_slice(&s.addr.to_be_bytes());
 }
 
 impl Drop for SrqShared {
@@ -150,6 +155,8 @@ impl Pd {
                 .set_dbr_addr(dbrec.iova.0);
             c.set_pas(0, region.iova.0);
         }
+        let segs = DmaRing::new(region.buf.clone(), 0, n * (stride / SEG) as u32)?;
+        let counter = DmaRing::new(dbrec.buf.clone(), 4 * w::RCV_DBR, 1)?;
         let out = ctx.hca.cmd().exec(&inb, create_srq_out::SIZE_BYTES)?;
         let srqn = CreateSrqOut::new_unchecked(&out[..]).srqn();
         Ok(Srq {
@@ -157,9 +164,11 @@ impl Pd {
                 srqn,
                 ctx: ctx.clone(),
                 _pd: self.inner.clone(),
-                region,
-                dbrec,
-                stride,
+                _region: region,
+                _dbrec: dbrec,
+                segs,
+                log_segs: (stride / SEG).trailing_zeros(),
+                counter,
                 max_sge: (stride - SEG) / 16,
                 state: Mutex::new(SrqState {
                     head: 0,

@@ -12,7 +12,7 @@ use mlx5_hw::ifc::{alloc_uar_in, alloc_uar_out, dealloc_uar_in, dealloc_uar_out}
 use mlx5_hw::ifc::{AllocUarIn, AllocUarOut, DeallocUarIn};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::{eq_doorbell, EQ_DOORBELL_ARM, EQ_DOORBELL_UPDATE_CI, UAR_PAGE_SIZE};
-use vfio::mmio::mmio_wmb;
+use vfio::mmio::mb;
 use vfio::Mmio;
 
 use crate::cmd::Cmd;
@@ -70,7 +70,7 @@ impl Uar {
             EQ_DOORBELL_UPDATE_CI
         };
         // EQEs consumed (their reads done) before the device may reuse them.
-        mmio_wmb();
+        mb();
         self.bar
             .write32_be(self.offset() + off, eq_doorbell(ci, eqn))
             .map_err(Error::from)

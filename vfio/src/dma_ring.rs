@@ -112,6 +112,41 @@ impl<const S: usize> DmaRing<S> {
     pub fn store_u32_be(&self, idx: u32, off: usize, value: u32) -> Result<()> {
         self.entry(idx).store_u32_be(off, value)
     }
+
+    /// Stores `N` 64-bit words at the constant offset `OFF` of entry `idx`:
+    /// [`DmaEntry::store_words_at`]. Cannot fail: checked when compiled.
+    #[inline(always)]
+    pub fn store_words_at<const OFF: usize, const N: usize>(&self, idx: u32, words: &[u64; N]) {
+        self.entry(idx).store_words_at::<OFF, N>(words)
+    }
+
+    /// Loads `N` 64-bit words at the constant offset `OFF` of entry `idx`:
+    /// [`DmaEntry::load_words_at`]. Cannot fail: checked when compiled.
+    #[inline(always)]
+    pub fn load_words_at<const OFF: usize, const N: usize>(&self, idx: u32) -> [u64; N] {
+        self.entry(idx).load_words_at::<OFF, N>()
+    }
+
+    /// Stores a big-endian u32 at the constant offset `OFF` of entry `idx`
+    /// (a doorbell record). Cannot fail: checked when compiled.
+    #[inline(always)]
+    pub fn store_u32_be_at<const OFF: usize>(&self, idx: u32, value: u32) {
+        self.entry(idx).store_u32_be_at::<OFF>(value)
+    }
+
+    /// Stores a big-endian u16 at the constant offset `OFF` of entry `idx`
+    /// (an SRQ WQE's `next_wqe_index`). Cannot fail: checked when compiled.
+    #[inline(always)]
+    pub fn store_u16_be_at<const OFF: usize>(&self, idx: u32, value: u16) {
+        self.entry(idx).store_u16_be_at::<OFF>(value)
+    }
+
+    /// Loads a big-endian u16 at the constant offset `OFF` of entry `idx`.
+    /// Cannot fail: checked when compiled.
+    #[inline(always)]
+    pub fn load_u16_be_at<const OFF: usize>(&self, idx: u32) -> u16 {
+        self.entry(idx).load_u16_be_at::<OFF>()
+    }
 }
 
 /// One entry of a [`DmaRing`]: its fields at offsets inside the entry,
@@ -160,6 +195,98 @@ impl<const S: usize> DmaEntry<'_, S> {
             unsafe { p.wrapping_add(i).write_volatile(*w) };
         }
         Ok(())
+    }
+
+    // The `_at` accessors take a constant offset and assert when the caller
+    // is compiled that it lies inside the entry and is aligned (a wrong
+    // offset is a build error, not a run-time one), so the data path's
+    // stores at fixed offsets return nothing to discard.
+
+    /// Stores `N` 64-bit words at the constant offset `OFF` (8-byte
+    /// aligned, inside the entry: checked when compiled).
+    #[inline(always)]
+    pub fn store_words_at<const OFF: usize, const N: usize>(&self, words: &[u64; N]) {
+        const {
+            assert!(
+                OFF % 8 == 0 && OFF + 8 * N <= S,
+                "outside the entry or misaligned"
+            )
+        };
+        let p = self.p.wrapping_add(OFF).cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 8N` is inside the entry and 8-byte aligned
+            // (asserted at compile time just above), the entry inside the
+            // live mapping (checked by `DmaRing::new`); volatile, as all
+            // memory a device shares.
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
+        }
+    }
+
+    /// Loads `N` 64-bit words at the constant offset `OFF` (in-memory byte
+    /// order; inside the entry and aligned: checked when compiled).
+    #[inline(always)]
+    pub fn load_words_at<const OFF: usize, const N: usize>(&self) -> [u64; N] {
+        const {
+            assert!(
+                OFF % 8 == 0 && OFF + 8 * N <= S,
+                "outside the entry or misaligned"
+            )
+        };
+        let p = self.p.wrapping_add(OFF).cast::<u64>();
+        let mut out = [0u64; N];
+        for (i, w) in out.iter_mut().enumerate() {
+            // SAFETY: as in `store_words_at`: inside the entry, aligned, volatile.
+            *w = unsafe { p.wrapping_add(i).read_volatile() };
+        }
+        out
+    }
+
+    /// Stores a big-endian u32 at the constant offset `OFF` (checked when
+    /// compiled) in one volatile store.
+    #[inline(always)]
+    pub fn store_u32_be_at<const OFF: usize>(&self, value: u32) {
+        const {
+            assert!(
+                OFF % 4 == 0 && OFF + 4 <= S,
+                "outside the entry or misaligned"
+            )
+        };
+        let p = self.p.wrapping_add(OFF).cast::<u32>();
+        // SAFETY: inside the entry and the mapping, 4-byte aligned (asserted
+        // at compile time just above); volatile.
+        unsafe { p.write_volatile(value.to_be()) };
+    }
+
+    /// Stores a big-endian u16 at the constant offset `OFF` (checked when
+    /// compiled) in one volatile store.
+    #[inline(always)]
+    pub fn store_u16_be_at<const OFF: usize>(&self, value: u16) {
+        const {
+            assert!(
+                OFF % 2 == 0 && OFF + 2 <= S,
+                "outside the entry or misaligned"
+            )
+        };
+        let p = self.p.wrapping_add(OFF).cast::<u16>();
+        // SAFETY: inside the entry and the mapping, 2-byte aligned (asserted
+        // at compile time just above); volatile.
+        unsafe { p.write_volatile(value.to_be()) };
+    }
+
+    /// Loads a big-endian u16 at the constant offset `OFF` (checked when
+    /// compiled) in one volatile load.
+    #[inline(always)]
+    pub fn load_u16_be_at<const OFF: usize>(&self) -> u16 {
+        const {
+            assert!(
+                OFF % 2 == 0 && OFF + 2 <= S,
+                "outside the entry or misaligned"
+            )
+        };
+        let p = self.p.wrapping_add(OFF).cast::<u16>();
+        // SAFETY: inside the entry and the mapping, 2-byte aligned (asserted
+        // at compile time just above); volatile.
+        u16::from_be(unsafe { p.read_volatile() })
     }
 
     /// Loads `N` 64-bit words at `off` (8-byte aligned), each in one

@@ -5,31 +5,103 @@
 //! registers are big-endian. [`Mmio`] is the only type that touches such a
 //! mapping; it is a concrete type so the doorbell path stays monomorphic.
 
-use std::sync::atomic::{fence, Ordering};
-
 use vm_memory::mmap::MmapRegion;
 
 use crate::{Error, Result};
 
+// The barriers, named and chosen as Linux's: `arch/x86/include/asm/barrier.h`
+// and `arch/arm64/include/asm/barrier.h`. On x86-64 stores are not reordered
+// with earlier stores, nor loads with earlier loads, also against uncached
+// device memory, so the DMA barriers only stop the compiler (`barrier()`),
+// and `wmb()` is `sfence` for write-combining (BlueFlame) stores. On arm64 a
+// plain Rust fence is `dmb ish`, which orders only within the inner
+// shareable domain (the CPUs), not against a device: the DMA barriers use
+// the outer shareable domain and `wmb()`/`mb()` a `dsb`, which also waits for
+// MMIO stores. Each barrier is one `cfg` block per architecture; any other
+// architecture gets the strongest portable fence and a note that it is
+// untested there.
+
 /// Orders DMA-memory writes (a WQE, a command entry) before a later write
-/// that tells the device to look (a doorbell record, an ownership bit).
+/// to DMA memory that tells the device to look (a doorbell record, an
+/// ownership bit). Linux `dma_wmb()`.
 #[inline(always)]
 pub fn dma_wmb() {
-    fence(Ordering::Release);
+    // x86: `#define __dma_wmb() barrier()`.
+    #[cfg(target_arch = "x86_64")]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    // arm64: `#define __dma_wmb() dmb(oshst)`.
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction: touches no register, stack or flag; it
+    // only orders memory accesses, which `asm!` without `nomem` also tells
+    // the compiler.
+    unsafe {
+        core::arch::asm!("dmb oshst", options(nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Orders a DMA-memory read that saw the device's signal (an owner bit)
-/// before the reads of what it guards (the CQE, the command output).
+/// before the reads of what it guards (the CQE, the command output). Linux
+/// `dma_rmb()`.
 #[inline(always)]
 pub fn dma_rmb() {
-    fence(Ordering::Acquire);
+    // x86: `#define __dma_rmb() barrier()`.
+    #[cfg(target_arch = "x86_64")]
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    // arm64: `#define __dma_rmb() dmb(oshld)`.
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction, as in `dma_wmb`.
+    unsafe {
+        core::arch::asm!("dmb oshld", options(nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Orders every earlier store, to memory or write-combining MMIO, before the
-/// next MMIO store (the kernel's `wmb()` before a doorbell).
+/// Orders every earlier store, to DMA memory or (write-combining) MMIO,
+/// before the next MMIO store: before a doorbell (PRM "Send Doorbell" step
+/// 4, the command doorbell, the CQ arm). Linux `wmb()`.
 #[inline(always)]
-pub fn mmio_wmb() {
-    fence(Ordering::SeqCst);
+pub fn wmb() {
+    // x86: `#define wmb() asm volatile("sfence" ::: "memory")`.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a barrier instruction (SSE, part of x86-64's baseline): touches
+    // no register, stack or flag; `asm!` without `nomem` is also a compiler
+    // barrier.
+    unsafe {
+        core::arch::asm!("sfence", options(nostack, preserves_flags))
+    };
+    // arm64: `#define __wmb() dsb(st)`.
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction, as in `dma_wmb`.
+    unsafe {
+        core::arch::asm!("dsb st", options(nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Orders every earlier load and store before every later one, MMIO
+/// included: EQEs read before the EQ doorbell lets the device reuse them.
+/// Linux `mb()`.
+#[inline(always)]
+pub fn mb() {
+    // x86: `#define mb() asm volatile("mfence" ::: "memory")`.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a barrier instruction (SSE2, part of x86-64's baseline), as in
+    // `wmb`.
+    unsafe {
+        core::arch::asm!("mfence", options(nostack, preserves_flags))
+    };
+    // arm64: `#define __mb() dsb(sy)`.
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction, as in `dma_wmb`.
+    unsafe {
+        core::arch::asm!("dsb sy", options(nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// One mapped region of a BAR: `len` bytes starting at BAR offset `bar_offset`.
@@ -219,6 +291,52 @@ impl<const S: usize> MmioRing<S> {
             unsafe { p.wrapping_add(i).write_volatile(*w) };
         }
         Ok(())
+    }
+
+    /// Writes 8 bytes at the constant offset `OFF` of register `idx` as one
+    /// 64-bit store: a send doorbell. `OFF` is 8-byte aligned and inside the
+    /// register, asserted when compiled, so the store cannot fail.
+    #[inline(always)]
+    pub fn write64_at<const OFF: usize>(&self, idx: u32, bytes: [u8; 8]) {
+        const {
+            assert!(
+                OFF % 8 == 0 && OFF + 8 <= S,
+                "outside the register or misaligned"
+            )
+        };
+        let p = self
+            .base
+            .wrapping_add((idx & self.mask) as usize * S + OFF)
+            .cast::<u64>();
+        // SAFETY: `p` is inside register `idx` (masked) and 8-byte aligned
+        // (asserted just above), the register inside the live mapping
+        // (checked by `new`); one volatile 64-bit store keeps the doorbell
+        // atomic.
+        unsafe { p.write_volatile(u64::from_ne_bytes(bytes)) };
+    }
+
+    /// Writes the 64 bytes `words` (in-memory byte order) at the constant
+    /// offset `OFF` of register `idx` as eight 64-bit stores: the BlueFlame
+    /// copy of a one-block WQE. `OFF` is 64-byte aligned and the block
+    /// inside the register, asserted when compiled, so it cannot fail.
+    #[inline(always)]
+    pub fn write_block64_at<const OFF: usize>(&self, idx: u32, words: &[u64; 8]) {
+        const {
+            assert!(
+                OFF % 64 == 0 && OFF + 64 <= S,
+                "outside the register or misaligned"
+            )
+        };
+        let p = self
+            .base
+            .wrapping_add((idx & self.mask) as usize * S + OFF)
+            .cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: `p .. p + 64` is inside register `idx` and the live
+            // mapping, 64-byte aligned (asserted above, checked by `new`);
+            // each qword one volatile store.
+            unsafe { p.wrapping_add(i).write_volatile(*w) };
+        }
     }
 }
 

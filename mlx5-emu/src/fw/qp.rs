@@ -12,9 +12,9 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::*;
 use mlx5_hw::status::CmdStatus;
 
-use super::{fail, sized, synd, CmdResult, Firmware};
+use super::{fail, sized, synd, CmdResult, Fail, Firmware};
 use crate::transport::qp::{self as tqp, rq_type, st, state, Buf, Path, Qp, Rq, Sq};
-use crate::transport::{rlock, wlock};
+use crate::transport::{rlock, wlock, Rdma};
 use crate::{lock, Inner};
 
 /// First QP number firmware hands out.
@@ -257,7 +257,9 @@ impl Firmware {
         Ok(out)
     }
 
-    /// One state transition command.
+    /// One state transition command (PRM "Modify QP"): the transition
+    /// the opcode names must start from the QP's state; a command with a
+    /// QPC applies it (`apply_qpc`); then the QP is in the new state.
     pub(super) fn modify_qp(
         &mut self,
         inner: &Inner,
@@ -278,39 +280,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::QP_UNKNOWN));
         };
         let cur = qp.state();
-        let (from, to): (&[u8], u8) = match op {
-            Opcode::Rst2InitQp => (&[state::RST], state::INIT),
-            Opcode::Init2InitQp => (&[state::INIT], state::INIT),
-            Opcode::Init2RtrQp => (&[state::INIT], state::RTR),
-            Opcode::Rtr2RtsQp => (&[state::RTR], state::RTS),
-            Opcode::Rts2RtsQp => (&[state::RTS], state::RTS),
-            Opcode::Sqerr2RtsQp => (&[state::SQER], state::RTS),
-            Opcode::SqdRtsQp => (&[state::SQD], state::RTS),
-            Opcode::ToErrQp => (
-                &[
-                    state::RST,
-                    state::INIT,
-                    state::RTR,
-                    state::RTS,
-                    state::SQER,
-                    state::SQD,
-                    state::ERR,
-                ],
-                state::ERR,
-            ),
-            _ => (
-                &[
-                    state::RST,
-                    state::INIT,
-                    state::RTR,
-                    state::RTS,
-                    state::SQER,
-                    state::SQD,
-                    state::ERR,
-                ],
-                state::RST,
-            ),
-        };
+        let (from, to) = transition(op);
         if !from.contains(&cur) {
             return Err(fail(CmdStatus::BadQpState, synd::QP_BAD_STATE));
         }
@@ -322,103 +292,9 @@ impl Firmware {
         );
         let mut sq = lock(&qp.sq);
         let mut rq = lock(&qp.rq);
-        let ud = matches!(qp.st, st::UD | st::QP1);
         if with_ctx {
             let c = &input[CTX..CTX + qpc::SIZE_BYTES];
-            let all = op == Opcode::Rst2InitQp;
-            if all || mask & QP_OPTPAR_RRE != 0 {
-                rq.rre = qpc::RRE.get(c) != 0;
-            }
-            if all || mask & QP_OPTPAR_RWE != 0 {
-                rq.rwe = qpc::RWE.get(c) != 0;
-            }
-            if all || mask & QP_OPTPAR_RAE != 0 {
-                rq.rae = qpc::RAE.get(c) != 0;
-            }
-            if (all && ud) || mask & QP_OPTPAR_Q_KEY != 0 {
-                rq.qkey = qpc::Q_KEY.get(c) as u32;
-                sq.qkey = rq.qkey;
-            }
-            if all || mask & QP_OPTPAR_COUNTER_SET_ID != 0 {
-                let id = qpc::COUNTER_SET_ID.get(c) as u32;
-                if id != 0 && !lock(&r.q_counters).contains_key(&id) {
-                    return Err(fail(CmdStatus::BadParameter, synd::Q_COUNTER_UNKNOWN));
-                }
-                qp.counter_set
-                    .store(id, std::sync::atomic::Ordering::Relaxed);
-            }
-            if all || mask & QP_OPTPAR_PKEY_INDEX != 0 {
-                sq.path.pkey_index = ads::PKEY_INDEX.get(&c[PATH..]) as u16;
-            }
-            if all {
-                let port = ads::VHCA_PORT_NUM.get(&c[PATH..]);
-                if port > 1 {
-                    return Err(fail(CmdStatus::BadParameter, synd::VPORT_BAD_PORT));
-                }
-                if ud {
-                    sq.mtu = 4096;
-                    rq.mtu = 4096;
-                }
-            }
-            if (op == Opcode::Init2RtrQp || mask & QP_OPTPAR_PRIMARY_ADDR_PATH != 0) && !ud {
-                {
-                    let p = read_path(c);
-                    if rlock(&r.gids)
-                        .get(usize::from(p.sgid_index))
-                        .copied()
-                        .flatten()
-                        .is_none()
-                    {
-                        return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_SGID));
-                    }
-                    let ack = sq.path.ack_timeout;
-                    sq.path = p;
-                    if op == Opcode::Init2RtrQp {
-                        sq.path.ack_timeout = ack;
-                    }
-                    sq.peer = None;
-                }
-            }
-            if op == Opcode::Init2RtrQp {
-                let m = mtu_bytes(qpc::MTU.get(c));
-                if !ud {
-                    if m == 0 {
-                        return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_MTU));
-                    }
-                    sq.remote_qpn = qpc::REMOTE_QPN.get(c) as u32;
-                    rq.remote_qpn = sq.remote_qpn;
-                    rq.epsn = qpc::NEXT_RCV_PSN.get(c) as u32;
-                    rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
-                    sq.mtu = m;
-                    rq.mtu = m;
-                } else if m != 0 {
-                    sq.mtu = m;
-                    rq.mtu = m;
-                }
-            }
-            if op != Opcode::Init2RtrQp && mask & QP_OPTPAR_RNR_TIMEOUT != 0 {
-                rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
-            }
-            if op == Opcode::Rtr2RtsQp {
-                sq.psn = qpc::NEXT_SEND_PSN.get(c) as u32;
-                if !ud {
-                    sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
-                    sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
-                    sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
-                }
-            } else {
-                if mask & QP_OPTPAR_RETRY_COUNT != 0 {
-                    sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
-                }
-                if mask & QP_OPTPAR_RNR_RETRY != 0 {
-                    sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
-                }
-                if mask & QP_OPTPAR_ACK_TIMEOUT != 0 {
-                    sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
-                }
-            }
-            sq.retries_left = sq.retry_count;
-            sq.rnr_left = sq.rnr_retry;
+            apply_qpc(r, &qp, op, mask, c, &mut sq, &mut rq)?;
         }
         if to == state::RST {
             *sq = Sq::default();
@@ -436,6 +312,176 @@ impl Firmware {
         let _ = tqp::st::RC;
         Ok(vec![0; 0x10])
     }
+}
+
+/// Every QP state: where 2ERR and 2RST may start.
+const ANY_STATE: &[u8] = &[
+    state::RST,
+    state::INIT,
+    state::RTR,
+    state::RTS,
+    state::SQER,
+    state::SQD,
+    state::ERR,
+];
+
+/// The states a transition command may start from, and the one it ends in.
+fn transition(op: Opcode) -> (&'static [u8], u8) {
+    match op {
+        Opcode::Rst2InitQp => (&[state::RST], state::INIT),
+        Opcode::Init2InitQp => (&[state::INIT], state::INIT),
+        Opcode::Init2RtrQp => (&[state::INIT], state::RTR),
+        Opcode::Rtr2RtsQp => (&[state::RTR], state::RTS),
+        Opcode::Rts2RtsQp => (&[state::RTS], state::RTS),
+        Opcode::Sqerr2RtsQp => (&[state::SQER], state::RTS),
+        Opcode::SqdRtsQp => (&[state::SQD], state::RTS),
+        Opcode::ToErrQp => (ANY_STATE, state::ERR),
+        _ => (ANY_STATE, state::RST),
+    }
+}
+
+/// Applies a transition's QPC `c`: on RST2INIT every field, else those the
+/// opt-param `mask` names, plus what the transition itself sets (INIT2RTR
+/// the path, remote QP and MTU; RTR2RTS the send PSN and retry counts).
+fn apply_qpc(
+    r: &Rdma,
+    qp: &Qp,
+    op: Opcode,
+    mask: u32,
+    c: &[u8],
+    sq: &mut Sq,
+    rq: &mut Rq,
+) -> Result<(), Fail> {
+    let ud = matches!(qp.st, st::UD | st::QP1);
+    apply_access(r, qp, op, mask, c, sq, rq)?;
+    if (op == Opcode::Init2RtrQp || mask & QP_OPTPAR_PRIMARY_ADDR_PATH != 0) && !ud {
+        apply_path(r, op, c, sq)?;
+    }
+    if op == Opcode::Init2RtrQp {
+        apply_rtr(ud, c, sq, rq)?;
+    }
+    if op != Opcode::Init2RtrQp && mask & QP_OPTPAR_RNR_TIMEOUT != 0 {
+        rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
+    }
+    apply_retry(ud, op, mask, c, sq);
+    Ok(())
+}
+
+/// Remote access, Q_Key, counter set, P_Key index and port.
+fn apply_access(
+    r: &Rdma,
+    qp: &Qp,
+    op: Opcode,
+    mask: u32,
+    c: &[u8],
+    sq: &mut Sq,
+    rq: &mut Rq,
+) -> Result<(), Fail> {
+    let ud = matches!(qp.st, st::UD | st::QP1);
+    let all = op == Opcode::Rst2InitQp;
+    if all || mask & QP_OPTPAR_RRE != 0 {
+        rq.rre = qpc::RRE.get(c) != 0;
+    }
+    if all || mask & QP_OPTPAR_RWE != 0 {
+        rq.rwe = qpc::RWE.get(c) != 0;
+    }
+    if all || mask & QP_OPTPAR_RAE != 0 {
+        rq.rae = qpc::RAE.get(c) != 0;
+    }
+    if (all && ud) || mask & QP_OPTPAR_Q_KEY != 0 {
+        rq.qkey = qpc::Q_KEY.get(c) as u32;
+        sq.qkey = rq.qkey;
+    }
+    if all || mask & QP_OPTPAR_COUNTER_SET_ID != 0 {
+        let id = qpc::COUNTER_SET_ID.get(c) as u32;
+        if id != 0 && !lock(&r.q_counters).contains_key(&id) {
+            return Err(fail(CmdStatus::BadParameter, synd::Q_COUNTER_UNKNOWN));
+        }
+        qp.counter_set
+            .store(id, std::sync::atomic::Ordering::Relaxed);
+    }
+    if all || mask & QP_OPTPAR_PKEY_INDEX != 0 {
+        sq.path.pkey_index = ads::PKEY_INDEX.get(&c[PATH..]) as u16;
+    }
+    if all {
+        let port = ads::VHCA_PORT_NUM.get(&c[PATH..]);
+        if port > 1 {
+            return Err(fail(CmdStatus::BadParameter, synd::VPORT_BAD_PORT));
+        }
+        if ud {
+            sq.mtu = 4096;
+            rq.mtu = 4096;
+        }
+    }
+    Ok(())
+}
+
+/// A connected QP's primary address path (its source GID must exist); the
+/// ACK timeout is RTR2RTS's, so INIT2RTR keeps the old one.
+fn apply_path(r: &Rdma, op: Opcode, c: &[u8], sq: &mut Sq) -> Result<(), Fail> {
+    let p = read_path(c);
+    if rlock(&r.gids)
+        .get(usize::from(p.sgid_index))
+        .copied()
+        .flatten()
+        .is_none()
+    {
+        return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_SGID));
+    }
+    let ack = sq.path.ack_timeout;
+    sq.path = p;
+    if op == Opcode::Init2RtrQp {
+        sq.path.ack_timeout = ack;
+    }
+    sq.peer = None;
+    Ok(())
+}
+
+/// INIT2RTR: the path MTU; on a connected QP also the remote QP, the
+/// expected PSN and the RNR NAK timer.
+fn apply_rtr(ud: bool, c: &[u8], sq: &mut Sq, rq: &mut Rq) -> Result<(), Fail> {
+    let m = mtu_bytes(qpc::MTU.get(c));
+    if !ud {
+        if m == 0 {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_MTU));
+        }
+        sq.remote_qpn = qpc::REMOTE_QPN.get(c) as u32;
+        rq.remote_qpn = sq.remote_qpn;
+        rq.epsn = qpc::NEXT_RCV_PSN.get(c) as u32;
+        rq.min_rnr_nak = qpc::MIN_RNR_NAK.get(c) as u8;
+        sq.mtu = m;
+        rq.mtu = m;
+    } else if m != 0 {
+        sq.mtu = m;
+        rq.mtu = m;
+    }
+    Ok(())
+}
+
+/// RTR2RTS: the send PSN and (connected) the retry counts and ACK timeout;
+/// later transitions change those the mask names. The retry budgets start
+/// full.
+fn apply_retry(ud: bool, op: Opcode, mask: u32, c: &[u8], sq: &mut Sq) {
+    if op == Opcode::Rtr2RtsQp {
+        sq.psn = qpc::NEXT_SEND_PSN.get(c) as u32;
+        if !ud {
+            sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
+            sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
+            sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
+        }
+    } else {
+        if mask & QP_OPTPAR_RETRY_COUNT != 0 {
+            sq.retry_count = qpc::RETRY_COUNT.get(c) as u8;
+        }
+        if mask & QP_OPTPAR_RNR_RETRY != 0 {
+            sq.rnr_retry = qpc::RNR_RETRY.get(c) as u8;
+        }
+        if mask & QP_OPTPAR_ACK_TIMEOUT != 0 {
+            sq.path.ack_timeout = ads::ACK_TIMEOUT.get(&c[PATH..]) as u8;
+        }
+    }
+    sq.retries_left = sq.retry_count;
+    sq.rnr_left = sq.rnr_retry;
 }
 
 fn qpn_of(input: &[u8]) -> u32 {
