@@ -30,9 +30,11 @@ if ! cargo afl --version 2>/dev/null | grep -q "^cargo-afl $afl_version "; then
 fi
 # AFL++ is built per rustc version: a toolchain update needs it again.
 # (afl-fuzz -h exits non-zero: its usage text tells that it is there.)
-if ! cargo afl fuzz -h 2>&1 | grep -q -- '-V seconds'; then
-    cargo afl config --build --force
-fi
+usage=$(cargo afl fuzz -h 2>&1 || true)
+case "$usage" in
+*"-V seconds"*) ;;
+*) cargo afl config --build --force ;;
+esac
 
 # A target dir of its own: instrumented artifacts never replace the
 # workspace's ordinary ones.
@@ -48,8 +50,7 @@ fi
 
 # No UI, no CPU binding (the machine is shared), no core_pattern demand.
 export AFL_NO_UI=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1
-export AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_SKIP_BIN_CHECK=1
-export AFL_QUIET=1
+export AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1
 
 stat() { sed -n "s/^$1 *: *//p" "$2"; }
 

@@ -15,9 +15,11 @@
 //! them and writes its 8-byte counts into them; taking an `EventFd`'s fd
 //! as a `BorrowedFd` would need `unsafe` here, which this crate has none of).
 //!
-//! Oracle: the server must end the session after the hang-up (close its
-//! side) within [`SESSION_DEADLINE`]; a panic anywhere in the process (the
-//! server's threads included) aborts it.
+//! Oracle: the server must end the session after the hang-up within
+//! [`SESSION_DEADLINE`]: close its side, or release the function (the
+//! model's reset count moves; the server may hold its side of the socket
+//! a little longer); a panic anywhere in the process (the server's threads
+//! included) aborts it.
 
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -42,6 +44,7 @@ pub const SESSION_DEADLINE: Duration = Duration::from_secs(20);
 
 struct Served {
     path: PathBuf,
+    dev: Arc<Device>,
     _thread: ServerThread,
 }
 
@@ -67,7 +70,7 @@ fn served() -> &'static Served {
         let path = dir.join(format!("{}.sock", std::process::id()));
         let bus = Bus::new();
         let dev = Arc::new(Device::new(DeviceConfig::default(), bus.clone()));
-        let model: Arc<dyn DeviceModel> = dev;
+        let model: Arc<dyn DeviceModel> = dev.clone();
         let server = Server::bind(&path, model, bus)
             .unwrap_or_else(|e| panic!("cannot serve {}: {e}", path.display()));
         let thread = server
@@ -75,6 +78,7 @@ fn served() -> &'static Served {
             .unwrap_or_else(|e| panic!("cannot start the server: {e}"));
         Served {
             path,
+            dev,
             _thread: thread,
         }
     })
@@ -84,6 +88,8 @@ fn served() -> &'static Served {
 pub fn run(data: &[u8]) {
     client_parsers(data);
     let s = served();
+    let resets = s.dev.stats().resets;
+    let t0 = Instant::now();
     let sock = UnixStream::connect(&s.path)
         .unwrap_or_else(|e| panic!("connect {}: {e}", s.path.display()));
     // Replies are drained on a thread of their own: a client that only
@@ -92,27 +98,47 @@ pub fn run(data: &[u8]) {
         .try_clone()
         .unwrap_or_else(|e| panic!("dup(socket): {e}"));
     let _ = rx.set_read_timeout(Some(SESSION_DEADLINE));
+    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = closed.clone();
     let reader = std::thread::spawn(move || {
-        let start = Instant::now();
         let mut buf = vec![0u8; 1 << 16];
         loop {
             match rx.read(&mut buf) {
-                Ok(0) => return true,
+                Ok(0) => break,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return start.elapsed() < SESSION_DEADLINE,
+                Err(_) => break,
             }
         }
+        seen.store(true, std::sync::atomic::Ordering::Release);
     });
     let _ = sock.set_write_timeout(Some(SESSION_DEADLINE));
     send_all(&sock, data);
     let _ = sock.shutdown(std::net::Shutdown::Write);
-    let ended = reader.join().unwrap_or(false);
-    assert!(
-        ended,
-        "the server did not end the session within {SESSION_DEADLINE:?} of the hang-up"
-    );
+    if std::env::var_os("MLX5_FUZZ_VERBOSE").is_some() {
+        eprintln!("sent in {:?}", t0.elapsed());
+    }
+    let start = Instant::now();
+    while !closed.load(std::sync::atomic::Ordering::Acquire) && s.dev.stats().resets == resets {
+        assert!(
+            start.elapsed() < SESSION_DEADLINE,
+            "the server did not end the session within {SESSION_DEADLINE:?} of the hang-up"
+        );
+        std::thread::yield_now();
+    }
+    if std::env::var_os("MLX5_FUZZ_VERBOSE").is_some() {
+        eprintln!(
+            "session over {:?} after the hang-up ({})",
+            start.elapsed(),
+            if closed.load(std::sync::atomic::Ordering::Acquire) {
+                "closed"
+            } else {
+                "released"
+            }
+        );
+    }
+    let _ = sock.shutdown(std::net::Shutdown::Both);
+    let _ = reader.join();
 }
 
 /// What a client parses of a server's replies.

@@ -25,7 +25,10 @@
 //! `status_own` is written last with ownership cleared. Once an EQ subscribed to CMD events exists,
 //! a completion EQE (slot bit in `eqe_cmd.vector`) goes to it.
 
+use mlx5_hw::ifc::{CmdLayout, CmdProtBlock};
+use mlx5_hw::init::{self as hw, mailbox_blocks};
 use mlx5_hw::status::DeliveryStatus;
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::faults::CmdFault;
 use crate::fw::Firmware;
@@ -34,33 +37,24 @@ use crate::{lock, CmdLogEntry, Inner, CMD_LOG_CAPACITY};
 /// Largest message the model accepts (1 MiB), in bytes.
 pub const MAX_MSG: usize = 1 << 20;
 /// Bytes of the message inline in the entry.
-pub const INLINE: usize = 16;
+const INLINE: usize = hw::CMD_INLINE_OUT_SIZE;
 /// Data bytes per mailbox block.
-pub const BLOCK_DATA: usize = 512;
-/// Size of a mailbox block.
-pub const BLOCK_SIZE: usize = 576;
-/// Required mailbox alignment.
-pub const BLOCK_ALIGN: u64 = 1024;
-
-fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-fn be64(b: &[u8], at: usize) -> u64 {
-    u64::from(be32(b, at)) << 32 | u64::from(be32(b, at + 4))
-}
-
-fn xor8(b: &[u8]) -> u8 {
-    b.iter().fold(0, |a, x| a ^ x)
-}
-
-fn nblocks(len: usize) -> usize {
-    len.saturating_sub(INLINE).div_ceil(BLOCK_DATA)
-}
+const BLOCK_DATA: usize = hw::CMD_DATA_BLOCK_SIZE;
+/// Required mailbox alignment: the kernel's 1 KiB pool blocks.
+const BLOCK_ALIGN: u64 = hw::CMD_PROT_BLOCK_ALIGN as u64;
+/// Where the output's inline bytes sit in the entry.
+const OUT_AT: u64 = core::mem::offset_of!(CmdLayout, out) as u64;
+/// Where `status_own` sits in the entry.
+const STATUS_OWN_AT: u64 = core::mem::offset_of!(CmdLayout, status_own) as u64;
 
 struct Chain {
     addrs: Vec<u64>,
     data: Vec<u8>,
+}
+
+/// The opcode and op_mod of a command input.
+fn opcode_op_mod(input: &[u8]) -> (u16, u16) {
+    (hw::cmd_opcode(input), hw::cmd_op_mod(input))
 }
 
 /// Walks a mailbox chain of `n` blocks from `ptr`.
@@ -84,7 +78,7 @@ fn walk(
         addrs: Vec::with_capacity(n),
         data: Vec::with_capacity(if input { n * BLOCK_DATA } else { 0 }),
     };
-    let mut b = [0u8; BLOCK_SIZE];
+    let mut b = CmdProtBlock::new_zeroed();
     for i in 0..n {
         if ptr == 0 {
             return Err(len_err);
@@ -92,28 +86,25 @@ fn walk(
         if ptr % BLOCK_ALIGN != 0 {
             return Err(align_err);
         }
-        if inner.bus.dma.read(ptr, &mut b).is_err() {
+        if inner.bus.dma.read(ptr, b.as_mut_bytes()).is_err() {
             inner.stats().dma_faults += 1;
             tracing::warn!(iova = format_args!("{ptr:#x}"), "mailbox read faulted");
             return Err(DeliveryStatus::FirmwareError);
         }
-        if be32(&b, 0x238) != i as u32 {
+        if b.block_num.get() != i as u32 {
             return Err(DeliveryStatus::BadBlockNumber);
         }
-        if b[0x23d] != token {
+        if b.token != token {
             return Err(DeliveryStatus::TokenError);
         }
-        if check_sig
-            && input
-            && (xor8(&b[0x200..0x23f]) != 0xff || xor8(&b[..0x23e]) ^ b[0x23f] != 0xff)
-        {
+        if check_sig && input && !b.sig_ok() {
             return Err(DeliveryStatus::SignatureError);
         }
         c.addrs.push(ptr);
         if input {
-            c.data.extend_from_slice(&b[..BLOCK_DATA]);
+            c.data.extend_from_slice(&b.data);
         }
-        ptr = be64(&b, 0x230);
+        ptr = b.next.get();
     }
     Ok(c)
 }
@@ -121,17 +112,16 @@ fn walk(
 /// Executes the command in `slot` and completes it.
 pub(crate) fn run_slot(fw: &mut Firmware, inner: &Inner, slot: u8) {
     let entry_at = fw.cmdq_base + (u64::from(slot) << crate::initseg::LOG_CMDQ_STRIDE);
-    let mut e = [0u8; 64];
-    if inner.bus.dma.read(entry_at, &mut e).is_err() {
+    let mut e = CmdLayout::new_zeroed();
+    if inner.bus.dma.read(entry_at, e.as_mut_bytes()).is_err() {
         inner.stats().dma_faults += 1;
         tracing::warn!(slot, "command entry read faulted");
         return;
     }
-    if e[0x3f] & 1 == 0 {
+    if !e.hw_owned() {
         return; // not handed to HW: a stale doorbell bit
     }
-    let opcode = u16::from_be_bytes([e[0x10], e[0x11]]);
-    let op_mod = u16::from_be_bytes([e[0x16], e[0x17]]);
+    let (opcode, op_mod) = opcode_op_mod(e.r#in.as_bytes());
     let mut log = CmdLogEntry {
         slot,
         opcode,
@@ -148,10 +138,8 @@ pub(crate) fn run_slot(fw: &mut Firmware, inner: &Inner, slot: u8) {
         }
         Some(CmdFault::Delivery(d)) => Err(d),
         Some(CmdFault::Status(s, syn)) => {
-            let mut out = [0u8; INLINE];
-            out[0] = s.to_raw();
-            out[4..8].copy_from_slice(&syn.to_be_bytes());
-            e[0x20..0x30].copy_from_slice(&out);
+            e.out = [0.into(); 4];
+            hw::set_cmd_status_syndrome(e.out.as_mut_bytes(), s.to_raw(), syn);
             Ok(None)
         }
         None => deliver(fw, inner, &e).map(Some),
@@ -166,7 +154,7 @@ pub(crate) fn run_slot(fw: &mut Firmware, inner: &Inner, slot: u8) {
         Ok(None) => 0,
         Ok(Some((out, out_chain))) => {
             let n = out.len().min(INLINE);
-            e[0x20..0x20 + n].copy_from_slice(&out[..n]);
+            e.out.as_mut_bytes()[..n].copy_from_slice(&out[..n]);
             for (i, addr) in out_chain.iter().enumerate() {
                 let from = INLINE + i * BLOCK_DATA;
                 let mut data = [0u8; BLOCK_DATA];
@@ -181,8 +169,7 @@ pub(crate) fn run_slot(fw: &mut Firmware, inner: &Inner, slot: u8) {
             0
         }
     };
-    log.status = e[0x20];
-    log.syndrome = be32(&e, 0x24);
+    (log.status, log.syndrome) = hw::cmd_status_syndrome(e.out.as_bytes());
     inner.stats().commands += 1;
     tracing::trace!(
         slot,
@@ -195,9 +182,13 @@ pub(crate) fn run_slot(fw: &mut Firmware, inner: &Inner, slot: u8) {
     if inner
         .bus
         .dma
-        .write(entry_at + 0x20, &e[0x20..0x30])
+        .write(entry_at + OUT_AT, e.out.as_bytes())
         .is_err()
-        || inner.bus.dma.write(entry_at + 0x3f, &[status_own]).is_err()
+        || inner
+            .bus
+            .dma
+            .write(entry_at + STATUS_OWN_AT, &[status_own])
+            .is_err()
     {
         inner.stats().dma_faults += 1;
     }
@@ -215,56 +206,54 @@ type Delivered = (Vec<u8>, Vec<u64>);
 
 /// Checks the entry and mailboxes, runs the command; the output message
 /// and the output chain, or the delivery status.
-fn deliver(fw: &mut Firmware, inner: &Inner, e: &[u8; 64]) -> Result<Delivered, DeliveryStatus> {
-    if e[0] != 7 {
+fn deliver(fw: &mut Firmware, inner: &Inner, e: &CmdLayout) -> Result<Delivered, DeliveryStatus> {
+    if e.r#type != hw::PCI_CMD_XPORT {
         return Err(DeliveryStatus::BadDescriptor);
     }
-    if fw.checksums && xor8(e) != 0xff {
+    if fw.checksums && !e.sig_ok() {
         return Err(DeliveryStatus::SignatureError);
     }
-    let inlen = be32(e, 0x04) as usize;
-    let outlen = be32(e, 0x38) as usize;
+    let inlen = e.inlen.get() as usize;
+    let outlen = e.outlen.get() as usize;
     if !(8..=MAX_MSG).contains(&inlen) {
         return Err(DeliveryStatus::InputLength);
     }
     if !(8..=MAX_MSG).contains(&outlen) {
         return Err(DeliveryStatus::OutputLength);
     }
-    let token = e[0x3c];
+    let token = e.token;
     let inc = walk(
         inner,
-        be64(e, 0x08),
-        nblocks(inlen),
+        e.in_ptr.get(),
+        mailbox_blocks(inlen),
         token,
         fw.checksums,
         true,
     )?;
     let outc = walk(
         inner,
-        be64(e, 0x30),
-        nblocks(outlen),
+        e.out_ptr.get(),
+        mailbox_blocks(outlen),
         token,
         fw.checksums,
         false,
     )?;
     let mut input = Vec::with_capacity(inlen);
-    input.extend_from_slice(&e[0x10..0x20]);
+    input.extend_from_slice(e.r#in.as_bytes());
     input.extend_from_slice(&inc.data);
     input.truncate(inlen);
     let mut out = match fw.execute(inner, &input, outlen) {
         Ok(o) => o,
         Err(f) => {
             let mut o = vec![0u8; INLINE];
-            o[0] = f.status.to_raw();
-            o[4..8].copy_from_slice(&f.syndrome.to_be_bytes());
-            tracing::debug!(opcode = format_args!("{:#x}", u16::from_be_bytes([e[0x10], e[0x11]])),
+            hw::set_cmd_status_syndrome(&mut o, f.status.to_raw(), f.syndrome);
+            tracing::debug!(opcode = format_args!("{:#x}", opcode_op_mod(&input).0),
                 status = %f.status, syndrome = format_args!("{:#x}", f.syndrome), "command failed");
             o
         }
     };
     if let Some(hook) = &inner.cfg.output_override {
-        let opcode = u16::from_be_bytes([input[0], input[1]]);
-        let op_mod = u16::from_be_bytes([input[6], input[7]]);
+        let (opcode, op_mod) = opcode_op_mod(&input);
         if let Some(mut o) = hook.answer(opcode, op_mod, &input, &out) {
             o.resize(outlen, 0);
             out = o;

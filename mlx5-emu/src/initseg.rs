@@ -9,67 +9,32 @@
 //! firmware hands out UARs from [`FIRST_UAR`] (16, as the traced card
 //! does), so pages 0-15 are never UARs.
 
+use mlx5_hw::init::{self, NicInterface};
 use vfio::{DmaBuffer, RegionInfo};
 
 use crate::Profile;
 
-/// `fw_rev`: [31:16] minor, [15:0] major.
-pub const FW_REV: usize = 0x000;
-/// `cmdif_rev_fw_sub`: [31:16] command interface revision, [15:0] subminor.
-pub const CMDIF_REV_FW_SUB: usize = 0x004;
-/// Command queue address, bits 63:32.
-pub const CMDQ_ADDR_H: usize = 0x010;
-/// Command queue address bits 31:12, nic_interface [9:8], log size [7:4], log stride [3:0].
-pub const CMDQ_ADDR_L_SZ: usize = 0x014;
-/// Command doorbell: bit i rings slot i.
-pub const CMD_DBELL: usize = 0x018;
-/// bit 31: firmware initializing; [26:24] nic_interface_supported.
-pub const INITIALIZING: usize = 0x1fc;
-/// The health buffer (64 bytes).
-pub const HEALTH: usize = 0x200;
-/// Health buffer: `fw_ver`.
-pub const HEALTH_FW_VER: usize = HEALTH + 0x30;
-/// Health buffer: `hw_id`.
-pub const HEALTH_HW_ID: usize = HEALTH + 0x34;
-/// Health buffer: `rfr_severity`.
-pub const HEALTH_RFR_SEVERITY: usize = HEALTH + 0x38;
-/// Health buffer: `synd`.
-pub const HEALTH_SYND: usize = HEALTH + 0x3d;
-/// Health buffer: `ext_synd` (be16).
-pub const HEALTH_EXT_SYND: usize = HEALTH + 0x3e;
-/// Advertised command execution timeout, in milliseconds.
-pub const CMD_EXEC_TO: usize = 0xff8;
-/// Advertised command-queue initialization timeout, in milliseconds.
-pub const CMD_Q_INIT_TO: usize = 0xffc;
-/// Free-running HCA clock, high dword.
-pub const INTERNAL_TIMER_H: usize = 0x1000;
-/// Free-running HCA clock, low dword.
-pub const INTERNAL_TIMER_L: usize = 0x1004;
-/// [31:24] health syndrome, [23:0] counter firmware increments while alive.
-pub const HEALTH_COUNTER: usize = 0x1010;
-/// Size of the initialization segment.
-pub const INIT_SEG_SIZE: usize = 0x2010;
+// Every offset and field of the segment is mlx5-hw's (`mlx5_hw::init`,
+// from the generated `InitSeg`), re-exported under the names the model's
+// code and its tests use.
+pub use mlx5_hw::init::{
+    INITIALIZING_BIT, ISEG_CMDIF_REV_FW_SUB as CMDIF_REV_FW_SUB, ISEG_CMDQ_ADDR_H as CMDQ_ADDR_H,
+    ISEG_CMDQ_ADDR_L_SZ as CMDQ_ADDR_L_SZ, ISEG_CMD_DBELL as CMD_DBELL,
+    ISEG_CMD_EXEC_TO as CMD_EXEC_TO, ISEG_CMD_Q_INIT_TO as CMD_Q_INIT_TO, ISEG_FW_REV as FW_REV,
+    ISEG_HEALTH as HEALTH, ISEG_HEALTH_COUNTER as HEALTH_COUNTER,
+    ISEG_HEALTH_EXT_SYND as HEALTH_EXT_SYND, ISEG_HEALTH_FW_VER as HEALTH_FW_VER,
+    ISEG_HEALTH_HW_ID as HEALTH_HW_ID, ISEG_HEALTH_RFR_SEVERITY as HEALTH_RFR_SEVERITY,
+    ISEG_HEALTH_SYND as HEALTH_SYND, ISEG_INITIALIZING as INITIALIZING,
+    ISEG_INTERNAL_TIMER_H as INTERNAL_TIMER_H, ISEG_INTERNAL_TIMER_L as INTERNAL_TIMER_L,
+    ISEG_SIZE as INIT_SEG_SIZE,
+};
 
-/// `initializing` bit.
-pub const INITIALIZING_BIT: u32 = 1 << 31;
-/// Command interface revision the model speaks.
-pub const CMDIF_REV: u32 = 5;
-/// log2 of the number of command slots (32).
-pub const LOG_CMDQ_SIZE: u32 = 5;
-/// log2 of the command entry stride (64 bytes).
-pub const LOG_CMDQ_STRIDE: u32 = 6;
+/// log2 of the number of command slots: all 32 (`MLX5_MAX_COMMANDS`).
+pub const LOG_CMDQ_SIZE: u32 = init::MAX_COMMANDS.trailing_zeros();
+/// log2 of the command entry stride: one `mlx5_cmd_layout` (64 bytes).
+pub const LOG_CMDQ_STRIDE: u32 = init::CMD_ENTRY_SIZE.trailing_zeros();
 /// What the low byte of `cmdq_addr_l_sz` always reads.
-pub const CMDQ_SZ_BYTE: u32 = LOG_CMDQ_SIZE << 4 | LOG_CMDQ_STRIDE;
-/// Shift of `nic_interface` in `cmdq_addr_l_sz`.
-pub const NIC_IFC_SHIFT: u32 = 8;
-/// nic_interface: full driver.
-pub const NIC_IFC_FULL_DRIVER: u32 = 0;
-/// nic_interface: disabled (fast teardown done).
-pub const NIC_IFC_DISABLED: u32 = 1;
-/// nic_interface: no DRAM NIC.
-pub const NIC_IFC_NO_DRAM_NIC: u32 = 2;
-/// nic_interface: software reset.
-pub const NIC_IFC_SW_RESET: u32 = 7;
+pub const CMDQ_SZ_BYTE: u32 = LOG_CMDQ_SIZE << init::LOG_CMDQ_SIZE_SHIFT | LOG_CMDQ_STRIDE;
 
 /// BAR0 offset of the MSI-X table.
 pub const MSIX_TABLE: u64 = 0x4000;
@@ -139,11 +104,24 @@ pub fn set_pba(bar: &DmaBuffer, v: u32, on: bool) {
 pub fn power_on(bar: &DmaBuffer, p: Profile, exec_to_ms: u32, init_to_ms: u32) {
     let _ = bar.fill(0, (MSIX_PBA + 0x1000) as usize, 0);
     let (maj, min, sub) = p.fw_version();
-    wr(bar, FW_REV, u32::from(min) << 16 | u32::from(maj));
-    wr(bar, CMDIF_REV_FW_SUB, CMDIF_REV << 16 | u32::from(sub));
+    wr(
+        bar,
+        FW_REV,
+        u32::from(min) << init::FW_REV_MINOR_SHIFT | u32::from(maj),
+    );
+    wr(
+        bar,
+        CMDIF_REV_FW_SUB,
+        u32::from(init::CMDIF_REV) << init::CMDIF_REV_SHIFT | u32::from(sub),
+    );
     wr(bar, CMDQ_ADDR_L_SZ, CMDQ_SZ_BYTE);
-    // nic_interface_supported: full driver and disabled (bits 24, 25).
-    wr(bar, INITIALIZING, INITIALIZING_BIT | 0x3 << 24);
+    // nic_interface_supported: a bit per state, full driver and disabled.
+    let supported = 1 << NicInterface::FullDriver.to_raw() | 1 << NicInterface::Disabled.to_raw();
+    wr(
+        bar,
+        INITIALIZING,
+        INITIALIZING_BIT | supported << init::NIC_INTERFACE_SUPPORTED_SHIFT,
+    );
     wr(
         bar,
         HEALTH_FW_VER,

@@ -7,70 +7,81 @@
 //! Offsets are byte offsets from the start of BAR0; every register is a
 //! big-endian dword unless noted.
 
+use zerocopy::IntoBytes;
+
+use crate::bits::BitField;
+use crate::ifc::{
+    cmd_layout, cmd_prot_block, health_buffer, init_seg, nop_in, nop_out, CmdLayout, CmdProtBlock,
+};
 use crate::macros::prm_enum;
+
+/// The byte offset of a byte-aligned field of a `bytes` layout.
+const fn byte(f: BitField) -> usize {
+    f.off / 8
+}
 
 // ---------------------------------------------------------------------------
 // Initialization segment offsets
 // ---------------------------------------------------------------------------
 
 /// Firmware revision: bits 31:16 minor, bits 15:0 major.
-pub const ISEG_FW_REV: usize = 0x000;
+pub const ISEG_FW_REV: usize = byte(init_seg::FW_REV);
 /// Command interface revision (bits 31:16) and firmware subminor (bits 15:0).
-pub const ISEG_CMDIF_REV_FW_SUB: usize = 0x004;
+pub const ISEG_CMDIF_REV_FW_SUB: usize = byte(init_seg::CMDIF_REV_FW_SUB);
 /// Command queue DMA address, bits 63:32.
-pub const ISEG_CMDQ_ADDR_H: usize = 0x010;
+pub const ISEG_CMDQ_ADDR_H: usize = byte(init_seg::CMDQ_ADDR_H);
 /// Command queue address bits 31:12, nic_interface, log size and stride.
-pub const ISEG_CMDQ_ADDR_L_SZ: usize = 0x014;
+pub const ISEG_CMDQ_ADDR_L_SZ: usize = byte(init_seg::CMDQ_ADDR_L_SZ);
 /// Command doorbell: writing bit i hands command slot i to firmware.
-pub const ISEG_CMD_DBELL: usize = 0x018;
+pub const ISEG_CMD_DBELL: usize = byte(init_seg::CMD_DBELL);
 /// Bit 31: firmware still initializing; also nic_interface_supported and embedded_cpu.
-pub const ISEG_INITIALIZING: usize = 0x1fc;
+pub const ISEG_INITIALIZING: usize = byte(init_seg::INITIALIZING);
 /// Start of the 64-byte health buffer.
-pub const ISEG_HEALTH: usize = 0x200;
+pub const ISEG_HEALTH: usize = byte(init_seg::HEALTH);
 /// Health buffer `assert_exit_ptr`.
-pub const ISEG_HEALTH_ASSERT_EXIT_PTR: usize = ISEG_HEALTH + 0x20;
+pub const ISEG_HEALTH_ASSERT_EXIT_PTR: usize = ISEG_HEALTH + byte(health_buffer::ASSERT_EXIT_PTR);
 /// Health buffer `assert_callra`.
-pub const ISEG_HEALTH_ASSERT_CALLRA: usize = ISEG_HEALTH + 0x24;
+pub const ISEG_HEALTH_ASSERT_CALLRA: usize = ISEG_HEALTH + byte(health_buffer::ASSERT_CALLRA);
 /// Health buffer `time`.
-pub const ISEG_HEALTH_TIME: usize = ISEG_HEALTH + 0x2c;
+pub const ISEG_HEALTH_TIME: usize = ISEG_HEALTH + byte(health_buffer::TIME);
 /// Health buffer `fw_ver` (all ones when the PCI link is dead).
-pub const ISEG_HEALTH_FW_VER: usize = ISEG_HEALTH + 0x30;
+pub const ISEG_HEALTH_FW_VER: usize = ISEG_HEALTH + byte(health_buffer::FW_VER);
 /// Health buffer `hw_id`.
-pub const ISEG_HEALTH_HW_ID: usize = ISEG_HEALTH + 0x34;
+pub const ISEG_HEALTH_HW_ID: usize = ISEG_HEALTH + byte(health_buffer::HW_ID);
 /// Health buffer `rfr_severity` byte.
-pub const ISEG_HEALTH_RFR_SEVERITY: usize = ISEG_HEALTH + 0x38;
+pub const ISEG_HEALTH_RFR_SEVERITY: usize = ISEG_HEALTH + byte(health_buffer::RFR_SEVERITY);
 /// Health buffer `irisc_index` byte.
-pub const ISEG_HEALTH_IRISC_INDEX: usize = ISEG_HEALTH + 0x3c;
+pub const ISEG_HEALTH_IRISC_INDEX: usize = ISEG_HEALTH + byte(health_buffer::IRISC_INDEX);
 /// Health buffer `synd` byte (health syndrome).
-pub const ISEG_HEALTH_SYND: usize = ISEG_HEALTH + 0x3d;
+pub const ISEG_HEALTH_SYND: usize = ISEG_HEALTH + byte(health_buffer::SYND);
 /// Health buffer `ext_synd` (big-endian 16 bits).
-pub const ISEG_HEALTH_EXT_SYND: usize = ISEG_HEALTH + 0x3e;
+pub const ISEG_HEALTH_EXT_SYND: usize = ISEG_HEALTH + byte(health_buffer::EXT_SYND);
 /// Size of the health buffer, in bytes.
-pub const HEALTH_BUFFER_SIZE: usize = 0x40;
+pub const HEALTH_BUFFER_SIZE: usize = health_buffer::SIZE_BYTES;
 /// `no_dram_nic_offset` (mlx5_ifc.h's initial_seg; a reserved word in device.h).
-pub const ISEG_NO_DRAM_NIC_OFFSET: usize = 0x240;
+pub const ISEG_NO_DRAM_NIC_OFFSET: usize = ISEG_HEALTH + HEALTH_BUFFER_SIZE;
 /// Firmware command execution timeout (see [`iseg_timeout_ms`]).
-pub const ISEG_CMD_EXEC_TO: usize = 0xff8;
+pub const ISEG_CMD_EXEC_TO: usize = byte(init_seg::CMD_EXEC_TO);
 /// Firmware initialization timeout (see [`iseg_timeout_ms`]); 0 when not provided.
-pub const ISEG_CMD_Q_INIT_TO: usize = 0xffc;
+pub const ISEG_CMD_Q_INIT_TO: usize = byte(init_seg::CMD_Q_INIT_TO);
 /// Free-running internal timer, bits 63:32.
-pub const ISEG_INTERNAL_TIMER_H: usize = 0x1000;
+pub const ISEG_INTERNAL_TIMER_H: usize = byte(init_seg::INTERNAL_TIMER_H);
 /// Free-running internal timer, bits 31:0.
-pub const ISEG_INTERNAL_TIMER_L: usize = 0x1004;
+pub const ISEG_INTERNAL_TIMER_L: usize = byte(init_seg::INTERNAL_TIMER_L);
 /// Health syndrome (bits 31:24) and a counter live firmware increments (bits 23:0).
-pub const ISEG_HEALTH_COUNTER: usize = 0x1010;
+pub const ISEG_HEALTH_COUNTER: usize = byte(init_seg::HEALTH_COUNTER);
 /// Real-time clock, high dword.
-pub const ISEG_REAL_TIME_H: usize = 0x1040;
+pub const ISEG_REAL_TIME_H: usize = byte(init_seg::REAL_TIME_H);
 /// Real-time clock, low dword.
-pub const ISEG_REAL_TIME_L: usize = 0x1044;
+pub const ISEG_REAL_TIME_L: usize = byte(init_seg::REAL_TIME_L);
 /// IEEE 1588 clock (big-endian 64 bits).
-pub const ISEG_IEEE1588_CLK: usize = 0x2000;
+pub const ISEG_IEEE1588_CLK: usize = byte(init_seg::IEEE1588_CLK);
 /// IEEE 1588 clock type.
-pub const ISEG_IEEE1588_CLK_TYPE: usize = 0x2008;
+pub const ISEG_IEEE1588_CLK_TYPE: usize = byte(init_seg::IEEE1588_CLK_TYPE);
 /// Bit 0 clears the legacy INTx interrupt.
-pub const ISEG_CLR_INTX: usize = 0x200c;
+pub const ISEG_CLR_INTX: usize = byte(init_seg::CLR_INTX);
 /// Size of the initialization segment, in bytes.
-pub const ISEG_SIZE: usize = 0x2010;
+pub const ISEG_SIZE: usize = init_seg::SIZE_BYTES;
 
 // ---------------------------------------------------------------------------
 // Initialization segment fields
@@ -205,7 +216,7 @@ pub const RECLAIM_PAGES_TIMEOUT_MS: u64 = 5_000;
 /// Most command queue slots a device has (`MLX5_MAX_COMMANDS`).
 pub const MAX_COMMANDS: usize = 32;
 /// Size of a command queue entry (`struct mlx5_cmd_layout`), in bytes.
-pub const CMD_ENTRY_SIZE: usize = 64;
+pub const CMD_ENTRY_SIZE: usize = cmd_layout::SIZE_BYTES;
 /// Command entry `type`: PCI command transport (`MLX5_PCI_CMD_XPORT`).
 pub const PCI_CMD_XPORT: u8 = 7;
 /// `status_own` ownership value: software owns the entry (`CMD_OWNER_SW`).
@@ -217,36 +228,112 @@ pub const CMD_OWNER_MASK: u8 = 0x1;
 /// Shift of the delivery status in `status_own` (bits 7:1).
 pub const CMD_DELIVERY_STATUS_SHIFT: u8 = 1;
 /// Input bytes carried inline in the entry (`in[4]`).
-pub const CMD_INLINE_IN_SIZE: usize = 16;
+pub const CMD_INLINE_IN_SIZE: usize = cmd_layout::IN.width / 8;
 /// Output bytes carried inline in the entry (`out[4]`).
-pub const CMD_INLINE_OUT_SIZE: usize = 16;
+pub const CMD_INLINE_OUT_SIZE: usize = cmd_layout::OUT.width / 8;
 
 // ---------------------------------------------------------------------------
 // Command mailboxes
 // ---------------------------------------------------------------------------
 
 /// Data bytes per mailbox block (`MLX5_CMD_DATA_BLOCK_SIZE`).
-pub const CMD_DATA_BLOCK_SIZE: usize = 512;
+pub const CMD_DATA_BLOCK_SIZE: usize = cmd_prot_block::DATA.width / 8;
 /// Size of a mailbox block (`struct mlx5_cmd_prot_block`), in bytes.
-pub const CMD_PROT_BLOCK_SIZE: usize = 576;
+pub const CMD_PROT_BLOCK_SIZE: usize = cmd_prot_block::SIZE_BYTES;
 /// Alignment Linux gives mailbox blocks (576 rounded up to a power of two), in bytes.
 pub const CMD_PROT_BLOCK_ALIGN: usize = 1024;
 /// Offset of `next` (big-endian 64-bit DMA address) in a mailbox block.
-pub const MBOX_NEXT: usize = 0x230;
+pub const MBOX_NEXT: usize = byte(cmd_prot_block::NEXT);
 /// Offset of `block_num` (big-endian 32 bits) in a mailbox block.
-pub const MBOX_BLOCK_NUM: usize = 0x238;
+pub const MBOX_BLOCK_NUM: usize = byte(cmd_prot_block::BLOCK_NUM);
 /// Offset of `token` in a mailbox block.
-pub const MBOX_TOKEN: usize = 0x23d;
+pub const MBOX_TOKEN: usize = byte(cmd_prot_block::TOKEN);
 /// Offset of `ctrl_sig` in a mailbox block.
-pub const MBOX_CTRL_SIG: usize = 0x23e;
+pub const MBOX_CTRL_SIG: usize = byte(cmd_prot_block::CTRL_SIG);
 /// Offset of `sig` in a mailbox block.
-pub const MBOX_SIG: usize = 0x23f;
+pub const MBOX_SIG: usize = byte(cmd_prot_block::SIG);
 
 /// Mailbox blocks needed for a command message of `len` bytes: everything
 /// past the 16 inline bytes, 512 bytes per block.
 pub const fn mailbox_blocks(len: usize) -> usize {
     len.saturating_sub(CMD_INLINE_IN_SIZE)
         .div_ceil(CMD_DATA_BLOCK_SIZE)
+}
+
+/// The opcode of a command input. Every input begins as core/cmd.c's
+/// `mlx5_ifc_mbox_in_bits` (opcode, uid, op_mod), which is NOP's header;
+/// a short buffer reads 0.
+pub fn cmd_opcode(input: &[u8]) -> u16 {
+    nop_in::OPCODE.get(input) as u16
+}
+
+/// The op_mod of a command input (see [`cmd_opcode`]).
+pub fn cmd_op_mod(input: &[u8]) -> u16 {
+    nop_in::OP_MOD.get(input) as u16
+}
+
+/// The status and syndrome of a command output. Every output begins as
+/// core/cmd.c's `mlx5_ifc_mbox_out_bits` (status, syndrome), which is NOP's
+/// header; a short buffer reads 0.
+pub fn cmd_status_syndrome(output: &[u8]) -> (u8, u32) {
+    (
+        nop_out::STATUS.get(output) as u8,
+        nop_out::SYNDROME.get(output) as u32,
+    )
+}
+
+/// Writes a command output's status and syndrome.
+///
+/// # Panics
+/// If `output` is shorter than the 8-byte header (the caller sized it).
+pub fn set_cmd_status_syndrome(output: &mut [u8], status: u8, syndrome: u32) {
+    nop_out::STATUS.set(output, status.into());
+    nop_out::SYNDROME.set(output, syndrome.into());
+}
+
+/// XOR of all bytes (`xor8_buf` of core/cmd.c): the command interface's signature.
+pub fn xor8(bytes: &[u8]) -> u8 {
+    bytes.iter().fold(0, |a, b| a ^ b)
+}
+
+impl CmdLayout {
+    /// Whether the delivery owner bit of `status_own` says firmware owns the entry.
+    pub const fn hw_owned(&self) -> bool {
+        self.status_own & CMD_OWNER_MASK == CMD_OWNER_HW
+    }
+
+    /// Sets `sig` so that the XOR over the 64 bytes is 0xff (core/cmd.c
+    /// `set_signature`; the kernel signs with `status_own` already set).
+    pub fn sign(&mut self) {
+        self.sig = 0;
+        self.sig = !xor8(self.as_bytes());
+    }
+
+    /// Whether the entry's signature checks out (core/cmd.c `verify_signature`).
+    pub fn sig_ok(&self) -> bool {
+        xor8(self.as_bytes()) == 0xff
+    }
+}
+
+/// The control range of a mailbox block's signatures: `rsvd0` up to `sig`.
+const MBOX_CTRL_FROM: usize = core::mem::offset_of!(CmdProtBlock, rsvd0);
+
+impl CmdProtBlock {
+    /// Sets `ctrl_sig` (over `rsvd0 .. ctrl_sig`) and `sig` (over every byte
+    /// but `sig`), as core/cmd.c `calc_block_sig` does.
+    pub fn sign(&mut self) {
+        self.ctrl_sig = 0;
+        self.sig = 0;
+        self.ctrl_sig = !xor8(&self.as_bytes()[MBOX_CTRL_FROM..MBOX_CTRL_SIG]);
+        self.sig = !xor8(&self.as_bytes()[..MBOX_SIG]);
+    }
+
+    /// Whether the block's signatures check out (core/cmd.c
+    /// `verify_block_sig`): `rsvd0 .. sig` and the whole block each XOR to 0xff.
+    pub fn sig_ok(&self) -> bool {
+        let b = self.as_bytes();
+        xor8(&b[MBOX_CTRL_FROM..MBOX_SIG]) == 0xff && xor8(b) == 0xff
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -600,6 +687,37 @@ mod tests {
         assert_eq!(mailbox_blocks(16 + 513), 2);
         assert_eq!(MBOX_NEXT, CMD_DATA_BLOCK_SIZE + 48);
         assert_eq!(MBOX_SIG + 1, CMD_PROT_BLOCK_SIZE);
+    }
+
+    #[test]
+    fn signatures_as_the_kernel_computes_them() {
+        use zerocopy::FromZeros;
+        // The kernel's ENABLE_HCA entry from a real trace (trace.rs docs):
+        // `030: 00000000 00000000 00000010 01fd0001`.
+        let mut e = CmdLayout::new_zeroed();
+        e.r#type = PCI_CMD_XPORT;
+        e.r#in[0] = 0x0104_0000.into();
+        e.inlen = 0x10.into();
+        e.outlen = 0x10.into();
+        e.token = 1;
+        e.status_own = CMD_OWNER_HW;
+        e.sign();
+        assert_eq!(e.sig, 0xfd);
+        assert!(e.sig_ok() && e.hw_owned());
+        e.token = 2;
+        assert!(!e.sig_ok());
+
+        let mut b = CmdProtBlock::new_zeroed();
+        b.data[7] = 0x5a;
+        b.next = 0x1234_0400.into();
+        b.block_num = 3.into();
+        b.token = 0x42;
+        b.sign();
+        assert!(b.sig_ok());
+        // A non-zero ctrl_sig is part of the whole-block signature.
+        assert_ne!(b.ctrl_sig, 0);
+        b.block_num = 4.into();
+        assert!(!b.sig_ok());
     }
 
     #[test]

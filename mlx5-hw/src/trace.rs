@@ -53,28 +53,30 @@
 
 use std::fmt::{self, Write as _};
 
+use crate::init;
 use crate::opcode::Opcode;
 
 /// Size of a command queue entry (`struct mlx5_cmd_layout`).
-pub const ENTRY_SIZE: usize = 0x40;
+pub const ENTRY_SIZE: usize = init::CMD_ENTRY_SIZE;
 /// Size of one mailbox block (`struct mlx5_cmd_prot_block`).
-pub const BLOCK_SIZE: usize = 0x240;
+pub const BLOCK_SIZE: usize = init::CMD_PROT_BLOCK_SIZE;
 /// Data bytes carried by one mailbox block.
-pub const BLOCK_DATA_SIZE: usize = 0x200;
+pub const BLOCK_DATA_SIZE: usize = init::CMD_DATA_BLOCK_SIZE;
 /// Input or output bytes carried inline in the command entry.
-pub const INLINE_SIZE: usize = 0x10;
+pub const INLINE_SIZE: usize = init::CMD_INLINE_IN_SIZE;
 /// The device name [`write_dump`] callers use when there is no PCI address
 /// (the software device model).
 pub const DEFAULT_DEVICE: &str = "0000:00:00.0";
 
 /// Byte offsets inside the command entry (`struct mlx5_cmd_layout`).
 mod entry_off {
-    pub const INLEN: usize = 0x04;
-    pub const IN: usize = 0x10;
-    pub const OUT: usize = 0x20;
-    pub const OUTLEN: usize = 0x38;
-    pub const TOKEN: usize = 0x3c;
-    pub const STATUS_OWN: usize = 0x3f;
+    use crate::ifc::cmd_layout as l;
+    pub const INLEN: usize = l::INLEN.off / 8;
+    pub const IN: usize = l::IN.off / 8;
+    pub const OUT: usize = l::OUT.off / 8;
+    pub const OUTLEN: usize = l::OUTLEN.off / 8;
+    pub const TOKEN: usize = l::TOKEN.off / 8;
+    pub const STATUS_OWN: usize = l::STATUS_OWN.off / 8;
 }
 
 /// Which of the two dumps of a command.

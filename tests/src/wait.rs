@@ -9,18 +9,27 @@
 
 use std::time::{Duration, Instant};
 
-/// How long a test waits for another thread before calling it a hang.
-pub const HANG_GUARD: Duration = Duration::from_secs(60);
+/// How long a test waits for another thread before calling it a hang (a
+/// machine saturated by other jobs has been seen to need a minute for a
+/// suite that takes ten seconds alone).
+pub const HANG_GUARD: Duration = Duration::from_secs(180);
 
 /// Looks at `cond` until it holds (yielding, then pausing 1 ms between
 /// looks); panics naming `what` if [`HANG_GUARD`] passes first.
-pub fn until(what: &str, mut cond: impl FnMut() -> bool) {
+pub fn until(what: &str, cond: impl FnMut() -> bool) {
+    until_state(what, cond, String::new);
+}
+
+/// [`until`], and the panic after the hang guard shows `state()` (what the
+/// test would need to know why nothing happened).
+pub fn until_state(what: &str, mut cond: impl FnMut() -> bool, state: impl Fn() -> String) {
     let give_up = Instant::now() + HANG_GUARD;
     let mut looks = 0u32;
     while !cond() {
         assert!(
             Instant::now() < give_up,
-            "{what}: did not happen within {HANG_GUARD:?} (hang guard)"
+            "{what}: did not happen within {HANG_GUARD:?} (hang guard); {}",
+            state()
         );
         looks += 1;
         if looks < 100 {

@@ -424,7 +424,7 @@ fn f_page_request_storm_loses_nothing() {
 
 #[test]
 fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
-    use verbs::cmd::blocks_for;
+    use mlx5_hw::init::mailbox_blocks as blocks_for;
     let f = device();
     let hca = open(&f, opts(&f, true));
     let cmd = hca.cmd();
@@ -448,7 +448,9 @@ fn mailbox_chains_of_0_1_2_8_and_10_plus_blocks() {
     // 1 block each way: ACCESS_REG (PAOS read) returns the port asked for.
     let mut paos = [0u8; 16];
     paos[1] = 1;
-    let r = hca.access_reg(0x5006, 0, &paos, false).unwrap();
+    let r = hca
+        .access_reg(mlx5_hw::init::RegisterId::Paos, 0, &paos, false)
+        .unwrap();
     assert_eq!(r[1], 1, "PAOS local_port echoed: {r:?}");
 
     // 8 blocks out: QUERY_HCA_CAP general current (0x1010 bytes).

@@ -1,7 +1,8 @@
 //! Issue 15: a device that vanishes under traffic (its vfio-user server
 //! stops) fails every wait with a named error: a command in flight and
 //! every later one, posts (send, RDMA WRITE fast path, `ibv_wr_*` batch,
-//! receive, SRQ receive), polls, and a waiter on a completion channel. The
+//! receive, SRQ receive), polls, a waiter on a completion channel, and
+//! async-event waiters (`IBV_EVENT_DEVICE_FATAL`). The
 //! other function of the cable carries on.
 
 mod verbs_common;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use mlx5_emu::{DeviceConfig, Fabric, Profile};
 use mlx5_hw::opcode::Opcode;
 use verbs::cq::WcStatus;
+use verbs::device::AsyncEventKind;
 use verbs::health::HealthCause;
 use verbs::qp::{send_flags, Payload, PostError, QpType, RecvWr, SendOp, SendWr};
 use verbs::Error;
@@ -96,6 +98,11 @@ fn a_vanished_device_fails_commands_posts_polls_and_channel_waits() {
     let e = ccq.poll(&mut [Default::default(); 4]).unwrap_err();
     assert!(vanished(&e), "poll after the wake-up: {e}");
 
+    // Async-event waiters hear IBV_EVENT_DEVICE_FATAL.
+    let fatal = std::iter::from_fn(|| p.a.ctx.get_async_event(HANG_GUARD))
+        .find(|e| *e == AsyncEventKind::DeviceFatal);
+    assert_eq!(fatal, Some(AsyncEventKind::DeviceFatal));
+
     // Every later wait fails at once, with the same cause.
     let e = p.a.cq.poll(&mut [Default::default(); 4]).unwrap_err();
     assert!(vanished(&e), "poll: {e}");
@@ -132,4 +139,72 @@ fn a_vanished_device_fails_commands_posts_polls_and_channel_waits() {
     // The other function is untouched.
     p.b.ctx.hca().nop().unwrap();
     assert!(p.b.ctx.hca().health_failure().is_none());
+}
+
+/// The same for firmware that dies in place (health syndrome, `fw_ver` of
+/// all ones, the counter stopped) rather than vanishing: once the health
+/// poller's next poll is due on the clock, posts and polls fail with the
+/// health error, not only commands.
+#[test]
+fn dead_firmware_fails_posts_and_polls_too() {
+    use mlx5_hw::health::HealthSyndrome;
+    use verbs::hca::HcaOptions;
+    use verbs::health::HEALTH_POLL_DEADLINE;
+    use vfio::clock::ManualClock;
+
+    let fabric = Fabric::new();
+    let mut sides = Vec::new();
+    let mut clocks = Vec::new();
+    for i in 0..2u64 {
+        // Each function and its driver on a clock of their own that stands
+        // still: the health poll comes when the test moves it.
+        let clock = ManualClock::new();
+        let f = fabric.add(DeviceConfig {
+            fw_start: Duration::ZERO,
+            clock: clock.shared(),
+            mac: mlx5_emu::DEFAULT_MAC + i,
+            ..DeviceConfig::for_profile(Profile::ConnectX4Lx)
+        });
+        let opts = HcaOptions {
+            clock: clock.shared(),
+            ..HcaOptions::default()
+        };
+        let ctx = verbs::device::Context::open(f, opts).unwrap();
+        sides.push(side(ctx, 1 << 16, ALL));
+        clocks.push(clock);
+    }
+    let b = sides.pop().unwrap();
+    let a = sides.pop().unwrap();
+    let mut p = Pair { fabric, a, b };
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(64));
+    let sge = p.a.mr.sge(0, 64).unwrap();
+    let (raddr, rkey) = (p.b.mr.addr(), p.b.mr.rkey());
+    for i in 0..8 {
+        qa.post_rdma_write(i, &sge, raddr, rkey, send_flags::SIGNALED)
+            .unwrap();
+    }
+    poll_n(&mut p.a.cq, 8);
+
+    let model = p.fabric.function(0).unwrap().model().clone();
+    model
+        .faults()
+        .health_failure(HealthSyndrome::DeadIrisc, 0x12);
+    tests::wait::until("firmware to raise the failure", || model.firmware_failed());
+    // Until the poll, the driver knows nothing; then everything fails.
+    assert!(p.a.ctx.hca().health_failure().is_none());
+    clocks[0].advance_to_armed(HEALTH_POLL_DEADLINE, HANG_GUARD);
+    tests::wait::until("the health poll's verdict", || {
+        p.a.ctx.hca().health_failure().is_some()
+    });
+    let dead = |e: &Error| matches!(e, Error::Health(_));
+    assert!(dead(
+        &p.a.cq.poll(&mut [Default::default(); 4]).unwrap_err()
+    ));
+    assert_eq!(
+        qa.post_rdma_write(9, &sge, raddr, rkey, send_flags::SIGNALED),
+        Err(PostError::DeviceFailed)
+    );
+    assert!(dead(&p.a.ctx.alloc_pd().unwrap_err()));
+    assert!(p.b.ctx.hca().health_failure().is_none());
+    p.b.ctx.hca().nop().unwrap();
 }

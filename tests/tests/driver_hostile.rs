@@ -8,7 +8,7 @@ use mlx5_emu::{DeviceConfig, OutputOverride, Profile};
 use mlx5_hw::ifc::CmdHcaCap;
 use mlx5_hw::opcode::Opcode;
 use tests::backend::{device, Backend};
-use tests::wait::until;
+use tests::wait::{until, until_state};
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::Error;
@@ -172,7 +172,20 @@ fn a_page_request_storm_stops_at_the_budget() {
     let budget = need + 40;
     let (f, ctx) = open_with_budget(budget);
     f.model().faults().page_request_storm(100);
-    until("60 refusals", || refusals(&f) == 60);
+    until_state(
+        "60 refusals",
+        || refusals(&f) == 60,
+        || {
+            let st = f.model().stats();
+            format!(
+                "refusals {}, pages held {}, EQ overruns {}, health {:?}",
+                refusals(&f),
+                st.pages_held,
+                st.eq_overruns,
+                ctx.hca().health_failure()
+            )
+        },
+    );
     assert_eq!(f.model().stats().pages_held as usize, budget);
     ctx.close().unwrap();
     assert_eq!(f.model().stats().pages_held, 0);

@@ -31,11 +31,12 @@ pub fn report(func: &dyn PciFunction) -> Result<String, String> {
 pub fn render(s: &HealthSnapshot, name: &str) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "device:          {name}");
-    for (i, v) in s.buffer[..6].iter().enumerate() {
-        let _ = writeln!(o, "assert_var[{i}]:   0x{v:08x}");
+    let b = &s.buffer;
+    for (i, v) in b.assert_var.iter().enumerate() {
+        let _ = writeln!(o, "assert_var[{i}]:   0x{:08x}", v.get());
     }
-    let _ = writeln!(o, "assert_exit_ptr: 0x{:08x}", s.buffer[8]);
-    let _ = writeln!(o, "assert_callra:   0x{:08x}", s.buffer[9]);
+    let _ = writeln!(o, "assert_exit_ptr: 0x{:08x}", b.assert_exit_ptr.get());
+    let _ = writeln!(o, "assert_callra:   0x{:08x}", b.assert_callra.get());
     let fw = s.fw_ver();
     let _ = writeln!(
         o,
@@ -44,9 +45,9 @@ pub fn render(s: &HealthSnapshot, name: &str) -> String {
         (fw >> 16) & 0xff,
         fw & 0xffff
     );
-    let _ = writeln!(o, "hw_id:           0x{:08x}", s.buffer[13]);
+    let _ = writeln!(o, "hw_id:           0x{:08x}", b.hw_id.get());
     let _ = writeln!(o, "rfr:             {}", u8::from(s.rfr()));
-    let _ = writeln!(o, "irisc_index:     {}", s.buffer[15] >> 24);
+    let _ = writeln!(o, "irisc_index:     {}", b.irisc_index);
     let synd = HealthSyndrome::from_raw(s.synd());
     let _ = writeln!(
         o,
@@ -54,9 +55,9 @@ pub fn render(s: &HealthSnapshot, name: &str) -> String {
         s.synd(),
         if s.synd() == 0 { "none" } else { synd.name() }
     );
-    let _ = writeln!(o, "ext_synd:        0x{:04x}", s.buffer[15] & 0xffff);
+    let _ = writeln!(o, "ext_synd:        0x{:04x}", b.ext_synd.get());
     let _ = writeln!(o, "health_counter:  0x{:06x}", s.counter());
-    let _ = writeln!(o, "nic_interface:   {}", s.nic_interface());
+    let _ = writeln!(o, "nic_interface:   {}", s.nic_interface().to_raw());
     let _ = write!(
         o,
         "verdict:         {}",

@@ -16,7 +16,7 @@ use std::time::Duration;
 const EMU: &str = env!("CARGO_BIN_EXE_mlx5-emu");
 const MLX5: &str = env!("CARGO_BIN_EXE_mlx5");
 /// How long to wait for a line of the server's log before calling it a hang.
-const HANG_GUARD: Duration = Duration::from_secs(60);
+const HANG_GUARD: Duration = Duration::from_secs(180);
 
 /// The server, and the lines of its log as they come.
 struct Served {

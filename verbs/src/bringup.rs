@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mlx5_hw::ifc::*;
+use mlx5_hw::init::{self as iseg, NicInterface, RegisterId, TeardownProfile};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 use vfio::clock::{self, Deadline, SharedClock};
@@ -32,12 +33,10 @@ use vfio::mmio::mmio_wmb;
 use vfio::{pci, Mmio, PciFunction};
 
 use crate::caps::{self, Caps};
-use crate::cmd::{iseg, Cmd, CmdQueue, TraceSink};
+use crate::cmd::{Cmd, CmdQueue, TraceSink};
 use crate::dma::DmaCtx;
 use crate::eq::{self, AsyncEvent, Dispatch, Eq, EventLoop};
-use crate::health::{
-    HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, Watch, NIC_IFC_DISABLED,
-};
+use crate::health::{HealthEvent, HealthPoller, HealthSnapshot, HealthSubscribers, Watch};
 use crate::pagealloc::{PageWorker, Pages, QUERY_PAGES_BOOT, QUERY_PAGES_INIT};
 use crate::uar::Uar;
 use crate::{Error, Result};
@@ -47,19 +46,7 @@ pub const FW_PRE_INIT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often `initializing` is polled (kernel: 2 ms).
 pub const FW_INIT_POLL: Duration = Duration::from_millis(2);
 /// How long the fast-teardown handshake may take (kernel: MLX5_TO_TEARDOWN_MS).
-pub const TEARDOWN_TIMEOUT: Duration = Duration::from_secs(3);
-/// ACCESS_REG register id of HOST_ENDIANNESS.
-pub const REG_HOST_ENDIANNESS: u16 = 0x7004;
-/// ACCESS_REG register id of PAOS.
-pub const REG_PAOS: u16 = 0x5006;
-/// ACCESS_REG register id of PTYS.
-pub const REG_PTYS: u16 = 0x5004;
-/// ACCESS_REG register id of PMTU.
-pub const REG_PMTU: u16 = 0x5003;
-/// TEARDOWN_HCA profile: graceful close.
-pub const TEARDOWN_GRACEFUL: u16 = 0;
-/// TEARDOWN_HCA profile: prepare fast teardown.
-pub const TEARDOWN_PREPARE_FAST: u16 = 2;
+pub const TEARDOWN_TIMEOUT: Duration = Duration::from_millis(iseg::TEARDOWN_TIMEOUT_MS);
 
 /// How to open a function.
 #[derive(Debug, Clone)]
@@ -188,7 +175,7 @@ pub const TEARDOWN_DEADLINE: &str = "fast teardown";
 fn wait_initializing(bar: &Mmio, clock: &SharedClock, timeout: Duration) -> Result<()> {
     let deadline = Deadline::after(clock, timeout, INITIALIZING_DEADLINE);
     loop {
-        if bar.read32_be(iseg::INITIALIZING)? >> 31 == 0 {
+        if !iseg::fw_initializing(bar.read32_be(iseg::ISEG_INITIALIZING)?) {
             return Ok(());
         }
         if deadline.passed() {
@@ -236,8 +223,8 @@ impl Hca {
             opts.trace.clone(),
         )?;
         let cmd = Cmd(q);
-        let fw_rev = bar.read32_be(iseg::FW_REV)?;
-        let sub = bar.read32_be(iseg::CMDIF_REV_FW_SUB)?;
+        let fw_rev = bar.read32_be(iseg::ISEG_FW_REV)?;
+        let sub = bar.read32_be(iseg::ISEG_CMDIF_REV_FW_SUB)?;
         let mut h = Hca {
             func: func.clone(),
             opts: opts.clone(),
@@ -258,9 +245,9 @@ impl Hca {
             event_subs: Arc::default(),
             caps: None,
             fw: FwVersion {
-                major: fw_rev as u16,
-                minor: (fw_rev >> 16) as u16,
-                subminor: sub as u16,
+                major: iseg::fw_rev_major(fw_rev),
+                minor: iseg::fw_rev_minor(fw_rev),
+                subminor: iseg::fw_rev_subminor(sub),
             },
             identity: Identity::default(),
             enabled: false,
@@ -351,8 +338,12 @@ impl Hca {
 
     fn set_host_endianness(&self) -> Result<()> {
         let mut data = [0u8; 16];
-        data[0] = if cfg!(target_endian = "big") { 0x80 } else { 0 };
-        self.access_reg(REG_HOST_ENDIANNESS, 0, &data, true)
+        data[0] = if cfg!(target_endian = "big") {
+            iseg::HOST_ENDIANNESS_BIG
+        } else {
+            iseg::HOST_ENDIANNESS_LITTLE
+        };
+        self.access_reg(RegisterId::HostEndianness, 0, &data, true)
             .map(|_| ())
     }
 
@@ -483,7 +474,7 @@ impl Hca {
     /// `argument`; `data` is the register's bytes. Returns the register.
     pub fn access_reg(
         &self,
-        reg_id: u16,
+        reg_id: RegisterId,
         argument: u32,
         data: &[u8],
         write: bool,
@@ -492,8 +483,12 @@ impl Hca {
         let mut inb = vec![0u8; hdr + data.len()];
         AccessRegisterIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::AccessReg.to_raw())
-            .set_op_mod(u16::from(!write))
-            .set_register_id(reg_id)
+            .set_op_mod(if write {
+                iseg::ACCESS_REG_OP_MOD_WRITE
+            } else {
+                iseg::ACCESS_REG_OP_MOD_READ
+            })
+            .set_register_id(reg_id.to_raw())
             .set_argument(argument);
         inb[hdr..].copy_from_slice(data);
         let out_hdr = access_register_out::SIZE_BYTES;
@@ -505,18 +500,18 @@ impl Hca {
     pub fn port_state(&self, port: u8) -> Result<PortState> {
         let mut r = [0u8; paos_reg::SIZE_BYTES];
         PaosReg::new_unchecked(&mut r[..]).set_local_port(port);
-        let paos = self.access_reg(REG_PAOS, 0, &r, false)?;
+        let paos = self.access_reg(RegisterId::Paos, 0, &r, false)?;
         let paos = PaosReg::new_unchecked(&paos[..]);
         let mut r = [0u8; ptys_reg::SIZE_BYTES];
         let eth = self.caps().gen().port_type() == 1;
         PtysReg::new_unchecked(&mut r[..])
             .set_local_port(port)
             .set_proto_mask(if eth { 0x4 } else { 0x1 });
-        let ptys = self.access_reg(REG_PTYS, 0, &r, false)?;
+        let ptys = self.access_reg(RegisterId::Ptys, 0, &r, false)?;
         let ptys = PtysReg::new_unchecked(&ptys[..]);
         let mut r = [0u8; pmtu_reg::SIZE_BYTES];
         PmtuReg::new_unchecked(&mut r[..]).set_local_port(port);
-        let pmtu = self.access_reg(REG_PMTU, 0, &r, false)?;
+        let pmtu = self.access_reg(RegisterId::Pmtu, 0, &r, false)?;
         let pmtu = PmtuReg::new_unchecked(&pmtu[..]);
         Ok(PortState {
             admin_status: paos.admin_status(),
@@ -688,6 +683,7 @@ impl Hca {
             cmd: self.cmd.0.clone(),
             comp: self.comp_table.clone(),
             subs: self.health_subs.clone(),
+            events: self.event_subs.clone(),
         }
     }
 
@@ -768,11 +764,17 @@ impl Hca {
                     Ok(()) => fw_gone = true,
                     Err(e) => {
                         tracing::warn!("fast teardown failed ({e}); graceful teardown");
-                        note(self.teardown(TEARDOWN_GRACEFUL), "TEARDOWN_HCA");
+                        note(
+                            self.teardown(TeardownProfile::GracefulClose),
+                            "TEARDOWN_HCA",
+                        );
                     }
                 }
             } else {
-                note(self.teardown(TEARDOWN_GRACEFUL), "TEARDOWN_HCA");
+                note(
+                    self.teardown(TeardownProfile::GracefulClose),
+                    "TEARDOWN_HCA",
+                );
             }
         }
         // After fast teardown firmware has let go of its pages and its
@@ -796,11 +798,11 @@ impl Hca {
         }
     }
 
-    fn teardown(&self, profile: u16) -> Result<()> {
+    fn teardown(&self, profile: TeardownProfile) -> Result<()> {
         let mut inb = [0u8; teardown_hca_in::SIZE_BYTES];
         TeardownHcaIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::TeardownHca.to_raw())
-            .set_profile(profile);
+            .set_profile(profile.to_raw());
         self.cmd
             .exec(&inb, teardown_hca_out::SIZE_BYTES)
             .map(|_| ())
@@ -810,7 +812,7 @@ impl Hca {
         let mut inb = [0u8; teardown_hca_in::SIZE_BYTES];
         TeardownHcaIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::TeardownHca.to_raw())
-            .set_profile(TEARDOWN_PREPARE_FAST);
+            .set_profile(TeardownProfile::PrepareFastTeardown.to_raw());
         let out = self.cmd.exec(&inb, teardown_hca_out::SIZE_BYTES)?;
         if TeardownHcaOut::new_unchecked(&out[..]).state() {
             return Err(Error::NotSupported(
@@ -818,13 +820,13 @@ impl Hca {
             ));
         }
         // nic_interface = disabled, keeping the queue address bits.
-        let l = (self.cmd.0.queue_iova() as u32 & 0xffff_f000) | (NIC_IFC_DISABLED << 8);
-        self.bar.write32_be(iseg::CMDQ_ADDR_L_SZ, l)?;
+        let l = iseg::cmdq_addr_l_sz(self.cmd.0.queue_iova() as u32, NicInterface::Disabled);
+        self.bar.write32_be(iseg::ISEG_CMDQ_ADDR_L_SZ, l)?;
         mmio_wmb();
         let deadline = Deadline::after(&self.opts.clock, TEARDOWN_TIMEOUT, TEARDOWN_DEADLINE);
         loop {
-            let v = (self.bar.read32_be(iseg::CMDQ_ADDR_L_SZ)? >> 8) & 7;
-            if v == NIC_IFC_DISABLED {
+            let v = iseg::nic_interface(self.bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)?);
+            if v == NicInterface::Disabled {
                 return Ok(());
             }
             if deadline.passed() {

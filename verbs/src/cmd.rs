@@ -31,33 +31,30 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use mlx5_hw::ifc::{CmdLayout, CmdProtBlock};
+use mlx5_hw::init as hw;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use mlx5_hw::trace;
 use vfio::clock::{Deadline, SharedClock};
 use vfio::mmio::{dma_rmb, dma_wmb, mmio_wmb};
 use vfio::Mmio;
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::dma::{DmaCtx, DmaRegion};
 use crate::health::HealthEvent;
 use crate::{Error, Result};
 
-/// The command interface revision this driver speaks (init-segment 0x004 [31:16]).
-pub const CMDIF_REV: u16 = 5;
-/// Size of a command queue entry.
-pub const ENTRY_SIZE: usize = 0x40;
-/// Size of a mailbox block.
-pub const BLOCK_SIZE: usize = 0x240;
+/// Size of a command queue entry (`struct mlx5_cmd_layout`).
+pub const ENTRY_SIZE: usize = hw::CMD_ENTRY_SIZE;
+/// Size of a mailbox block (`struct mlx5_cmd_prot_block`).
+pub const BLOCK_SIZE: usize = hw::CMD_PROT_BLOCK_SIZE;
 /// Distance between mailbox blocks in memory (blocks are 1 KiB aligned).
-pub const BLOCK_STRIDE: usize = 0x400;
-/// Data bytes per mailbox block.
-pub const BLOCK_DATA: usize = 0x200;
+const BLOCK_STRIDE: usize = hw::CMD_PROT_BLOCK_ALIGN;
 /// Message bytes carried inline in the entry.
-pub const INLINE: usize = 0x10;
-/// `type` of a command entry: PCI command transport.
-pub const CMD_TYPE_PCI: u8 = 7;
+const INLINE: usize = hw::CMD_INLINE_IN_SIZE;
 /// The kernel's default command timeout when the init segment gives none.
-pub const DEFAULT_CMD_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_CMD_TIMEOUT: Duration = Duration::from_millis(hw::CMD_TIMEOUT_MS);
 /// Slack the kernel adds to the command timeout.
 pub const CMD_TIMEOUT_SLACK: Duration = Duration::from_secs(1);
 /// How often an event-mode waiter wakes to check health and ownership.
@@ -67,84 +64,40 @@ const POLL_PAUSE: Duration = Duration::from_micros(50);
 /// Names the deadline of a command (a test's `ManualClock::wait_armed`).
 pub const CMD_DEADLINE: &str = "command completion";
 
-/// Init-segment offsets used by the command interface.
-pub(crate) mod iseg {
-    pub const FW_REV: usize = 0x000;
-    pub const CMDIF_REV_FW_SUB: usize = 0x004;
-    pub const CMDQ_ADDR_H: usize = 0x010;
-    pub const CMDQ_ADDR_L_SZ: usize = 0x014;
-    pub const CMD_DBELL: usize = 0x018;
-    pub const INITIALIZING: usize = 0x1fc;
-    pub const HEALTH: usize = 0x200;
-    pub const CMD_EXEC_TO: usize = 0xff8;
-    pub const CMD_Q_INIT_TO: usize = 0xffc;
-    pub const HEALTH_COUNTER: usize = 0x1010;
+/// Byte offset of `status_own`, the byte ownership is handed over with.
+const STATUS_OWN: usize = core::mem::offset_of!(CmdLayout, status_own);
+
+/// A mailbox block as bytes, viewed as [`CmdProtBlock`].
+fn block(b: &[u8; BLOCK_SIZE]) -> &CmdProtBlock {
+    zerocopy::transmute_ref!(b)
 }
 
-/// Entry byte offsets (`struct mlx5_cmd_layout`).
-mod ent {
-    pub const TYPE: usize = 0x00;
-    pub const INLEN: usize = 0x04;
-    pub const IN_PTR: usize = 0x08;
-    pub const IN: usize = 0x10;
-    pub const OUT: usize = 0x20;
-    pub const OUT_PTR: usize = 0x30;
-    pub const OUTLEN: usize = 0x38;
-    pub const TOKEN: usize = 0x3c;
-    pub const SIG: usize = 0x3d;
-    pub const STATUS_OWN: usize = 0x3f;
-}
-
-/// Mailbox block byte offsets (`struct mlx5_cmd_prot_block`).
-mod blk {
-    pub const RSVD0: usize = 0x200;
-    pub const NEXT: usize = 0x230;
-    pub const BLOCK_NUM: usize = 0x238;
-    pub const TOKEN: usize = 0x23d;
-    pub const CTRL_SIG: usize = 0x23e;
-    pub const SIG: usize = 0x23f;
+/// A mailbox block as bytes, viewed mutably as [`CmdProtBlock`].
+fn block_mut(b: &mut [u8; BLOCK_SIZE]) -> &mut CmdProtBlock {
+    zerocopy::transmute_mut!(b)
 }
 
 /// Converts an init-segment timeout word (`[31:29]` unit, `[19:0]` value)
-/// as `tout_convert_iseg_to_ms` does: unit 0 = ms, 1 = s, 2 = min, 3 = h.
+/// as `tout_convert_iseg_to_ms` does.
 pub fn iseg_timeout(word: u32) -> Duration {
-    let val = u64::from(word & 0xf_ffff);
-    let ms = match (word >> 29) & 0x3 {
-        0 => val,
-        m => val * 1000 * 60u64.pow(m - 1),
-    };
-    Duration::from_millis(ms)
-}
-
-/// Mailbox blocks a message of `len` bytes needs beyond the inline 16.
-pub fn blocks_for(len: usize) -> usize {
-    len.saturating_sub(INLINE).div_ceil(BLOCK_DATA)
-}
-
-/// XOR of all bytes.
-pub fn xor8(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0, |a, b| a ^ b)
+    Duration::from_millis(hw::iseg_timeout_ms(word))
 }
 
 /// Sets an entry's signature: `~XOR` of the 64 bytes with `sig` zero, so
 /// the XOR over the whole entry is 0xff.
 pub fn sign_entry(entry: &mut [u8; ENTRY_SIZE]) {
-    entry[ent::SIG] = 0;
-    entry[ent::SIG] = !xor8(entry);
+    let e: &mut CmdLayout = zerocopy::transmute_mut!(entry);
+    e.sign();
 }
 
-/// Sets a block's `ctrl_sig` (over `rsvd0 .. token`) and `sig` (over all
-/// bytes but `sig`), so each checked range XORs to 0xff.
-pub fn sign_block(block: &mut [u8; BLOCK_SIZE]) {
-    block[blk::CTRL_SIG] = 0;
-    block[blk::SIG] = 0;
-    block[blk::CTRL_SIG] = !xor8(&block[blk::RSVD0..blk::CTRL_SIG]);
-    block[blk::SIG] = !xor8(&block[..blk::SIG]);
+/// Sets a block's `ctrl_sig` and `sig` ([`CmdProtBlock::sign`]).
+pub fn sign_block(b: &mut [u8; BLOCK_SIZE]) {
+    block_mut(b).sign();
 }
 
 /// Whether a block's signatures check out.
-pub fn block_sig_ok(block: &[u8; BLOCK_SIZE]) -> bool {
-    xor8(&block[blk::RSVD0..blk::SIG]) == 0xff && xor8(&block[..]) == 0xff
+pub fn block_sig_ok(b: &[u8; BLOCK_SIZE]) -> bool {
+    block(b).sig_ok()
 }
 
 /// Builds the mailbox chain that carries `tail` (the message after its 16
@@ -154,20 +107,20 @@ pub fn block_sig_ok(block: &[u8; BLOCK_SIZE]) -> bool {
 pub fn build_chain(tail: &[u8], nblocks: usize, base: u64, token: u8) -> Vec<[u8; BLOCK_SIZE]> {
     (0..nblocks)
         .map(|i| {
-            let mut b = [0u8; BLOCK_SIZE];
-            let start = (i * BLOCK_DATA).min(tail.len());
-            let end = ((i + 1) * BLOCK_DATA).min(tail.len());
-            b[..end - start].copy_from_slice(&tail[start..end]);
+            let mut raw = [0u8; BLOCK_SIZE];
+            let b = block_mut(&mut raw);
+            let data = tail.chunks(hw::CMD_DATA_BLOCK_SIZE).nth(i).unwrap_or(&[]);
+            b.data[..data.len()].copy_from_slice(data);
             let next = if i + 1 < nblocks {
                 base + ((i + 1) * BLOCK_STRIDE) as u64
             } else {
                 0
             };
-            b[blk::NEXT..blk::NEXT + 8].copy_from_slice(&next.to_be_bytes());
-            b[blk::BLOCK_NUM..blk::BLOCK_NUM + 4].copy_from_slice(&(i as u32).to_be_bytes());
-            b[blk::TOKEN] = token;
-            sign_block(&mut b);
-            b
+            b.next.set(next);
+            b.block_num.set(i as u32);
+            b.token = token;
+            b.sign();
+            raw
         })
         .collect()
 }
@@ -178,7 +131,7 @@ pub fn parse_chain(inline: &[u8], blocks: &[[u8; BLOCK_SIZE]], len: usize) -> Ve
     let mut msg = Vec::with_capacity(len.max(INLINE));
     msg.extend_from_slice(&inline[..inline.len().min(INLINE)]);
     for b in blocks {
-        msg.extend_from_slice(&b[..BLOCK_DATA]);
+        msg.extend_from_slice(&block(b).data);
     }
     msg.resize(len, 0);
     msg
@@ -190,16 +143,11 @@ pub fn check_chain(
     token: u8,
 ) -> std::result::Result<(), &'static str> {
     for (i, b) in blocks.iter().enumerate() {
-        let num = u32::from_be_bytes([
-            b[blk::BLOCK_NUM],
-            b[blk::BLOCK_NUM + 1],
-            b[blk::BLOCK_NUM + 2],
-            b[blk::BLOCK_NUM + 3],
-        ]);
-        if num as usize != i {
+        let b = block(b);
+        if b.block_num.get() as usize != i {
             return Err("mailbox block number out of sequence");
         }
-        if b[blk::TOKEN] != token {
+        if b.token != token {
             return Err("mailbox token differs from the entry's");
         }
     }
@@ -214,19 +162,19 @@ pub fn build_entry(
     out_len: usize,
     token: u8,
 ) -> [u8; ENTRY_SIZE] {
-    let mut e = [0u8; ENTRY_SIZE];
-    e[ent::TYPE] = CMD_TYPE_PCI;
-    e[ent::INLEN..ent::INLEN + 4].copy_from_slice(&(input.len() as u32).to_be_bytes());
-    e[ent::IN_PTR..ent::IN_PTR + 8].copy_from_slice(&in_ptr.to_be_bytes());
+    let mut e = CmdLayout::new_zeroed();
+    e.r#type = hw::PCI_CMD_XPORT;
+    e.inlen.set(input.len() as u32);
+    e.in_ptr.set(in_ptr);
     let n = input.len().min(INLINE);
-    e[ent::IN..ent::IN + n].copy_from_slice(&input[..n]);
-    e[ent::OUT_PTR..ent::OUT_PTR + 8].copy_from_slice(&out_ptr.to_be_bytes());
-    e[ent::OUTLEN..ent::OUTLEN + 4].copy_from_slice(&(out_len as u32).to_be_bytes());
-    e[ent::TOKEN] = token;
+    e.r#in.as_mut_bytes()[..n].copy_from_slice(&input[..n]);
+    e.out_ptr.set(out_ptr);
+    e.outlen.set(out_len as u32);
+    e.token = token;
     // The kernel signs the entry with the ownership bit already set.
-    e[ent::STATUS_OWN] = 1;
-    sign_entry(&mut e);
-    e
+    e.status_own = hw::CMD_OWNER_HW;
+    e.sign();
+    zerocopy::transmute!(e)
 }
 
 /// Decodes a completed command: delivery status first, then outbox status
@@ -377,23 +325,26 @@ impl CmdQueue {
     /// Reads the geometry from init-segment 0x14 and the timeouts from
     /// 0xff8/0xffc, and checks the interface revision.
     pub(crate) fn read_geometry(bar: &Mmio) -> Result<CmdGeometry> {
-        let rev = (bar.read32_be(iseg::CMDIF_REV_FW_SUB)? >> 16) as u16;
-        if rev != CMDIF_REV {
+        let rev = hw::cmdif_rev(bar.read32_be(hw::ISEG_CMDIF_REV_FW_SUB)?);
+        if rev != hw::CMDIF_REV {
             return Err(Error::CmdifRevision(rev));
         }
-        let l = bar.read32_be(iseg::CMDQ_ADDR_L_SZ)?;
-        let log_size = ((l >> 4) & 0xf) as u8;
-        let log_stride = (l & 0xf) as u8;
+        let l = bar.read32_be(hw::ISEG_CMDQ_ADDR_L_SZ)?;
+        let log_size = hw::log_cmdq_size(l);
+        let log_stride = hw::log_cmdq_stride(l);
         if log_size > 5 || u32::from(log_size) + u32::from(log_stride) > 12 || log_stride < 6 {
             return Err(Error::NotSupported(
                 "command queue geometry (need 2^size <= 32, stride >= 64, size*stride <= 4 KiB)",
             ));
         }
-        let (mut exec_timeout, mut init_timeout) = (DEFAULT_CMD_TIMEOUT, Duration::from_secs(2));
+        let (mut exec_timeout, mut init_timeout) = (
+            DEFAULT_CMD_TIMEOUT,
+            Duration::from_millis(hw::FW_INIT_TIMEOUT_MS),
+        );
         // As mlx5_tout_query_iseg: a zero cmd_q_init_to means "not supported".
-        if bar.read32_be(iseg::CMD_Q_INIT_TO)? != 0 {
-            init_timeout = iseg_timeout(bar.read32_be(iseg::CMD_Q_INIT_TO)?);
-            exec_timeout = iseg_timeout(bar.read32_be(iseg::CMD_EXEC_TO)?);
+        if bar.read32_be(hw::ISEG_CMD_Q_INIT_TO)? != 0 {
+            init_timeout = iseg_timeout(bar.read32_be(hw::ISEG_CMD_Q_INIT_TO)?);
+            exec_timeout = iseg_timeout(bar.read32_be(hw::ISEG_CMD_EXEC_TO)?);
         }
         Ok(CmdGeometry {
             log_size,
@@ -448,9 +399,12 @@ impl CmdQueue {
             stats: CmdStats::default(),
         });
         let iova = q.queue_iova;
-        q.bar.write32_be(iseg::CMDQ_ADDR_H, (iova >> 32) as u32)?;
         q.bar
-            .write32_be(iseg::CMDQ_ADDR_L_SZ, (iova as u32) & 0xffff_f000)?;
+            .write32_be(hw::ISEG_CMDQ_ADDR_H, (iova >> 32) as u32)?;
+        q.bar.write32_be(
+            hw::ISEG_CMDQ_ADDR_L_SZ,
+            hw::cmdq_addr_l_sz(iova as u32, hw::NicInterface::FullDriver),
+        )?;
         mmio_wmb();
         Ok(q)
     }
@@ -566,10 +520,10 @@ impl CmdQueue {
 
     /// Whether firmware still owns the entry of `slot`.
     fn hw_owned(&self, slot: usize) -> bool {
-        let off = (slot << self.geo.log_stride) + ent::STATUS_OWN;
+        let off = (slot << self.geo.log_stride) + STATUS_OWN;
         self.queue_buf
             .load_u8_acquire(off)
-            .map_or(true, |b| b & 1 != 0)
+            .map_or(true, |b| b & hw::CMD_OWNER_MASK == hw::CMD_OWNER_HW)
     }
 
     /// Slots given up on while firmware still owned them go back to the
@@ -645,8 +599,8 @@ impl CmdQueue {
             return Err(e);
         }
         let token = self.next_token();
-        let nin = blocks_for(input.len());
-        let nout = blocks_for(out_len);
+        let nin = hw::mailbox_blocks(input.len());
+        let nout = hw::mailbox_blocks(out_len);
         let mut mem = lock(&self.slots[slot]);
         let region = mem.ensure(&self.dma, nin + nout)?;
         let (in_ptr, out_ptr, in_blocks, out_blocks) = match region {
@@ -682,18 +636,18 @@ impl CmdQueue {
         let off = slot << self.geo.log_stride;
         let buf = &self.queue_buf;
         // The entry with ownership still with software, then the bit.
-        buf.write(off, &entry[..ent::STATUS_OWN])?;
+        buf.write(off, &entry[..STATUS_OWN])?;
         {
             let mut d = lock(&self.done);
             *d &= !(1u64 << slot);
         }
         // Entry and mailboxes visible before the ownership bit.
         dma_wmb();
-        buf.store_u8_release(off + ent::STATUS_OWN, entry[ent::STATUS_OWN])?;
+        buf.store_u8_release(off + STATUS_OWN, entry[STATUS_OWN])?;
         // Ownership visible before the doorbell (kernel: wmb() then iowrite32be).
         mmio_wmb();
         self.stats.posted.fetch_add(1, Ordering::Relaxed);
-        self.bar.write32_be(iseg::CMD_DBELL, 1u32 << slot)?;
+        self.bar.write32_be(hw::ISEG_CMD_DBELL, 1u32 << slot)?;
 
         let waited = if self.event_mode.load(Ordering::Acquire) {
             self.wait_event(slot, off, deadline)
@@ -723,14 +677,17 @@ impl CmdQueue {
             trace::write_dump(&mut s, &self.dev, trace::Direction::Output, &done, &ob);
             t.0(&s);
         }
-        let output = parse_chain(&done[ent::OUT..ent::OUT + INLINE], &ob, out_len);
-        Ok((done[ent::STATUS_OWN], output))
+        let done: &CmdLayout = zerocopy::transmute_ref!(&done);
+        let output = parse_chain(done.out.as_bytes(), &ob, out_len);
+        Ok((done.status_own, output))
     }
 
     fn wait_poll(&self, off: usize, deadline: &Deadline) -> Result<()> {
         let mut spins = 0u32;
         loop {
-            if self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0 {
+            if self.queue_buf.load_u8_acquire(off + STATUS_OWN)? & hw::CMD_OWNER_MASK
+                == hw::CMD_OWNER_SW
+            {
                 return Ok(());
             }
             if let Some(e) = self.health_error() {
@@ -760,7 +717,9 @@ impl CmdQueue {
                 drop(d);
                 // A stale event of an earlier command on this slot can
                 // arrive late: ownership is the truth.
-                if self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0 {
+                if self.queue_buf.load_u8_acquire(off + STATUS_OWN)? & hw::CMD_OWNER_MASK
+                    == hw::CMD_OWNER_SW
+                {
                     self.stats.by_event.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
@@ -783,7 +742,8 @@ impl CmdQueue {
             d = g;
             if to.timed_out()
                 && *d & bit == 0
-                && self.queue_buf.load_u8_acquire(off + ent::STATUS_OWN)? & 1 == 0
+                && self.queue_buf.load_u8_acquire(off + STATUS_OWN)? & hw::CMD_OWNER_MASK
+                    == hw::CMD_OWNER_SW
             {
                 // Firmware returned the entry but no event came (yet).
                 self.stats.event_fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -886,16 +846,6 @@ mod tests {
     }
 
     #[test]
-    fn block_counts() {
-        assert_eq!(blocks_for(0), 0);
-        assert_eq!(blocks_for(16), 0);
-        assert_eq!(blocks_for(17), 1);
-        assert_eq!(blocks_for(16 + 512), 1);
-        assert_eq!(blocks_for(16 + 513), 2);
-        assert_eq!(blocks_for(16 + 512 * 12), 12);
-    }
-
-    #[test]
     fn chains_of_any_length_round_trip() {
         for &len in &[
             16usize,
@@ -906,12 +856,12 @@ mod tests {
             16 + 512 * 16,
         ] {
             let m = msg(len);
-            let n = blocks_for(len);
+            let n = hw::mailbox_blocks(len);
             let base = 0x1234_0000u64;
             let chain = build_chain(&m[INLINE..], n, base, 0x5a);
             assert_eq!(chain.len(), n);
             for (i, b) in chain.iter().enumerate() {
-                let next = u64::from_be_bytes(b[blk::NEXT..blk::NEXT + 8].try_into().unwrap());
+                let next = block(b).next.get();
                 if i + 1 < n {
                     assert_eq!(next, base + ((i + 1) * BLOCK_STRIDE) as u64);
                 } else {
@@ -932,7 +882,7 @@ mod tests {
             check_chain(&chain, 8),
             Err("mailbox token differs from the entry's")
         );
-        chain[1][blk::BLOCK_NUM + 3] = 5;
+        block_mut(&mut chain[1]).block_num.set(5);
         assert!(check_chain(&chain, 9).is_err());
         assert!(!block_sig_ok(&chain[1]));
     }
@@ -940,22 +890,20 @@ mod tests {
     #[test]
     fn entry_layout_and_signature() {
         let m = msg(40);
-        let e = build_entry(&m, 0xaa000, 0xbb000, 0x100, 0x33);
-        assert_eq!(e[ent::TYPE], 7);
-        assert_eq!(&e[ent::INLEN..ent::INLEN + 4], &40u32.to_be_bytes());
-        assert_eq!(&e[ent::IN..ent::IN + 16], &m[..16]);
-        assert_eq!(&e[ent::IN_PTR..ent::IN_PTR + 8], &0xaa000u64.to_be_bytes());
-        assert_eq!(
-            &e[ent::OUT_PTR..ent::OUT_PTR + 8],
-            &0xbb000u64.to_be_bytes()
-        );
-        assert_eq!(&e[ent::OUTLEN..ent::OUTLEN + 4], &0x100u32.to_be_bytes());
-        assert_eq!(e[ent::TOKEN], 0x33);
-        assert_eq!(e[ent::STATUS_OWN], 1);
-        assert_eq!(xor8(&e), 0xff);
+        let raw = build_entry(&m, 0xaa000, 0xbb000, 0x100, 0x33);
+        let e: &CmdLayout = zerocopy::transmute_ref!(&raw);
+        assert_eq!(e.r#type, 7);
+        assert_eq!(e.inlen.get(), 40);
+        assert_eq!(e.r#in.as_bytes(), &m[..16]);
+        assert_eq!(e.in_ptr.get(), 0xaa000);
+        assert_eq!(e.out_ptr.get(), 0xbb000);
+        assert_eq!(e.outlen.get(), 0x100);
+        assert_eq!(e.token, 0x33);
+        assert!(e.hw_owned() && e.sig_ok());
         // A short input: the rest of the inline area stays zero.
-        let e = build_entry(&m[..8], 0, 0, 16, 1);
-        assert_eq!(&e[ent::IN + 8..ent::IN + 16], &[0u8; 8]);
+        let raw = build_entry(&m[..8], 0, 0, 16, 1);
+        let e: &CmdLayout = zerocopy::transmute_ref!(&raw);
+        assert_eq!(&e.r#in.as_bytes()[8..], &[0u8; 8]);
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //! `PostError::DeviceFailed`, an empty CQ poll returns the failure, every
 //! CQ's completion handler fires once (as mlx5_ib's internal-error flow
 //! does) so that waiters on completion channels wake and poll, and
-//! subscribers are told. Nothing aborts; recovery is a function reset and a
-//! fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
+//! subscribers are told (health subscribers the event, async-event ones
+//! `IBV_EVENT_DEVICE_FATAL`). Nothing aborts; recovery is a function reset
+//! and a fresh bring-up, when the caller asks ([`crate::hca::Hca::recover`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,12 +30,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use mlx5_hw::event::EventType;
 use mlx5_hw::health::{self as hw, HealthSyndrome};
+use mlx5_hw::ifc::HealthBuffer;
+use mlx5_hw::init::{self as iseg, NicInterface};
 use vfio::clock::{Deadline, SharedClock};
 use vfio::{Mmio, PciFunction};
+use zerocopy::{FromZeros, IntoBytes};
 
-use crate::cmd::{iseg, CmdQueue};
-use crate::eq::CompTable;
+use crate::cmd::CmdQueue;
+use crate::eq::{AsyncEvent, CompTable};
 use crate::{Error, Result};
 
 pub use mlx5_hw::health::HEALTH_MAX_MISSES;
@@ -42,11 +47,6 @@ pub use mlx5_hw::health::HEALTH_MAX_MISSES;
 /// Names the poller's wait for its next poll (a test's
 /// `ManualClock::wait_armed`).
 pub const HEALTH_POLL_DEADLINE: &str = "health poll";
-
-/// `nic_interface` value: the NIC interface is disabled.
-pub const NIC_IFC_DISABLED: u32 = 1;
-/// `nic_interface` value: software reset.
-pub const NIC_IFC_SW_RESET: u32 = 7;
 
 /// Why the device is considered failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,57 +168,67 @@ impl InitSegment {
     /// no command).
     pub fn read(func: &dyn vfio::PciFunction) -> Result<Self> {
         let bar = func.map_region(0)?;
-        let fw_rev = bar.read32_be(iseg::FW_REV)?;
-        let sub = bar.read32_be(iseg::CMDIF_REV_FW_SUB)?;
+        let fw_rev = bar.read32_be(iseg::ISEG_FW_REV)?;
+        let sub = bar.read32_be(iseg::ISEG_CMDIF_REV_FW_SUB)?;
         Ok(Self {
             fw: crate::bringup::FwVersion {
-                major: fw_rev as u16,
-                minor: (fw_rev >> 16) as u16,
-                subminor: sub as u16,
+                major: iseg::fw_rev_major(fw_rev),
+                minor: iseg::fw_rev_minor(fw_rev),
+                subminor: iseg::fw_rev_subminor(sub),
             },
-            cmdif_rev: (sub >> 16) as u16,
-            initializing: bar.read32_be(iseg::INITIALIZING)? >> 31 != 0,
+            cmdif_rev: iseg::cmdif_rev(sub),
+            initializing: iseg::fw_initializing(bar.read32_be(iseg::ISEG_INITIALIZING)?),
             health: HealthSnapshot::read(&bar)?,
         })
     }
 }
 
 /// A snapshot of the health registers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthSnapshot {
-    /// The health buffer (64 bytes at 0x200), as big-endian words.
-    pub buffer: [u32; 16],
+    /// The health buffer (64 bytes at 0x200).
+    pub buffer: HealthBuffer,
     /// `health_counter` (0x1010).
     pub counter_reg: u32,
     /// `cmdq_addr_l_sz` (0x14), for nic_interface.
     pub cmdq_l: u32,
 }
 
+impl Default for HealthSnapshot {
+    fn default() -> Self {
+        Self {
+            buffer: HealthBuffer::new_zeroed(),
+            counter_reg: 0,
+            cmdq_l: 0,
+        }
+    }
+}
+
 impl HealthSnapshot {
-    /// Reads the registers.
+    /// Reads the registers (the buffer as the big-endian dwords it is made of).
     pub fn read(bar: &Mmio) -> Result<Self> {
         let mut s = Self::default();
-        for (i, w) in s.buffer.iter_mut().enumerate() {
-            *w = bar.read32_be(iseg::HEALTH + 4 * i)?;
+        for (i, w) in s.buffer.as_mut_bytes().chunks_exact_mut(4).enumerate() {
+            w.copy_from_slice(&bar.read32_be(iseg::ISEG_HEALTH + 4 * i)?.to_be_bytes());
         }
-        s.counter_reg = bar.read32_be(iseg::HEALTH_COUNTER)?;
-        s.cmdq_l = bar.read32_be(iseg::CMDQ_ADDR_L_SZ)?;
+        s.counter_reg = bar.read32_be(iseg::ISEG_HEALTH_COUNTER)?;
+        s.cmdq_l = bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)?;
         Ok(s)
     }
 
-    /// `fw_ver` (buffer 0x30).
+    /// `fw_ver`.
     pub fn fw_ver(&self) -> u32 {
-        self.buffer[12]
+        self.buffer.fw_ver.get()
     }
 
-    /// `synd` (buffer 0x3d).
+    /// `synd`.
     pub fn synd(&self) -> u8 {
-        (self.buffer[15] >> 16) as u8
+        self.buffer.synd
     }
 
-    /// `rfr` (buffer 0x38 bit 7).
+    /// `rfr` (bit 7 of `rfr_severity`).
     pub fn rfr(&self) -> bool {
-        hw::rfr((self.buffer[14] >> 24) as u8)
+        hw::rfr(self.buffer.rfr_severity)
     }
 
     /// The 24-bit counter.
@@ -227,8 +237,8 @@ impl HealthSnapshot {
     }
 
     /// `nic_interface`, read as both drivers read it: `(0x14 >> 8) & 7`.
-    pub fn nic_interface(&self) -> u32 {
-        (self.cmdq_l >> 8) & 7
+    pub fn nic_interface(&self) -> NicInterface {
+        iseg::nic_interface(self.cmdq_l)
     }
 
     /// The fatal sensors, in the order the kernel checks them.
@@ -237,14 +247,14 @@ impl HealthSnapshot {
             return Some(HealthCause::PciDead);
         }
         match self.nic_interface() {
-            NIC_IFC_DISABLED => return Some(HealthCause::NicDisabled),
-            NIC_IFC_SW_RESET => return Some(HealthCause::NicSwReset),
+            NicInterface::Disabled => return Some(HealthCause::NicDisabled),
+            NicInterface::SwReset => return Some(HealthCause::NicSwReset),
             _ => {}
         }
         if self.synd() != hw::HEALTH_SYNDROME_NONE {
             return Some(HealthCause::Syndrome {
                 synd: HealthSyndrome::from_raw(self.synd()),
-                ext_synd: self.buffer[15] as u16,
+                ext_synd: self.buffer.ext_synd.get(),
                 rfr: self.rfr(),
             });
         }
@@ -253,20 +263,19 @@ impl HealthSnapshot {
 
     /// The event for `cause`, with this snapshot's details.
     pub fn event(&self, cause: HealthCause) -> HealthEvent {
-        let mut assert_var = [0; 6];
-        assert_var.copy_from_slice(&self.buffer[..6]);
+        let b = &self.buffer;
         HealthEvent {
             cause,
             fw_ver: self.fw_ver(),
-            hw_id: self.buffer[13],
-            assert_var,
-            assert_exit_ptr: self.buffer[8],
-            assert_callra: self.buffer[9],
-            irisc_index: (self.buffer[15] >> 24) as u8,
+            hw_id: b.hw_id.get(),
+            assert_var: b.assert_var.map(|w| w.get()),
+            assert_exit_ptr: b.assert_exit_ptr.get(),
+            assert_callra: b.assert_callra.get(),
+            irisc_index: b.irisc_index,
             counter: self.counter(),
             synd: (self.synd() != hw::HEALTH_SYNDROME_NONE)
                 .then(|| HealthSyndrome::from_raw(self.synd())),
-            ext_synd: self.buffer[15] as u16,
+            ext_synd: b.ext_synd.get(),
         }
     }
 }
@@ -301,6 +310,9 @@ pub(crate) struct Watch {
     pub(crate) cmd: Arc<CmdQueue>,
     pub(crate) comp: Arc<CompTable>,
     pub(crate) subs: HealthSubscribers,
+    /// Async-event subscribers: they get an INTERNAL_ERROR event
+    /// (`IBV_EVENT_DEVICE_FATAL`), as mlx5_ib dispatches on a fatal error.
+    pub(crate) events: Arc<Mutex<Vec<Sender<AsyncEvent>>>>,
 }
 
 impl Watch {
@@ -337,6 +349,15 @@ impl Watch {
         tracing::error!("mlx5 health: {ev}");
         self.comp.fire_all();
         lock_subs(&self.subs).retain(|s| s.send(ev.clone()).is_ok());
+        let fatal = AsyncEvent {
+            event_type: EventType::InternalError,
+            sub_type: 0,
+            data: [0; mlx5_hw::event::EQE_DATA_SIZE],
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|s| s.send(fatal).is_ok());
     }
 
     /// Runs the sensors now; a failure is declared and returned.
@@ -458,8 +479,9 @@ mod tests {
     fn sensors_in_kernel_order() {
         let mut s = HealthSnapshot::default();
         assert_eq!(s.fatal(), None);
-        s.buffer[15] = 0x0007_0000 | 0x12; // synd 7, ext 0x12
-        s.buffer[14] = 0x8000_0000;
+        s.buffer.synd = 7;
+        s.buffer.ext_synd.set(0x12);
+        s.buffer.rfr_severity = 0x80;
         let c = s.fatal().unwrap();
         assert_eq!(
             c,
@@ -472,7 +494,7 @@ mod tests {
         assert!(s.event(c).to_string().contains("irisc not responding"));
         s.cmdq_l = 7 << 8;
         assert_eq!(s.fatal(), Some(HealthCause::NicSwReset));
-        s.buffer[12] = 0xffff_ffff;
+        s.buffer.fw_ver.set(0xffff_ffff);
         assert_eq!(s.fatal(), Some(HealthCause::PciDead));
     }
 }

@@ -6,15 +6,11 @@ use mlx5_hw::ifc::{
     disable_hca_in, disable_hca_out, enable_hca_in, enable_hca_out, init_hca_in,
     set_driver_version_in, teardown_hca_in, teardown_hca_out,
 };
+use mlx5_hw::init::TeardownProfile;
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware, HcaState};
 use crate::Inner;
-
-/// TEARDOWN_HCA profiles.
-const TEARDOWN_GRACEFUL: u64 = 0;
-const TEARDOWN_FORCE: u64 = 1;
-const TEARDOWN_PREPARE_FAST: u64 = 2;
 
 impl Firmware {
     pub(super) fn enable_hca(&mut self, input: &[u8], outlen: usize) -> CmdResult {
@@ -113,17 +109,17 @@ impl Firmware {
             teardown_hca_in::SIZE_BYTES,
             teardown_hca_out::SIZE_BYTES,
         )?;
-        let profile = teardown_hca_in::PROFILE.get(input);
+        let profile = TeardownProfile::from(teardown_hca_in::PROFILE.get(input) as u16);
         if self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
         let out = vec![0u8; teardown_hca_out::SIZE_BYTES];
         match profile {
-            TEARDOWN_GRACEFUL | TEARDOWN_FORCE => {
+            TeardownProfile::GracefulClose | TeardownProfile::ForceClose => {
                 self.release_objects();
                 self.hca = HcaState::TornDown;
             }
-            TEARDOWN_PREPARE_FAST => {
+            TeardownProfile::PrepareFastTeardown => {
                 // state 0: success; the teardown happens when the driver
                 // writes nic_interface = disabled.
                 self.fast_teardown_prepared = true;

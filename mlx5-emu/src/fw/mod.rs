@@ -29,8 +29,11 @@ use std::time::Instant;
 
 use vfio::clock::SharedClock;
 
+use mlx5_hw::ifc::CmdLayout;
+use mlx5_hw::init::NicInterface;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
+use zerocopy::FromBytes;
 
 use crate::initseg::{self, rd, wr};
 use crate::profile::CapPages;
@@ -507,7 +510,7 @@ impl Firmware {
         let bar = &inner.bar;
         let l = rd(bar, initseg::CMDQ_ADDR_L_SZ);
         let h = rd(bar, initseg::CMDQ_ADDR_H);
-        let base = u64::from(h) << 32 | u64::from(l & !0xfff);
+        let base = u64::from(h) << 32 | u64::from(l & mlx5_hw::init::CMDQ_ADDR_L_MASK);
         let mut busy = false;
         if base != self.cmdq_base {
             tracing::debug!(base = format_args!("{base:#x}"), "command queue address");
@@ -515,7 +518,7 @@ impl Firmware {
             busy = true;
         }
         if l & 0xff != initseg::CMDQ_SZ_BYTE {
-            let nic = (l >> initseg::NIC_IFC_SHIFT) & 0x7;
+            let nic = u32::from(mlx5_hw::init::nic_interface(l).to_raw());
             wr(
                 bar,
                 initseg::CMDQ_ADDR_L_SZ,
@@ -523,7 +526,7 @@ impl Firmware {
             );
             if nic != self.nic_interface {
                 self.nic_interface = nic;
-                if nic == initseg::NIC_IFC_DISABLED {
+                if nic == u32::from(NicInterface::Disabled.to_raw()) {
                     self.fast_teardown(inner);
                     inner.rdma.reset();
                 }
@@ -566,7 +569,8 @@ impl Firmware {
             let mut q = [0u8; N * STRIDE];
             if inner.bus.dma.read(self.cmdq_base, &mut q).is_ok() {
                 for slot in 0..n {
-                    if q[slot * stride + 0x3f] & 1 != 0 && self.stuck & 1 << slot == 0 {
+                    let e = CmdLayout::ref_from_prefix(&q[slot * stride..]).map(|(e, _)| e);
+                    if e.is_ok_and(CmdLayout::hw_owned) && self.stuck & 1 << slot == 0 {
                         self.pending |= 1 << slot;
                     }
                 }

@@ -5,26 +5,19 @@ use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::{
     access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ptys_reg,
 };
+use mlx5_hw::init::{RegisterId, ACCESS_REG_OP_MOD_READ, ACCESS_REG_OP_MOD_WRITE};
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::Inner;
-
-/// Register ids.
-pub(crate) const REG_PMTU: u16 = 0x5003;
-pub(crate) const REG_PTYS: u16 = 0x5004;
-pub(crate) const REG_PAOS: u16 = 0x5006;
-pub(crate) const REG_HOST_ENDIANNESS: u16 = 0x7004;
-pub(crate) const REG_DTOR: u16 = 0xc00e;
-pub(crate) const REG_NODE_DESC: u16 = 0x6001;
 
 /// NODE_DESC: the node description, 64 bytes of text (IB NodeDescription;
 /// mlx5_ib reads it at probe and writes it on IB_DEVICE_MODIFY_NODE_DESC).
 pub(crate) const NODE_DESC_BYTES: usize = 64;
 
 /// ACCESS_REG op_mod.
-const WRITE: u64 = 0;
-const READ: u64 = 1;
+const WRITE: u64 = ACCESS_REG_OP_MOD_WRITE as u64;
+const READ: u64 = ACCESS_REG_OP_MOD_READ as u64;
 
 /// PAOS status values.
 const STATUS_UP: u64 = 1;
@@ -64,17 +57,17 @@ impl Firmware {
         if op != WRITE && op != READ {
             return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_OP_MOD));
         }
-        let id = access_register_in::REGISTER_ID.get(input) as u16;
+        let id = RegisterId::from(access_register_in::REGISTER_ID.get(input) as u16);
         let data = &input[access_register_in::SIZE_BYTES..];
         let size = match id {
-            REG_PMTU => pmtu_reg::SIZE_BYTES,
-            REG_PTYS => ptys_reg::SIZE_BYTES,
-            REG_PAOS => paos_reg::SIZE_BYTES,
-            REG_HOST_ENDIANNESS => 0x10,
-            REG_DTOR => dtor_reg::SIZE_BYTES,
-            REG_NODE_DESC => NODE_DESC_BYTES,
+            RegisterId::Pmtu => pmtu_reg::SIZE_BYTES,
+            RegisterId::Ptys => ptys_reg::SIZE_BYTES,
+            RegisterId::Paos => paos_reg::SIZE_BYTES,
+            RegisterId::HostEndianness => 0x10,
+            RegisterId::Dtor => dtor_reg::SIZE_BYTES,
+            RegisterId::NodeDesc => NODE_DESC_BYTES,
             _ => {
-                tracing::debug!(register_id = format_args!("{id:#x}"), "unknown register");
+                tracing::debug!(register_id = %id, "unknown register");
                 return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN));
             }
         };
@@ -86,7 +79,7 @@ impl Firmware {
         }
         let mut reg = data[..size].to_vec();
         match id {
-            REG_HOST_ENDIANNESS => {
+            RegisterId::HostEndianness => {
                 if op == WRITE {
                     self.host_endianness = reg[0];
                 } else {
@@ -94,7 +87,7 @@ impl Firmware {
                     reg[0] = self.host_endianness;
                 }
             }
-            REG_DTOR => {
+            RegisterId::Dtor => {
                 if op == WRITE {
                     return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_OP_MOD));
                 }
@@ -106,14 +99,14 @@ impl Firmware {
                     }
                 }
             }
-            REG_PAOS => self.paos(inner, op, &mut reg)?,
-            REG_NODE_DESC => {
+            RegisterId::Paos => self.paos(inner, op, &mut reg)?,
+            RegisterId::NodeDesc => {
                 if op == WRITE {
                     self.node_desc.copy_from_slice(&reg);
                 }
                 reg.copy_from_slice(&self.node_desc);
             }
-            REG_PMTU => {
+            RegisterId::Pmtu => {
                 check_port(pmtu_reg::LOCAL_PORT.get(&reg))?;
                 if op == WRITE {
                     let mtu = pmtu_reg::ADMIN_MTU.get(&reg);
@@ -128,7 +121,7 @@ impl Firmware {
                 pmtu_reg::ADMIN_MTU.set(&mut reg, u64::from(self.port.admin_mtu));
                 pmtu_reg::OPER_MTU.set(&mut reg, u64::from(self.port.admin_mtu));
             }
-            REG_PTYS => {
+            RegisterId::Ptys => {
                 check_port(ptys_reg::LOCAL_PORT.get(&reg))?;
                 if ptys_reg::PROTO_MASK.get(&reg) & PROTO_ETH == 0 {
                     return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
