@@ -10,8 +10,10 @@
 # serial console: kernel log and the script's output), emu.log and qemu.rc.
 #
 # Environment: MLX5_EMU (the repo's mlx5-emu binary; default
-# target/debug/mlx5-emu beside this script's repo), MLX5_EMU_PROFILE
-# (default cx4lx), MLX5_QEMU_TIMEOUT (seconds, default 900), RUST_LOG.
+# target/debug/mlx5-emu beside this script's repo; `served`: the caller
+# already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
+# does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
+# (seconds, default 900), RUST_LOG.
 #
 # QEMU runs from the guest root (chroot, in a mount namespace of its own, so
 # nothing stays mounted): q35 under TCG, 2 GiB of guest RAM as a shared memfd
@@ -33,27 +35,30 @@ if [[ ! -f "$guest/initrd.gz" ]]; then
     echo "run.sh: no guest at $guest (run scripts/qemu-guest/build.sh)" >&2
     exit 1
 fi
-if [[ ! -x "$emu" ]]; then
+if [[ "$emu" != served && ! -x "$emu" ]]; then
     echo "run.sh: no mlx5-emu at $emu (cargo build -p tools --bin mlx5-emu)" >&2
     exit 1
 fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-rm -f "$out"/{console.log,emu.log,qemu.rc,cx.sock,cx.sock.1,initrd.gz}
+rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
 cp "$script" "$out/init.sh"
 cp "$guest/initrd.gz" "$out/initrd.gz"
 chmod +x "$out/init.sh"
 
-RUST_LOG="${RUST_LOG:-info}" "$emu" serve --socket "$out/cx.sock" --profile "$profile" --trap-control-pages \
-    --functions 2 >"$out/emu.log" 2>&1 &
-emu_pid=$!
-trap 'kill "$emu_pid" 2>/dev/null; wait "$emu_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 200); do
-    [[ -S "$out/cx.sock.1" ]] && break
-    sleep 0.05
-done
+if [[ "$emu" != served ]]; then
+    rm -f "$out"/cx.sock "$out"/cx.sock.1
+    RUST_LOG="${RUST_LOG:-info}" "$emu" serve --socket "$out/cx.sock" --profile "$profile" --trap-control-pages \
+        --functions 2 >"$out/emu.log" 2>&1 &
+    emu_pid=$!
+    trap 'kill "$emu_pid" 2>/dev/null; wait "$emu_pid" 2>/dev/null || true' EXIT
+    for _ in $(seq 200); do
+        [[ -S "$out/cx.sock.1" ]] && break
+        sleep 0.05
+    done
+fi
 if [[ ! -S "$out/cx.sock.1" ]]; then
-    echo "run.sh: mlx5-emu did not listen; see $out/emu.log" >&2
+    echo "run.sh: nothing listens on $out/cx.sock.1; see $out/emu.log" >&2
     exit 1
 fi
 
