@@ -70,7 +70,7 @@ timeout "$tmo" unshare --mount --propagation private -- bash -euc '
     mount --bind "$out" "$root/guest"
     for m in dev proc sys; do mount --bind /$m "$root/$m"; done
     exec chroot "$root" qemu-system-x86_64 \
-        -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot \
+        -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot -nic none \
         -object memory-backend-memfd,id=mem,size=2G,share=on -machine memory-backend=mem \
         -kernel /boot/vmlinuz-$kv -initrd /guest/initrd.gz \
         -append "console=ttyS0 loglevel=7 panic=-1" \

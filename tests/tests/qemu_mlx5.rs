@@ -26,6 +26,7 @@ use vfio::user::Server;
 
 /// Every check, in order.
 const CHECKS: &[&str] = &[
+    "qemu_takes_both_devices_without_a_warning",
     "guest_boots",
     "mlx5_core_probes_both_functions",
     "no_command_timeout_or_recovery",
@@ -188,6 +189,18 @@ fn main() {
 fn judge(t: &mut Tally, console: &str, dir: &Path) {
     let has = |s: &str| console.contains(s);
     let log = format!("see {}", dir.join("console.log").display());
+    let qemu: Vec<&str> = console
+        .lines()
+        .filter(|l| l.starts_with("qemu-system-x86_64:") || l.starts_with("vfio_user"))
+        .collect();
+    t.check(
+        "qemu_takes_both_devices_without_a_warning",
+        if qemu.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{qemu:?}"))
+        },
+    );
     t.check(
         "guest_boots",
         if has("=== up ") {

@@ -564,7 +564,7 @@ fn qemu_region_info_with_a_short_argsz_then_the_full_one() {
 }
 
 #[test]
-fn qemu_wires_intx_with_an_eventfd_and_unwires_it() {
+fn qemu_wires_intx_err_and_req_with_eventfds() {
     let (_model, bus, server) = serve(cfg());
     let mut c = Raw::bare(server.path());
     assert_eq!(qemu_version(&mut c).header.errno(), None);
@@ -604,6 +604,28 @@ fn qemu_wires_intx_with_an_eventfd_and_unwires_it() {
     let m = c.ask(Command::DeviceSetIrqs as u16, &[off.as_bytes()]);
     assert_eq!(m.header.errno(), None);
     assert_eq!(bus.irqs.attached_of(vfio::IrqKind::Intx), 0);
+    // vfio_register_err_notifier and vfio_register_req_notifier: the error
+    // interrupt (a PCIe function) and the request interrupt, one each, by
+    // eventfd, as vfio-pci offers them.
+    for (index, kind) in [(3, vfio::IrqKind::Err), (4, vfio::IrqKind::Req)] {
+        let req = vfio::user::irq::IrqInfo {
+            argsz: 16,
+            index,
+            ..Default::default()
+        };
+        let m = c.ask(Command::DeviceGetIrqInfo as u16, &[req.as_bytes()]);
+        let (info, _) =
+            <vfio::user::irq::IrqInfo as zerocopy::FromBytes>::read_from_prefix(&m.payload)
+                .unwrap();
+        assert_eq!(info.count, 1, "{kind:?}");
+        let m = c.ask_with(
+            Command::DeviceSetIrqs as u16,
+            &[IrqSet { index, ..set }.as_bytes()],
+            &[fd],
+        );
+        assert_eq!(m.header.errno(), None, "{kind:?} eventfd accepted");
+        assert_eq!(bus.irqs.attached_of(kind), 1);
+    }
     c.still_serving();
 }
 

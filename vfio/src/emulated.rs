@@ -490,7 +490,7 @@ impl<M: DeviceModel> EmulatedFunction<M> {
 }
 
 /// The config-space offset of capability `id`, walking the list.
-fn find_capability(model: &dyn DeviceModel, id: u8) -> Option<u64> {
+pub(crate) fn find_capability(model: &dyn DeviceModel, id: u8) -> Option<u64> {
     let mut b = [0u8; 1];
     model.config_read(crate::pci::CAPABILITIES_POINTER, &mut b);
     let mut at = u64::from(b[0] & !3);

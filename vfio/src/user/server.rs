@@ -54,7 +54,7 @@ use super::region::*;
 use super::socket::{self, Message, RecvError};
 use super::version::{Capabilities, Version, MAJOR, MINOR};
 use super::MAX_MESSAGE;
-use crate::emulated::{set_msix_enable, Bus, DeviceModel, DmaByMessage};
+use crate::emulated::{find_capability, set_msix_enable, Bus, DeviceModel, DmaByMessage};
 use crate::{Error, IrqKind, Result};
 
 /// Size of config space served (PCIe: 4 KiB).
@@ -1061,19 +1061,29 @@ impl Session<'_> {
         })
     }
 
-    /// How many vectors of `kind` the function has. INTx is counted as
-    /// vfio-pci counts it: one line when config space names an interrupt
-    /// pin (QEMU then wires it and sends its eventfd), whatever the model
-    /// says; a model that never asserts INTx simply never signals it.
+    /// How many vectors of `kind` the function has. INTx, the error and the
+    /// request interrupts are counted as vfio-pci counts them: INTx one
+    /// line when config space names an interrupt pin, the error interrupt
+    /// one on a PCI Express function, the request interrupt always one
+    /// (QEMU then wires each with an eventfd; without them it warns "Could
+    /// not enable error recovery"). A model that never raises one simply
+    /// never signals its eventfd.
     fn irq_count(&self, kind: IrqKind) -> u32 {
-        if kind == IrqKind::Intx {
-            let mut pin = [0u8; 1];
-            self.srv.model.config_read(PCI_INTERRUPT_PIN, &mut pin);
-            if pin[0] != 0 {
-                return 1;
+        let model = &*self.srv.model;
+        let vfio_pci = match kind {
+            IrqKind::Intx => {
+                let mut pin = [0u8; 1];
+                model.config_read(PCI_INTERRUPT_PIN, &mut pin);
+                pin[0] != 0
             }
+            IrqKind::Err => find_capability(model, crate::pci::CAP_ID_EXP).is_some(),
+            IrqKind::Req => true,
+            _ => false,
+        };
+        if vfio_pci {
+            return model.irq_count(kind).max(1);
         }
-        self.srv.model.irq_count(kind)
+        model.irq_count(kind)
     }
 
     fn irq_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
