@@ -44,16 +44,28 @@ pub const MSIX_PBA: u64 = 0x5000;
 pub const FIRST_UAR: u32 = 16;
 
 /// The region description of BAR0: all of it mappable but the page(s) of
-/// the MSI-X table and PBA (as vfio-pci does).
-pub fn region_info(p: Profile) -> RegionInfo {
+/// the MSI-X table and PBA (as vfio-pci does); with `trap_control`, also
+/// not the init segment's page and the first UAR's page (EQ doorbells), so
+/// that a trapping client (QEMU) hands the model every write to them.
+pub fn region_info(p: Profile, trap_control: bool) -> RegionInfo {
     let size = p.bar0_size();
     let hole_end = MSIX_PBA + 0x1000;
+    let first_uar = u64::from(FIRST_UAR) << 12;
+    let mmap_areas = if trap_control {
+        vec![
+            (0x1000, MSIX_TABLE - 0x1000),
+            (hole_end, first_uar - hole_end),
+            (first_uar + 0x1000, size - first_uar - 0x1000),
+        ]
+    } else {
+        vec![(0, MSIX_TABLE), (hole_end, size - hole_end)]
+    };
     RegionInfo {
         index: 0,
         size,
         read: true,
         write: true,
-        mmap_areas: vec![(0, MSIX_TABLE), (hole_end, size - hole_end)],
+        mmap_areas,
     }
 }
 
@@ -155,11 +167,28 @@ mod tests {
 
     #[test]
     fn msix_hole() {
-        let r = region_info(Profile::ConnectX4Lx);
+        let r = region_info(Profile::ConnectX4Lx, false);
         assert_eq!(r.size, 32 << 20);
         assert_eq!(r.mmap_areas[0], (0, 0x4000));
         assert!(in_msix(Profile::ConnectX4Lx, 0x4000 + 16 * 5, 4));
         assert!(!in_msix(Profile::ConnectX4Lx, 0x18, 4));
         assert!((FIRST_UAR as u64) << 12 >= MSIX_PBA + 0x1000);
+    }
+
+    #[test]
+    fn control_pages_trapped_data_path_uars_mapped() {
+        let r = region_info(Profile::ConnectX4Lx, true);
+        let mapped = |off: u64| r.mmap_areas.iter().any(|&(s, l)| off >= s && off < s + l);
+        // The command doorbell (init segment) and the first UAR's EQ
+        // doorbell (offset 0x40) are trapped; MSI-X too, as always.
+        assert!(!mapped(CMD_DBELL as u64));
+        assert!(!mapped(((FIRST_UAR as u64) << 12) + 0x40));
+        assert!(!mapped(MSIX_TABLE));
+        // The next UAR (data-path doorbells of later ALLOC_UARs) and the
+        // rest of the BAR stay mapped.
+        assert!(mapped(((FIRST_UAR as u64 + 1) << 12) + 0x20));
+        assert!(mapped(0x1000));
+        assert!(mapped(r.size - 1));
+        assert!(!mapped(r.size));
     }
 }

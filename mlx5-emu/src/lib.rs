@@ -107,6 +107,15 @@ pub struct DeviceConfig {
     /// pace and the health counter's heartbeat stay on real time: they say
     /// when the model looks and that it runs, and measure nothing.
     pub clock: SharedClock,
+    /// Serve the init-segment page and the first UAR page (the one the
+    /// first ALLOC_UAR gets: Linux's `dev->priv.uar`, where mlx5_core rings
+    /// every EQ's doorbell, offset 0x40) trapped instead of mapped, so every
+    /// write to the command doorbell and to the EQ doorbells is seen, as
+    /// silicon sees every posted write; the other UAR pages (data-path
+    /// doorbells) stay mapped. For clients that trap what is not mapped
+    /// (QEMU); off by default because our own vfio-user client maps only
+    /// the sparse areas and cannot reach a trapped page through `Mmio`.
+    pub trap_control_pages: bool,
 }
 
 /// A hook on the command engine: after the model executed a delivered
@@ -149,6 +158,7 @@ impl Default for DeviceConfig {
             output_override: None,
             mac: DEFAULT_MAC,
             clock: vfio::clock::system(),
+            trap_control_pages: false,
         }
     }
 }
@@ -676,7 +686,9 @@ impl DeviceModel for Device {
     }
 
     fn region_info(&self, index: u32) -> Option<RegionInfo> {
-        (index == 0).then(|| initseg::region_info(self.inner.cfg.profile))
+        (index == 0).then(|| {
+            initseg::region_info(self.inner.cfg.profile, self.inner.cfg.trap_control_pages)
+        })
     }
 
     fn region_memory(&self, index: u32) -> Option<Arc<DmaBuffer>> {

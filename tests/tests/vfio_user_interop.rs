@@ -94,7 +94,7 @@ fn their_client_against_our_server() {
 }
 
 fn model_areas(profile: mlx5_emu::Profile) -> Vec<(u64, u64)> {
-    mlx5_emu::initseg::region_info(profile).mmap_areas
+    mlx5_emu::initseg::region_info(profile, false).mmap_areas
 }
 
 /// What the test device behind their server saw.

@@ -11,7 +11,7 @@ use tests::backend::{serve, socket_path};
 use tests::wait::until;
 use verbs::hca::{Hca, HcaOptions};
 use vfio::user::device::DeviceInfo;
-use vfio::user::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE};
+use vfio::user::dma::{DmaAccess, DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE};
 use vfio::user::header::{Command, Header, HEADER_SIZE};
 use vfio::user::irq::{IrqSet, IRQ_SET_ACTION_MASK, IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD};
 use vfio::user::region::{RegionAccess, RegionInfoWire, REGION_FLAG_CAPS};
@@ -248,10 +248,10 @@ fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
         size: 0x2000,
     };
     c.refused(
-        "DMA_MAP without an fd",
+        "DMA_MAP without an fd, not 4 KiB aligned",
         Command::DmaMap as u16,
-        &[map.as_bytes()],
-        libc::ENOTSUP,
+        &[DmaMap { size: 0x10, ..map }.as_bytes()],
+        libc::EINVAL,
     );
     let small = DmaBuffer::new(0x1000).unwrap();
     let m = c.ask_with(
@@ -564,7 +564,7 @@ fn qemu_region_info_with_a_short_argsz_then_the_full_one() {
 }
 
 #[test]
-fn qemu_wires_intx_with_an_eventfd_and_unwires_it() {
+fn qemu_wires_intx_err_and_req_with_eventfds() {
     let (_model, bus, server) = serve(cfg());
     let mut c = Raw::bare(server.path());
     assert_eq!(qemu_version(&mut c).header.errno(), None);
@@ -604,5 +604,134 @@ fn qemu_wires_intx_with_an_eventfd_and_unwires_it() {
     let m = c.ask(Command::DeviceSetIrqs as u16, &[off.as_bytes()]);
     assert_eq!(m.header.errno(), None);
     assert_eq!(bus.irqs.attached_of(vfio::IrqKind::Intx), 0);
+    // vfio_register_err_notifier and vfio_register_req_notifier: the error
+    // interrupt (a PCIe function) and the request interrupt, one each, by
+    // eventfd, as vfio-pci offers them.
+    for (index, kind) in [(3, vfio::IrqKind::Err), (4, vfio::IrqKind::Req)] {
+        let req = vfio::user::irq::IrqInfo {
+            argsz: 16,
+            index,
+            ..Default::default()
+        };
+        let m = c.ask(Command::DeviceGetIrqInfo as u16, &[req.as_bytes()]);
+        let (info, _) =
+            <vfio::user::irq::IrqInfo as zerocopy::FromBytes>::read_from_prefix(&m.payload)
+                .unwrap();
+        assert_eq!(info.count, 1, "{kind:?}");
+        let m = c.ask_with(
+            Command::DeviceSetIrqs as u16,
+            &[IrqSet { index, ..set }.as_bytes()],
+            &[fd],
+        );
+        assert_eq!(m.header.errno(), None, "{kind:?} eventfd accepted");
+        assert_eq!(bus.irqs.attached_of(kind), 1);
+    }
     c.still_serving();
+}
+
+#[test]
+fn qemu_maps_memory_without_an_fd_and_the_device_reaches_it_by_message() {
+    let (_model, bus, server) = serve(cfg());
+    let mut c = Raw::bare(server.path());
+    assert_eq!(qemu_version(&mut c).header.errno(), None);
+    // vfio_user_dma_map for a region with no fd (the BIOS ROM, read only;
+    // another device's BAR, read-write): argsz 32, offset 0, no SCM_RIGHTS.
+    let bios = DmaMap {
+        argsz: 32,
+        flags: DMA_MAP_READ,
+        offset: 0,
+        address: 0xfffc_0000,
+        size: 0x4_0000,
+    };
+    let bar = DmaMap {
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        address: 0xf800_0000,
+        size: 0x4000,
+        ..bios
+    };
+    for m in [bios, bar] {
+        let r = c.ask(Command::DmaMap as u16, &[m.as_bytes()]);
+        assert_eq!(
+            r.header.errno(),
+            None,
+            "DMA_MAP {:#x} without an fd",
+            m.address
+        );
+    }
+    assert!(bus.dma.is_mapped(0xfffc_0000, 0x4_0000));
+    c.refused(
+        "a mapping over a mapping",
+        Command::DmaMap as u16,
+        &[DmaMap {
+            size: 0x1000,
+            ..bar
+        }
+        .as_bytes()],
+        libc::EEXIST,
+    );
+
+    // The device reads: the client gets DMA_READ (address, count) and
+    // answers with the data after them.
+    let dma = bus.dma.clone();
+    let reader = std::thread::spawn(move || {
+        let mut b = [0u8; 8];
+        dma.read(0xffff_fff0, &mut b).map(|()| b)
+    });
+    let m = socket::recv(&c.sock, MAX_MESSAGE).unwrap().unwrap();
+    assert!(!m.header.is_reply());
+    assert_eq!(m.header.command, Command::DmaRead as u16);
+    let (a, _) = <DmaAccess as zerocopy::FromBytes>::read_from_prefix(&m.payload).unwrap();
+    assert_eq!((a.address, a.count), (0xffff_fff0, 8));
+    socket::send(
+        &c.sock,
+        &m.header.reply(24),
+        &[a.as_bytes(), b"reset-vc"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(&reader.join().unwrap().unwrap(), b"reset-vc");
+
+    // The device writes: DMA_WRITE carries the data; the reply echoes the head.
+    let dma = bus.dma.clone();
+    let writer = std::thread::spawn(move || dma.write(0xf800_0100, b"doorbell"));
+    let m = socket::recv(&c.sock, MAX_MESSAGE).unwrap().unwrap();
+    assert_eq!(m.header.command, Command::DmaWrite as u16);
+    let (a, data) = <DmaAccess as zerocopy::FromBytes>::read_from_prefix(&m.payload).unwrap();
+    assert_eq!(
+        (a.address, a.count, data),
+        (0xf800_0100, 8, &b"doorbell"[..])
+    );
+    socket::send(&c.sock, &m.header.reply(16), &[a.as_bytes()], &[]).unwrap();
+    writer.join().unwrap().unwrap();
+
+    // A refusal from the client is a DMA fault, not a hang.
+    let dma = bus.dma.clone();
+    let refused = std::thread::spawn(move || dma.write(0xf800_0000, &[1]));
+    let m = socket::recv(&c.sock, MAX_MESSAGE).unwrap().unwrap();
+    socket::send(&c.sock, &m.header.error_reply(libc::EFAULT), &[], &[]).unwrap();
+    assert!(refused.join().unwrap().is_err());
+    // Past the end of the window: a fault, no message.
+    let mut b = [0u8; 8];
+    assert!(bus.dma.read(0xf800_3ffc, &mut b).is_err());
+
+    // vfio_user_dma_unmap: argsz 24, flags 0, exactly the range mapped;
+    // the reply echoes it.
+    let un = DmaUnmap {
+        argsz: 24,
+        flags: 0,
+        address: bar.address,
+        size: bar.size,
+    };
+    let r = c.ask(Command::DmaUnmap as u16, &[un.as_bytes()]);
+    assert_eq!(r.header.errno(), None);
+    assert_eq!(r.payload, un.as_bytes());
+    assert!(!bus.dma.is_mapped(0xf800_0000, 1));
+    assert!(
+        bus.dma.write(0xf800_0100, b"gone").is_err(),
+        "unmapped: a fault"
+    );
+    c.still_serving();
+    // The client leaves: the ROM window goes with it.
+    drop(c);
+    until("the release", || bus.dma.mappings() == 0);
 }

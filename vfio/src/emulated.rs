@@ -72,6 +72,20 @@ enum Backing {
     /// A file another process shared (vfio-user DMA_MAP, a vhost-user
     /// memory table region).
     File(#[allow(dead_code)] Arc<std::fs::File>),
+    /// Memory its owner did not share: every access is a message.
+    Message(Arc<dyn DmaByMessage>),
+}
+
+/// Memory a client did not share by fd (vfio-user `DMA_MAP` without one:
+/// QEMU's ROM and other regions that have no file), reached one access at a
+/// time by messages (`DMA_READ` / `DMA_WRITE`). Such a range is part of the
+/// IOVA space for [`DmaSpace::read`], [`DmaSpace::write`] and
+/// [`DmaSpace::is_mapped`], not of a [`DmaSpace::memory`] snapshot.
+pub trait DmaByMessage: Send + Sync + std::fmt::Debug {
+    /// Fills `buf` from `iova`; false when the owner refused or is gone.
+    fn read(&self, iova: u64, buf: &mut [u8]) -> bool;
+    /// Writes `data` at `iova`; false when the owner refused or is gone.
+    fn write(&self, iova: u64, data: &[u8]) -> bool;
 }
 
 /// The IOVA space as the device sees it.
@@ -88,23 +102,76 @@ impl DmaSpace {
     /// Reads `buf.len()` bytes at `iova`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> std::result::Result<(), DmaFault> {
         let mem = self.snapshot();
-        mem.read_slice(buf, GuestAddress(iova))
-            .map_err(|_| DmaFault {
-                iova,
-                len: buf.len(),
-                dir: "read",
-            })
+        if mem.read_slice(buf, GuestAddress(iova)).is_ok()
+            || self
+                .by_message(iova, buf.len())
+                .is_some_and(|m| m.read(iova, buf))
+        {
+            return Ok(());
+        }
+        Err(DmaFault {
+            iova,
+            len: buf.len(),
+            dir: "read",
+        })
     }
 
     /// Writes `data` at `iova`.
     pub fn write(&self, iova: u64, data: &[u8]) -> std::result::Result<(), DmaFault> {
         let mem = self.snapshot();
-        mem.write_slice(data, GuestAddress(iova))
-            .map_err(|_| DmaFault {
+        if mem.write_slice(data, GuestAddress(iova)).is_ok()
+            || self
+                .by_message(iova, data.len())
+                .is_some_and(|m| m.write(iova, data))
+        {
+            return Ok(());
+        }
+        Err(DmaFault {
+            iova,
+            len: data.len(),
+            dir: "write",
+        })
+    }
+
+    /// The message-backed mapping holding all of `iova .. iova + len`.
+    fn by_message(&self, iova: u64, len: usize) -> Option<Arc<dyn DmaByMessage>> {
+        let maps = self.lock_maps();
+        let end = iova.checked_add(len as u64)?;
+        match maps.range(..=iova).next_back() {
+            Some((&s, (l, Backing::Message(m)))) if s + l >= end => Some(m.clone()),
+            _ => None,
+        }
+    }
+
+    /// Maps `len` bytes at `iova` that are reached by messages to `owner`
+    /// (the memory was not shared). Unmapped as any other mapping.
+    pub fn map_by_message(&self, iova: u64, len: u64, owner: Arc<dyn DmaByMessage>) -> Result<()> {
+        region_size(iova, len)?;
+        let mut maps = self.lock_maps();
+        Self::check_free(&maps, iova, len)?;
+        maps.insert(iova, (len, Backing::Message(owner)));
+        Ok(())
+    }
+
+    /// Refuses a range that wraps or overlaps a mapping.
+    fn check_free(maps: &BTreeMap<u64, (u64, Backing)>, iova: u64, len: u64) -> Result<()> {
+        let end = iova.checked_add(len).ok_or(Error::Iova {
+            iova,
+            len,
+            why: "range wraps",
+        })?;
+        let clash = maps
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, &(l, _))| s + l > iova);
+        if clash {
+            return Err(Error::Iova {
                 iova,
-                len: data.len(),
-                dir: "write",
-            })
+                len,
+                why: "overlaps an existing mapping",
+            });
+        }
+        Ok(())
     }
 
     /// Reads a big-endian u32 at `iova`.
@@ -232,22 +299,7 @@ impl DmaSpace {
         keep: Backing,
     ) -> Result<()> {
         let mut maps = self.lock_maps();
-        let end = iova.checked_add(len).ok_or(Error::Iova {
-            iova,
-            len,
-            why: "range wraps",
-        })?;
-        let clash = maps
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&s, &(l, _))| s + l > iova);
-        if clash {
-            return Err(Error::Iova {
-                iova,
-                len,
-                why: "overlaps an existing mapping",
-            });
-        }
+        Self::check_free(&maps, iova, len)?;
         let region = GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(Error::Iova {
             iova,
             len,
@@ -270,6 +322,10 @@ impl DmaSpace {
     pub fn unmap(&self, iova: u64, len: u64) -> Result<()> {
         let mut maps = self.lock_maps();
         match maps.get(&iova) {
+            Some((l, Backing::Message(_))) if *l == len => {
+                maps.remove(&iova);
+                return Ok(());
+            }
             Some(&(l, _)) if l == len => {}
             _ => {
                 return Err(Error::Iova {
@@ -434,7 +490,7 @@ impl<M: DeviceModel> EmulatedFunction<M> {
 }
 
 /// The config-space offset of capability `id`, walking the list.
-fn find_capability(model: &dyn DeviceModel, id: u8) -> Option<u64> {
+pub(crate) fn find_capability(model: &dyn DeviceModel, id: u8) -> Option<u64> {
     let mut b = [0u8; 1];
     model.config_read(crate::pci::CAPABILITIES_POINTER, &mut b);
     let mut at = u64::from(b[0] & !3);

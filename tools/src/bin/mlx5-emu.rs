@@ -45,6 +45,12 @@ enum Cmd {
         /// How many functions to serve, their ports cabled together.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         functions: u32,
+        /// Serve the init-segment page and the first UAR page (EQ
+        /// doorbells) trapped, not mapped, so every write to them is seen:
+        /// for clients that trap unmapped BAR pages (QEMU's vfio-user-pci).
+        /// Our own client needs them mapped.
+        #[arg(long)]
+        trap_control_pages: bool,
     },
 }
 
@@ -73,7 +79,12 @@ fn socket_of(base: &std::path::Path, i: u32) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn serve(socket: PathBuf, profile: Profile, functions: u32) -> Result<(), String> {
+fn serve(
+    socket: PathBuf,
+    profile: Profile,
+    functions: u32,
+    trap_control_pages: bool,
+) -> Result<(), String> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         vmm_sys_util::signal::register_signal_handler(sig, on_signal)
             .map_err(|e| format!("installing the signal handler: {e}"))?;
@@ -88,6 +99,7 @@ fn serve(socket: PathBuf, profile: Profile, functions: u32) -> Result<(), String
         let bus = Bus::new();
         let mut cfg = DeviceConfig::for_profile(profile);
         cfg.mac = mlx5_emu::DEFAULT_MAC + u64::from(i);
+        cfg.trap_control_pages = trap_control_pages;
         let dev = Arc::new(Device::new(cfg, bus.clone()));
         fabric.attach(&dev);
         let dev: Arc<dyn DeviceModel> = dev;
@@ -135,7 +147,8 @@ fn main() -> ExitCode {
             socket,
             profile,
             functions,
-        } => serve(socket, profile, functions),
+            trap_control_pages,
+        } => serve(socket, profile, functions, trap_control_pages),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

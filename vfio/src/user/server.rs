@@ -6,7 +6,11 @@
 //! from the model, hands out the fd of the model's BAR memory (so mapped
 //! registers and doorbells are shared memory the model polls, and a
 //! doorbell costs no message), maps the fds the client shares for DMA into
-//! the model's [`DmaSpace`](crate::emulated::DmaSpace), routes the
+//! the model's [`DmaSpace`](crate::emulated::DmaSpace) (a range mapped
+//! without an fd, as QEMU maps ROMs, is reached by `DMA_READ`/`DMA_WRITE`
+//! requests to the client, answered to the model's thread by the session's
+//! reader thread; the specification's layout, address and count then data:
+//! QEMU 11's own `VFIOUserDMARW` puts its data 4 bytes earlier), routes the
 //! eventfds of `SET_IRQS` to the model's vectors and enables MSI-X in config
 //! space when vectors are attached, as vfio-pci does.
 //!
@@ -26,11 +30,13 @@
 //! stall the owner. At most [`MAX_NEWCOMERS`] wait at once; more are
 //! closed unanswered.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,14 +47,14 @@ use zerocopy::{FromBytes, IntoBytes};
 use super::device::{
     DeviceInfo, DEVICE_FLAGS_PCI, DEVICE_FLAGS_RESET, PCI_NUM_IRQS, PCI_NUM_REGIONS,
 };
-use super::dma::{DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE, DMA_UNMAP_ALL};
+use super::dma::{DmaAccess, DmaMap, DmaUnmap, DMA_MAP_READ, DMA_MAP_WRITE, DMA_UNMAP_ALL};
 use super::header::{Command, Header};
 use super::irq::*;
 use super::region::*;
 use super::socket::{self, Message, RecvError};
 use super::version::{Capabilities, Version, MAJOR, MINOR};
 use super::MAX_MESSAGE;
-use crate::emulated::{set_msix_enable, Bus, DeviceModel};
+use crate::emulated::{find_capability, set_msix_enable, Bus, DeviceModel, DmaByMessage};
 use crate::{Error, IrqKind, Result};
 
 /// Size of config space served (PCIe: 4 KiB).
@@ -439,15 +445,47 @@ impl Server {
         first: std::result::Result<Option<socket::Message>, RecvError>,
     ) {
         tracing::info!(path = %self.path.display(), "client connected");
+        let link = match sock.try_clone() {
+            Ok(s) => Arc::new(Link::new(s)),
+            Err(e) => {
+                tracing::warn!(error = %e, "dup(vfio-user connection)");
+                return;
+            }
+        };
         let mut s = Session {
             srv: self,
-            sock,
+            link: link.clone(),
             negotiated: false,
         };
-        let why = match s.received(first) {
-            Some(why) => why,
-            None => s.run(),
+        let skip = match &first {
+            Err(RecvError::TooLong(h)) => h.payload_len(),
+            _ => 0,
         };
+        let why = std::thread::scope(|scope| {
+            let why = match s.received(first) {
+                Some(why) => why,
+                None if skip > 0 && socket::discard(&sock, skip).is_err() => {
+                    "skipping an oversized message failed".into()
+                }
+                None => {
+                    // One reader: requests come here in order, replies to the
+                    // server's own requests go to whoever waits for them (the
+                    // model's thread in the middle of a DMA by message).
+                    let (tx, rx) = mpsc::channel();
+                    let reader = std::thread::Builder::new()
+                        .name("vfio-user-reader".into())
+                        .spawn_scoped(scope, || read_loop(&link, &self.stop, tx));
+                    match reader {
+                        Ok(_) => s.run(&rx),
+                        Err(e) => format!("spawn(vfio-user reader): {e}"),
+                    }
+                }
+            };
+            // The reader (if any) sees the socket shut and ends.
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            why
+        });
+        link.hang_up();
         tracing::info!(path = %self.path.display(), "client gone ({why}); releasing the function");
         self.release();
     }
@@ -470,29 +508,235 @@ impl Drop for Server {
     }
 }
 
+/// What the reader hands the session: one receive.
+type Received = std::result::Result<Option<Message>, RecvError>;
+
+/// Reads the client's messages until it goes (or the server stops): replies
+/// to the server's requests to their waiters, everything else to `tx`. An
+/// oversized message's body is skipped here, so the stream stays in step.
+fn read_loop(link: &Link, stop: &AtomicBool, tx: mpsc::Sender<Received>) {
+    let fds = [link.sock.as_raw_fd()];
+    loop {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        match socket::poll_readable(&fds, STOP_POLL) {
+            Ok(r) if !r[0] => continue,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = tx.send(Err(RecvError::Io(e)));
+                break;
+            }
+        }
+        match socket::recv(&link.sock, MAX_MESSAGE) {
+            Ok(Some(m)) if m.header.is_reply() => link.deliver(m),
+            Err(RecvError::TooLong(h)) => {
+                if tx.send(Err(RecvError::TooLong(h))).is_err() {
+                    break;
+                }
+                if let Err(e) = socket::discard(&link.sock, h.payload_len()) {
+                    let _ = tx.send(Err(RecvError::Io(e)));
+                    break;
+                }
+            }
+            r @ (Ok(Some(_)) | Err(RecvError::Short(_))) => {
+                if tx.send(r).is_err() {
+                    break;
+                }
+            }
+            r @ (Ok(None) | Err(RecvError::Io(_))) => {
+                let _ = tx.send(r);
+                break;
+            }
+        }
+    }
+    link.hang_up();
+}
+
+/// The session's socket as both directions use it: every message is sent
+/// whole under one lock (replies, and the server's own DMA_READ/DMA_WRITE
+/// requests, which may come from the model's threads), and replies to the
+/// server's requests are matched to their waiters by message ID.
+#[derive(Debug)]
+struct Link {
+    sock: UnixStream,
+    send_lock: Mutex<()>,
+    next_id: AtomicU16,
+    /// Requests in flight: `None` until the reply comes.
+    waiting: Mutex<HashMap<u16, Option<Message>>>,
+    arrived: Condvar,
+    gone: AtomicBool,
+    /// Most bytes one DMA message may carry (the smaller of both sides').
+    max_xfer: AtomicU32,
+}
+
+impl Link {
+    fn new(sock: UnixStream) -> Self {
+        Self {
+            sock,
+            send_lock: Mutex::new(()),
+            next_id: AtomicU16::new(0),
+            waiting: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            gone: AtomicBool::new(false),
+            max_xfer: AtomicU32::new(Capabilities::default().max_data_xfer_size),
+        }
+    }
+
+    fn send(
+        &self,
+        h: &Header,
+        parts: &[&[u8]],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<()> {
+        let _g = lock(&self.send_lock);
+        socket::send(&self.sock, h, parts, fds)
+    }
+
+    /// A reply from the client: to its waiter, if one still waits.
+    fn deliver(&self, m: Message) {
+        let mut w = lock(&self.waiting);
+        match w.get_mut(&m.header.id) {
+            Some(slot) => {
+                *slot = Some(m);
+                self.arrived.notify_all();
+            }
+            None => tracing::warn!(
+                id = m.header.id,
+                cmd = m.header.command_name(),
+                "reply from the client to no request of ours (timed out?); ignored"
+            ),
+        }
+    }
+
+    /// The client is gone: every waiter gives up.
+    fn hang_up(&self) {
+        self.gone.store(true, Ordering::Release);
+        let _w = lock(&self.waiting);
+        self.arrived.notify_all();
+    }
+
+    /// Sends a request and waits (up to [`IO_TIMEOUT`]) for its reply.
+    fn request(&self, cmd: Command, parts: &[&[u8]]) -> Option<Message> {
+        let id = self.next_id.fetch_add(1, Ordering::AcqRel);
+        let len = parts.iter().map(|p| p.len()).sum();
+        lock(&self.waiting).insert(id, None);
+        let sent = !self.gone.load(Ordering::Acquire)
+            && self
+                .send(&Header::command(id, cmd, len), parts, &[])
+                .is_ok();
+        let deadline = Instant::now() + IO_TIMEOUT;
+        let mut w = lock(&self.waiting);
+        let reply = loop {
+            if !sent {
+                break None;
+            }
+            if let Some(Some(_)) = w.get(&id) {
+                break w.remove(&id).flatten();
+            }
+            let now = Instant::now();
+            if now >= deadline || self.gone.load(Ordering::Acquire) {
+                break None;
+            }
+            w = match self.arrived.wait_timeout(w, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        };
+        w.remove(&id);
+        match reply {
+            Some(m) if m.header.errno().is_none() => Some(m),
+            Some(m) => {
+                tracing::debug!(cmd = cmd.name(), errno = ?m.header.errno(), "the client refused a DMA message");
+                None
+            }
+            None => {
+                tracing::warn!(
+                    cmd = cmd.name(),
+                    "no reply from the client to a DMA message"
+                );
+                None
+            }
+        }
+    }
+
+    /// The chunks of `len` bytes at `iova` that one message each may carry.
+    fn chunks(&self, iova: u64, len: usize) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+        let step = (self.max_xfer.load(Ordering::Acquire) as usize).max(1);
+        (0..len)
+            .step_by(step)
+            .map(move |at| (iova + at as u64, at..(at + step).min(len)))
+    }
+}
+
+/// DMA to memory the client did not share: `DMA_READ` / `DMA_WRITE`
+/// requests (the specification's layout: address, count, then the data).
+impl DmaByMessage for Link {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> bool {
+        for (at, r) in self.chunks(iova, buf.len()) {
+            let a = DmaAccess {
+                address: at,
+                count: r.len() as u64,
+            };
+            let Some(m) = self.request(Command::DmaRead, &[a.as_bytes()]) else {
+                return false;
+            };
+            let head = std::mem::size_of::<DmaAccess>();
+            match m.payload.get(head..) {
+                Some(data) if data.len() == r.len() => buf[r].copy_from_slice(data),
+                _ => {
+                    tracing::warn!(
+                        iova = at,
+                        count = a.count,
+                        got = m.payload.len(),
+                        "DMA_READ reply of the wrong size"
+                    );
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn write(&self, iova: u64, data: &[u8]) -> bool {
+        for (at, r) in self.chunks(iova, data.len()) {
+            let a = DmaAccess {
+                address: at,
+                count: r.len() as u64,
+            };
+            if self
+                .request(Command::DmaWrite, &[a.as_bytes(), &data[r]])
+                .is_none()
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 struct Session<'a> {
     srv: &'a Server,
-    sock: UnixStream,
+    link: Arc<Link>,
     negotiated: bool,
 }
 
 impl Session<'_> {
-    /// Serves messages until the client goes; returns why it ended.
-    fn run(&mut self) -> String {
-        let fds = [self.sock.as_raw_fd()];
+    /// Serves the reader's messages until the client goes; returns why it
+    /// ended.
+    fn run(&mut self, rx: &mpsc::Receiver<Received>) -> String {
         loop {
             if self.srv.stop.load(Ordering::Acquire) {
                 return "server stopping".into();
             }
-            let ready = match socket::poll_readable(&fds, STOP_POLL) {
-                Ok(r) => r,
-                Err(e) => return format!("poll: {e}"),
-            };
-            if !ready[0] {
-                continue;
-            }
-            if let Some(why) = self.received(socket::recv(&self.sock, MAX_MESSAGE)) {
-                return why;
+            match rx.recv_timeout(STOP_POLL) {
+                Ok(r) => {
+                    if let Some(why) = self.received(r) {
+                        return why;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return "reader ended".into(),
             }
         }
     }
@@ -512,13 +756,12 @@ impl Session<'_> {
                     .map(|e| format!("reply failed: {e}"))
             }
             Err(RecvError::TooLong(h)) => {
+                // Its body is skipped by whoever reads the socket (the
+                // first message: here).
                 tracing::warn!(size = h.size, cmd = h.command_name(), "message too long");
-                if let Err(e) = self.error_reply(&h, libc::E2BIG) {
-                    return Some(format!("reply failed: {e}"));
-                }
-                socket::discard(&self.sock, h.payload_len())
+                self.error_reply(&h, libc::E2BIG)
                     .err()
-                    .map(|e| format!("skipping an oversized message: {e}"))
+                    .map(|e| format!("reply failed: {e}"))
             }
         }
     }
@@ -527,7 +770,7 @@ impl Session<'_> {
         if h.no_reply() {
             return Ok(());
         }
-        socket::send(&self.sock, &h.error_reply(errno), &[], &[])
+        self.link.send(&h.error_reply(errno), &[], &[])
     }
 
     fn handle(&mut self, m: Message) -> std::io::Result<()> {
@@ -557,7 +800,8 @@ impl Session<'_> {
                     return Ok(());
                 }
                 let fds: Vec<_> = r.files.iter().map(|f| f.as_fd()).collect();
-                socket::send(&self.sock, &h.reply(r.payload.len()), &[&r.payload], &fds)
+                self.link
+                    .send(&h.reply(r.payload.len()), &[&r.payload], &fds)
             }
             Err(r) => {
                 tracing::debug!(id = h.id, cmd = h.command_name(), errno = r.errno, why = %r.why, "request refused");
@@ -613,6 +857,12 @@ impl Session<'_> {
         let client = Capabilities::from_wire(rest).map_err(|e| refuse(libc::EINVAL, e))?;
         tracing::debug!(?client, minor = v.minor, "VERSION");
         self.negotiated = true;
+        self.link.max_xfer.store(
+            client
+                .max_data_xfer_size
+                .min(SERVER_CAPS.max_data_xfer_size),
+            Ordering::Release,
+        );
         let ours = Version {
             major: MAJOR,
             minor: v.minor.min(MINOR),
@@ -621,6 +871,40 @@ impl Session<'_> {
     }
 
     fn dma_map(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
+        let (m, _) = head::<DmaMap>(Command::DmaMap, p)?;
+        if fds.is_empty() && m.size != 0 && (m.address | m.size) % 4096 == 0 {
+            // Memory the client does not share (QEMU: ROMs, other
+            // devices' BARs): the device reaches it by DMA_READ/DMA_WRITE.
+            if m.flags & !(DMA_MAP_READ | DMA_MAP_WRITE) != 0 || m.flags == 0 {
+                return Err(refuse(
+                    libc::EINVAL,
+                    format!(
+                        "DMA_MAP {:#x}+{:#x}: flags {:#x}",
+                        m.address, m.size, m.flags
+                    ),
+                ));
+            }
+            if self.srv.bus.dma.mappings() >= SERVER_CAPS.max_dma_maps as usize {
+                return Err(refuse(libc::ENOSPC, "too many DMA mappings"));
+            }
+            return match self
+                .srv
+                .bus
+                .dma
+                .map_by_message(m.address, m.size, self.link.clone())
+            {
+                Ok(()) => Ok(Reply::default()),
+                Err(Error::Iova { why, .. }) if why.contains("overlaps") => Err(refuse(
+                    libc::EEXIST,
+                    format!("DMA_MAP {:#x}+{:#x}: {why}", m.address, m.size),
+                )),
+                Err(e) => Err(refuse(libc::EINVAL, e.to_string())),
+            };
+        }
+        self.dma_map_fd(p, fds)
+    }
+
+    fn dma_map_fd(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
         let (m, _) = head::<DmaMap>(Command::DmaMap, p)?;
         let bad = |why: &str| {
             Err(refuse(
@@ -637,12 +921,7 @@ impl Session<'_> {
         let mut fds = fds;
         let fd = match fds.len() {
             1 => fds.remove(0),
-            0 => {
-                return Err(refuse(
-                    libc::ENOTSUP,
-                    "DMA_MAP without an fd (DMA by message) is not served: share memory by fd",
-                ))
-            }
+            0 => return bad("empty, or not 4 KiB aligned"),
             _ => return bad("more than one fd"),
         };
         let file = File::from(fd);
@@ -782,19 +1061,29 @@ impl Session<'_> {
         })
     }
 
-    /// How many vectors of `kind` the function has. INTx is counted as
-    /// vfio-pci counts it: one line when config space names an interrupt
-    /// pin (QEMU then wires it and sends its eventfd), whatever the model
-    /// says; a model that never asserts INTx simply never signals it.
+    /// How many vectors of `kind` the function has. INTx, the error and the
+    /// request interrupts are counted as vfio-pci counts them: INTx one
+    /// line when config space names an interrupt pin, the error interrupt
+    /// one on a PCI Express function, the request interrupt always one
+    /// (QEMU then wires each with an eventfd; without them it warns "Could
+    /// not enable error recovery"). A model that never raises one simply
+    /// never signals its eventfd.
     fn irq_count(&self, kind: IrqKind) -> u32 {
-        if kind == IrqKind::Intx {
-            let mut pin = [0u8; 1];
-            self.srv.model.config_read(PCI_INTERRUPT_PIN, &mut pin);
-            if pin[0] != 0 {
-                return 1;
+        let model = &*self.srv.model;
+        let vfio_pci = match kind {
+            IrqKind::Intx => {
+                let mut pin = [0u8; 1];
+                model.config_read(PCI_INTERRUPT_PIN, &mut pin);
+                pin[0] != 0
             }
+            IrqKind::Err => find_capability(model, crate::pci::CAP_ID_EXP).is_some(),
+            IrqKind::Req => true,
+            _ => false,
+        };
+        if vfio_pci {
+            return model.irq_count(kind).max(1);
         }
-        self.srv.model.irq_count(kind)
+        model.irq_count(kind)
     }
 
     fn irq_info(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {

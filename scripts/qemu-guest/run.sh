@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Run a script inside the QEMU guest of build.sh, with two cabled functions of
+# one `mlx5-emu serve --functions 2` as its PCI devices (issue 17).
+#
+#   scripts/qemu-guest/run.sh GUEST_SCRIPT [OUT_DIR]
+#
+# GUEST_SCRIPT runs as the guest's init (root read-only over 9p; mount your
+# own tmpfs; power off with `echo o > /proc/sysrq-trigger`). OUT_DIR (default
+# a fresh temporary directory, printed) receives console.log (the guest's
+# serial console: kernel log and the script's output), emu.log and qemu.rc.
+#
+# Environment: MLX5_EMU (the repo's mlx5-emu binary; default
+# target/debug/mlx5-emu beside this script's repo; `served`: the caller
+# already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
+# does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
+# (seconds, default 900), RUST_LOG.
+#
+# QEMU runs from the guest root (chroot, in a mount namespace of its own, so
+# nothing stays mounted): q35 under TCG, 2 GiB of guest RAM as a shared memfd
+# (the server maps guest memory by the fd QEMU sends), the root over 9p, and
+# each function a vfio-user-pci device behind its own pcie-root-port (on the
+# root bus Linux reads its link as unknown).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+script="${1:?usage: run.sh GUEST_SCRIPT [OUT_DIR]}"
+out="${2:-$(mktemp -d /tmp/mlx5-qemu-run.XXXXXX)}"
+emu="${MLX5_EMU:-$repo/target/debug/mlx5-emu}"
+profile="${MLX5_EMU_PROFILE:-cx4lx}"
+tmo="${MLX5_QEMU_TIMEOUT:-900}"
+
+guest="$("$here/build.sh" --path)"
+if [[ ! -f "$guest/initrd.gz" ]]; then
+    echo "run.sh: no guest at $guest (run scripts/qemu-guest/build.sh)" >&2
+    exit 1
+fi
+if [[ "$emu" != served && ! -x "$emu" ]]; then
+    echo "run.sh: no mlx5-emu at $emu (cargo build -p tools --bin mlx5-emu)" >&2
+    exit 1
+fi
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
+cp "$script" "$out/init.sh"
+cp "$guest/initrd.gz" "$out/initrd.gz"
+chmod +x "$out/init.sh"
+
+if [[ "$emu" != served ]]; then
+    rm -f "$out"/cx.sock "$out"/cx.sock.1
+    RUST_LOG="${RUST_LOG:-info}" "$emu" serve --socket "$out/cx.sock" --profile "$profile" --trap-control-pages \
+        --functions 2 >"$out/emu.log" 2>&1 &
+    emu_pid=$!
+    trap 'kill "$emu_pid" 2>/dev/null; wait "$emu_pid" 2>/dev/null || true' EXIT
+    for _ in $(seq 200); do
+        [[ -S "$out/cx.sock.1" ]] && break
+        sleep 0.05
+    done
+fi
+if [[ ! -S "$out/cx.sock.1" ]]; then
+    echo "run.sh: nothing listens on $out/cx.sock.1; see $out/emu.log" >&2
+    exit 1
+fi
+
+kv="$(cat "$guest/kernel-version")"
+# The run directory appears in the guest root as /guest (script, sockets).
+set +e
+timeout "$tmo" unshare --mount --propagation private -- bash -euc '
+    root=$1; out=$2; kv=$3
+    mount --bind "$out" "$root/guest"
+    for m in dev proc sys; do mount --bind /$m "$root/$m"; done
+    exec chroot "$root" qemu-system-x86_64 \
+        -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot -nic none \
+        -object memory-backend-memfd,id=mem,size=2G,share=on -machine memory-backend=mem \
+        -kernel /boot/vmlinuz-$kv -initrd /guest/initrd.gz \
+        -append "console=ttyS0 loglevel=7 panic=-1" \
+        -virtfs local,path=/,mount_tag=root,security_model=none,readonly=on \
+        -device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2 \
+        -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp1\",\"socket\":{\"path\":\"/guest/cx.sock\",\"type\":\"unix\"}}" \
+        -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp2\",\"socket\":{\"path\":\"/guest/cx.sock.1\",\"type\":\"unix\"}}"
+' run "$guest/root" "$out" "$kv" </dev/null >"$out/console.log" 2>&1
+rc=$?
+set -e
+echo "$rc" >"$out/qemu.rc"
+echo "$out"

@@ -1,0 +1,261 @@
+//! Linux's own mlx5 stack on the device model, in a QEMU guest (issue 17).
+//!
+//! Two cabled functions of the model are served here, in-process, on
+//! vfio-user sockets (the init-segment and EQ-doorbell pages trapped, as
+//! `mlx5-emu serve --trap-control-pages`), and the Debian trixie guest of
+//! `scripts/qemu-guest/build.sh` boots under TCG with them as two
+//! `vfio-user-pci` devices (`scripts/qemu-guest/run.sh`), running
+//! `scripts/qemu-guest/guest/smoke.sh`: modprobe mlx5_core, mlx5_ib and
+//! ib_uverbs, wait for the IB devices, `ibv_devinfo`, the kernel's mlx5 lines.
+//!
+//! The guest is cached outside the repo by content hash; when it is missing
+//! this builds it if it can (root, Debian's registry reachable; about 7
+//! minutes) and otherwise reports every check skipped with the reason.
+//! `MLX5_QEMU_MLX5_REQUIRED=1` makes a skip a failure.
+//!
+//! Its own `main` (no libtest): every check is printed by name.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use mlx5_emu::{Device, DeviceConfig, Fabric, Profile};
+use vfio::emulated::{Bus, DeviceModel};
+use vfio::user::Server;
+
+/// Every check, in order.
+const CHECKS: &[&str] = &[
+    "qemu_takes_both_devices_without_a_warning",
+    "guest_boots",
+    "mlx5_core_probes_both_functions",
+    "no_command_timeout_or_recovery",
+    "mlx5_ib_registers_mlx5_0_and_mlx5_1",
+    "ibv_devinfo_lists_both_devices",
+];
+
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Tally {
+    fn check(&mut self, name: &str, r: Result<(), String>) {
+        match r {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                self.passed += 1;
+            }
+            Err(why) => {
+                println!("test {name} ... FAILED: {why}");
+                self.failed += 1;
+            }
+        }
+    }
+    fn skip_all(&mut self, why: &str, required: bool) {
+        for c in CHECKS {
+            if required {
+                self.check(c, Err(why.to_string()));
+            } else {
+                println!("test {c} ... skipped: {why}");
+                self.skipped += 1;
+            }
+        }
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+/// The cached guest, built now if missing and buildable.
+fn guest() -> Result<PathBuf, String> {
+    let script = repo().join("scripts/qemu-guest/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--path")
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.join("initrd.gz").is_file() {
+        return Ok(path);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "no cached guest at {} and building it needs root (scripts/qemu-guest/build.sh)",
+            path.display()
+        ));
+    }
+    println!(
+        "qemu_mlx5: building the guest into {} (once)",
+        path.display()
+    );
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !out.status.success() || !path.join("initrd.gz").is_file() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(3).collect();
+        return Err(format!(
+            "no cached guest at {} and scripts/qemu-guest/build.sh failed ({}): {}",
+            path.display(),
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    Ok(path)
+}
+
+/// Serves two cabled functions on `dir/cx.sock` and `dir/cx.sock.1`, boots
+/// the guest with them and returns its console.
+fn run_guest(dir: &Path) -> Result<String, String> {
+    let fabric = Fabric::new();
+    let mut servers = Vec::new();
+    for i in 0..2u32 {
+        let path = dir.join(if i == 0 {
+            "cx.sock".into()
+        } else {
+            format!("cx.sock.{i}")
+        });
+        let bus = Bus::new();
+        let mut cfg = DeviceConfig::for_profile(Profile::ConnectX4Lx);
+        cfg.mac = mlx5_emu::DEFAULT_MAC + u64::from(i);
+        cfg.trap_control_pages = true;
+        let dev = Arc::new(Device::new(cfg, bus.clone()));
+        fabric.attach(&dev);
+        let dev: Arc<dyn DeviceModel> = dev;
+        let server =
+            Server::bind(&path, dev, bus).map_err(|e| format!("{}: {e}", path.display()))?;
+        servers.push(server.spawn().map_err(|e| e.to_string())?);
+    }
+    let run = repo().join("scripts/qemu-guest/run.sh");
+    let status = Command::new("bash")
+        .arg(&run)
+        .arg(repo().join("scripts/qemu-guest/guest/smoke.sh"))
+        .arg(dir)
+        .env("MLX5_EMU", "served")
+        .env("MLX5_QEMU_TIMEOUT", "600")
+        .status()
+        .map_err(|e| format!("running {}: {e}", run.display()))?;
+    drop(servers);
+    drop(fabric);
+    let console = std::fs::read_to_string(dir.join("console.log"))
+        .map_err(|e| format!("no console log ({status}): {e}"))?;
+    Ok(console)
+}
+
+fn main() {
+    let start = Instant::now();
+    let mut t = Tally::default();
+    let required = std::env::var("MLX5_QEMU_MLX5_REQUIRED").is_ok_and(|v| v == "1");
+    match guest() {
+        Err(why) => t.skip_all(&why, required),
+        Ok(_) => {
+            let dir = std::env::temp_dir().join(format!("qemu_mlx5-{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&dir);
+            match run_guest(&dir) {
+                Err(why) => {
+                    for c in CHECKS {
+                        t.check(c, Err(why.clone()));
+                    }
+                }
+                Ok(console) => judge(&mut t, &console, &dir),
+            }
+            if t.failed == 0 {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed; {} skipped; finished in {:.1}s",
+        if t.failed == 0 { "ok" } else { "FAILED" },
+        t.passed,
+        t.failed,
+        t.skipped,
+        start.elapsed().as_secs_f64()
+    );
+    if t.failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// The checks, from the guest's console.
+fn judge(t: &mut Tally, console: &str, dir: &Path) {
+    let has = |s: &str| console.contains(s);
+    let log = format!("see {}", dir.join("console.log").display());
+    let qemu: Vec<&str> = console
+        .lines()
+        .filter(|l| l.starts_with("qemu-system-x86_64:") || l.starts_with("vfio_user"))
+        .collect();
+    t.check(
+        "qemu_takes_both_devices_without_a_warning",
+        if qemu.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{qemu:?}"))
+        },
+    );
+    t.check(
+        "guest_boots",
+        if has("=== up ") {
+            Ok(())
+        } else {
+            Err(format!("the guest script never ran; {log}"))
+        },
+    );
+    let probed: Vec<&str> = ["0000:01:00.0", "0000:02:00.0"]
+        .into_iter()
+        .filter(|f| !has(&format!("mlx5_core {f}: firmware version: 14.12.1220")))
+        .collect();
+    t.check(
+        "mlx5_core_probes_both_functions",
+        if probed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no firmware version line for {probed:?}; {log}"))
+        },
+    );
+    let stalls: Vec<&str> = console
+        .lines()
+        .filter(|l| {
+            l.contains("mlx5")
+                && (l.contains("recovered after timeout")
+                    || l.contains("Recovered")
+                    || l.contains("timeout"))
+        })
+        .collect();
+    t.check(
+        "no_command_timeout_or_recovery",
+        if stalls.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{stalls:?}"))
+        },
+    );
+    t.check(
+        "mlx5_ib_registers_mlx5_0_and_mlx5_1",
+        if has("=== ib devices: mlx5_0 mlx5_1") {
+            Ok(())
+        } else {
+            Err(format!("not both devices in /sys/class/infiniband; {log}"))
+        },
+    );
+    t.check(
+        "ibv_devinfo_lists_both_devices",
+        if has("=== ibv_devinfo rc=0")
+            && has("hca_id:\tmlx5_0")
+            && has("hca_id:\tmlx5_1")
+            && has("fw_ver:\t\t\t\t14.12.1220")
+        {
+            Ok(())
+        } else {
+            Err(format!("ibv_devinfo failed or missed a device; {log}"))
+        },
+    );
+}
