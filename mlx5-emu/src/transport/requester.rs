@@ -10,9 +10,10 @@
 //! every message up to its PSN, in order. A READ, an atomic or a NOP waits
 //! for the messages before it to be acknowledged, then for its own
 //! response (they come back synchronously, see [`crate::fabric`]). A NAK
-//! acknowledges what precedes its PSN; an RNR NAK or silence leaves the
-//! unacknowledged WQE at the head with a timer, until
-//! `rnr_retry` or `retry_count` is used up. A WQE that fails completes
+//! acknowledges what precedes its PSN; a PSN sequence error NAK sends the
+//! queue back to the oldest unacknowledged message at once, an RNR NAK or
+//! silence leaves the unacknowledged WQE at the head with a timer (the RNR
+//! timer, the ACK timeout), until `rnr_retry` or `retry_count` is used up. A WQE that fails completes
 //! with an error CQE and moves the QP to ERR (RC) or SQE (UC, UD); in ERR
 //! every posted WQE, send and receive, completes as flushed.
 
@@ -1275,33 +1276,39 @@ fn rc_outcome(
 }
 
 /// A NAK (IBA 9.7.5.1.3-4): a PSN sequence error sends the queue back to
-/// the message, as after a timeout; any other code fails the WQE with
-/// the matching syndrome.
+/// the oldest unacknowledged message at once, as a real HCA does (the
+/// responder named the PSN it expects: no need to wait for a timeout);
+/// any other code fails the WQE with the matching syndrome.
 fn nak_outcome(rdma: &Rdma, sq: &mut Sq, first_psn: u32, code: u8) -> Outcome {
     rdma.counters.naks.fetch_add(1, Ordering::Relaxed);
     let synd = match code {
         aeth::NAK_REMOTE_ACCESS => CqeSyndrome::RemoteAccessErr,
         aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
-        aeth::NAK_PSN_SEQ => {
-            // Go back: resend the message, as after a timeout.
-            return retry_after_timeout(sq, first_psn, rdma.clock.now());
-        }
+        aeth::NAK_PSN_SEQ => return go_back(sq, first_psn, rdma.clock.now()),
         _ => CqeSyndrome::RemoteInvalReqErr,
     };
     Outcome::Error(synd, vendor::NAK)
 }
 
+/// Nothing acknowledged the message from `first_psn`: it is sent again
+/// after the local ACK timeout ([`go_back`]).
 fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
+    // No timeout: wait as long as it takes (checked again every second).
+    let d = ack_timeout(sq.path.ack_timeout).unwrap_or(Duration::from_secs(1));
+    go_back(sq, first_psn, vfio::clock::later(now, d))
+}
+
+/// The send queue goes back to PSN `first_psn` and sends again at `at`,
+/// one of `retry_count` retries (a timeout, or a PSN sequence error NAK,
+/// IBA 9.7.5.1.3); none left fails the WQE with
+/// TRANSPORT_RETRY_EXC_ERR.
+fn go_back(sq: &mut Sq, first_psn: u32, at: Instant) -> Outcome {
     sq.psn = first_psn;
     if sq.retries_left == 0 {
         return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);
     }
     sq.retries_left -= 1;
-    match ack_timeout(sq.path.ack_timeout) {
-        Some(d) => Outcome::Retry(vfio::clock::later(now, d)),
-        // No timeout: wait as long as it takes (checked again every second).
-        None => Outcome::Retry(vfio::clock::later(now, Duration::from_secs(1))),
-    }
+    Outcome::Retry(at)
 }
 
 /// Completes every posted send WQE as flushed.
