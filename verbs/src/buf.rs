@@ -313,6 +313,108 @@ impl Drop for DmaSlice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pagealloc::tests::NullFunction;
+    use vfio::PciFunction;
+
+    fn ctx() -> (Arc<dyn PciFunction>, Arc<DmaCtx>) {
+        let f: Arc<dyn PciFunction> = Arc::new(NullFunction::default());
+        let dma = DmaCtx::new(f.clone()).unwrap();
+        (f, dma)
+    }
+
+    #[test]
+    fn pieces_are_aligned_disjoint_and_share_a_few_chunks() {
+        let (f, dma) = ctx();
+        let sizes = [4096usize, 100, 8192, 64 << 10, 5000, 1 << 20];
+        let mut v: Vec<DmaSlice> = (0..3000)
+            .map(|i| dma.alloc_buf(sizes[i % sizes.len()]).unwrap())
+            .collect();
+        let mut spans: Vec<(u64, u64)> = v
+            .iter()
+            .map(|s| {
+                assert!(s.len().is_power_of_two() && s.len() >= 4096);
+                assert_eq!(s.iova().0 % s.len() as u64, 0, "naturally aligned");
+                (s.iova().0, s.iova().0 + s.len() as u64)
+            })
+            .collect();
+        spans.sort_unstable();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "disjoint");
+        let st = dma.queue_memory();
+        assert_eq!(st.pieces, 3000);
+        assert_eq!(f.dma_mappings(), st.chunks);
+        assert!(st.chunks <= 48, "{st:?}");
+        assert!(st.chunk_bytes >= st.piece_bytes);
+        // A piece is zero when handed out, whoever used the memory before.
+        v[7].write(0, &[0xaa; 64]).unwrap();
+        let off = (v[7].iova(), v[7].len());
+        v.swap_remove(7);
+        let again = (0..200)
+            .map(|_| dma.alloc_buf(off.1).unwrap())
+            .find(|s| s.iova() == off.0)
+            .expect("the freed piece is handed out again");
+        let mut b = [0xffu8; 64];
+        again.buf().read(again.offset(), &mut b).unwrap();
+        assert_eq!(b, [0; 64]);
+        drop(again);
+        v.clear();
+        let st = dma.queue_memory();
+        assert_eq!((st.chunks, st.pieces, st.piece_bytes), (0, 0, 0), "{st:?}");
+        assert_eq!(f.dma_mappings(), 0);
+    }
+
+    #[test]
+    fn doorbell_records_pack_64_to_a_page() {
+        let (f, dma) = ctx();
+        let recs: Vec<_> = (0..130).map(|_| dma.alloc_dbrec().unwrap()).collect();
+        let st = dma.queue_memory();
+        assert_eq!((st.dbrec_pages, st.dbrecs, st.pieces), (3, 130, 3));
+        assert_eq!(f.dma_mappings(), 1);
+        let mut at: Vec<u64> = recs.iter().map(|r| r.iova().0).collect();
+        at.sort_unstable();
+        at.dedup();
+        assert_eq!(at.len(), 130);
+        assert!(at.iter().all(|a| a % 64 == 0));
+        // Inside the record, or refused.
+        assert!(recs[0].ring::<8>(0).is_ok());
+        assert!(recs[0].ring::<4>(60).is_ok());
+        assert!(recs[0].ring::<8>(60).is_err());
+        drop(recs);
+        assert_eq!(dma.queue_memory(), ArenaStats::default());
+        assert_eq!(f.dma_mappings(), 0);
+    }
+
+    #[test]
+    fn a_slice_is_bounded_by_its_piece() {
+        let (_f, dma) = ctx();
+        let s = dma.alloc_buf(4096).unwrap();
+        assert!(s.ring::<64>(0, 64).is_ok());
+        assert!(s.ring::<64>(64, 64).is_err(), "past the piece");
+        assert!(s.ring::<64>(0, 128).is_err(), "past the piece");
+        assert!(s.write(4095, &[1]).is_ok());
+        assert!(s.write(4095, &[1, 2]).is_err());
+    }
+
+    #[test]
+    fn memory_the_device_may_still_use_is_never_reused() {
+        let (f, dma) = ctx();
+        let a = dma.alloc_buf(4096).unwrap();
+        let r = dma.alloc_dbrec().unwrap();
+        let kept = (a.iova(), r.iova());
+        a.device_may_still_use();
+        r.device_may_still_use();
+        drop((a, r));
+        let st = dma.queue_memory();
+        assert_eq!((st.quarantined_bytes, st.dbrecs), (4096, 1));
+        let others: Vec<_> = (0..600).map(|_| dma.alloc_buf(4096).unwrap()).collect();
+        let recs: Vec<_> = (0..100).map(|_| dma.alloc_dbrec().unwrap()).collect();
+        assert!(others.iter().all(|s| s.iova() != kept.0));
+        assert!(recs.iter().all(|r| r.iova() != kept.1));
+        drop((others, recs));
+        assert_eq!(f.dma_mappings(), 1, "the chunk stays mapped");
+        // Closing the function (the last user of the context) unmaps it.
+        drop(dma);
+        assert_eq!(f.dma_mappings(), 0);
+    }
 
     #[test]
     fn zero_clears_across_pages() {
