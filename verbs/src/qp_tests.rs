@@ -12,6 +12,7 @@ use zerocopy::FromBytes;
 
 use super::*;
 use crate::cq::{cqe_to_wc, CqRing, Wc, WcOpcode, WcStatus};
+use crate::mr::Sge;
 
 const QPN: u32 = 0x12_3456;
 
@@ -528,15 +529,8 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
     let buf = DmaBuffer::new(4096).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
     let track = WqTrack::new(QPN, 4, 4);
-    let mut rq = RecvRing {
-        segs: vfio::DmaRing::new(buf.clone(), 0, 4).unwrap(),
-        log_segs: 0,
-        max_sge: 1,
-        mask: 3,
-        pc: 0,
-        dbrec: vfio::DmaRing::new(dbrec, 0, 1).unwrap(),
-        track: track.clone(),
-    };
+    // Four WQEs of one data segment each.
+    let mut rq = RecvRing::new(buf.clone(), 16, 4, dbrec, track.clone()).unwrap();
     let s = sge(0x1000, 64, 1);
     let rbuf = buf;
     for id in [500, 501, 502, 503] {
@@ -767,15 +761,8 @@ fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
     let buf = DmaBuffer::new(4096).unwrap();
     buf.fill(0, 4096, 0xee).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
-    let mut rq = RecvRing {
-        segs: vfio::DmaRing::new(buf.clone(), 0, 16).unwrap(),
-        log_segs: 2,
-        max_sge: 4,
-        mask: 3,
-        pc: 0,
-        dbrec: vfio::DmaRing::new(dbrec.clone(), 0, 1).unwrap(),
-        track: WqTrack::new(QPN, 4, 4),
-    };
+    // Four WQEs of four data segments each.
+    let mut rq = RecvRing::new(buf.clone(), 64, 4, dbrec.clone(), WqTrack::new(QPN, 4, 4)).unwrap();
     let s = [sge(0x1000, 10, 7), sge(0x2000, 20, 8)];
     rq.post(&RecvWr {
         wr_id: 1,
