@@ -66,6 +66,7 @@ impl RecvRing {
         self.dbrec.store_u32_be_at::<0>(0, 0);
     }
 
+    #[inline]
     pub(crate) fn post(&mut self, wr: &RecvWr<'_>) -> std::result::Result<(), PostError> {
         if wr.sg_list.len() > self.max_sge {
             return Err(PostError::TooLarge);
@@ -97,6 +98,7 @@ impl RecvRing {
         Ok(())
     }
 
+    #[inline]
     pub(crate) fn ring(&self) {
         // The WQEs are in memory before the record says so.
         dma_wmb();

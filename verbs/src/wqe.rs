@@ -369,6 +369,7 @@ impl SendRing {
 
     /// Builds and writes one WQE for `wr`; the doorbell is left for
     /// [`ring`](Self::ring).
+    #[inline]
     pub(crate) fn write_wr(
         &mut self,
         wr: &SendWr<'_>,
