@@ -339,10 +339,10 @@ struct QpSizes {
 }
 
 impl QpSizes {
-    /// The sizes for `a`, or which capacity is beyond the device's
-    /// (`max_wqes`: `log_max_qp_sz`).
-    fn new(a: &QpInitAttr<'_>, max_wqes: u32) -> Result<Self> {
-        let cap = a.cap;
+    /// The sizes for `cap` on a `qp_type` QP (its receives from an SRQ
+    /// when `srq`), or which capacity is beyond the device's (`max_wqes`:
+    /// `log_max_qp_sz`).
+    fn new(cap: QpCap, qp_type: QpType, srq: bool, max_wqes: u32) -> Result<Self> {
         if cap.max_send_sge as usize > MAX_SGE
             || cap.max_recv_sge as usize > MAX_SGE
             || cap.max_inline_data as usize > MAX_INLINE
@@ -352,7 +352,7 @@ impl QpSizes {
         // Send WQE size: ctrl + the largest of (datagram | raddr + atomic)
         // + SGEs or inline, rounded to a block.
         let hdr = CTRL_SIZE
-            + if a.qp_type == QpType::Ud {
+            + if qp_type == QpType::Ud {
                 DGRAM_SIZE
             } else {
                 RADDR_SIZE + ATOMIC_SIZE
@@ -367,7 +367,7 @@ impl QpSizes {
             .and_then(u32::checked_next_power_of_two)
             .filter(|&n| n <= max_wqes)
             .ok_or(Error::Invalid("max_send_wr beyond the device's"))?;
-        let (rq_cnt, rq_stride) = if a.srq.is_some() || cap.max_recv_wr == 0 {
+        let (rq_cnt, rq_stride) = if srq || cap.max_recv_wr == 0 {
             (0u32, 0usize)
         } else {
             let st = (cap.max_recv_sge.max(1) as usize * DATA_SIZE).next_power_of_two();
@@ -518,7 +518,8 @@ impl Qp {
     /// rings to the QP number firmware returned and attach it to its CQs.
     fn create(pd: &Arc<PdInner>, a: &QpInitAttr<'_>) -> Result<Self> {
         let ctx = &pd.ctx;
-        let sizes = QpSizes::new(a, ctx.hca.caps().max_qp_sz()?)?;
+        let max_wqes = ctx.hca.caps().max_qp_sz()?;
+        let sizes = QpSizes::new(a.cap, a.qp_type, a.srq.is_some(), max_wqes)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());
         let inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref());
