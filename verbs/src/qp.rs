@@ -7,7 +7,7 @@
 //! One DMA buffer holds the receive queue at offset 0 and the send queue
 //! after it (mlx5's layout); a separate doorbell record holds the receive
 //! and send counters. Creating a QP follows the PRM's steps, one function
-//! each: size the queues ([`QpSizes`]), allocate the buffer, the doorbell
+//! each: size the queues (`QpSizes`), allocate the buffer, the doorbell
 //! record and a UAR, build `create_qp_in`, execute it, and wire the rings
 //! to the QP number firmware returned.
 //!

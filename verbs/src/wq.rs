@@ -2,7 +2,7 @@
 //! / `tail`, rdma-core's `mlx5_wq`): what a completion needs to find its
 //! work request, shared by a QP's rings and the CQs it reports to.
 //!
-//! The send side keeps one [`SqSlot`] per 64-byte block: the wr_id of the
+//! The send side keeps one `SqSlot` per 64-byte block: the wr_id of the
 //! WQE that starts there and the producer counter after it, so a
 //! completion for WQE index `n` frees the queue up to the end of that WQE
 //! (and an unsignaled run before it). The receive side keeps the wr_ids in

@@ -3,7 +3,7 @@
 //! ([`PostError`]), and posting them on a [`Qp`] (mlx5_ib's `wr.c`:
 //! `ibv_post_send`, `ibv_post_recv`, and the one-WQE fast path
 //! [`Qp::post_rdma_write`]). The WQEs themselves are built by
-//! [`crate::wqe::SendRing`] and [`crate::rq`].
+//! [`crate::wqe::SendRing`] and `crate::rq`.
 //!
 //! Also the `ibv_wr_*` batch API: `wr_start`, an operation (`wr_send`,
 //! `wr_rdma_write`, ...), its data (`wr_set_sge`, `wr_set_inline_data`,
