@@ -63,8 +63,11 @@ pub mod mr;
 pub mod pagealloc;
 pub mod pd;
 pub mod qp;
+mod rq;
 pub mod srq;
 pub mod uar;
+pub mod wq;
+pub mod wqe;
 pub mod wr;
 
 pub use error::{Error, Result};
