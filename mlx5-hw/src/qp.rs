@@ -1,5 +1,6 @@
 //! Queue pair numbers of Linux's `include/linux/mlx5/qp.h` that are not a
-//! layout: the `opt_param_mask` bits a QP state transition carries.
+//! layout: the `opt_param_mask` bits a QP state transition carries, and the
+//! QP states `qpc.state` reports.
 //!
 //! A transition command (`init2rtr_qp_in`, `rtr2rts_qp_in`, ...) applies the
 //! QPC fields its transition requires plus those optional ones whose bit is
@@ -48,6 +49,28 @@ pub const QP_OPTPAR_DC_KEY: u32 = 1 << 21;
 /// `opt_param_mask`: `counter_set_id` (`MLX5_QP_OPTPAR_COUNTER_SET_ID`).
 pub const QP_OPTPAR_COUNTER_SET_ID: u32 = 1 << 25;
 
+/// `qpc.state`: reset (`MLX5_QP_STATE_RST`, `enum mlx5_qp_state`).
+pub const QP_STATE_RST: u8 = 0;
+/// `qpc.state`: initialized (`MLX5_QP_STATE_INIT`).
+pub const QP_STATE_INIT: u8 = 1;
+/// `qpc.state`: ready to receive (`MLX5_QP_STATE_RTR`).
+pub const QP_STATE_RTR: u8 = 2;
+/// `qpc.state`: ready to send (`MLX5_QP_STATE_RTS`).
+pub const QP_STATE_RTS: u8 = 3;
+/// `qpc.state`: send queue error (`MLX5_QP_STATE_SQER`).
+pub const QP_STATE_SQER: u8 = 4;
+/// `qpc.state`: send queue drained (`MLX5_QP_STATE_SQD`). Not 7: that is
+/// `MLX5_QP_STATE_SQ_DRAINING`, which `mlx5_ifc.h` calls
+/// `MLX5_QPC_STATE_SQD`; mlx5_ib's `to_ib_qp_state` reads both as
+/// IB_QPS_SQD.
+pub const QP_STATE_SQD: u8 = 5;
+/// `qpc.state`: error (`MLX5_QP_STATE_ERR`).
+pub const QP_STATE_ERR: u8 = 6;
+/// `qpc.state`: the send queue is draining (`MLX5_QP_STATE_SQ_DRAINING`).
+pub const QP_STATE_SQ_DRAINING: u8 = 7;
+/// `qpc.state`: suspended (`MLX5_QP_STATE_SUSPENDED`).
+pub const QP_STATE_SUSPENDED: u8 = 9;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +108,22 @@ mod tests {
         }
         // qp.h leaves bits 11, 17 and 22-24 unnamed.
         assert_eq!(seen, 0x023d_f7ff);
+    }
+
+    #[test]
+    fn qp_states_are_linuxs_enum_mlx5_qp_state() {
+        // include/linux/mlx5/qp.h, enum mlx5_qp_state (8 is unnamed).
+        let states = [
+            QP_STATE_RST,
+            QP_STATE_INIT,
+            QP_STATE_RTR,
+            QP_STATE_RTS,
+            QP_STATE_SQER,
+            QP_STATE_SQD,
+            QP_STATE_ERR,
+            QP_STATE_SQ_DRAINING,
+            QP_STATE_SUSPENDED,
+        ];
+        assert_eq!(states, [0, 1, 2, 3, 4, 5, 6, 7, 9]);
     }
 }

@@ -17,15 +17,12 @@ use super::{Cq, Rdma};
 use crate::fabric::Wire;
 use crate::lock;
 
-/// QP states (`MLX5_QPC_STATE_*`).
+/// QP states (`qpc.state`, [`mlx5_hw::qp`]'s `QP_STATE_*`).
 pub(crate) mod state {
-    pub const RST: u8 = 0x0;
-    pub const INIT: u8 = 0x1;
-    pub const RTR: u8 = 0x2;
-    pub const RTS: u8 = 0x3;
-    pub const SQER: u8 = 0x4;
-    pub const ERR: u8 = 0x6;
-    pub const SQD: u8 = 0x7;
+    pub use mlx5_hw::qp::{
+        QP_STATE_ERR as ERR, QP_STATE_INIT as INIT, QP_STATE_RST as RST, QP_STATE_RTR as RTR,
+        QP_STATE_RTS as RTS, QP_STATE_SQD as SQD, QP_STATE_SQER as SQER,
+    };
     /// Not a PRM state: the QP was destroyed (cached references see it).
     pub const DESTROYED: u8 = 0xff;
 }
@@ -454,5 +451,25 @@ impl Srq {
             Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
             Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state;
+
+    #[test]
+    fn qp_states_are_what_qpc_state_reports() {
+        // Linux's enum mlx5_qp_state: SQD (drained) is 5; 7 is SQ_DRAINING.
+        let s = [
+            state::RST,
+            state::INIT,
+            state::RTR,
+            state::RTS,
+            state::SQER,
+            state::SQD,
+            state::ERR,
+        ];
+        assert_eq!(s, [0, 1, 2, 3, 4, 5, 6]);
     }
 }
