@@ -211,6 +211,9 @@ pub(crate) struct Rq {
     /// RC: packets that asked for an ACK since the last one sent (the
     /// coalesced ACK names `epsn - 1`).
     pub ack_owed: u32,
+    /// RC: the last atomic executed, its PSN and the original value, for
+    /// a duplicate of it (its acknowledgement was lost).
+    pub atomic_done: Option<(u32, u64)>,
     /// The last rkey looked up.
     pub rkeys: super::KeyCache,
 }
