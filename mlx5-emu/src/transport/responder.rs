@@ -373,17 +373,18 @@ fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'
 }
 
 /// A duplicate request: the requester went back because a response was
-/// lost. An RDMA READ is executed again (its read responses sent again),
-/// the last atomic answered again with the original value it saw (not
-/// executed twice), anything else acknowledged again.
+/// lost. An RDMA READ is executed again (its read responses sent again;
+/// none if its rkey no longer grants the read: an ACK would complete it
+/// without data), the last atomic answered again with the original value
+/// it saw (not executed twice), anything else acknowledged again.
 fn duplicate(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
     match (r.h.bth.opcode & 0x1f, r.h.reth, rq.atomic_done) {
-        (op::READ_REQUEST, Some(reth), _) if rq.rre => {
+        (op::READ_REQUEST, reth, _) => {
             let mut ext = Vec::new();
-            if read_target(r, rq, reth, &mut ext) {
+            if let Some(reth) = reth.filter(|t| rq.rre && read_target(r, rq, *t, &mut ext)) {
                 read_responses(r, &ext, u64::from(reth.dma_len), rq.msn, reply);
-                return;
             }
+            return;
         }
         (op::COMPARE_SWAP | op::FETCH_ADD, _, Some((psn, orig))) if psn == r.psn => {
             return atomic_ack(r, rq.msn, orig, reply);
