@@ -742,6 +742,51 @@ fn rc_lost_packet_in_a_coalesced_run_is_resent() {
 }
 
 #[test]
+fn rc_lost_responses_are_recovered() {
+    let clock = ManualClock::new();
+    // A lost coalesced ACK: the WRITEs go again after the ACK timeout, their
+    // duplicates are acknowledged again and none lands twice.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    f.drop_responses(1);
+    let data = write_burst(&mut a, &b, &mut qa, 3, None);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    for (i, d) in data.iter().enumerate() {
+        let e = a.poll(0);
+        assert_eq!((opcode(&e), be16(&e, 0x3c)), (0, i as u16), "CQE {i}");
+        assert_eq!(&read(&b, 0x4_0000 + i * 0x1000, 100), d, "WRITE {i}");
+    }
+    assert_eq!(b.d.f.model().stats().messages_received, 3);
+    // A READ whose first two read response packets of three (MTU 1024)
+    // are lost: the last alone does not complete it (a gap); the READ goes
+    // again after the ACK timeout and the responder executes it again.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 3);
+    let src = fill(&b, 0x6_0000, 2500, 9);
+    let mut segs = raddr_seg(DATA_VA + 0x6_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(2500, a.lkey, DATA_VA + 0x7_0000));
+    f.drop_responses(2);
+    a.post_send(&mut qa, 0x10, 0, &segs, true);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), be32(&e, 0x2c)), (0, 2500));
+    assert_eq!(read(&a, 0x7_0000, 2500), src);
+    // A lost atomic acknowledgement: the FETCH_ADD is not executed twice;
+    // its duplicate is answered with the value it saw.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    b.data.write(0x8_0000, &100u64.to_be_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&7u64.to_be_bytes());
+    segs.extend_from_slice(&0u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0000));
+    f.drop_responses(1);
+    a.post_send(&mut qa, 0x12, 0, &segs, true);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), be32(&e, 0x2c)), (0, 8));
+    assert_eq!(read(&a, 0x9_0000, 8), 100u64.to_be_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 107u64.to_be_bytes());
+}
+
+#[test]
 fn rc_multi_packet_write_counts_every_packet() {
     let (_f, mut a, mut b, mut qa, _qb) = rc_pair(3); // MTU 1024
     let data = fill(&a, 0x2_0000, 10_000, 9);

@@ -9,7 +9,8 @@
 //! [`super::responder::ACK_COALESCE`] messages), and one ACK completes
 //! every message up to its PSN, in order. A READ, an atomic or a NOP waits
 //! for the messages before it to be acknowledged, then for its own
-//! response (they come back synchronously, see [`crate::fabric`]). A NAK
+//! response (they come back synchronously, see [`crate::fabric`]; read
+//! responses in PSN order: after a gap the READ counts as unanswered). A NAK
 //! acknowledges what precedes its PSN; a PSN sequence error NAK sends the
 //! queue back to the oldest unacknowledged message at once, an RNR NAK or
 //! silence leaves the unacknowledged WQE at the head with a timer (the RNR
@@ -855,6 +856,11 @@ struct Answer {
     fault: bool,
     /// Plain ACKs among the responses.
     acks: u64,
+    /// The PSN of the next read response expected (none yet: the READ's
+    /// first PSN); after a gap (a response lost) the rest are ignored and
+    /// the READ is sent again.
+    read_next: Option<u32>,
+    read_gap: bool,
 }
 
 impl Answer {
@@ -906,6 +912,11 @@ fn note(
         | op::READ_RESPONSE_MIDDLE
         | op::READ_RESPONSE_LAST
         | op::READ_RESPONSE_ONLY => {
+            if ans.read_gap || psn != ans.read_next.unwrap_or(first_psn) {
+                ans.read_gap = true;
+                return;
+            }
+            ans.read_next = Some((psn + 1) & 0xff_ffff);
             let off = u64::from(psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
             if r.payload.copy_to(mem, ext, off).is_err() {
                 ans.fault = true;

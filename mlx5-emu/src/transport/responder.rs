@@ -1,7 +1,8 @@
 //! The responder: what a QP does with the packets that reach it.
 //!
-//! RC: PSN checking (a duplicate is acknowledged again, a gap answered
-//! with a PSN sequence error NAK), SEND into the next receive WQE of the RQ
+//! RC: PSN checking (a duplicate is acknowledged again, a duplicate READ
+//! executed again, the last atomic's duplicate answered with the value it
+//! saw; a gap answered with a PSN sequence error NAK), SEND into the next receive WQE of the RQ
 //! or SRQ (an RNR NAK when none is posted), RDMA WRITE through the rkey
 //! (remote write right, PD, bounds), RDMA READ answered with read response
 //! packets, atomics executed on 8 aligned bytes and answered with the
@@ -26,7 +27,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::cq::Completion;
 use super::mem::{self, access, Extent, Hinted, KeyError};
-use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, RoceAddr, Service};
+use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, Reth, RoceAddr, Service};
 use super::qp::{self, Qp, RecvError, Rq};
 use super::requester::vendor;
 use super::{rlock, Rdma};
@@ -360,18 +361,38 @@ fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'
     if diff == 0 {
         return true;
     }
-    let to = &r.pkt.addr;
     if diff >= 0x80_0000 {
-        // A duplicate: acknowledge it again.
-        let ack = aeth::ACK | aeth::CREDITS_INVALID;
-        respond(reply, to, r.remote, r.psn, ack, rq.msn);
+        duplicate(r, rq, reply);
     } else {
         // The NAK acknowledges everything before `epsn`.
         rq.ack_owed = 0;
         let nak = aeth::NAK | aeth::NAK_PSN_SEQ;
-        respond(reply, to, r.remote, rq.epsn, nak, rq.msn);
+        respond(reply, &r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
     }
     false
+}
+
+/// A duplicate request: the requester went back because a response was
+/// lost. An RDMA READ is executed again (its read responses sent again;
+/// none if its rkey no longer grants the read: an ACK would complete it
+/// without data), the last atomic answered again with the original value
+/// it saw (not executed twice), anything else acknowledged again.
+fn duplicate(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
+    match (r.h.bth.opcode & 0x1f, r.h.reth, rq.atomic_done) {
+        (op::READ_REQUEST, reth, _) => {
+            let mut ext = Vec::new();
+            if let Some(reth) = reth.filter(|t| rq.rre && read_target(r, rq, *t, &mut ext)) {
+                read_responses(r, &ext, u64::from(reth.dma_len), rq.msn, reply);
+            }
+            return;
+        }
+        (op::COMPARE_SWAP | op::FETCH_ADD, _, Some((psn, orig))) if psn == r.psn => {
+            return atomic_ack(r, rq.msn, orig, reply);
+        }
+        _ => {}
+    }
+    let ack = aeth::ACK | aeth::CREDITS_INVALID;
+    respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
 }
 
 /// A request executed: the expected PSN moves on; if it asked for an ACK,
@@ -600,20 +621,7 @@ fn rc_read(
     }
     let mut w = std::mem::take(&mut rq.write);
     w.ext.clear();
-    let ok = reth.dma_len == 0
-        || r.rdma
-            .mkey_cached(reth.rkey, &mut rq.rkeys)
-            .is_some_and(|k| {
-                k.resolve(
-                    r.qp.pd,
-                    access::RR,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                    &mut w.ext,
-                )
-                .is_ok()
-            });
-    if !ok {
+    if !read_target(r, rq, reth, &mut w.ext) {
         rq.write = w;
         return Err(Fatal::Access.into());
     }
@@ -628,6 +636,18 @@ fn rc_read(
         .messages_received
         .fetch_add(1, Ordering::Relaxed);
     Ok(Accepted::Answered)
+}
+
+/// Whether the rkey grants remote read on the RETH's range (PD, bounds);
+/// `ext` then holds the range.
+fn read_target(r: &Req<'_, '_, '_>, rq: &mut Rq, reth: Reth, ext: &mut Vec<Extent>) -> bool {
+    reth.dma_len == 0
+        || r.rdma
+            .mkey_cached(reth.rkey, &mut rq.rkeys)
+            .is_some_and(|k| {
+                k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
+                    .is_ok()
+            })
 }
 
 /// Sends the read response packets of `total` bytes of `ext`, MTU-sized,
@@ -732,6 +752,7 @@ fn rc_atomic(
     rq.msn = psn_add(rq.msn, 1);
     rq.ack_owed = 0;
     rq.epsn = psn_add(r.psn, 1);
+    rq.atomic_done = Some((r.psn, orig));
     r.rdma
         .counters
         .messages_received
