@@ -686,6 +686,12 @@ impl Hca {
         &self.dma
     }
 
+    /// What the queue-memory arena holds now: chunks (one memfd and one
+    /// DMA mapping each), the queue buffers and doorbell records in them.
+    pub fn queue_memory(&self) -> crate::buf::ArenaStats {
+        self.dma.queue_memory()
+    }
+
     /// Where completion events are routed by CQ number.
     pub(crate) fn comp_table(&self) -> &Arc<eq::CompTable> {
         &self.comp_table

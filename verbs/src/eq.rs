@@ -43,8 +43,9 @@ use vfio::mmio::dma_rmb;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::buf::DmaSlice;
 use crate::cmd::{Cmd, CmdQueue};
-use crate::dma::{DmaCtx, DmaRegion};
+use crate::dma::DmaCtx;
 use crate::pagealloc::PageRequest;
 use crate::uar::Uar;
 use crate::{Error, Result};
@@ -199,7 +200,7 @@ pub(crate) struct Eq {
     eqn: u8,
     vector: u32,
     log_nent: u32,
-    region: DmaRegion,
+    region: DmaSlice,
     uar: Arc<Uar>,
     ring: Mutex<Ring>,
     eqes: AtomicU64,
@@ -211,14 +212,15 @@ pub fn eqe_is_sw_owned(owner: u8, ci: u32, log_nent: u32) -> bool {
     (owner & ev::EQE_OWNER_MASK) as u32 == (ci >> log_nent) & 1
 }
 
-/// Reads the next software-owned EQE of a ring in `buf` (owner byte, read
-/// barrier, copy), or `None`.
+/// Reads the next software-owned EQE of a ring at `base` of `buf` (owner
+/// byte, read barrier, copy), or `None`.
 pub(crate) fn next_eqe(
     buf: &vfio::DmaBuffer,
+    base: usize,
     ci: u32,
     log_nent: u32,
 ) -> Result<Option<[u8; ev::EQE_SIZE]>> {
-    let off = ((ci & ((1 << log_nent) - 1)) as usize) * ev::EQE_SIZE;
+    let off = base + ((ci & ((1 << log_nent) - 1)) as usize) * ev::EQE_SIZE;
     let owner = buf.load_u8_acquire(off + ev::EQE_OWNER_OFFSET)?;
     if !eqe_is_sw_owned(owner, ci, log_nent) {
         return Ok(None);
@@ -230,12 +232,12 @@ pub(crate) fn next_eqe(
     Ok(Some(e))
 }
 
-/// Sets every EQE's owner byte to the initial value (PRM: hardware owns
-/// every entry of a new EQ).
-pub(crate) fn init_owner(buf: &vfio::DmaBuffer, nent: u32) -> Result<()> {
+/// Sets every EQE's owner byte of the ring at `base` of `buf` to the
+/// initial value (PRM: hardware owns every entry of a new EQ).
+pub(crate) fn init_owner(buf: &vfio::DmaBuffer, base: usize, nent: u32) -> Result<()> {
     for i in 0..nent as usize {
         buf.write(
-            i * ev::EQE_SIZE + ev::EQE_OWNER_OFFSET,
+            base + i * ev::EQE_SIZE + ev::EQE_OWNER_OFFSET,
             &[ev::EQE_OWNER_INIT_VAL],
         )?;
     }
@@ -254,8 +256,8 @@ impl Eq {
     ) -> Result<Self> {
         let nent = nent.next_power_of_two();
         let log_nent = nent.trailing_zeros();
-        let region = dma.alloc(nent as usize * ev::EQE_SIZE)?;
-        init_owner(&region.buf, nent)?;
+        let region = dma.alloc_buf(nent as usize * ev::EQE_SIZE)?;
+        init_owner(region.buf(), region.offset(), nent)?;
         let log_page = region.len().trailing_zeros() - 12;
         let mut inb = vec![0u8; create_eq_in::SIZE_BYTES + 8];
         {
@@ -267,7 +269,7 @@ impl Eq {
                 .set_intr(vector as u16)
                 .set_log_page_size(log_page as u8);
             c.set_event_bitmask(0, mask);
-            c.set_pas(0, region.iova.0);
+            c.set_pas(0, region.iova().0);
         }
         let out = cmd.exec(&inb, create_eq_out::SIZE_BYTES)?;
         let eqn = CreateEqOut::new_unchecked(&out[..]).eq_number();
@@ -310,7 +312,12 @@ impl Eq {
         DestroyEqIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DestroyEq.to_raw())
             .set_eq_number(self.eqn);
-        cmd.exec(&inb, destroy_eq_out::SIZE_BYTES).map(|_| ())
+        let r = cmd.exec(&inb, destroy_eq_out::SIZE_BYTES).map(|_| ());
+        if r.is_err() {
+            // The device may still write EQEs: the memory stays out of use.
+            self.region.device_may_still_use();
+        }
+        r
     }
 
     /// Drains every ready EQE into `f`, updating CI every
@@ -321,7 +328,8 @@ impl Eq {
             return Ok(0);
         }
         let mut n = 0;
-        while let Some(e) = next_eqe(&self.region.buf, r.ci, self.log_nent)? {
+        while let Some(e) = next_eqe(self.region.buf(), self.region.offset(), r.ci, self.log_nent)?
+        {
             r.ci = r.ci.wrapping_add(1);
             n += 1;
             // Counted before it is handed on: whoever the event wakes
@@ -656,9 +664,9 @@ mod tests {
     fn owner_logic_on_a_dma_buffer() {
         let log = 2u32; // 4 entries
         let buf = vfio::DmaBuffer::new(4096).unwrap();
-        init_owner(&buf, 4).unwrap();
+        init_owner(&buf, 0, 4).unwrap();
         // A new EQ: nothing for software.
-        assert!(next_eqe(&buf, 0, log).unwrap().is_none());
+        assert!(next_eqe(&buf, 0, 0, log).unwrap().is_none());
         // The device writes entries 0 and 1 with owner 0 (first pass).
         for i in 0..2 {
             let mut e = [0u8; ev::EQE_SIZE];
@@ -668,16 +676,16 @@ mod tests {
             v.event_data_mut().into_inner()[0] = i as u8;
             buf.write(i * ev::EQE_SIZE, &e).unwrap();
         }
-        let e = next_eqe(&buf, 0, log).unwrap().unwrap();
+        let e = next_eqe(&buf, 0, 0, log).unwrap().unwrap();
         assert_eq!(AsyncEvent::from_eqe(&e).event_type, EventType::PortChange);
-        let e = next_eqe(&buf, 1, log).unwrap().unwrap();
+        let e = next_eqe(&buf, 0, 1, log).unwrap().unwrap();
         assert_eq!(AsyncEvent::from_eqe(&e).data[0], 1);
-        assert!(next_eqe(&buf, 2, log).unwrap().is_none());
+        assert!(next_eqe(&buf, 0, 2, log).unwrap().is_none());
         // Second pass: owner 1 belongs to software at ci 4..8.
-        assert!(next_eqe(&buf, 4, log).unwrap().is_none()); // entry 0 still owner 0
+        assert!(next_eqe(&buf, 0, 4, log).unwrap().is_none()); // entry 0 still owner 0
         buf.write(ev::EQE_OWNER_OFFSET, &[ev::EQE_OWNER_MASK])
             .unwrap();
-        assert!(next_eqe(&buf, 4, log).unwrap().is_some());
+        assert!(next_eqe(&buf, 0, 4, log).unwrap().is_some());
         assert!(eqe_is_sw_owned(0, 3, log));
         assert!(!eqe_is_sw_owned(1, 3, log));
         assert!(eqe_is_sw_owned(1, 7, log));

@@ -26,6 +26,8 @@
 //! - [`cmd`]: the command queue (slots, mailboxes, tokens, signatures,
 //!   polling and event completion, status decoding, tracing);
 //! - [`pagealloc`]: the firmware page supply (2 MiB DMA blocks, 4 KiB pages);
+//! - [`buf`]: queue memory (WQE, CQE, SRQ and EQ rings, doorbell records
+//!   packed in pages) carved out of a few large DMA chunks;
 //! - [`eq`]: UARs, event queues, the event thread and event dispatch;
 //! - [`health`]: the health poller;
 //! - [`caps`]: QUERY_HCA_CAP / SET_HCA_CAP with the kernel's choices;
@@ -46,10 +48,12 @@
 
 pub mod ah;
 pub mod bringup;
+pub mod buf;
 pub mod caps;
 pub mod channel;
 pub mod cmd;
 pub mod cq;
+mod dbrec;
 pub mod device;
 mod dma;
 pub mod eq;

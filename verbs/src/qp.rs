@@ -38,9 +38,10 @@ use vfio::mmio::{dma_wmb, wmb};
 use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
 
 use crate::ah::Ah;
+use crate::buf::DmaSlice;
 use crate::cq::{Cq, CqShared};
+use crate::dbrec::Dbrec;
 use crate::device::Ctx;
-use crate::dma::DmaRegion;
 use crate::mr::Sge;
 use crate::pd::{Pd, PdInner};
 use crate::srq::{Srq, SrqShared};
@@ -976,20 +977,20 @@ impl RecvRing {
     /// The receive queue at offset 0 of `region`: `cnt` WQEs of `stride`
     /// bytes (both powers of two); its counter at `MLX5_RCV_DBR` of `dbrec`.
     fn new(
-        region: &DmaRegion,
+        region: &DmaSlice,
         stride: usize,
         cnt: u32,
-        dbrec: &DmaRegion,
+        dbrec: &Dbrec,
         track: &Arc<WqTrack>,
     ) -> Result<Self> {
         let per_wqe = (stride / DATA_SIZE) as u32;
         Ok(Self {
-            segs: DmaRing::new(region.buf.clone(), 0, cnt * per_wqe)?,
+            segs: region.ring(0, cnt * per_wqe)?,
             log_segs: per_wqe.trailing_zeros(),
             max_sge: per_wqe as usize,
             mask: cnt - 1,
             pc: 0,
-            dbrec: DmaRing::new(dbrec.buf.clone(), 4 * w::RCV_DBR, 1)?,
+            dbrec: dbrec.ring(4 * w::RCV_DBR)?,
             track: track.clone(),
         })
     }
@@ -1046,8 +1047,8 @@ pub struct Qp {
     rq: Option<RecvRing>,
     cap: QpCap,
     uar: Option<Arc<Uar>>,
-    _region: DmaRegion,
-    _dbrec: DmaRegion,
+    region: DmaSlice,
+    dbrec: Dbrec,
     destroyed: bool,
 }
 
@@ -1106,8 +1107,8 @@ impl Qp {
         let sq_base = rq_bytes.next_multiple_of(BB);
         let total = sq_base + sq_cnt as usize * BB;
         let dma = ctx.hca.dma();
-        let region = dma.alloc(total)?;
-        let dbrec = dma.alloc(4096)?;
+        let region = dma.alloc_buf(total)?;
+        let dbrec = dma.alloc_dbrec()?;
         let uar = ctx.alloc_uar()?;
         let srq = a.srq.map(|s| s.shared.clone());
         let mut inb = vec![0u8; create_qp_in::SIZE_BYTES + 8];
@@ -1123,7 +1124,7 @@ impl Qp {
                 .set_log_sq_size(sq_cnt.trailing_zeros() as u8)
                 .set_cqn_snd(a.send_cq.shared.cqn)
                 .set_cqn_rcv(a.recv_cq.shared.cqn)
-                .set_dbr_addr(dbrec.iova.0);
+                .set_dbr_addr(dbrec.iova().0);
             match &srq {
                 Some(s) => {
                     q.set_rq_type(1).set_srqn_rmpn_xrqn(s.srqn); // MLX5_SRQ_RQ
@@ -1136,7 +1137,7 @@ impl Qp {
                         .set_log_rq_stride((stride.trailing_zeros() - 4) as u8);
                 }
             }
-            i.set_pas(0, region.iova.0);
+            i.set_pas(0, region.iova().0);
         }
         let out = match ctx.hca.cmd().exec(&inb, create_qp_out::SIZE_BYTES) {
             Ok(o) => o,
@@ -1148,11 +1149,11 @@ impl Qp {
         let qpn = CreateQpOut::new_unchecked(&out[..]).qpn();
         let track = WqTrack::with_srq(qpn, sq_cnt, rq_cnt, srq.clone());
         let sq = SendRing::new(
-            region.buf.clone(),
-            sq_base,
+            region.buf().clone(),
+            region.offset() + sq_base,
             sq_cnt.trailing_zeros(),
-            dbrec.buf.clone(),
-            4 * w::SND_DBR,
+            dbrec.buf().clone(),
+            dbrec.offset() + 4 * w::SND_DBR,
             ctx.hca.bar().clone(),
             uar.offset() + mlx5_hw::uar::BF_OFFSET,
             track.clone(),
@@ -1198,8 +1199,8 @@ impl Qp {
                 max_inline_data: max_inline as u32,
             },
             uar: Some(uar),
-            _region: region,
-            _dbrec: dbrec,
+            region,
+            dbrec,
             destroyed: false,
         })
     }
@@ -1570,6 +1571,12 @@ impl Qp {
             .cmd()
             .exec(&inb, destroy_qp_out::SIZE_BYTES)
             .map(|_| ());
+        if r.is_err() {
+            // The device may still use the queues: their memory stays out
+            // of use until the function is closed.
+            self.region.device_may_still_use();
+            self.dbrec.device_may_still_use();
+        }
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(u) = self.uar.take() {
