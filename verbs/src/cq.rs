@@ -15,9 +15,9 @@
 //! ([`WcStatus`], [`WcOpcode`]); the vendor syndrome of an error CQE is
 //! kept in [`Wc::vendor_err`].
 //!
-//! Thread safety: a [`Cq`] is `Send`; polling and arming take `&mut self`
-//! (no lock on the fast path). Share it behind a `Mutex` if several threads
-//! poll one CQ.
+//! Thread safety: a [`Cq`] is `Send + Sync`; polling and arming take
+//! `&mut self` (no lock on the fast path). Several threads poll one CQ
+//! through [`Cq::into_shared`] ([`crate::shared::SharedCq`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -36,10 +36,10 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::*;
 use mlx5_hw::wqe as w;
 
-use crate::cq::{Cq, CqShared};
-use crate::device::Ctx;
 use crate::buf::DmaSlice;
+use crate::cq::{Cq, CqShared};
 use crate::dbrec::Dbrec;
+use crate::device::Ctx;
 use crate::pd::{Pd, PdInner};
 use crate::rq::{RecvRing, DBREC_SIZE};
 use crate::srq::{Srq, SrqShared};
