@@ -18,7 +18,7 @@
 //! drops it, which every queue does after its DESTROY command succeeded
 //! (the owners' `Drop` runs the command, then drops their fields). A piece
 //! whose queue could not be destroyed is kept out of use
-//! ([`DmaSlice::device_may_still_use`]) until the function is closed: the
+//! (`DmaSlice::device_may_still_use`) until the function is closed: the
 //! device may still write it. An empty chunk is unmapped and closed at
 //! once.
 
