@@ -39,7 +39,9 @@ pub const QPC_STATE_RTS: u8 = 0x3;
 pub const QPC_STATE_SQER: u8 = 0x4;
 /// `qpc.state`: error (`MLX5_QPC_STATE_ERR`).
 pub const QPC_STATE_ERR: u8 = 0x6;
-/// `qpc.state`: send queue drained (`MLX5_QPC_STATE_SQD`).
+/// `qpc.state`: send queue drained (`MLX5_QPC_STATE_SQD`). `enum
+/// mlx5_qp_state` of `qp.h` calls 7 `SQ_DRAINING` and 5 `SQD`; mlx5_ib's
+/// `to_ib_qp_state` reads both as IB_QPS_SQD.
 pub const QPC_STATE_SQD: u8 = 0x7;
 /// `qpc.state`: suspended (`MLX5_QPC_STATE_SUSPENDED`).
 pub const QPC_STATE_SUSPENDED: u8 = 0x9;

@@ -31,14 +31,15 @@
 use std::sync::Arc;
 
 use mlx5_hw::ifc::*;
-use mlx5_hw::init::{FW_PAGE_SHIFT, FW_PAGE_SIZE};
+use mlx5_hw::init::FW_PAGE_SHIFT;
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::*;
 use mlx5_hw::wqe as w;
 
+use crate::buf::DmaSlice;
 use crate::cq::{Cq, CqShared};
+use crate::dbrec::Dbrec;
 use crate::device::Ctx;
-use crate::dma::DmaRegion;
 use crate::pd::{Pd, PdInner};
 use crate::rq::{RecvRing, DBREC_SIZE};
 use crate::srq::{Srq, SrqShared};
@@ -305,8 +306,8 @@ pub struct Qp {
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
     uar: Option<Arc<Uar>>,
-    _region: DmaRegion,
-    _dbrec: DmaRegion,
+    region: DmaSlice,
+    dbrec: Dbrec,
     destroyed: bool,
 }
 
@@ -420,16 +421,16 @@ impl QpSizes {
 /// record and the UAR page its BlueFlame registers are in.
 #[derive(Debug)]
 struct QpBufs {
-    region: DmaRegion,
-    dbrec: DmaRegion,
+    region: DmaSlice,
+    dbrec: Dbrec,
     uar: Arc<Uar>,
 }
 
 impl QpBufs {
     fn alloc(ctx: &Ctx, sizes: &QpSizes) -> Result<Self> {
         let dma = ctx.hca.dma();
-        let region = dma.alloc(sizes.buf_len())?;
-        let dbrec = dma.alloc(FW_PAGE_SIZE)?;
+        let region = dma.alloc_buf(sizes.buf_len())?;
+        let dbrec = dma.alloc_dbrec()?;
         let uar = ctx.alloc_uar()?;
         Ok(Self { region, dbrec, uar })
     }
@@ -457,7 +458,7 @@ fn create_qp_input(
         .set_log_sq_size(sizes.sq_cnt.trailing_zeros() as u8)
         .set_cqn_snd(a.send_cq.shared.cqn)
         .set_cqn_rcv(a.recv_cq.shared.cqn)
-        .set_dbr_addr(bufs.dbrec.iova.0);
+        .set_dbr_addr(bufs.dbrec.iova().0);
     match srq {
         Some(s) => {
             q.set_rq_type(SRQ_RQ).set_srqn_rmpn_xrqn(s.srqn);
@@ -472,7 +473,7 @@ fn create_qp_input(
                 .set_log_rq_stride((sizes.rq_stride / DATA_SIZE).trailing_zeros() as u8);
         }
     }
-    i.set_pas(0, bufs.region.iova.0);
+    i.set_pas(0, bufs.region.iova().0);
     inb
 }
 
@@ -488,11 +489,11 @@ fn wire_rings(
     track: &Arc<WqTrack>,
 ) -> Result<(SendRing, Option<RecvRing>)> {
     let mut sq = SendRing::new(
-        bufs.region.buf.clone(),
-        sizes.sq_base(),
+        bufs.region.buf().clone(),
+        bufs.region.offset() + sizes.sq_base(),
         sizes.sq_cnt.trailing_zeros(),
-        bufs.dbrec.buf.clone(),
-        DBREC_SIZE * w::SND_DBR,
+        bufs.dbrec.buf().clone(),
+        bufs.dbrec.offset() + DBREC_SIZE * w::SND_DBR,
         ctx.hca.bar().clone(),
         bufs.uar.offset() + mlx5_hw::uar::BF_OFFSET,
         track.clone(),
@@ -500,10 +501,12 @@ fn wire_rings(
     sq.set_sig_all(a.sq_sig_all);
     let rq = if sizes.rq_cnt > 0 {
         Some(RecvRing::new(
-            bufs.region.buf.clone(),
+            bufs.region.buf().clone(),
+            bufs.region.offset(),
             sizes.rq_stride,
             sizes.rq_cnt,
-            bufs.dbrec.buf.clone(),
+            bufs.dbrec.buf().clone(),
+            bufs.dbrec.offset(),
             track.clone(),
         )?)
     } else {
@@ -554,8 +557,8 @@ impl Qp {
             rq,
             cap: sizes.granted(a.cap),
             uar: Some(bufs.uar),
-            _region: bufs.region,
-            _dbrec: bufs.dbrec,
+            region: bufs.region,
+            dbrec: bufs.dbrec,
             destroyed: false,
         })
     }
@@ -806,6 +809,12 @@ impl Qp {
             .cmd()
             .exec(&inb, destroy_qp_out::SIZE_BYTES)
             .map(|_| ());
+        if r.is_err() {
+            // The device may still use the queues: their memory stays out
+            // of use until the function is closed.
+            self.region.device_may_still_use();
+            self.dbrec.device_may_still_use();
+        }
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(u) = self.uar.take() {

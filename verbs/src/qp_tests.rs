@@ -530,7 +530,7 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
     let dbrec = DmaBuffer::new(4096).unwrap();
     let track = WqTrack::new(QPN, 4, 4);
     // Four WQEs of one data segment each.
-    let mut rq = RecvRing::new(buf.clone(), 16, 4, dbrec, track.clone()).unwrap();
+    let mut rq = RecvRing::new(buf.clone(), 0, 16, 4, dbrec, 0, track.clone()).unwrap();
     let s = sge(0x1000, 64, 1);
     let rbuf = buf;
     for id in [500, 501, 502, 503] {
@@ -762,7 +762,16 @@ fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
     buf.fill(0, 4096, 0xee).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
     // Four WQEs of four data segments each.
-    let mut rq = RecvRing::new(buf.clone(), 64, 4, dbrec.clone(), WqTrack::new(QPN, 4, 4)).unwrap();
+    let mut rq = RecvRing::new(
+        buf.clone(),
+        0,
+        64,
+        4,
+        dbrec.clone(),
+        0,
+        WqTrack::new(QPN, 4, 4),
+    )
+    .unwrap();
     let s = [sge(0x1000, 10, 7), sge(0x2000, 20, 8)];
     rq.post(&RecvWr {
         wr_id: 1,

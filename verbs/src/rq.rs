@@ -36,24 +36,27 @@ pub(crate) struct RecvRing {
 }
 
 impl RecvRing {
-    /// The receive queue at offset 0 of `buf`: `cnt` WQEs of `stride`
+    /// The receive queue at offset `base` of `buf`: `cnt` WQEs of `stride`
     /// bytes (both powers of two, the stride a multiple of a data
-    /// segment); its counter at `MLX5_RCV_DBR` of `dbrec`.
+    /// segment); its counter at `MLX5_RCV_DBR` of the doorbell record at
+    /// `dbrec_off` of `dbrec`.
     pub(crate) fn new(
         buf: Arc<DmaBuffer>,
+        base: usize,
         stride: usize,
         cnt: u32,
         dbrec: Arc<DmaBuffer>,
+        dbrec_off: usize,
         track: Arc<WqTrack>,
     ) -> Result<Self> {
         let per_wqe = (stride / DATA_SIZE) as u32;
         Ok(Self {
-            segs: DmaRing::new(buf, 0, cnt * per_wqe)?,
+            segs: DmaRing::new(buf, base, cnt * per_wqe)?,
             log_segs: per_wqe.trailing_zeros(),
             max_sge: per_wqe as usize,
             mask: cnt - 1,
             pc: 0,
-            dbrec: DmaRing::new(dbrec, DBREC_SIZE * w::RCV_DBR, 1)?,
+            dbrec: DmaRing::new(dbrec, dbrec_off + DBREC_SIZE * w::RCV_DBR, 1)?,
             track,
         })
     }
