@@ -42,6 +42,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "a limit the driver offers (ibv_qp_cap), not a device layout",
     ),
     (
+        "verbs/src/dbrec.rs",
+        "pub const DBREC_STRIDE: usize",
+        "how far apart the driver places doorbell records (a cache line each, as Linux's mlx5_db_alloc): driver policy",
+    ),
+    (
         "verbs/src/pagealloc.rs",
         "pub const PAGES_PER_CMD: usize",
         "how many pages the driver puts in one MANAGE_PAGES: driver policy",

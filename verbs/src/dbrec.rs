@@ -3,7 +3,7 @@
 //! Each QP, CQ and SRQ has a doorbell record: a few big-endian counters in
 //! host memory the device reads (`dbr_addr` in its context). As Linux's
 //! `mlx5_db_alloc` and rdma-core's `dbrec.c` do, records are one cache line
-//! each ([`DBREC_SIZE`], so two queues' counters never share a line), 64 to
+//! each ([`DBREC_STRIDE`], so two queues' counters never share a line), 64 to
 //! a 4 KiB page, and the pages are pieces of the queue-memory arena
 //! ([`crate::buf`]). A page goes back to the arena when its last record
 //! does; a record whose queue could not be destroyed stays taken until the
@@ -19,11 +19,12 @@ use crate::buf::{zero, Piece};
 use crate::dma::DmaCtx;
 use crate::{Error, Result};
 
-/// Bytes per doorbell record: a cache line (the records of a QP or CQ take
-/// 8 of them).
-pub const DBREC_SIZE: usize = 64;
-const PAGE: usize = 4096;
-const PER_PAGE: usize = PAGE / DBREC_SIZE;
+/// Bytes given to each doorbell record: a cache line, as Linux's
+/// `mlx5_db_alloc` gives one (a QP's or CQ's record uses the first 8).
+/// Driver policy, not a device layout.
+pub const DBREC_STRIDE: usize = 64;
+const PAGE: usize = mlx5_hw::init::FW_PAGE_SIZE;
+const PER_PAGE: usize = PAGE / DBREC_STRIDE;
 const _: () = assert!(PER_PAGE == 64, "one u64 bitmap per page");
 
 #[derive(Debug)]
@@ -69,7 +70,7 @@ impl DbrecPool {
             tracing::warn!("freeing doorbell record {:#x}: no page holds it", r.iova);
             return;
         };
-        let bit = 1u64 << ((r.iova.0 - page) as usize / DBREC_SIZE);
+        let bit = 1u64 << ((r.iova.0 - page) as usize / DBREC_STRIDE);
         if p.used & bit == 0 {
             tracing::warn!("doorbell record {:#x} freed twice", r.iova);
             return;
@@ -80,7 +81,7 @@ impl DbrecPool {
                 drop(pages);
                 dma.bufs.free(dma, &p.piece, false);
             }
-        } else if let Err(e) = zero(&r.buf, r.offset, DBREC_SIZE) {
+        } else if let Err(e) = zero(&r.buf, r.offset, DBREC_STRIDE) {
             tracing::warn!("zeroing doorbell record {:#x}: {e}", r.iova);
         }
     }
@@ -104,9 +105,9 @@ impl Page {
         self.used |= 1 << i;
         Piece {
             buf: self.piece.buf.clone(),
-            offset: self.piece.offset + i * DBREC_SIZE,
-            len: DBREC_SIZE,
-            iova: Iova(self.piece.iova.0 + (i * DBREC_SIZE) as u64),
+            offset: self.piece.offset + i * DBREC_STRIDE,
+            len: DBREC_STRIDE,
+            iova: Iova(self.piece.iova.0 + (i * DBREC_STRIDE) as u64),
         }
     }
 }
@@ -145,12 +146,12 @@ impl Dbrec {
 
     /// The counter(s) at `off` of the record, as a one-entry ring.
     pub(crate) fn ring<const S: usize>(&self, off: usize) -> Result<DmaRing<S>> {
-        if off.checked_add(S).is_none_or(|e| e > DBREC_SIZE) {
+        if off.checked_add(S).is_none_or(|e| e > DBREC_STRIDE) {
             return Err(Error::Vfio(vfio::Error::OutOfBounds {
                 what: "doorbell record",
                 offset: off as u64,
                 len: S as u64,
-                size: DBREC_SIZE as u64,
+                size: DBREC_STRIDE as u64,
             }));
         }
         Ok(DmaRing::new(
