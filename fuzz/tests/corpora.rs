@@ -85,7 +85,11 @@ fn corpora_hold_every_seed() {
                     p.display()
                 )
             });
-            assert!(kept == bytes, "{} differs from its seed", p.display());
+            assert!(
+                kept == bytes,
+                "{} differs from its seed (a layout or flag changed: run `cargo run -p mlx5-fuzz -- seeds`)",
+                p.display()
+            );
         }
     }
 }
