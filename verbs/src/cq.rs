@@ -5,7 +5,7 @@
 //! 8-byte doorbell record (consumer index, last arm command). Software
 //! starts every CQE with opcode INVALID; the device writes entry `ci` with
 //! owner bit `(ci >> log_size) & 1`. Polling ([`CqRing`]) reads the
-//! `op_own` byte with acquire ordering (the read barrier the PRM asks for
+//! `op_own` byte, then `dma_rmb` (the read barrier the PRM asks for
 //! between the owner bit and the rest), copies the entry, and advances;
 //! the consumer index goes to the doorbell record once per poll call.
 //! Arming (PRM "CQ Doorbell") writes the arm word to the record, then the
@@ -313,12 +313,16 @@ impl CqRing {
     pub fn next_cqe(&mut self) -> Option<RingCqe<'_>> {
         let ci = self.ci;
         let e = self.ring.entry(ci);
-        // Acquire: the rest of the CQE is read only after the owner byte
-        // (on x86-64 a plain load; the PRM's read barrier).
         let op_own = e.load_u8_acquire(OP_OWN).ok()?;
         if !c::cqe_is_sw_owned(op_own, ci, self.log_size) {
             return None;
         }
+        // The rest of the CQE is read only after its owner bit, also as
+        // the device sees memory (Linux's `dma_rmb()` in mlx5_ib's
+        // `get_sw_cqe` callers; rdma-core's `udma_from_device_barrier`):
+        // a compiler barrier on x86-64, `dmb oshld` on arm64, where the
+        // acquire load alone orders only the inner shareable domain.
+        vfio::mmio::dma_rmb();
         self.ci = ci.wrapping_add(1);
         Some(RingCqe(e))
     }
