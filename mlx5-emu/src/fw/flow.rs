@@ -534,7 +534,8 @@ impl Firmware {
                 // The function's own vport (no e-switch) or the uplink.
                 DEST_VPORT if did == 0 => {}
                 DEST_UPLINK => {}
-                // No TIRs (or other destinations) in the model.
+                // A TIR of fw/tir.rs (what mlx5e's TTC table forwards to).
+                DEST_TIR if self.eth.tirs.contains_key(&did) => {}
                 DEST_TIR => return Err(fail(CmdStatus::BadResource, synd::FTE_BAD_DEST)),
                 _ => return Err(fail(CmdStatus::BadParameter, synd::FTE_BAD_DEST)),
             }

@@ -1,0 +1,290 @@
+//! The Ethernet objects by hand-built commands, in the order mlx5e makes
+//! them (TIS, drop RQ, RQ table, TIRs, SQ) and with every check firmware
+//! makes on them; then the teardown leaves nothing behind.
+
+use std::sync::Arc;
+
+use mlx5_hw::eth::{
+    QUEUE_STATE_ERR, QUEUE_STATE_RDY, QUEUE_STATE_RST, RX_HASH_FN_TOEPLITZ, TIRC_DISP_TYPE_DIRECT,
+    TIRC_DISP_TYPE_INDIRECT, WQ_TYPE_CYCLIC,
+};
+use mlx5_hw::ifc::{
+    add_vxlan_udp_dport_in, cqc, create_cq_in, create_rq_in, create_rqt_in, create_sq_in,
+    create_tir_in, create_tis_in, delete_vxlan_udp_dport_in, destroy_rq_in, destroy_rqt_in,
+    destroy_sq_in, destroy_tir_in, destroy_tis_in, modify_rqt_in, modify_sq_in, modify_tis_bitmask,
+    modify_tis_in, query_rq_in, query_rq_out, query_rqt_in, query_rqt_out, query_sq_in,
+    query_sq_out, query_tis_in, query_tis_out, rq_num, rqc, rqt_bitmask, rqtc, sqc, tirc, tisc, wq,
+};
+use mlx5_hw::status::CmdStatus;
+use vfio::{DmaBuffer, Iova, PciFunction};
+
+use super::{be32, cmd_in, create_eq, Drv};
+
+const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();
+const BAD_RES: u8 = CmdStatus::BadResource.to_raw();
+const BUSY: u8 = CmdStatus::BadResourceState.to_raw();
+const RING_IOVA: u64 = 0x5000_0000;
+const DBR_IOVA: u64 = 0x7000_0000;
+
+/// A brought-up function with a UAR, an EQ, a PD, a TD and a CQ, and the
+/// ring and doorbell pages its queues use.
+struct Eth {
+    d: Drv,
+    uar: u32,
+    pd: u32,
+    td: u32,
+    cqn: u32,
+    _bufs: Vec<Arc<DmaBuffer>>,
+}
+
+fn num(out: &[u8]) -> u32 {
+    be32(out, 8) & 0xff_ffff
+}
+
+fn setup() -> Eth {
+    let mut d = Drv::new();
+    d.bring_up();
+    let uar = num(&d.ok(&cmd_in(0x802, 0, 16), 16));
+    let eqn = create_eq(&mut d, uar, 6, 1, 0);
+    let pd = num(&d.ok(&cmd_in(0x800, 0, 16), 16));
+    let td = num(&d.ok(&cmd_in(0x816, 0, 16), 16));
+    let ring = DmaBuffer::new(1 << 20).unwrap();
+    d.f.dma_map(Iova(RING_IOVA), &ring).unwrap();
+    let dbr = DmaBuffer::new(4096).unwrap();
+    d.f.dma_map(Iova(DBR_IOVA), &dbr).unwrap();
+    let mut c = cmd_in(0x400, 0, create_cq_in::SIZE_BYTES + 8);
+    let x = &mut c[create_cq_in::CQ_CONTEXT.off / 8..];
+    cqc::LOG_CQ_SIZE.set(x, 6);
+    cqc::UAR_PAGE.set(x, u64::from(uar));
+    cqc::C_EQN_OR_APU_ELEMENT.set(x, u64::from(eqn));
+    cqc::DBR_ADDR.set(x, DBR_IOVA);
+    c[create_cq_in::SIZE_BYTES..].copy_from_slice(&RING_IOVA.to_be_bytes());
+    let cqn = num(&d.ok(&c, 16));
+    Eth {
+        d,
+        uar,
+        pd,
+        td,
+        cqn,
+        _bufs: vec![ring, dbr],
+    }
+}
+
+/// A `wq` of 2^6 entries of 2^`log_stride` bytes on one ring page.
+fn set_wq(w: &mut [u8], pd: u32, uar: u32, log_stride: u64) {
+    wq::WQ_TYPE.set(w, WQ_TYPE_CYCLIC);
+    wq::PD.set(w, u64::from(pd));
+    wq::UAR_PAGE.set(w, u64::from(uar));
+    wq::DBR_ADDR.set(w, DBR_IOVA + 64);
+    wq::LOG_WQ_STRIDE.set(w, log_stride);
+    wq::LOG_WQ_SZ.set(w, 6);
+}
+
+impl Eth {
+    fn tis(&mut self, td: u32) -> Vec<u8> {
+        let mut c = cmd_in(0x912, 0, create_tis_in::SIZE_BYTES);
+        tisc::TRANSPORT_DOMAIN
+            .at(create_tis_in::CTX.off)
+            .set(&mut c, u64::from(td));
+        self.d.exec(&c, 16)
+    }
+
+    fn rq(&mut self, cqn: u32, state: u64) -> Vec<u8> {
+        let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
+        let x = &mut c[create_rq_in::CTX.off / 8..];
+        rqc::STATE.set(x, state);
+        rqc::CQN.set(x, u64::from(cqn));
+        set_wq(&mut x[rqc::WQ.off / 8..], 0, 0, 4);
+        c[create_rq_in::SIZE_BYTES..].copy_from_slice(&(RING_IOVA + 0x1000).to_be_bytes());
+        self.d.exec(&c, 16)
+    }
+
+    fn sq(&mut self, tisn: u32, log_stride: u64) -> Vec<u8> {
+        let mut c = cmd_in(0x904, 0, create_sq_in::SIZE_BYTES + 8);
+        let x = &mut c[create_sq_in::CTX.off / 8..];
+        sqc::CQN.set(x, u64::from(self.cqn));
+        sqc::TIS_LST_SZ.set(x, 1);
+        sqc::TIS_NUM_0.set(x, u64::from(tisn));
+        set_wq(&mut x[sqc::WQ.off / 8..], self.pd, self.uar, log_stride);
+        c[create_sq_in::SIZE_BYTES..].copy_from_slice(&(RING_IOVA + 0x2000).to_be_bytes());
+        self.d.exec(&c, 16)
+    }
+
+    /// An RQ table of `max` entries listing `rqs`.
+    fn rqt(&mut self, opcode: u16, rqtn: u32, max: u64, rqs: &[u32]) -> Vec<u8> {
+        let at = create_rqt_in::RQT_CONTEXT.off / 8;
+        let mut c = cmd_in(opcode, 0, at + rqtc::SIZE_BYTES + rqs.len() * 4);
+        modify_rqt_in::RQTN.set(&mut c, u64::from(rqtn));
+        rqt_bitmask::RQN_LIST
+            .at(modify_rqt_in::BITMASK.off)
+            .set(&mut c, 1);
+        let x = &mut c[at..];
+        rqtc::RQT_MAX_SIZE.set(x, max);
+        rqtc::RQT_ACTUAL_SIZE.set(x, rqs.len() as u64);
+        for (i, r) in rqs.iter().enumerate() {
+            let e = &mut x[rqtc::SIZE_BYTES + i * rq_num::SIZE_BYTES..];
+            rq_num::RQ_NUM.set(e, u64::from(*r));
+        }
+        self.d.exec(&c, 16)
+    }
+
+    fn tir(&mut self, disp: u64, target: u32, hash: u64) -> Vec<u8> {
+        let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
+        let x = &mut c[create_tir_in::CTX.off / 8..];
+        tirc::TRANSPORT_DOMAIN.set(x, u64::from(self.td));
+        tirc::DISP_TYPE.set(x, disp);
+        if disp == TIRC_DISP_TYPE_DIRECT {
+            tirc::INLINE_RQN.set(x, u64::from(target));
+        } else {
+            tirc::INDIRECT_TABLE.set(x, u64::from(target));
+        }
+        tirc::RX_HASH_FN.set(x, hash);
+        self.d.exec(&c, 16)
+    }
+
+    /// MODIFY_SQ (0x905) or MODIFY_RQ (0x909, the same layout) from `cur`
+    /// to `next`.
+    fn modify(&mut self, opcode: u16, n: u32, cur: u64, next: u64) -> u8 {
+        let mut c = cmd_in(opcode, 0, modify_sq_in::SIZE_BYTES);
+        modify_sq_in::SQ_STATE.set(&mut c, cur);
+        modify_sq_in::SQN.set(&mut c, u64::from(n));
+        sqc::STATE.at(modify_sq_in::CTX.off).set(&mut c, next);
+        self.d.exec(&c, 16)[0]
+    }
+
+    fn destroy(&mut self, opcode: u16, field: mlx5_hw::bits::BitField, n: u32) -> u8 {
+        let mut c = cmd_in(opcode, 0, 16);
+        field.set(&mut c, u64::from(n));
+        self.d.exec(&c, 16)[0]
+    }
+}
+
+#[test]
+fn tis_rq_rqt_tir_sq_as_mlx5e_makes_them_with_their_checks() {
+    let mut e = setup();
+    // TIS: on a transport domain that exists; MODIFY_TIS sets prio.
+    assert_eq!(e.tis(e.td + 7)[0], BAD_RES, "unknown TD");
+    let tisn = num(&e.tis(e.td));
+    let mut m = cmd_in(0x913, 0, modify_tis_in::SIZE_BYTES);
+    modify_tis_in::TISN.set(&mut m, u64::from(tisn));
+    modify_tis_bitmask::PRIO
+        .at(modify_tis_in::BITMASK.off)
+        .set(&mut m, 1);
+    tisc::PRIO.at(modify_tis_in::CTX.off).set(&mut m, 6);
+    e.d.ok(&m, 16);
+    let mut q = cmd_in(0x915, 0, query_tis_in::SIZE_BYTES);
+    query_tis_in::TISN.set(&mut q, u64::from(tisn));
+    let out = e.d.ok(&q, query_tis_out::SIZE_BYTES);
+    let ctx = query_tis_out::TIS_CONTEXT.off;
+    assert_eq!(tisc::PRIO.at(ctx).get(&out), 6);
+    assert_eq!(tisc::TRANSPORT_DOMAIN.at(ctx).get(&out), u64::from(e.td));
+
+    // The drop RQ: born in RST on a CQ that exists; RST->RDY.
+    assert_eq!(e.rq(e.cqn + 9, QUEUE_STATE_RST)[0], BAD_RES, "unknown CQ");
+    assert_eq!(e.rq(e.cqn, QUEUE_STATE_RDY)[0], BAD_PARAM, "born RDY");
+    let rqn = num(&e.rq(e.cqn, QUEUE_STATE_RST));
+    assert_eq!(e.modify(0x909, rqn, QUEUE_STATE_RDY, QUEUE_STATE_RDY), BUSY);
+    assert_eq!(e.modify(0x909, rqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    let mut q = cmd_in(0x90b, 0, query_rq_in::SIZE_BYTES);
+    query_rq_in::RQN.set(&mut q, u64::from(rqn));
+    let out = e.d.ok(&q, query_rq_out::SIZE_BYTES);
+    let st = rqc::STATE.at(query_rq_out::RQ_CONTEXT.off).get(&out);
+    assert_eq!(st, QUEUE_STATE_RDY);
+
+    // RQ table over it; sizes checked; MODIFY_RQT keeps the maximum.
+    assert_eq!(e.rqt(0x916, 0, 4, &[rqn + 1])[0], BAD_RES, "unknown RQ");
+    assert_eq!(e.rqt(0x916, 0, 1, &[rqn, rqn])[0], BAD_PARAM, "over max");
+    let rqtn = num(&e.rqt(0x916, 0, 4, &[rqn]));
+    assert_eq!(e.rqt(0x917, rqtn, 0, &[rqn; 5])[0], BAD_PARAM);
+    assert_eq!(e.rqt(0x917, rqtn, 0, &[rqn, rqn])[0], 0);
+    let mut q = cmd_in(0x919, 0, query_rqt_in::SIZE_BYTES);
+    query_rqt_in::RQTN.set(&mut q, u64::from(rqtn));
+    let out = e.d.ok(&q, query_rqt_out::SIZE_BYTES + 8);
+    let ctx = query_rqt_out::RQT_CONTEXT.off;
+    assert_eq!(rqtc::RQT_MAX_SIZE.at(ctx).get(&out), 4);
+    assert_eq!(rqtc::RQT_ACTUAL_SIZE.at(ctx).get(&out), 2);
+
+    // TIRs: indirect over the table (Toeplitz), direct to the RQ (no hash).
+    assert_eq!(e.tir(TIRC_DISP_TYPE_INDIRECT, rqtn + 1, 0)[0], BAD_RES);
+    let indirect = num(&e.tir(TIRC_DISP_TYPE_INDIRECT, rqtn, RX_HASH_FN_TOEPLITZ));
+    assert_eq!(
+        e.tir(TIRC_DISP_TYPE_DIRECT, rqn, RX_HASH_FN_TOEPLITZ)[0],
+        BAD_PARAM
+    );
+    let direct = num(&e.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0));
+    assert_eq!(e.tir(7, rqn, 0)[0], BAD_PARAM, "bad disp_type");
+
+    // SQ: 64-byte WQEBBs, through the TIS; RST->ERR is no move.
+    assert_eq!(e.sq(tisn + 1, 6)[0], BAD_RES, "unknown TIS");
+    assert_eq!(e.sq(tisn, 5)[0], BAD_PARAM, "stride not 64 bytes");
+    let sqn = num(&e.sq(tisn, 6));
+    assert_ne!(sqn, rqn, "one number space");
+    assert_eq!(
+        e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_ERR),
+        BAD_PARAM
+    );
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RDY, QUEUE_STATE_ERR), 0);
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_ERR, QUEUE_STATE_RST), 0);
+    let mut q = cmd_in(0x907, 0, query_sq_in::SIZE_BYTES);
+    query_sq_in::SQN.set(&mut q, u64::from(sqn));
+    let out = e.d.ok(&q, query_sq_out::SIZE_BYTES);
+    let ctx = query_sq_out::SQ_CONTEXT.off;
+    assert_eq!(sqc::STATE.at(ctx).get(&out), QUEUE_STATE_RST);
+    assert_eq!(sqc::TIS_NUM_0.at(ctx).get(&out), u64::from(tisn));
+
+    // What is referenced cannot go; the CQ neither while queues use it.
+    let dtis = destroy_tis_in::TISN;
+    assert_eq!(e.destroy(0x914, dtis, tisn), BUSY, "SQ sends through it");
+    assert_eq!(e.destroy(0x918, destroy_rqt_in::RQTN, rqtn), BUSY);
+    assert_eq!(e.destroy(0x90a, destroy_rq_in::RQN, rqn), BUSY);
+    let dcq = mlx5_hw::ifc::destroy_cq_in::CQN;
+    assert_eq!(e.destroy(0x401, dcq, e.cqn), BUSY, "SQ and RQ on it");
+    // Torn down in mlx5e's order; unknown numbers are BAD_RESOURCE.
+    assert_eq!(e.destroy(0x906, destroy_sq_in::SQN, sqn), 0);
+    assert_eq!(e.destroy(0x906, destroy_sq_in::SQN, sqn), BAD_RES);
+    assert_eq!(e.destroy(0x902, destroy_tir_in::TIRN, indirect), 0);
+    assert_eq!(e.destroy(0x902, destroy_tir_in::TIRN, direct), 0);
+    assert_eq!(e.destroy(0x918, destroy_rqt_in::RQTN, rqtn), 0);
+    assert_eq!(e.destroy(0x90a, destroy_rq_in::RQN, rqn), 0);
+    assert_eq!(e.destroy(0x914, dtis, tisn), 0);
+    assert_eq!(e.destroy(0x401, dcq, e.cqn), 0);
+    assert_eq!(crate::lock(&e.d.f.model().inner.fw).eth.objects(), 0);
+}
+
+#[test]
+fn vxlan_ports_added_once_and_deleted_by_number() {
+    let mut e = setup();
+    let port = |op: u16, p: u64| {
+        let mut c = cmd_in(op, 0, add_vxlan_udp_dport_in::SIZE_BYTES);
+        add_vxlan_udp_dport_in::VXLAN_UDP_PORT.set(&mut c, p);
+        c
+    };
+    e.d.ok(&port(0x827, 4789), 16);
+    // Linux adds IANA's port the hardware holds already: success.
+    e.d.ok(&port(0x827, 4789), 16);
+    let del = |p| {
+        let mut c = cmd_in(0x828, 0, delete_vxlan_udp_dport_in::SIZE_BYTES);
+        delete_vxlan_udp_dport_in::VXLAN_UDP_PORT.set(&mut c, p);
+        c
+    };
+    e.d.ok(&del(4789), 16);
+    assert_eq!(e.d.exec(&del(4789), 16)[0], BAD_PARAM, "not held");
+    // Up to the card's maximum (4 where it reports none).
+    let max = {
+        use mlx5_hw::ifc::per_protocol_networking_offload_caps as c;
+        let fw = crate::lock(&e.d.f.model().inner.fw);
+        match fw
+            .caps
+            .get(crate::cap_type::ETHERNET_OFFLOADS, c::MAX_VXLAN_UDP_PORTS)
+        {
+            0 => 4,
+            n => n,
+        }
+    };
+    for p in 0..max {
+        e.d.ok(&port(0x827, 5000 + p), 16);
+    }
+    let full = e.d.exec(&port(0x827, 6000), 16)[0];
+    assert_eq!(full, CmdStatus::NoResources.to_raw());
+}
