@@ -294,10 +294,8 @@ fn judge_eth(t: &mut Tally, console: &str, log: &str) {
         },
     );
     let links = tagged(console, "link ");
-    let up = links
-        .iter()
-        .filter(|l| l.contains("LOWER_UP") && l.ends_with("state=UP"))
-        .count();
+    // operstate "up": administratively up with carrier (IF_OPER_UP).
+    let up = links.iter().filter(|l| l.ends_with("operstate=up")).count();
     t.check(
         "netdevs_come_up_with_carrier",
         if up == 2 && links.len() == 2 {
