@@ -127,6 +127,32 @@ pub(crate) struct Wire {
     ports: RwLock<Vec<Weak<Rdma>>>,
     wire_check: AtomicBool,
     drop_next: AtomicU64,
+    /// Responses (ACKs, NAKs, read responses, atomic acknowledgements)
+    /// still to lose.
+    drop_responses: AtomicU64,
+}
+
+impl Wire {
+    /// Takes one from `n` if it is not 0: true when this packet is lost.
+    fn lose(n: &AtomicU64) -> bool {
+        n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| d.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// `reply` unless `wire` is to lose the response (counted dropped by the
+/// responder, `dst`).
+fn lossy_reply(
+    wire: Option<&Wire>,
+    dst: &Rdma,
+    r: &Packet<'_>,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    if wire.is_some_and(|w| Wire::lose(&w.drop_responses)) {
+        dst.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    reply(r);
 }
 
 impl Wire {
@@ -195,16 +221,22 @@ pub(crate) fn transmit(
     let wire = dst.wire;
     if let Some(w) = wire {
         // Fault injection: lose packets.
-        let d = w.drop_next.load(Ordering::Relaxed);
-        if d > 0
-            && w.drop_next
-                .compare_exchange(d, d - 1, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if Wire::lose(&w.drop_next) {
             src.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
     }
+    // Fault injection: lose responses.
+    let mut lossy;
+    let reply: &mut dyn FnMut(&Packet<'_>) =
+        match wire.filter(|w| w.drop_responses.load(Ordering::Relaxed) != 0) {
+            Some(w) => {
+                let rdma = dst.rdma;
+                lossy = move |r: &Packet<'_>| lossy_reply(Some(w), rdma, r, reply);
+                &mut lossy
+            }
+            None => reply,
+        };
     let check = wire.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
     let (qp, dmem, dhint, routed, tally, dst) =
         (dst.qp, dst.mem, dst.hint, dst.routed, dst.tally, dst.rdma);
@@ -273,7 +305,9 @@ pub(crate) fn write_train(
         return false;
     };
     if dst.wire.is_some_and(|w| {
-        w.wire_check.load(Ordering::Relaxed) || w.drop_next.load(Ordering::Relaxed) != 0
+        w.wire_check.load(Ordering::Relaxed)
+            || w.drop_next.load(Ordering::Relaxed) != 0
+            || w.drop_responses.load(Ordering::Relaxed) != 0
     }) || !dst.routed
     {
         return false;
@@ -305,7 +339,10 @@ pub(crate) fn drained(
     qpn: u32,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
-    let check = wire_of(src).is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let wire = wire_of(src);
+    let w = wire.as_deref();
+    let check = w.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let reply = &mut |r: &Packet<'_>| lossy_reply(w, dst, r, reply);
     if check {
         crate::transport::responder::drained(dst, addr, qpn, &mut |r| framed(r, reply));
     } else {
@@ -419,6 +456,12 @@ impl Fabric {
     /// Lose the next `n` packets sent on the fabric (fault injection).
     pub fn drop_packets(&self, n: u64) {
         self.wire.drop_next.store(n, Ordering::Relaxed);
+    }
+
+    /// Lose the next `n` responses sent on the fabric: ACKs, NAKs, read
+    /// responses, atomic acknowledgements (fault injection).
+    pub fn drop_responses(&self, n: u64) {
+        self.wire.drop_responses.store(n, Ordering::Relaxed);
     }
 }
 

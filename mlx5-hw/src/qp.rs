@@ -1,9 +1,76 @@
-//! Queue pair numbers of Linux's `include/linux/mlx5/qp.h` that are not a
-//! layout: the `opt_param_mask` bits a QP state transition carries.
+//! Queue pair numbers that are not a layout: the values of the QP context
+//! (`qpc`) fields of `mlx5_ifc.h` (`MLX5_QPC_*`: service type, state, path
+//! migration state, atomic mode), the receive queue types of
+//! `include/linux/mlx5/qp.h`, and the `opt_param_mask` bits a QP state
+//! transition carries.
 //!
 //! A transition command (`init2rtr_qp_in`, `rtr2rts_qp_in`, ...) applies the
 //! QPC fields its transition requires plus those optional ones whose bit is
 //! set in `opt_param_mask`; firmware ignores the other optional fields.
+
+/// `qpc.st`: reliable connection (`MLX5_QPC_ST_RC`).
+pub const QPC_ST_RC: u8 = 0x0;
+/// `qpc.st`: unreliable connection (`MLX5_QPC_ST_UC`).
+pub const QPC_ST_UC: u8 = 0x1;
+/// `qpc.st`: unreliable datagram (`MLX5_QPC_ST_UD`).
+pub const QPC_ST_UD: u8 = 0x2;
+/// `qpc.st`: XRC (`MLX5_QPC_ST_XRC`).
+pub const QPC_ST_XRC: u8 = 0x3;
+/// `qpc.st`: DC initiator (`MLX5_QPC_ST_DCI`).
+pub const QPC_ST_DCI: u8 = 0x5;
+/// `qpc.st`: the SMI QP (`MLX5_QPC_ST_QP0`).
+pub const QPC_ST_QP0: u8 = 0x7;
+/// `qpc.st`: the GSI QP (`MLX5_QPC_ST_QP1`).
+pub const QPC_ST_QP1: u8 = 0x8;
+/// `qpc.st`: raw datagram (`MLX5_QPC_ST_RAW_DATAGRAM`).
+pub const QPC_ST_RAW_DATAGRAM: u8 = 0x9;
+/// `qpc.st`: the UMR QP (`MLX5_QPC_ST_REG_UMR`).
+pub const QPC_ST_REG_UMR: u8 = 0xc;
+
+/// `qpc.state`: reset (`MLX5_QPC_STATE_RST`).
+pub const QPC_STATE_RST: u8 = 0x0;
+/// `qpc.state`: initialized (`MLX5_QPC_STATE_INIT`).
+pub const QPC_STATE_INIT: u8 = 0x1;
+/// `qpc.state`: ready to receive (`MLX5_QPC_STATE_RTR`).
+pub const QPC_STATE_RTR: u8 = 0x2;
+/// `qpc.state`: ready to send (`MLX5_QPC_STATE_RTS`).
+pub const QPC_STATE_RTS: u8 = 0x3;
+/// `qpc.state`: send queue error (`MLX5_QPC_STATE_SQER`).
+pub const QPC_STATE_SQER: u8 = 0x4;
+/// `qpc.state`: error (`MLX5_QPC_STATE_ERR`).
+pub const QPC_STATE_ERR: u8 = 0x6;
+/// `qpc.state`: send queue drained (`MLX5_QPC_STATE_SQD`). `enum
+/// mlx5_qp_state` of `qp.h` calls 7 `SQ_DRAINING` and 5 `SQD`; mlx5_ib's
+/// `to_ib_qp_state` reads both as IB_QPS_SQD.
+pub const QPC_STATE_SQD: u8 = 0x7;
+/// `qpc.state`: suspended (`MLX5_QPC_STATE_SUSPENDED`).
+pub const QPC_STATE_SUSPENDED: u8 = 0x9;
+
+/// `qpc.pm_state`: armed (`MLX5_QPC_PM_STATE_ARMED`).
+pub const QPC_PM_STATE_ARMED: u8 = 0x0;
+/// `qpc.pm_state`: rearm (`MLX5_QPC_PM_STATE_REARM`).
+pub const QPC_PM_STATE_REARM: u8 = 0x1;
+/// `qpc.pm_state`: migrated, the state a QP without an alternate path is
+/// created in (`MLX5_QPC_PM_STATE_MIGRATED`).
+pub const QPC_PM_STATE_MIGRATED: u8 = 0x3;
+
+/// `qpc.atomic_mode`: IB-spec 8-byte atomics (`MLX5_QPC_ATOMIC_MODE_IB_SPEC`).
+pub const QPC_ATOMIC_MODE_IB_SPEC: u8 = 0x1;
+/// `qpc.atomic_mode`: only 8-byte atomics (`MLX5_QPC_ATOMIC_MODE_ONLY_8B`).
+pub const QPC_ATOMIC_MODE_ONLY_8B: u8 = 0x2;
+/// `qpc.atomic_mode`: atomics up to 8 bytes (`MLX5_QPC_ATOMIC_MODE_UP_TO_8B`).
+pub const QPC_ATOMIC_MODE_UP_TO_8B: u8 = 0x3;
+/// `qpc.atomic_mode`: atomics up to 16 bytes (`MLX5_QPC_ATOMIC_MODE_UP_TO_16B`).
+pub const QPC_ATOMIC_MODE_UP_TO_16B: u8 = 0x4;
+
+/// `qpc.rq_type`: a receive queue of the QP's own (`MLX5_NON_ZERO_RQ`).
+pub const NON_ZERO_RQ: u8 = 0x0;
+/// `qpc.rq_type`: receives come from the SRQ in `srqn_rmpn_xrqn` (`MLX5_SRQ_RQ`).
+pub const SRQ_RQ: u8 = 0x1;
+/// `qpc.rq_type`: a cross-channel receive queue (`MLX5_CRQ_RQ`).
+pub const CRQ_RQ: u8 = 0x2;
+/// `qpc.rq_type`: no receive queue (`MLX5_ZERO_LEN_RQ`).
+pub const ZERO_LEN_RQ: u8 = 0x3;
 
 /// `opt_param_mask`: alternate address path (`MLX5_QP_OPTPAR_ALT_ADDR_PATH`).
 pub const QP_OPTPAR_ALT_ADDR_PATH: u32 = 1 << 0;
@@ -51,6 +118,27 @@ pub const QP_OPTPAR_COUNTER_SET_ID: u32 = 1 << 25;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qpc_values_match_headers() {
+        assert_eq!(
+            [QPC_ST_RC, QPC_ST_UC, QPC_ST_UD, QPC_ST_QP1, QPC_ST_REG_UMR],
+            [0, 1, 2, 8, 0xc]
+        );
+        assert_eq!(
+            [
+                QPC_STATE_RST,
+                QPC_STATE_RTS,
+                QPC_STATE_SQER,
+                QPC_STATE_ERR,
+                QPC_STATE_SQD
+            ],
+            [0, 3, 4, 6, 7]
+        );
+        assert_eq!(QPC_PM_STATE_MIGRATED, 3);
+        assert_eq!(QPC_ATOMIC_MODE_IB_SPEC, 1);
+        assert_eq!([NON_ZERO_RQ, SRQ_RQ, ZERO_LEN_RQ], [0, 1, 3]);
+    }
 
     #[test]
     fn optpar_bits_are_distinct_single_bits() {

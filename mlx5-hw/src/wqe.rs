@@ -147,6 +147,24 @@ pub const MKC_ACCESS_MODE_SW_ICM: u8 = 0x4;
 pub const MKC_ACCESS_MODE_MEMIC: u8 = 0x5;
 /// mkc `access_mode`: crossing vhca (`MLX5_MKC_ACCESS_MODE_CROSSING`).
 pub const MKC_ACCESS_MODE_CROSSING: u8 = 0x6;
+/// log2 of the smallest page an mkey's MTT may use: 4 KiB, whatever the
+/// 6-bit mkc `log_page_size` could say (`MLX5_ADAPTER_PAGE_SHIFT`).
+pub const MKC_MIN_LOG_PAGE_SIZE: u32 = 12;
+/// How many bits of mkc `log_page_size` the device honours: 5 (pages up to
+/// 2^31 bytes), or all 6 where `cmd_hca_cap_2.umr_log_entity_size_5` is set
+/// (Linux's `mlx5_umem_mkc_find_best_pgsz`).
+pub const fn mkc_log_page_size_bits(umr_log_entity_size_5: bool) -> u32 {
+    if umr_log_entity_size_5 {
+        6
+    } else {
+        5
+    }
+}
+/// The largest mkc `log_page_size` the device takes (see
+/// [`mkc_log_page_size_bits`]): 31, or 63 with `umr_log_entity_size_5`.
+pub const fn mkc_max_log_page_size(umr_log_entity_size_5: bool) -> u32 {
+    (1 << mkc_log_page_size_bits(umr_log_entity_size_5)) - 1
+}
 /// `mkey_seg.flags`: UMR may modify this mkey (`MLX5_PERM_UMR_EN`).
 pub const PERM_UMR_EN: u8 = 1 << 7;
 /// `mkey_seg.status`: the mkey is free (`MLX5_MKEY_STATUS_FREE`).

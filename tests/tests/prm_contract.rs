@@ -260,3 +260,51 @@ mod tests {
 ";
     assert_eq!(pats.scan("verbs/src/cmd.rs", derived), []);
 }
+
+/// The driver's QP files, where QPC and WQE values are written.
+const QP_FILES: &[&str] = &[
+    "verbs/src/qp.rs",
+    "verbs/src/wr.rs",
+    "verbs/src/wqe.rs",
+    "verbs/src/rq.rs",
+    "verbs/src/wq.rs",
+];
+
+/// A QPC or WQE field set from a bare number (`.set_rq_type(3)`,
+/// `.set_pm_state(3)`, `.set_atomic_mode(1)`) hides a PRM value the model
+/// has to agree with: it must be a named `mlx5_hw::qp` / `mlx5_hw::wqe`
+/// value. The one exception: `vhca_port_num(1)`, the port number of a
+/// one-port function, which is not a PRM enum.
+#[test]
+fn qp_fields_are_set_from_named_prm_values() {
+    let setter = Regex::new(r"\.set_([a-z_0-9]+)\(\s*(0x[0-9a-fA-F_]+|[1-9][0-9_]*)\s*\)")
+        .expect("setter pattern");
+    let mut bad = Vec::new();
+    for f in QP_FILES {
+        let text = std::fs::read_to_string(workspace().join(f))
+            .unwrap_or_else(|e| panic!("{f}: {e} (update QP_FILES if the QP code moved)"));
+        for (i, line) in text.lines().enumerate() {
+            let t = line.trim_start();
+            if t.starts_with("#[cfg(test)]") {
+                break;
+            }
+            for c in setter.captures_iter(line) {
+                if &c[1] != "vhca_port_num" {
+                    bad.push(format!("{f}:{}: `{}`", i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "a QP field set from a bare number; name it in mlx5_hw::qp or mlx5_hw::wqe:\n{}",
+        bad.join("\n")
+    );
+    assert!(
+        setter.is_match("q.set_rq_type(3); // MLX5_ZERO_LEN_RQ")
+            && setter.is_match(".set_pm_state(0x3)")
+            && !setter.is_match(".set_rq_type(ZERO_LEN_RQ)")
+            && !setter.is_match(".set_pd(0)"),
+        "the setter pattern"
+    );
+}

@@ -71,6 +71,12 @@ pub struct HcaOptions {
     /// on. Default: the monotonic clock; tests hand a
     /// [`vfio::clock::ManualClock`] and move time themselves.
     pub clock: SharedClock,
+    /// Completion vectors (one completion EQ and one MSI-X vector each) to
+    /// create, at most what the function offers ([`eq::comp_vector_plan`]:
+    /// its MSI-X vectors past the control one, its EQs past the control
+    /// EQs). `None`: one per CPU the process may run on and port, as
+    /// Linux does (`num_online_cpus`). `Some(0)` is refused.
+    pub num_comp_vectors: Option<u32>,
 }
 
 impl Default for HcaOptions {
@@ -86,6 +92,7 @@ impl Default for HcaOptions {
             fw_pre_init_timeout: FW_PRE_INIT_TIMEOUT,
             max_fw_pages: crate::pagealloc::default_budget(),
             clock: clock::system(),
+            num_comp_vectors: None,
         }
     }
 }
@@ -153,6 +160,8 @@ pub struct Hca {
     cmd_eq: Option<Arc<Eq>>,
     async_eq: Option<Arc<Eq>>,
     comp_eqs: Vec<Arc<Eq>>,
+    /// Completion vectors planned at bring-up, and MSI-X vectors attached.
+    comp_plan: (u32, u32),
     comp_table: Arc<eq::CompTable>,
     dma: Arc<DmaCtx>,
     uars: Vec<Arc<Uar>>,
@@ -237,6 +246,7 @@ impl Hca {
             cmd_eq: None,
             async_eq: None,
             comp_eqs: Vec::new(),
+            comp_plan: (0, 0),
             comp_table: Arc::default(),
             dma: dma.clone(),
             uars: Vec::new(),
@@ -360,27 +370,45 @@ impl Hca {
     }
 
     fn start_events(&mut self, dma: &Arc<DmaCtx>) -> Result<()> {
-        // Vector 0: commands; 1: async events and page requests; then one
-        // per completion EQ (sharing the last vector when there are fewer).
-        let nvec = self
-            .func
-            .irq_count(vfio::IrqKind::MsiX)?
-            .clamp(0, 2 + eq::COMP_EQS);
-        if nvec == 0 {
-            return Err(Error::NotSupported("MSI-X"));
-        }
+        // Vector 0: the control EQs (commands; async events and page
+        // requests), as Linux 6.12's ctrl_irq; then one per completion EQ.
+        let msix = self.func.irq_count(vfio::IrqKind::MsiX)?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        let g = self.caps().gen();
+        let ports = u32::from(g.num_ports());
+        self.comp_plan = eq::comp_vector_plan(
+            msix,
+            self.caps().max_eqs(),
+            cpus,
+            ports,
+            self.opts.num_comp_vectors,
+        )?;
+        tracing::debug!(
+            msix,
+            cpus,
+            comp_vectors = self.comp_plan.0,
+            "MSI-X vectors: {} attached",
+            self.comp_plan.1
+        );
         let dispatch = Dispatch {
             cmd: self.cmd.0.clone(),
             pages: self.page_tx.clone(),
             subs: self.event_subs.clone(),
             comp: self.comp_table.clone(),
         };
-        let events = EventLoop::start(self.func.clone(), nvec, dispatch)?;
+        let events = EventLoop::start(self.func.clone(), self.comp_plan.1, dispatch)?;
         let events = self.events.insert(events);
         let cmd_mask = 1u64 << mlx5_hw::event::EventType::Cmd.to_raw();
         let uar = Arc::new(Uar::alloc(&self.cmd, self.bar.clone())?);
         self.uars.push(uar.clone());
-        let ceq = Eq::create(&self.cmd, dma, uar, 0, eq::CMD_EQ_NENT, cmd_mask)?;
+        let ceq = Eq::create(
+            &self.cmd,
+            dma,
+            uar,
+            eq::CTRL_VECTOR,
+            eq::CMD_EQ_NENT,
+            cmd_mask,
+        )?;
         self.cmd_eq = Some(events.add(ceq));
         if self.opts.event_mode {
             self.cmd.0.set_event_mode(true);
@@ -400,7 +428,7 @@ impl Hca {
             &self.cmd,
             dma,
             uar,
-            1.min(nvec - 1),
+            eq::CTRL_VECTOR,
             eq::ASYNC_EQ_NENT,
             mask,
         )?;
@@ -591,33 +619,34 @@ impl Hca {
         )
     }
 
-    /// Creates the completion EQs (one per completion vector, [`eq::COMP_EQS`]
-    /// of them) if they do not exist yet: what CQs deliver events through.
-    /// Not part of bring-up (the kernel's mlx5_core creates them with the
-    /// first user); the verbs context does it when it opens.
+    /// Creates the completion EQs (one per completion vector, as many as
+    /// [`HcaOptions::num_comp_vectors`] and the function allow, each on an
+    /// MSI-X vector of its own) if they do not exist yet: what CQs deliver
+    /// events through. Not part of bring-up (the kernel's mlx5_core creates
+    /// them with the first user); the verbs context does it when it opens.
     pub fn create_comp_eqs(&mut self) -> Result<()> {
         if !self.comp_eqs.is_empty() {
             return Ok(());
         }
-        let nvec = self
-            .func
-            .irq_count(vfio::IrqKind::MsiX)?
-            .clamp(1, 2 + eq::COMP_EQS);
+        let (n, attached) = self.comp_plan;
         let comp_mask = 1u64 << mlx5_hw::event::EventType::Comp.to_raw();
-        for i in 0..eq::COMP_EQS {
+        for i in 0..n {
             let uar = Arc::new(Uar::alloc(&self.cmd, self.bar.clone())?);
             self.uars.push(uar.clone());
-            let vector = (2 + i).min(nvec - 1);
             let ceq = Eq::create(
                 &self.cmd,
                 &self.dma,
                 uar,
-                vector,
+                eq::comp_msix_vector(i, attached),
                 eq::COMP_EQ_NENT,
                 comp_mask,
             )?;
-            if let Some(ev) = &self.events {
-                self.comp_eqs.push(ev.add(ceq));
+            match &self.events {
+                Some(ev) => self.comp_eqs.push(ev.add(ceq)),
+                None => {
+                    ceq.destroy(&self.cmd)?;
+                    return Err(Error::Closed);
+                }
             }
         }
         Ok(())
@@ -628,6 +657,25 @@ impl Hca {
         self.comp_eqs.iter().map(|e| e.eqn()).collect()
     }
 
+    /// Completion vectors: the completion EQs created (after
+    /// [`Hca::create_comp_eqs`]; before it, none).
+    pub fn num_comp_vectors(&self) -> usize {
+        self.comp_eqs.len()
+    }
+
+    /// What completion vector `v` saw: its EQ, MSI-X vector, the
+    /// interrupts taken and EQEs drained; `None` past the last.
+    pub fn comp_vector_stats(&self, v: usize) -> Option<eq::VectorStats> {
+        let q = self.comp_eqs.get(v)?;
+        let interrupts = self.events.as_ref().map_or(0, |e| e.interrupts(q.vector()));
+        Some(eq::VectorStats {
+            eqn: q.eqn(),
+            msix_vector: q.vector(),
+            interrupts,
+            eqes: q.eqes(),
+        })
+    }
+
     /// The BAR0 mapping (UAR pages live in it).
     pub(crate) fn bar(&self) -> &Arc<Mmio> {
         &self.bar
@@ -636,6 +684,12 @@ impl Hca {
     /// The DMA address space the driver manages.
     pub(crate) fn dma(&self) -> &Arc<DmaCtx> {
         &self.dma
+    }
+
+    /// What the queue-memory arena holds now: chunks (one memfd and one
+    /// DMA mapping each), the queue buffers and doorbell records in them.
+    pub fn queue_memory(&self) -> crate::buf::ArenaStats {
+        self.dma.queue_memory()
     }
 
     /// Where completion events are routed by CQ number.

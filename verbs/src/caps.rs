@@ -160,6 +160,20 @@ impl Caps {
         pow2_cap("log_max_msg", v, log_limits::LOG_MAX_MSG)
     }
 
+    /// The EQs the function may create, as Linux's `mlx5_max_eq_cap_get`
+    /// reads them: `max_num_eqs_24b` (general 2), else `max_num_eqs`, else
+    /// `1 << log_max_eq`.
+    pub fn max_eqs(&self) -> u32 {
+        if let Some(n) = self.gen2().map(|g| g.max_num_eqs_24b()).filter(|n| *n != 0) {
+            return n;
+        }
+        let g = self.gen();
+        match g.max_num_eqs() {
+            0 => 1u32 << g.log_max_eq(),
+            n => n.into(),
+        }
+    }
+
     /// Current general caps.
     pub fn gen(&self) -> CmdHcaCap<&[u8]> {
         CmdHcaCap::new_unchecked(&self.general.current[..])

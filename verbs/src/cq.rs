@@ -15,9 +15,9 @@
 //! ([`WcStatus`], [`WcOpcode`]); the vendor syndrome of an error CQE is
 //! kept in [`Wc::vendor_err`].
 //!
-//! Thread safety: a [`Cq`] is `Send`; polling and arming take `&mut self`
-//! (no lock on the fast path). Share it behind a `Mutex` if several threads
-//! poll one CQ.
+//! Thread safety: a [`Cq`] is `Send + Sync`; polling and arming take
+//! `&mut self` (no lock on the fast path). Several threads poll one CQ
+//! through [`Cq::into_shared`] ([`crate::shared::SharedCq`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -32,9 +32,10 @@ use mlx5_hw::wqe::WqeOpcode;
 use vfio::dma_ring::DmaEntry;
 use vfio::{DmaBuffer, DmaRing, Mmio};
 
+use crate::buf::DmaSlice;
 use crate::channel::CompChannel;
+use crate::dbrec::Dbrec;
 use crate::device::{Context, Ctx};
-use crate::dma::DmaRegion;
 use crate::qp::WqTrack;
 use crate::uar::Uar;
 use crate::{Error, Result};
@@ -272,15 +273,33 @@ impl CqRing {
             )?;
         }
         dbrec.write(dbrec_off, &[0; 8])?;
-        Ok(Self {
-            ring: DmaRing::new(buf, 0, n as u32)?,
-            log_size,
-            ci: 0,
-            dbrec: DmaRing::new(dbrec, dbrec_off, 1)?,
+        Ok(Self::from_rings(
+            DmaRing::new(buf, 0, n as u32)?,
+            DmaRing::new(dbrec, dbrec_off, 1)?,
             cqn,
             uar,
             uar_off,
-        })
+        ))
+    }
+
+    /// A ring over CQEs and a doorbell record already initialized (every
+    /// CQE INVALID, the record zero).
+    pub(crate) fn from_rings(
+        ring: DmaRing<{ c::CQE_SIZE }>,
+        dbrec: DmaRing<8>,
+        cqn: u32,
+        uar: Arc<Mmio>,
+        uar_off: usize,
+    ) -> Self {
+        Self {
+            log_size: ring.entries().trailing_zeros() as u8,
+            ring,
+            ci: 0,
+            dbrec,
+            cqn,
+            uar,
+            uar_off,
+        }
     }
 
     /// The consumer index.
@@ -462,8 +481,8 @@ pub(crate) struct CqShared {
     pub(crate) qps: RwLock<HashMap<u32, Arc<WqTrack>>>,
     pub(crate) gen: AtomicU64,
     pub(crate) arm_sn: AtomicU32,
-    _region: DmaRegion,
-    _dbrec: DmaRegion,
+    region: DmaSlice,
+    dbrec: Dbrec,
     uar: Option<Arc<Uar>>,
     pub(crate) cqe: u32,
 }
@@ -501,6 +520,9 @@ impl Drop for CqShared {
             .set_cqn(self.cqn);
         if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_cq_out::SIZE_BYTES) {
             tracing::warn!("DESTROY_CQ {:#x}: {e}", self.cqn);
+            // The device may still write CQEs: the memory stays out of use.
+            self.region.device_may_still_use();
+            self.dbrec.device_may_still_use();
         }
         if let Some(u) = self.uar.take() {
             self.ctx.release_uar(u);
@@ -534,27 +556,25 @@ impl Cq {
         let n = (cqe + 1).next_power_of_two();
         let log = n.trailing_zeros() as u8;
         let dma = c.hca.dma();
-        let region = dma.alloc(n as usize * c::CQE_SIZE)?;
-        let dbrec = dma.alloc(4096)?;
-        let uar = c.alloc_uar()?;
-        let eqn = match c.comp_eqn(vector) {
-            Ok(e) => e,
-            Err(e) => {
-                c.release_uar(uar);
-                return Err(e);
-            }
-        };
-        let ring = CqRing::new(
-            region.buf.clone(),
-            log,
-            dbrec.buf.clone(),
-            0,
+        let region = dma.alloc_buf(n as usize * c::CQE_SIZE)?;
+        let dbrec = dma.alloc_dbrec()?;
+        for i in 0..n as usize {
+            region.write(
+                i * c::CQE_SIZE + OP_OWN,
+                &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
+            )?;
+        }
+        let mut ring = CqRing::from_rings(
+            region.ring(0, n)?,
+            dbrec.ring(0)?,
             0,
             c.hca.bar().clone(),
-            uar.offset(),
+            0,
         );
-        let mut ring = match ring {
-            Ok(r) => r,
+        let uar = c.alloc_uar()?;
+        ring.uar_off = uar.offset();
+        let eqn = match c.comp_eqn(vector) {
+            Ok(e) => e,
             Err(e) => {
                 c.release_uar(uar);
                 return Err(e);
@@ -571,8 +591,8 @@ impl Cq {
                 .set_uar_page(uar.index())
                 .set_c_eqn_or_apu_element(u32::from(eqn))
                 .set_log_page_size(log_page as u8)
-                .set_dbr_addr(dbrec.iova.0);
-            i.set_pas(0, region.iova.0);
+                .set_dbr_addr(dbrec.iova().0);
+            i.set_pas(0, region.iova().0);
         }
         let out = match c.hca.cmd().exec(&inb, create_cq_out::SIZE_BYTES) {
             Ok(o) => o,
@@ -589,8 +609,8 @@ impl Cq {
             qps: RwLock::default(),
             gen: AtomicU64::new(0),
             arm_sn: AtomicU32::new(0),
-            _region: region,
-            _dbrec: dbrec,
+            region,
+            dbrec,
             uar: Some(uar),
             cqe: n - 1,
         });

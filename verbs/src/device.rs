@@ -359,7 +359,12 @@ impl Ctx {
         }
         let i = match v {
             Some(i) if i < eqns.len() => i,
-            Some(_) => return Err(Error::Invalid("completion vector out of range")),
+            Some(vector) => {
+                return Err(Error::CompVector {
+                    vector,
+                    count: eqns.len(),
+                })
+            }
             None => {
                 self.next_vector
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -443,6 +448,18 @@ impl Context {
     /// The HCA underneath.
     pub fn hca(&self) -> &Hca {
         &self.ctx.hca
+    }
+
+    /// `ibv_context.num_comp_vectors`: the completion vectors CQs may name
+    /// (`0..num_comp_vectors()`), one completion EQ and MSI-X vector each.
+    pub fn num_comp_vectors(&self) -> usize {
+        self.ctx.hca.num_comp_vectors()
+    }
+
+    /// What completion vector `v` saw (its EQ, MSI-X vector, interrupts,
+    /// EQEs); `None` past the last.
+    pub fn comp_vector_stats(&self, v: usize) -> Option<crate::eq::VectorStats> {
+        self.ctx.hca.comp_vector_stats(v)
     }
 
     /// The port's MAC (permanent address of the NIC vport).
@@ -574,7 +591,9 @@ impl Context {
     }
 
     /// `ibv_create_cq` with `cqe` entries at least, on completion vector
-    /// `vector` (`None`: round robin), its events going to `channel`.
+    /// `vector` (`None`: round robin), its events going to `channel`. A
+    /// vector past [`Context::num_comp_vectors`] is refused
+    /// ([`Error::CompVector`], `ibv_create_cq`'s EINVAL).
     pub fn create_cq(
         &self,
         cqe: u32,

@@ -5,14 +5,19 @@ use std::sync::{Arc, Mutex};
 
 use vfio::{DmaBuffer, Iova, IovaAllocator, PciFunction};
 
+use crate::buf::{ArenaStats, BufArena, DmaSlice};
+use crate::dbrec::{Dbrec, DbrecPool};
 use crate::Result;
 
 /// The function's DMA address space as the driver manages it: one IOVA
-/// allocator shared by the command queue, EQs and the page supply.
+/// allocator shared by the command queue, the page supply and the
+/// queue-memory arena (EQ, CQ, QP and SRQ buffers, doorbell records).
 #[derive(Debug)]
 pub(crate) struct DmaCtx {
     pub(crate) func: Arc<dyn PciFunction>,
     iova: Mutex<IovaAllocator>,
+    pub(crate) bufs: BufArena,
+    pub(crate) dbrecs: DbrecPool,
 }
 
 impl DmaCtx {
@@ -21,7 +26,32 @@ impl DmaCtx {
         Ok(Arc::new(Self {
             func,
             iova: Mutex::new(IovaAllocator::new(&ranges)),
+            bufs: BufArena::default(),
+            dbrecs: DbrecPool::default(),
         }))
+    }
+
+    /// A zeroed queue buffer of at least `len` bytes from the arena (a
+    /// power of two of at least 4 KiB, its IOVA aligned to its size).
+    pub(crate) fn alloc_buf(self: &Arc<Self>, len: usize) -> Result<DmaSlice> {
+        let p = self.bufs.alloc(self, len)?;
+        Ok(DmaSlice::new(self.clone(), p))
+    }
+
+    /// A zeroed doorbell record.
+    pub(crate) fn alloc_dbrec(self: &Arc<Self>) -> Result<Dbrec> {
+        let r = self.dbrecs.alloc(self)?;
+        Ok(Dbrec::new(self.clone(), r))
+    }
+
+    /// What the queue-memory arena holds now.
+    pub(crate) fn queue_memory(&self) -> ArenaStats {
+        let (dbrec_pages, dbrecs) = self.dbrecs.counts();
+        ArenaStats {
+            dbrec_pages,
+            dbrecs,
+            ..self.bufs.stats()
+        }
     }
 
     /// Allocates `len` bytes (rounded up to a power of two, at least 4 KiB)
@@ -63,6 +93,16 @@ impl DmaCtx {
         {
             tracing::warn!("freeing IOVA {iova:#x}+{len:#x}: {e}");
         }
+    }
+}
+
+impl Drop for DmaCtx {
+    /// Every queue is gone (each holds the context): what is left are
+    /// pieces kept out of use after a failed DESTROY, and the function is
+    /// closed, so their chunks are unmapped now.
+    fn drop(&mut self) {
+        self.dbrecs.clear();
+        self.bufs.release_all(self);
     }
 }
 

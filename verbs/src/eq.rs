@@ -12,17 +12,24 @@
 //! far it got through the UAR (CI update every [`CI_UPDATE_BATCH`] entries,
 //! then arm at the end of each drain, so the next EQE raises an interrupt).
 //!
-//! Two EQs, as the kernel does: one for command completions (CMD), then one
-//! for asynchronous events and page requests. Each EQ rings its own UAR
+//! The control EQs, as Linux 6.12 makes them: one for command completions
+//! (CMD), then one for asynchronous events and page requests, both on MSI-X
+//! vector 0 (the kernel's `ctrl_irq`). Then one completion EQ per
+//! completion vector, vector `1 + i` for completion vector `i`
+//! ([`comp_vector_plan`]: as many as the function's MSI-X vectors, its
+//! EQ capacity, the CPUs and the caller allow). Each EQ rings its own UAR
 //! page: a device that notices doorbells by polling BAR memory (the
 //! vfio-user device model) would otherwise lose one EQ's arm under the
 //! next EQ's write to the same register. One thread waits (epoll, with
-//! a timeout and a stop eventfd) on the MSI-X eventfds, drains the EQ that
-//! fired and dispatches: CMD completions wake command waiters, PAGE_REQUESTs
-//! go to the page worker, everything else to subscribers.
+//! a timeout and a stop eventfd) on the MSI-X eventfds, drains the EQs of
+//! the vector that fired and dispatches: CMD completions wake command
+//! waiters, PAGE_REQUESTs go to the page worker, COMP events the CQ's
+//! handler, everything else subscribers. Each vector counts the interrupts
+//! it took and each EQ the EQEs it drained ([`VectorStats`]), so a test can
+//! tell on which vector an event arrived.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -36,8 +43,9 @@ use vfio::mmio::dma_rmb;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::buf::DmaSlice;
 use crate::cmd::{Cmd, CmdQueue};
-use crate::dma::{DmaCtx, DmaRegion};
+use crate::dma::DmaCtx;
 use crate::pagealloc::PageRequest;
 use crate::uar::Uar;
 use crate::{Error, Result};
@@ -51,10 +59,73 @@ pub const CMD_EQ_NENT: u32 = (ev::NUM_CMD_EQE + ev::NUM_SPARE_EQE).next_power_of
 /// Entries of the async EQ: 1024 + spare, rounded up.
 pub const ASYNC_EQ_NENT: u32 = (1024 + ev::NUM_SPARE_EQE).next_power_of_two();
 
-/// Completion EQs the HCA creates (one per completion vector).
-pub const COMP_EQS: u32 = 2;
+/// The control EQs (command, async + pages), all on MSI-X vector 0.
+pub const CTRL_EQS: u32 = 2;
+/// The MSI-X vector of the control EQs (Linux: the `ctrl_irq`).
+pub const CTRL_VECTOR: u32 = 0;
 /// Entries of each completion EQ.
 pub const COMP_EQ_NENT: u32 = 1024;
+/// The most EQs an `eq_number` (8 bits in CREATE_EQ's output) can name.
+pub const EQN_LIMIT: u32 = 256;
+
+/// How many completion vectors a function gets, as Linux 6.12 counts them
+/// (`mlx5_irq_table_create`, `get_num_eqs`): MSI-X vectors past the
+/// control vector, at most one per CPU and port (`cpus * ports`), at most
+/// the EQs the device offers (`max_eqs`) less the [`CTRL_EQS`], and at
+/// most `asked` when the caller says. A function with a single MSI-X vector
+/// gets one completion vector sharing it with the control EQs.
+///
+/// Returns `(completion vectors, MSI-X vectors to attach)`, or why none can
+/// exist.
+pub fn comp_vector_plan(
+    msix: u32,
+    max_eqs: u32,
+    cpus: u32,
+    ports: u32,
+    asked: Option<u32>,
+) -> Result<(u32, u32)> {
+    if asked == Some(0) {
+        return Err(Error::Invalid(
+            "num_comp_vectors 0: a context needs at least one completion vector",
+        ));
+    }
+    if msix == 0 {
+        return Err(Error::NotSupported("MSI-X"));
+    }
+    let eqs = max_eqs.min(EQN_LIMIT).saturating_sub(CTRL_EQS);
+    if eqs == 0 {
+        return Err(Error::NotSupported(
+            "completion EQs (max EQs leaves none past the control EQs)",
+        ));
+    }
+    let offered = (msix - 1).max(1).min(eqs);
+    let want = asked.unwrap_or(cpus.max(1).saturating_mul(ports.max(1)));
+    let n = offered.min(want);
+    Ok((n, if msix == 1 { 1 } else { 1 + n }))
+}
+
+/// The MSI-X vector of completion vector `i` when `msix` vectors are
+/// attached: `1 + i`, or the control vector when it is the only one.
+pub fn comp_msix_vector(i: u32, attached: u32) -> u32 {
+    if attached <= 1 {
+        CTRL_VECTOR
+    } else {
+        1 + i
+    }
+}
+
+/// What one completion vector saw since the context opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VectorStats {
+    /// The completion EQ's number (CQs name it as `c_eqn`).
+    pub eqn: u8,
+    /// The MSI-X vector the EQ raises.
+    pub msix_vector: u32,
+    /// Interrupts (eventfd wake-ups) the event thread took on that vector.
+    pub interrupts: u64,
+    /// EQEs drained from the EQ.
+    pub eqes: u64,
+}
 
 /// An asynchronous event delivered to subscribers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +200,10 @@ pub(crate) struct Eq {
     eqn: u8,
     vector: u32,
     log_nent: u32,
-    region: DmaRegion,
+    region: DmaSlice,
     uar: Arc<Uar>,
     ring: Mutex<Ring>,
+    eqes: AtomicU64,
 }
 
 /// Whether the EQE at consumer index `ci` belongs to software, given its
@@ -140,14 +212,15 @@ pub fn eqe_is_sw_owned(owner: u8, ci: u32, log_nent: u32) -> bool {
     (owner & ev::EQE_OWNER_MASK) as u32 == (ci >> log_nent) & 1
 }
 
-/// Reads the next software-owned EQE of a ring in `buf` (owner byte, read
-/// barrier, copy), or `None`.
+/// Reads the next software-owned EQE of a ring at `base` of `buf` (owner
+/// byte, read barrier, copy), or `None`.
 pub(crate) fn next_eqe(
     buf: &vfio::DmaBuffer,
+    base: usize,
     ci: u32,
     log_nent: u32,
 ) -> Result<Option<[u8; ev::EQE_SIZE]>> {
-    let off = ((ci & ((1 << log_nent) - 1)) as usize) * ev::EQE_SIZE;
+    let off = base + ((ci & ((1 << log_nent) - 1)) as usize) * ev::EQE_SIZE;
     let owner = buf.load_u8_acquire(off + ev::EQE_OWNER_OFFSET)?;
     if !eqe_is_sw_owned(owner, ci, log_nent) {
         return Ok(None);
@@ -159,12 +232,12 @@ pub(crate) fn next_eqe(
     Ok(Some(e))
 }
 
-/// Sets every EQE's owner byte to the initial value (PRM: hardware owns
-/// every entry of a new EQ).
-pub(crate) fn init_owner(buf: &vfio::DmaBuffer, nent: u32) -> Result<()> {
+/// Sets every EQE's owner byte of the ring at `base` of `buf` to the
+/// initial value (PRM: hardware owns every entry of a new EQ).
+pub(crate) fn init_owner(buf: &vfio::DmaBuffer, base: usize, nent: u32) -> Result<()> {
     for i in 0..nent as usize {
         buf.write(
-            i * ev::EQE_SIZE + ev::EQE_OWNER_OFFSET,
+            base + i * ev::EQE_SIZE + ev::EQE_OWNER_OFFSET,
             &[ev::EQE_OWNER_INIT_VAL],
         )?;
     }
@@ -183,8 +256,8 @@ impl Eq {
     ) -> Result<Self> {
         let nent = nent.next_power_of_two();
         let log_nent = nent.trailing_zeros();
-        let region = dma.alloc(nent as usize * ev::EQE_SIZE)?;
-        init_owner(&region.buf, nent)?;
+        let region = dma.alloc_buf(nent as usize * ev::EQE_SIZE)?;
+        init_owner(region.buf(), region.offset(), nent)?;
         let log_page = region.len().trailing_zeros() - 12;
         let mut inb = vec![0u8; create_eq_in::SIZE_BYTES + 8];
         {
@@ -196,7 +269,7 @@ impl Eq {
                 .set_intr(vector as u16)
                 .set_log_page_size(log_page as u8);
             c.set_event_bitmask(0, mask);
-            c.set_pas(0, region.iova.0);
+            c.set_pas(0, region.iova().0);
         }
         let out = cmd.exec(&inb, create_eq_out::SIZE_BYTES)?;
         let eqn = CreateEqOut::new_unchecked(&out[..]).eq_number();
@@ -207,6 +280,7 @@ impl Eq {
             region,
             uar,
             ring: Mutex::new(Ring { ci: 0, dead: false }),
+            eqes: AtomicU64::new(0),
         };
         eq.uar.eq_doorbell(eqn, 0, true)?;
         Ok(eq)
@@ -215,6 +289,16 @@ impl Eq {
     /// The EQ number.
     pub(crate) fn eqn(&self) -> u8 {
         self.eqn
+    }
+
+    /// The MSI-X vector the EQ raises.
+    pub(crate) fn vector(&self) -> u32 {
+        self.vector
+    }
+
+    /// EQEs drained so far.
+    pub(crate) fn eqes(&self) -> u64 {
+        self.eqes.load(Ordering::Relaxed)
     }
 
     fn ring(&self) -> MutexGuard<'_, Ring> {
@@ -228,7 +312,12 @@ impl Eq {
         DestroyEqIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DestroyEq.to_raw())
             .set_eq_number(self.eqn);
-        cmd.exec(&inb, destroy_eq_out::SIZE_BYTES).map(|_| ())
+        let r = cmd.exec(&inb, destroy_eq_out::SIZE_BYTES).map(|_| ());
+        if r.is_err() {
+            // The device may still write EQEs: the memory stays out of use.
+            self.region.device_may_still_use();
+        }
+        r
     }
 
     /// Drains every ready EQE into `f`, updating CI every
@@ -239,9 +328,13 @@ impl Eq {
             return Ok(0);
         }
         let mut n = 0;
-        while let Some(e) = next_eqe(&self.region.buf, r.ci, self.log_nent)? {
+        while let Some(e) = next_eqe(self.region.buf(), self.region.offset(), r.ci, self.log_nent)?
+        {
             r.ci = r.ci.wrapping_add(1);
             n += 1;
+            // Counted before it is handed on: whoever the event wakes
+            // sees it counted.
+            self.eqes.fetch_add(1, Ordering::Relaxed);
             f(&e);
             if n % CI_UPDATE_BATCH == 0 {
                 self.uar.eq_doorbell(self.eqn, r.ci, false)?;
@@ -354,12 +447,21 @@ impl Dispatch {
     }
 }
 
+/// What one vector's eventfd counted, and how much of it were the
+/// driver's own kicks.
+#[derive(Debug, Default)]
+struct IrqCount {
+    counted: AtomicU64,
+    kicks: AtomicU64,
+}
+
 /// The EQs, their vectors' eventfds and the thread that serves them.
 #[derive(Debug)]
 pub(crate) struct EventLoop {
     func: Arc<dyn vfio::PciFunction>,
     eqs: Arc<Mutex<Vec<Arc<Eq>>>>,
     fds: Vec<Arc<EventFd>>,
+    irqs: Arc<[IrqCount]>,
     stop: Arc<EventFd>,
     running: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -403,13 +505,21 @@ impl EventLoop {
             return Err(e);
         }
         let eqs: Arc<Mutex<Vec<Arc<Eq>>>> = Arc::default();
+        let irqs: Arc<[IrqCount]> = (0..vectors).map(|_| IrqCount::default()).collect();
         let running = Arc::new(AtomicBool::new(true));
         let t = {
-            let (eqs, fds, stop, running) =
-                (eqs.clone(), fds.clone(), stop.clone(), running.clone());
+            let lp = Loop {
+                epoll,
+                fds: fds.clone(),
+                irqs: irqs.clone(),
+                stop: stop.clone(),
+                eqs: eqs.clone(),
+                dispatch,
+                running: running.clone(),
+            };
             std::thread::Builder::new()
                 .name("mlx5-events".into())
-                .spawn(move || event_loop(&epoll, &fds, &stop, &eqs, &dispatch, &running))
+                .spawn(move || lp.run())
         };
         let thread = match t {
             Ok(t) => t,
@@ -422,6 +532,7 @@ impl EventLoop {
             func,
             eqs,
             fds,
+            irqs,
             stop,
             running,
             thread: Some(thread),
@@ -435,9 +546,26 @@ impl EventLoop {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(eq.clone());
-        // An EQE may have arrived before the EQ was registered.
-        let _ = self.fds.get(eq.vector as usize).map(|f| f.write(1));
+        // An EQE may have arrived before the EQ was registered: kick the
+        // thread (a kick, not an interrupt: counted apart).
+        let v = eq.vector as usize;
+        if let (Some(f), Some(c)) = (self.fds.get(v), self.irqs.get(v)) {
+            c.kicks.fetch_add(1, Ordering::Relaxed);
+            if f.write(1).is_err() {
+                c.kicks.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         eq
+    }
+
+    /// MSI-X messages the thread took on `vector` (each signal adds one
+    /// to the vector's eventfd), less the thread's own kicks; 0 for a
+    /// vector not attached.
+    pub(crate) fn interrupts(&self, vector: u32) -> u64 {
+        self.irqs.get(vector as usize).map_or(0, |c| {
+            let kicks = c.kicks.load(Ordering::Relaxed);
+            c.counted.load(Ordering::Relaxed).saturating_sub(kicks)
+        })
     }
 
     /// Stops the thread, detaches the eventfds; the EQ buffers are unmapped
@@ -464,48 +592,65 @@ impl Drop for EventLoop {
     }
 }
 
-fn event_loop(
-    epoll: &Epoll,
-    fds: &[Arc<EventFd>],
-    stop: &EventFd,
-    eqs: &Mutex<Vec<Arc<Eq>>>,
-    dispatch: &Dispatch,
-    running: &AtomicBool,
-) {
-    let mut events = vec![EpollEvent::default(); fds.len() + 1];
-    while running.load(Ordering::Acquire) {
-        let n = match epoll.wait(EVENT_POLL_TIMEOUT.as_millis() as i32, &mut events) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::error!("epoll_wait: {e}");
-                std::thread::sleep(EVENT_POLL_TIMEOUT);
-                continue;
-            }
-        };
-        for e in &events[..n] {
-            let data = e.data();
-            if data == u64::MAX {
-                let _ = stop.read();
-                continue;
-            }
-            let Some(fd) = fds.get(data as usize) else {
-                continue;
-            };
-            // Clear the eventfd before draining, so an interrupt raised
-            // while draining is not lost.
-            let _ = fd.read();
-            let list: Vec<Arc<Eq>> = eqs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|q| q.vector as u64 == data)
-                .cloned()
-                .collect();
-            for q in list {
-                if let Err(err) = q.drain(|eqe| dispatch.eqe(eqe)) {
-                    tracing::error!("draining EQ {}: {err}", q.eqn);
+/// What the event thread owns.
+struct Loop {
+    epoll: Epoll,
+    fds: Vec<Arc<EventFd>>,
+    irqs: Arc<[IrqCount]>,
+    stop: Arc<EventFd>,
+    eqs: Arc<Mutex<Vec<Arc<Eq>>>>,
+    dispatch: Dispatch,
+    running: Arc<AtomicBool>,
+}
+
+impl Loop {
+    fn run(self) {
+        let mut events = vec![EpollEvent::default(); self.fds.len() + 1];
+        while self.running.load(Ordering::Acquire) {
+            let n = match self
+                .epoll
+                .wait(EVENT_POLL_TIMEOUT.as_millis() as i32, &mut events)
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("epoll_wait: {e}");
+                    std::thread::sleep(EVENT_POLL_TIMEOUT);
+                    continue;
                 }
+            };
+            for e in &events[..n] {
+                let data = e.data();
+                if data == u64::MAX {
+                    let _ = self.stop.read();
+                    continue;
+                }
+                self.vector(data);
+            }
+        }
+    }
+
+    /// MSI-X vector `v` fired: drain every EQ on it.
+    fn vector(&self, v: u64) {
+        let Some(fd) = self.fds.get(v as usize) else {
+            return;
+        };
+        // Clear the eventfd before draining, so an interrupt raised
+        // while draining is not lost.
+        if let (Ok(k), Some(c)) = (fd.read(), self.irqs.get(v as usize)) {
+            c.counted.fetch_add(k, Ordering::Relaxed);
+        }
+        let list: Vec<Arc<Eq>> = self
+            .eqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|q| u64::from(q.vector) == v)
+            .cloned()
+            .collect();
+        for q in list {
+            if let Err(err) = q.drain(|eqe| self.dispatch.eqe(eqe)) {
+                tracing::error!("draining EQ {}: {err}", q.eqn);
             }
         }
     }
@@ -519,9 +664,9 @@ mod tests {
     fn owner_logic_on_a_dma_buffer() {
         let log = 2u32; // 4 entries
         let buf = vfio::DmaBuffer::new(4096).unwrap();
-        init_owner(&buf, 4).unwrap();
+        init_owner(&buf, 0, 4).unwrap();
         // A new EQ: nothing for software.
-        assert!(next_eqe(&buf, 0, log).unwrap().is_none());
+        assert!(next_eqe(&buf, 0, 0, log).unwrap().is_none());
         // The device writes entries 0 and 1 with owner 0 (first pass).
         for i in 0..2 {
             let mut e = [0u8; ev::EQE_SIZE];
@@ -531,19 +676,56 @@ mod tests {
             v.event_data_mut().into_inner()[0] = i as u8;
             buf.write(i * ev::EQE_SIZE, &e).unwrap();
         }
-        let e = next_eqe(&buf, 0, log).unwrap().unwrap();
+        let e = next_eqe(&buf, 0, 0, log).unwrap().unwrap();
         assert_eq!(AsyncEvent::from_eqe(&e).event_type, EventType::PortChange);
-        let e = next_eqe(&buf, 1, log).unwrap().unwrap();
+        let e = next_eqe(&buf, 0, 1, log).unwrap().unwrap();
         assert_eq!(AsyncEvent::from_eqe(&e).data[0], 1);
-        assert!(next_eqe(&buf, 2, log).unwrap().is_none());
+        assert!(next_eqe(&buf, 0, 2, log).unwrap().is_none());
         // Second pass: owner 1 belongs to software at ci 4..8.
-        assert!(next_eqe(&buf, 4, log).unwrap().is_none()); // entry 0 still owner 0
+        assert!(next_eqe(&buf, 0, 4, log).unwrap().is_none()); // entry 0 still owner 0
         buf.write(ev::EQE_OWNER_OFFSET, &[ev::EQE_OWNER_MASK])
             .unwrap();
-        assert!(next_eqe(&buf, 4, log).unwrap().is_some());
+        assert!(next_eqe(&buf, 0, 4, log).unwrap().is_some());
         assert!(eqe_is_sw_owned(0, 3, log));
         assert!(!eqe_is_sw_owned(1, 3, log));
         assert!(eqe_is_sw_owned(1, 7, log));
+    }
+
+    #[test]
+    fn comp_vectors_as_linux_counts_them() {
+        // ConnectX-4 Lx: 64 MSI-X vectors, 256 EQs, one port.
+        assert_eq!(comp_vector_plan(64, 256, 2, 1, None).unwrap(), (2, 3));
+        assert_eq!(comp_vector_plan(64, 256, 128, 1, None).unwrap(), (63, 64));
+        assert_eq!(comp_vector_plan(64, 256, 2, 1, Some(8)).unwrap(), (8, 9));
+        assert_eq!(
+            comp_vector_plan(64, 256, 2, 1, Some(1000)).unwrap(),
+            (63, 64)
+        );
+        // Two ports: one vector per CPU and port.
+        assert_eq!(comp_vector_plan(64, 256, 4, 2, None).unwrap(), (8, 9));
+        // EQs bound it (less the two control EQs).
+        assert_eq!(comp_vector_plan(64, 6, 16, 1, None).unwrap(), (4, 5));
+        assert_eq!(
+            comp_vector_plan(1024, 4096, 1024, 1, None).unwrap(),
+            (254, 255)
+        );
+        // One MSI-X vector: one completion EQ sharing it.
+        assert_eq!(comp_vector_plan(1, 256, 8, 1, None).unwrap(), (1, 1));
+        assert_eq!(comp_msix_vector(0, 1), CTRL_VECTOR);
+        assert_eq!(comp_msix_vector(3, 9), 4);
+        // Refusals, by name.
+        assert!(matches!(
+            comp_vector_plan(64, 256, 2, 1, Some(0)),
+            Err(Error::Invalid(m)) if m.contains("num_comp_vectors")
+        ));
+        assert!(matches!(
+            comp_vector_plan(0, 256, 2, 1, None),
+            Err(Error::NotSupported("MSI-X"))
+        ));
+        assert!(matches!(
+            comp_vector_plan(64, 2, 2, 1, None),
+            Err(Error::NotSupported(m)) if m.contains("max EQs")
+        ));
     }
 
     #[test]

@@ -93,6 +93,15 @@ pub enum Error {
     /// The caller passed something unusable.
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    /// A CQ was asked for a completion vector the context does not have
+    /// (`ibv_create_cq`'s EINVAL).
+    #[error("completion vector {vector} out of range: the context has {count} (num_comp_vectors)")]
+    CompVector {
+        /// The vector asked for.
+        vector: usize,
+        /// The context's `num_comp_vectors`.
+        count: usize,
+    },
     /// The object is still in use by others (verbs' EBUSY).
     #[error("busy: {0}")]
     Busy(&'static str),
@@ -131,7 +140,7 @@ impl Error {
             Error::CmdifRevision(_) => status::EOPNOTSUPP,
             Error::BadOutput { .. } | Error::BadCap { .. } => status::EIO,
             Error::NotSupported(_) => status::EOPNOTSUPP,
-            Error::Invalid(_) => status::EINVAL,
+            Error::Invalid(_) | Error::CompVector { .. } => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
             Error::QueueFull(_) | Error::PageBudget { .. } => status::ENOMEM,
             Error::Closed => status::EIO,

@@ -26,6 +26,8 @@
 //! - [`cmd`]: the command queue (slots, mailboxes, tokens, signatures,
 //!   polling and event completion, status decoding, tracing);
 //! - [`pagealloc`]: the firmware page supply (2 MiB DMA blocks, 4 KiB pages);
+//! - [`buf`]: queue memory (WQE, CQE, SRQ and EQ rings, doorbell records
+//!   packed in pages) carved out of a few large DMA chunks;
 //! - [`eq`]: UARs, event queues, the event thread and event dispatch;
 //! - [`health`]: the health poller;
 //! - [`caps`]: QUERY_HCA_CAP / SET_HCA_CAP with the kernel's choices;
@@ -38,6 +40,18 @@
 //! [`channel`] (completion channels), [`qp`] (RC/UC/UD, modify, post),
 //! [`srq`], [`ah`], and [`wr`] (the `ibv_wr_*` batch API).
 //!
+//! # Threads
+//!
+//! Every object is `Send + Sync`, and the types say what may run at once:
+//! what takes `&self` (commands, queries, `Srq::post_recv`) from any
+//! number of threads; what takes `&mut self` (posting to a [`qp::Qp`],
+//! polling and arming a [`cq::Cq`]) from one owner at a time, with no lock
+//! on that path. A QP's poster and its CQ's poller may be different
+//! threads. For several threads on one queue, [`qp::Qp::into_shared`] and
+//! [`cq::Cq::into_shared`] give [`shared::SharedQp`] and
+//! [`shared::SharedCq`], the data path on `&self` under a lock, as
+//! libibverbs' mlx5 provider locks; [`shared`] has the table and why.
+//!
 //! Every wait has a deadline, every barrier is named, and nothing the device
 //! writes can make the driver panic: it becomes an [`Error`].
 #![deny(unsafe_code)]
@@ -46,10 +60,12 @@
 
 pub mod ah;
 pub mod bringup;
+pub mod buf;
 pub mod caps;
 pub mod channel;
 pub mod cmd;
 pub mod cq;
+mod dbrec;
 pub mod device;
 mod dma;
 pub mod eq;
@@ -59,8 +75,12 @@ pub mod mr;
 pub mod pagealloc;
 pub mod pd;
 pub mod qp;
+mod rq;
+pub mod shared;
 pub mod srq;
 pub mod uar;
+pub mod wq;
+pub mod wqe;
 pub mod wr;
 
 pub use error::{Error, Result};

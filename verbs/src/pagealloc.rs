@@ -590,7 +590,7 @@ impl Drop for PageWorker {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

@@ -12,6 +12,7 @@ use zerocopy::FromBytes;
 
 use super::*;
 use crate::cq::{cqe_to_wc, CqRing, Wc, WcOpcode, WcStatus};
+use crate::mr::Sge;
 
 const QPN: u32 = 0x12_3456;
 
@@ -528,15 +529,8 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
     let buf = DmaBuffer::new(4096).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
     let track = WqTrack::new(QPN, 4, 4);
-    let mut rq = RecvRing {
-        segs: vfio::DmaRing::new(buf.clone(), 0, 4).unwrap(),
-        log_segs: 0,
-        max_sge: 1,
-        mask: 3,
-        pc: 0,
-        dbrec: vfio::DmaRing::new(dbrec, 0, 1).unwrap(),
-        track: track.clone(),
-    };
+    // Four WQEs of one data segment each.
+    let mut rq = RecvRing::new(buf.clone(), 0, 16, 4, dbrec, 0, track.clone()).unwrap();
     let s = sge(0x1000, 64, 1);
     let rbuf = buf;
     for id in [500, 501, 502, 503] {
@@ -767,15 +761,17 @@ fn a_short_receive_list_ends_with_an_invalid_lkey_segment() {
     let buf = DmaBuffer::new(4096).unwrap();
     buf.fill(0, 4096, 0xee).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
-    let mut rq = RecvRing {
-        segs: vfio::DmaRing::new(buf.clone(), 0, 16).unwrap(),
-        log_segs: 2,
-        max_sge: 4,
-        mask: 3,
-        pc: 0,
-        dbrec: vfio::DmaRing::new(dbrec.clone(), 0, 1).unwrap(),
-        track: WqTrack::new(QPN, 4, 4),
-    };
+    // Four WQEs of four data segments each.
+    let mut rq = RecvRing::new(
+        buf.clone(),
+        0,
+        64,
+        4,
+        dbrec.clone(),
+        0,
+        WqTrack::new(QPN, 4, 4),
+    )
+    .unwrap();
     let s = [sge(0x1000, 10, 7), sge(0x2000, 20, 8)];
     rq.post(&RecvWr {
         wr_id: 1,
@@ -829,4 +825,52 @@ fn required_mask_is_state_plus_the_required_attributes() {
     assert_eq!(required_mask(T::Uc, S::Rtr, S::Rts), m::STATE | m::SQ_PSN);
     // A transition verbs does not know: STATE alone (modify refuses it).
     assert_eq!(required_mask(T::Rc, S::Reset, S::Rts), m::STATE);
+}
+
+#[test]
+fn qp_sizes_follow_the_caps_and_refuse_what_does_not_fit() {
+    let cap = |wr, sge, inline, rwr, rsge| QpCap {
+        max_send_wr: wr,
+        max_recv_wr: rwr,
+        max_send_sge: sge,
+        max_recv_sge: rsge,
+        max_inline_data: inline,
+    };
+    // RC, 1 SGE, no inline: ctrl + raddr + atomic + one data segment = one block.
+    let s = QpSizes::new(cap(100, 1, 0, 10, 1), QpType::Rc, false, 1 << 15).unwrap();
+    assert_eq!(
+        (s.wqe_bbs, s.sq_cnt, s.rq_cnt, s.rq_stride),
+        (1, 128, 16, 16)
+    );
+    // The RQ (16 x 16 bytes) is whole blocks; the SQ starts after it.
+    assert_eq!((s.sq_base(), s.buf_len()), (256, 256 + 128 * 64));
+    let g = s.granted(cap(100, 1, 0, 10, 1));
+    assert_eq!((g.max_send_wr, g.max_recv_wr, g.max_recv_sge), (128, 16, 1));
+    // 64 - ctrl, raddr, atomic (48) - the inline header (4).
+    assert_eq!(g.max_inline_data, 12);
+    // UD, 4 SGEs: ctrl + datagram (64) + 4 x 16 = two blocks per WQE.
+    let s = QpSizes::new(cap(8, 4, 0, 1, 1), QpType::Ud, false, 1 << 15).unwrap();
+    assert_eq!((s.wqe_bbs, s.sq_cnt), (2, 16));
+    // One receive WQE of 16 bytes still takes a whole block (4 WQEs).
+    assert_eq!((s.rq_cnt, s.sq_base()), (4, 64));
+    // With an SRQ, no receive queue of its own.
+    let s = QpSizes::new(cap(8, 1, 0, 8, 1), QpType::Rc, true, 1 << 15).unwrap();
+    assert_eq!((s.rq_cnt, s.rq_stride, s.sq_base()), (0, 0, 0));
+    // Beyond the device, or beyond u32: an error, never an overflow.
+    for (c, why) in [
+        (cap(u32::MAX, 1, 0, 1, 1), "max_send_wr beyond the device's"),
+        (cap(1 << 16, 1, 0, 1, 1), "max_send_wr beyond the device's"),
+        (cap(1, 1, 0, u32::MAX, 1), "max_recv_wr beyond the device's"),
+        (
+            cap(1, MAX_SGE as u32 + 1, 0, 1, 1),
+            "QP capacities beyond the device's",
+        ),
+        (
+            cap(1, 1, MAX_INLINE as u32 + 1, 1, 1),
+            "QP capacities beyond the device's",
+        ),
+    ] {
+        let e = QpSizes::new(c, QpType::Rc, false, 1 << 15).unwrap_err();
+        assert!(matches!(e, Error::Invalid(m) if m == why), "{c:?}: {e}");
+    }
 }

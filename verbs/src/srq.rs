@@ -14,8 +14,9 @@ use mlx5_hw::ifc::{wqe_srq_next_seg, CreateSrqIn, CreateSrqOut, DestroySrqIn};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe as w;
 
+use crate::buf::DmaSlice;
+use crate::dbrec::Dbrec;
 use crate::device::Ctx;
-use crate::dma::DmaRegion;
 use crate::pd::{Pd, PdInner};
 use crate::qp::{PostError, RecvWr};
 use crate::{Error, Result};
@@ -38,10 +39,11 @@ pub(crate) struct SrqShared {
     pub(crate) srqn: u32,
     ctx: Arc<Ctx>,
     _pd: Arc<PdInner>,
-    /// Keeps the queue's memory mapped; written through `segs`.
-    _region: DmaRegion,
-    /// Keeps the doorbell record mapped; written through `counter`.
-    _dbrec: DmaRegion,
+    /// The queue's memory, written through `segs`; back to the arena after
+    /// DESTROY_SRQ.
+    region: DmaSlice,
+    /// The doorbell record, written through `counter`.
+    dbrec: Dbrec,
     /// The queue as 16-byte segments: WQE `n`'s next segment is entry
     /// `n << log_segs`, its data segments the entries after it.
     segs: DmaRing<SEG>,
@@ -112,6 +114,9 @@ impl Drop for SrqShared {
             .set_srqn(self.srqn);
         if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_srq_out::SIZE_BYTES) {
             tracing::warn!("DESTROY_SRQ {:#x}: {e}", self.srqn);
+            // The device may still read WQEs: the memory stays out of use.
+            self.region.device_may_still_use();
+            self.dbrec.device_may_still_use();
         }
     }
 }
@@ -135,13 +140,11 @@ impl Pd {
         }
         let stride = (SEG + 16 * max_sge as usize).next_power_of_two();
         let dma = ctx.hca.dma();
-        let region = dma.alloc(n as usize * stride)?;
-        let dbrec = dma.alloc(4096)?;
+        let region = dma.alloc_buf(n as usize * stride)?;
+        let dbrec = dma.alloc_dbrec()?;
         for i in 0..n {
             let next = ((i + 1) % n) as u16;
-            region
-                .buf
-                .write(i as usize * stride + NEXT, &next.to_be_bytes())?;
+            region.write(i as usize * stride + NEXT, &next.to_be_bytes())?;
         }
         let mut inb = vec![0u8; create_srq_in::SIZE_BYTES + 8];
         {
@@ -152,11 +155,11 @@ impl Pd {
                 .set_log_rq_stride((stride.trailing_zeros() - 4) as u8)
                 .set_pd(self.inner.pdn)
                 .set_log_page_size((region.len().trailing_zeros() - 12) as u8)
-                .set_dbr_addr(dbrec.iova.0);
-            c.set_pas(0, region.iova.0);
+                .set_dbr_addr(dbrec.iova().0);
+            c.set_pas(0, region.iova().0);
         }
-        let segs = DmaRing::new(region.buf.clone(), 0, n * (stride / SEG) as u32)?;
-        let counter = DmaRing::new(dbrec.buf.clone(), 4 * w::RCV_DBR, 1)?;
+        let segs = region.ring(0, n * (stride / SEG) as u32)?;
+        let counter = dbrec.ring(4 * w::RCV_DBR)?;
         let out = ctx.hca.cmd().exec(&inb, create_srq_out::SIZE_BYTES)?;
         let srqn = CreateSrqOut::new_unchecked(&out[..]).srqn();
         Ok(Srq {
@@ -164,8 +167,8 @@ impl Pd {
                 srqn,
                 ctx: ctx.clone(),
                 _pd: self.inner.clone(),
-                _region: region,
-                _dbrec: dbrec,
+                region,
+                dbrec,
                 segs,
                 log_segs: (stride / SEG).trailing_zeros(),
                 counter,

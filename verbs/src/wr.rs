@@ -1,4 +1,11 @@
-//! The `ibv_wr_*` batch API: `wr_start`, an operation (`wr_send`,
+//! Work requests: the types a user builds ([`SendWr`], [`RecvWr`],
+//! [`SendOp`], [`Payload`], [`UdDest`], [`send_flags`]), why a post fails
+//! ([`PostError`]), and posting them on a [`Qp`] (mlx5_ib's `wr.c`:
+//! `ibv_post_send`, `ibv_post_recv`, and the one-WQE fast path
+//! [`Qp::post_rdma_write`]). The WQEs themselves are built by
+//! [`crate::wqe::SendRing`] and `crate::rq`.
+//!
+//! Also the `ibv_wr_*` batch API: `wr_start`, an operation (`wr_send`,
 //! `wr_rdma_write`, ...), its data (`wr_set_sge`, `wr_set_inline_data`,
 //! `wr_set_ud_addr`), and `wr_complete` to ring one doorbell for the whole
 //! batch, or `wr_abort` to drop it.
@@ -9,7 +16,248 @@
 
 use crate::ah::Ah;
 use crate::mr::Sge;
-use crate::qp::{Payload, PostError, Qp, QpState, SendOp, SendWr, UdDest};
+use crate::qp::{Qp, QpState, QpType, MAX_SGE};
+
+/// `IBV_SEND_*` flags.
+pub mod send_flags {
+    /// IBV_SEND_FENCE.
+    pub const FENCE: u32 = 1;
+    /// IBV_SEND_SIGNALED.
+    pub const SIGNALED: u32 = 1 << 1;
+    /// IBV_SEND_SOLICITED.
+    pub const SOLICITED: u32 = 1 << 2;
+    /// IBV_SEND_INLINE.
+    pub const INLINE: u32 = 1 << 3;
+}
+
+/// What a send work request does (`ibv_wr_opcode` and its fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// IBV_WR_SEND.
+    Send,
+    /// IBV_WR_SEND_WITH_IMM (immediate in host order).
+    SendImm(u32),
+    /// IBV_WR_RDMA_WRITE.
+    RdmaWrite {
+        /// Remote address.
+        raddr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// IBV_WR_RDMA_WRITE_WITH_IMM.
+    RdmaWriteImm {
+        /// Remote address.
+        raddr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate, host order.
+        imm: u32,
+    },
+    /// IBV_WR_RDMA_READ.
+    RdmaRead {
+        /// Remote address.
+        raddr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// IBV_WR_ATOMIC_CMP_AND_SWP: the old value lands in the (8-byte) SGE.
+    AtomicCmpSwp {
+        /// Remote address (8-byte aligned).
+        raddr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compared with the remote value.
+        compare: u64,
+        /// Written if equal.
+        swap: u64,
+    },
+    /// IBV_WR_ATOMIC_FETCH_AND_ADD: the old value lands in the SGE.
+    AtomicFetchAdd {
+        /// Remote address (8-byte aligned).
+        raddr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Added to the remote value.
+        add: u64,
+    },
+}
+
+/// Where a UD send goes.
+#[derive(Debug, Clone, Copy)]
+pub struct UdDest<'a> {
+    /// The address handle.
+    pub ah: &'a Ah,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// Remote Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// The payload of a send: gathered from MRs, or copied into the WQE.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// Scatter/gather entries.
+    Sges(&'a [Sge]),
+    /// Inline bytes (IBV_SEND_INLINE).
+    Inline(&'a [u8]),
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Payload.
+    pub payload: Payload<'a>,
+    /// `IBV_SEND_*` flags (INLINE is implied by [`Payload::Inline`]).
+    pub flags: u32,
+    /// Destination, for UD.
+    pub ud: Option<UdDest<'a>>,
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where the data goes.
+    pub sg_list: &'a [Sge],
+}
+
+/// Why a post failed (the index of the failing WR is returned with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// No room in the queue (ENOMEM).
+    #[error("queue full")]
+    QueueFull,
+    /// The QP's state does not allow posting (EINVAL).
+    #[error("QP in state {0:?}")]
+    BadState(QpState),
+    /// Too many SGEs, or too much inline data (EINVAL).
+    #[error("too many SGEs or inline bytes")]
+    TooLarge,
+    /// The operation does not apply to this QP type, or lacks a UD address (EINVAL).
+    #[error("operation not valid on this QP")]
+    BadOp,
+    /// The device failed (health) or vanished: nothing more is posted (EIO).
+    #[error("the device failed")]
+    DeviceFailed,
+}
+
+impl Qp {
+    /// `ibv_post_send`: writes every WR, then one doorbell. On failure the
+    /// WRs before the failing one are posted (and rung); the index and the
+    /// reason come back.
+    pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return Err((0, PostError::BadState(self.state)));
+        }
+        let max_inline = self.cap.max_inline_data as usize;
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Payload::Sges(s) = wr.payload {
+                if s.len() > self.cap.max_send_sge as usize {
+                    self.sq.ring();
+                    return Err((i, PostError::TooLarge));
+                }
+            }
+            if let Err(e) = self.sq.write_wr(wr, self.qp_type, max_inline) {
+                self.sq.ring();
+                return Err((i, e));
+            }
+        }
+        self.sq.ring();
+        Ok(())
+    }
+
+    /// Whether the device failed (then nothing more is posted).
+    pub(crate) fn device_failed(&self) -> bool {
+        self.ctx.hca.cmd().is_failed()
+    }
+
+    /// Posts one 1-SGE RDMA WRITE with its doorbell: the fast path.
+    #[inline]
+    pub fn post_rdma_write(
+        &mut self,
+        wr_id: u64,
+        sge: &Sge,
+        raddr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err(PostError::DeviceFailed);
+        }
+        if self.state != QpState::Rts || self.qp_type == QpType::Ud {
+            return Err(PostError::BadState(self.state));
+        }
+        self.sq.write_rdma_write(wr_id, raddr, rkey, sge, flags)?;
+        self.sq.ring();
+        Ok(())
+    }
+
+    /// `ibv_post_send` with SGEs given as raw `(addr, length, lkey)`.
+    ///
+    /// # Safety
+    ///
+    /// Every triple lies inside a live MR of this QP's PD with that lkey,
+    /// and its memory stays registered until the WR completes.
+    #[allow(unsafe_code)] // Raw SGEs the caller vouches for.
+    pub unsafe fn post_send_unchecked(
+        &mut self,
+        wr_id: u64,
+        op: SendOp,
+        sges: &[(u64, u32, u32)],
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        let mut v = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_SGE];
+        if sges.len() > MAX_SGE {
+            return Err(PostError::TooLarge);
+        }
+        for (d, &(addr, length, lkey)) in v.iter_mut().zip(sges) {
+            // SAFETY: forwarded from this function's contract.
+            *d = unsafe { Sge::new_unchecked(addr, length, lkey) };
+        }
+        let wr = SendWr {
+            wr_id,
+            op,
+            payload: Payload::Sges(&v[..sges.len()]),
+            flags,
+            ud: None,
+        };
+        self.post_send(&[wr]).map_err(|(_, e)| e)
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err((0, PostError::DeviceFailed));
+        }
+        if self.state == QpState::Reset {
+            return Err((0, PostError::BadState(self.state)));
+        }
+        let Some(rq) = &mut self.rq else {
+            return Err((0, PostError::BadOp));
+        };
+        let mut r = Ok(());
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = rq.post(wr) {
+                r = Err((i, e));
+                break;
+            }
+        }
+        rq.ring();
+        r
+    }
+}
 
 /// One batch of work requests on a QP (`ibv_qp_ex` between `wr_start`
 /// and `wr_complete`).

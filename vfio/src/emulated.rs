@@ -74,6 +74,14 @@ enum Backing {
     File(#[allow(dead_code)] Arc<std::fs::File>),
     /// Memory its owner did not share: every access is a message.
     Message(Arc<dyn DmaByMessage>),
+    /// Part of a larger mapping of a file (a hugetlbfs file maps only in
+    /// whole huge pages): the region is a view into `window`, which lives
+    /// until no snapshot holds the region any more (see `DmaSpace::retire`).
+    Window {
+        region: Arc<GuestRegionMmap>,
+        #[allow(dead_code)]
+        window: Arc<MmapRegion<()>>,
+    },
 }
 
 /// Memory a client did not share by fd (vfio-user `DMA_MAP` without one:
@@ -96,6 +104,8 @@ pub trait DmaByMessage: Send + Sync + std::fmt::Debug {
 pub struct DmaSpace {
     mem: RwLock<Arc<GuestMemoryMmap>>,
     maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
+    /// Unmapped windows whose regions a snapshot may still hold.
+    retired: Mutex<Vec<Backing>>,
 }
 
 impl DmaSpace {
@@ -257,12 +267,85 @@ impl DmaSpace {
         keep: Backing,
     ) -> Result<()> {
         let size = region_size(iova, len)?;
+        let page = crate::host_memory::file_page_size(&file) as u64;
+        if page > 4096 && (file_offset | len) % page != 0 {
+            return self.insert_window(iova, len, file, file_offset, page);
+        }
         let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
             .map_err(|e| Error::Os {
                 op: "mmap(DMA memory, device side)",
                 source: std::io::Error::other(e.to_string()),
             })?;
         self.insert_region(iova, len, region, keep)
+    }
+
+    /// Maps `len` bytes of a hugetlbfs file from `file_offset`, which are
+    /// not whole `page`s: the whole pages around them are mapped (a
+    /// hugetlb mapping starts and ends on its pages) and the range is a
+    /// view into that window.
+    fn insert_window(
+        &self,
+        iova: u64,
+        len: u64,
+        file: Arc<std::fs::File>,
+        file_offset: u64,
+        page: u64,
+    ) -> Result<()> {
+        let size = region_size(iova, len)?;
+        let start = file_offset - file_offset % page;
+        let end = file_offset
+            .checked_add(len)
+            .map(|e| e.next_multiple_of(page))
+            .ok_or(Error::Iova {
+                iova,
+                len,
+                why: "file offset wraps",
+            })?;
+        let os = |e: vm_memory::mmap::MmapRegionError| Error::Os {
+            op: "mmap(DMA memory, device side)",
+            source: std::io::Error::other(e.to_string()),
+        };
+        let window = Arc::new(
+            MmapRegion::<()>::from_file(FileOffset::from_arc(file, start), (end - start) as usize)
+                .map_err(os)?,
+        );
+        let at = window.as_ptr().wrapping_add((file_offset - start) as usize);
+        // SAFETY: `at .. at + size` lies inside `window` (start <= offset,
+        // offset + len <= end), which the region's Backing::Window keeps
+        // mapped until no snapshot holds the region (`retire`); `build_raw`
+        // neither owns nor unmaps it.
+        let view = unsafe {
+            MmapRegion::<()>::build_raw(
+                at,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+            )
+        }
+        .map_err(os)?;
+        let region = Arc::new(GuestRegionMmap::new(view, GuestAddress(iova)).ok_or(
+            Error::Iova {
+                iova,
+                len,
+                why: "does not fit the address space",
+            },
+        )?);
+        let keep = Backing::Window {
+            region: region.clone(),
+            window,
+        };
+        self.insert_arc(iova, len, region, keep)
+    }
+
+    /// Keeps the windows of unmapped regions until no snapshot holds
+    /// their regions (then only the backing does).
+    fn retire(&self, gone: impl IntoIterator<Item = Backing>) {
+        let mut r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        r.extend(
+            gone.into_iter()
+                .filter(|b| matches!(b, Backing::Window { .. })),
+        );
+        r.retain(|b| matches!(b, Backing::Window { region, .. } if Arc::strong_count(region) > 1));
     }
 
     /// Maps host memory of this process at `iova`.
@@ -298,21 +381,30 @@ impl DmaSpace {
         region: MmapRegion<()>,
         keep: Backing,
     ) -> Result<()> {
-        let mut maps = self.lock_maps();
-        Self::check_free(&maps, iova, len)?;
         let region = GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(Error::Iova {
             iova,
             len,
             why: "does not fit the address space",
         })?;
+        self.insert_arc(iova, len, Arc::new(region), keep)
+    }
+
+    fn insert_arc(
+        &self,
+        iova: u64,
+        len: u64,
+        region: Arc<GuestRegionMmap>,
+        keep: Backing,
+    ) -> Result<()> {
+        self.retire([]);
+        let mut maps = self.lock_maps();
+        Self::check_free(&maps, iova, len)?;
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let next = mem
-            .insert_region(Arc::new(region))
-            .map_err(|_| Error::Iova {
-                iova,
-                len,
-                why: "overlaps an existing mapping",
-            })?;
+        let next = mem.insert_region(region).map_err(|_| Error::Iova {
+            iova,
+            len,
+            why: "overlaps an existing mapping",
+        })?;
         *mem = Arc::new(next);
         maps.insert(iova, (len, keep));
         Ok(())
@@ -347,7 +439,10 @@ impl DmaSpace {
             }
         };
         *mem = Arc::new(next);
-        maps.remove(&iova);
+        drop(mem);
+        let gone = maps.remove(&iova).map(|(_, b)| b);
+        drop(maps);
+        self.retire(gone);
         Ok(())
     }
 
@@ -356,7 +451,10 @@ impl DmaSpace {
         let mut maps = self.lock_maps();
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
         *mem = Arc::new(GuestMemoryMmap::default());
-        maps.clear();
+        drop(mem);
+        let gone = std::mem::take(&mut *maps);
+        drop(maps);
+        self.retire(gone.into_values().map(|(_, b)| b));
     }
 }
 

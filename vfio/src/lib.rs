@@ -14,6 +14,9 @@
 //! - [`clock`]: time as an input ([`clock::Clock`]; the monotonic clock by
 //!   default, a manual one for tests).
 //! - [`dma`]: DMA memory ([`DmaBuffer`], memfd-backed so any backend can share it).
+//! - [`host_memory`]: memory the program owns and maps for DMA itself
+//!   ([`HostMemory`], a shareable buffer pool), and how a backend finds the
+//!   file behind a range of process memory.
 //! - [`iova`]: the allocator of naturally aligned IOVA ranges.
 //! - [`mmio`]: mapped BAR access ([`Mmio`]) and the barriers that order it.
 //! - [`emulated`]: the in-process backend and the device-side interface a
@@ -38,6 +41,7 @@ pub mod dma;
 pub mod dma_ring;
 pub mod emulated;
 pub mod function;
+pub mod host_memory;
 pub mod iova;
 pub mod kernel;
 pub mod mmio;
@@ -47,6 +51,7 @@ pub mod user;
 pub use dma::DmaBuffer;
 pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
+pub use host_memory::HostMemory;
 pub use iova::IovaAllocator;
 pub use mmio::{Mmio, MmioRing};
 
@@ -166,6 +171,33 @@ pub enum Error {
     MappingLimit {
         /// Which limit (`vfio_iommu_type1.dma_entry_limit`).
         limit: &'static str,
+    },
+    /// Process memory a backend can reach only through a file descriptor
+    /// (vfio-user) is not a shared mapping of a file.
+    #[error(
+        "host memory {addr:#x}+{len:#x} cannot be shared with the device's server: {why}; \
+         allocate DMA memory shareable: vfio::HostMemory (a memfd or hugetlbfs pool), or \
+         mmap(MAP_SHARED) a memfd_create / hugetlbfs file yourself"
+    )]
+    NotShareable {
+        /// Host address of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// Why it cannot be shared.
+        why: String,
+    },
+    /// Huge pages were asked for and there are too few free.
+    #[error(
+        "no {} KiB huge pages free for {len:#x} bytes: reserve some \
+         (echo N > /sys/kernel/mm/hugepages/hugepages-{}kB/nr_hugepages, or hugepages= at boot)",
+        page_size >> 10, page_size >> 10
+    )]
+    NoHugePages {
+        /// The huge page size asked for.
+        page_size: u64,
+        /// Bytes asked for.
+        len: u64,
     },
 }
 

@@ -7,10 +7,11 @@
 use std::sync::Arc;
 
 use mlx5_hw::ifc::{
-    cmd_hca_cap, create_mkey_in, create_mkey_out, destroy_mkey_in, mkc, query_mkey_in,
-    query_mkey_out,
+    cmd_hca_cap, cmd_hca_cap_2, create_mkey_in, create_mkey_out, destroy_mkey_in, mkc,
+    query_mkey_in, query_mkey_out,
 };
 use mlx5_hw::status::CmdStatus;
+use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{access, Mkey, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
@@ -60,16 +61,23 @@ impl Firmware {
         let free = mkc::FREE.get(c) != 0;
         let mut mtt = Vec::new();
         if mode == MKC_ACCESS_MODE_MTT {
-            if !(12..=40).contains(&log_page) {
+            let wide = self.caps.get(
+                crate::profile::cap_type::GENERAL_2,
+                cmd_hca_cap_2::UMR_LOG_ENTITY_SIZE_5,
+            ) != 0;
+            if !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(wide)).contains(&log_page) {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
             }
             let page = 1u64 << log_page;
             let octs = create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.get(input) as usize;
             let given = (input.len() - create_mkey_in::SIZE_BYTES) / 8;
-            let needed = if free || len == u64::MAX {
+            let needed = if free || len == u64::MAX || len == 0 {
                 0
             } else {
-                ((start & (page - 1)) + len).div_ceil(page) as usize
+                // Pages from the one holding `start` to the one holding
+                // the last byte.
+                let last = (start & (page - 1)).saturating_add(len - 1);
+                usize::try_from((last >> log_page) + 1).unwrap_or(usize::MAX)
             };
             let n = given.min(octs.max(mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize) * 2);
             if n < needed {

@@ -712,18 +712,78 @@ fn rc_nak_in_a_coalesced_run() {
 fn rc_lost_packet_in_a_coalesced_run_is_resent() {
     let clock = ManualClock::new();
     let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    let t0 = clock.now();
     // The first WRITE is lost: the second is NAKed (PSN sequence error),
-    // and the requester goes back to the first, as after an ACK timeout.
+    // and the requester goes back to the first at once (IBA 9.7.5.1.3),
+    // not after the ACK timeout: every WRITE completes while the clock
+    // stands still, and no retry waits for a later time.
     f.drop_packets(1);
     let data = write_burst(&mut a, &b, &mut qa, 6, None);
+    let mut cqes = Vec::new();
+    until("every WRITE completed", || {
+        let later: Vec<_> = clock
+            .armed()
+            .into_iter()
+            .filter(|(at, what)| *at > t0 && what.contains(RETRY_DEADLINE))
+            .collect();
+        assert!(later.is_empty(), "the resend waits for a timer: {later:?}");
+        while let Some(e) = a.try_poll(0, Duration::ZERO) {
+            cqes.push(e);
+        }
+        cqes.len() == data.len()
+    });
+    assert_eq!(clock.now(), t0);
+    for (i, (d, e)) in data.iter().zip(&cqes).enumerate() {
+        assert_eq!((opcode(e), be16(e, 0x3c)), (0, i as u16), "CQE {i}");
+        assert_eq!(&read(&b, 0x4_0000 + i * 0x1000, 100), d, "WRITE {i}");
+    }
+    let s = a.d.f.model().stats();
+    assert_eq!((s.retries, s.naks, s.messages_sent), (1, 1, 6), "{s:?}");
+}
+
+#[test]
+fn rc_lost_responses_are_recovered() {
+    let clock = ManualClock::new();
+    // A lost coalesced ACK: the WRITEs go again after the ACK timeout, their
+    // duplicates are acknowledged again and none lands twice.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    f.drop_responses(1);
+    let data = write_burst(&mut a, &b, &mut qa, 3, None);
     assert_eq!(next_retry(&clock), ACK_TIMEOUT);
     for (i, d) in data.iter().enumerate() {
         let e = a.poll(0);
         assert_eq!((opcode(&e), be16(&e, 0x3c)), (0, i as u16), "CQE {i}");
         assert_eq!(&read(&b, 0x4_0000 + i * 0x1000, 100), d, "WRITE {i}");
     }
-    let s = a.d.f.model().stats();
-    assert_eq!((s.retries, s.naks, s.messages_sent), (1, 1, 6), "{s:?}");
+    assert_eq!(b.d.f.model().stats().messages_received, 3);
+    // A READ whose first two read response packets of three (MTU 1024)
+    // are lost: the last alone does not complete it (a gap); the READ goes
+    // again after the ACK timeout and the responder executes it again.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 3);
+    let src = fill(&b, 0x6_0000, 2500, 9);
+    let mut segs = raddr_seg(DATA_VA + 0x6_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(2500, a.lkey, DATA_VA + 0x7_0000));
+    f.drop_responses(2);
+    a.post_send(&mut qa, 0x10, 0, &segs, true);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), be32(&e, 0x2c)), (0, 2500));
+    assert_eq!(read(&a, 0x7_0000, 2500), src);
+    // A lost atomic acknowledgement: the FETCH_ADD is not executed twice;
+    // its duplicate is answered with the value it saw.
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    b.data.write(0x8_0000, &100u64.to_be_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&7u64.to_be_bytes());
+    segs.extend_from_slice(&0u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0000));
+    f.drop_responses(1);
+    a.post_send(&mut qa, 0x12, 0, &segs, true);
+    assert_eq!(next_retry(&clock), ACK_TIMEOUT);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), be32(&e, 0x2c)), (0, 8));
+    assert_eq!(read(&a, 0x9_0000, 8), 100u64.to_be_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 107u64.to_be_bytes());
 }
 
 #[test]
@@ -1091,4 +1151,40 @@ fn wqe_reaching_past_the_producer_counter_is_one_error() {
         "WQE 1 flushed, right after WQE 0"
     );
     assert_eq!(a.d.f.model().stats().error_cqes, 1);
+}
+
+/// CREATE_MKEY with one MTT entry of `2^log_page` bytes over the first
+/// byte of the data range: (status, syndrome).
+fn mkey_of_page(n: &mut Node, log_page: u8) -> (u8, u32) {
+    let mut c = cmd_in(0x200, 0, create_mkey_in::SIZE_BYTES + 2 * 8);
+    let m = &mut c[0x10..0x50];
+    mkc::ACCESS_MODE_1_0.set(m, mlx5_hw::wqe::MKC_ACCESS_MODE_MTT.into());
+    mkc::LR.set(m, 1);
+    mkc::QPN.set(m, 0xff_ffff);
+    mkc::PD.set(m, u64::from(n.pd));
+    mkc::START_ADDR.set(m, DATA_VA);
+    mkc::LEN.set(m, 1);
+    mkc::LOG_PAGE_SIZE.set(m, log_page.into());
+    mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, 1);
+    create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, 1);
+    let at = create_mkey_in::SIZE_BYTES;
+    c[at..at + 8].copy_from_slice(&0u64.to_be_bytes());
+    let out = n.d.exec(&c, 16);
+    (out[0], be32(&out, 4))
+}
+
+#[test]
+fn mkey_page_size_runs_from_4k_to_the_caps_limit() {
+    let (_f, mut a, _b) = pair();
+    // ConnectX-4 Lx has no umr_log_entity_size_5: 5 bits of log_page_size.
+    for ok in [12u8, 21, 30, 31] {
+        assert_eq!(mkey_of_page(&mut a, ok), (0, 0), "log_page_size {ok}");
+    }
+    for bad in [0u8, 11, 32, 63] {
+        assert_eq!(
+            mkey_of_page(&mut a, bad),
+            (0x03, crate::fw::synd::MKEY_BAD_PAGE_SIZE),
+            "log_page_size {bad}"
+        );
+    }
 }

@@ -52,8 +52,8 @@ pub(crate) struct CqState {
     pub ci: u32,
     /// Armed: `Some(solicited_only)`.
     pub armed: Option<bool>,
-    /// Last arm word acted on.
-    pub last_arm: u32,
+    /// Last arm word acted on (`None` before the first).
+    pub last_arm: Option<u32>,
     /// Producer index after the last solicited or error CQE.
     pub last_sol: u32,
     /// Overrun: no more CQEs.
@@ -216,7 +216,15 @@ impl Cq {
     /// one already there raises it now.
     pub(crate) fn arm(&self, rdma: &Rdma, word: u32) {
         let mut st = lock(&self.st);
-        st.last_arm = word;
+        // An arm repeating the last one's word (same cmd_sn and consumer
+        // index) is stale: the same request seen twice, through the UAR
+        // and the doorbell-record sweep. It is ignored, as the hardware
+        // ignores an arm whose cmd_sn it already acted on, so one arm
+        // gives at most one completion event.
+        if st.last_arm == Some(word) {
+            return;
+        }
+        st.last_arm = Some(word);
         let ci = word & 0xff_ffff;
         let sol_only = (word >> 24) & 0xf == 1;
         let pending = if sol_only {
@@ -241,7 +249,7 @@ impl Cq {
             return;
         };
         let last = lock(&self.st).last_arm;
-        if word != last && word != 0 {
+        if Some(word) != last && word != 0 {
             self.arm(rdma, word);
         }
     }

@@ -473,6 +473,62 @@ mod tests {
     }
 
     #[test]
+    fn mtt_of_2m_pages_translates_across_page_boundaries() {
+        const M2: u64 = 2 << 20;
+        // Three 2 MiB pages, out of order in IOVA space; the key starts
+        // 0x1000 before the end of its first page.
+        let k = Mkey {
+            log_page: 21,
+            start: 0x7f00_001f_f000,
+            len: 2 * M2,
+            mtt: vec![0x4000_0000, 0x1000_0000, 0x2000_0000],
+            ..mtt_key()
+        };
+        let mut out = vec![];
+        // 0x2000 bytes from the key's start: 0x1000 in page 0, 0x1000 in page 1.
+        k.resolve(7, access::LR, k.start, 0x2000, &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![
+                Extent {
+                    iova: 0x4000_0000 + M2 - 0x1000,
+                    len: 0x1000
+                },
+                Extent {
+                    iova: 0x1000_0000,
+                    len: 0x1000
+                }
+            ]
+        );
+        // All of page 1 and into page 2: crosses the second boundary.
+        out.clear();
+        let va = k.start + 0x1000 + M2 - 8;
+        k.resolve(7, access::LR, va, 16, &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![
+                Extent {
+                    iova: 0x1000_0000 + M2 - 8,
+                    len: 8
+                },
+                Extent {
+                    iova: 0x2000_0000,
+                    len: 8
+                }
+            ]
+        );
+        // The last byte is in page 2; one past it is out of bounds.
+        out.clear();
+        k.resolve(7, access::LR, k.start + 2 * M2 - 1, 1, &mut out)
+            .unwrap();
+        assert_eq!(out[0].iova, 0x2000_0000 + M2 - 0x1000 - 1);
+        assert_eq!(
+            k.resolve(7, access::LR, k.start + 2 * M2 - 1, 2, &mut out),
+            Err(KeyError::Bounds)
+        );
+    }
+
+    #[test]
     fn walk_skips_and_cuts() {
         let ext = [Extent { iova: 0, len: 10 }, Extent { iova: 100, len: 10 }];
         let mut seen = vec![];

@@ -17,26 +17,22 @@ use super::{Cq, Rdma};
 use crate::fabric::Wire;
 use crate::lock;
 
-/// QP states (`MLX5_QPC_STATE_*`).
+/// QP states (`qpc.state`, [`mlx5_hw::qp`]'s `QPC_STATE_*`).
 pub(crate) mod state {
-    pub const RST: u8 = 0x0;
-    pub const INIT: u8 = 0x1;
-    pub const RTR: u8 = 0x2;
-    pub const RTS: u8 = 0x3;
-    pub const SQER: u8 = 0x4;
-    pub const ERR: u8 = 0x6;
-    pub const SQD: u8 = 0x7;
+    pub use mlx5_hw::qp::{
+        QPC_STATE_ERR as ERR, QPC_STATE_INIT as INIT, QPC_STATE_RST as RST, QPC_STATE_RTR as RTR,
+        QPC_STATE_RTS as RTS, QPC_STATE_SQD as SQD, QPC_STATE_SQER as SQER,
+    };
     /// Not a PRM state: the QP was destroyed (cached references see it).
     pub const DESTROYED: u8 = 0xff;
 }
 
-/// QP service types (`MLX5_QP_ST_*`).
+/// QP service types (`qpc.st`, [`mlx5_hw::qp`]'s `QPC_ST_*`).
 pub(crate) mod st {
-    pub const RC: u8 = 0x0;
-    pub const UC: u8 = 0x1;
-    pub const UD: u8 = 0x2;
-    pub const QP1: u8 = 0x8;
-    pub const REG_UMR: u8 = 0xc;
+    pub use mlx5_hw::qp::{
+        QPC_ST_QP1 as QP1, QPC_ST_RC as RC, QPC_ST_REG_UMR as REG_UMR, QPC_ST_UC as UC,
+        QPC_ST_UD as UD,
+    };
 }
 
 /// `qpc.rq_type`.
@@ -214,6 +210,9 @@ pub(crate) struct Rq {
     /// RC: packets that asked for an ACK since the last one sent (the
     /// coalesced ACK names `epsn - 1`).
     pub ack_owed: u32,
+    /// RC: the last atomic executed, its PSN and the original value, for
+    /// a duplicate of it (its acknowledgement was lost).
+    pub atomic_done: Option<(u32, u64)>,
     /// The last rkey looked up.
     pub rkeys: super::KeyCache,
 }
@@ -454,5 +453,25 @@ impl Srq {
             Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
             Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::state;
+
+    #[test]
+    fn qp_states_are_what_qpc_state_reports() {
+        // mlx5_ifc.h's MLX5_QPC_STATE_*.
+        let s = [
+            state::RST,
+            state::INIT,
+            state::RTR,
+            state::RTS,
+            state::SQER,
+            state::SQD,
+            state::ERR,
+        ];
+        assert_eq!(s, [0, 1, 2, 3, 4, 7, 6]);
     }
 }

@@ -9,10 +9,12 @@
 //! [`super::responder::ACK_COALESCE`] messages), and one ACK completes
 //! every message up to its PSN, in order. A READ, an atomic or a NOP waits
 //! for the messages before it to be acknowledged, then for its own
-//! response (they come back synchronously, see [`crate::fabric`]). A NAK
-//! acknowledges what precedes its PSN; an RNR NAK or silence leaves the
-//! unacknowledged WQE at the head with a timer, until
-//! `rnr_retry` or `retry_count` is used up. A WQE that fails completes
+//! response (they come back synchronously, see [`crate::fabric`]; read
+//! responses in PSN order: after a gap the READ counts as unanswered). A NAK
+//! acknowledges what precedes its PSN; a PSN sequence error NAK sends the
+//! queue back to the oldest unacknowledged message at once, an RNR NAK or
+//! silence leaves the unacknowledged WQE at the head with a timer (the RNR
+//! timer, the ACK timeout), until `rnr_retry` or `retry_count` is used up. A WQE that fails completes
 //! with an error CQE and moves the QP to ERR (RC) or SQE (UC, UD); in ERR
 //! every posted WQE, send and receive, completes as flushed.
 
@@ -854,6 +856,11 @@ struct Answer {
     fault: bool,
     /// Plain ACKs among the responses.
     acks: u64,
+    /// The PSN of the next read response expected (none yet: the READ's
+    /// first PSN); after a gap (a response lost) the rest are ignored and
+    /// the READ is sent again.
+    read_next: Option<u32>,
+    read_gap: bool,
 }
 
 impl Answer {
@@ -905,6 +912,11 @@ fn note(
         | op::READ_RESPONSE_MIDDLE
         | op::READ_RESPONSE_LAST
         | op::READ_RESPONSE_ONLY => {
+            if ans.read_gap || psn != ans.read_next.unwrap_or(first_psn) {
+                ans.read_gap = true;
+                return;
+            }
+            ans.read_next = Some((psn + 1) & 0xff_ffff);
             let off = u64::from(psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
             if r.payload.copy_to(mem, ext, off).is_err() {
                 ans.fault = true;
@@ -931,7 +943,20 @@ struct Burst<'a> {
     dst: Option<(&'a Hinted<'a>, &'a Arc<GuestMemoryMmap>)>,
 }
 
-#[allow(clippy::too_many_lines)] // Over clippy.toml's 120: to split (issue 13, point 3).
+/// A message's place in the PSN space: its first and last PSN, its
+/// packets, and the path MTU in bytes.
+#[derive(Clone, Copy)]
+struct Span {
+    first_psn: u32,
+    last_psn: u32,
+    npkts: u64,
+    mtu: u64,
+}
+
+/// An RC or UC message (IBA 9.7.4 requester side): the peer found, the
+/// packets built and sent per opcode ([`send_request`] for a READ or an
+/// atomic, [`send_data`] for a SEND or a WRITE), the PSNs taken; for RC
+/// the responses then decide its outcome ([`rc_outcome`]).
 fn connected(
     rdma: &Rdma,
     qp: &Qp,
@@ -942,206 +967,29 @@ fn connected(
 ) -> Outcome {
     use WqeOpcode as W;
     let rc = qp.st == qp::st::RC;
-    let gen = super::tables_gen();
-    if sq.peer.as_ref().is_none_or(|p| p.gen != gen) {
-        flush_tally(rdma, sq);
-        let Some(addr) = path_addr(rdma, sq) else {
-            sq.peer = None;
-            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
-        };
-        sq.peer = rdma.route(&sq.path.dgid).map(|r| Peer {
-            qp: r.qp(sq.remote_qpn),
-            addr,
-            wire: fabric::wire_of(rdma),
-            mem: r.dma.memory(),
-            gen,
-            rdma: r,
-        });
+    if let Err(o) = find_peer(rdma, sq) {
+        return o;
     }
-    let peer = sq.peer.as_ref().map(|p| {
-        // The burst's hint, unless the peer was found again since.
-        let hint = burst
-            .dst
-            .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
-            .map(|(h, _)| h);
-        let d = Dest {
-            rdma: &p.rdma,
-            mem: &p.mem,
-            hint,
-            tally: Some(&sq.tally),
-            routed: true,
-            wire: p.wire.as_deref(),
-            qp: p.qp.as_ref(),
-        };
-        (d, p.addr)
-    });
-    let has_peer = peer.is_some();
     let mtu = u64::from(sq.mtu.max(256));
-    let first_psn = sq.psn;
-    let mut ans = Answer::default();
-    let is_read = w.opcode == W::RdmaRead;
-    let is_atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
-    let npkts = if is_atomic {
+    let npkts = if matches!(w.opcode, W::AtomicCs | W::AtomicFa) {
         1
     } else {
         w.len.div_ceil(mtu).max(1)
     };
-    let last_psn = (first_psn + npkts as u32 - 1) & 0xff_ffff;
-    if let Some((dst, addr)) = peer {
-        // Responses: what the requester does with each.
-        let local_ext: &[Extent] = &sq.ext;
-        // A message in one piece of memory is looked up once.
-        let whole = match local_ext {
-            [e] if u64::from(e.len) == w.len && sq.inline.is_empty() => {
-                burst.src.slice(e.iova, e.len as usize).ok()
-            }
-            _ => None,
-        };
-        let imm = matches!(w.opcode, W::SendImm | W::RdmaWriteImm);
-        let base = if rc { svc::RC } else { svc::UC };
-        if is_read || is_atomic {
-            let mut h = Headers {
-                bth: Bth {
-                    opcode: base
-                        | match w.opcode {
-                            W::RdmaRead => op::READ_REQUEST,
-                            W::AtomicCs => op::COMPARE_SWAP,
-                            _ => op::FETCH_ADD,
-                        },
-                    pkey: packet::DEFAULT_PKEY,
-                    dest_qp: sq.remote_qpn,
-                    ack_req: true,
-                    psn: sq.psn,
-                    ..Bth::default()
-                },
-                ..Headers::default()
-            };
-            if is_read {
-                h.reth = Some(Reth {
-                    va: w.raddr,
-                    rkey: w.rkey,
-                    dma_len: w.len as u32,
-                });
-            } else {
-                h.atomic = Some(AtomicEth {
-                    va: w.raddr,
-                    rkey: w.rkey,
-                    swap_add: w.swap_add,
-                    compare: w.compare,
-                });
-            }
-            let pkt = Packet {
-                addr,
-                hdr: &h,
-                payload: Payload::None,
-            };
-            fabric::transmit(rdma, &dst, &pkt, &mut |r| {
-                note(&mut ans, r, first_psn, mtu, mem, local_ext)
-            });
+    let first_psn = sq.psn;
+    let s = Span {
+        first_psn,
+        last_psn: (first_psn + npkts as u32 - 1) & 0xff_ffff,
+        npkts,
+        mtu,
+    };
+    let mut ans = Answer::default();
+    let has_peer = sq.peer.is_some();
+    if let Some(link) = Link::new(rdma, sq, mem, burst, s) {
+        if matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa) {
+            send_request(&link, sq, w, rc, &mut ans);
         } else {
-            let send = matches!(w.opcode, W::Send | W::SendImm | W::SendInval);
-            let mut h = Headers {
-                bth: Bth {
-                    pkey: packet::DEFAULT_PKEY,
-                    dest_qp: sq.remote_qpn,
-                    ..Bth::default()
-                },
-                ..Headers::default()
-            };
-            // A multi-packet RC WRITE goes as one train when nothing can
-            // tell it from its packets one by one.
-            let train = match whole {
-                Some(src) if rc && w.opcode == W::RdmaWrite && npkts > 1 => {
-                    let t = fabric::Train {
-                        addr,
-                        dest_qp: sq.remote_qpn,
-                        psn: first_psn,
-                        npkts: npkts as u32,
-                        mtu,
-                        va: w.raddr,
-                        rkey: w.rkey,
-                        src,
-                    };
-                    fabric::write_train(&dst, &t, &mut |r| {
-                        note(&mut ans, r, first_psn, mtu, mem, local_ext)
-                    })
-                }
-                _ => false,
-            };
-            for i in 0..if train { 0 } else { npkts } {
-                let first = i == 0;
-                let last = i + 1 == npkts;
-                let o = match (send, first, last) {
-                    (true, true, true) => match w.opcode {
-                        W::SendImm => op::SEND_ONLY_IMM,
-                        W::SendInval => op::SEND_ONLY_INV,
-                        _ => op::SEND_ONLY,
-                    },
-                    (true, true, false) => op::SEND_FIRST,
-                    (true, false, false) => op::SEND_MIDDLE,
-                    (true, false, true) => match w.opcode {
-                        W::SendImm => op::SEND_LAST_IMM,
-                        W::SendInval => op::SEND_LAST_INV,
-                        _ => op::SEND_LAST,
-                    },
-                    (false, true, true) => {
-                        if imm {
-                            op::WRITE_ONLY_IMM
-                        } else {
-                            op::WRITE_ONLY
-                        }
-                    }
-                    (false, true, false) => op::WRITE_FIRST,
-                    (false, false, false) => op::WRITE_MIDDLE,
-                    (false, false, true) => {
-                        if imm {
-                            op::WRITE_LAST_IMM
-                        } else {
-                            op::WRITE_LAST
-                        }
-                    }
-                };
-                h.bth.opcode = base | o;
-                h.bth.se = last && w.solicited;
-                h.bth.ack_req = last && rc;
-                h.bth.psn = (first_psn + i as u32) & 0xff_ffff;
-                h.reth = (!send && first).then_some(Reth {
-                    va: w.raddr,
-                    rkey: w.rkey,
-                    dma_len: w.len as u32,
-                });
-                h.imm = (last && imm).then_some(w.imm);
-                h.ieth = (last && w.opcode == W::SendInval).then_some(w.imm);
-                let skip = i * mtu;
-                let plen = (w.len - skip).min(mtu);
-                let pl = if plen == 0 {
-                    Payload::None
-                } else if let Some(s) =
-                    whole.and_then(|s| s.subslice(skip as usize, plen as usize).ok())
-                {
-                    Payload::Slice(s)
-                } else if !sq.inline.is_empty() {
-                    Payload::Bytes(&sq.inline[skip as usize..(skip + plen) as usize])
-                } else {
-                    Payload::Mem {
-                        mem,
-                        ext: local_ext,
-                        skip,
-                        len: plen,
-                    }
-                };
-                let pkt = Packet {
-                    addr,
-                    hdr: &h,
-                    payload: pl,
-                };
-                fabric::transmit(rdma, &dst, &pkt, &mut |r| {
-                    note(&mut ans, r, first_psn, mtu, mem, local_ext)
-                });
-                if ans.nak.is_some() || ans.rnr.is_some() {
-                    break;
-                }
-            }
+            send_data(&link, sq, burst, w, rc, &mut ans);
         }
     }
     if ans.acks != 0 {
@@ -1153,25 +1001,264 @@ fn connected(
         return Outcome::Done(w.len as u32);
     }
     sq.acked = ans.acked;
+    rc_outcome(rdma, qp, sq, w, s, &ans, has_peer)
+}
+
+/// The peer of the connection: found again (address path, route, remote
+/// function and QP) when any object table changed since it was last found;
+/// no address for the path's GID fails the WQE.
+fn find_peer(rdma: &Rdma, sq: &mut Sq) -> Result<(), Outcome> {
+    let gen = super::tables_gen();
+    if sq.peer.as_ref().is_some_and(|p| p.gen == gen) {
+        return Ok(());
+    }
+    flush_tally(rdma, sq);
+    let Some(addr) = path_addr(rdma, sq) else {
+        sq.peer = None;
+        return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE));
+    };
+    sq.peer = rdma.route(&sq.path.dgid).map(|r| Peer {
+        qp: r.qp(sq.remote_qpn),
+        addr,
+        wire: fabric::wire_of(rdma),
+        mem: r.dma.memory(),
+        gen,
+        rdma: r,
+    });
+    Ok(())
+}
+
+/// Where a message's packets go and where its responses land: the peer
+/// as the burst found it, the local buffer (`ext`) a read response or an
+/// atomic's original value is written to.
+struct Link<'a, 'b> {
+    rdma: &'a Rdma,
+    dst: Dest<'a, 'b>,
+    addr: RoceAddr,
+    mem: &'a GuestMemoryMmap,
+    ext: &'a [Extent],
+    span: Span,
+}
+
+impl<'a, 'b> Link<'a, 'b> {
+    /// The link to `sq`'s peer, if it has one.
+    fn new(
+        rdma: &'a Rdma,
+        sq: &'a Sq,
+        mem: &'a GuestMemoryMmap,
+        burst: &'a Burst<'b>,
+        span: Span,
+    ) -> Option<Self> {
+        let p = sq.peer.as_ref()?;
+        // The burst's hint, unless the peer was found again since.
+        let hint = burst
+            .dst
+            .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+            .map(|(h, _)| h);
+        let dst = Dest {
+            rdma: &p.rdma,
+            mem: &p.mem,
+            hint,
+            tally: Some(&sq.tally),
+            routed: true,
+            wire: p.wire.as_deref(),
+            qp: p.qp.as_ref(),
+        };
+        Some(Self {
+            rdma,
+            dst,
+            addr: p.addr,
+            mem,
+            ext: &sq.ext,
+            span,
+        })
+    }
+
+    /// Sends one packet; its responses go into `ans`.
+    fn send(&self, h: &Headers, payload: Payload<'_>, ans: &mut Answer) {
+        let pkt = Packet {
+            addr: self.addr,
+            hdr: h,
+            payload,
+        };
+        let s = self.span;
+        fabric::transmit(self.rdma, &self.dst, &pkt, &mut |r| {
+            note(ans, r, s.first_psn, s.mtu, self.mem, self.ext)
+        });
+    }
+}
+
+/// A READ or an atomic: one request packet (RETH or AtomicETH), AckReq.
+fn send_request(link: &Link<'_, '_>, sq: &Sq, w: &Wqe, rc: bool, ans: &mut Answer) {
+    use WqeOpcode as W;
+    let base = if rc { svc::RC } else { svc::UC };
+    let o = match w.opcode {
+        W::RdmaRead => op::READ_REQUEST,
+        W::AtomicCs => op::COMPARE_SWAP,
+        _ => op::FETCH_ADD,
+    };
+    let mut h = Headers {
+        bth: Bth {
+            opcode: base | o,
+            pkey: packet::DEFAULT_PKEY,
+            dest_qp: sq.remote_qpn,
+            ack_req: true,
+            psn: sq.psn,
+            ..Bth::default()
+        },
+        ..Headers::default()
+    };
+    if w.opcode == W::RdmaRead {
+        h.reth = Some(Reth {
+            va: w.raddr,
+            rkey: w.rkey,
+            dma_len: w.len as u32,
+        });
+    } else {
+        h.atomic = Some(AtomicEth {
+            va: w.raddr,
+            rkey: w.rkey,
+            swap_add: w.swap_add,
+            compare: w.compare,
+        });
+    }
+    link.send(&h, Payload::None, ans);
+}
+
+/// A SEND or a WRITE: MTU-sized packets from the message's first PSN, the
+/// first of a WRITE with the RETH, the last with the immediate or IETH,
+/// SE as the WQE asks and AckReq on RC; a multi-packet RC WRITE in one
+/// piece of memory goes as one train when nothing can tell it from its
+/// packets. The packets stop at a NAK or an RNR NAK.
+fn send_data(link: &Link<'_, '_>, sq: &Sq, burst: &Burst<'_>, w: &Wqe, rc: bool, ans: &mut Answer) {
+    use WqeOpcode as W;
+    let s = link.span;
+    // A message in one piece of memory is looked up once.
+    let whole = match link.ext {
+        [e] if u64::from(e.len) == w.len && sq.inline.is_empty() => {
+            burst.src.slice(e.iova, e.len as usize).ok()
+        }
+        _ => None,
+    };
+    if let Some(src) = whole.filter(|_| rc && w.opcode == W::RdmaWrite && s.npkts > 1) {
+        let t = fabric::Train {
+            addr: link.addr,
+            dest_qp: sq.remote_qpn,
+            psn: s.first_psn,
+            npkts: s.npkts as u32,
+            mtu: s.mtu,
+            va: w.raddr,
+            rkey: w.rkey,
+            src,
+        };
+        let sent = fabric::write_train(&link.dst, &t, &mut |r| {
+            note(ans, r, s.first_psn, s.mtu, link.mem, link.ext)
+        });
+        if sent {
+            return;
+        }
+    }
+    let send = matches!(w.opcode, W::Send | W::SendImm | W::SendInval);
+    let imm = matches!(w.opcode, W::SendImm | W::RdmaWriteImm);
+    let base = if rc { svc::RC } else { svc::UC };
+    let mut h = Headers {
+        bth: Bth {
+            pkey: packet::DEFAULT_PKEY,
+            dest_qp: sq.remote_qpn,
+            ..Bth::default()
+        },
+        ..Headers::default()
+    };
+    for i in 0..s.npkts {
+        let first = i == 0;
+        let last = i + 1 == s.npkts;
+        h.bth.opcode = base | packet_opcode(w.opcode, first, last);
+        h.bth.se = last && w.solicited;
+        h.bth.ack_req = last && rc;
+        h.bth.psn = (s.first_psn + i as u32) & 0xff_ffff;
+        h.reth = (!send && first).then_some(Reth {
+            va: w.raddr,
+            rkey: w.rkey,
+            dma_len: w.len as u32,
+        });
+        h.imm = (last && imm).then_some(w.imm);
+        h.ieth = (last && w.opcode == W::SendInval).then_some(w.imm);
+        let skip = i * s.mtu;
+        let plen = (w.len - skip).min(s.mtu);
+        let pl = if plen == 0 {
+            Payload::None
+        } else if let Some(sl) = whole.and_then(|sl| sl.subslice(skip as usize, plen as usize).ok())
+        {
+            Payload::Slice(sl)
+        } else if !sq.inline.is_empty() {
+            Payload::Bytes(&sq.inline[skip as usize..(skip + plen) as usize])
+        } else {
+            Payload::Mem {
+                mem: link.mem,
+                ext: link.ext,
+                skip,
+                len: plen,
+            }
+        };
+        link.send(&h, pl, ans);
+        if ans.nak.is_some() || ans.rnr.is_some() {
+            break;
+        }
+    }
+}
+
+/// The BTH opcode (without the service) of a SEND's or a WRITE's packet,
+/// by its place in the message (IBA 9.4, table 38).
+fn packet_opcode(opcode: WqeOpcode, first: bool, last: bool) -> u8 {
+    use WqeOpcode as W;
+    let imm = matches!(opcode, W::SendImm | W::RdmaWriteImm);
+    let send = matches!(opcode, W::Send | W::SendImm | W::SendInval);
+    match (send, first, last) {
+        (true, true, true) => match opcode {
+            W::SendImm => op::SEND_ONLY_IMM,
+            W::SendInval => op::SEND_ONLY_INV,
+            _ => op::SEND_ONLY,
+        },
+        (true, true, false) => op::SEND_FIRST,
+        (true, false, false) => op::SEND_MIDDLE,
+        (true, false, true) => match opcode {
+            W::SendImm => op::SEND_LAST_IMM,
+            W::SendInval => op::SEND_LAST_INV,
+            _ => op::SEND_LAST,
+        },
+        (false, true, true) if imm => op::WRITE_ONLY_IMM,
+        (false, true, true) => op::WRITE_ONLY,
+        (false, true, false) => op::WRITE_FIRST,
+        (false, false, false) => op::WRITE_MIDDLE,
+        (false, false, true) if imm => op::WRITE_LAST_IMM,
+        (false, false, true) => op::WRITE_LAST,
+    }
+}
+
+/// What an RC message's responses make of it (IBA 9.7.5.1): a local fault
+/// landing a response, a NAK ([`nak_outcome`]), an RNR NAK (the RNR timer,
+/// while `rnr_retry` lasts), acknowledged (done), or not yet: a SEND's or
+/// WRITE's ACK is owed (coalesced), anything else was lost (the ACK
+/// timeout, while `retry_count` lasts).
+fn rc_outcome(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    w: &Wqe,
+    s: Span,
+    ans: &Answer,
+    has_peer: bool,
+) -> Outcome {
+    use WqeOpcode as W;
     if ans.fault {
         return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT);
     }
     if let Some(code) = ans.nak {
-        rdma.counters.naks.fetch_add(1, Ordering::Relaxed);
-        let synd = match code {
-            aeth::NAK_REMOTE_ACCESS => CqeSyndrome::RemoteAccessErr,
-            aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
-            aeth::NAK_PSN_SEQ => {
-                // Go back: resend the message, as after a timeout.
-                return retry_after_timeout(sq, first_psn, rdma.clock.now());
-            }
-            _ => CqeSyndrome::RemoteInvalReqErr,
-        };
-        return Outcome::Error(synd, vendor::NAK);
+        return nak_outcome(rdma, sq, s.first_psn, code);
     }
     if let Some(t) = ans.rnr {
         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
-        sq.psn = first_psn;
+        sq.psn = s.first_psn;
         if sq.rnr_retry != 7 {
             if sq.rnr_left == 0 {
                 rdma.q_count(qp, |c| &c.rnr_nak_retry_err);
@@ -1182,33 +1269,57 @@ fn connected(
         let after = Duration::from_micros(rnr_timer_us(t));
         return Outcome::Retry(vfio::clock::later(rdma.clock.now(), after));
     }
-    let covered = ans.acked.is_some_and(|p| psn_le(last_psn, p));
-    if !covered {
-        if has_peer && !is_read && !is_atomic {
+    let answered = matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa);
+    if !ans.acked.is_some_and(|p| psn_le(s.last_psn, p)) {
+        if has_peer && !answered {
             // Its ACK is owed: coalesced with the next ones.
-            sq.psn = (last_psn + 1) & 0xff_ffff;
-            return Outcome::Sent(w.len as u32, first_psn, last_psn);
+            sq.psn = (s.last_psn + 1) & 0xff_ffff;
+            return Outcome::Sent(w.len as u32, s.first_psn, s.last_psn);
         }
         // Nobody answered: the packet (or its ACK) was lost.
         flush_tally(rdma, sq);
         sq.peer = None;
-        return retry_after_timeout(sq, first_psn, rdma.clock.now());
+        return retry_after_timeout(sq, s.first_psn, rdma.clock.now());
     }
-    sq.psn = (last_psn + 1) & 0xff_ffff;
-    Outcome::Done(if is_atomic { 8 } else { w.len as u32 })
+    sq.psn = (s.last_psn + 1) & 0xff_ffff;
+    let atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
+    Outcome::Done(if atomic { 8 } else { w.len as u32 })
 }
 
+/// A NAK (IBA 9.7.5.1.3-4): a PSN sequence error sends the queue back to
+/// the oldest unacknowledged message at once, as a real HCA does (the
+/// responder named the PSN it expects: no need to wait for a timeout);
+/// any other code fails the WQE with the matching syndrome.
+fn nak_outcome(rdma: &Rdma, sq: &mut Sq, first_psn: u32, code: u8) -> Outcome {
+    rdma.counters.naks.fetch_add(1, Ordering::Relaxed);
+    let synd = match code {
+        aeth::NAK_REMOTE_ACCESS => CqeSyndrome::RemoteAccessErr,
+        aeth::NAK_REMOTE_OP => CqeSyndrome::RemoteOpErr,
+        aeth::NAK_PSN_SEQ => return go_back(sq, first_psn, rdma.clock.now()),
+        _ => CqeSyndrome::RemoteInvalReqErr,
+    };
+    Outcome::Error(synd, vendor::NAK)
+}
+
+/// Nothing acknowledged the message from `first_psn`: it is sent again
+/// after the local ACK timeout ([`go_back`]).
 fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
+    // No timeout: wait as long as it takes (checked again every second).
+    let d = ack_timeout(sq.path.ack_timeout).unwrap_or(Duration::from_secs(1));
+    go_back(sq, first_psn, vfio::clock::later(now, d))
+}
+
+/// The send queue goes back to PSN `first_psn` and sends again at `at`,
+/// one of `retry_count` retries (a timeout, or a PSN sequence error NAK,
+/// IBA 9.7.5.1.3); none left fails the WQE with
+/// TRANSPORT_RETRY_EXC_ERR.
+fn go_back(sq: &mut Sq, first_psn: u32, at: Instant) -> Outcome {
     sq.psn = first_psn;
     if sq.retries_left == 0 {
         return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);
     }
     sq.retries_left -= 1;
-    match ack_timeout(sq.path.ack_timeout) {
-        Some(d) => Outcome::Retry(vfio::clock::later(now, d)),
-        // No timeout: wait as long as it takes (checked again every second).
-        None => Outcome::Retry(vfio::clock::later(now, Duration::from_secs(1))),
-    }
+    Outcome::Retry(at)
 }
 
 /// Completes every posted send WQE as flushed.

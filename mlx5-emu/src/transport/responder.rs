@@ -1,7 +1,8 @@
 //! The responder: what a QP does with the packets that reach it.
 //!
-//! RC: PSN checking (a duplicate is acknowledged again, a gap answered
-//! with a PSN sequence error NAK), SEND into the next receive WQE of the RQ
+//! RC: PSN checking (a duplicate is acknowledged again, a duplicate READ
+//! executed again, the last atomic's duplicate answered with the value it
+//! saw; a gap answered with a PSN sequence error NAK), SEND into the next receive WQE of the RQ
 //! or SRQ (an RNR NAK when none is posted), RDMA WRITE through the rkey
 //! (remote write right, PD, bounds), RDMA READ answered with read response
 //! packets, atomics executed on 8 aligned bytes and answered with the
@@ -25,8 +26,8 @@ use mlx5_hw::event::EventType;
 use vm_memory::GuestMemoryMmap;
 
 use super::cq::Completion;
-use super::mem::{self, access, Hinted, KeyError};
-use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, RoceAddr, Service};
+use super::mem::{self, access, Extent, Hinted, KeyError};
+use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, Reth, RoceAddr, Service};
 use super::qp::{self, Qp, RecvError, Rq};
 use super::requester::vendor;
 use super::{rlock, Rdma};
@@ -259,7 +260,50 @@ fn resp_completion(qp: &Qp, rq: &Rq, opcode: CqeOpcode, h: &Headers, src_qp: u32
     }
 }
 
-#[allow(clippy::too_many_lines)] // Over clippy.toml's 120: to split (issue 13, point 3).
+/// One RC request packet as the responder sees it (IBA 9.7.4: responder
+/// side), with what every step needs.
+struct Req<'a, 'm, 'p> {
+    rdma: &'a Rdma,
+    qp: &'a Arc<Qp>,
+    h: &'a Headers,
+    pkt: &'a Packet<'p>,
+    dmem: &'a Hinted<'m>,
+    /// The requester's QP, the destination of every response.
+    remote: u32,
+    psn: u32,
+    /// The path MTU, in bytes.
+    mtu: u64,
+}
+
+/// A request the responder accepted.
+enum Accepted {
+    /// Executed: the expected PSN moves on and an ACK is owed if the
+    /// packet asked for one (coalesced).
+    Ack,
+    /// Answered already (a read response, an atomic acknowledgement),
+    /// the expected PSN moved past it.
+    Answered,
+}
+
+/// A request the responder refused (IBA 9.7.5.2).
+enum Refused {
+    /// No receive WQE posted: RNR NAK, the QP stays as it is.
+    Rnr,
+    /// NAK, and the QP goes to ERR.
+    Fatal(Fatal),
+}
+
+impl From<Fatal> for Refused {
+    fn from(f: Fatal) -> Self {
+        Refused::Fatal(f)
+    }
+}
+
+/// An RC request packet, in the steps of IBA 9.7.5.1 / 9.7.4.1: the PSN
+/// check (a duplicate or out-of-sequence request goes no further), then per
+/// opcode the opcode-sequence check, rkey and access validation and the
+/// execution (SEND, WRITE, READ, atomic, each with its CQE where one is
+/// due), then the ACK or NAK.
 fn rc(
     rdma: &Rdma,
     qp: &Arc<Qp>,
@@ -268,53 +312,22 @@ fn rc(
     dmem: &Hinted<'_>,
     reply: &mut dyn FnMut(&Packet<'_>),
 ) {
-    let mem = dmem.mem;
     let mut rq = lock(&qp.rq);
-    let psn = h.bth.psn;
-    let remote = rq.remote_qpn;
-    let diff = psn.wrapping_sub(rq.epsn) & 0xff_ffff;
-    if diff != 0 {
-        if diff >= 0x80_0000 {
-            // A duplicate: acknowledge it again.
-            respond(
-                reply,
-                &pkt.addr,
-                remote,
-                psn,
-                aeth::ACK | aeth::CREDITS_INVALID,
-                rq.msn,
-            );
-        } else {
-            // The NAK acknowledges everything before `epsn`.
-            rq.ack_owed = 0;
-            let e = rq.epsn;
-            respond(
-                reply,
-                &pkt.addr,
-                remote,
-                e,
-                aeth::NAK | aeth::NAK_PSN_SEQ,
-                rq.msn,
-            );
-        }
+    let r = Req {
+        rdma,
+        qp,
+        h,
+        pkt,
+        dmem,
+        remote: rq.remote_qpn,
+        psn: h.bth.psn,
+        mtu: u64::from(rq.mtu.max(256)),
+    };
+    if !in_sequence(&r, &mut rq, reply) {
         return;
     }
     let o = h.bth.opcode & 0x1f;
-    let len = pkt.payload.len();
-    let mtu = u64::from(rq.mtu.max(256));
-    let nak = |rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), f: Fatal| {
-        rq.ack_owed = 0;
-        let code = fatal(rdma, qp, rq, mem, f);
-        respond(reply, &pkt.addr, remote, psn, aeth::NAK | code, rq.msn);
-    };
-    let middle_len_ok = |l: u64, last: bool| {
-        if last {
-            l <= mtu && l > 0 || l == 0
-        } else {
-            l == mtu
-        }
-    };
-    match o {
+    let done = match o {
         op::SEND_FIRST
         | op::SEND_MIDDLE
         | op::SEND_LAST
@@ -322,301 +335,454 @@ fn rc(
         | op::SEND_ONLY
         | op::SEND_ONLY_IMM
         | op::SEND_LAST_INV
-        | op::SEND_ONLY_INV => {
-            let first = matches!(
-                o,
-                op::SEND_FIRST | op::SEND_ONLY | op::SEND_ONLY_IMM | op::SEND_ONLY_INV
-            );
-            let last = !matches!(o, op::SEND_FIRST | op::SEND_MIDDLE);
-            if first == rq.send_on || !middle_len_ok(len, last) {
-                return nak(&mut rq, reply, Fatal::Invalid);
-            }
-            if first {
-                match take(rdma, qp, &mut rq, mem) {
-                    Ok(()) => rq.send_on = true,
-                    Err(None) => {
-                        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
-                        rdma.q_count(qp, |c| &c.out_of_buffer);
-                        rq.ack_owed = 0;
-                        let t = rq.min_rnr_nak;
-                        return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
-                    }
-                    Err(Some(f)) => return nak(&mut rq, reply, f),
-                }
-            }
-            if rq.send.off + len > rq.send.cap {
-                let w = rq.send.wqe;
-                return nak(&mut rq, reply, Fatal::Length(w));
-            }
-            if pkt
-                .payload
-                .copy_to_hinted(dmem, &rq.send.ext, rq.send.off)
-                .is_err()
-            {
-                let w = rq.send.wqe;
-                return nak(&mut rq, reply, Fatal::Protection(w, vendor::DMA_FAULT));
-            }
-            rq.send.off += len;
-            if last {
-                let opcode = match o {
-                    op::SEND_LAST_IMM | op::SEND_ONLY_IMM => CqeOpcode::RespSendImm,
-                    op::SEND_LAST_INV | op::SEND_ONLY_INV => {
-                        if let Some(k) = h.ieth {
-                            invalidate(rdma, qp.pd, k);
-                        }
-                        CqeOpcode::RespSendInv
-                    }
-                    _ => CqeOpcode::RespSend,
-                };
-                let c = resp_completion(qp, &rq, opcode, h, remote);
-                rq.send_on = false;
-                rq.msn = psn_add(rq.msn, 1);
-                rdma.counters
-                    .messages_received
-                    .fetch_add(1, Ordering::Relaxed);
-                if !qp.rcq.push(rdma, mem, &c) {
-                    qp.to_error(rdma);
-                }
-            }
-        }
+        | op::SEND_ONLY_INV => rc_send(&r, &mut rq, o),
         op::WRITE_FIRST
         | op::WRITE_MIDDLE
         | op::WRITE_LAST
         | op::WRITE_LAST_IMM
         | op::WRITE_ONLY
-        | op::WRITE_ONLY_IMM => {
-            let first = matches!(o, op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM);
-            let last = !matches!(o, op::WRITE_FIRST | op::WRITE_MIDDLE);
-            let imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
-            if (first && rq.write_on && o != op::WRITE_FIRST) || (!first && !rq.write_on) {
-                return nak(&mut rq, reply, Fatal::Invalid);
+        | op::WRITE_ONLY_IMM => rc_write(&r, &mut rq, o),
+        op::READ_REQUEST => rc_read(&r, &mut rq, reply),
+        op::COMPARE_SWAP | op::FETCH_ADD => rc_atomic(&r, &mut rq, o, reply),
+        _ => Err(Refused::Fatal(Fatal::Invalid)),
+    };
+    match done {
+        Ok(Accepted::Ack) => ack(&r, &mut rq, reply),
+        Ok(Accepted::Answered) => {}
+        Err(f) => refuse(&r, &mut rq, f, reply),
+    }
+}
+
+/// The PSN check (IBA 9.7.5.1.1-2): true for the expected PSN; a duplicate
+/// is acknowledged again, a PSN ahead of the expected one (a packet was
+/// lost) answered with a PSN sequence error NAK naming the expected PSN.
+fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) -> bool {
+    let diff = r.psn.wrapping_sub(rq.epsn) & 0xff_ffff;
+    if diff == 0 {
+        return true;
+    }
+    if diff >= 0x80_0000 {
+        duplicate(r, rq, reply);
+    } else {
+        // The NAK acknowledges everything before `epsn`.
+        rq.ack_owed = 0;
+        let nak = aeth::NAK | aeth::NAK_PSN_SEQ;
+        respond(reply, &r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
+    }
+    false
+}
+
+/// A duplicate request: the requester went back because a response was
+/// lost. An RDMA READ is executed again (its read responses sent again;
+/// none if its rkey no longer grants the read: an ACK would complete it
+/// without data), the last atomic answered again with the original value
+/// it saw (not executed twice), anything else acknowledged again.
+fn duplicate(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
+    match (r.h.bth.opcode & 0x1f, r.h.reth, rq.atomic_done) {
+        (op::READ_REQUEST, reth, _) => {
+            let mut ext = Vec::new();
+            if let Some(reth) = reth.filter(|t| rq.rre && read_target(r, rq, *t, &mut ext)) {
+                read_responses(r, &ext, u64::from(reth.dma_len), rq.msn, reply);
             }
-            if first {
-                let Some(r) = h.reth else {
-                    return nak(&mut rq, reply, Fatal::Invalid);
-                };
-                if !rq.rwe {
-                    return nak(&mut rq, reply, Fatal::Access);
-                }
-                let mut w = std::mem::take(&mut rq.write);
-                w.ext.clear();
-                w.off = 0;
-                w.cap = u64::from(r.dma_len);
-                let ok = r.dma_len == 0
-                    || rdma
-                        .resolve_cached(
-                            r.rkey,
-                            &mut rq.rkeys,
-                            qp.pd,
-                            access::RW,
-                            r.va,
-                            u64::from(r.dma_len),
-                            &mut w.ext,
-                        )
-                        .is_ok();
-                rq.write = w;
-                if !ok {
-                    return nak(&mut rq, reply, Fatal::Access);
-                }
-                rq.write_on = true;
+            return;
+        }
+        (op::COMPARE_SWAP | op::FETCH_ADD, _, Some((psn, orig))) if psn == r.psn => {
+            return atomic_ack(r, rq.msn, orig, reply);
+        }
+        _ => {}
+    }
+    let ack = aeth::ACK | aeth::CREDITS_INVALID;
+    respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
+}
+
+/// A request executed: the expected PSN moves on; if it asked for an ACK,
+/// one is owed until the requester's burst ends, or sent now once
+/// [`ACK_COALESCE`] are owed.
+fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
+    rq.epsn = psn_add(r.psn, 1);
+    if !r.h.bth.ack_req {
+        return;
+    }
+    rq.ack_owed += 1;
+    if rq.ack_owed >= ACK_COALESCE {
+        rq.ack_owed = 0;
+        let ack = aeth::ACK | aeth::CREDITS_INVALID;
+        respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
+    }
+}
+
+/// A request refused: an RNR NAK (counted as out of buffer), or a NAK
+/// whose error moves the QP to ERR ([`fatal`]). Either acknowledges every
+/// packet before it, so no ACK is owed any more.
+fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let rdma = r.rdma;
+    let syndrome = match f {
+        Refused::Rnr => {
+            rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+            rdma.q_count(r.qp, |c| &c.out_of_buffer);
+            rq.ack_owed = 0;
+            aeth::RNR_NAK | rq.min_rnr_nak
+        }
+        Refused::Fatal(f) => {
+            rq.ack_owed = 0;
+            aeth::NAK | fatal(rdma, r.qp, rq, r.dmem.mem, f)
+        }
+    };
+    respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+}
+
+/// Whether a packet's payload length fits its place in the message: a
+/// middle packet (or a first one) carries exactly the MTU, a last one
+/// (or an only one) at most the MTU.
+fn payload_len_ok(len: u64, mtu: u64, last: bool) -> bool {
+    if last {
+        len <= mtu
+    } else {
+        len == mtu
+    }
+}
+
+/// Takes the receive WQE a SEND, or a WRITE with immediate, consumes;
+/// none posted is an RNR.
+fn take_recv(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
+    match take(r.rdma, r.qp, rq, r.dmem.mem) {
+        Ok(()) => Ok(()),
+        Err(None) => Err(Refused::Rnr),
+        Err(Some(f)) => Err(Refused::Fatal(f)),
+    }
+}
+
+/// An RC SEND packet (IBA 9.7.4.1.4 opcode sequence, then the receive
+/// WQE, the scatter and, on the last packet, the CQE).
+fn rc_send(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused> {
+    let first = matches!(
+        o,
+        op::SEND_FIRST | op::SEND_ONLY | op::SEND_ONLY_IMM | op::SEND_ONLY_INV
+    );
+    let last = !matches!(o, op::SEND_FIRST | op::SEND_MIDDLE);
+    let len = r.pkt.payload.len();
+    if first == rq.send_on || !payload_len_ok(len, r.mtu, last) {
+        return Err(Fatal::Invalid.into());
+    }
+    if first {
+        take_recv(r, rq)?;
+        rq.send_on = true;
+    }
+    let wqe = rq.send.wqe;
+    if rq.send.off + len > rq.send.cap {
+        return Err(Fatal::Length(wqe).into());
+    }
+    if r.pkt
+        .payload
+        .copy_to_hinted(r.dmem, &rq.send.ext, rq.send.off)
+        .is_err()
+    {
+        return Err(Fatal::Protection(wqe, vendor::DMA_FAULT).into());
+    }
+    rq.send.off += len;
+    if last {
+        send_complete(r, rq, o);
+    }
+    Ok(Accepted::Ack)
+}
+
+/// The last packet of a SEND landed: invalidate the IETH's key if it
+/// carries one, count the message and write the receive CQE (a CQ
+/// overrun moves the QP to ERR).
+fn send_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) {
+    let (rdma, qp) = (r.rdma, r.qp);
+    let opcode = match o {
+        op::SEND_LAST_IMM | op::SEND_ONLY_IMM => CqeOpcode::RespSendImm,
+        op::SEND_LAST_INV | op::SEND_ONLY_INV => {
+            if let Some(k) = r.h.ieth {
+                invalidate(rdma, qp.pd, k);
             }
-            if rq.write.off + len > rq.write.cap || (last && rq.write.off + len != rq.write.cap) {
-                return nak(&mut rq, reply, Fatal::Invalid);
-            }
-            if imm && !rq.send_on {
-                // The immediate needs a receive WQE, before any byte lands.
-                match take(rdma, qp, &mut rq, mem) {
-                    Ok(()) => {}
-                    Err(None) => {
-                        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
-                        rdma.q_count(qp, |c| &c.out_of_buffer);
-                        if first {
-                            rq.write_on = false;
-                        }
-                        rq.ack_owed = 0;
-                        let t = rq.min_rnr_nak;
-                        return respond(reply, &pkt.addr, remote, psn, aeth::RNR_NAK | t, rq.msn);
-                    }
-                    Err(Some(f)) => return nak(&mut rq, reply, f),
-                }
-            }
-            if pkt
-                .payload
-                .copy_to_hinted(dmem, &rq.write.ext, rq.write.off)
-                .is_err()
-            {
-                return nak(&mut rq, reply, Fatal::Access);
-            }
-            rq.write.off += len;
-            if last {
+            CqeOpcode::RespSendInv
+        }
+        _ => CqeOpcode::RespSend,
+    };
+    let c = resp_completion(qp, rq, opcode, r.h, r.remote);
+    rq.send_on = false;
+    rq.msn = psn_add(rq.msn, 1);
+    rdma.counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    if !qp.rcq.push(rdma, r.dmem.mem, &c) {
+        qp.to_error(rdma);
+    }
+}
+
+/// An RC RDMA WRITE packet: the opcode sequence, the RETH of the first
+/// packet checked ([`write_target`]), the length, the receive WQE an
+/// immediate consumes, the payload landed and, on the last packet with an
+/// immediate, the CQE.
+fn rc_write(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused> {
+    let first = matches!(o, op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM);
+    let last = !matches!(o, op::WRITE_FIRST | op::WRITE_MIDDLE);
+    let imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+    if (first && rq.write_on && o != op::WRITE_FIRST) || (!first && !rq.write_on) {
+        return Err(Fatal::Invalid.into());
+    }
+    if first {
+        write_target(r, rq)?;
+    }
+    let len = r.pkt.payload.len();
+    if rq.write.off + len > rq.write.cap || (last && rq.write.off + len != rq.write.cap) {
+        return Err(Fatal::Invalid.into());
+    }
+    if imm && !rq.send_on {
+        // The immediate needs a receive WQE, before any byte lands.
+        if let Err(e) = take_recv(r, rq) {
+            if first && matches!(e, Refused::Rnr) {
                 rq.write_on = false;
-                rq.msn = psn_add(rq.msn, 1);
-                rdma.counters
-                    .messages_received
-                    .fetch_add(1, Ordering::Relaxed);
-                if imm {
-                    let mut c = resp_completion(qp, &rq, CqeOpcode::RespWrImm, h, remote);
-                    c.byte_cnt = rq.write.cap as u32;
-                    if !qp.rcq.push(rdma, mem, &c) {
-                        qp.to_error(rdma);
-                    }
-                }
             }
+            return Err(e);
         }
-        op::READ_REQUEST => {
-            let Some(r) = h.reth else {
-                return nak(&mut rq, reply, Fatal::Invalid);
-            };
-            if !rq.rre {
-                return nak(&mut rq, reply, Fatal::Access);
-            }
-            let mut w = std::mem::take(&mut rq.write);
-            w.ext.clear();
-            let ok = r.dma_len == 0
-                || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
-                    k.resolve(qp.pd, access::RR, r.va, u64::from(r.dma_len), &mut w.ext)
-                        .is_ok()
-                });
-            if !ok {
-                rq.write = w;
-                return nak(&mut rq, reply, Fatal::Access);
-            }
-            let total = u64::from(r.dma_len);
-            let n = total.div_ceil(mtu).max(1);
-            let msn = psn_add(rq.msn, 1);
-            rq.ack_owed = 0;
-            for i in 0..n {
-                let first = i == 0;
-                let last = i + 1 == n;
-                let ro = match (first, last) {
-                    (true, true) => op::READ_RESPONSE_ONLY,
-                    (true, false) => op::READ_RESPONSE_FIRST,
-                    (false, false) => op::READ_RESPONSE_MIDDLE,
-                    (false, true) => op::READ_RESPONSE_LAST,
-                };
-                let rh = Headers {
-                    bth: Bth {
-                        opcode: svc::RC | ro,
-                        pkey: packet::DEFAULT_PKEY,
-                        dest_qp: remote,
-                        psn: psn_add(psn, i as u32),
-                        ..Bth::default()
-                    },
-                    aeth: (first || last).then_some(Aeth {
-                        syndrome: aeth::ACK | aeth::CREDITS_INVALID,
-                        msn,
-                    }),
-                    ..Headers::default()
-                };
-                let skip = i * mtu;
-                let plen = (total - skip).min(mtu);
-                reply(&Packet {
-                    addr: back(&pkt.addr),
-                    hdr: &rh,
-                    payload: if plen == 0 {
-                        Payload::None
-                    } else {
-                        Payload::Mem {
-                            mem,
-                            ext: &w.ext,
-                            skip,
-                            len: plen,
-                        }
-                    },
-                });
-            }
-            rq.write = w;
-            rq.msn = msn;
-            rq.epsn = psn_add(psn, n as u32);
-            rdma.counters
-                .messages_received
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        op::COMPARE_SWAP | op::FETCH_ADD => {
-            let Some(a) = h.atomic else {
-                return nak(&mut rq, reply, Fatal::Invalid);
-            };
-            if !rq.rae {
-                return nak(&mut rq, reply, Fatal::Access);
-            }
-            if a.va % 8 != 0 {
-                return nak(&mut rq, reply, Fatal::Invalid);
-            }
-            let mut w = std::mem::take(&mut rq.write);
-            w.ext.clear();
-            let ok = rdma
-                .mkey(a.rkey)
-                .is_some_and(|k| k.resolve(qp.pd, access::A, a.va, 8, &mut w.ext).is_ok());
-            let target = w.ext.first().map(|e| e.iova);
-            rq.write = w;
-            let Some(iova) = target.filter(|_| ok) else {
-                return nak(&mut rq, reply, Fatal::Access);
-            };
-            let cs = o == op::COMPARE_SWAP;
-            let r = mem::atomic64(mem, iova, |old| {
-                if cs {
-                    if old == a.compare {
-                        a.swap_add
-                    } else {
-                        old
-                    }
-                } else {
-                    old.wrapping_add(a.swap_add)
-                }
-            });
-            let Ok(orig) = r else {
-                return nak(&mut rq, reply, Fatal::Access);
-            };
-            let msn = psn_add(rq.msn, 1);
-            let rh = Headers {
-                bth: Bth {
-                    opcode: svc::RC | op::ATOMIC_ACKNOWLEDGE,
-                    pkey: packet::DEFAULT_PKEY,
-                    dest_qp: remote,
-                    psn,
-                    ..Bth::default()
-                },
-                aeth: Some(Aeth {
-                    syndrome: aeth::ACK | aeth::CREDITS_INVALID,
-                    msn,
-                }),
-                atomic_ack: Some(orig),
-                ..Headers::default()
-            };
-            rq.msn = msn;
-            rq.ack_owed = 0;
-            rq.epsn = psn_add(psn, 1);
-            rdma.counters
-                .messages_received
-                .fetch_add(1, Ordering::Relaxed);
-            reply(&Packet {
-                addr: back(&pkt.addr),
-                hdr: &rh,
-                payload: Payload::None,
-            });
-            return;
-        }
-        _ => return nak(&mut rq, reply, Fatal::Invalid),
     }
-    rq.epsn = psn_add(psn, 1);
-    if h.bth.ack_req {
-        // Coalesced: owed until the requester's burst ends, or sent now
-        // once enough are owed.
-        rq.ack_owed += 1;
-        if rq.ack_owed >= ACK_COALESCE {
-            rq.ack_owed = 0;
-            let msn = rq.msn;
-            respond(
-                reply,
-                &pkt.addr,
-                remote,
-                psn,
-                aeth::ACK | aeth::CREDITS_INVALID,
+    if r.pkt
+        .payload
+        .copy_to_hinted(r.dmem, &rq.write.ext, rq.write.off)
+        .is_err()
+    {
+        return Err(Fatal::Access.into());
+    }
+    rq.write.off += len;
+    if last {
+        write_complete(r, rq, imm);
+    }
+    Ok(Accepted::Ack)
+}
+
+/// The first packet of an RDMA WRITE: its RETH names the target, which
+/// the rkey must grant remote write on (PD, bounds); the WRITE is then in
+/// progress.
+fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
+    let Some(reth) = r.h.reth else {
+        return Err(Fatal::Invalid.into());
+    };
+    if !rq.rwe {
+        return Err(Fatal::Access.into());
+    }
+    let mut w = std::mem::take(&mut rq.write);
+    w.ext.clear();
+    w.off = 0;
+    w.cap = u64::from(reth.dma_len);
+    let ok = reth.dma_len == 0
+        || r.rdma
+            .resolve_cached(
+                reth.rkey,
+                &mut rq.rkeys,
+                r.qp.pd,
+                access::RW,
+                reth.va,
+                u64::from(reth.dma_len),
+                &mut w.ext,
+            )
+            .is_ok();
+    rq.write = w;
+    if !ok {
+        return Err(Fatal::Access.into());
+    }
+    rq.write_on = true;
+    Ok(())
+}
+
+/// The last packet of an RDMA WRITE landed: count the message; with an
+/// immediate, write the receive CQE (a CQ overrun moves the QP to ERR).
+fn write_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, imm: bool) {
+    let (rdma, qp) = (r.rdma, r.qp);
+    rq.write_on = false;
+    rq.msn = psn_add(rq.msn, 1);
+    rdma.counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    if imm {
+        let mut c = resp_completion(qp, rq, CqeOpcode::RespWrImm, r.h, r.remote);
+        c.byte_cnt = rq.write.cap as u32;
+        if !qp.rcq.push(rdma, r.dmem.mem, &c) {
+            qp.to_error(rdma);
+        }
+    }
+}
+
+/// An RDMA READ request: the rkey must grant remote read on the RETH's
+/// range; the read response packets then go out ([`read_responses`]) and
+/// the expected PSN moves past the PSNs they take.
+fn rc_read(
+    r: &Req<'_, '_, '_>,
+    rq: &mut Rq,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> Result<Accepted, Refused> {
+    let Some(reth) = r.h.reth else {
+        return Err(Fatal::Invalid.into());
+    };
+    if !rq.rre {
+        return Err(Fatal::Access.into());
+    }
+    let mut w = std::mem::take(&mut rq.write);
+    w.ext.clear();
+    if !read_target(r, rq, reth, &mut w.ext) {
+        rq.write = w;
+        return Err(Fatal::Access.into());
+    }
+    let msn = psn_add(rq.msn, 1);
+    rq.ack_owed = 0;
+    let n = read_responses(r, &w.ext, u64::from(reth.dma_len), msn, reply);
+    rq.write = w;
+    rq.msn = msn;
+    rq.epsn = psn_add(r.psn, n as u32);
+    r.rdma
+        .counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    Ok(Accepted::Answered)
+}
+
+/// Whether the rkey grants remote read on the RETH's range (PD, bounds);
+/// `ext` then holds the range.
+fn read_target(r: &Req<'_, '_, '_>, rq: &mut Rq, reth: Reth, ext: &mut Vec<Extent>) -> bool {
+    reth.dma_len == 0
+        || r.rdma
+            .mkey_cached(reth.rkey, &mut rq.rkeys)
+            .is_some_and(|k| {
+                k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
+                    .is_ok()
+            })
+}
+
+/// Sends the read response packets of `total` bytes of `ext`, MTU-sized,
+/// from the request's PSN, the first and last with an AETH (IBA 9.7.5.1.5);
+/// returns how many.
+fn read_responses(
+    r: &Req<'_, '_, '_>,
+    ext: &[Extent],
+    total: u64,
+    msn: u32,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> u64 {
+    let mtu = r.mtu;
+    let n = total.div_ceil(mtu).max(1);
+    for i in 0..n {
+        let first = i == 0;
+        let last = i + 1 == n;
+        let ro = match (first, last) {
+            (true, true) => op::READ_RESPONSE_ONLY,
+            (true, false) => op::READ_RESPONSE_FIRST,
+            (false, false) => op::READ_RESPONSE_MIDDLE,
+            (false, true) => op::READ_RESPONSE_LAST,
+        };
+        let rh = Headers {
+            bth: Bth {
+                opcode: svc::RC | ro,
+                pkey: packet::DEFAULT_PKEY,
+                dest_qp: r.remote,
+                psn: psn_add(r.psn, i as u32),
+                ..Bth::default()
+            },
+            aeth: (first || last).then_some(Aeth {
+                syndrome: aeth::ACK | aeth::CREDITS_INVALID,
                 msn,
-            );
-        }
+            }),
+            ..Headers::default()
+        };
+        let skip = i * mtu;
+        let plen = (total - skip).min(mtu);
+        reply(&Packet {
+            addr: back(&r.pkt.addr),
+            hdr: &rh,
+            payload: if plen == 0 {
+                Payload::None
+            } else {
+                Payload::Mem {
+                    mem: r.dmem.mem,
+                    ext,
+                    skip,
+                    len: plen,
+                }
+            },
+        });
     }
+    n
+}
+
+/// An atomic request (IBA 9.4.5): 8 aligned bytes the rkey grants remote
+/// atomic access on, compared and swapped or added to, big-endian; the
+/// atomic acknowledgement carries the original value.
+fn rc_atomic(
+    r: &Req<'_, '_, '_>,
+    rq: &mut Rq,
+    o: u8,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> Result<Accepted, Refused> {
+    let Some(a) = r.h.atomic else {
+        return Err(Fatal::Invalid.into());
+    };
+    if !rq.rae {
+        return Err(Fatal::Access.into());
+    }
+    if a.va % 8 != 0 {
+        return Err(Fatal::Invalid.into());
+    }
+    let mut w = std::mem::take(&mut rq.write);
+    w.ext.clear();
+    let ok = r
+        .rdma
+        .mkey(a.rkey)
+        .is_some_and(|k| k.resolve(r.qp.pd, access::A, a.va, 8, &mut w.ext).is_ok());
+    let target = w.ext.first().map(|e| e.iova);
+    rq.write = w;
+    let Some(iova) = target.filter(|_| ok) else {
+        return Err(Fatal::Access.into());
+    };
+    let cs = o == op::COMPARE_SWAP;
+    let res = mem::atomic64(r.dmem.mem, iova, |old| {
+        if cs {
+            if old == a.compare {
+                a.swap_add
+            } else {
+                old
+            }
+        } else {
+            old.wrapping_add(a.swap_add)
+        }
+    });
+    let Ok(orig) = res else {
+        return Err(Fatal::Access.into());
+    };
+    rq.msn = psn_add(rq.msn, 1);
+    rq.ack_owed = 0;
+    rq.epsn = psn_add(r.psn, 1);
+    rq.atomic_done = Some((r.psn, orig));
+    r.rdma
+        .counters
+        .messages_received
+        .fetch_add(1, Ordering::Relaxed);
+    atomic_ack(r, rq.msn, orig, reply);
+    Ok(Accepted::Answered)
+}
+
+/// Sends the atomic acknowledgement: an AETH and the original value.
+fn atomic_ack(r: &Req<'_, '_, '_>, msn: u32, orig: u64, reply: &mut dyn FnMut(&Packet<'_>)) {
+    let rh = Headers {
+        bth: Bth {
+            opcode: svc::RC | op::ATOMIC_ACKNOWLEDGE,
+            pkey: packet::DEFAULT_PKEY,
+            dest_qp: r.remote,
+            psn: r.psn,
+            ..Bth::default()
+        },
+        aeth: Some(Aeth {
+            syndrome: aeth::ACK | aeth::CREDITS_INVALID,
+            msn,
+        }),
+        atomic_ack: Some(orig),
+        ..Headers::default()
+    };
+    reply(&Packet {
+        addr: back(&r.pkt.addr),
+        hdr: &rh,
+        payload: Payload::None,
+    });
 }
 
 /// An RC RDMA WRITE's packets back to back ([`crate::fabric::Train`]):

@@ -233,6 +233,13 @@ fn run(rep: &mut Report, addr: PciAddress, interface: Interface) {
     rep.record("dma_both_ways_with_msi", dma_both_ways(&f));
     rep.record("dma_to_unmapped_iova_blocked", dma_blocked(&f));
     rep.record("hugetlb_dma_buffer", hugetlb_dma(&f));
+    for kind in UserMem::ALL {
+        rep.record(
+            &format!("dma_map_host_{}", kind.name()),
+            user_memory_dma(&f, kind),
+        );
+    }
+    rep.record("dma_map_host_memlock_named", user_memory_memlock(&f));
     rep.record("intx_without_msi", intx(&f));
     match interface {
         Interface::Cdev => rep.skip(
@@ -471,6 +478,163 @@ fn hugetlb_dma(f: &KernelFunction) -> Check {
     f.dma_unmap(iova, 2 << 20).map_err(e2s)?;
     f.set_irqs(IrqKind::Msi, 0, &[]).map_err(e2s)?;
     ensure(got == data, || "huge-page round trip differs".into())
+}
+
+/// Memory the program allocates itself, mapped with `dma_map_host`.
+#[derive(Debug, Clone, Copy)]
+enum UserMem {
+    Heap,
+    AnonMmap,
+    Memfd,
+    Hugetlb,
+}
+
+impl UserMem {
+    const ALL: [UserMem; 4] = [
+        UserMem::Heap,
+        UserMem::AnonMmap,
+        UserMem::Memfd,
+        UserMem::Hugetlb,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            UserMem::Heap => "heap",
+            UserMem::AnonMmap => "anonymous_mmap",
+            UserMem::Memfd => "memfd",
+            UserMem::Hugetlb => "memfd_hugetlb_2m",
+        }
+    }
+}
+
+/// Owns one allocation of a [`UserMem`] kind; `ptr` is 4 KiB aligned.
+enum Held {
+    /// Kept only to be freed after the unmap.
+    Heap(#[allow(dead_code)] Vec<u8>),
+    Map(*mut u8, usize),
+    /// Kept only to be freed after the unmap.
+    Pool(#[allow(dead_code)] vfio::HostMemory),
+}
+
+fn user_alloc(kind: UserMem, len: usize) -> Result<(Held, *mut u8), String> {
+    Ok(match kind {
+        UserMem::Heap => {
+            let mut v = vec![0u8; len + 4096];
+            let p = v.as_mut_ptr();
+            let p = p.wrapping_add(p.align_offset(4096));
+            (Held::Heap(v), p)
+        }
+        UserMem::AnonMmap => {
+            // SAFETY: a new private anonymous mapping the kernel places.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+            }
+            (Held::Map(p.cast(), len), p.cast())
+        }
+        UserMem::Memfd => {
+            let m = vfio::HostMemory::memfd(len).map_err(e2s)?;
+            let p = m.as_ptr();
+            (Held::Pool(m), p)
+        }
+        UserMem::Hugetlb => {
+            let m = vfio::HostMemory::memfd_huge(len, vfio::dma::HugePage::Size2M)
+                .map_err(|e| format!("{e} (the guest reserves two)"))?;
+            let p = m.as_ptr();
+            (Held::Pool(m), p)
+        }
+    })
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Held::Map(p, len) = *self {
+            // SAFETY: the mapping made in `user_alloc`, unmapped once, after
+            // its DMA mapping is gone.
+            unsafe { libc::munmap(p.cast(), len) };
+        }
+    }
+}
+
+/// `dma_map_host` of 8 KiB (2 MiB for huge pages) of `kind`, the kernel
+/// pinning it by address (or iommufd by the memfd): edu copies a pattern
+/// out of the first page and back into the second; the bytes must match.
+fn user_memory_dma(f: &KernelFunction, kind: UserMem) -> Check {
+    let len = match kind {
+        UserMem::Hugetlb => 2 << 20,
+        _ => 8192,
+    };
+    let (held, p) = user_alloc(kind, len)?;
+    enable(f)?;
+    let regs = Regs(f.map_region(0).map_err(e2s)?);
+    let irq = msi(f)?;
+    let mut a = IovaAllocator::new(&f.iova_ranges().map_err(e2s)?);
+    let iova = a.alloc(len as u64).map_err(e2s)?;
+    let data = pattern(11);
+    for (i, b) in data.iter().enumerate() {
+        // SAFETY: `p .. p + len` is the live allocation `held` owns.
+        unsafe { p.wrapping_add(i).write_volatile(*b) };
+    }
+    // SAFETY: `held` keeps the memory mapped until after the unmap below;
+    // it is touched only by volatile accesses meanwhile.
+    unsafe { f.dma_map_host(iova, p as u64, len as u64) }.map_err(e2s)?;
+    let r = (|| {
+        edu_dma(&regs, &irq, iova.0, u64::from(EDU_BUF), false)?;
+        edu_dma(&regs, &irq, u64::from(EDU_BUF), iova.0 + 4096, true)
+    })();
+    f.dma_unmap(iova, len as u64).map_err(e2s)?;
+    f.set_irqs(IrqKind::Msi, 0, &[]).map_err(e2s)?;
+    r?;
+    // SAFETY: as above; the device no longer reaches it.
+    let got: Vec<u8> = (0..XFER)
+        .map(|i| unsafe { p.wrapping_add(4096 + i).read_volatile() })
+        .collect();
+    drop(held);
+    ensure(got == data, || {
+        let first = got.iter().zip(&data).position(|(x, y)| x != y);
+        format!("{} round trip differs from byte {first:?}", kind.name())
+    })
+}
+
+/// `dma_map_host` of 1 MiB of heap past a 64 KiB RLIMIT_MEMLOCK, from a
+/// thread without CAP_IPC_LOCK: refused as [`Error::MemlockLimit`].
+fn user_memory_memlock(f: &Arc<KernelFunction>) -> Check {
+    let f = f.clone();
+    let t = std::thread::spawn(move || -> Check {
+        drop_cap_ipc_lock()?;
+        let old = set_memlock(64 << 10)?;
+        let r = (|| {
+            let (held, p) = user_alloc(UserMem::Heap, 1 << 20)?;
+            let mut a = IovaAllocator::new(&f.iova_ranges().map_err(e2s)?);
+            let iova = a.alloc(1 << 20).map_err(e2s)?;
+            // SAFETY: `held` outlives the mapping (unmapped below if made).
+            let r = match unsafe { f.dma_map_host(iova, p as u64, 1 << 20) } {
+                Err(e @ Error::MemlockLimit { .. }) => {
+                    println!("kvfio:   {e}");
+                    Ok(())
+                }
+                Ok(()) => {
+                    let _ = f.dma_unmap(iova, 1 << 20);
+                    Err("1 MiB of heap passed a 64 KiB RLIMIT_MEMLOCK".into())
+                }
+                Err(e) => Err(format!("refused for another reason: {e}")),
+            };
+            drop(held);
+            r
+        })();
+        set_memlock(old)?;
+        r
+    });
+    t.join().map_err(|_| "thread panicked".to_string())?
 }
 
 fn mapping_limit(f: &KernelFunction) -> Check {

@@ -47,6 +47,8 @@ pub(crate) const IOMMU_IOAS_ALLOC: libc::c_ulong = io(IOMMUFD_TYPE, 0x81);
 pub(crate) const IOMMU_IOAS_IOVA_RANGES: libc::c_ulong = io(IOMMUFD_TYPE, 0x84);
 pub(crate) const IOMMU_IOAS_MAP: libc::c_ulong = io(IOMMUFD_TYPE, 0x85);
 pub(crate) const IOMMU_IOAS_UNMAP: libc::c_ulong = io(IOMMUFD_TYPE, 0x86);
+/// Linux 6.13 and later; older kernels answer ENOTTY.
+pub(crate) const IOMMU_IOAS_MAP_FILE: libc::c_ulong = io(IOMMUFD_TYPE, 0x8f);
 
 /// `struct iommu_destroy`.
 #[repr(C)]
@@ -101,6 +103,20 @@ pub(crate) struct IommuIoasMap {
     pub ioas_id: u32,
     pub reserved: u32,
     pub user_va: u64,
+    pub length: u64,
+    pub iova: u64,
+}
+
+/// `struct iommu_ioas_map_file` (Linux 6.13): map pages of a memfd by
+/// file offset, not by address.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub(crate) struct IommuIoasMapFile {
+    pub size: u32,
+    pub flags: u32,
+    pub ioas_id: u32,
+    pub fd: i32,
+    pub start: u64,
     pub length: u64,
     pub iova: u64,
 }
@@ -296,6 +312,8 @@ mod tests {
         assert_eq!(VFIO_DEVICE_BIND_IOMMUFD, 0x3b76);
         assert_eq!(IOMMU_IOAS_MAP, 0x3b85);
         assert_eq!(std::mem::size_of::<IommuIoasMap>(), 40);
+        assert_eq!(IOMMU_IOAS_MAP_FILE, 0x3b8f);
+        assert_eq!(std::mem::size_of::<IommuIoasMapFile>(), 40);
         assert_eq!(std::mem::size_of::<IommuIoasIovaRanges>(), 32);
         assert_eq!(std::mem::size_of::<IommuIoasUnmap>(), 24);
     }

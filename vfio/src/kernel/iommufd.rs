@@ -9,10 +9,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::ioctl::{self, IommuDestroy, IommuIoasAlloc, IommuIoasIovaRanges, IommuIovaRange};
 use super::ioctl::{
-    IommuIoasMap, IommuIoasUnmap, VfioDeviceAttachIommufdPt, VfioDeviceBindIommufd,
+    IommuIoasMap, IommuIoasMapFile, IommuIoasUnmap, VfioDeviceAttachIommufdPt,
+    VfioDeviceBindIommufd,
 };
 use super::{map_error, DmaAccess};
 use crate::{Error, IovaRange, Result};
@@ -22,6 +24,9 @@ use crate::{Error, IovaRange, Result};
 pub struct Iommufd {
     iommufd: File,
     ioas: u32,
+    /// The kernel answered IOMMU_IOAS_MAP_FILE with ENOTTY/EOPNOTSUPP
+    /// (before 6.13, or a file it cannot map): map by address from then on.
+    no_map_file: AtomicBool,
 }
 
 impl Iommufd {
@@ -61,6 +66,7 @@ impl Iommufd {
         let me = Iommufd {
             iommufd,
             ioas: alloc.out_ioas_id,
+            no_map_file: AtomicBool::new(false),
         };
         let mut attach = VfioDeviceAttachIommufdPt {
             argsz: ioctl::size_of_u32::<VfioDeviceAttachIommufdPt>(),
@@ -116,8 +122,7 @@ impl Iommufd {
         Err(Error::Unsupported("IOVA ranges that keep changing"))
     }
 
-    /// `IOMMU_IOAS_MAP` of `len` bytes at `vaddr` to the fixed `iova`.
-    pub(crate) fn map(&self, iova: u64, vaddr: u64, len: u64, access: DmaAccess) -> Result<()> {
+    fn map_flags(access: DmaAccess) -> u32 {
         let mut flags = ioctl::IOMMU_IOAS_MAP_FIXED_IOVA;
         if access.read {
             flags |= ioctl::IOMMU_IOAS_MAP_READABLE;
@@ -125,6 +130,60 @@ impl Iommufd {
         if access.write {
             flags |= ioctl::IOMMU_IOAS_MAP_WRITEABLE;
         }
+        flags
+    }
+
+    /// `IOMMU_IOAS_MAP_FILE` of `len` bytes of `file` from `offset` to the
+    /// fixed `iova` (the kernel pins the file's pages, whatever maps them);
+    /// `Ok(false)` when this kernel cannot (before 6.13: ENOTTY; a file
+    /// that is not a memfd: EOPNOTSUPP/EINVAL) and the caller maps by
+    /// address instead.
+    pub(crate) fn map_file(
+        &self,
+        iova: u64,
+        file: &File,
+        offset: u64,
+        len: u64,
+        access: DmaAccess,
+    ) -> Result<bool> {
+        if self.no_map_file.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let mut m = IommuIoasMapFile {
+            size: ioctl::size_of_u32::<IommuIoasMapFile>(),
+            flags: Self::map_flags(access),
+            ioas_id: self.ioas,
+            fd: file.as_raw_fd(),
+            start: offset,
+            length: len,
+            iova,
+        };
+        match ioctl::ioctl_mut(
+            self.iommufd.as_fd(),
+            ioctl::IOMMU_IOAS_MAP_FILE,
+            &mut m,
+            "IOMMU_IOAS_MAP_FILE",
+        ) {
+            Ok(_) => Ok(true),
+            Err(Error::Os { ref source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
+                ) =>
+            {
+                if source.raw_os_error() == Some(libc::ENOTTY) {
+                    self.no_map_file.store(true, Ordering::Relaxed);
+                }
+                tracing::debug!("IOMMU_IOAS_MAP_FILE: {source}; mapping by address");
+                Ok(false)
+            }
+            Err(e) => Err(map_error(e, iova, len, "the IOAS")),
+        }
+    }
+
+    /// `IOMMU_IOAS_MAP` of `len` bytes at `vaddr` to the fixed `iova`.
+    pub(crate) fn map(&self, iova: u64, vaddr: u64, len: u64, access: DmaAccess) -> Result<()> {
+        let flags = Self::map_flags(access);
         let mut m = IommuIoasMap {
             size: ioctl::size_of_u32::<IommuIoasMap>(),
             flags,

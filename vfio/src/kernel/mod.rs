@@ -156,8 +156,13 @@ pub struct KernelFunction {
     device: Device,
     iommu: Iommu,
     ranges: Vec<IovaRange>,
-    maps: Mutex<BTreeMap<u64, (u64, Arc<DmaBuffer>)>>,
+    /// Mappings by IOVA: length, and the buffer kept alive (`None`: process
+    /// memory the caller keeps, `dma_map_host`).
+    maps: Mutex<Mappings>,
 }
+
+/// IOVA -> (length, the buffer kept alive; `None` for process memory).
+type Mappings = BTreeMap<u64, (u64, Option<Arc<DmaBuffer>>)>;
 
 /// Opens the function at `addr` through VFIO (see the [module docs](self)).
 pub fn open(addr: PciAddress, opts: &OpenOptions) -> Result<KernelFunction> {
@@ -318,25 +323,49 @@ impl KernelFunction {
         }
     }
 
-    fn lock_maps(&self) -> MutexGuard<'_, BTreeMap<u64, (u64, Arc<DmaBuffer>)>> {
+    fn lock_maps(&self) -> MutexGuard<'_, Mappings> {
         self.maps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Maps all of `buf` at `iova` with the given device permissions.
+    /// Maps all of `buf` at `iova` with the given device permissions
+    /// (iommufd: by its memfd where the kernel has `IOMMU_IOAS_MAP_FILE`).
     pub fn dma_map_access(
         &self,
         iova: Iova,
         buf: &Arc<DmaBuffer>,
         access: DmaAccess,
     ) -> Result<()> {
-        let len = buf.len() as u64;
+        let file = Some((buf.file().as_ref(), 0));
+        self.map_range(
+            iova,
+            buf.host_addr(),
+            buf.len() as u64,
+            file,
+            access,
+            Some(buf.clone()),
+        )
+    }
+
+    /// Maps `addr .. addr + len` of this process at `iova`: by address
+    /// (type1 `VFIO_IOMMU_MAP_DMA`, iommufd `IOMMU_IOAS_MAP`), or by
+    /// `file` and offset (iommufd `IOMMU_IOAS_MAP_FILE`, falling back to
+    /// the address where the kernel lacks it).
+    fn map_range(
+        &self,
+        iova: Iova,
+        addr: u64,
+        len: u64,
+        file: Option<(&std::fs::File, u64)>,
+        access: DmaAccess,
+        keep: Option<Arc<DmaBuffer>>,
+    ) -> Result<()> {
         let bad = |why| Error::Iova {
             iova: iova.0,
             len,
             why,
         };
-        if iova.0 % 4096 != 0 {
-            return Err(bad("not 4 KiB aligned"));
+        if iova.0 % 4096 != 0 || len == 0 {
+            return Err(bad("empty or not 4 KiB aligned"));
         }
         let end = iova.0.checked_add(len).ok_or(bad("range wraps"))?;
         if self.noiommu {
@@ -361,10 +390,18 @@ impl KernelFunction {
             return Err(bad("overlaps an existing mapping"));
         }
         match &self.iommu {
-            Iommu::Container(c) => c.map(iova.0, buf.host_addr(), len, access)?,
-            Iommu::Iommufd(f) => f.map(iova.0, buf.host_addr(), len, access)?,
+            Iommu::Container(c) => c.map(iova.0, addr, len, access)?,
+            Iommu::Iommufd(f) => {
+                let by_file = match file {
+                    Some((file, offset)) => f.map_file(iova.0, file, offset, len, access)?,
+                    None => false,
+                };
+                if !by_file {
+                    f.map(iova.0, addr, len, access)?;
+                }
+            }
         }
-        maps.insert(iova.0, (len, buf.clone()));
+        maps.insert(iova.0, (len, keep));
         Ok(())
     }
 
@@ -492,6 +529,37 @@ impl PciFunction for KernelFunction {
 
     fn dma_map(&self, iova: Iova, buf: &Arc<DmaBuffer>) -> Result<()> {
         self.dma_map_access(iova, buf, DmaAccess::READ_WRITE)
+    }
+
+    /// Maps process memory by its address: the kernel pins the pages
+    /// (type1 `VFIO_IOMMU_MAP_DMA`; iommufd `IOMMU_IOAS_MAP`, or
+    /// `IOMMU_IOAS_MAP_FILE` by the memfd or hugetlbfs file behind the
+    /// range where there is one and the kernel has it, 6.13+). Any memory
+    /// works: heap, anonymous, file-backed, huge pages.
+    ///
+    /// Pinning: the pages stay pinned, and the device reaches exactly
+    /// them, from this call until [`dma_unmap`](PciFunction::dma_unmap).
+    /// Pinned pages count against `RLIMIT_MEMLOCK`
+    /// ([`Error::MemlockLimit`] when it is exceeded), each mapping against
+    /// type1's `dma_entry_limit` ([`Error::MappingLimit`]). The caller must
+    /// not `munmap`, `free` or remap the memory (nor let `fork` give it
+    /// copy-on-write pages: `madvise(MADV_DONTFORK)`) before the unmap:
+    /// the device would keep writing the old, pinned pages, which the
+    /// program no longer sees.
+    unsafe fn dma_map_host(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {
+        if addr % 4096 != 0 || len % 4096 != 0 {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len,
+                why: "host mapping not 4 KiB aligned",
+            });
+        }
+        let file = match &self.iommu {
+            Iommu::Iommufd(_) => crate::host_memory::shared_file_of(addr, len).ok(),
+            Iommu::Container(_) => None,
+        };
+        let by_file = file.as_ref().map(|(f, off)| (f.as_ref(), *off));
+        self.map_range(iova, addr, len, by_file, DmaAccess::READ_WRITE, None)
     }
 
     fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()> {

@@ -12,7 +12,10 @@
 //!   gets one [`Mmio`] for the BAR; the holes (the MSI-X table and PBA) stay
 //!   unmapped, as under vfio-pci;
 //! - `dma_map` sends the buffer's memfd with `DMA_MAP` (the server maps the
-//!   same pages) and holds the buffer until `dma_unmap`;
+//!   same pages) and holds the buffer until `dma_unmap`; `dma_map_host`
+//!   sends the file behind the process memory at its offset
+//!   ([`crate::host_memory`]), and refuses memory no file holds
+//!   ([`Error::NotShareable`]);
 //! - `set_irqs` sends the eventfds with `SET_IRQS`, a run of detached
 //!   vectors as a `SET_IRQS` without fds;
 //! - the server's own requests (`DMA_READ/WRITE`, for a server that reaches
@@ -36,6 +39,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vm_memory::mmap::MmapRegion;
+use vm_memory::{Bytes, VolatileMemory};
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -47,6 +51,7 @@ use super::region::*;
 use super::socket::{self, Message, RecvError};
 use super::version::{Capabilities, Version, MAJOR, MINOR};
 use super::MAX_MESSAGE;
+use crate::host_memory::shared_file_of;
 use crate::{DmaBuffer, Error, Iova, IovaRange, IrqKind, Mmio, PciFunction, RegionInfo, Result};
 
 /// How a client connects.
@@ -75,7 +80,49 @@ const CLIENT_CAPS: Capabilities = Capabilities {
 /// Largest region-info reply asked for (capability chains are small).
 const MAX_REGION_INFO: u32 = 64 << 10;
 
-type DmaMaps = Arc<Mutex<BTreeMap<u64, Arc<DmaBuffer>>>>;
+/// What a mapping shares with the server, kept until its unmap.
+#[derive(Debug)]
+enum Mapped {
+    /// A driver's buffer.
+    Buffer(Arc<DmaBuffer>),
+    /// Process memory ([`PciFunction::dma_map_host`]): a non-owning view of
+    /// it (for the server's DMA_READ/WRITE) and the file it was shared by.
+    Host {
+        view: MmapRegion<()>,
+        _file: Arc<File>,
+    },
+}
+
+impl Mapped {
+    fn len(&self) -> u64 {
+        match self {
+            Mapped::Buffer(b) => b.len() as u64,
+            Mapped::Host { view, .. } => view.size() as u64,
+        }
+    }
+
+    fn read(&self, off: usize, out: &mut [u8]) -> std::result::Result<(), i32> {
+        match self {
+            Mapped::Buffer(b) => b.read(off, out).map_err(|_| libc::EFAULT),
+            Mapped::Host { view, .. } => view
+                .as_volatile_slice()
+                .read_slice(out, off)
+                .map_err(|_| libc::EFAULT),
+        }
+    }
+
+    fn write(&self, off: usize, data: &[u8]) -> std::result::Result<(), i32> {
+        match self {
+            Mapped::Buffer(b) => b.write(off, data).map_err(|_| libc::EFAULT),
+            Mapped::Host { view, .. } => view
+                .as_volatile_slice()
+                .write_slice(data, off)
+                .map_err(|_| libc::EFAULT),
+        }
+    }
+}
+
+type DmaMaps = Arc<Mutex<BTreeMap<u64, Mapped>>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -224,7 +271,7 @@ fn dma_access(p: &[u8], dma: &DmaMaps, write: bool) -> std::result::Result<Vec<u
     let off = (a.address - base) as usize;
     if (off as u64)
         .checked_add(a.count)
-        .is_none_or(|e| e > buf.len() as u64)
+        .is_none_or(|e| e > buf.len())
     {
         return Err(libc::EFAULT);
     }
@@ -232,11 +279,11 @@ fn dma_access(p: &[u8], dma: &DmaMaps, write: bool) -> std::result::Result<Vec<u
         if data.len() as u64 != a.count {
             return Err(libc::EINVAL);
         }
-        buf.write(off, data).map_err(|_| libc::EFAULT)?;
+        buf.write(off, data)?;
         Ok(a.as_bytes().to_vec())
     } else {
         let mut out = vec![0u8; a.count as usize];
-        buf.read(off, &mut out).map_err(|_| libc::EFAULT)?;
+        buf.read(off, &mut out)?;
         Ok([a.as_bytes(), &out].concat())
     }
 }
@@ -493,6 +540,95 @@ impl VfioUserFunction {
     }
 }
 
+impl VfioUserFunction {
+    /// [`PciFunction::dma_map_host`] with the file the caller knows backs
+    /// `addr .. addr + len`, mapped from `file_offset` (no lookup in
+    /// `/proc/self/maps`).
+    ///
+    /// # Safety
+    ///
+    /// As [`PciFunction::dma_map_host`]; and `file` from `file_offset` holds
+    /// exactly the pages mapped at `addr` (`MAP_SHARED`), so that what the
+    /// server maps is what this process sees.
+    pub unsafe fn dma_map_host_file(
+        &self,
+        iova: Iova,
+        addr: u64,
+        len: u64,
+        file: &Arc<File>,
+        file_offset: u64,
+    ) -> Result<()> {
+        let size = usize::try_from(len).map_err(|_| Error::Iova {
+            iova: iova.0,
+            len,
+            why: "larger than the address space",
+        })?;
+        // SAFETY: the caller guarantees `addr .. addr + len` stays mapped
+        // read/write until the unmap; `build_raw` neither owns nor unmaps it.
+        let view = unsafe {
+            MmapRegion::<()>::build_raw(
+                addr as *mut u8,
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+            )
+        }
+        .map_err(|e| Error::Os {
+            op: "wrap host memory for DMA",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let keep = Mapped::Host {
+            view,
+            _file: file.clone(),
+        };
+        self.share(iova, keep, file, file_offset)
+    }
+
+    /// Sends DMA_MAP of `what` at `iova` with `fd` from `offset`.
+    fn share(&self, iova: Iova, what: Mapped, fd: &Arc<File>, offset: u64) -> Result<()> {
+        let len = what.len();
+        if iova.0 % 4096 != 0 || iova.0.checked_add(len).is_none_or(|e| e > 1 << 48) {
+            return Err(Error::Iova {
+                iova: iova.0,
+                len,
+                why: "not 4 KiB aligned or outside 48 bits",
+            });
+        }
+        {
+            let mut maps = lock(&self.dma);
+            let clash = maps
+                .range(..iova.0 + len)
+                .next_back()
+                .is_some_and(|(&s, b)| s + b.len() > iova.0);
+            if clash {
+                return Err(Error::Iova {
+                    iova: iova.0,
+                    len,
+                    why: "overlaps an existing mapping",
+                });
+            }
+            // In the map before the server hears of it: it may DMA by
+            // message as soon as it has replied. Not locked across the
+            // request: the reader thread needs the map to answer.
+            maps.insert(iova.0, what);
+        }
+        let m = DmaMap {
+            argsz: std::mem::size_of::<DmaMap>() as u32,
+            flags: DMA_MAP_READ | DMA_MAP_WRITE,
+            offset,
+            address: iova.0,
+            size: len,
+        };
+        let r = self
+            .conn
+            .request(Command::DmaMap, &[m.as_bytes()], &[fd.as_fd()]);
+        if r.is_err() {
+            lock(&self.dma).remove(&iova.0);
+        }
+        r.map(drop)
+    }
+}
+
 impl Drop for VfioUserFunction {
     fn drop(&mut self) {
         // The reader sees end-of-stream and leaves; the server releases the
@@ -670,51 +806,31 @@ impl PciFunction for VfioUserFunction {
     }
 
     fn dma_map(&self, iova: Iova, buf: &Arc<DmaBuffer>) -> Result<()> {
-        let len = buf.len() as u64;
-        if iova.0 % 4096 != 0 || iova.0.checked_add(len).is_none_or(|e| e > 1 << 48) {
+        let fd = buf.file().clone();
+        self.share(iova, Mapped::Buffer(buf.clone()), &fd, 0)
+    }
+
+    /// Shares the range by the file behind it ([`shared_file_of`]: a
+    /// [`HostMemory`](crate::HostMemory) pool, a memfd, a hugetlbfs or
+    /// other file mapped `MAP_SHARED`), at its offset in that file; anonymous
+    /// private memory (heap, stack) is [`Error::NotShareable`]. The server
+    /// maps the same pages; nothing is pinned by the kernel.
+    unsafe fn dma_map_host(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {
+        if (addr | len) % 4096 != 0 || len == 0 {
             return Err(Error::Iova {
                 iova: iova.0,
                 len,
-                why: "not 4 KiB aligned or outside 48 bits",
+                why: "host mapping empty or not 4 KiB aligned",
             });
         }
-        {
-            let mut maps = lock(&self.dma);
-            let clash = maps
-                .range(..iova.0 + len)
-                .next_back()
-                .is_some_and(|(&s, b)| s + b.len() as u64 > iova.0);
-            if clash {
-                return Err(Error::Iova {
-                    iova: iova.0,
-                    len,
-                    why: "overlaps an existing mapping",
-                });
-            }
-            // In the map before the server hears of it: it may DMA by
-            // message as soon as it has replied. Not locked across the
-            // request: the reader thread needs the map to answer.
-            maps.insert(iova.0, buf.clone());
-        }
-        let m = DmaMap {
-            argsz: std::mem::size_of::<DmaMap>() as u32,
-            flags: DMA_MAP_READ | DMA_MAP_WRITE,
-            offset: 0,
-            address: iova.0,
-            size: len,
-        };
-        let r = self
-            .conn
-            .request(Command::DmaMap, &[m.as_bytes()], &[buf.file().as_fd()]);
-        if r.is_err() {
-            lock(&self.dma).remove(&iova.0);
-        }
-        r.map(drop)
+        let (file, offset) = shared_file_of(addr, len)?;
+        // SAFETY: forwarded from this method's own contract.
+        unsafe { self.dma_map_host_file(iova, addr, len, &file, offset) }
     }
 
     fn dma_unmap(&self, iova: Iova, len: u64) -> Result<()> {
         match lock(&self.dma).get(&iova.0) {
-            Some(b) if b.len() as u64 == len => {}
+            Some(b) if b.len() == len => {}
             _ => {
                 return Err(Error::Iova {
                     iova: iova.0,

@@ -1,0 +1,103 @@
+//! Work queue tracking (mlx5_ib's `struct mlx5_ib_wq` `wrid` / `wqe_head`
+//! / `tail`, rdma-core's `mlx5_wq`): what a completion needs to find its
+//! work request, shared by a QP's rings and the CQs it reports to.
+//!
+//! The send side keeps one `SqSlot` per 64-byte block: the wr_id of the
+//! WQE that starts there and the producer counter after it, so a
+//! completion for WQE index `n` frees the queue up to the end of that WQE
+//! (and an unsignaled run before it). The receive side keeps the wr_ids in
+//! posting order (or defers to the SRQ's table).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::srq::SrqShared;
+
+/// What a send WQE's completion needs: its wr_id and the producer counter
+/// after it (the queue is free up to there once it completes). One slot per
+/// first block, wr_id and end side by side (one cache line touched).
+#[derive(Debug, Default)]
+pub(crate) struct SqSlot {
+    wrid: AtomicU64,
+    end: AtomicU32,
+}
+
+impl SqSlot {
+    #[inline(always)]
+    pub(crate) fn set(&self, wrid: u64, end: u32) {
+        self.wrid.store(wrid, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+    }
+}
+
+/// Per-QP completion bookkeeping shared with the CQs.
+#[derive(Debug)]
+pub struct WqTrack {
+    qpn: u32,
+    /// One slot per send block, shared with the [`SendRing`](crate::wqe::SendRing).
+    pub(crate) sq: Arc<[SqSlot]>,
+    /// The send counter up to which the device is done (the ring may
+    /// reuse the blocks before it).
+    pub(crate) sq_tail: AtomicU32,
+    sq_mask: u32,
+    /// The receive wr_ids, by receive counter.
+    pub(crate) rq_wrid: Box<[AtomicU64]>,
+    /// The receive counter up to which WQEs have completed.
+    pub(crate) rq_tail: AtomicU32,
+    rq_mask: u32,
+    srq: Option<Arc<SrqShared>>,
+}
+
+impl WqTrack {
+    /// Tracking for a send queue of `sq_cnt` blocks and a receive queue of
+    /// `rq_cnt` WQEs (powers of two; 0 for none).
+    pub fn new(qpn: u32, sq_cnt: u32, rq_cnt: u32) -> Arc<Self> {
+        Self::with_srq(qpn, sq_cnt, rq_cnt, None)
+    }
+
+    pub(crate) fn with_srq(
+        qpn: u32,
+        sq_cnt: u32,
+        rq_cnt: u32,
+        srq: Option<Arc<SrqShared>>,
+    ) -> Arc<Self> {
+        let v64 = |n: u32| (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
+        Arc::new(Self {
+            qpn,
+            sq: (0..sq_cnt.max(1)).map(|_| SqSlot::default()).collect(),
+            sq_tail: AtomicU32::new(0),
+            sq_mask: sq_cnt.max(1) - 1,
+            rq_wrid: v64(rq_cnt),
+            rq_tail: AtomicU32::new(0),
+            rq_mask: rq_cnt.max(1) - 1,
+            srq,
+        })
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// A send completion for WQE index `wqe_counter`: its wr_id; frees the
+    /// queue up to the end of that WQE.
+    #[inline(always)]
+    pub fn sq_complete(&self, wqe_counter: u16) -> u64 {
+        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
+        let s = &self.sq[i];
+        self.sq_tail
+            .store(s.end.load(Ordering::Relaxed), Ordering::Release);
+        s.wrid.load(Ordering::Relaxed)
+    }
+
+    /// A receive completion: its wr_id (in order, or by SRQ index).
+    #[inline(always)]
+    pub fn rq_complete(&self, wqe_counter: u16) -> u64 {
+        if let Some(s) = &self.srq {
+            return s.complete(wqe_counter);
+        }
+        let t = self.rq_tail.load(Ordering::Relaxed);
+        self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
+        self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed)
+    }
+}

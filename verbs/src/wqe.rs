@@ -1,0 +1,518 @@
+//! The send queue and its WQE builder (rdma-core libmlx5's `mlx5_post_send`
+//! and `set_*_seg`, mlx5_ib's `wr.c` segment writers): [`SendRing`] writes
+//! send WQEs into the ring and rings the doorbell.
+//!
+//! Posting a send (PRM "Send Doorbell"):
+//! 1. build the WQE in place: control segment (opcode, WQE index, QP
+//!    number and size in 16-byte units, fence/completion/solicited bits,
+//!    immediate), then remote-address, atomic, datagram, data or inline
+//!    segments;
+//! 2. [`dma_wmb`]: the WQE is visible before the doorbell record;
+//! 3. doorbell record `snd_counter` = producer counter (in 64-byte basic
+//!    blocks);
+//! 4. [`wmb`]: the record is visible before the UAR write;
+//! 5. the first 8 bytes of the last WQE's control segment to the UAR's
+//!    BlueFlame register (alternating its two buffers), or, for a single
+//!    one-block WQE, the whole WQE as a BlueFlame copy.
+//!
+//! The common WQE, a 1-SGE RDMA WRITE on a connected QP, is built as six
+//! words in registers ([`SendRing::write_rdma_write`]); every other one
+//! segment by segment in a staging buffer, then copied into the ring.
+//! Every number and offset comes from `mlx5_hw::wqe` and the segment views
+//! of `mlx5_hw::ifc`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use mlx5_hw::ifc::*;
+use mlx5_hw::uar::BF_BUF_SIZE;
+use mlx5_hw::wqe::{self as w, WqeOpcode};
+use vfio::mmio::{dma_wmb, wmb};
+use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
+
+use crate::mr::Sge;
+use crate::qp::{QpType, MAX_SGE};
+use crate::wq::{SqSlot, WqTrack};
+use crate::wr::{send_flags, Payload, PostError, SendOp, SendWr};
+use crate::{Error, Result};
+
+// The fast path builds segments as words: the offsets it assumes.
+const _: () = assert!(
+    CTRL_OPMOD_IDX_OPCODE == 0
+        && CTRL_QPN_DS == 4
+        && CTRL_FM_CE_SE == 11
+        && CTRL_SIZE == 16
+        && RADDR == 0
+        && RKEY == 8
+        && RADDR_SIZE == 16
+        && DATA_BYTE_COUNT == 0
+        && DATA_LKEY == 4
+        && DATA_ADDR == 8
+);
+
+// Control segment byte offsets, from the layout.
+const CTRL_OPMOD_IDX_OPCODE: usize = wqe_ctrl_seg::OPMOD_IDX_OPCODE.off / 8;
+const CTRL_QPN_DS: usize = wqe_ctrl_seg::QPN_DS.off / 8;
+const CTRL_FM_CE_SE: usize = wqe_ctrl_seg::FM_CE_SE.off / 8;
+const CTRL_IMM: usize = wqe_ctrl_seg::IMM.off / 8;
+const RADDR: usize = wqe_raddr_seg::RADDR.off / 8;
+const RKEY: usize = wqe_raddr_seg::RKEY.off / 8;
+const DATA_BYTE_COUNT: usize = wqe_data_seg::BYTE_COUNT.off / 8;
+const DATA_LKEY: usize = wqe_data_seg::LKEY.off / 8;
+const DATA_ADDR: usize = wqe_data_seg::ADDR.off / 8;
+const ATOMIC_SWAP_ADD: usize = wqe_atomic_seg::SWAP_ADD.off / 8;
+const ATOMIC_COMPARE: usize = wqe_atomic_seg::COMPARE.off / 8;
+pub(crate) const CTRL_SIZE: usize = wqe_ctrl_seg::SIZE_BYTES;
+pub(crate) const RADDR_SIZE: usize = wqe_raddr_seg::SIZE_BYTES;
+pub(crate) const DATA_SIZE: usize = wqe_data_seg::SIZE_BYTES;
+pub(crate) const ATOMIC_SIZE: usize = wqe_atomic_seg::SIZE_BYTES;
+pub(crate) const DGRAM_SIZE: usize = wqe_datagram_seg::SIZE_BYTES;
+/// The inline segment's header (`byte_count` with [`w::INLINE_SEG`]).
+pub(crate) const INLINE_HDR_SIZE: usize = wqe_inline_seg::SIZE_BYTES;
+pub(crate) const BB: usize = w::SEND_WQE_BB;
+/// The 16-byte unit WQE sizes are counted in (`ds`).
+const DS: usize = w::SEND_WQE_DS;
+/// A 1-SGE RDMA WRITE: control, remote address and one data segment.
+const RDMA_WRITE_DS: u32 = ((CTRL_SIZE + RADDR_SIZE + DATA_SIZE) / DS) as u32;
+
+#[inline(always)]
+fn put32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+#[inline(always)]
+fn put64(b: &mut [u8], o: usize, v: u64) {
+    b[o..o + 8].copy_from_slice(&v.to_be_bytes());
+}
+
+#[inline(always)]
+fn put_data_seg(b: &mut [u8], o: usize, s: &Sge) {
+    put32(b, o + DATA_BYTE_COUNT, s.length);
+    put32(b, o + DATA_LKEY, s.lkey);
+    put64(b, o + DATA_ADDR, s.addr);
+}
+
+/// The send side of a QP: ring memory, producer counter, doorbell record
+/// and BlueFlame register. Usable on its own (driver-alone benchmarks).
+///
+/// Everything the per-WQE path reads is here, by value: the ring's base
+/// and mask ([`DmaRing`], checked once), the counter up to which the ring
+/// is known to have room (the shared tail is read only when that runs
+/// out), and the constant part of a 1-SGE RDMA WRITE's control segment.
+#[derive(Debug)]
+pub struct SendRing {
+    ring: DmaRing<BB>,
+    pc: u32,
+    /// `pc` may grow to here: the tail when last read, plus the ring size.
+    limit: u32,
+    cnt: u32,
+    /// `pc` at the last doorbell: the WQEs from here on are pending.
+    rung: u32,
+    /// `(start, end)` of the last multi-block WQE, while it is the last
+    /// WQE written (else the last WQE is the one block at `pc - 1`).
+    multi: Option<(u32, u32)>,
+    dbrec: DmaRing<4>,
+    /// The two BlueFlame buffers, rung in turn; `bf` the next one.
+    bf_regs: MmioRing<BF_BUF_SIZE>,
+    bf: u32,
+    qpn8: u32,
+    /// Word 0 of a 1-SGE RDMA WRITE's control segment, WQE index zero.
+    rdma_write_ctrl: u64,
+    /// `fm_ce_se` bits every WQE gets (CQ_UPDATE with `sq_sig_all`).
+    ce_all: u8,
+    /// The completion slots of `track`, one per block (held here too: one
+    /// indirection less per WQE).
+    slots: Arc<[SqSlot]>,
+    track: Arc<WqTrack>,
+    blueflame: bool,
+}
+
+/// A control segment's first word (`opmod_idx_opcode`, `qpn_ds`) in memory
+/// order, WQE index zero: the index is OR-ed in by [`ctrl_idx`].
+#[inline(always)]
+fn ctrl_word0(opcode: WqeOpcode, qpn_ds: u32) -> u64 {
+    let o = w::opmod_idx_opcode(0, 0, opcode).to_be_bytes();
+    let q = qpn_ds.to_be_bytes();
+    u64::from_ne_bytes([o[0], o[1], o[2], o[3], q[0], q[1], q[2], q[3]])
+}
+
+/// WQE index `idx` at its place (bytes 1-2, big-endian) of a control
+/// segment's first word in memory order.
+#[inline(always)]
+fn ctrl_idx(idx: u16) -> u64 {
+    let i = idx.to_be_bytes();
+    u64::from_ne_bytes([0, i[0], i[1], 0, 0, 0, 0, 0])
+}
+
+impl SendRing {
+    /// A send queue of `2^log_cnt` 64-byte blocks at `base` of `buf`, its
+    /// counter at `dbrec_off` of `dbrec` (the `snd_counter` dword), ringing
+    /// BlueFlame register `bf_off` of `uar`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        buf: Arc<DmaBuffer>,
+        base: usize,
+        log_cnt: u32,
+        dbrec: Arc<DmaBuffer>,
+        dbrec_off: usize,
+        uar: Arc<Mmio>,
+        bf_off: usize,
+        track: Arc<WqTrack>,
+    ) -> Result<Self> {
+        let cnt = 1u32 << log_cnt;
+        let (Ok(ring), Ok(dbrec)) = (
+            DmaRing::new(buf, base, cnt),
+            DmaRing::new(dbrec, dbrec_off, 1),
+        ) else {
+            return Err(Error::Invalid("send ring outside its buffers"));
+        };
+        if track.sq.len() < cnt as usize {
+            return Err(Error::Invalid("tracking smaller than the ring"));
+        }
+        uar.write64_raw(bf_off, [0; 8])?;
+        let Ok(bf_regs) = MmioRing::new(uar, bf_off & !BF_BUF_SIZE, 2) else {
+            return Err(Error::Invalid("BlueFlame registers outside the UAR"));
+        };
+        let qpn8 = track.qpn() << w::WQE_CTRL_QPN_SHIFT;
+        Ok(Self {
+            ring,
+            pc: 0,
+            limit: cnt,
+            cnt,
+            rung: 0,
+            multi: None,
+            dbrec,
+            bf_regs,
+            bf: u32::from(bf_off & BF_BUF_SIZE != 0),
+            qpn8,
+            rdma_write_ctrl: ctrl_word0(WqeOpcode::RdmaWrite, qpn8 | RDMA_WRITE_DS),
+            ce_all: 0,
+            slots: track.sq.clone(),
+            track,
+            blueflame: true,
+        })
+    }
+
+    /// Whether a single one-block WQE goes by BlueFlame copy (default on,
+    /// as rdma-core) rather than the 8-byte doorbell.
+    pub fn set_blueflame(&mut self, on: bool) {
+        self.blueflame = on;
+    }
+
+    /// Every WQE requests a completion.
+    pub fn set_sig_all(&mut self, on: bool) {
+        self.ce_all = if on { w::WQE_CTRL_CQ_UPDATE } else { 0 };
+    }
+
+    /// Blocks free now.
+    #[inline(always)]
+    pub fn free(&self) -> u32 {
+        let tail = self.track.sq_tail.load(Ordering::Acquire);
+        self.cnt - self.pc.wrapping_sub(tail)
+    }
+
+    /// Whether `nbb` blocks fit: first against the room known from the last
+    /// look at the tail, then (rarely) by reading the tail again.
+    #[inline(always)]
+    fn room_for(&mut self, nbb: u32) -> bool {
+        self.limit.wrapping_sub(self.pc) >= nbb || self.reload_limit(nbb)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reload_limit(&mut self, nbb: u32) -> bool {
+        // Acquire: the CQ freed these blocks after the device was done with them.
+        let tail = self.track.sq_tail.load(Ordering::Acquire);
+        self.limit = tail.wrapping_add(self.cnt);
+        self.limit.wrapping_sub(self.pc) >= nbb
+    }
+
+    /// The producer counter (in blocks).
+    pub fn pc(&self) -> u32 {
+        self.pc
+    }
+
+    /// Forgets every WQE written since producer counter `pc` (not rung yet).
+    pub fn rewind(&mut self, pc: u32) {
+        self.pc = pc;
+        self.rung = pc;
+        self.multi = None;
+    }
+
+    /// Back to an empty ring at counter 0, as the device starts the queue
+    /// again after a transition to RESET; the doorbell record too.
+    pub(crate) fn reset(&mut self) {
+        self.rewind(0);
+        self.track.sq_tail.store(0, Ordering::Release);
+        self.limit = self.cnt;
+        self.dbrec.store_u32_be_at::<0>(0, 0);
+    }
+
+    #[inline(always)]
+    fn fm_ce_se(&self, flags: u32) -> u8 {
+        let mut f = self.ce_all;
+        if flags & send_flags::SIGNALED != 0 {
+            f |= w::WQE_CTRL_CQ_UPDATE;
+        }
+        if flags & send_flags::SOLICITED != 0 {
+            f |= w::WQE_CTRL_SOLICITED;
+        }
+        if flags & send_flags::FENCE != 0 {
+            f |= w::WQE_CTRL_FENCE;
+        }
+        f
+    }
+
+    /// Writes one 1-SGE RDMA WRITE (one block) and leaves the doorbell for
+    /// [`ring`](Self::ring). The fast path: no state check.
+    #[inline(always)]
+    pub fn write_rdma_write(
+        &mut self,
+        wr_id: u64,
+        raddr: u64,
+        rkey: u32,
+        sge: &Sge,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        if !self.room_for(1) {
+            return Err(PostError::QueueFull);
+        }
+        // The three segments (ctrl, raddr, data: ds = 3) as six words in
+        // memory order, written straight into the ring (the block's last
+        // 16 bytes are beyond ds and left alone, as rdma-core does).
+        let be2 = |hi: u32, lo: u32| ((u64::from(hi) << 32) | u64::from(lo)).to_be();
+        let pc = self.pc;
+        let ctrl = self.rdma_write_ctrl | ctrl_idx(pc as u16);
+        let words = [
+            ctrl,
+            u64::from_ne_bytes([0, 0, 0, self.fm_ce_se(flags), 0, 0, 0, 0]),
+            raddr.to_be(),
+            be2(rkey, 0),
+            be2(sge.length, sge.lkey),
+            sge.addr.to_be(),
+        ];
+        self.ring.store_words_at::<0, 6>(pc, &words);
+        self.pc = pc.wrapping_add(1);
+        if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
+            s.set(wr_id, self.pc);
+        }
+        Ok(())
+    }
+
+    /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
+    /// around the ring end block by block.
+    fn commit(&mut self, wqe: &[u8], wr_id: u64) -> std::result::Result<(), PostError> {
+        let nbb = wqe.len().div_ceil(BB) as u32;
+        if !self.room_for(nbb) {
+            return Err(PostError::QueueFull);
+        }
+        let start = self.pc;
+        for (i, c) in wqe.chunks_exact(DS).enumerate() {
+            let (a, b) = c.split_at(8);
+            let words = [
+                u64::from_ne_bytes(a.try_into().unwrap_or_default()),
+                u64::from_ne_bytes(b.try_into().unwrap_or_default()),
+            ];
+            let bb = start.wrapping_add((i / w::SEND_WQEBB_NUM_DS) as u32);
+            // The 16-byte chunk's place in its 64-byte block, each offset a
+            // constant the store is checked against when compiled.
+            match i % w::SEND_WQEBB_NUM_DS {
+                0 => self.ring.store_words_at::<0, 2>(bb, &words),
+                1 => self.ring.store_words_at::<DS, 2>(bb, &words),
+                2 => self.ring.store_words_at::<{ 2 * DS }, 2>(bb, &words),
+                _ => self.ring.store_words_at::<{ 3 * DS }, 2>(bb, &words),
+            }
+        }
+        self.pc = self.pc.wrapping_add(nbb);
+        if let Some(s) = self.slots.get(self.ring.slot(start) as usize) {
+            s.set(wr_id, self.pc);
+        }
+        self.multi = (nbb > 1).then_some((start, self.pc));
+        Ok(())
+    }
+
+    /// Rings the doorbell for everything written since the last ring
+    /// (BlueFlame when it is a single one-block WQE).
+    #[inline(always)]
+    pub fn ring(&mut self) {
+        let n = self.pc.wrapping_sub(self.rung);
+        if n == 0 {
+            return;
+        }
+        // 2. The WQEs are in memory before the record says so (a compiler
+        // barrier on x86-64, where stores are not reordered with stores).
+        dma_wmb();
+        // 3. Doorbell record: the send counter, 16 bits (PRM "Send Doorbell").
+        self.dbrec
+            .store_u32_be_at::<0>(0, u32::from(self.pc as u16));
+        // 4. The record before the UAR write (Linux `wmb()`, as mlx5e's
+        // `mlx5e_notify_hw` and mlx5_ib's post_send).
+        wmb();
+        // 5. BlueFlame copy of a lone one-block WQE, else the 8-byte
+        // doorbell: the first 8 bytes of the last WQE's control segment.
+        // Both read back from the ring (as rdma-core copies them).
+        if self.blueflame && n == 1 {
+            let block = self.ring.load_words_at::<0, 8>(self.rung);
+            self.bf_regs.write_block64_at::<0>(self.bf, &block);
+        } else {
+            let last = match self.multi {
+                Some((start, end)) if end == self.pc => start,
+                _ => self.pc.wrapping_sub(1),
+            };
+            let [ctrl] = self.ring.load_words_at::<0, 1>(last);
+            self.bf_regs.write64_at::<0>(self.bf, ctrl.to_ne_bytes());
+        }
+        self.bf ^= 1;
+        self.rung = self.pc;
+        self.multi = None;
+    }
+
+    /// Builds and writes one WQE for `wr`; the doorbell is left for
+    /// [`ring`](Self::ring).
+    #[inline]
+    pub(crate) fn write_wr(
+        &mut self,
+        wr: &SendWr<'_>,
+        qp_type: QpType,
+        max_inline: usize,
+    ) -> std::result::Result<(), PostError> {
+        // The common case, a 1-SGE RDMA WRITE on a connected QP, is one
+        // block built in registers (the same WQE as below builds).
+        if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s]), false) =
+            (wr.op, wr.payload, qp_type == QpType::Ud)
+        {
+            if s.length != 0 {
+                return self.write_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
+            }
+        }
+        self.write_wr_general(wr, qp_type, max_inline)
+    }
+
+    /// [`write_wr`](Self::write_wr) for any WR: the WQE built segment by
+    /// segment, then copied into the ring.
+    pub(crate) fn write_wr_general(
+        &mut self,
+        wr: &SendWr<'_>,
+        qp_type: QpType,
+        max_inline: usize,
+    ) -> std::result::Result<(), PostError> {
+        let mut wqe = [0u8; w::SEND_WQE_MAX_SIZE];
+        let (opcode, imm, raddr, atomic) = match wr.op {
+            SendOp::Send => (WqeOpcode::Send, None, None, None),
+            SendOp::SendImm(i) => (WqeOpcode::SendImm, Some(i), None, None),
+            SendOp::RdmaWrite { raddr, rkey } => {
+                (WqeOpcode::RdmaWrite, None, Some((raddr, rkey)), None)
+            }
+            SendOp::RdmaWriteImm { raddr, rkey, imm } => (
+                WqeOpcode::RdmaWriteImm,
+                Some(imm),
+                Some((raddr, rkey)),
+                None,
+            ),
+            SendOp::RdmaRead { raddr, rkey } => {
+                (WqeOpcode::RdmaRead, None, Some((raddr, rkey)), None)
+            }
+            SendOp::AtomicCmpSwp {
+                raddr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                WqeOpcode::AtomicCs,
+                None,
+                Some((raddr, rkey)),
+                Some((swap, compare)),
+            ),
+            SendOp::AtomicFetchAdd { raddr, rkey, add } => (
+                WqeOpcode::AtomicFa,
+                None,
+                Some((raddr, rkey)),
+                Some((add, 0)),
+            ),
+        };
+        // What each transport may do (IB spec: UC has no reads or atomics,
+        // UD only sends).
+        let ok = match qp_type {
+            QpType::Rc => true,
+            QpType::Uc => !matches!(
+                opcode,
+                WqeOpcode::RdmaRead | WqeOpcode::AtomicCs | WqeOpcode::AtomicFa
+            ),
+            QpType::Ud => matches!(opcode, WqeOpcode::Send | WqeOpcode::SendImm),
+        };
+        if !ok || (qp_type == QpType::Ud && wr.ud.is_none()) {
+            return Err(PostError::BadOp);
+        }
+        let mut at = CTRL_SIZE;
+        if let (QpType::Ud, Some(d)) = (qp_type, wr.ud) {
+            let seg = &mut wqe[at..at + DGRAM_SIZE];
+            seg.copy_from_slice(&d.ah.av);
+            put32(
+                seg,
+                av::DQP_DCT.off / 8,
+                w::EXTENDED_UD_AV | (d.remote_qpn & 0xff_ffff),
+            );
+            // The UD Q_Key is the upper half of `dc_key`.
+            put32(seg, av::DC_KEY.off / 8, d.remote_qkey);
+            at += DGRAM_SIZE;
+        }
+        if let Some((ra, rk)) = raddr {
+            put64(&mut wqe, at + RADDR, ra);
+            put32(&mut wqe, at + RKEY, rk);
+            at += RADDR_SIZE;
+        }
+        if let Some((sa, cmp)) = atomic {
+            put64(&mut wqe, at + ATOMIC_SWAP_ADD, sa);
+            put64(&mut wqe, at + ATOMIC_COMPARE, cmp);
+            at += ATOMIC_SIZE;
+            if let Payload::Sges(s) = wr.payload {
+                if s.len() != 1 || s[0].length != 8 {
+                    return Err(PostError::BadOp);
+                }
+            } else {
+                return Err(PostError::BadOp);
+            }
+        }
+        match wr.payload {
+            Payload::Sges(sges) => {
+                if sges.len() > MAX_SGE {
+                    return Err(PostError::TooLarge);
+                }
+                for s in sges {
+                    // Zero-length entries are skipped, as mlx5 does.
+                    if s.length == 0 {
+                        continue;
+                    }
+                    put_data_seg(&mut wqe, at, s);
+                    at += DATA_SIZE;
+                }
+            }
+            Payload::Inline(data) => {
+                if data.len() > max_inline || opcode == WqeOpcode::RdmaRead || atomic.is_some() {
+                    return Err(PostError::TooLarge);
+                }
+                if !data.is_empty() {
+                    put32(&mut wqe, at, w::INLINE_SEG | data.len() as u32);
+                    let d = at + INLINE_HDR_SIZE;
+                    wqe[d..d + data.len()].copy_from_slice(data);
+                    at += (INLINE_HDR_SIZE + data.len()).next_multiple_of(DS);
+                }
+            }
+        }
+        if at > w::SEND_WQE_MAX_SIZE {
+            return Err(PostError::TooLarge);
+        }
+        let ds = (at / DS) as u8;
+        put32(
+            &mut wqe,
+            CTRL_OPMOD_IDX_OPCODE,
+            w::opmod_idx_opcode(0, self.pc as u16, opcode),
+        );
+        put32(&mut wqe, CTRL_QPN_DS, self.qpn8 | u32::from(ds));
+        wqe[CTRL_FM_CE_SE] = self.fm_ce_se(wr.flags);
+        if let Some(i) = imm {
+            put32(&mut wqe, CTRL_IMM, i);
+        }
+        self.commit(&wqe[..at.next_multiple_of(DS)], wr.wr_id)
+    }
+}
