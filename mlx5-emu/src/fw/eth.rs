@@ -78,7 +78,7 @@ impl super::Firmware {
     /// The checks a `wq` (the ring of an SQ or RQ) passes at creation: its
     /// PD (0 or one allocated), size, doorbell record and pages (`pas`, right after the input's
     /// fixed part, at `pas_at`), and the UAR page when `uar` (an SQ rings
-    /// one).
+    /// one). Gives the pages.
     pub(super) fn check_wq(
         &self,
         inner: &crate::Inner,
@@ -86,7 +86,7 @@ impl super::Firmware {
         wq_at: usize,
         pas_at: usize,
         uar: bool,
-    ) -> Result<(), Fail> {
+    ) -> Result<Vec<u64>, Fail> {
         use mlx5_hw::ifc::{cmd_hca_cap, wq};
         let w = &input[wq_at..wq_at + wq::SIZE_BYTES];
         // PD 0 is firmware's own (mlx5e's drop RQ names no PD).
@@ -109,6 +109,6 @@ impl super::Firmware {
         if !dma.is_mapped(wq::DBR_ADDR.get(w), 8) || pas.iter().any(|p| !dma.is_mapped(*p, 1)) {
             return Err(fail(CmdStatus::BadParameter, synd::WQ_NOT_MAPPED));
         }
-        Ok(())
+        Ok(pas)
     }
 }

@@ -4,8 +4,9 @@
 //! through a TIS and rings a UAR; MODIFY_SQ moves its state (see
 //! [`super::eth::queue_transition`]) and the rate-limit index or QoS group
 //! its bitmask selects. SQ numbers share the QP number space (firmware
-//! hands out QPs, SQs and RQs from one pool). Bookkeeping only: the
-//! WQEs posted on an SQ are not executed yet.
+//! hands out QPs, SQs and RQs from one pool). The data path executes the
+//! WQEs posted on an SQ in RDY ([`crate::transport::eth_sq`]) and may move
+//! it to ERR; MODIFY_SQ and QUERY_SQ read the state from there.
 
 use mlx5_hw::eth::{
     MODIFY_SQ_BITMASK_PACKET_PACING_RATE_LIMIT_INDEX, MODIFY_SQ_BITMASK_QOS_QUEUE_GROUP_ID,
@@ -19,8 +20,13 @@ use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, limit, queue_transition, Obj};
 use super::{fail, sized, synd, CmdResult, Firmware};
-use crate::transport::rlock;
-use crate::Inner;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::transport::eth_sq::EthSq;
+use crate::transport::qp::Buf;
+use crate::transport::{rlock, wlock};
+use crate::{lock, Inner};
 
 /// log2 of an SQ's WQE basic block (64 bytes, `MLX5_SEND_WQE_BB`).
 const LOG_SEND_WQE_BB: u64 = 6;
@@ -69,21 +75,46 @@ impl Firmware {
                 synd::SQ_BAD_TIS,
             )?;
         }
-        self.check_wq(inner, input, at + sqc::WQ.off / 8, i::SIZE_BYTES, true)?;
+        let pas = self.check_wq(inner, input, at + sqc::WQ.off / 8, i::SIZE_BYTES, true)?;
+        let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_CQ));
+        };
         let sqn = self.free_queue_number(inner, synd::WQ_EXHAUSTED)?;
         tracing::debug!(sqn, cqn, "CREATE_SQ");
         self.eth.sqs.insert(sqn, Obj { ctx: c.to_vec() });
+        let uar = wq::UAR_PAGE.get(w) as u32;
+        wlock(&inner.rdma.eth_sqs).insert(
+            sqn,
+            Arc::new(EthSq {
+                sqn,
+                cq,
+                pd: wq::PD.get(w) as u32,
+                log_size: wq::LOG_WQ_SZ.get(w) as u8,
+                buf: Buf::new(
+                    pas,
+                    12 + wq::LOG_WQ_PG_SZ.get(w) as u32,
+                    wq::PAGE_OFFSET.get(w) * 64,
+                ),
+                dbr: wq::DBR_ADDR.get(w),
+                state: AtomicU8::new(QUEUE_STATE_RST as u8),
+                ci: Mutex::new(0),
+            }),
+        );
+        inner.rdma.track_uar(uar, true);
         let mut out = vec![0u8; create_sq_out::SIZE_BYTES];
         create_sq_out::SQN.set(&mut out, u64::from(sqn));
         Ok(out)
     }
 
-    pub(super) fn modify_sq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn modify_sq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         use modify_sq_in as i;
         sized(input, outlen, i::SIZE_BYTES, 0x10)?;
         self.check_uid(i::UID.get(input))?;
         let sqn = i::SQN.get(input) as u32;
-        let cur = sqc::STATE.get(&known(&self.eth.sqs, sqn, synd::SQ_UNKNOWN)?.ctx);
+        known(&self.eth.sqs, sqn, synd::SQ_UNKNOWN)?;
+        let dp = inner.rdma.eth_sq(sqn);
+        // The data path moves an SQ to ERR on an error CQE.
+        let cur = dp.as_ref().map_or(QUEUE_STATE_RST, |q| q.state());
         if i::SQ_STATE.get(input) != cur {
             return Err(fail(CmdStatus::BadResourceState, synd::WQ_STATE_MISMATCH));
         }
@@ -95,6 +126,17 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::SQ_UNKNOWN));
         };
         sqc::STATE.set(&mut sq.ctx, next);
+        if let Some(q) = dp {
+            let mut ci = lock(&q.ci);
+            if next == QUEUE_STATE_RST {
+                // Back to RST: the ring starts again at 0 (mlx5e resets its
+                // counters too).
+                *ci = 0;
+            }
+            q.state.store(next as u8, Ordering::Release);
+            drop(ci);
+            inner.rdma.wake();
+        }
         for (bit, f) in [
             (
                 MODIFY_SQ_BITMASK_PACKET_PACING_RATE_LIMIT_INDEX,
@@ -112,23 +154,29 @@ impl Firmware {
         Ok(vec![0; 0x10])
     }
 
-    pub(super) fn destroy_sq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn destroy_sq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         use destroy_sq_in as i;
         sized(input, outlen, i::SIZE_BYTES, 0x10)?;
         self.check_uid(i::UID.get(input))?;
-        if self.eth.sqs.remove(&(i::SQN.get(input) as u32)).is_none() {
+        let sqn = i::SQN.get(input) as u32;
+        if self.eth.sqs.remove(&sqn).is_none() {
             return Err(fail(CmdStatus::BadResource, synd::SQ_UNKNOWN));
         }
+        wlock(&inner.rdma.eth_sqs).remove(&sqn);
         Ok(vec![0; 0x10])
     }
 
-    pub(super) fn query_sq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn query_sq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         use query_sq_out as o;
         sized(input, outlen, query_sq_in::SIZE_BYTES, o::SIZE_BYTES)?;
         let sqn = query_sq_in::SQN.get(input) as u32;
         let sq = known(&self.eth.sqs, sqn, synd::SQ_UNKNOWN)?;
         let mut out = vec![0u8; o::SIZE_BYTES];
-        out[o::SQ_CONTEXT.off / 8..][..sqc::SIZE_BYTES].copy_from_slice(&sq.ctx);
+        let ctx = &mut out[o::SQ_CONTEXT.off / 8..][..sqc::SIZE_BYTES];
+        ctx.copy_from_slice(&sq.ctx);
+        if let Some(q) = inner.rdma.eth_sq(sqn) {
+            sqc::STATE.set(ctx, q.state());
+        }
         Ok(out)
     }
 }

@@ -34,7 +34,7 @@ struct Eth {
     pd: u32,
     td: u32,
     cqn: u32,
-    _bufs: Vec<Arc<DmaBuffer>>,
+    bufs: Vec<Arc<DmaBuffer>>,
 }
 
 fn num(out: &[u8]) -> u32 {
@@ -66,7 +66,7 @@ fn setup() -> Eth {
         pd,
         td,
         cqn,
-        _bufs: vec![ring, dbr],
+        bufs: vec![ring, dbr],
     }
 }
 
@@ -287,4 +287,165 @@ fn vxlan_ports_added_once_and_deleted_by_number() {
     }
     let full = e.d.exec(&port(0x827, 6000), 16)[0];
     assert_eq!(full, CmdStatus::NoResources.to_raw());
+}
+
+/// Where the SQ's ring is in the ring buffer (`Eth::sq`), and a data page.
+const SQ_RING: usize = 0x2000;
+const DATA: u64 = 0x10000;
+
+impl Eth {
+    /// An MTT mkey over one page of the ring buffer at `DATA`, local read.
+    fn data_mkey(&mut self) -> u32 {
+        use mlx5_hw::ifc::{create_mkey_in, mkc};
+        let mut c = cmd_in(0x200, 0, create_mkey_in::SIZE_BYTES + 2 * 8);
+        let m = &mut c[create_mkey_in::MEMORY_KEY_MKEY_ENTRY.off / 8..];
+        mkc::ACCESS_MODE_1_0.set(m, mlx5_hw::wqe::MKC_ACCESS_MODE_MTT.into());
+        mkc::LR.set(m, 1);
+        mkc::QPN.set(m, 0xff_ffff);
+        mkc::MKEY_7_0.set(m, 0x33);
+        mkc::PD.set(m, u64::from(self.pd));
+        mkc::START_ADDR.set(m, RING_IOVA + DATA);
+        mkc::LEN.set(m, 4096);
+        mkc::LOG_PAGE_SIZE.set(m, 12);
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, 1);
+        create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, 1);
+        let at = create_mkey_in::SIZE_BYTES;
+        c[at..at + 8].copy_from_slice(&(RING_IOVA + DATA).to_be_bytes());
+        num(&self.d.ok(&c, 16)) << 8 | 0x33
+    }
+
+    /// Writes a WQE of `segs` (after the control segment) at basic block
+    /// `idx` of SQ `sqn`, moves the producer counter past it and rings.
+    fn post(&mut self, sqn: u32, idx: u16, opcode: u8, segs: &[u8], signaled: bool) {
+        let ds = 1 + segs.len() / 16;
+        let mut w = vec![0u8; ds.div_ceil(4) * 64];
+        w[0..4].copy_from_slice(&(u32::from(idx) << 8 | u32::from(opcode)).to_be_bytes());
+        w[4..8].copy_from_slice(&(sqn << 8 | ds as u32).to_be_bytes());
+        w[11] = if signaled {
+            mlx5_hw::wqe::WQE_CTRL_CQ_UPDATE
+        } else {
+            0
+        };
+        w[16..16 + segs.len()].copy_from_slice(segs);
+        let ring = &self.bufs[0];
+        for (b, bb) in w.chunks(64).enumerate() {
+            let slot = (usize::from(idx) + b) & 63;
+            ring.write(SQ_RING + slot * 64, bb).unwrap();
+        }
+        let pi = idx + (w.len() / 64) as u16;
+        self.bufs[1].write_u32_be(64 + 4, u32::from(pi)).unwrap();
+        let bar = self.d.f.model().bar0();
+        bar.write((self.uar as usize) << 12 | 0x800, &w[..8])
+            .unwrap();
+    }
+
+    /// Waits for CQE `n` of the CQ (its op_own bytes were set invalid).
+    fn cqe(&self, n: usize) -> Vec<u8> {
+        let ring = &self.bufs[0];
+        super::until("a CQE", || {
+            ring.load_u8_acquire(n * 64 + 63).unwrap() >> 4 != 0xf
+        });
+        let mut b = vec![0u8; 64];
+        ring.read(n * 64, &mut b).unwrap();
+        b
+    }
+
+    fn sq_state(&mut self, sqn: u32) -> u64 {
+        let mut q = cmd_in(0x907, 0, query_sq_in::SIZE_BYTES);
+        query_sq_in::SQN.set(&mut q, u64::from(sqn));
+        let out = self.d.ok(&q, query_sq_out::SIZE_BYTES);
+        sqc::STATE.at(query_sq_out::SQ_CONTEXT.off).get(&out)
+    }
+}
+
+/// An Ethernet segment with `ihs` bytes of inline headers, then one data
+/// segment of `len` bytes at `addr` under `lkey`.
+fn eth_send(ihs: usize, len: u32, lkey: u32, addr: u64) -> Vec<u8> {
+    use mlx5_hw::ifc::{wqe_data_seg, wqe_eth_seg};
+    let inl = wqe_eth_seg::SIZE_BYTES + (ihs - 2).next_multiple_of(16);
+    let mut s = vec![0u8; inl + wqe_data_seg::SIZE_BYTES];
+    wqe_eth_seg::INLINE_HDR_SZ.set(&mut s, ihs as u64);
+    s[14..14 + ihs].fill(0xee);
+    let d = &mut s[inl..];
+    wqe_data_seg::BYTE_COUNT.set(d, u64::from(len));
+    wqe_data_seg::LKEY.set(d, u64::from(lkey));
+    wqe_data_seg::ADDR.set(d, addr);
+    s
+}
+
+#[test]
+fn sq_runs_nops_and_eth_sends_with_cqes_then_errs_and_flushes() {
+    use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+    use std::sync::atomic::Ordering;
+    let mut e = setup();
+    for i in 0..64 {
+        e.bufs[0].write(i * 64 + 63, &[0xf0]).unwrap();
+    }
+    let lkey = e.data_mkey();
+    let tisn = num(&e.tis(e.td));
+    let sqn = num(&e.sq(tisn, 6));
+    // In RST nothing posted runs.
+    e.post(sqn, 0, 0x00, &[], true);
+    super::settle(e.d.f.model());
+    assert_eq!(
+        e.bufs[0].load_u8_acquire(63).unwrap() >> 4,
+        0xf,
+        "RST runs nothing"
+    );
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    // mlx5e's ICOSQ NOP, a TX SEND (14 bytes inline + 50), an unsignaled
+    // NOP (no CQE), a signaled one.
+    e.post(sqn, 0, 0x00, &[], true);
+    e.post(
+        sqn,
+        1,
+        0x0a,
+        &eth_send(14, 50, lkey, RING_IOVA + DATA),
+        true,
+    );
+    e.post(sqn, 2, 0x00, &[], false);
+    e.post(sqn, 3, 0x00, &[], true);
+    for (n, (counter, opcode)) in [(0u16, 0x00u8), (1, 0x0a), (3, 0x00)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = e.cqe(n);
+        assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "CQE {n}");
+        assert_eq!(be32(&c, 56), u32::from(opcode) << 24 | sqn, "CQE {n}");
+        assert_eq!(u16::from_be_bytes([c[60], c[61]]), counter, "CQE {n}");
+    }
+    let counters = &e.d.f.model().inner.rdma.counters;
+    assert_eq!(counters.packets_sent.load(Ordering::Relaxed), 1);
+    assert_eq!(counters.bytes_sent.load(Ordering::Relaxed), 64);
+    // A key that does not exist: an error CQE, the SQ in ERR; what is
+    // posted after it is flushed.
+    e.post(
+        sqn,
+        4,
+        0x0a,
+        &eth_send(14, 50, lkey + 0x100, RING_IOVA + DATA),
+        true,
+    );
+    let c = e.cqe(3);
+    assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw());
+    assert_eq!(c[55], CqeSyndrome::LocalProtErr.to_raw());
+    assert_eq!(u16::from_be_bytes([c[60], c[61]]), 4);
+    assert_eq!(e.sq_state(sqn), QUEUE_STATE_ERR);
+    e.post(sqn, 5, 0x00, &[], false);
+    let c = e.cqe(4);
+    assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw());
+    assert_eq!(c[55], CqeSyndrome::WrFlushErr.to_raw());
+    assert_eq!(u16::from_be_bytes([c[60], c[61]]), 5);
+    // mlx5e's recovery: ERR -> RST -> RDY, and the ring starts at 0 again.
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RDY, QUEUE_STATE_RST), BUSY);
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_ERR, QUEUE_STATE_RST), 0);
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    e.post(sqn, 0, 0x00, &[], true);
+    let c = e.cqe(5);
+    assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw());
+    assert_eq!(u16::from_be_bytes([c[60], c[61]]), 0);
+    // An opcode an SQ does not run (RDMA WRITE): an error CQE.
+    e.post(sqn, 1, 0x08, &[0u8; 16], true);
+    let c = e.cqe(6);
+    assert_eq!(c[55], CqeSyndrome::LocalQpOpErr.to_raw());
 }
