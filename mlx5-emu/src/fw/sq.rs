@@ -23,10 +23,10 @@ use super::{fail, sized, synd, CmdResult, Firmware};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::transport::eth_sq::EthSq;
+use crate::transport::eth_sq::{EthSq, Ring};
 use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
-use crate::{lock, Inner};
+use crate::Inner;
 
 /// log2 of an SQ's WQE basic block (64 bytes, `MLX5_SEND_WQE_BB`).
 const LOG_SEND_WQE_BB: u64 = 6;
@@ -34,9 +34,19 @@ const LOG_SEND_WQE_BB: u64 = 6;
 impl Firmware {
     /// A free number in the QP space: no QP, SQ or RQ has it.
     pub(super) fn free_queue_number(&self, inner: &Inner, synd: u32) -> Result<u32, super::Fail> {
+        self.free_queue_number_in(&rlock(&inner.rdma.qps), synd)
+    }
+
+    /// [`Self::free_queue_number`] with the QP table at hand (CREATE_QP
+    /// holds it for writing): the one allocator of the shared QP, SQ and
+    /// RQ number space.
+    pub(super) fn free_queue_number_in(
+        &self,
+        qps: &crate::transport::Table<crate::transport::Qp>,
+        synd: u32,
+    ) -> Result<u32, super::Fail> {
         let first = super::qp::FIRST_QPN;
         let max = limit(self.cap(cmd_hca_cap::LOG_MAX_QP)).max(first + 1);
-        let qps = rlock(&inner.rdma.qps);
         (first..max)
             .find(|n| {
                 !qps.contains_key(n)
@@ -97,7 +107,7 @@ impl Firmware {
                 ),
                 dbr: wq::DBR_ADDR.get(w),
                 state: AtomicU8::new(QUEUE_STATE_RST as u8),
-                ci: Mutex::new(0),
+                ring: Mutex::new(Ring::default()),
             }),
         );
         inner.rdma.track_uar(uar, true);
@@ -127,14 +137,12 @@ impl Firmware {
         };
         sqc::STATE.set(&mut sq.ctx, next);
         if let Some(q) = dp {
-            let mut ci = lock(&q.ci);
             if next == QUEUE_STATE_RST {
                 // Back to RST: the ring starts again at 0 (mlx5e resets its
                 // counters too).
-                *ci = 0;
+                q.reset(&inner.rdma.dma.memory());
             }
             q.state.store(next as u8, Ordering::Release);
-            drop(ci);
             inner.rdma.wake();
         }
         for (bit, f) in [

@@ -440,6 +440,12 @@ fn sq_runs_nops_and_eth_sends_with_cqes_then_errs_and_flushes() {
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RDY, QUEUE_STATE_RST), BUSY);
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_ERR, QUEUE_STATE_RST), 0);
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    // The doorbell record still says 6 from before: a sweep runs nothing
+    // until the driver posts again.
+    let rdma = &e.d.f.model().inner.rdma;
+    let dp = rdma.eth_sq(sqn).unwrap();
+    assert!(!crate::transport::eth_sq::run(rdma, &dp, &rdma.dma.memory(), false));
+    assert_eq!(e.bufs[0].load_u8_acquire(5 * 64 + 63).unwrap() >> 4, 0xf);
     e.post(sqn, 0, 0x00, &[], true);
     let c = e.cqe(5);
     assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw());
@@ -448,4 +454,30 @@ fn sq_runs_nops_and_eth_sends_with_cqes_then_errs_and_flushes() {
     e.post(sqn, 1, 0x08, &[0u8; 16], true);
     let c = e.cqe(6);
     assert_eq!(c[55], CqeSyndrome::LocalQpOpErr.to_raw());
+}
+
+#[test]
+fn qps_sqs_and_rqs_share_one_number_space() {
+    use mlx5_hw::ifc::{create_qp_in, qpc};
+    let mut e = setup();
+    let tisn = num(&e.tis(e.td));
+    let sqn = num(&e.sq(tisn, 6));
+    let rqn = num(&e.rq(e.cqn, QUEUE_STATE_RST));
+    // A UD QP with no receive queue on the same ring page.
+    let mut c = cmd_in(0x500, 0, create_qp_in::SIZE_BYTES + 8);
+    let x = &mut c[create_qp_in::QPC.off / 8..];
+    qpc::ST.set(x, mlx5_hw::qp::QPC_ST_UD.into());
+    qpc::PD.set(x, u64::from(e.pd));
+    qpc::CQN_SND.set(x, u64::from(e.cqn));
+    qpc::CQN_RCV.set(x, u64::from(e.cqn));
+    qpc::RQ_TYPE.set(x, 3);
+    qpc::UAR_PAGE.set(x, u64::from(e.uar));
+    qpc::LOG_SQ_SIZE.set(x, 6);
+    qpc::DBR_ADDR.set(x, DBR_IOVA + 128);
+    c[create_qp_in::SIZE_BYTES..].copy_from_slice(&(RING_IOVA + 0x4000).to_be_bytes());
+    let qpn = num(&e.d.ok(&c, 16));
+    assert!(qpn != sqn && qpn != rqn, "QP {qpn:#x} SQ {sqn:#x} RQ {rqn:#x}");
+    // And an SQ made after the QP skips it.
+    let sqn2 = num(&e.sq(tisn, 6));
+    assert!(![sqn, rqn, qpn].contains(&sqn2));
 }

@@ -55,8 +55,20 @@ pub(crate) struct EthSq {
     pub dbr: u64,
     /// `QUEUE_STATE_*`, moved by MODIFY_SQ and by an error CQE.
     pub state: AtomicU8,
+    /// Where the ring stands.
+    pub ring: Mutex<Ring>,
+}
+
+/// The SQ's position in its ring.
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
     /// The next basic block to execute.
-    pub ci: Mutex<u16>,
+    pub ci: u16,
+    /// The producer counter the doorbell record held when the SQ went back
+    /// to RST: the counters restart at 0 there but the driver rewrites the
+    /// record only when it posts again (mlx5e's recovery), so until then
+    /// the record is stale and only a doorbell makes the SQ read it.
+    pub stale: Option<u16>,
 }
 
 /// What became of one WQE.
@@ -78,6 +90,14 @@ impl EthSq {
         self.buf.addr(u64::from(u32::from(i) & mask) * 64)
     }
 
+    /// Back to RST: the ring restarts at 0 and the doorbell record counts
+    /// as stale until it moves or a doorbell rings.
+    pub(crate) fn reset(&self, mem: &GuestMemoryMmap) {
+        let mut r = lock(&self.ring);
+        r.ci = 0;
+        r.stale = self.pi(mem);
+    }
+
     /// The producer counter in the doorbell record.
     fn pi(&self, mem: &GuestMemoryMmap) -> Option<u16> {
         mem::load_be32(mem, self.dbr + 4).ok().map(|v| v as u16)
@@ -85,8 +105,9 @@ impl EthSq {
 }
 
 /// Executes (RDY) or flushes (ERR) what was posted on `sq`; true if any
-/// WQE was taken.
-pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap) -> bool {
+/// WQE was taken. `rung`: a doorbell of this SQ was seen (else the sweep
+/// reads the doorbell record for a lost one).
+pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) -> bool {
     let state = sq.state();
     if state != QUEUE_STATE_RDY && state != QUEUE_STATE_ERR {
         return false;
@@ -94,14 +115,19 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap) -> bool {
     let Some(pi) = sq.pi(mem) else {
         return false;
     };
-    let mut ci = lock(&sq.ci);
+    let mut ring = lock(&sq.ring);
+    if ring.stale.is_some_and(|s| s == pi && !rung) {
+        return false;
+    }
+    ring.stale = None;
+    let ci = &mut ring.ci;
     let mut busy = false;
     let mut wqe = [0u8; SEND_WQE_MAX_SIZE];
     while *ci != pi {
         busy = true;
         let at = *ci;
         if sq.state() == QUEUE_STATE_ERR {
-            if !flush_one(rdma, sq, mem, at, pi, &mut ci) {
+            if !flush_one(rdma, sq, mem, at, pi, ci) {
                 break;
             }
             continue;

@@ -568,7 +568,7 @@ impl Rdma {
             if let Some(qp) = self.qp(qpn) {
                 busy |= requester::run(self, &qp, &mem);
             } else if let Some(sq) = self.eth_sq(qpn) {
-                busy |= eth_sq::run(self, &sq, &mem);
+                busy |= eth_sq::run(self, &sq, &mem, true);
             }
         }
         lock(&self.poll).hint = hint;
@@ -606,7 +606,7 @@ impl Rdma {
             }
             let sqs: Vec<Arc<eth_sq::EthSq>> = rlock(&self.eth_sqs).values().cloned().collect();
             for sq in sqs {
-                busy |= eth_sq::run(self, &sq, &mem);
+                busy |= eth_sq::run(self, &sq, &mem, false);
             }
             let cqs: Vec<Arc<Cq>> = rlock(&self.cqs).values().cloned().collect();
             for cq in cqs {
