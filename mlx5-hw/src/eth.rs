@@ -51,3 +51,23 @@ pub const RX_HASH_FN_NONE: u64 = 0x0;
 pub const RX_HASH_FN_INVERTED_XOR8: u64 = 0x1;
 /// `tirc.rx_hash_fn`: Toeplitz (`MLX5_RX_HASH_FN_TOEPLITZ`).
 pub const RX_HASH_FN_TOEPLITZ: u64 = 0x2;
+
+/// `ppcnt_reg.grp`: IEEE 802.3 counters (`MLX5_IEEE_802_3_COUNTERS_GROUP`).
+pub const PPCNT_GRP_IEEE_802_3: u64 = 0x0;
+/// `ppcnt_reg.grp`: RFC 2863 counters (`MLX5_RFC_2863_COUNTERS_GROUP`).
+pub const PPCNT_GRP_RFC_2863: u64 = 0x1;
+/// `ppcnt_reg.grp`: RFC 2819 counters (`MLX5_RFC_2819_COUNTERS_GROUP`).
+pub const PPCNT_GRP_RFC_2819: u64 = 0x2;
+/// `ppcnt_reg.grp`: RFC 3635 counters (`MLX5_RFC_3635_COUNTERS_GROUP`).
+pub const PPCNT_GRP_RFC_3635: u64 = 0x3;
+/// `ppcnt_reg.grp`: extended Ethernet counters (`MLX5_ETHERNET_EXTENDED_COUNTERS_GROUP`).
+pub const PPCNT_GRP_ETHERNET_EXTENDED: u64 = 0x5;
+/// `ppcnt_reg.grp`: per-priority counters (`MLX5_PER_PRIORITY_COUNTERS_GROUP`).
+pub const PPCNT_GRP_PER_PRIORITY: u64 = 0x10;
+/// `ppcnt_reg.grp`: per-traffic-class counters (`MLX5_PER_TRAFFIC_CLASS_COUNTERS_GROUP`).
+pub const PPCNT_GRP_PER_TRAFFIC_CLASS: u64 = 0x11;
+/// `ppcnt_reg.grp`: physical layer counters (`MLX5_PHYSICAL_LAYER_COUNTERS_GROUP`).
+pub const PPCNT_GRP_PHYSICAL_LAYER: u64 = 0x12;
+/// `ppcnt_reg.grp`: physical layer statistical counters
+/// (`MLX5_PHYSICAL_LAYER_STATISTICAL_GROUP`).
+pub const PPCNT_GRP_PHYSICAL_LAYER_STATISTICAL: u64 = 0x16;

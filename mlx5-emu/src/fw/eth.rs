@@ -28,6 +28,13 @@ pub(crate) struct EthObjects {
     pub rqs: BTreeMap<u32, Obj>,
     /// UDP ports parsed as VXLAN (ADD_VXLAN_UDP_DPORT).
     pub vxlan_ports: std::collections::BTreeSet<u16>,
+    /// The L2 (MPFS) table (fw/l2.rs): MAC and VLAN by table index.
+    pub l2_table: BTreeMap<u32, super::l2::L2Entry>,
+    /// The data-path counts QUERY_VPORT_COUNTER's `clear` last zeroed
+    /// (frames sent, octets sent, frames received).
+    pub vport_counter_base: [u64; 3],
+    /// The same for PPCNT's `clr` (fw/reg.rs).
+    pub ppcnt_base: [u64; 3],
 }
 
 impl EthObjects {

@@ -13,6 +13,7 @@ mod eth;
 mod flow;
 mod hca;
 mod issi;
+mod l2;
 mod mkey;
 mod pages;
 mod pd;
@@ -272,6 +273,7 @@ pub(crate) mod synd {
     pub const TIR_BAD_RQT: u32 = 0x7a20_0006;
     pub const TIR_BAD_HASH: u32 = 0x7a20_0007;
     pub const TIR_BAD_DISP_TYPE: u32 = 0x7a20_0008;
+    pub const TIR_IN_USE: u32 = 0x7a20_0009;
     pub const RQT_BAD_SIZE: u32 = 0x7a30_0001;
     pub const RQT_BAD_PARAM: u32 = 0x7a30_0002;
     pub const RQT_EXHAUSTED: u32 = 0x7a30_0003;
@@ -297,6 +299,10 @@ pub(crate) mod synd {
     pub const RQ_IN_USE: u32 = 0x7a60_0004;
     pub const VXLAN_PORTS_EXHAUSTED: u32 = 0x7a70_0001;
     pub const VXLAN_PORT_UNKNOWN: u32 = 0x7a70_0002;
+    pub const L2_BAD_INDEX: u32 = 0x7a80_0001;
+    pub const L2_UNKNOWN: u32 = 0x7a80_0002;
+    pub const L2_DUPLICATE: u32 = 0x7a80_0003;
+    pub const VPORT_COUNTER_BAD_VPORT: u32 = 0x7a90_0001;
 }
 
 /// Firmware state.
@@ -819,6 +825,9 @@ impl Firmware {
             O::QueryRq => self.query_rq(input, outlen),
             O::AddVxlanUdpDport => self.add_vxlan_udp_dport(input, outlen),
             O::DeleteVxlanUdpDport => self.delete_vxlan_udp_dport(input, outlen),
+            O::SetL2TableEntry => self.set_l2_table_entry(input, outlen),
+            O::DeleteL2TableEntry => self.delete_l2_table_entry(input, outlen),
+            O::QueryVportCounter => self.query_vport_counter(inner, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         }
     }
@@ -850,6 +859,9 @@ impl Firmware {
                 | O::QueryRq
                 | O::AddVxlanUdpDport
                 | O::DeleteVxlanUdpDport
+                | O::SetL2TableEntry
+                | O::DeleteL2TableEntry
+                | O::QueryVportCounter
         )
     }
 

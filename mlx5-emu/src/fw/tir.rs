@@ -132,9 +132,12 @@ impl Firmware {
         sized(input, outlen, i::SIZE_BYTES, 0x10)?;
         self.check_uid(i::UID.get(input))?;
         let tirn = i::TIRN.get(input) as u32;
-        if self.eth.tirs.remove(&tirn).is_none() {
-            return Err(fail(CmdStatus::BadResource, synd::TIR_UNKNOWN));
+        known(&self.eth.tirs, tirn, synd::TIR_UNKNOWN)?;
+        // Firmware keeps a TIR a flow entry still forwards to.
+        if self.steering.forwards_to_tir(tirn) {
+            return Err(fail(CmdStatus::BadResourceState, synd::TIR_IN_USE));
         }
+        self.eth.tirs.remove(&tirn);
         Ok(vec![0; 0x10])
     }
 

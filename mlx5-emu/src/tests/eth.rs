@@ -444,7 +444,12 @@ fn sq_runs_nops_and_eth_sends_with_cqes_then_errs_and_flushes() {
     // until the driver posts again.
     let rdma = &e.d.f.model().inner.rdma;
     let dp = rdma.eth_sq(sqn).unwrap();
-    assert!(!crate::transport::eth_sq::run(rdma, &dp, &rdma.dma.memory(), false));
+    assert!(!crate::transport::eth_sq::run(
+        rdma,
+        &dp,
+        &rdma.dma.memory(),
+        false
+    ));
     assert_eq!(e.bufs[0].load_u8_acquire(5 * 64 + 63).unwrap() >> 4, 0xf);
     e.post(sqn, 0, 0x00, &[], true);
     let c = e.cqe(5);
@@ -476,8 +481,139 @@ fn qps_sqs_and_rqs_share_one_number_space() {
     qpc::DBR_ADDR.set(x, DBR_IOVA + 128);
     c[create_qp_in::SIZE_BYTES..].copy_from_slice(&(RING_IOVA + 0x4000).to_be_bytes());
     let qpn = num(&e.d.ok(&c, 16));
-    assert!(qpn != sqn && qpn != rqn, "QP {qpn:#x} SQ {sqn:#x} RQ {rqn:#x}");
+    assert!(
+        qpn != sqn && qpn != rqn,
+        "QP {qpn:#x} SQ {sqn:#x} RQ {rqn:#x}"
+    );
     // And an SQ made after the QP skips it.
     let sqn2 = num(&e.sq(tisn, 6));
     assert!(![sqn, rqn, qpn].contains(&sqn2));
+}
+
+#[test]
+fn a_tir_stays_while_a_flow_entry_forwards_to_it() {
+    use mlx5_hw::ifc::{create_flow_table_out, dest_format_struct, flow_context, set_fte_in};
+    let mut e = setup();
+    let rqn = num(&e.rq(e.cqn, QUEUE_STATE_RST));
+    let tirn = num(&e.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0));
+    let out = super::flow::create_table(&mut e.d, 0, 1, 4, None);
+    let table = create_flow_table_out::TABLE_ID.get(&out) as u32;
+    let (st, group) = super::flow::create_group(&mut e.d, table, 0, 3);
+    assert_eq!(st, 0);
+    // An entry forwarding to the TIR (destination type TIR, 2).
+    let dests = (set_fte_in::FLOW_CONTEXT.off + flow_context::DESTINATION.off) / 8;
+    let mut c = cmd_in(0x936, 0, dests + dest_format_struct::SIZE_BYTES);
+    set_fte_in::TABLE_ID.set(&mut c, u64::from(table));
+    let fc = set_fte_in::FLOW_CONTEXT.off;
+    flow_context::GROUP_ID.at(fc).set(&mut c, u64::from(group));
+    flow_context::ACTION.at(fc).set(&mut c, 0x4);
+    flow_context::DESTINATION_LIST_SIZE.at(fc).set(&mut c, 1);
+    dest_format_struct::DESTINATION_TYPE.set(&mut c[dests..], 2);
+    dest_format_struct::DESTINATION_ID.set(&mut c[dests..], u64::from(tirn));
+    e.d.ok(&c, 16);
+    let dtir = destroy_tir_in::TIRN;
+    assert_eq!(
+        e.destroy(0x902, dtir, tirn),
+        BUSY,
+        "an entry forwards to it"
+    );
+    assert_eq!(super::flow::delete_fte(&mut e.d, table, 0), 0);
+    assert_eq!(e.destroy(0x902, dtir, tirn), 0);
+    assert_eq!(e.destroy(0x902, dtir, tirn), BAD_RES);
+}
+
+#[test]
+fn l2_table_entries_are_set_and_deleted_by_index() {
+    use mlx5_hw::ifc::{delete_l2_table_entry_in, mac_address_layout, set_l2_table_entry_in};
+    let mut e = setup();
+    let set = |index: u64, mac: u64| {
+        let mut c = cmd_in(0x829, 0, set_l2_table_entry_in::SIZE_BYTES);
+        set_l2_table_entry_in::TABLE_INDEX.set(&mut c, index);
+        let m = &mut c[set_l2_table_entry_in::MAC_ADDRESS.off / 8..];
+        mac_address_layout::MAC_ADDR_47_32.set(m, mac >> 32);
+        mac_address_layout::MAC_ADDR_31_0.set(m, mac & 0xffff_ffff);
+        c
+    };
+    let del = |index: u64| {
+        let mut c = cmd_in(0x82b, 0, delete_l2_table_entry_in::SIZE_BYTES);
+        delete_l2_table_entry_in::TABLE_INDEX.set(&mut c, index);
+        c
+    };
+    let mac = 0x248a_07a0_0001;
+    e.d.ok(&set(0, mac), 16);
+    let table = |e: &Eth| crate::lock(&e.d.f.model().inner.fw).eth.l2_table.clone();
+    assert_eq!(table(&e).get(&0).map(|x| x.mac), Some(mac));
+    assert_eq!(
+        e.d.exec(&set(1, mac), 16)[0],
+        BAD_PARAM,
+        "one MAC, one index"
+    );
+    let size = {
+        let fw = crate::lock(&e.d.f.model().inner.fw);
+        1u64 << fw.cap(mlx5_hw::ifc::cmd_hca_cap::LOG_MAX_L2_TABLE)
+    };
+    assert_eq!(
+        e.d.exec(&set(size, mac + 1), 16)[0],
+        BAD_PARAM,
+        "past the table"
+    );
+    e.d.ok(&del(0), 16);
+    assert_eq!(e.d.exec(&del(0), 16)[0], BAD_PARAM, "not set");
+    assert!(table(&e).is_empty());
+}
+
+#[test]
+fn vport_counter_and_ppcnt_count_what_the_sq_sent() {
+    use mlx5_hw::ifc::{
+        access_register_in, eth_802_3_cntrs_grp_data_layout as g, ppcnt_reg,
+        query_vport_counter_in, query_vport_counter_out as o, traffic_counter,
+    };
+    let mut e = setup();
+    let lkey = e.data_mkey();
+    let tisn = num(&e.tis(e.td));
+    let sqn = num(&e.sq(tisn, 6));
+    for i in 0..64 {
+        e.bufs[0].write(i * 64 + 63, &[0xf0]).unwrap();
+    }
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    e.post(
+        sqn,
+        0,
+        0x0a,
+        &eth_send(14, 86, lkey, RING_IOVA + DATA),
+        true,
+    );
+    e.cqe(0);
+    let vport = |e: &mut Eth, clear: u64, other: u64| {
+        let mut c = cmd_in(0x770, 0, query_vport_counter_in::SIZE_BYTES);
+        query_vport_counter_in::CLEAR.set(&mut c, clear);
+        query_vport_counter_in::OTHER_VPORT.set(&mut c, other);
+        e.d.exec(&c, o::SIZE_BYTES)
+    };
+    let out = vport(&mut e, 1, 0);
+    assert_eq!(out[0], 0);
+    let tx = o::TRANSMITTED_ETH_UNICAST.off;
+    assert_eq!(traffic_counter::PACKETS.at(tx).get(&out), 1);
+    assert_eq!(traffic_counter::OCTETS.at(tx).get(&out), 100);
+    let out = vport(&mut e, 0, 0);
+    assert_eq!(traffic_counter::PACKETS.at(tx).get(&out), 0, "cleared");
+    assert_eq!(vport(&mut e, 0, 1)[0], BAD_PARAM, "no e-switch");
+    // PPCNT, IEEE 802.3 group: the same frame; an unknown group refused.
+    let ppcnt = |e: &mut Eth, grp: u64| {
+        let at = access_register_in::SIZE_BYTES;
+        let mut c = cmd_in(0x805, 1, at + ppcnt_reg::SIZE_BYTES);
+        access_register_in::REGISTER_ID.set(&mut c, 0x5008);
+        ppcnt_reg::LOCAL_PORT.set(&mut c[at..], 1);
+        ppcnt_reg::GRP.set(&mut c[at..], grp);
+        e.d.exec(
+            &c,
+            mlx5_hw::ifc::access_register_out::SIZE_BYTES + ppcnt_reg::SIZE_BYTES,
+        )
+    };
+    let out = ppcnt(&mut e, 0);
+    assert_eq!(out[0], 0);
+    let set = mlx5_hw::ifc::access_register_out::SIZE_BYTES * 8 + ppcnt_reg::COUNTER_SET.off;
+    assert_eq!(g::A_FRAMES_TRANSMITTED_OK_LOW.at(set).get(&out), 1);
+    assert_eq!(g::A_OCTETS_TRANSMITTED_OK_LOW.at(set).get(&out), 100);
+    assert_eq!(ppcnt(&mut e, 0x3f)[0], BAD_PARAM);
 }

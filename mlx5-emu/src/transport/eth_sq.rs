@@ -38,7 +38,7 @@ use crate::lock;
 
 /// Bytes of the inline header inside the Ethernet segment itself
 /// (`MLX5E_INL_HDR_START_SZ`, its `inline_hdr_start`).
-const INLINE_HDR_START: usize = 2;
+const INLINE_HDR_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
 
 /// One Ethernet send queue.
 #[derive(Debug)]
