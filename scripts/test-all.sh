@@ -89,7 +89,7 @@ fi
 
 # qemu_mlx5 boots a Debian trixie guest (QEMU 11's vfio-user-pci client) with
 # two model functions as PCI devices and Linux's mlx5_core/mlx5_ib on them
-# (about 30 s warm). Its root is built once (debootstrap from Debian's
+# (33-44 s warm). Its root is built once (debootstrap from Debian's
 # registry: about 7 minutes on 2 cores), cached in ~/.cache/mlx5-qemu-guest
 # by content hash. MLX5_QEMU_GUEST_BUILD=0 skips the build (the test then
 # says it skips, unless the guest is cached).

@@ -18,6 +18,7 @@ use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use vfio::emulated::EmulatedFunction;
 
 mod dp;
+mod eth;
 mod flow;
 mod ib;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};

@@ -6,7 +6,9 @@
 //! `scripts/qemu-guest/build.sh` boots under TCG with them as two
 //! `vfio-user-pci` devices (`scripts/qemu-guest/run.sh`), running
 //! `scripts/qemu-guest/guest/smoke.sh`: modprobe mlx5_core, mlx5_ib and
-//! ib_uverbs, wait for the IB devices, `ibv_devinfo`, the kernel's mlx5 lines.
+//! ib_uverbs, wait for the IB devices, bring mlx5e's netdevs up (`ip link`),
+//! read each port's state and first RoCE GID from sysfs, `ibv_devinfo`, the
+//! kernel's mlx5 lines (printed here, every warning and error with them).
 //!
 //! The guest is cached outside the repo by content hash; when it is missing
 //! this builds it if it can (root, Debian's registry reachable; about 7
@@ -31,6 +33,10 @@ const CHECKS: &[&str] = &[
     "mlx5_core_probes_both_functions",
     "no_command_timeout_or_recovery",
     "mlx5_ib_registers_mlx5_0_and_mlx5_1",
+    "mlx5e_registers_both_netdevs",
+    "netdevs_come_up_with_carrier",
+    "ports_active",
+    "roce_gids_populated",
     "ibv_devinfo_lists_both_devices",
 ];
 
@@ -165,7 +171,10 @@ fn main() {
                         t.check(c, Err(why.clone()));
                     }
                 }
-                Ok(console) => judge(&mut t, &console, &dir),
+                Ok(console) => {
+                    print_mlx5_lines(&console);
+                    judge(&mut t, &console, &dir);
+                }
             }
             if t.failed == 0 {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -246,6 +255,7 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
             Err(format!("not both devices in /sys/class/infiniband; {log}"))
         },
     );
+    judge_eth(t, console, &log);
     t.check(
         "ibv_devinfo_lists_both_devices",
         if has("=== ibv_devinfo rc=0")
@@ -258,4 +268,79 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
             Err(format!("ibv_devinfo failed or missed a device; {log}"))
         },
     );
+}
+
+/// The lines of `console` that start with `=== {prefix}`, without it.
+fn tagged<'a>(console: &'a str, prefix: &str) -> Vec<&'a str> {
+    let tag = format!("=== {prefix}");
+    console
+        .lines()
+        .filter_map(|l| l.strip_prefix(tag.as_str()))
+        .collect()
+}
+
+/// The Ethernet side: mlx5e's netdevs, their carrier, the ports and GIDs.
+fn judge_eth(t: &mut Tally, console: &str, log: &str) {
+    let netdevs: Vec<&str> = tagged(console, "netdevs: ")
+        .first()
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    t.check(
+        "mlx5e_registers_both_netdevs",
+        if netdevs.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("netdevs {netdevs:?}; {log}"))
+        },
+    );
+    let links = tagged(console, "link ");
+    // operstate "up": administratively up with carrier (IF_OPER_UP).
+    let up = links.iter().filter(|l| l.ends_with("operstate=up")).count();
+    t.check(
+        "netdevs_come_up_with_carrier",
+        if up == 2 && links.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{links:?}; {log}"))
+        },
+    );
+    let ports = tagged(console, "port ");
+    let active = ["mlx5_0", "mlx5_1"]
+        .iter()
+        .filter(|d| ports.contains(&format!("{d}: 4: ACTIVE 5: LinkUp").as_str()))
+        .count();
+    t.check(
+        "ports_active",
+        if active == 2 {
+            Ok(())
+        } else {
+            Err(format!("{ports:?}; {log}"))
+        },
+    );
+    let gids = tagged(console, "gid ");
+    let populated = gids
+        .iter()
+        .filter(|l| {
+            l.split_whitespace().nth(2).is_some_and(|g| {
+                g.starts_with("fe80:") && g != "fe80:0000:0000:0000:0000:0000:0000:0000"
+            })
+        })
+        .count();
+    t.check(
+        "roce_gids_populated",
+        if populated == 2 {
+            Ok(())
+        } else {
+            Err(format!("{gids:?}; {log}"))
+        },
+    );
+}
+
+/// The guest's mlx5 kernel lines that are warnings or errors (what the
+/// docs must name with a reason), printed for the record.
+fn print_mlx5_lines(console: &str) {
+    let dmesg = console.split("=== dmesg mlx5").nth(1).unwrap_or("");
+    for l in dmesg.lines().filter(|l| l.contains("mlx5")) {
+        println!("qemu_mlx5: guest: {l}");
+    }
 }

@@ -132,7 +132,19 @@ impl Firmware {
         let used = rlock(&r.qps)
             .values()
             .any(|q| q.scq.cqn == cqn || q.rcq.cqn == cqn);
-        if used {
+        // SQs and RQs (fw/sq.rs, fw/rq.rs) complete to it.
+        let on_it = |o: &super::eth::Obj, f: mlx5_hw::bits::BitField| f.get(&o.ctx) as u32 == cqn;
+        let queues = self
+            .eth
+            .sqs
+            .values()
+            .any(|o| on_it(o, mlx5_hw::ifc::sqc::CQN))
+            || self
+                .eth
+                .rqs
+                .values()
+                .any(|o| on_it(o, mlx5_hw::ifc::rqc::CQN));
+        if used || queues {
             return Err(fail(CmdStatus::BadResourceState, synd::CQ_IN_USE));
         }
         wlock(&r.cqs).remove(&cqn);

@@ -87,6 +87,8 @@ pub(crate) struct Fte {
     pub group: u32,
     /// Flow tables this entry forwards to.
     pub tables: Vec<u32>,
+    /// TIRs this entry forwards to (fw/tir.rs).
+    pub tirs: Vec<u32>,
     /// Flow counters this entry counts into.
     pub counters: Vec<u32>,
     /// The flow_context and its destination list, as written.
@@ -107,6 +109,13 @@ pub(crate) struct Steering {
 impl Steering {
     pub(crate) fn groups(&self) -> usize {
         self.tables.values().map(|t| t.groups.len()).sum()
+    }
+
+    /// Whether a flow entry forwards to TIR `tirn`.
+    pub(crate) fn forwards_to_tir(&self, tirn: u32) -> bool {
+        self.tables
+            .values()
+            .any(|t| t.ftes.values().any(|f| f.tirs.contains(&tirn)))
     }
 
     pub(crate) fn ftes(&self) -> usize {
@@ -519,6 +528,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));
         }
         let mut tables = Vec::new();
+        let mut tirs = Vec::new();
         for k in 0..ndest {
             let d = &input[dests + k * stride..];
             let dty = dest_format_struct::DESTINATION_TYPE.get(d);
@@ -534,7 +544,8 @@ impl Firmware {
                 // The function's own vport (no e-switch) or the uplink.
                 DEST_VPORT if did == 0 => {}
                 DEST_UPLINK => {}
-                // No TIRs (or other destinations) in the model.
+                // A TIR of fw/tir.rs (what mlx5e's TTC table forwards to).
+                DEST_TIR if self.eth.tirs.contains_key(&did) => tirs.push(did),
                 DEST_TIR => return Err(fail(CmdStatus::BadResource, synd::FTE_BAD_DEST)),
                 _ => return Err(fail(CmdStatus::BadParameter, synd::FTE_BAD_DEST)),
             }
@@ -556,6 +567,7 @@ impl Firmware {
                 Fte {
                     group: gid,
                     tables,
+                    tirs,
                     counters,
                     context,
                 },

@@ -132,16 +132,19 @@ impl Firmware {
     /// Objects die with the HCA.
     fn release_objects(&mut self) {
         let flow = self.steering.objects();
-        if !self.eqs.is_empty() || !self.uars.is_empty() || flow != 0 {
+        let eth = self.eth.objects();
+        if !self.eqs.is_empty() || !self.uars.is_empty() || flow != 0 || eth != 0 {
             tracing::warn!(
                 eqs = self.eqs.len(),
                 uars = self.uars.len(),
                 flow_objects = flow,
+                eth_objects = eth,
                 "teardown with objects alive"
             );
         }
-        self.leaked += (self.eqs.len() + self.uars.len() + flow) as u64;
+        self.leaked += (self.eqs.len() + self.uars.len() + flow + eth) as u64;
         self.steering = Default::default();
+        self.eth = Default::default();
         self.eqs.clear();
         self.uars.clear();
         self.eq_db_last.clear();

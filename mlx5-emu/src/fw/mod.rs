@@ -9,18 +9,26 @@ mod cong;
 mod counters;
 pub(crate) mod cq;
 mod eq;
+mod eth;
 mod flow;
 mod hca;
 mod issi;
+mod l2;
 mod mkey;
 mod pages;
 mod pd;
 mod qp;
 mod reg;
 mod roce;
+mod rq;
+mod rqt;
+mod sq;
 mod srq;
+mod tir;
+mod tis;
 mod uar;
 mod vport;
+mod vxlan;
 mod xrcd;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -252,6 +260,49 @@ pub(crate) mod synd {
     pub const FC_BAD_BULK: u32 = 0x6f40_0002;
     pub const FC_EXHAUSTED: u32 = 0x6f40_0003;
     pub const FC_IN_USE: u32 = 0x6f40_0004;
+    pub const TIS_BAD_TD: u32 = 0x7a10_0001;
+    pub const TIS_BAD_PARAM: u32 = 0x7a10_0002;
+    pub const TIS_EXHAUSTED: u32 = 0x7a10_0003;
+    pub const TIS_UNKNOWN: u32 = 0x7a10_0004;
+    pub const TIS_IN_USE: u32 = 0x7a10_0005;
+    pub const TIR_BAD_TD: u32 = 0x7a20_0001;
+    pub const TIR_BAD_PARAM: u32 = 0x7a20_0002;
+    pub const TIR_EXHAUSTED: u32 = 0x7a20_0003;
+    pub const TIR_UNKNOWN: u32 = 0x7a20_0004;
+    pub const TIR_BAD_RQ: u32 = 0x7a20_0005;
+    pub const TIR_BAD_RQT: u32 = 0x7a20_0006;
+    pub const TIR_BAD_HASH: u32 = 0x7a20_0007;
+    pub const TIR_BAD_DISP_TYPE: u32 = 0x7a20_0008;
+    pub const TIR_IN_USE: u32 = 0x7a20_0009;
+    pub const RQT_BAD_SIZE: u32 = 0x7a30_0001;
+    pub const RQT_BAD_PARAM: u32 = 0x7a30_0002;
+    pub const RQT_EXHAUSTED: u32 = 0x7a30_0003;
+    pub const RQT_UNKNOWN: u32 = 0x7a30_0004;
+    pub const RQT_BAD_RQ: u32 = 0x7a30_0005;
+    pub const RQT_IN_USE: u32 = 0x7a30_0006;
+    pub const WQ_BAD_PD: u32 = 0x7a40_0001;
+    pub const WQ_BAD_UAR: u32 = 0x7a40_0002;
+    pub const WQ_BAD_SIZE: u32 = 0x7a40_0003;
+    pub const WQ_NOT_MAPPED: u32 = 0x7a40_0004;
+    pub const WQ_BAD_STATE: u32 = 0x7a40_0005;
+    pub const WQ_BAD_TYPE: u32 = 0x7a40_0006;
+    pub const WQ_BAD_CQ: u32 = 0x7a40_0007;
+    pub const WQ_BAD_PARAM: u32 = 0x7a40_0008;
+    pub const WQ_EXHAUSTED: u32 = 0x7a40_0009;
+    pub const WQ_STATE_MISMATCH: u32 = 0x7a40_000a;
+    pub const WQ_BAD_TRANSITION: u32 = 0x7a40_000b;
+    pub const SQ_UNKNOWN: u32 = 0x7a50_0001;
+    pub const SQ_BAD_TIS: u32 = 0x7a50_0002;
+    pub const RQ_UNKNOWN: u32 = 0x7a60_0001;
+    pub const RQ_BAD_COUNTER: u32 = 0x7a60_0002;
+    pub const RQ_BAD_RMP: u32 = 0x7a60_0003;
+    pub const RQ_IN_USE: u32 = 0x7a60_0004;
+    pub const VXLAN_PORTS_EXHAUSTED: u32 = 0x7a70_0001;
+    pub const VXLAN_PORT_UNKNOWN: u32 = 0x7a70_0002;
+    pub const L2_BAD_INDEX: u32 = 0x7a80_0001;
+    pub const L2_UNKNOWN: u32 = 0x7a80_0002;
+    pub const L2_DUPLICATE: u32 = 0x7a80_0003;
+    pub const VPORT_COUNTER_BAD_VPORT: u32 = 0x7a90_0001;
 }
 
 /// Firmware state.
@@ -290,6 +341,8 @@ pub(crate) struct Firmware {
     pub(crate) eqs: BTreeMap<u8, Eq>,
     pub(crate) eq_db_last: BTreeMap<(u32, usize), u32>,
     pub(crate) steering: flow::Steering,
+    /// TISes, TIRs, RQ tables, SQs, RQs and VXLAN ports (fw/eth.rs).
+    pub(crate) eth: eth::EthObjects,
     /// Objects alive at a teardown (Stats::leaked_at_teardown).
     pub(crate) leaked: u64,
     // Port and vport.
@@ -332,6 +385,7 @@ impl Firmware {
             eqs: BTreeMap::new(),
             eq_db_last: BTreeMap::new(),
             steering: flow::Steering::default(),
+            eth: eth::EthObjects::default(),
             leaked: 0,
             port: PortState::power_on(cfg.profile),
             roce_en: false,
@@ -389,6 +443,7 @@ impl Firmware {
             eqs,
             eq_db_last,
             steering,
+            eth,
             leaked,
             port,
             roce_en,
@@ -403,7 +458,7 @@ impl Firmware {
                 (doorbell_seen, checksums, nic_interface, hca, issi),
                 (driver_version, fast_teardown_prepared, host_endianness),
                 (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
-                (steering, leaked, port, roce_en, vport_mtu, mac, node_desc),
+                (steering, eth, leaked, port, roce_en, vport_mtu, mac, node_desc),
             )
         )
     }
@@ -686,7 +741,7 @@ impl Firmware {
             O::QueryFlowTableEntry => self.query_fte(input, outlen),
             O::AllocFlowCounter => self.alloc_flow_counter(input, outlen),
             O::DeallocFlowCounter => self.dealloc_flow_counter(input, outlen),
-            _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
+            _ => self.execute_eth(inner, opcode, input, outlen),
         };
         if opcode == O::TeardownHca && r.is_ok() {
             // Firmware forgets every object with the HCA.
@@ -743,6 +798,73 @@ impl Firmware {
         )
     }
 
+    /// The Ethernet object commands (fw/{tis,tir,rqt,sq,rq,vxlan}.rs);
+    /// BAD_OPERATION for any other opcode.
+    fn execute_eth(&mut self, inner: &Inner, op: Opcode, input: &[u8], outlen: usize) -> CmdResult {
+        use Opcode as O;
+        match op {
+            O::CreateTis => self.create_tis(inner, input, outlen),
+            O::ModifyTis => self.modify_tis(input, outlen),
+            O::DestroyTis => self.destroy_tis(input, outlen),
+            O::QueryTis => self.query_tis(input, outlen),
+            O::CreateTir => self.create_tir(inner, input, outlen),
+            O::ModifyTir => self.modify_tir(input, outlen),
+            O::DestroyTir => self.destroy_tir(input, outlen),
+            O::QueryTir => self.query_tir(input, outlen),
+            O::CreateRqt => self.create_rqt(input, outlen),
+            O::ModifyRqt => self.modify_rqt(input, outlen),
+            O::DestroyRqt => self.destroy_rqt(input, outlen),
+            O::QueryRqt => self.query_rqt(input, outlen),
+            O::CreateSq => self.create_sq(inner, input, outlen),
+            O::ModifySq => self.modify_sq(inner, input, outlen),
+            O::DestroySq => self.destroy_sq(inner, input, outlen),
+            O::QuerySq => self.query_sq(inner, input, outlen),
+            O::CreateRq => self.create_rq(inner, input, outlen),
+            O::ModifyRq => self.modify_rq(inner, input, outlen),
+            O::DestroyRq => self.destroy_rq(input, outlen),
+            O::QueryRq => self.query_rq(input, outlen),
+            O::AddVxlanUdpDport => self.add_vxlan_udp_dport(input, outlen),
+            O::DeleteVxlanUdpDport => self.delete_vxlan_udp_dport(input, outlen),
+            O::SetL2TableEntry => self.set_l2_table_entry(input, outlen),
+            O::DeleteL2TableEntry => self.delete_l2_table_entry(input, outlen),
+            O::QueryVportCounter => self.query_vport_counter(inner, input, outlen),
+            _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
+        }
+    }
+
+    /// The Ethernet object commands (fw/eth.rs).
+    fn is_eth(op: Opcode) -> bool {
+        use Opcode as O;
+        matches!(
+            op,
+            O::CreateTis
+                | O::ModifyTis
+                | O::DestroyTis
+                | O::QueryTis
+                | O::CreateTir
+                | O::ModifyTir
+                | O::DestroyTir
+                | O::QueryTir
+                | O::CreateRqt
+                | O::ModifyRqt
+                | O::DestroyRqt
+                | O::QueryRqt
+                | O::CreateSq
+                | O::ModifySq
+                | O::DestroySq
+                | O::QuerySq
+                | O::CreateRq
+                | O::ModifyRq
+                | O::DestroyRq
+                | O::QueryRq
+                | O::AddVxlanUdpDport
+                | O::DeleteVxlanUdpDport
+                | O::SetL2TableEntry
+                | O::DeleteL2TableEntry
+                | O::QueryVportCounter
+        )
+    }
+
     /// The flow-steering commands (fw/flow.rs).
     fn is_flow(op: Opcode) -> bool {
         use Opcode as O;
@@ -768,6 +890,7 @@ impl Firmware {
         use Opcode as O;
         Self::is_rdma(op)
             || Self::is_flow(op)
+            || Self::is_eth(op)
             || matches!(
                 op,
                 O::AllocUar

@@ -126,11 +126,9 @@ impl Firmware {
         if !inner.bus.dma.is_mapped(dbr, 8) {
             return Err(fail(CmdStatus::BadParameter, synd::QP_NOT_MAPPED));
         }
-        let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_QP).clamp(1, 24);
         let mut t = wlock(&r.qps);
-        let Some(qpn) = (FIRST_QPN..max.max(FIRST_QPN + 1)).find(|n| !t.contains_key(n)) else {
-            return Err(fail(CmdStatus::NoResources, synd::QP_EXHAUSTED));
-        };
+        // One number space with the SQs and RQs (fw/sq.rs, fw/rq.rs).
+        let qpn = self.free_queue_number_in(&t, synd::QP_EXHAUSTED)?;
         if service == st::QP1 {
             let mut g = wlock(&r.gsi);
             if g.is_some() {

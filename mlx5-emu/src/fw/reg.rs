@@ -1,10 +1,10 @@
-//! ACCESS_REG: HOST_ENDIANNESS, PAOS, PMTU, PTYS, DTOR, NODE_DESC, on a
+//! ACCESS_REG: HOST_ENDIANNESS, PAOS, PMTU, PTYS, PPCNT, DTOR, NODE_DESC, on a
 //! one-port Ethernet function.
 
 use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::EqePortState;
 use mlx5_hw::ifc::{
-    access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ptys_reg,
+    access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ppcnt_reg, ptys_reg,
 };
 use mlx5_hw::init::{RegisterId, ACCESS_REG_OP_MOD_READ, ACCESS_REG_OP_MOD_WRITE};
 use mlx5_hw::status::CmdStatus;
@@ -68,6 +68,7 @@ impl Firmware {
             RegisterId::HostEndianness => 0x10,
             RegisterId::Dtor => dtor_reg::SIZE_BYTES,
             RegisterId::NodeDesc => NODE_DESC_BYTES,
+            RegisterId::Ppcnt => ppcnt_reg::SIZE_BYTES,
             _ => {
                 tracing::debug!(register_id = %id, "unknown register");
                 return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN));
@@ -102,6 +103,7 @@ impl Firmware {
                 }
             }
             RegisterId::Paos => self.paos(inner, op, &mut reg)?,
+            RegisterId::Ppcnt => self.ppcnt(inner, op, &mut reg)?,
             RegisterId::NodeDesc => {
                 if op == WRITE {
                     self.node_desc.copy_from_slice(&reg);
@@ -147,6 +149,70 @@ impl Firmware {
         let mut out = vec![0u8; access_register_out::SIZE_BYTES + size];
         out[access_register_out::SIZE_BYTES..].copy_from_slice(&reg);
         Ok(out)
+    }
+
+    /// PPCNT: the port's counters, one group at a time. The IEEE 802.3
+    /// group counts what the data path moved (every frame, RoCE included:
+    /// frames and octets sent, frames received); the other groups the card
+    /// keeps read 0 (no errors, pauses or symbol errors on a model's wire).
+    /// `clr` (read and clear) zeroes the 802.3 counts.
+    fn ppcnt(&mut self, inner: &Inner, op: u64, reg: &mut [u8]) -> Result<(), super::Fail> {
+        use mlx5_hw::eth::*;
+        use mlx5_hw::ifc::eth_802_3_cntrs_grp_data_layout as g;
+        check_port(ppcnt_reg::LOCAL_PORT.get(reg))?;
+        let grp = ppcnt_reg::GRP.get(reg);
+        let known = [
+            PPCNT_GRP_IEEE_802_3,
+            PPCNT_GRP_RFC_2863,
+            PPCNT_GRP_RFC_2819,
+            PPCNT_GRP_RFC_3635,
+            PPCNT_GRP_ETHERNET_EXTENDED,
+            PPCNT_GRP_PER_PRIORITY,
+            PPCNT_GRP_PER_TRAFFIC_CLASS,
+            PPCNT_GRP_PHYSICAL_LAYER,
+            PPCNT_GRP_PHYSICAL_LAYER_STATISTICAL,
+        ];
+        if op == WRITE || !known.contains(&grp) {
+            return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+        }
+        let (clr, prio_tc) = (ppcnt_reg::CLR.get(reg), ppcnt_reg::PRIO_TC.get(reg));
+        reg.fill(0);
+        ppcnt_reg::LOCAL_PORT.set(reg, 1);
+        ppcnt_reg::GRP.set(reg, grp);
+        ppcnt_reg::PRIO_TC.set(reg, prio_tc);
+        if grp != PPCNT_GRP_IEEE_802_3 {
+            return Ok(());
+        }
+        let c = &inner.rdma.counters;
+        let now = [
+            c.packets_sent.load(std::sync::atomic::Ordering::Relaxed),
+            c.packets_received
+                .load(std::sync::atomic::Ordering::Relaxed),
+            c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
+        ];
+        let set = &mut reg[ppcnt_reg::COUNTER_SET.off / 8..];
+        for (i, (hi, lo)) in [
+            (
+                g::A_FRAMES_TRANSMITTED_OK_HIGH,
+                g::A_FRAMES_TRANSMITTED_OK_LOW,
+            ),
+            (g::A_FRAMES_RECEIVED_OK_HIGH, g::A_FRAMES_RECEIVED_OK_LOW),
+            (
+                g::A_OCTETS_TRANSMITTED_OK_HIGH,
+                g::A_OCTETS_TRANSMITTED_OK_LOW,
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let v = now[i].wrapping_sub(self.eth.ppcnt_base[i]);
+            hi.set(set, v >> 32);
+            lo.set(set, v & 0xffff_ffff);
+        }
+        if clr != 0 {
+            self.eth.ppcnt_base = now;
+        }
+        Ok(())
     }
 
     fn paos(&mut self, inner: &Inner, op: u64, reg: &mut [u8]) -> Result<(), super::Fail> {

@@ -52,7 +52,13 @@ fn set_rx_cap(d: &Drv, f: BitField, v: u64) {
         .set(page, v);
 }
 
-fn create_table(d: &mut Drv, ty: u64, level: u64, log_size: u64, miss: Option<u32>) -> Vec<u8> {
+pub(super) fn create_table(
+    d: &mut Drv,
+    ty: u64,
+    level: u64,
+    log_size: u64,
+    miss: Option<u32>,
+) -> Vec<u8> {
     use create_flow_table_in as i;
     let mut inp = cmd_in(0x930, 0, i::SIZE_BYTES);
     i::TABLE_TYPE.set(&mut inp, ty);
@@ -92,7 +98,7 @@ fn set_root(d: &mut Drv, id: u32) -> u8 {
     status(&d.exec(&inp, 16))
 }
 
-fn create_group(d: &mut Drv, table: u32, start: u32, end: u32) -> (u8, u32) {
+pub(super) fn create_group(d: &mut Drv, table: u32, start: u32, end: u32) -> (u8, u32) {
     use create_flow_group_in as i;
     let mut inp = cmd_in(0x933, 0, i::SIZE_BYTES);
     i::TABLE_TYPE.set(&mut inp, NIC_RX);
@@ -162,7 +168,7 @@ fn set_fte(d: &mut Drv, table: u32, group: u32, index: u32, to: &[u32], counters
     status(&d.exec(&inp, 16))
 }
 
-fn delete_fte(d: &mut Drv, table: u32, index: u32) -> u8 {
+pub(super) fn delete_fte(d: &mut Drv, table: u32, index: u32) -> u8 {
     use delete_fte_in as i;
     let mut inp = cmd_in(0x938, 0, i::SIZE_BYTES);
     i::TABLE_TYPE.set(&mut inp, NIC_RX);

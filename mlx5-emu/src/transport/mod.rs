@@ -34,6 +34,7 @@
 //! small part of the worker's time).
 
 pub(crate) mod cq;
+pub(crate) mod eth_sq;
 pub(crate) mod mem;
 pub mod packet;
 pub(crate) mod qp;
@@ -188,6 +189,8 @@ pub(crate) struct Rdma {
     pub cqs: RwLock<Table<Cq>>,
     pub qps: RwLock<Table<Qp>>,
     pub srqs: RwLock<Table<Srq>>,
+    /// Ethernet send queues (fw/sq.rs, [`eth_sq`]), in the QP number space.
+    pub eth_sqs: RwLock<Table<eth_sq::EthSq>>,
     pub pds: Mutex<BTreeSet<u32>>,
     pub tds: Mutex<BTreeSet<u32>>,
     /// XRC domains (fw/xrcd.rs).
@@ -263,6 +266,7 @@ impl Rdma {
             cqs: RwLock::new(Table::default()),
             qps: RwLock::new(Table::default()),
             srqs: RwLock::new(Table::default()),
+            eth_sqs: RwLock::new(Table::default()),
             pds: Mutex::new(BTreeSet::new()),
             tds: Mutex::new(BTreeSet::new()),
             xrcds: Mutex::new(BTreeSet::new()),
@@ -305,6 +309,7 @@ impl Rdma {
         wlock(&self.mkeys).clear();
         wlock(&self.cqs).clear();
         wlock(&self.srqs).clear();
+        wlock(&self.eth_sqs).clear();
         lock(&self.pds).clear();
         lock(&self.tds).clear();
         lock(&self.xrcds).clear();
@@ -420,6 +425,10 @@ impl Rdma {
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
         rlock(&self.qps).get(&qpn).cloned()
+    }
+
+    pub(crate) fn eth_sq(&self, sqn: u32) -> Option<Arc<eth_sq::EthSq>> {
+        rlock(&self.eth_sqs).get(&sqn).cloned()
     }
 
     pub(crate) fn mkey(&self, key: u32) -> Option<Arc<Mkey>> {
@@ -558,6 +567,8 @@ impl Rdma {
         for &qpn in &hint {
             if let Some(qp) = self.qp(qpn) {
                 busy |= requester::run(self, &qp, &mem);
+            } else if let Some(sq) = self.eth_sq(qpn) {
+                busy |= eth_sq::run(self, &sq, &mem, true);
             }
         }
         lock(&self.poll).hint = hint;
@@ -592,6 +603,10 @@ impl Rdma {
                 .collect();
             for qp in qps {
                 busy |= requester::run(self, &qp, &mem);
+            }
+            let sqs: Vec<Arc<eth_sq::EthSq>> = rlock(&self.eth_sqs).values().cloned().collect();
+            for sq in sqs {
+                busy |= eth_sq::run(self, &sq, &mem, false);
             }
             let cqs: Vec<Arc<Cq>> = rlock(&self.cqs).values().cloned().collect();
             for cq in cqs {

@@ -93,7 +93,7 @@ fn ack_timeout(code: u8) -> Option<Duration> {
     (code != 0).then(|| Duration::from_nanos(4096u64 << code.min(31)))
 }
 
-fn key_error(e: KeyError) -> u8 {
+pub(crate) fn key_error(e: KeyError) -> u8 {
     match e {
         KeyError::Invalid => vendor::BAD_LKEY,
         KeyError::Pd => vendor::PD_MISMATCH,

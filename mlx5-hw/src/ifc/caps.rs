@@ -5423,6 +5423,530 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DeviceMemCap<T> {
     }
 }
 
+/// Constants and registry entry of [`PerProtocolNetworkingOffloadCaps`] (`struct mlx5_ifc_per_protocol_networking_offload_caps_bits`).
+pub mod per_protocol_networking_offload_caps {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x800;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x100;
+    /// Place of `csum_cap`: bit 0x0, 0x1 bits.
+    pub const CSUM_CAP: BitField = BitField::new(0x0, 0x1);
+    /// Place of `vlan_cap`: bit 0x1, 0x1 bits.
+    pub const VLAN_CAP: BitField = BitField::new(0x1, 0x1);
+    /// Place of `lro_cap`: bit 0x2, 0x1 bits.
+    pub const LRO_CAP: BitField = BitField::new(0x2, 0x1);
+    /// Place of `lro_psh_flag`: bit 0x3, 0x1 bits.
+    pub const LRO_PSH_FLAG: BitField = BitField::new(0x3, 0x1);
+    /// Place of `lro_time_stamp`: bit 0x4, 0x1 bits.
+    pub const LRO_TIME_STAMP: BitField = BitField::new(0x4, 0x1);
+    /// Place of `wqe_vlan_insert`: bit 0x7, 0x1 bits.
+    pub const WQE_VLAN_INSERT: BitField = BitField::new(0x7, 0x1);
+    /// Place of `self_lb_en_modifiable`: bit 0x8, 0x1 bits.
+    pub const SELF_LB_EN_MODIFIABLE: BitField = BitField::new(0x8, 0x1);
+    /// Place of `max_lso_cap`: bit 0xb, 0x5 bits.
+    pub const MAX_LSO_CAP: BitField = BitField::new(0xb, 0x5);
+    /// Place of `multi_pkt_send_wqe`: bit 0x10, 0x2 bits.
+    pub const MULTI_PKT_SEND_WQE: BitField = BitField::new(0x10, 0x2);
+    /// Place of `wqe_inline_mode`: bit 0x12, 0x2 bits.
+    pub const WQE_INLINE_MODE: BitField = BitField::new(0x12, 0x2);
+    /// Place of `rss_ind_tbl_cap`: bit 0x14, 0x4 bits.
+    pub const RSS_IND_TBL_CAP: BitField = BitField::new(0x14, 0x4);
+    /// Place of `reg_umr_sq`: bit 0x18, 0x1 bits.
+    pub const REG_UMR_SQ: BitField = BitField::new(0x18, 0x1);
+    /// Place of `scatter_fcs`: bit 0x19, 0x1 bits.
+    pub const SCATTER_FCS: BitField = BitField::new(0x19, 0x1);
+    /// Place of `enhanced_multi_pkt_send_wqe`: bit 0x1a, 0x1 bits.
+    pub const ENHANCED_MULTI_PKT_SEND_WQE: BitField = BitField::new(0x1a, 0x1);
+    /// Place of `tunnel_lso_const_out_ip_id`: bit 0x1b, 0x1 bits.
+    pub const TUNNEL_LSO_CONST_OUT_IP_ID: BitField = BitField::new(0x1b, 0x1);
+    /// Place of `tunnel_lro_gre`: bit 0x1c, 0x1 bits.
+    pub const TUNNEL_LRO_GRE: BitField = BitField::new(0x1c, 0x1);
+    /// Place of `tunnel_lro_vxlan`: bit 0x1d, 0x1 bits.
+    pub const TUNNEL_LRO_VXLAN: BitField = BitField::new(0x1d, 0x1);
+    /// Place of `tunnel_stateless_gre`: bit 0x1e, 0x1 bits.
+    pub const TUNNEL_STATELESS_GRE: BitField = BitField::new(0x1e, 0x1);
+    /// Place of `tunnel_stateless_vxlan`: bit 0x1f, 0x1 bits.
+    pub const TUNNEL_STATELESS_VXLAN: BitField = BitField::new(0x1f, 0x1);
+    /// Place of `swp`: bit 0x20, 0x1 bits.
+    pub const SWP: BitField = BitField::new(0x20, 0x1);
+    /// Place of `swp_csum`: bit 0x21, 0x1 bits.
+    pub const SWP_CSUM: BitField = BitField::new(0x21, 0x1);
+    /// Place of `swp_lso`: bit 0x22, 0x1 bits.
+    pub const SWP_LSO: BitField = BitField::new(0x22, 0x1);
+    /// Place of `cqe_checksum_full`: bit 0x23, 0x1 bits.
+    pub const CQE_CHECKSUM_FULL: BitField = BitField::new(0x23, 0x1);
+    /// Place of `tunnel_stateless_geneve_tx`: bit 0x24, 0x1 bits.
+    pub const TUNNEL_STATELESS_GENEVE_TX: BitField = BitField::new(0x24, 0x1);
+    /// Place of `tunnel_stateless_mpls_over_udp`: bit 0x25, 0x1 bits.
+    pub const TUNNEL_STATELESS_MPLS_OVER_UDP: BitField = BitField::new(0x25, 0x1);
+    /// Place of `tunnel_stateless_mpls_over_gre`: bit 0x26, 0x1 bits.
+    pub const TUNNEL_STATELESS_MPLS_OVER_GRE: BitField = BitField::new(0x26, 0x1);
+    /// Place of `tunnel_stateless_vxlan_gpe`: bit 0x27, 0x1 bits.
+    pub const TUNNEL_STATELESS_VXLAN_GPE: BitField = BitField::new(0x27, 0x1);
+    /// Place of `tunnel_stateless_ipv4_over_vxlan`: bit 0x28, 0x1 bits.
+    pub const TUNNEL_STATELESS_IPV4_OVER_VXLAN: BitField = BitField::new(0x28, 0x1);
+    /// Place of `tunnel_stateless_ip_over_ip`: bit 0x29, 0x1 bits.
+    pub const TUNNEL_STATELESS_IP_OVER_IP: BitField = BitField::new(0x29, 0x1);
+    /// Place of `insert_trailer`: bit 0x2a, 0x1 bits.
+    pub const INSERT_TRAILER: BitField = BitField::new(0x2a, 0x1);
+    /// Place of `tunnel_stateless_ip_over_ip_rx`: bit 0x2c, 0x1 bits.
+    pub const TUNNEL_STATELESS_IP_OVER_IP_RX: BitField = BitField::new(0x2c, 0x1);
+    /// Place of `tunnel_stateless_ip_over_ip_tx`: bit 0x2d, 0x1 bits.
+    pub const TUNNEL_STATELESS_IP_OVER_IP_TX: BitField = BitField::new(0x2d, 0x1);
+    /// Place of `max_vxlan_udp_ports`: bit 0x30, 0x8 bits.
+    pub const MAX_VXLAN_UDP_PORTS: BitField = BitField::new(0x30, 0x8);
+    /// Place of `swp_csum_l4_partial`: bit 0x38, 0x1 bits.
+    pub const SWP_CSUM_L4_PARTIAL: BitField = BitField::new(0x38, 0x1);
+    /// Place of `max_geneve_opt_len`: bit 0x3e, 0x1 bits.
+    pub const MAX_GENEVE_OPT_LEN: BitField = BitField::new(0x3e, 0x1);
+    /// Place of `tunnel_stateless_geneve_rx`: bit 0x3f, 0x1 bits.
+    pub const TUNNEL_STATELESS_GENEVE_RX: BitField = BitField::new(0x3f, 0x1);
+    /// Place of `lro_min_mss_size`: bit 0x50, 0x10 bits.
+    pub const LRO_MIN_MSS_SIZE: BitField = BitField::new(0x50, 0x10);
+    /// Place of `lro_timer_supported_periods`: bit 0x180, 0x80 bits.
+    pub const LRO_TIMER_SUPPORTED_PERIODS: BitField = BitField::new(0x180, 0x80);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "per_protocol_networking_offload_caps",
+        kind: LayoutKind::Struct,
+        size_bits: 0x800,
+        doc: "Ethernet offload capabilities (QUERY_HCA_CAP type 1).",
+        fields: &[
+            FieldInfo { name: "csum_cap", bit_off: 0x0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "vlan_cap", bit_off: 0x1, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "lro_cap", bit_off: 0x2, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "lro_psh_flag", bit_off: 0x3, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "lro_time_stamp", bit_off: 0x4, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_5", bit_off: 0x5, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "wqe_vlan_insert", bit_off: 0x7, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "self_lb_en_modifiable", bit_off: 0x8, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_9", bit_off: 0x9, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "max_lso_cap", bit_off: 0xb, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "multi_pkt_send_wqe", bit_off: 0x10, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "wqe_inline_mode", bit_off: 0x12, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "rss_ind_tbl_cap", bit_off: 0x14, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reg_umr_sq", bit_off: 0x18, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "scatter_fcs", bit_off: 0x19, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "enhanced_multi_pkt_send_wqe", bit_off: 0x1a, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_lso_const_out_ip_id", bit_off: 0x1b, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_lro_gre", bit_off: 0x1c, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_lro_vxlan", bit_off: 0x1d, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_gre", bit_off: 0x1e, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_vxlan", bit_off: 0x1f, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "swp", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "swp_csum", bit_off: 0x21, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "swp_lso", bit_off: 0x22, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "cqe_checksum_full", bit_off: 0x23, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_geneve_tx", bit_off: 0x24, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_mpls_over_udp", bit_off: 0x25, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_mpls_over_gre", bit_off: 0x26, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_vxlan_gpe", bit_off: 0x27, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_ipv4_over_vxlan", bit_off: 0x28, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_ip_over_ip", bit_off: 0x29, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "insert_trailer", bit_off: 0x2a, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_2b", bit_off: 0x2b, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_ip_over_ip_rx", bit_off: 0x2c, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_ip_over_ip_tx", bit_off: 0x2d, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_2e", bit_off: 0x2e, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "max_vxlan_udp_ports", bit_off: 0x30, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "swp_csum_l4_partial", bit_off: 0x38, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_39", bit_off: 0x39, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "max_geneve_opt_len", bit_off: 0x3e, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "tunnel_stateless_geneve_rx", bit_off: 0x3f, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "lro_min_mss_size", bit_off: 0x50, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x120, ty: FieldType::Bits },
+            FieldInfo { name: "lro_timer_supported_periods", bit_off: 0x180, width: 0x80, ty: FieldType::Array { elem_bits: 0x20, count: 4, elem: None } },
+            FieldInfo { name: "reserved_at_200", bit_off: 0x200, width: 0x600, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// Ethernet offload capabilities (QUERY_HCA_CAP type 1).
+///
+/// A view of `struct mlx5_ifc_per_protocol_networking_offload_caps_bits` (2048 bits, 256 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerProtocolNetworkingOffloadCaps<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> PerProtocolNetworkingOffloadCaps<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (256 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("per_protocol_networking_offload_caps", per_protocol_networking_offload_caps::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `csum_cap`: 1 bits at bit 0x0.
+    pub fn csum_cap(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x0, 1) != 0
+    }
+    /// `vlan_cap`: 1 bits at bit 0x1.
+    pub fn vlan_cap(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1, 1) != 0
+    }
+    /// `lro_cap`: 1 bits at bit 0x2.
+    pub fn lro_cap(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2, 1) != 0
+    }
+    /// `lro_psh_flag`: 1 bits at bit 0x3.
+    pub fn lro_psh_flag(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x3, 1) != 0
+    }
+    /// `lro_time_stamp`: 1 bits at bit 0x4.
+    pub fn lro_time_stamp(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x4, 1) != 0
+    }
+    /// `wqe_vlan_insert`: 1 bits at bit 0x7.
+    pub fn wqe_vlan_insert(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x7, 1) != 0
+    }
+    /// `self_lb_en_modifiable`: 1 bits at bit 0x8.
+    pub fn self_lb_en_modifiable(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x8, 1) != 0
+    }
+    /// `max_lso_cap`: 5 bits at bit 0xb.
+    pub fn max_lso_cap(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0xb, 5) as u8
+    }
+    /// `multi_pkt_send_wqe`: 2 bits at bit 0x10.
+    pub fn multi_pkt_send_wqe(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x10, 2) as u8
+    }
+    /// `wqe_inline_mode`: 2 bits at bit 0x12.
+    pub fn wqe_inline_mode(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x12, 2) as u8
+    }
+    /// `rss_ind_tbl_cap`: 4 bits at bit 0x14.
+    pub fn rss_ind_tbl_cap(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x14, 4) as u8
+    }
+    /// `reg_umr_sq`: 1 bits at bit 0x18.
+    pub fn reg_umr_sq(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x18, 1) != 0
+    }
+    /// `scatter_fcs`: 1 bits at bit 0x19.
+    pub fn scatter_fcs(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x19, 1) != 0
+    }
+    /// `enhanced_multi_pkt_send_wqe`: 1 bits at bit 0x1a.
+    pub fn enhanced_multi_pkt_send_wqe(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1a, 1) != 0
+    }
+    /// `tunnel_lso_const_out_ip_id`: 1 bits at bit 0x1b.
+    pub fn tunnel_lso_const_out_ip_id(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1b, 1) != 0
+    }
+    /// `tunnel_lro_gre`: 1 bits at bit 0x1c.
+    pub fn tunnel_lro_gre(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1c, 1) != 0
+    }
+    /// `tunnel_lro_vxlan`: 1 bits at bit 0x1d.
+    pub fn tunnel_lro_vxlan(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1d, 1) != 0
+    }
+    /// `tunnel_stateless_gre`: 1 bits at bit 0x1e.
+    pub fn tunnel_stateless_gre(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1e, 1) != 0
+    }
+    /// `tunnel_stateless_vxlan`: 1 bits at bit 0x1f.
+    pub fn tunnel_stateless_vxlan(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1f, 1) != 0
+    }
+    /// `swp`: 1 bits at bit 0x20.
+    pub fn swp(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x20, 1) != 0
+    }
+    /// `swp_csum`: 1 bits at bit 0x21.
+    pub fn swp_csum(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x21, 1) != 0
+    }
+    /// `swp_lso`: 1 bits at bit 0x22.
+    pub fn swp_lso(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x22, 1) != 0
+    }
+    /// `cqe_checksum_full`: 1 bits at bit 0x23.
+    pub fn cqe_checksum_full(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x23, 1) != 0
+    }
+    /// `tunnel_stateless_geneve_tx`: 1 bits at bit 0x24.
+    pub fn tunnel_stateless_geneve_tx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x24, 1) != 0
+    }
+    /// `tunnel_stateless_mpls_over_udp`: 1 bits at bit 0x25.
+    pub fn tunnel_stateless_mpls_over_udp(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x25, 1) != 0
+    }
+    /// `tunnel_stateless_mpls_over_gre`: 1 bits at bit 0x26.
+    pub fn tunnel_stateless_mpls_over_gre(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x26, 1) != 0
+    }
+    /// `tunnel_stateless_vxlan_gpe`: 1 bits at bit 0x27.
+    pub fn tunnel_stateless_vxlan_gpe(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x27, 1) != 0
+    }
+    /// `tunnel_stateless_ipv4_over_vxlan`: 1 bits at bit 0x28.
+    pub fn tunnel_stateless_ipv4_over_vxlan(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x28, 1) != 0
+    }
+    /// `tunnel_stateless_ip_over_ip`: 1 bits at bit 0x29.
+    pub fn tunnel_stateless_ip_over_ip(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x29, 1) != 0
+    }
+    /// `insert_trailer`: 1 bits at bit 0x2a.
+    pub fn insert_trailer(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2a, 1) != 0
+    }
+    /// `tunnel_stateless_ip_over_ip_rx`: 1 bits at bit 0x2c.
+    pub fn tunnel_stateless_ip_over_ip_rx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2c, 1) != 0
+    }
+    /// `tunnel_stateless_ip_over_ip_tx`: 1 bits at bit 0x2d.
+    pub fn tunnel_stateless_ip_over_ip_tx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2d, 1) != 0
+    }
+    /// `max_vxlan_udp_ports`: 8 bits at bit 0x30.
+    pub fn max_vxlan_udp_ports(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x30, 8) as u8
+    }
+    /// `swp_csum_l4_partial`: 1 bits at bit 0x38.
+    pub fn swp_csum_l4_partial(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x38, 1) != 0
+    }
+    /// `max_geneve_opt_len`: 1 bits at bit 0x3e.
+    pub fn max_geneve_opt_len(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x3e, 1) != 0
+    }
+    /// `tunnel_stateless_geneve_rx`: 1 bits at bit 0x3f.
+    pub fn tunnel_stateless_geneve_rx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x3f, 1) != 0
+    }
+    /// `lro_min_mss_size`: 16 bits at bit 0x50.
+    pub fn lro_min_mss_size(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x50, 16) as u16
+    }
+    /// `lro_timer_supported_periods[index]`: 32-bit elements from bit 0x180. 
+    ///
+    /// # Panics
+    /// If `index` is not below the element count.
+    pub fn lro_timer_supported_periods(&self, index: usize) -> u32 {
+        assert!(index < 4, "lro_timer_supported_periods[{index}] out of 4");
+        get_bits(self.buf.as_ref(), 0x180 + index * 32, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> PerProtocolNetworkingOffloadCaps<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `csum_cap` (1 bits at bit 0x0).
+    pub fn set_csum_cap(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 1, u64::from(value));
+        self
+    }
+    /// Sets `vlan_cap` (1 bits at bit 0x1).
+    pub fn set_vlan_cap(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1, 1, u64::from(value));
+        self
+    }
+    /// Sets `lro_cap` (1 bits at bit 0x2).
+    pub fn set_lro_cap(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2, 1, u64::from(value));
+        self
+    }
+    /// Sets `lro_psh_flag` (1 bits at bit 0x3).
+    pub fn set_lro_psh_flag(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3, 1, u64::from(value));
+        self
+    }
+    /// Sets `lro_time_stamp` (1 bits at bit 0x4).
+    pub fn set_lro_time_stamp(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4, 1, u64::from(value));
+        self
+    }
+    /// Sets `wqe_vlan_insert` (1 bits at bit 0x7).
+    pub fn set_wqe_vlan_insert(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x7, 1, u64::from(value));
+        self
+    }
+    /// Sets `self_lb_en_modifiable` (1 bits at bit 0x8).
+    pub fn set_self_lb_en_modifiable(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x8, 1, u64::from(value));
+        self
+    }
+    /// Sets `max_lso_cap` (5 bits at bit 0xb).
+    pub fn set_max_lso_cap(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xb, 5, u64::from(value));
+        self
+    }
+    /// Sets `multi_pkt_send_wqe` (2 bits at bit 0x10).
+    pub fn set_multi_pkt_send_wqe(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 2, u64::from(value));
+        self
+    }
+    /// Sets `wqe_inline_mode` (2 bits at bit 0x12).
+    pub fn set_wqe_inline_mode(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x12, 2, u64::from(value));
+        self
+    }
+    /// Sets `rss_ind_tbl_cap` (4 bits at bit 0x14).
+    pub fn set_rss_ind_tbl_cap(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x14, 4, u64::from(value));
+        self
+    }
+    /// Sets `reg_umr_sq` (1 bits at bit 0x18).
+    pub fn set_reg_umr_sq(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x18, 1, u64::from(value));
+        self
+    }
+    /// Sets `scatter_fcs` (1 bits at bit 0x19).
+    pub fn set_scatter_fcs(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x19, 1, u64::from(value));
+        self
+    }
+    /// Sets `enhanced_multi_pkt_send_wqe` (1 bits at bit 0x1a).
+    pub fn set_enhanced_multi_pkt_send_wqe(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1a, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_lso_const_out_ip_id` (1 bits at bit 0x1b).
+    pub fn set_tunnel_lso_const_out_ip_id(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1b, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_lro_gre` (1 bits at bit 0x1c).
+    pub fn set_tunnel_lro_gre(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1c, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_lro_vxlan` (1 bits at bit 0x1d).
+    pub fn set_tunnel_lro_vxlan(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1d, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_gre` (1 bits at bit 0x1e).
+    pub fn set_tunnel_stateless_gre(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1e, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_vxlan` (1 bits at bit 0x1f).
+    pub fn set_tunnel_stateless_vxlan(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1f, 1, u64::from(value));
+        self
+    }
+    /// Sets `swp` (1 bits at bit 0x20).
+    pub fn set_swp(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
+        self
+    }
+    /// Sets `swp_csum` (1 bits at bit 0x21).
+    pub fn set_swp_csum(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x21, 1, u64::from(value));
+        self
+    }
+    /// Sets `swp_lso` (1 bits at bit 0x22).
+    pub fn set_swp_lso(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x22, 1, u64::from(value));
+        self
+    }
+    /// Sets `cqe_checksum_full` (1 bits at bit 0x23).
+    pub fn set_cqe_checksum_full(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x23, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_geneve_tx` (1 bits at bit 0x24).
+    pub fn set_tunnel_stateless_geneve_tx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x24, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_mpls_over_udp` (1 bits at bit 0x25).
+    pub fn set_tunnel_stateless_mpls_over_udp(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x25, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_mpls_over_gre` (1 bits at bit 0x26).
+    pub fn set_tunnel_stateless_mpls_over_gre(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x26, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_vxlan_gpe` (1 bits at bit 0x27).
+    pub fn set_tunnel_stateless_vxlan_gpe(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x27, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_ipv4_over_vxlan` (1 bits at bit 0x28).
+    pub fn set_tunnel_stateless_ipv4_over_vxlan(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x28, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_ip_over_ip` (1 bits at bit 0x29).
+    pub fn set_tunnel_stateless_ip_over_ip(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x29, 1, u64::from(value));
+        self
+    }
+    /// Sets `insert_trailer` (1 bits at bit 0x2a).
+    pub fn set_insert_trailer(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2a, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_ip_over_ip_rx` (1 bits at bit 0x2c).
+    pub fn set_tunnel_stateless_ip_over_ip_rx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2c, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_ip_over_ip_tx` (1 bits at bit 0x2d).
+    pub fn set_tunnel_stateless_ip_over_ip_tx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2d, 1, u64::from(value));
+        self
+    }
+    /// Sets `max_vxlan_udp_ports` (8 bits at bit 0x30).
+    pub fn set_max_vxlan_udp_ports(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 8, u64::from(value));
+        self
+    }
+    /// Sets `swp_csum_l4_partial` (1 bits at bit 0x38).
+    pub fn set_swp_csum_l4_partial(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x38, 1, u64::from(value));
+        self
+    }
+    /// Sets `max_geneve_opt_len` (1 bits at bit 0x3e).
+    pub fn set_max_geneve_opt_len(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3e, 1, u64::from(value));
+        self
+    }
+    /// Sets `tunnel_stateless_geneve_rx` (1 bits at bit 0x3f).
+    pub fn set_tunnel_stateless_geneve_rx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3f, 1, u64::from(value));
+        self
+    }
+    /// Sets `lro_min_mss_size` (16 bits at bit 0x50).
+    pub fn set_lro_min_mss_size(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x50, 16, u64::from(value));
+        self
+    }
+    /// Sets `lro_timer_supported_periods[index]`.
+    pub fn set_lro_timer_supported_periods(&mut self, index: usize, value: u32) -> &mut Self {
+        assert!(index < 4, "lro_timer_supported_periods[{index}] out of 4");
+        set_bits(self.buf.as_mut(), 0x180 + index * 32, 32, u64::from(value));
+        self
+    }
+}
+
 /// Constants and registry entry of [`HcaCapUnion`] (`union mlx5_ifc_hca_cap_union_bits`).
 pub mod hca_cap_union {
     use crate::bits::BitField;
@@ -5436,6 +5960,8 @@ pub mod hca_cap_union {
     pub const CMD_HCA_CAP: BitField = BitField::new(0x0, 0x800);
     /// Place of `cmd_hca_cap_2`: bit 0x0, 0x800 bits.
     pub const CMD_HCA_CAP_2: BitField = BitField::new(0x0, 0x800);
+    /// Place of `per_protocol_networking_offload_caps`: bit 0x0, 0x800 bits.
+    pub const PER_PROTOCOL_NETWORKING_OFFLOAD_CAPS: BitField = BitField::new(0x0, 0x800);
     /// Place of `odp_cap`: bit 0x0, 0x800 bits.
     pub const ODP_CAP: BitField = BitField::new(0x0, 0x800);
     /// Place of `atomic_caps`: bit 0x0, 0x800 bits.
@@ -5455,6 +5981,7 @@ pub mod hca_cap_union {
         fields: &[
             FieldInfo { name: "cmd_hca_cap", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("cmd_hca_cap") },
             FieldInfo { name: "cmd_hca_cap_2", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("cmd_hca_cap_2") },
+            FieldInfo { name: "per_protocol_networking_offload_caps", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("per_protocol_networking_offload_caps") },
             FieldInfo { name: "odp_cap", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("odp_cap") },
             FieldInfo { name: "atomic_caps", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("atomic_caps") },
             FieldInfo { name: "roce_cap", bit_off: 0x0, width: 0x800, ty: FieldType::Layout("roce_cap") },
@@ -5499,6 +6026,10 @@ impl<T: AsRef<[u8]>> HcaCapUnion<T> {
     pub fn cmd_hca_cap_2(&self) -> CmdHcaCap2<&[u8]> {
         CmdHcaCap2::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x100))
     }
+    /// `per_protocol_networking_offload_caps` (`per_protocol_networking_offload_caps`, at byte 0x0).
+    pub fn per_protocol_networking_offload_caps(&self) -> PerProtocolNetworkingOffloadCaps<&[u8]> {
+        PerProtocolNetworkingOffloadCaps::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x100))
+    }
     /// `odp_cap` (`odp_cap`, at byte 0x0).
     pub fn odp_cap(&self) -> OdpCap<&[u8]> {
         OdpCap::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x100))
@@ -5533,6 +6064,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> HcaCapUnion<T> {
     /// `cmd_hca_cap_2` (`cmd_hca_cap_2`, at byte 0x0), for writing.
     pub fn cmd_hca_cap_2_mut(&mut self) -> CmdHcaCap2<&mut [u8]> {
         CmdHcaCap2::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x100))
+    }
+    /// `per_protocol_networking_offload_caps` (`per_protocol_networking_offload_caps`, at byte 0x0), for writing.
+    pub fn per_protocol_networking_offload_caps_mut(&mut self) -> PerProtocolNetworkingOffloadCaps<&mut [u8]> {
+        PerProtocolNetworkingOffloadCaps::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x100))
     }
     /// `odp_cap` (`odp_cap`, at byte 0x0), for writing.
     pub fn odp_cap_mut(&mut self) -> OdpCap<&mut [u8]> {

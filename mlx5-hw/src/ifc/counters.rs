@@ -1380,3 +1380,440 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryCongStatisticsOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`TrafficCounter`] (`struct mlx5_ifc_traffic_counter_bits`).
+pub mod traffic_counter {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `packets`: bit 0x0, 0x40 bits.
+    pub const PACKETS: BitField = BitField::new(0x0, 0x40);
+    /// Place of `octets`: bit 0x40, 0x40 bits.
+    pub const OCTETS: BitField = BitField::new(0x40, 0x40);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "traffic_counter",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "A packet and an octet count (query_vport_counter_out's entries).",
+        fields: &[
+            FieldInfo { name: "packets", bit_off: 0x0, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "octets", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// A packet and an octet count (query_vport_counter_out's entries).
+///
+/// A view of `struct mlx5_ifc_traffic_counter_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrafficCounter<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> TrafficCounter<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("traffic_counter", traffic_counter::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `packets`: 64 bits at bit 0x0.
+    pub fn packets(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x0, 64)
+    }
+    /// `octets`: 64 bits at bit 0x40.
+    pub fn octets(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x40, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> TrafficCounter<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `packets` (64 bits at bit 0x0).
+    pub fn set_packets(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 64, value);
+        self
+    }
+    /// Sets `octets` (64 bits at bit 0x40).
+    pub fn set_octets(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 64, value);
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryVportCounterIn`] (`struct mlx5_ifc_query_vport_counter_in_bits`).
+pub mod query_vport_counter_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x100;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x20;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `other_vport`: bit 0x40, 0x1 bits.
+    pub const OTHER_VPORT: BitField = BitField::new(0x40, 0x1);
+    /// Place of `port_num`: bit 0x4c, 0x4 bits.
+    pub const PORT_NUM: BitField = BitField::new(0x4c, 0x4);
+    /// Place of `vport_number`: bit 0x50, 0x10 bits.
+    pub const VPORT_NUMBER: BitField = BitField::new(0x50, 0x10);
+    /// Place of `clear`: bit 0xc0, 0x1 bits.
+    pub const CLEAR: BitField = BitField::new(0xc0, 0x1);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_vport_counter_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x100,
+        doc: "QUERY_VPORT_COUNTER input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "other_vport", bit_off: 0x40, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_41", bit_off: 0x41, width: 0xb, ty: FieldType::Bits },
+            FieldInfo { name: "port_num", bit_off: 0x4c, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "vport_number", bit_off: 0x50, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x60, ty: FieldType::Bits },
+            FieldInfo { name: "clear", bit_off: 0xc0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c1", bit_off: 0xc1, width: 0x1f, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_e0", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_VPORT_COUNTER input.
+///
+/// A view of `struct mlx5_ifc_query_vport_counter_in_bits` (256 bits, 32 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryVportCounterIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryVportCounterIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (32 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_vport_counter_in", query_vport_counter_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `other_vport`: 1 bits at bit 0x40.
+    pub fn other_vport(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x40, 1) != 0
+    }
+    /// `port_num`: 4 bits at bit 0x4c.
+    pub fn port_num(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x4c, 4) as u8
+    }
+    /// `vport_number`: 16 bits at bit 0x50.
+    pub fn vport_number(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x50, 16) as u16
+    }
+    /// `clear`: 1 bits at bit 0xc0.
+    pub fn clear(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0xc0, 1) != 0
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryVportCounterIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `other_vport` (1 bits at bit 0x40).
+    pub fn set_other_vport(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 1, u64::from(value));
+        self
+    }
+    /// Sets `port_num` (4 bits at bit 0x4c).
+    pub fn set_port_num(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4c, 4, u64::from(value));
+        self
+    }
+    /// Sets `vport_number` (16 bits at bit 0x50).
+    pub fn set_vport_number(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x50, 16, u64::from(value));
+        self
+    }
+    /// Sets `clear` (1 bits at bit 0xc0).
+    pub fn set_clear(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xc0, 1, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryVportCounterOut`] (`struct mlx5_ifc_query_vport_counter_out_bits`).
+pub mod query_vport_counter_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x1080;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x210;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `received_errors`: bit 0x80, 0x80 bits.
+    pub const RECEIVED_ERRORS: BitField = BitField::new(0x80, 0x80);
+    /// Place of `transmit_errors`: bit 0x100, 0x80 bits.
+    pub const TRANSMIT_ERRORS: BitField = BitField::new(0x100, 0x80);
+    /// Place of `received_ib_unicast`: bit 0x180, 0x80 bits.
+    pub const RECEIVED_IB_UNICAST: BitField = BitField::new(0x180, 0x80);
+    /// Place of `transmitted_ib_unicast`: bit 0x200, 0x80 bits.
+    pub const TRANSMITTED_IB_UNICAST: BitField = BitField::new(0x200, 0x80);
+    /// Place of `received_ib_multicast`: bit 0x280, 0x80 bits.
+    pub const RECEIVED_IB_MULTICAST: BitField = BitField::new(0x280, 0x80);
+    /// Place of `transmitted_ib_multicast`: bit 0x300, 0x80 bits.
+    pub const TRANSMITTED_IB_MULTICAST: BitField = BitField::new(0x300, 0x80);
+    /// Place of `received_eth_broadcast`: bit 0x380, 0x80 bits.
+    pub const RECEIVED_ETH_BROADCAST: BitField = BitField::new(0x380, 0x80);
+    /// Place of `transmitted_eth_broadcast`: bit 0x400, 0x80 bits.
+    pub const TRANSMITTED_ETH_BROADCAST: BitField = BitField::new(0x400, 0x80);
+    /// Place of `received_eth_unicast`: bit 0x480, 0x80 bits.
+    pub const RECEIVED_ETH_UNICAST: BitField = BitField::new(0x480, 0x80);
+    /// Place of `transmitted_eth_unicast`: bit 0x500, 0x80 bits.
+    pub const TRANSMITTED_ETH_UNICAST: BitField = BitField::new(0x500, 0x80);
+    /// Place of `received_eth_multicast`: bit 0x580, 0x80 bits.
+    pub const RECEIVED_ETH_MULTICAST: BitField = BitField::new(0x580, 0x80);
+    /// Place of `transmitted_eth_multicast`: bit 0x600, 0x80 bits.
+    pub const TRANSMITTED_ETH_MULTICAST: BitField = BitField::new(0x600, 0x80);
+    /// Place of `local_loopback`: bit 0x680, 0x80 bits.
+    pub const LOCAL_LOOPBACK: BitField = BitField::new(0x680, 0x80);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_vport_counter_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x1080,
+        doc: "QUERY_VPORT_COUNTER output: a vport's traffic by kind.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "received_errors", bit_off: 0x80, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmit_errors", bit_off: 0x100, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "received_ib_unicast", bit_off: 0x180, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmitted_ib_unicast", bit_off: 0x200, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "received_ib_multicast", bit_off: 0x280, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmitted_ib_multicast", bit_off: 0x300, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "received_eth_broadcast", bit_off: 0x380, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmitted_eth_broadcast", bit_off: 0x400, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "received_eth_unicast", bit_off: 0x480, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmitted_eth_unicast", bit_off: 0x500, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "received_eth_multicast", bit_off: 0x580, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "transmitted_eth_multicast", bit_off: 0x600, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "local_loopback", bit_off: 0x680, width: 0x80, ty: FieldType::Layout("traffic_counter") },
+            FieldInfo { name: "reserved_at_700", bit_off: 0x700, width: 0x980, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_VPORT_COUNTER output: a vport's traffic by kind.
+///
+/// A view of `struct mlx5_ifc_query_vport_counter_out_bits` (4224 bits, 528 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryVportCounterOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryVportCounterOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (528 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_vport_counter_out", query_vport_counter_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `received_errors` (`traffic_counter`, at byte 0x10).
+    pub fn received_errors(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x10))
+    }
+    /// `transmit_errors` (`traffic_counter`, at byte 0x20).
+    pub fn transmit_errors(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x20, 0x10))
+    }
+    /// `received_ib_unicast` (`traffic_counter`, at byte 0x30).
+    pub fn received_ib_unicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x30, 0x10))
+    }
+    /// `transmitted_ib_unicast` (`traffic_counter`, at byte 0x40).
+    pub fn transmitted_ib_unicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x40, 0x10))
+    }
+    /// `received_ib_multicast` (`traffic_counter`, at byte 0x50).
+    pub fn received_ib_multicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x50, 0x10))
+    }
+    /// `transmitted_ib_multicast` (`traffic_counter`, at byte 0x60).
+    pub fn transmitted_ib_multicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x60, 0x10))
+    }
+    /// `received_eth_broadcast` (`traffic_counter`, at byte 0x70).
+    pub fn received_eth_broadcast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x70, 0x10))
+    }
+    /// `transmitted_eth_broadcast` (`traffic_counter`, at byte 0x80).
+    pub fn transmitted_eth_broadcast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x80, 0x10))
+    }
+    /// `received_eth_unicast` (`traffic_counter`, at byte 0x90).
+    pub fn received_eth_unicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x90, 0x10))
+    }
+    /// `transmitted_eth_unicast` (`traffic_counter`, at byte 0xa0).
+    pub fn transmitted_eth_unicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0xa0, 0x10))
+    }
+    /// `received_eth_multicast` (`traffic_counter`, at byte 0xb0).
+    pub fn received_eth_multicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0xb0, 0x10))
+    }
+    /// `transmitted_eth_multicast` (`traffic_counter`, at byte 0xc0).
+    pub fn transmitted_eth_multicast(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0xc0, 0x10))
+    }
+    /// `local_loopback` (`traffic_counter`, at byte 0xd0).
+    pub fn local_loopback(&self) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0xd0, 0x10))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryVportCounterOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// `received_errors` (`traffic_counter`, at byte 0x10), for writing.
+    pub fn received_errors_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x10))
+    }
+    /// `transmit_errors` (`traffic_counter`, at byte 0x20), for writing.
+    pub fn transmit_errors_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0x10))
+    }
+    /// `received_ib_unicast` (`traffic_counter`, at byte 0x30), for writing.
+    pub fn received_ib_unicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x30, 0x10))
+    }
+    /// `transmitted_ib_unicast` (`traffic_counter`, at byte 0x40), for writing.
+    pub fn transmitted_ib_unicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x40, 0x10))
+    }
+    /// `received_ib_multicast` (`traffic_counter`, at byte 0x50), for writing.
+    pub fn received_ib_multicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x50, 0x10))
+    }
+    /// `transmitted_ib_multicast` (`traffic_counter`, at byte 0x60), for writing.
+    pub fn transmitted_ib_multicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x60, 0x10))
+    }
+    /// `received_eth_broadcast` (`traffic_counter`, at byte 0x70), for writing.
+    pub fn received_eth_broadcast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x70, 0x10))
+    }
+    /// `transmitted_eth_broadcast` (`traffic_counter`, at byte 0x80), for writing.
+    pub fn transmitted_eth_broadcast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x80, 0x10))
+    }
+    /// `received_eth_unicast` (`traffic_counter`, at byte 0x90), for writing.
+    pub fn received_eth_unicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x90, 0x10))
+    }
+    /// `transmitted_eth_unicast` (`traffic_counter`, at byte 0xa0), for writing.
+    pub fn transmitted_eth_unicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0xa0, 0x10))
+    }
+    /// `received_eth_multicast` (`traffic_counter`, at byte 0xb0), for writing.
+    pub fn received_eth_multicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0xb0, 0x10))
+    }
+    /// `transmitted_eth_multicast` (`traffic_counter`, at byte 0xc0), for writing.
+    pub fn transmitted_eth_multicast_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0xc0, 0x10))
+    }
+    /// `local_loopback` (`traffic_counter`, at byte 0xd0), for writing.
+    pub fn local_loopback_mut(&mut self) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0xd0, 0x10))
+    }
+}

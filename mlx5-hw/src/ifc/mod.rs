@@ -46,19 +46,39 @@ pub use qp::*;
 mod reg;
 pub use reg::*;
 #[rustfmt::skip]
+mod rq;
+pub use rq::*;
+#[rustfmt::skip]
+mod rqt;
+pub use rqt::*;
+#[rustfmt::skip]
+mod sq;
+pub use sq::*;
+#[rustfmt::skip]
 mod srq;
 pub use srq::*;
+#[rustfmt::skip]
+mod tir;
+pub use tir::*;
+#[rustfmt::skip]
+mod tis;
+pub use tis::*;
 #[rustfmt::skip]
 mod uar;
 pub use uar::*;
 #[rustfmt::skip]
 mod vport;
 pub use vport::*;
+#[rustfmt::skip]
+mod vxlan;
+pub use vxlan::*;
 
 /// Every layout, sorted by name.
 pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &access_register_in::INFO,
     &access_register_out::INFO,
+    &add_vxlan_udp_dport_in::INFO,
+    &add_vxlan_udp_dport_out::INFO,
     &ads::INFO,
     &alloc_flow_counter_in::INFO,
     &alloc_flow_counter_out::INFO,
@@ -102,8 +122,18 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &create_qp_out::INFO,
     &create_rmp_in::INFO,
     &create_rmp_out::INFO,
+    &create_rq_in::INFO,
+    &create_rq_out::INFO,
+    &create_rqt_in::INFO,
+    &create_rqt_out::INFO,
+    &create_sq_in::INFO,
+    &create_sq_out::INFO,
     &create_srq_in::INFO,
     &create_srq_out::INFO,
+    &create_tir_in::INFO,
+    &create_tir_out::INFO,
+    &create_tis_in::INFO,
+    &create_tis_out::INFO,
     &create_xrc_srq_in::INFO,
     &create_xrc_srq_out::INFO,
     &dctc::INFO,
@@ -122,6 +152,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &default_timeout::INFO,
     &delete_fte_in::INFO,
     &delete_fte_out::INFO,
+    &delete_l2_table_entry_in::INFO,
+    &delete_l2_table_entry_out::INFO,
+    &delete_vxlan_udp_dport_in::INFO,
+    &delete_vxlan_udp_dport_out::INFO,
     &dest_format_flow_counter_list_auto::INFO,
     &dest_format_struct::INFO,
     &destroy_cq_in::INFO,
@@ -140,8 +174,18 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &destroy_qp_out::INFO,
     &destroy_rmp_in::INFO,
     &destroy_rmp_out::INFO,
+    &destroy_rq_in::INFO,
+    &destroy_rq_out::INFO,
+    &destroy_rqt_in::INFO,
+    &destroy_rqt_out::INFO,
+    &destroy_sq_in::INFO,
+    &destroy_sq_out::INFO,
     &destroy_srq_in::INFO,
     &destroy_srq_out::INFO,
+    &destroy_tir_in::INFO,
+    &destroy_tir_out::INFO,
+    &destroy_tis_in::INFO,
+    &destroy_tis_out::INFO,
     &destroy_xrc_srq_in::INFO,
     &destroy_xrc_srq_out::INFO,
     &device_mem_cap::INFO,
@@ -173,6 +217,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_vport_change::INFO,
     &eqe_xrq_err::INFO,
     &err_cqe::INFO,
+    &eth_802_3_cntrs_grp_data_layout::INFO,
     &event_auto::INFO,
     &exe_aso_ctrl::INFO,
     &exe_aso_ctrl_flow_meter::INFO,
@@ -226,6 +271,18 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &modify_nic_vport_context_in::INFO,
     &modify_nic_vport_context_out::INFO,
     &modify_nic_vport_field_select::INFO,
+    &modify_rq_in::INFO,
+    &modify_rq_out::INFO,
+    &modify_rqt_in::INFO,
+    &modify_rqt_out::INFO,
+    &modify_sq_in::INFO,
+    &modify_sq_out::INFO,
+    &modify_tir_bitmask::INFO,
+    &modify_tir_in::INFO,
+    &modify_tir_out::INFO,
+    &modify_tis_bitmask::INFO,
+    &modify_tis_in::INFO,
+    &modify_tis_out::INFO,
     &nic_vport_context::INFO,
     &nop_in::INFO,
     &nop_out::INFO,
@@ -234,8 +291,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &odp_per_transport_service_cap::INFO,
     &odp_scheme_cap::INFO,
     &paos_reg::INFO,
+    &per_protocol_networking_offload_caps::INFO,
     &pkey::INFO,
     &pmtu_reg::INFO,
+    &ppcnt_reg::INFO,
     &ptys_reg::INFO,
     &qp_2err_in::INFO,
     &qp_2err_out::INFO,
@@ -284,22 +343,39 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &query_qp_out::INFO,
     &query_roce_address_in::INFO,
     &query_roce_address_out::INFO,
+    &query_rq_in::INFO,
+    &query_rq_out::INFO,
+    &query_rqt_in::INFO,
+    &query_rqt_out::INFO,
     &query_special_contexts_in::INFO,
     &query_special_contexts_out::INFO,
+    &query_sq_in::INFO,
+    &query_sq_out::INFO,
     &query_srq_in::INFO,
     &query_srq_out::INFO,
+    &query_tir_in::INFO,
+    &query_tir_out::INFO,
+    &query_tis_in::INFO,
+    &query_tis_out::INFO,
+    &query_vport_counter_in::INFO,
+    &query_vport_counter_out::INFO,
     &query_vport_state_in::INFO,
     &query_vport_state_out::INFO,
     &resize_field_select::INFO,
     &rmpc::INFO,
     &roce_addr_layout::INFO,
     &roce_cap::INFO,
+    &rq_num::INFO,
+    &rqc::INFO,
+    &rqt_bitmask::INFO,
+    &rqtc::INFO,
     &rst2init_qp_in::INFO,
     &rst2init_qp_out::INFO,
     &rtr2rts_qp_in::INFO,
     &rtr2rts_qp_out::INFO,
     &rts2rts_qp_in::INFO,
     &rts2rts_qp_out::INFO,
+    &rx_hash_field_select::INFO,
     &set_driver_version_in::INFO,
     &set_driver_version_out::INFO,
     &set_flow_table_root_in::INFO,
@@ -310,8 +386,11 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &set_hca_cap_out::INFO,
     &set_issi_in::INFO,
     &set_issi_out::INFO,
+    &set_l2_table_entry_in::INFO,
+    &set_l2_table_entry_out::INFO,
     &set_roce_address_in::INFO,
     &set_roce_address_out::INFO,
+    &sqc::INFO,
     &sqd2rts_qp_in::INFO,
     &sqd2rts_qp_out::INFO,
     &sqerr2rts_qp_in::INFO,
@@ -319,6 +398,9 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &srqc::INFO,
     &teardown_hca_in::INFO,
     &teardown_hca_out::INFO,
+    &tirc::INFO,
+    &tisc::INFO,
+    &traffic_counter::INFO,
     &uar_page::INFO,
     &vlan::INFO,
     &wq::INFO,

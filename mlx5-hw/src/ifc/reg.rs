@@ -835,3 +835,345 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DtorReg<T> {
         DefaultTimeout::new_unchecked(sub_mut(self.buf.as_mut(), 0x38, 0x4))
     }
 }
+
+/// Constants and registry entry of [`PpcntReg`] (`struct mlx5_ifc_ppcnt_reg_bits`).
+pub mod ppcnt_reg {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x800;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x100;
+    /// Place of `swid`: bit 0x0, 0x8 bits.
+    pub const SWID: BitField = BitField::new(0x0, 0x8);
+    /// Place of `local_port`: bit 0x8, 0x8 bits.
+    pub const LOCAL_PORT: BitField = BitField::new(0x8, 0x8);
+    /// Place of `pnat`: bit 0x10, 0x2 bits.
+    pub const PNAT: BitField = BitField::new(0x10, 0x2);
+    /// Place of `grp`: bit 0x1a, 0x6 bits.
+    pub const GRP: BitField = BitField::new(0x1a, 0x6);
+    /// Place of `clr`: bit 0x20, 0x1 bits.
+    pub const CLR: BitField = BitField::new(0x20, 0x1);
+    /// Place of `prio_tc`: bit 0x3d, 0x3 bits.
+    pub const PRIO_TC: BitField = BitField::new(0x3d, 0x3);
+    /// Place of `counter_set`: bit 0x40, 0x7c0 bits.
+    pub const COUNTER_SET: BitField = BitField::new(0x40, 0x7c0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "ppcnt_reg",
+        kind: LayoutKind::Struct,
+        size_bits: 0x800,
+        doc: "PPCNT register (0x5008): port performance counters, one group (`grp`)",
+        fields: &[
+            FieldInfo { name: "swid", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "local_port", bit_off: 0x8, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "pnat", bit_off: 0x10, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_12", bit_off: 0x12, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "grp", bit_off: 0x1a, width: 0x6, ty: FieldType::Bits },
+            FieldInfo { name: "clr", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_21", bit_off: 0x21, width: 0x1c, ty: FieldType::Bits },
+            FieldInfo { name: "prio_tc", bit_off: 0x3d, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "counter_set", bit_off: 0x40, width: 0x7c0, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// PPCNT register (0x5008): port performance counters, one group (`grp`)
+/// at a time in `counter_set` (0x7c0 bits).
+///
+/// A view of `struct mlx5_ifc_ppcnt_reg_bits` (2048 bits, 256 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PpcntReg<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> PpcntReg<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (256 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("ppcnt_reg", ppcnt_reg::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `swid`: 8 bits at bit 0x0.
+    pub fn swid(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `local_port`: 8 bits at bit 0x8.
+    pub fn local_port(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x8, 8) as u8
+    }
+    /// `pnat`: 2 bits at bit 0x10.
+    pub fn pnat(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x10, 2) as u8
+    }
+    /// `grp`: 6 bits at bit 0x1a.
+    pub fn grp(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x1a, 6) as u8
+    }
+    /// `clr`: 1 bits at bit 0x20.
+    pub fn clr(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x20, 1) != 0
+    }
+    /// `prio_tc`: 3 bits at bit 0x3d.
+    pub fn prio_tc(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x3d, 3) as u8
+    }
+    /// `counter_set`: 1984 bits at bit 0x40, as bytes.
+    pub fn counter_set(&self) -> &[u8] {
+        sub(self.buf.as_ref(), 0x8, 0xf8)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> PpcntReg<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `swid` (8 bits at bit 0x0).
+    pub fn set_swid(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `local_port` (8 bits at bit 0x8).
+    pub fn set_local_port(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x8, 8, u64::from(value));
+        self
+    }
+    /// Sets `pnat` (2 bits at bit 0x10).
+    pub fn set_pnat(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 2, u64::from(value));
+        self
+    }
+    /// Sets `grp` (6 bits at bit 0x1a).
+    pub fn set_grp(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1a, 6, u64::from(value));
+        self
+    }
+    /// Sets `clr` (1 bits at bit 0x20).
+    pub fn set_clr(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
+        self
+    }
+    /// Sets `prio_tc` (3 bits at bit 0x3d).
+    pub fn set_prio_tc(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3d, 3, u64::from(value));
+        self
+    }
+    /// `counter_set`, for writing.
+    pub fn counter_set_mut(&mut self) -> &mut [u8] {
+        sub_mut(self.buf.as_mut(), 0x8, 0xf8)
+    }
+}
+
+/// Constants and registry entry of [`Eth8023CntrsGrpDataLayout`] (`struct mlx5_ifc_eth_802_3_cntrs_grp_data_layout_bits`).
+pub mod eth_802_3_cntrs_grp_data_layout {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x7c0;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0xf8;
+    /// Place of `a_frames_transmitted_ok_high`: bit 0x0, 0x20 bits.
+    pub const A_FRAMES_TRANSMITTED_OK_HIGH: BitField = BitField::new(0x0, 0x20);
+    /// Place of `a_frames_transmitted_ok_low`: bit 0x20, 0x20 bits.
+    pub const A_FRAMES_TRANSMITTED_OK_LOW: BitField = BitField::new(0x20, 0x20);
+    /// Place of `a_frames_received_ok_high`: bit 0x40, 0x20 bits.
+    pub const A_FRAMES_RECEIVED_OK_HIGH: BitField = BitField::new(0x40, 0x20);
+    /// Place of `a_frames_received_ok_low`: bit 0x60, 0x20 bits.
+    pub const A_FRAMES_RECEIVED_OK_LOW: BitField = BitField::new(0x60, 0x20);
+    /// Place of `a_frame_check_sequence_errors_high`: bit 0x80, 0x20 bits.
+    pub const A_FRAME_CHECK_SEQUENCE_ERRORS_HIGH: BitField = BitField::new(0x80, 0x20);
+    /// Place of `a_frame_check_sequence_errors_low`: bit 0xa0, 0x20 bits.
+    pub const A_FRAME_CHECK_SEQUENCE_ERRORS_LOW: BitField = BitField::new(0xa0, 0x20);
+    /// Place of `a_alignment_errors_high`: bit 0xc0, 0x20 bits.
+    pub const A_ALIGNMENT_ERRORS_HIGH: BitField = BitField::new(0xc0, 0x20);
+    /// Place of `a_alignment_errors_low`: bit 0xe0, 0x20 bits.
+    pub const A_ALIGNMENT_ERRORS_LOW: BitField = BitField::new(0xe0, 0x20);
+    /// Place of `a_octets_transmitted_ok_high`: bit 0x100, 0x20 bits.
+    pub const A_OCTETS_TRANSMITTED_OK_HIGH: BitField = BitField::new(0x100, 0x20);
+    /// Place of `a_octets_transmitted_ok_low`: bit 0x120, 0x20 bits.
+    pub const A_OCTETS_TRANSMITTED_OK_LOW: BitField = BitField::new(0x120, 0x20);
+    /// Place of `a_octets_received_ok_high`: bit 0x140, 0x20 bits.
+    pub const A_OCTETS_RECEIVED_OK_HIGH: BitField = BitField::new(0x140, 0x20);
+    /// Place of `a_octets_received_ok_low`: bit 0x160, 0x20 bits.
+    pub const A_OCTETS_RECEIVED_OK_LOW: BitField = BitField::new(0x160, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "eth_802_3_cntrs_grp_data_layout",
+        kind: LayoutKind::Struct,
+        size_bits: 0x7c0,
+        doc: "PPCNT's IEEE 802.3 group (grp 0x0): the first counters, each 64 bits",
+        fields: &[
+            FieldInfo { name: "a_frames_transmitted_ok_high", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frames_transmitted_ok_low", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frames_received_ok_high", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frames_received_ok_low", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frame_check_sequence_errors_high", bit_off: 0x80, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frame_check_sequence_errors_low", bit_off: 0xa0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_alignment_errors_high", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_alignment_errors_low", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_octets_transmitted_ok_high", bit_off: 0x100, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_octets_transmitted_ok_low", bit_off: 0x120, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_octets_received_ok_high", bit_off: 0x140, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_octets_received_ok_low", bit_off: 0x160, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_180", bit_off: 0x180, width: 0x640, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// PPCNT's IEEE 802.3 group (grp 0x0): the first counters, each 64 bits
+/// split high and low.
+///
+/// A view of `struct mlx5_ifc_eth_802_3_cntrs_grp_data_layout_bits` (1984 bits, 248 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eth8023CntrsGrpDataLayout<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> Eth8023CntrsGrpDataLayout<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (248 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("eth_802_3_cntrs_grp_data_layout", eth_802_3_cntrs_grp_data_layout::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `a_frames_transmitted_ok_high`: 32 bits at bit 0x0.
+    pub fn a_frames_transmitted_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x0, 32) as u32
+    }
+    /// `a_frames_transmitted_ok_low`: 32 bits at bit 0x20.
+    pub fn a_frames_transmitted_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `a_frames_received_ok_high`: 32 bits at bit 0x40.
+    pub fn a_frames_received_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x40, 32) as u32
+    }
+    /// `a_frames_received_ok_low`: 32 bits at bit 0x60.
+    pub fn a_frames_received_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x60, 32) as u32
+    }
+    /// `a_frame_check_sequence_errors_high`: 32 bits at bit 0x80.
+    pub fn a_frame_check_sequence_errors_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x80, 32) as u32
+    }
+    /// `a_frame_check_sequence_errors_low`: 32 bits at bit 0xa0.
+    pub fn a_frame_check_sequence_errors_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xa0, 32) as u32
+    }
+    /// `a_alignment_errors_high`: 32 bits at bit 0xc0.
+    pub fn a_alignment_errors_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xc0, 32) as u32
+    }
+    /// `a_alignment_errors_low`: 32 bits at bit 0xe0.
+    pub fn a_alignment_errors_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xe0, 32) as u32
+    }
+    /// `a_octets_transmitted_ok_high`: 32 bits at bit 0x100.
+    pub fn a_octets_transmitted_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x100, 32) as u32
+    }
+    /// `a_octets_transmitted_ok_low`: 32 bits at bit 0x120.
+    pub fn a_octets_transmitted_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x120, 32) as u32
+    }
+    /// `a_octets_received_ok_high`: 32 bits at bit 0x140.
+    pub fn a_octets_received_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x140, 32) as u32
+    }
+    /// `a_octets_received_ok_low`: 32 bits at bit 0x160.
+    pub fn a_octets_received_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x160, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Eth8023CntrsGrpDataLayout<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `a_frames_transmitted_ok_high` (32 bits at bit 0x0).
+    pub fn set_a_frames_transmitted_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frames_transmitted_ok_low` (32 bits at bit 0x20).
+    pub fn set_a_frames_transmitted_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frames_received_ok_high` (32 bits at bit 0x40).
+    pub fn set_a_frames_received_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frames_received_ok_low` (32 bits at bit 0x60).
+    pub fn set_a_frames_received_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x60, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frame_check_sequence_errors_high` (32 bits at bit 0x80).
+    pub fn set_a_frame_check_sequence_errors_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frame_check_sequence_errors_low` (32 bits at bit 0xa0).
+    pub fn set_a_frame_check_sequence_errors_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xa0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_alignment_errors_high` (32 bits at bit 0xc0).
+    pub fn set_a_alignment_errors_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xc0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_alignment_errors_low` (32 bits at bit 0xe0).
+    pub fn set_a_alignment_errors_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xe0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_octets_transmitted_ok_high` (32 bits at bit 0x100).
+    pub fn set_a_octets_transmitted_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x100, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_octets_transmitted_ok_low` (32 bits at bit 0x120).
+    pub fn set_a_octets_transmitted_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x120, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_octets_received_ok_high` (32 bits at bit 0x140).
+    pub fn set_a_octets_received_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x140, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_octets_received_ok_low` (32 bits at bit 0x160).
+    pub fn set_a_octets_received_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x160, 32, u64::from(value));
+        self
+    }
+}

@@ -3012,3 +3012,419 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryHcaVportPkeyOut<T> {
         Pkey::new_unchecked(sub_mut(self.buf.as_mut(), 0x10 + index * 0x4, 0x4))
     }
 }
+
+/// Constants and registry entry of [`SetL2TableEntryIn`] (`struct mlx5_ifc_set_l2_table_entry_in_bits`).
+pub mod set_l2_table_entry_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x200;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x40;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `table_index`: bit 0xa8, 0x18 bits.
+    pub const TABLE_INDEX: BitField = BitField::new(0xa8, 0x18);
+    /// Place of `silent_mode_valid`: bit 0xf0, 0x1 bits.
+    pub const SILENT_MODE_VALID: BitField = BitField::new(0xf0, 0x1);
+    /// Place of `silent_mode`: bit 0xf1, 0x1 bits.
+    pub const SILENT_MODE: BitField = BitField::new(0xf1, 0x1);
+    /// Place of `vlan_valid`: bit 0xf3, 0x1 bits.
+    pub const VLAN_VALID: BitField = BitField::new(0xf3, 0x1);
+    /// Place of `vlan`: bit 0xf4, 0xc bits.
+    pub const VLAN: BitField = BitField::new(0xf4, 0xc);
+    /// Place of `mac_address`: bit 0x100, 0x40 bits.
+    pub const MAC_ADDRESS: BitField = BitField::new(0x100, 0x40);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "set_l2_table_entry_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x200,
+        doc: "SET_L2_TABLE_ENTRY input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x60, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_a0", bit_off: 0xa0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "table_index", bit_off: 0xa8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_e0", bit_off: 0xe0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "silent_mode_valid", bit_off: 0xf0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "silent_mode", bit_off: 0xf1, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_f2", bit_off: 0xf2, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "vlan_valid", bit_off: 0xf3, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "vlan", bit_off: 0xf4, width: 0xc, ty: FieldType::Bits },
+            FieldInfo { name: "mac_address", bit_off: 0x100, width: 0x40, ty: FieldType::Layout("mac_address_layout") },
+            FieldInfo { name: "reserved_at_140", bit_off: 0x140, width: 0xc0, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// SET_L2_TABLE_ENTRY input.
+///
+/// A view of `struct mlx5_ifc_set_l2_table_entry_in_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetL2TableEntryIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> SetL2TableEntryIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("set_l2_table_entry_in", set_l2_table_entry_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `table_index`: 24 bits at bit 0xa8.
+    pub fn table_index(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xa8, 24) as u32
+    }
+    /// `silent_mode_valid`: 1 bits at bit 0xf0.
+    pub fn silent_mode_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0xf0, 1) != 0
+    }
+    /// `silent_mode`: 1 bits at bit 0xf1.
+    pub fn silent_mode(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0xf1, 1) != 0
+    }
+    /// `vlan_valid`: 1 bits at bit 0xf3.
+    pub fn vlan_valid(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0xf3, 1) != 0
+    }
+    /// `vlan`: 12 bits at bit 0xf4.
+    pub fn vlan(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0xf4, 12) as u16
+    }
+    /// `mac_address` (`mac_address_layout`, at byte 0x20).
+    pub fn mac_address(&self) -> MacAddressLayout<&[u8]> {
+        MacAddressLayout::new_unchecked(sub(self.buf.as_ref(), 0x20, 0x8))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> SetL2TableEntryIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `table_index` (24 bits at bit 0xa8).
+    pub fn set_table_index(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xa8, 24, u64::from(value));
+        self
+    }
+    /// Sets `silent_mode_valid` (1 bits at bit 0xf0).
+    pub fn set_silent_mode_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xf0, 1, u64::from(value));
+        self
+    }
+    /// Sets `silent_mode` (1 bits at bit 0xf1).
+    pub fn set_silent_mode(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xf1, 1, u64::from(value));
+        self
+    }
+    /// Sets `vlan_valid` (1 bits at bit 0xf3).
+    pub fn set_vlan_valid(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xf3, 1, u64::from(value));
+        self
+    }
+    /// Sets `vlan` (12 bits at bit 0xf4).
+    pub fn set_vlan(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xf4, 12, u64::from(value));
+        self
+    }
+    /// `mac_address` (`mac_address_layout`, at byte 0x20), for writing.
+    pub fn mac_address_mut(&mut self) -> MacAddressLayout<&mut [u8]> {
+        MacAddressLayout::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0x8))
+    }
+}
+
+/// Constants and registry entry of [`SetL2TableEntryOut`] (`struct mlx5_ifc_set_l2_table_entry_out_bits`).
+pub mod set_l2_table_entry_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "set_l2_table_entry_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "SET_L2_TABLE_ENTRY output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// SET_L2_TABLE_ENTRY output.
+///
+/// A view of `struct mlx5_ifc_set_l2_table_entry_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetL2TableEntryOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> SetL2TableEntryOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("set_l2_table_entry_out", set_l2_table_entry_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> SetL2TableEntryOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DeleteL2TableEntryIn`] (`struct mlx5_ifc_delete_l2_table_entry_in_bits`).
+pub mod delete_l2_table_entry_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x200;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x40;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `table_index`: bit 0xa8, 0x18 bits.
+    pub const TABLE_INDEX: BitField = BitField::new(0xa8, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "delete_l2_table_entry_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x200,
+        doc: "DELETE_L2_TABLE_ENTRY input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x60, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_a0", bit_off: 0xa0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "table_index", bit_off: 0xa8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x140, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DELETE_L2_TABLE_ENTRY input.
+///
+/// A view of `struct mlx5_ifc_delete_l2_table_entry_in_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeleteL2TableEntryIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DeleteL2TableEntryIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("delete_l2_table_entry_in", delete_l2_table_entry_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `table_index`: 24 bits at bit 0xa8.
+    pub fn table_index(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xa8, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DeleteL2TableEntryIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `table_index` (24 bits at bit 0xa8).
+    pub fn set_table_index(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xa8, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DeleteL2TableEntryOut`] (`struct mlx5_ifc_delete_l2_table_entry_out_bits`).
+pub mod delete_l2_table_entry_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "delete_l2_table_entry_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DELETE_L2_TABLE_ENTRY output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DELETE_L2_TABLE_ENTRY output.
+///
+/// A view of `struct mlx5_ifc_delete_l2_table_entry_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeleteL2TableEntryOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DeleteL2TableEntryOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("delete_l2_table_entry_out", delete_l2_table_entry_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DeleteL2TableEntryOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}

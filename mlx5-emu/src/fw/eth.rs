@@ -1,0 +1,121 @@
+//! The Ethernet objects' tables and what their commands share: TISes
+//! (fw/tis.rs), TIRs (fw/tir.rs), RQ tables (fw/rqt.rs), SQs (fw/sq.rs), RQs
+//! (fw/rq.rs) and the VXLAN UDP ports (fw/vxlan.rs). Firmware keeps each
+//! object's context as the driver gave it (QUERY_* returns it, with the
+//! state firmware moved) and checks every number it names against the
+//! other tables; the data path (WQEs on SQs and RQs, steering to TIRs) is
+//! not served yet.
+
+use std::collections::BTreeMap;
+
+use mlx5_hw::status::CmdStatus;
+
+use super::{fail, synd, Fail};
+
+/// One object: its context bytes as created (and modified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Obj {
+    pub ctx: Vec<u8>,
+}
+
+/// The Ethernet objects of a function, by PRM number.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct EthObjects {
+    pub tises: BTreeMap<u32, Obj>,
+    pub tirs: BTreeMap<u32, Obj>,
+    pub rqts: BTreeMap<u32, Obj>,
+    pub sqs: BTreeMap<u32, Obj>,
+    pub rqs: BTreeMap<u32, Obj>,
+    /// UDP ports parsed as VXLAN (ADD_VXLAN_UDP_DPORT).
+    pub vxlan_ports: std::collections::BTreeSet<u16>,
+    /// The L2 (MPFS) table (fw/l2.rs): MAC and VLAN by table index.
+    pub l2_table: BTreeMap<u32, super::l2::L2Entry>,
+    /// The data-path counts QUERY_VPORT_COUNTER's `clear` last zeroed
+    /// (frames sent, octets sent, frames received).
+    pub vport_counter_base: [u64; 3],
+    /// The same for PPCNT's `clr` (fw/reg.rs).
+    pub ppcnt_base: [u64; 3],
+}
+
+impl EthObjects {
+    /// Objects alive (a teardown counts them as leaked).
+    pub fn objects(&self) -> usize {
+        self.tises.len() + self.tirs.len() + self.rqts.len() + self.sqs.len() + self.rqs.len()
+    }
+}
+
+/// The lowest free number in `first..limit`, or NO_RESOURCES with `synd`.
+pub(crate) fn free_number<T>(
+    t: &BTreeMap<u32, T>,
+    first: u32,
+    limit: u32,
+    synd: u32,
+) -> Result<u32, Fail> {
+    (first..limit.max(first + 1))
+        .find(|n| !t.contains_key(n))
+        .ok_or(fail(CmdStatus::NoResources, synd))
+}
+
+/// `1 << log` capped at the 24-bit object-number space.
+pub(crate) fn limit(log: u64) -> u32 {
+    1u32 << log.clamp(1, 24)
+}
+
+/// The object `n` of `t`, or BAD_RESOURCE with `synd` (an unknown number).
+pub(crate) fn known<T>(t: &BTreeMap<u32, T>, n: u32, synd: u32) -> Result<&T, Fail> {
+    t.get(&n).ok_or(fail(CmdStatus::BadResource, synd))
+}
+
+/// The queue-state moves MODIFY_SQ and MODIFY_RQ take: RST->RDY, RDY->RDY,
+/// RDY->ERR, RDY->RST, ERR->RST and ERR->RDY (mlx5e's recovery).
+pub(crate) fn queue_transition(cur: u64, next: u64) -> Result<(), Fail> {
+    use mlx5_hw::eth::{QUEUE_STATE_ERR as ERR, QUEUE_STATE_RDY as RDY, QUEUE_STATE_RST as RST};
+    let ok = matches!(
+        (cur, next),
+        (RST, RDY) | (RDY, RDY) | (RDY, ERR) | (RDY, RST) | (ERR, RST) | (ERR, RDY)
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_TRANSITION))
+    }
+}
+
+impl super::Firmware {
+    /// The checks a `wq` (the ring of an SQ or RQ) passes at creation: its
+    /// PD (0 or one allocated), size, doorbell record and pages (`pas`, right after the input's
+    /// fixed part, at `pas_at`), and the UAR page when `uar` (an SQ rings
+    /// one). Gives the pages.
+    pub(super) fn check_wq(
+        &self,
+        inner: &crate::Inner,
+        input: &[u8],
+        wq_at: usize,
+        pas_at: usize,
+        uar: bool,
+    ) -> Result<Vec<u64>, Fail> {
+        use mlx5_hw::ifc::{cmd_hca_cap, wq};
+        let w = &input[wq_at..wq_at + wq::SIZE_BYTES];
+        // PD 0 is firmware's own (mlx5e's drop RQ names no PD).
+        let pd = wq::PD.get(w) as u32;
+        if pd != 0 && !crate::lock(&inner.rdma.pds).contains(&pd) {
+            return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_PD));
+        }
+        if uar && !self.uars.contains(&(wq::UAR_PAGE.get(w) as u32)) {
+            return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_UAR));
+        }
+        let log_sz = wq::LOG_WQ_SZ.get(w);
+        if log_sz > self.cap(cmd_hca_cap::LOG_MAX_WQ_SZ) {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_SIZE));
+        }
+        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
+        let bytes = wq::PAGE_OFFSET.get(w) * 64 + ((1u64 << log_sz) << wq::LOG_WQ_STRIDE.get(w));
+        let npas = bytes.div_ceil(1 << log_page) as usize;
+        let pas = super::cq::pas(input, pas_at, npas)?;
+        let dma = &inner.bus.dma;
+        if !dma.is_mapped(wq::DBR_ADDR.get(w), 8) || pas.iter().any(|p| !dma.is_mapped(*p, 1)) {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_NOT_MAPPED));
+        }
+        Ok(pas)
+    }
+}

@@ -1,0 +1,151 @@
+//! CREATE_RQ / MODIFY_RQ / DESTROY_RQ / QUERY_RQ: receive queues, the rings
+//! mlx5e receives on (its drop RQ at probe, one per channel when the
+//! netdev opens). An RQ is born in RST on its own `wq` (linked list,
+//! cyclic, or striding where the card has it) or on an RMP, completes to a
+//! CQ and counts into a Q counter set; MODIFY_RQ moves its state and the
+//! fields its bitmask selects (vsd, scatter_fcs, counter_set_id). RQ
+//! numbers share the QP number space with SQs. Bookkeeping only: nothing
+//! is received into an RQ yet.
+
+use mlx5_hw::eth::{
+    MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID, MODIFY_RQ_BITMASK_SCATTER_FCS, MODIFY_RQ_BITMASK_VSD,
+    QUEUE_STATE_RST, RQC_MEM_RQ_TYPE_INLINE, RQC_MEM_RQ_TYPE_RMP, WQ_TYPE_CYCLIC,
+    WQ_TYPE_CYCLIC_STRIDING_RQ, WQ_TYPE_LINKED_LIST, WQ_TYPE_LINKED_LIST_STRIDING_RQ,
+};
+use mlx5_hw::ifc::{
+    cmd_hca_cap, create_rq_in, create_rq_out, destroy_rq_in, modify_rq_in, query_rq_in,
+    query_rq_out, rq_num, rqc, rqtc, tirc, wq,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::eth::{known, queue_transition, Obj};
+use super::{fail, sized, synd, CmdResult, Fail, Firmware};
+use crate::transport::rlock;
+use crate::{lock, Inner};
+
+impl Firmware {
+    /// A Q counter set an RQ counts into: 0 (the default set) or one
+    /// ALLOC_Q_COUNTER handed out.
+    fn check_counter_set(&self, inner: &Inner, id: u64) -> Result<(), Fail> {
+        if id != 0 && !lock(&inner.rdma.q_counters).contains_key(&(id as u32)) {
+            return Err(fail(CmdStatus::BadResource, synd::RQ_BAD_COUNTER));
+        }
+        Ok(())
+    }
+
+    /// The RQ's own checks (state, ring type, CQ, RMP).
+    fn check_rqc(&self, inner: &Inner, c: &[u8]) -> Result<(), Fail> {
+        if rqc::STATE.get(c) != QUEUE_STATE_RST {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_STATE));
+        }
+        if rqc::HAIRPIN.get(c) != 0 {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_PARAM));
+        }
+        let w = &c[rqc::WQ.off / 8..];
+        let striding = self.cap(cmd_hca_cap::STRIDING_RQ) != 0;
+        match wq::WQ_TYPE.get(w) {
+            WQ_TYPE_LINKED_LIST | WQ_TYPE_CYCLIC => {}
+            WQ_TYPE_LINKED_LIST_STRIDING_RQ | WQ_TYPE_CYCLIC_STRIDING_RQ if striding => {}
+            _ => return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_TYPE)),
+        }
+        if !rlock(&inner.rdma.cqs).contains_key(&(rqc::CQN.get(c) as u32)) {
+            return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_CQ));
+        }
+        self.check_counter_set(inner, rqc::COUNTER_SET_ID.get(c))
+    }
+
+    pub(super) fn create_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        use create_rq_in as i;
+        sized(input, outlen, i::SIZE_BYTES, create_rq_out::SIZE_BYTES)?;
+        self.check_uid(i::UID.get(input))?;
+        let at = i::CTX.off / 8;
+        let c = &input[at..at + rqc::SIZE_BYTES];
+        self.check_rqc(inner, c)?;
+        match rqc::MEM_RQ_TYPE.get(c) {
+            RQC_MEM_RQ_TYPE_INLINE => {
+                self.check_wq(inner, input, at + rqc::WQ.off / 8, i::SIZE_BYTES, false)?;
+            }
+            RQC_MEM_RQ_TYPE_RMP => {
+                if !rlock(&inner.rdma.srqs).contains_key(&(rqc::RMPN.get(c) as u32)) {
+                    return Err(fail(CmdStatus::BadResource, synd::RQ_BAD_RMP));
+                }
+            }
+            _ => return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_TYPE)),
+        }
+        let rqn = self.free_queue_number(inner, synd::WQ_EXHAUSTED)?;
+        tracing::debug!(rqn, cqn = rqc::CQN.get(c), "CREATE_RQ");
+        self.eth.rqs.insert(rqn, Obj { ctx: c.to_vec() });
+        let mut out = vec![0u8; create_rq_out::SIZE_BYTES];
+        create_rq_out::RQN.set(&mut out, u64::from(rqn));
+        Ok(out)
+    }
+
+    pub(super) fn modify_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        use modify_rq_in as i;
+        sized(input, outlen, i::SIZE_BYTES, 0x10)?;
+        self.check_uid(i::UID.get(input))?;
+        let rqn = i::RQN.get(input) as u32;
+        let cur = rqc::STATE.get(&known(&self.eth.rqs, rqn, synd::RQ_UNKNOWN)?.ctx);
+        if i::RQ_STATE.get(input) != cur {
+            return Err(fail(CmdStatus::BadResourceState, synd::WQ_STATE_MISMATCH));
+        }
+        let c = &input[i::CTX.off / 8..][..rqc::SIZE_BYTES];
+        let next = rqc::STATE.get(c);
+        queue_transition(cur, next)?;
+        let bitmask = i::MODIFY_BITMASK.get(input);
+        if bitmask & MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID != 0 {
+            self.check_counter_set(inner, rqc::COUNTER_SET_ID.get(c))?;
+        }
+        let Some(rq) = self.eth.rqs.get_mut(&rqn) else {
+            return Err(fail(CmdStatus::BadResource, synd::RQ_UNKNOWN));
+        };
+        rqc::STATE.set(&mut rq.ctx, next);
+        for (bit, f) in [
+            (MODIFY_RQ_BITMASK_VSD, rqc::VSD),
+            (MODIFY_RQ_BITMASK_SCATTER_FCS, rqc::SCATTER_FCS),
+            (MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID, rqc::COUNTER_SET_ID),
+        ] {
+            if bitmask & bit != 0 {
+                f.set(&mut rq.ctx, f.get(c));
+            }
+        }
+        Ok(vec![0; 0x10])
+    }
+
+    /// Whether an RQ table lists `rqn` or a direct TIR delivers to it.
+    fn rq_referenced(&self, rqn: u32) -> bool {
+        let listed = |t: &Obj| {
+            t.ctx[rqtc::SIZE_BYTES..]
+                .chunks(rq_num::SIZE_BYTES)
+                .any(|e| rq_num::RQ_NUM.get(e) as u32 == rqn)
+        };
+        let direct = |t: &Obj| {
+            tirc::DISP_TYPE.get(&t.ctx) == mlx5_hw::eth::TIRC_DISP_TYPE_DIRECT
+                && tirc::INLINE_RQN.get(&t.ctx) as u32 == rqn
+        };
+        self.eth.rqts.values().any(listed) || self.eth.tirs.values().any(direct)
+    }
+
+    pub(super) fn destroy_rq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+        use destroy_rq_in as i;
+        sized(input, outlen, i::SIZE_BYTES, 0x10)?;
+        self.check_uid(i::UID.get(input))?;
+        let rqn = i::RQN.get(input) as u32;
+        known(&self.eth.rqs, rqn, synd::RQ_UNKNOWN)?;
+        if self.rq_referenced(rqn) {
+            return Err(fail(CmdStatus::BadResourceState, synd::RQ_IN_USE));
+        }
+        self.eth.rqs.remove(&rqn);
+        Ok(vec![0; 0x10])
+    }
+
+    pub(super) fn query_rq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+        use query_rq_out as o;
+        sized(input, outlen, query_rq_in::SIZE_BYTES, o::SIZE_BYTES)?;
+        let rqn = query_rq_in::RQN.get(input) as u32;
+        let rq = known(&self.eth.rqs, rqn, synd::RQ_UNKNOWN)?;
+        let mut out = vec![0u8; o::SIZE_BYTES];
+        out[o::RQ_CONTEXT.off / 8..][..rqc::SIZE_BYTES].copy_from_slice(&rq.ctx);
+        Ok(out)
+    }
+}

@@ -1,0 +1,296 @@
+//! Ethernet send queues (CREATE_SQ, fw/sq.rs) as the data path executes
+//! them: mlx5e's TX queues, its ICOSQs and XDP queues.
+//!
+//! An SQ is a cyclic ring of 64-byte basic blocks with its producer
+//! counter at offset 4 of its doorbell record (`MLX5_SND_DBR`), rung like a
+//! QP's send queue (the first 8 bytes of the control segment at a UAR send
+//! doorbell: index and SQ number), so the worker finds it from the same
+//! doorbells and the same sweep ([`super::Rdma::poll`]). In RDY it runs
+//! every posted WQE in order: a NOP (mlx5e's ICOSQ posts one to start
+//! NAPI, and fills the ring's edge with them) and a SEND with an Ethernet
+//! segment (inline L2 headers, then data segments under the local key)
+//! complete with a requester CQE naming the WQE's first basic block
+//! (`wqe_counter`) when they ask for one (`fm_ce_se`); the frame is
+//! counted as sent and leaves on the port, where no Ethernet receiver
+//! takes it yet (frames are dropped at the wire). A WQE that is malformed,
+//! of another opcode, or whose local key does not grant the read
+//! completes with an error CQE and moves the SQ to ERR; in ERR every
+//! posted WQE completes as flushed (mlx5e's recovery waits for that before
+//! it moves the SQ back through RST to RDY).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::eth::{QUEUE_STATE_ERR, QUEUE_STATE_RDY};
+use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
+use mlx5_hw::wqe::{
+    wqebbs_for_ds, WqeOpcode, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE,
+};
+use vm_memory::GuestMemoryMmap;
+
+use super::cq::Completion;
+use super::mem::{self, access};
+use super::qp::Buf;
+use super::requester::{key_error, vendor};
+use super::{Cq, Rdma};
+use crate::lock;
+
+/// Bytes of the inline header inside the Ethernet segment itself
+/// (`MLX5E_INL_HDR_START_SZ`, its `inline_hdr_start`).
+const INLINE_HDR_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
+
+/// One Ethernet send queue.
+#[derive(Debug)]
+pub(crate) struct EthSq {
+    pub sqn: u32,
+    /// The CQ its completions go to (sqc.cqn).
+    pub cq: Arc<Cq>,
+    /// The protection domain its data segments' keys must belong to (wq.pd).
+    pub pd: u32,
+    /// log2 of its basic blocks.
+    pub log_size: u8,
+    pub buf: Buf,
+    /// Doorbell record: the producer counter is at +4.
+    pub dbr: u64,
+    /// `QUEUE_STATE_*`, moved by MODIFY_SQ and by an error CQE.
+    pub state: AtomicU8,
+    /// Where the ring stands.
+    pub ring: Mutex<Ring>,
+}
+
+/// The SQ's position in its ring.
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
+    /// The next basic block to execute.
+    pub ci: u16,
+    /// The producer counter the doorbell record held when the SQ went back
+    /// to RST: the counters restart at 0 there but the driver rewrites the
+    /// record only when it posts again (mlx5e's recovery), so until then
+    /// the record is stale and only a doorbell makes the SQ read it.
+    pub stale: Option<u16>,
+}
+
+/// What became of one WQE.
+enum Outcome {
+    /// Done: bytes sent (0 for a NOP).
+    Done(u32),
+    /// Failed: CQE syndrome and vendor syndrome.
+    Error(CqeSyndrome, u8),
+}
+
+impl EthSq {
+    /// The SQ's state (`QUEUE_STATE_*`).
+    pub(crate) fn state(&self) -> u64 {
+        u64::from(self.state.load(Ordering::Acquire))
+    }
+
+    fn bb(&self, i: u16) -> Option<u64> {
+        let mask = (1u32 << self.log_size) - 1;
+        self.buf.addr(u64::from(u32::from(i) & mask) * 64)
+    }
+
+    /// Back to RST: the ring restarts at 0 and the doorbell record counts
+    /// as stale until it moves or a doorbell rings.
+    pub(crate) fn reset(&self, mem: &GuestMemoryMmap) {
+        let mut r = lock(&self.ring);
+        r.ci = 0;
+        r.stale = self.pi(mem);
+    }
+
+    /// The producer counter in the doorbell record.
+    fn pi(&self, mem: &GuestMemoryMmap) -> Option<u16> {
+        mem::load_be32(mem, self.dbr + 4).ok().map(|v| v as u16)
+    }
+}
+
+/// Executes (RDY) or flushes (ERR) what was posted on `sq`; true if any
+/// WQE was taken. `rung`: a doorbell of this SQ was seen (else the sweep
+/// reads the doorbell record for a lost one).
+pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) -> bool {
+    let state = sq.state();
+    if state != QUEUE_STATE_RDY && state != QUEUE_STATE_ERR {
+        return false;
+    }
+    let Some(pi) = sq.pi(mem) else {
+        return false;
+    };
+    let mut ring = lock(&sq.ring);
+    if ring.stale.is_some_and(|s| s == pi && !rung) {
+        return false;
+    }
+    ring.stale = None;
+    let ci = &mut ring.ci;
+    let mut busy = false;
+    let mut wqe = [0u8; SEND_WQE_MAX_SIZE];
+    while *ci != pi {
+        busy = true;
+        let at = *ci;
+        if sq.state() == QUEUE_STATE_ERR {
+            if !flush_one(rdma, sq, mem, at, pi, ci) {
+                break;
+            }
+            continue;
+        }
+        let (nbb, head, outcome) = match read_wqe(sq, mem, at, pi, &mut wqe) {
+            Ok((nbb, len)) => (nbb, wqe, execute(rdma, sq, &wqe[..len])),
+            Err(v) => (1, wqe, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
+        };
+        let fm = wqe_ctrl_seg::FM_CE_SE.get(&head) as u8 & 0x0c;
+        let opcode = head[3];
+        let c = match outcome {
+            Outcome::Done(bytes) => {
+                rdma.counters
+                    .packets_sent
+                    .fetch_add(u64::from(bytes != 0), Ordering::Relaxed);
+                rdma.counters
+                    .bytes_sent
+                    .fetch_add(u64::from(bytes), Ordering::Relaxed);
+                if bytes != 0 {
+                    // No Ethernet receiver on the wire yet: the frame is lost there.
+                    rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                (fm == WQE_CTRL_CQ_UPDATE || fm == WQE_CTRL_CQ_UPDATE_AND_EQE).then_some(
+                    Completion {
+                        opcode: CqeOpcode::Req.to_raw(),
+                        qpn: sq.sqn,
+                        wqe_counter: at,
+                        s_wqe_opcode: opcode,
+                        ..Completion::default()
+                    },
+                )
+            }
+            Outcome::Error(synd, vendor) => {
+                tracing::debug!(sqn = sq.sqn, at, opcode, vendor, "SQ WQE failed");
+                sq.state.store(QUEUE_STATE_ERR as u8, Ordering::Release);
+                rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+                Some(Completion {
+                    opcode: CqeOpcode::ReqErr.to_raw(),
+                    qpn: sq.sqn,
+                    wqe_counter: at,
+                    s_wqe_opcode: opcode,
+                    error: Some((synd.to_raw(), vendor)),
+                    ..Completion::default()
+                })
+            }
+        };
+        if let Some(c) = c {
+            if !sq.cq.push(rdma, mem, &c) {
+                break;
+            }
+        }
+        *ci = at.wrapping_add(nbb);
+    }
+    busy
+}
+
+/// Completes the WQE at `at` as flushed; false when the CQ takes no more.
+fn flush_one(
+    rdma: &Rdma,
+    sq: &EthSq,
+    mem: &GuestMemoryMmap,
+    at: u16,
+    pi: u16,
+    ci: &mut u16,
+) -> bool {
+    let mut b = [0u8; 16];
+    let Some(addr) = sq.bb(at) else {
+        return false;
+    };
+    if mem::read(mem, addr, &mut b).is_err() {
+        return false;
+    }
+    let ds = (wqe_ctrl_seg::QPN_DS.get(&b) & 0x3f) as usize;
+    // A WQE claiming more blocks than were posted ends at the producer
+    // counter: the flush never runs past it.
+    let nbb = (wqebbs_for_ds(ds).max(1) as u16).min(pi.wrapping_sub(at));
+    let c = Completion {
+        opcode: CqeOpcode::ReqErr.to_raw(),
+        qpn: sq.sqn,
+        wqe_counter: at,
+        s_wqe_opcode: b[3],
+        error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
+        ..Completion::default()
+    };
+    if !sq.cq.push(rdma, mem, &c) {
+        return false;
+    }
+    *ci = at.wrapping_add(nbb);
+    true
+}
+
+/// Reads the WQE at `at` into `buf`: its basic blocks and length in bytes
+/// (ds × 16). It must name this SQ and its own index, and end at or
+/// before the producer counter `pi`.
+fn read_wqe(
+    sq: &EthSq,
+    mem: &GuestMemoryMmap,
+    at: u16,
+    pi: u16,
+    buf: &mut [u8; SEND_WQE_MAX_SIZE],
+) -> Result<(u16, usize), u8> {
+    let first = sq.bb(at).ok_or(vendor::WQE_FAULT)?;
+    mem::read(mem, first, &mut buf[..64]).map_err(|_| vendor::WQE_FAULT)?;
+    let w0 = wqe_ctrl_seg::OPMOD_IDX_OPCODE.get(&buf[..]) as u32;
+    let w1 = wqe_ctrl_seg::QPN_DS.get(&buf[..]) as u32;
+    let ds = (w1 & 0x3f) as usize;
+    let nbb = wqebbs_for_ds(ds).max(1);
+    if ds == 0 || (w0 >> 8) as u16 != at || w1 >> 8 != sq.sqn {
+        tracing::debug!(sqn = sq.sqn, at, w0, w1, "malformed SQ WQE");
+        return Err(vendor::WQE_FAULT);
+    }
+    if nbb > usize::from(pi.wrapping_sub(at)) {
+        return Err(vendor::WQE_FAULT);
+    }
+    for i in 1..nbb {
+        let a = sq.bb(at.wrapping_add(i as u16)).ok_or(vendor::WQE_FAULT)?;
+        mem::read(mem, a, &mut buf[i * 64..(i + 1) * 64]).map_err(|_| vendor::WQE_FAULT)?;
+    }
+    Ok((nbb as u16, ds * 16))
+}
+
+/// Runs one WQE (`w`: its `ds` × 16 bytes).
+fn execute(rdma: &Rdma, sq: &EthSq, w: &[u8]) -> Outcome {
+    match WqeOpcode::from(w[3]) {
+        WqeOpcode::Nop => Outcome::Done(0),
+        WqeOpcode::Send => send(rdma, sq, w),
+        _ => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
+    }
+}
+
+/// A SEND: the Ethernet segment (its inline headers), then data segments
+/// whose bytes are read through their local keys.
+fn send(rdma: &Rdma, sq: &EthSq, w: &[u8]) -> Outcome {
+    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    };
+    let ihs = wqe_eth_seg::INLINE_HDR_SZ.get(eth) as usize;
+    // The headers past the two bytes in the segment run on in 16-byte units.
+    let data_at =
+        ctrl + wqe_eth_seg::SIZE_BYTES + ihs.saturating_sub(INLINE_HDR_START).next_multiple_of(16);
+    if data_at > w.len() {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    let mut bytes = ihs as u64;
+    let mut ext = Vec::new();
+    for d in w[data_at..].chunks_exact(wqe_data_seg::SIZE_BYTES) {
+        let len = wqe_data_seg::BYTE_COUNT.get(d);
+        if len == 0 {
+            continue;
+        }
+        let key = wqe_data_seg::LKEY.get(d) as u32;
+        let Some(k) = rdma.mkey(key) else {
+            return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
+        };
+        ext.clear();
+        if let Err(e) = k.resolve(sq.pd, access::LR, wqe_data_seg::ADDR.get(d), len, &mut ext) {
+            return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
+        }
+        bytes += len;
+    }
+    if bytes == 0 || bytes > u64::from(u32::MAX) {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    Outcome::Done(bytes as u32)
+}
