@@ -79,6 +79,7 @@ mod rq;
 pub mod shared;
 pub mod srq;
 pub mod uar;
+pub mod umr;
 pub mod wq;
 pub mod wqe;
 pub mod wr;

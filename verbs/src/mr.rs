@@ -257,6 +257,7 @@ impl Mr {
                 .set_relaxed_ordering_write(ro && g.relaxed_ordering_write())
                 .set_relaxed_ordering_read(ro && g.relaxed_ordering_read())
                 .set_qpn(MKC_QPN_NONE)
+                .set_umr_en(true)
                 .set_pd(pd.pdn)
                 .set_start_addr(addr)
                 .set_len(len)

@@ -301,6 +301,29 @@ impl SendRing {
 
     /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
     /// around the ring end block by block.
+    /// Fills the control segment at the start of `wqe` (opcode, index,
+    /// size, completion flags from `flags`, `imm`) and writes the WQE into
+    /// the ring; the doorbell is left for [`ring`](Self::ring).
+    pub(crate) fn commit_with_ctrl(
+        &mut self,
+        wqe: &mut [u8],
+        opcode: WqeOpcode,
+        imm: u32,
+        flags: u32,
+        wr_id: u64,
+    ) -> std::result::Result<(), PostError> {
+        let ds = wqe.len().div_ceil(DS) as u8;
+        put32(
+            wqe,
+            CTRL_OPMOD_IDX_OPCODE,
+            w::opmod_idx_opcode(0, self.pc as u16, opcode),
+        );
+        put32(wqe, CTRL_QPN_DS, self.qpn8 | u32::from(ds));
+        wqe[CTRL_FM_CE_SE] = self.fm_ce_se(flags);
+        put32(wqe, CTRL_IMM, imm);
+        self.commit(wqe, wr_id)
+    }
+
     fn commit(&mut self, wqe: &[u8], wr_id: u64) -> std::result::Result<(), PostError> {
         let nbb = wqe.len().div_ceil(BB) as u32;
         if !self.room_for(nbb) {

@@ -14,7 +14,10 @@ use mlx5_hw::status::CmdStatus;
 use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
-use crate::transport::mem::{access, Mkey, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
+use crate::transport::mem::{
+    access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT,
+    MKC_ACCESS_MODE_PA,
+};
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
 
@@ -36,7 +39,10 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::MKEY_BAD_PD));
         }
         let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
-        if mode != MKC_ACCESS_MODE_PA && mode != MKC_ACCESS_MODE_MTT {
+        if !matches!(
+            mode,
+            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS
+        ) {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
         }
         let mut acc = 0;
@@ -60,7 +66,11 @@ impl Firmware {
         let log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
         let free = mkc::FREE.get(c) != 0;
         let mut mtt = Vec::new();
-        if mode == MKC_ACCESS_MODE_MTT {
+        let octs_max = mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize;
+        let mut klm = None;
+        if mode == MKC_ACCESS_MODE_KLMS {
+            klm = Some(self.klm_entries(inner, input, octs_max, free)?);
+        } else if mode == MKC_ACCESS_MODE_MTT {
             let wide = self.caps.get(
                 crate::profile::cap_type::GENERAL_2,
                 cmd_hca_cap_2::UMR_LOG_ENTITY_SIZE_5,
@@ -96,6 +106,11 @@ impl Firmware {
         let Some(index) = (FIRST_MKEY_INDEX..max).find(|i| !t.contains_key(i)) else {
             return Err(fail(CmdStatus::NoResources, synd::MKEY_EXHAUSTED));
         };
+        let xlt_max = if mode == MKC_ACCESS_MODE_KLMS {
+            octs_max
+        } else {
+            (octs_max * 2).max(mtt.len())
+        };
         let k = Mkey {
             index,
             key: mkc::MKEY_7_0.get(c) as u8,
@@ -109,6 +124,8 @@ impl Firmware {
             free,
             umr_en: mkc::UMR_EN.get(c) != 0,
             qpn: mkc::QPN.get(c) as u32,
+            xlt_max,
+            klm,
         };
         tracing::debug!(
             mkey = format_args!("{:#x}", k.mkey()),
@@ -121,6 +138,32 @@ impl Firmware {
         let mut out = vec![0u8; create_mkey_out::SIZE_BYTES];
         create_mkey_out::MKEY_INDEX.set(&mut out, u64::from(index));
         Ok(out)
+    }
+
+    /// The KLM entries of an indirect key's CREATE_MKEY (one per
+    /// octoword after the input; none for a free key, which UMR fills).
+    fn klm_entries(
+        &self,
+        inner: &Inner,
+        input: &[u8],
+        octs_max: usize,
+        free: bool,
+    ) -> Result<Indirect, super::Fail> {
+        let octs = create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.get(input) as usize;
+        let given = (input.len() - create_mkey_in::SIZE_BYTES) / mlx5_hw::ifc::klm::SIZE_BYTES;
+        if octs > octs_max.max(octs) || octs > given {
+            return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
+        }
+        let n = if free { 0 } else { octs };
+        let entries = input[create_mkey_in::SIZE_BYTES..]
+            .chunks_exact(mlx5_hw::ifc::klm::SIZE_BYTES)
+            .take(n)
+            .map(klm_entry)
+            .collect();
+        Ok(Indirect {
+            entries,
+            rdma: inner.rdma.me.clone(),
+        })
     }
 
     pub(super) fn destroy_mkey(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

@@ -1188,3 +1188,6 @@ fn mkey_page_size_runs_from_4k_to_the_caps_limit() {
         );
     }
 }
+
+#[path = "umr.rs"]
+mod umr;

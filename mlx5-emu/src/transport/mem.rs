@@ -25,7 +25,7 @@ pub(crate) mod access {
     pub const A: u8 = 1 << 4;
 }
 
-pub(crate) use mlx5_hw::wqe::{MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
+pub(crate) use mlx5_hw::wqe::{MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
 
 /// One memory key.
 #[derive(Debug, Clone)]
@@ -54,6 +54,37 @@ pub(crate) struct Mkey {
     pub umr_en: bool,
     /// QP the key is bound to (0xffffff: any).
     pub qpn: u32,
+    /// Translation entries the key was created with room for (mkc
+    /// `translations_octword_size`: 2 MTT or 1 KLM per octoword); a UMR
+    /// translation update must stay inside.
+    pub xlt_max: usize,
+    /// KLM mode: the entries, and the function whose keys they name.
+    pub klm: Option<Indirect>,
+}
+
+/// Deepest chain of indirect (KLM) keys resolved; a deeper one is refused
+/// as an invalid key.
+pub(crate) const MAX_KLM_DEPTH: u32 = 4;
+
+/// The translation of an indirect (KLM) key: each entry maps the next
+/// `bcount` bytes of the key's range onto `[va, va + bcount)` of `key`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Indirect {
+    /// The entries, in order of the range they cover.
+    pub entries: Vec<Klm>,
+    /// The mkey table the entries' keys live in.
+    pub rdma: std::sync::Weak<super::Rdma>,
+}
+
+/// One KLM entry (`struct mlx5_klm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Klm {
+    /// Bytes this entry covers.
+    pub bcount: u64,
+    /// The key it points into.
+    pub key: u32,
+    /// Where in that key.
+    pub va: u64,
 }
 
 /// A contiguous piece of IOVA space.
@@ -93,6 +124,18 @@ impl Mkey {
         va: u64,
         len: u64,
         out: &mut Vec<Extent>,
+    ) -> Result<(), KeyError> {
+        self.resolve_at(pd, need, va, len, out, 0)
+    }
+
+    fn resolve_at(
+        &self,
+        pd: u32,
+        need: u8,
+        va: u64,
+        len: u64,
+        out: &mut Vec<Extent>,
+        depth: u32,
     ) -> Result<(), KeyError> {
         if self.free {
             return Err(KeyError::Invalid);
@@ -136,9 +179,71 @@ impl Mkey {
                     left -= n;
                 }
             }
+            MKC_ACCESS_MODE_KLMS => {
+                let ind = self.klm.as_ref().ok_or(KeyError::Invalid)?;
+                return ind.resolve(pd, need, off, len, out, depth);
+            }
             _ => return Err(KeyError::Invalid),
         }
         Ok(())
+    }
+}
+
+impl Indirect {
+    /// Resolves `len` bytes from `off` into the key's range through the
+    /// entries: each piece through its entry's key, under the same PD and
+    /// rights; a hole past the last entry is out of bounds.
+    fn resolve(
+        &self,
+        pd: u32,
+        need: u8,
+        mut off: u64,
+        mut len: u64,
+        out: &mut Vec<Extent>,
+        depth: u32,
+    ) -> Result<(), KeyError> {
+        if depth >= MAX_KLM_DEPTH {
+            return Err(KeyError::Invalid);
+        }
+        let rdma = self.rdma.upgrade().ok_or(KeyError::Invalid)?;
+        for e in &self.entries {
+            if len == 0 {
+                break;
+            }
+            if off >= e.bcount {
+                off -= e.bcount;
+                continue;
+            }
+            let n = (e.bcount - off).min(len);
+            let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
+            let va = e.va.checked_add(off).ok_or(KeyError::Bounds)?;
+            inner.resolve_at(pd, need, va, n, out, depth + 1)?;
+            off = 0;
+            len -= n;
+        }
+        if len != 0 {
+            return Err(KeyError::Bounds);
+        }
+        Ok(())
+    }
+}
+
+/// One `struct mlx5_klm` (byte count, key, address; `b` is at least its
+/// size); a byte count of 0 is 2^31 bytes, as in a data segment.
+pub(crate) fn klm_entry(b: &[u8]) -> Klm {
+    use zerocopy::FromBytes;
+    let Ok((k, _)) = mlx5_hw::ifc::Klm::read_from_prefix(b) else {
+        return Klm {
+            bcount: 0,
+            key: 0,
+            va: 0,
+        };
+    };
+    let bc = k.bcount.get();
+    Klm {
+        bcount: if bc == 0 { 1 << 31 } else { u64::from(bc) },
+        key: k.key.get(),
+        va: k.va.get(),
     }
 }
 
@@ -408,6 +513,8 @@ mod tests {
             free: false,
             umr_en: false,
             qpn: 0xff_ffff,
+            xlt_max: 4,
+            klm: None,
         }
     }
 

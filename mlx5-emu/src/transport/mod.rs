@@ -40,6 +40,7 @@ pub mod packet;
 pub(crate) mod qp;
 pub(crate) mod requester;
 pub(crate) mod responder;
+pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};

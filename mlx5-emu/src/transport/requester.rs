@@ -566,6 +566,12 @@ fn run_wqe(
     if w.opcode == W::Nop {
         return Outcome::Done(0);
     }
+    if w.opcode == W::Umr {
+        return match super::umr::execute(rdma, qp, mem, w.imm, buf, end) {
+            Ok(()) => Outcome::Done(0),
+            Err((synd, v)) => Outcome::Error(synd, v),
+        };
+    }
     if matches!(qp.st, qp::st::UD | qp::st::QP1) {
         let seg = buf
             .get(at..end)
@@ -625,7 +631,9 @@ fn opcode_allowed(st: u8, opcode: WqeOpcode) -> bool {
                 | W::RdmaRead
                 | W::AtomicCs
                 | W::AtomicFa
+                | W::Umr
         ),
+        qp::st::REG_UMR => matches!(opcode, W::Nop | W::Umr),
         qp::st::UC => matches!(
             opcode,
             W::Nop | W::Send | W::SendImm | W::RdmaWrite | W::RdmaWriteImm

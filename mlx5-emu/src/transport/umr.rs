@@ -1,0 +1,277 @@
+//! UMR WQEs (`MLX5_OPCODE_UMR`): a memory key modified from a send queue,
+//! as Linux's mlx5_ib posts them on its REG_UMR QP (`mlx5r_umr_*`) and
+//! rdma-core's mlx5dv on an RC QP (PRM "User-Mode Memory Registration",
+//! the UMR control segment, the mkey context segment and the translation
+//! that follows them).
+//!
+//! The WQE is the control segment (its `imm` names the mkey), the UMR
+//! control segment (`struct mlx5_wqe_umr_ctrl_seg`: check-free flags,
+//! inline flag, translation octowords and offset, the mkey mask), the mkey
+//! context segment (`struct mlx5_mkey_seg`, laid out as the `mkc`), then
+//! the translation: inline (`MLX5_UMR_INLINE`) or one data segment pointing
+//! at it in memory. Every check is made before anything changes, so a
+//! refused UMR leaves the key as it was; the key is replaced in one write
+//! of the table (a reader sees the old or the new key, never a mix).
+//! Ordering: the requester completes every message before a UMR (it is
+//! not coalesced), which is what the small fence and strong ordering ask.
+
+use std::sync::Arc;
+
+use mlx5_hw::cqe::CqeSyndrome;
+use mlx5_hw::ifc::{klm, mkc, mkey_seg, wqe_ctrl_seg, wqe_data_seg, wqe_umr_ctrl_seg, WqeDataSeg};
+use mlx5_hw::wqe::{
+    mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_MIN_LOG_PAGE_SIZE,
+    MKEY_MASK_A, MKEY_MASK_FREE, MKEY_MASK_KEY, MKEY_MASK_LEN, MKEY_MASK_LR, MKEY_MASK_LW,
+    MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5, MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR,
+    MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE, UMR_CHECK_NOT_FREE, UMR_INLINE,
+    UMR_TRANSLATION_OFFSET_EN,
+};
+use vm_memory::GuestMemoryMmap;
+use zerocopy::FromBytes;
+
+use super::mem::{self, access, klm_entry, Mkey};
+use super::qp::{self, Qp};
+use super::{wlock, Rdma};
+
+/// Vendor syndromes of a refused UMR (stable values of this model).
+pub(crate) mod vendor {
+    /// The WQE is shorter than its segments, or its translation is.
+    pub const UMR_MALFORMED: u8 = 0x70;
+    /// No such mkey, or its key byte differs.
+    pub const UMR_BAD_MKEY: u8 = 0x71;
+    /// The mkey was not created with `umr_en`.
+    pub const UMR_NOT_ENABLED: u8 = 0x72;
+    /// `MLX5_UMR_CHECK_FREE` / `CHECK_NOT_FREE` did not hold.
+    pub const UMR_FREE_CHECK: u8 = 0x73;
+    /// The mkey belongs to another PD than the (non-UMR) QP.
+    pub const UMR_PD_MISMATCH: u8 = 0x74;
+    /// The translation reaches past the entries the mkey has room for.
+    pub const UMR_XLT_RANGE: u8 = 0x75;
+    /// An mkey field out of range (page size), or a mode UMR cannot fill.
+    pub const UMR_BAD_FIELD: u8 = 0x76;
+    /// The translation pointer's key refused the read.
+    pub const UMR_XLT_KEY: u8 = 0x77;
+}
+
+type Refusal = (CqeSyndrome, u8);
+
+const CTRL_AT: usize = wqe_ctrl_seg::SIZE_BYTES;
+const SEG_AT: usize = CTRL_AT + wqe_umr_ctrl_seg::SIZE_BYTES;
+const XLT_AT: usize = SEG_AT + mkey_seg::SIZE_BYTES;
+
+fn malformed() -> Refusal {
+    (CqeSyndrome::LocalQpOpErr, vendor::UMR_MALFORMED)
+}
+
+/// Executes the UMR WQE in `buf` (its first `end` bytes, control segment
+/// included) whose control segment names `mkey`.
+pub(crate) fn execute(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    mem: &GuestMemoryMmap,
+    mkey: u32,
+    buf: &[u8],
+    end: usize,
+) -> Result<(), Refusal> {
+    let wqe = buf.get(..end).ok_or_else(malformed)?;
+    let ctrl = wqe.get(CTRL_AT..SEG_AT).ok_or_else(malformed)?;
+    let flags = wqe_umr_ctrl_seg::FLAGS.get(ctrl) as u8;
+    let mask = wqe_umr_ctrl_seg::MKEY_MASK.get(ctrl);
+    let octs = wqe_umr_ctrl_seg::XLT_OCTOWORDS.get(ctrl) as usize;
+    let offset = if flags & UMR_TRANSLATION_OFFSET_EN != 0 {
+        wqe_umr_ctrl_seg::XLT_OFFSET.get(ctrl) | wqe_umr_ctrl_seg::XLT_OFFSET_47_16.get(ctrl) << 16
+    } else {
+        0
+    };
+    let seg = wqe.get(SEG_AT..XLT_AT);
+    if seg.is_none() && mask != 0 {
+        return Err(malformed());
+    }
+    let old = super::rlock(&rdma.mkeys)
+        .get(&(mkey >> 8))
+        .cloned()
+        .ok_or((CqeSyndrome::LocalProtErr, vendor::UMR_BAD_MKEY))?;
+    if mask & MKEY_MASK_KEY == 0 && old.key != mkey as u8 {
+        return Err((CqeSyndrome::LocalProtErr, vendor::UMR_BAD_MKEY));
+    }
+    if !old.umr_en {
+        return Err((CqeSyndrome::LocalProtErr, vendor::UMR_NOT_ENABLED));
+    }
+    let check = flags & (UMR_CHECK_FREE | UMR_CHECK_NOT_FREE);
+    let holds = match check {
+        0 => true,
+        UMR_CHECK_FREE => old.free,
+        UMR_CHECK_NOT_FREE => !old.free,
+        _ => return Err(malformed()),
+    };
+    if !holds {
+        return Err((CqeSyndrome::LocalProtErr, vendor::UMR_FREE_CHECK));
+    }
+    if qp.st != qp::st::REG_UMR && old.pd != qp.pd {
+        return Err((CqeSyndrome::LocalProtErr, vendor::UMR_PD_MISMATCH));
+    }
+    let mut k = (*old).clone();
+    if let Some(seg) = seg {
+        apply_mask(&mut k, mask, seg)?;
+    }
+    if octs != 0 {
+        // Octowords: 16 bytes each.
+        let bytes = octs * klm::SIZE_BYTES;
+        let xlt = if flags & UMR_INLINE != 0 {
+            wqe.get(XLT_AT..XLT_AT + bytes)
+                .ok_or_else(malformed)?
+                .to_vec()
+        } else {
+            read_pointed(rdma, qp, mem, wqe, bytes)?
+        };
+        update_translation(rdma, &mut k, offset, &xlt)?;
+    }
+    tracing::debug!(
+        qpn = qp.qpn,
+        mkey = format_args!("{:#x}", k.mkey()),
+        mask = format_args!("{mask:#x}"),
+        octs,
+        offset,
+        free = k.free,
+        "UMR"
+    );
+    let mut t = wlock(&rdma.mkeys);
+    // The key may have gone (DESTROY_MKEY) since it was looked up.
+    match t.get_mut(&k.index) {
+        Some(slot) if Arc::ptr_eq(slot, &old) => *slot = Arc::new(k),
+        _ => return Err((CqeSyndrome::LocalProtErr, vendor::UMR_BAD_MKEY)),
+    }
+    Ok(())
+}
+
+/// The mkey context fields the mask selects, taken from the segment.
+fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
+    if mask & MKEY_MASK_FREE != 0 {
+        k.free = mkc::FREE.get(seg) != 0;
+    }
+    if mask & MKEY_MASK_KEY != 0 {
+        k.key = mkc::MKEY_7_0.get(seg) as u8;
+    }
+    if mask & MKEY_MASK_QPN != 0 {
+        k.qpn = mkc::QPN.get(seg) as u32;
+    }
+    if mask & MKEY_MASK_PD != 0 {
+        k.pd = mkc::PD.get(seg) as u32;
+    }
+    if mask & MKEY_MASK_START_ADDR != 0 {
+        k.start = mkc::START_ADDR.get(seg);
+    }
+    if mask & MKEY_MASK_LEN != 0 {
+        k.len = if mkc::LENGTH64.get(seg) != 0 {
+            u64::MAX
+        } else {
+            mkc::LEN.get(seg)
+        };
+    }
+    if mask & (MKEY_MASK_PAGE_SIZE | MKEY_MASK_PAGE_SIZE_5) != 0 {
+        let log = mkc::LOG_PAGE_SIZE.get(seg) as u32;
+        // The sixth bit of the page size only with its own mask bit.
+        let wide = mask & MKEY_MASK_PAGE_SIZE_5 != 0;
+        if k.mode == MKC_ACCESS_MODE_MTT
+            && !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(wide)).contains(&log)
+        {
+            return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_BAD_FIELD));
+        }
+        k.log_page = log;
+    }
+    for (m, f, b) in [
+        (MKEY_MASK_LR, mkc::LR, access::LR),
+        (MKEY_MASK_LW, mkc::LW, access::LW),
+        (MKEY_MASK_RR, mkc::RR, access::RR),
+        (MKEY_MASK_RW, mkc::RW, access::RW),
+        (MKEY_MASK_A, mkc::A, access::A),
+    ] {
+        if mask & m != 0 {
+            k.access = if f.get(seg) != 0 {
+                k.access | b
+            } else {
+                k.access & !b
+            };
+        }
+    }
+    Ok(())
+}
+
+/// The translation a UMR's data segment points at (`bytes` of it),
+/// through that segment's key (the reserved lkey: IOVAs as they are).
+fn read_pointed(
+    rdma: &Rdma,
+    qp: &Qp,
+    mem: &GuestMemoryMmap,
+    wqe: &[u8],
+    bytes: usize,
+) -> Result<Vec<u8>, Refusal> {
+    let d = wqe
+        .get(XLT_AT..XLT_AT + wqe_data_seg::SIZE_BYTES)
+        .and_then(|b| WqeDataSeg::read_from_bytes(b).ok())
+        .ok_or_else(malformed)?;
+    let (key, addr) = (d.lkey.get(), d.addr.get());
+    let mut ext = Vec::new();
+    if key == rdma.resd_lkey {
+        mem::push(&mut ext, addr, bytes as u64);
+    } else {
+        let k = rdma
+            .mkey(key)
+            .ok_or((CqeSyndrome::LocalProtErr, vendor::UMR_XLT_KEY))?;
+        k.resolve(qp.pd, access::LR, addr, bytes as u64, &mut ext)
+            .map_err(|_| (CqeSyndrome::LocalProtErr, vendor::UMR_XLT_KEY))?;
+    }
+    let mut out = vec![0u8; bytes];
+    mem::read_bytes(mem, &ext, 0, &mut out).map_err(|_| {
+        (
+            CqeSyndrome::LocalProtErr,
+            super::requester::vendor::DMA_FAULT,
+        )
+    })?;
+    Ok(out)
+}
+
+/// Writes the translation entries `xlt` at entry `offset` of the key: 8
+/// bytes per MTT entry (the page address; bits 11:0 are flags), 16 per KLM.
+fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Result<(), Refusal> {
+    let range = (CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE);
+    let off = usize::try_from(offset).map_err(|_| range)?;
+    match k.mode {
+        MKC_ACCESS_MODE_MTT => {
+            let n = xlt.len() / 8;
+            if off.checked_add(n).is_none_or(|e| e > k.xlt_max) {
+                return Err(range);
+            }
+            if k.mtt.len() < off + n {
+                k.mtt.resize(off + n, 0);
+            }
+            for (i, e) in xlt.chunks_exact(8).enumerate() {
+                let v = u64::from_be_bytes(e.try_into().unwrap_or([0; 8]));
+                k.mtt[off + i] = v & !0xfff;
+            }
+        }
+        MKC_ACCESS_MODE_KLMS => {
+            let n = xlt.len() / klm::SIZE_BYTES;
+            if off.checked_add(n).is_none_or(|e| e > k.xlt_max) {
+                return Err(range);
+            }
+            let ind = k.klm.get_or_insert_with(|| mem::Indirect {
+                entries: Vec::new(),
+                rdma: rdma.me.clone(),
+            });
+            // Entries past the last one written end the list (the
+            // translation is rewritten from `off` on).
+            ind.entries.truncate(off);
+            if ind.entries.len() < off {
+                return Err(range);
+            }
+            ind.entries.extend(
+                xlt.chunks_exact(klm::SIZE_BYTES)
+                    .map(klm_entry)
+                    .filter(|e| e.key != 0),
+            );
+        }
+        _ => return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_BAD_FIELD)),
+    }
+    Ok(())
+}
