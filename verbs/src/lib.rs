@@ -61,6 +61,7 @@ pub mod pd;
 pub mod qp;
 pub mod srq;
 pub mod uar;
+pub mod vma;
 pub mod wr;
 
 pub use error::{Error, Result};
