@@ -3,7 +3,9 @@
 //! against hugetlb memory of 2 MiB and of 1 GiB pages, on the in-process
 //! device model (CREATE_MKEY and DESTROY_MKEY through the command queue,
 //! one DMA mapping each way). Before the timings it prints each case's
-//! MTT: page size, entries and bytes mapped.
+//! MTT: page size, entries and bytes mapped. Then, to show where the time
+//! goes, the page-size look-up alone and a registration with the page size
+//! given (`reg_mr_raw_paged`).
 //!
 //! Huge pages: as root the bench grows the kernel's pools by what it uses
 //! (512 pages of 2 MiB, one of 1 GiB) and gives them back at the end; a
@@ -141,6 +143,20 @@ fn registration(c: &mut Criterion) {
             });
         }
     }
+    // Where the time goes: the page-size look-up alone, and the
+    // registration with the page size given (no look-up).
+    for (mem, at) in &memories {
+        g.bench_function(format!("page-size look-up 4 KiB ({mem})"), |b| {
+            b.iter(|| verbs::vma::page_size_of(*at as u64, K4 as u64).expect("look-up"))
+        });
+    }
+    g.bench_function("reg+dereg 4 KiB, page size given (heap 4 KiB pages)", |b| {
+        b.iter(|| {
+            // SAFETY: as in `reg_dereg`; the heap has 4 KiB pages.
+            let mr = unsafe { pd.reg_mr_raw_paged(heap.0, K4, access::LOCAL_WRITE, K4 as u64) };
+            mr.expect("reg").dereg().expect("dereg");
+        })
+    });
     g.finish();
     drop((h2m, h1g));
 }

@@ -64,17 +64,26 @@ fn efault(what: &'static str) -> Error {
 }
 
 /// The mappings that cover `addr .. addr + len` in `maps` (the text of
-/// `/proc/self/maps`), in order; refused with `EFAULT` when a byte is not
+/// `/proc/self/maps`, read only as far as the range: the kernel writes
+/// the file as it is read, a cost that grows with the mappings), in
+/// order; refused with `EFAULT` when a byte is not
 /// mapped or a mapping is not readable and writable (the device writes
 /// registered memory, as `ibv_reg_mr` pins it writable).
-pub fn covering(maps: &str, addr: u64, len: u64) -> Result<Vec<Vma>> {
+pub fn covering(maps: impl BufRead, addr: u64, len: u64) -> Result<Vec<Vma>> {
     let end = addr.checked_add(len).ok_or(efault("memory range wraps"))?;
     let mut at = addr;
     let mut out = Vec::new();
-    for v in maps.lines().filter_map(Vma::parse) {
+    for line in maps.lines() {
         if at >= end {
             break;
         }
+        let line = line.map_err(|e| Error::Os {
+            op: "read /proc/self/maps",
+            source: e,
+        })?;
+        let Some(v) = Vma::parse(&line) else {
+            continue;
+        };
         if v.end <= at {
             continue;
         }
@@ -137,11 +146,11 @@ pub fn kernel_page_sizes(smaps: impl BufRead, vmas: &[Vma]) -> Result<Vec<u64>> 
 /// its mappings' pages), checking that all of it is mapped readable and
 /// writable.
 pub fn page_size_of(addr: u64, len: u64) -> Result<u64> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| Error::Os {
-        op: "read /proc/self/maps",
+    let maps = std::fs::File::open("/proc/self/maps").map_err(|e| Error::Os {
+        op: "open /proc/self/maps",
         source: e,
     })?;
-    let vmas = covering(&maps, addr, len)?;
+    let vmas = covering(BufReader::new(maps), addr, len)?;
     let huge: Vec<Vma> = vmas.into_iter().filter(Vma::maybe_huge).collect();
     let base = vfio::dma::PAGE_SIZE as u64;
     if huge.is_empty() {
@@ -192,7 +201,7 @@ mod tests {
     #[test]
     fn ranges_are_covered_or_refused_with_efault() {
         // Across the memfd and the anonymous mapping after it.
-        let v = covering(MAPS, 0x7f00_003f_f000, 0x2000).unwrap();
+        let v = covering(MAPS.as_bytes(), 0x7f00_003f_f000, 0x2000).unwrap();
         assert_eq!(v.len(), 2);
         for (addr, len) in [
             (0x7f00_0060_0000u64, 1u64), // read-only
@@ -201,7 +210,7 @@ mod tests {
             (0x55d0_c0a2_0000, 0x2000),  // past the heap's end
             (u64::MAX, 2),               // wraps
         ] {
-            let e = covering(MAPS, addr, len).unwrap_err();
+            let e = covering(MAPS.as_bytes(), addr, len).unwrap_err();
             assert_eq!(e.errno(), libc::EFAULT, "{addr:#x}+{len:#x}: {e}");
         }
     }
