@@ -75,6 +75,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
     # Everything is there: a guest check that cannot run is a failure.
     export MLX5_KERNEL_VFIO_REQUIRED=1
+    # Root can grow the 2 MiB huge-page pool (tests::hugepages reserves
+    # what each test uses and gives it back): a hugepage test that finds
+    # none is a failure. 1 GiB pages may be unavailable on a fragmented
+    # machine; those tests say NOT RUN.
+    export MLX5_HUGEPAGES_REQUIRED=1
     # The cdev (iommufd) path and no-IOMMU mode need a 6.12 built with
     # IOMMUFD and VFIO_NOIOMMU: 15 (idle) to 35 (shared) minutes on 2 cores,
     # more than this suite's budget, so it is built only on request (then

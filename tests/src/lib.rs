@@ -1,6 +1,7 @@
 //! Shared helpers for the end-to-end tests.
 pub mod backend;
 pub mod function_contract;
+pub mod hugepages;
 pub mod replay;
 pub mod wait;
 

@@ -80,6 +80,7 @@ pub mod shared;
 pub mod srq;
 pub mod uar;
 pub mod umr;
+pub mod vma;
 pub mod wq;
 pub mod wqe;
 pub mod wr;

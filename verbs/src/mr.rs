@@ -1,15 +1,22 @@
 //! Memory regions: CREATE_MKEY with an MTT over memory the device may
 //! touch (`ibv_reg_mr`, `ibv_dereg_mr`).
 //!
-//! An MR's memory is mapped for DMA at an IOVA of its own, chosen so that
-//! one or two MTT entries of a single large page describe it whatever its
-//! size (up to 1 GiB and beyond): with `P` the power of two at least as
-//! large as the page-rounded region, the IOVA space reserved is `2P`
-//! aligned to `2P`, and the mapping starts at the reservation plus the
-//! region's offset inside its `P`-aligned window of virtual addresses. So
-//! virtual address `v` of the MR sits at
-//! `entry[(v >> log P) - (start >> log P)] + (v mod P)`, which is how the
-//! device translates an MTT mkey whose `start_addr` is the virtual address.
+//! An MR's memory is mapped for DMA as one piece: whole pages of the
+//! memory's own page size (4 KiB, or the 2 MiB / 1 GiB of hugetlb memory,
+//! which a file descriptor can only map whole), at an IOVA of its own
+//! chosen so that a few MTT entries of one large page describe it. The
+//! MTT page `P` is the power of two at least as large as the mapping,
+//! capped by the largest mkc `log_page_size` the device takes
+//! ([`mlx5_hw::wqe::mkc_max_log_page_size`]: 2 GiB unless
+//! `umr_log_entity_size_5`); so it is never smaller than the memory's
+//! pages. The IOVA reserved is the span of `P`-aligned windows the
+//! mapping touches, aligned to `P`, and the mapping starts at the host
+//! address's offset in its window, so IOVA and host address agree modulo
+//! `P` (what lets an IOMMU use huge pages for it). Virtual address `v` of
+//! the MR sits at `entry[(v >> log P) - (start >> log P)] + (v mod P)`,
+//! which is how the device translates an MTT mkey whose `start_addr` is
+//! the virtual address: one or two entries up to 2 GiB, one more per
+//! 2 GiB beyond (see [`mtt_layout`]).
 //!
 //! Memory ownership: an MR over a [`DmaBuffer`] holds the buffer (safe); an
 //! MR over any other memory of the process ([`Pd::reg_mr_raw`]) is
@@ -27,6 +34,7 @@ use std::sync::Arc;
 use mlx5_hw::ifc::{create_mkey_in, create_mkey_out, destroy_mkey_in, destroy_mkey_out};
 use mlx5_hw::ifc::{CreateMkeyIn, CreateMkeyOut, DestroyMkeyIn};
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::wqe::mkc_max_log_page_size;
 use vfio::{DmaBuffer, Iova};
 
 use crate::pd::{Pd, PdInner};
@@ -118,6 +126,8 @@ struct MrInner {
     iova_res_len: u64,
     map_iova: Iova,
     map_len: u64,
+    log_page: u32,
+    entries: usize,
     backing: Backing,
     buf_offset: usize,
     done: std::sync::atomic::AtomicBool,
@@ -129,19 +139,62 @@ pub struct Mr {
     inner: Arc<MrInner>,
 }
 
-/// Where a region's memory gets mapped: `(P, reservation length, offset of
-/// the mapping inside the reservation, MTT entries)` for a page-aligned
-/// host range `page_start .. page_start + map_len`.
-pub fn mtt_geometry(page_start: u64, map_len: u64) -> (u64, u64, u64, usize) {
-    let p = map_len.max(4096).next_power_of_two();
-    let off = page_start & (p - 1);
-    let entries = if off + map_len > p { 2 } else { 1 };
-    (p, 2 * p, off, entries)
+/// How an MR's memory sits in IOVA space and in its MTT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MttLayout {
+    /// log2 of the MTT page, in bytes (mkc `log_page_size`).
+    pub log_page: u32,
+    /// IOVA space to reserve, aligned to the MTT page.
+    pub res_len: u64,
+    /// Offset of the mapping inside the reservation.
+    pub map_off: u64,
+    /// MTT page (counted from the reservation's start) holding the MR's
+    /// first byte: entry `i` is `reservation + (first + i) << log_page`.
+    pub first: u64,
+    /// MTT entries.
+    pub entries: usize,
+}
+
+/// The layout of an MR over `addr .. addr + len` whose memory is mapped
+/// as `map_start .. map_start + map_len` (whole pages of the memory,
+/// around the MR), with MTT pages of at most `2^max_log_page` bytes.
+pub fn mtt_layout(
+    addr: u64,
+    len: u64,
+    map_start: u64,
+    map_len: u64,
+    max_log_page: u32,
+) -> MttLayout {
+    let lp = map_len
+        .max(vfio::dma::PAGE_SIZE as u64)
+        .checked_next_power_of_two()
+        .map_or(63, u64::trailing_zeros)
+        .min(max_log_page);
+    let w0 = map_start >> lp;
+    let w1 = (map_start + (map_len - 1)) >> lp;
+    MttLayout {
+        log_page: lp,
+        res_len: (w1 - w0 + 1) << lp,
+        map_off: map_start - (w0 << lp),
+        first: (addr >> lp) - w0,
+        entries: (((addr + (len - 1)) >> lp) - (addr >> lp) + 1) as usize,
+    }
+}
+
+/// What an MR maps for DMA: whole pages of its memory around it.
+#[derive(Debug)]
+struct Mapping {
+    start: u64,
+    len: u64,
+    backing: Backing,
+    buf_offset: usize,
 }
 
 impl Pd {
     /// `ibv_reg_mr` over `len` bytes of `buf` from `offset`; the MR holds
-    /// the buffer. Its virtual address is the buffer's host address.
+    /// the buffer. Its virtual address is the buffer's host address. The
+    /// whole buffer is mapped, in its own pages (huge where
+    /// [`DmaBuffer::page_size`] says so).
     pub fn reg_mr_buffer(
         &self,
         buf: &Arc<DmaBuffer>,
@@ -154,19 +207,22 @@ impl Pd {
         }
         let addr = buf.host_addr() + offset as u64;
         // The whole buffer is mapped (a DmaBuffer maps as one piece).
-        Mr::register(
-            &self.inner,
-            addr,
-            len as u64,
-            access,
-            buf.host_addr(),
-            buf.len() as u64,
-            Backing::Buffer(buf.clone()),
-            offset,
-        )
+        let m = Mapping {
+            start: buf.host_addr(),
+            len: buf.len() as u64,
+            backing: Backing::Buffer(buf.clone()),
+            buf_offset: offset,
+        };
+        Mr::register(&self.inner, addr, len as u64, access, m)
     }
 
     /// `ibv_reg_mr` over process memory at `addr .. addr + len`.
+    ///
+    /// The memory's page size comes from the kernel (`/proc/self/maps`,
+    /// and `smaps` for file-backed memory, see [`crate::vma`]): hugetlb
+    /// memory is mapped in whole huge pages and described by huge MTT
+    /// pages. A range that is not all mapped readable and writable is
+    /// refused with `EFAULT` (as `ibv_reg_mr` is).
     ///
     /// # Safety
     ///
@@ -174,42 +230,59 @@ impl Pd {
     /// is touched by the program only through volatile or atomic accesses
     /// (the device reads and writes it concurrently), until the MR is
     /// deregistered and dropped. The backend must be able to map process
-    /// memory ([`vfio::PciFunction::dma_map_host`]).
+    /// memory ([`vfio::PciFunction::dma_map_host`]). The rest of the pages
+    /// around the range is mapped too, but the mkey's bounds keep the
+    /// device off it.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: u32) -> Result<Mr> {
         if len == 0 {
             return Err(Error::Invalid("empty MR"));
         }
+        let page = crate::vma::page_size_of(addr as u64, len as u64)?;
+        // SAFETY: this function's contract; `page` is the kernel's.
+        unsafe { self.reg_mr_raw_paged(addr, len, access, page) }
+    }
+
+    /// [`reg_mr_raw`](Self::reg_mr_raw) over memory whose page size the
+    /// caller knows (a hugetlb pool it allocated): no look-up in `/proc`.
+    ///
+    /// # Safety
+    ///
+    /// As [`reg_mr_raw`](Self::reg_mr_raw), and the memory is made of
+    /// pages of `page_size` bytes: every whole page of that size around
+    /// the range is mapped memory of the process.
+    pub unsafe fn reg_mr_raw_paged(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: u32,
+        page_size: u64,
+    ) -> Result<Mr> {
+        if len == 0 {
+            return Err(Error::Invalid("empty MR"));
+        }
+        if !page_size.is_power_of_two() || page_size < vfio::dma::PAGE_SIZE as u64 {
+            return Err(Error::Invalid(
+                "page size not a power of two of 4 KiB or more",
+            ));
+        }
         let a = addr as u64;
-        let page_start = a & !0xfff;
+        let start = a & !(page_size - 1);
         let end = a
             .checked_add(len as u64)
+            .and_then(|e| e.checked_next_multiple_of(page_size))
             .ok_or(Error::Invalid("MR range wraps"))?;
-        let map_len = end.next_multiple_of(4096) - page_start;
-        Mr::register(
-            &self.inner,
-            a,
-            len as u64,
-            access,
-            page_start,
-            map_len,
-            Backing::Host,
-            0,
-        )
+        let m = Mapping {
+            start,
+            len: end - start,
+            backing: Backing::Host,
+            buf_offset: 0,
+        };
+        Mr::register(&self.inner, a, len as u64, access, m)
     }
 }
 
 impl Mr {
-    #[allow(clippy::too_many_arguments)]
-    fn register(
-        pd: &Arc<PdInner>,
-        addr: u64,
-        len: u64,
-        access: u32,
-        page_start: u64,
-        map_len: u64,
-        backing: Backing,
-        buf_offset: usize,
-    ) -> Result<Mr> {
+    fn register(pd: &Arc<PdInner>, addr: u64, len: u64, access: u32, m: Mapping) -> Result<Mr> {
         use access::*;
         if access & !SUPPORTED != 0 {
             return Err(Error::Invalid("unsupported access flags"));
@@ -222,33 +295,30 @@ impl Mr {
         }
         let ctx = &pd.ctx;
         let dma = ctx.hca.dma();
-        let (p, res_len, off, _) = mtt_geometry(page_start, map_len);
-        let lp = p.trailing_zeros();
-        // Entries from the P-window of start_addr to that of the last byte;
-        // entry k covers window (addr >> lp) + k.
-        let first_win = (addr >> lp) - (page_start >> lp);
-        let entries = (((addr + len - 1) >> lp) - (addr >> lp) + 1) as usize;
-        let res = dma.alloc_iova(res_len, res_len)?;
-        let map_iova = Iova(res.0 + off);
-        let mapped = match &backing {
+        let caps = ctx.hca.caps();
+        let wide = caps.gen2().is_some_and(|g| g.umr_log_entity_size_5());
+        let l = mtt_layout(addr, len, m.start, m.len, mkc_max_log_page_size(wide));
+        let res = dma.alloc_iova(l.res_len, 1 << l.log_page)?;
+        let map_iova = Iova(res.0 + l.map_off);
+        let mapped = match &m.backing {
             Backing::Buffer(b) => dma.func.dma_map(map_iova, b),
             // SAFETY: `reg_mr_raw`'s caller vouches for the memory until
             // the MR is gone; the unmap happens in `MrInner::drop`.
-            Backing::Host => unsafe { dma.func.dma_map_host(map_iova, page_start, map_len) },
+            Backing::Host => unsafe { dma.func.dma_map_host(map_iova, m.start, m.len) },
         };
         if let Err(e) = mapped {
-            dma.free_iova(res, res_len);
+            dma.free_iova(res, l.res_len);
             return Err(e.into());
         }
-        let g = ctx.hca.caps().gen();
+        let g = caps.gen();
         let ro = access & RELAXED_ORDERING != 0;
-        let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + 8 * entries];
+        let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + 8 * l.entries.next_multiple_of(2)];
         {
             let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
             c.set_opcode(Opcode::CreateMkey.to_raw())
-                .set_translations_octword_actual_size(entries.div_ceil(2) as u32);
-            let mut m = c.memory_key_mkey_entry_mut();
-            m.set_access_mode_1_0(mlx5_hw::wqe::MKC_ACCESS_MODE_MTT)
+                .set_translations_octword_actual_size(l.entries.div_ceil(2) as u32);
+            let mut k = c.memory_key_mkey_entry_mut();
+            k.set_access_mode_1_0(mlx5_hw::wqe::MKC_ACCESS_MODE_MTT)
                 .set_lr(true)
                 .set_lw(access & LOCAL_WRITE != 0)
                 .set_rr(access & REMOTE_READ != 0)
@@ -261,10 +331,10 @@ impl Mr {
                 .set_pd(pd.pdn)
                 .set_start_addr(addr)
                 .set_len(len)
-                .set_translations_octword_size(entries.div_ceil(2) as u32)
-                .set_log_page_size(p.trailing_zeros() as u8);
-            for i in 0..entries {
-                let e = (res.0 + (first_win + i as u64) * p) | MTT_RD_WR;
+                .set_translations_octword_size(l.entries.div_ceil(2) as u32)
+                .set_log_page_size(l.log_page as u8);
+            for i in 0..l.entries {
+                let e = (res.0 + ((l.first + i as u64) << l.log_page)) | MTT_RD_WR;
                 c.set_klm_pas_mtt(2 * i, (e >> 32) as u32);
                 c.set_klm_pas_mtt(2 * i + 1, e as u32);
             }
@@ -272,10 +342,10 @@ impl Mr {
         let out = match ctx.hca.cmd().exec(&inb, create_mkey_out::SIZE_BYTES) {
             Ok(o) => o,
             Err(e) => {
-                if let Err(e2) = dma.func.dma_unmap(map_iova, map_len) {
+                if let Err(e2) = dma.func.dma_unmap(map_iova, m.len) {
                     tracing::warn!("dma_unmap after a failed CREATE_MKEY: {e2}");
                 }
-                dma.free_iova(res, res_len);
+                dma.free_iova(res, l.res_len);
                 return Err(e);
             }
         };
@@ -290,14 +360,33 @@ impl Mr {
                 len,
                 access,
                 iova_res: res,
-                iova_res_len: res_len,
+                iova_res_len: l.res_len,
                 map_iova,
-                map_len,
-                backing,
-                buf_offset,
+                map_len: m.len,
+                log_page: l.log_page,
+                entries: l.entries,
+                backing: m.backing,
+                buf_offset: m.buf_offset,
                 done: Default::default(),
             }),
         })
+    }
+
+    /// log2 of the MTT page size the mkey was made with (mkc
+    /// `log_page_size`).
+    pub fn log_page_size(&self) -> u32 {
+        self.inner.log_page
+    }
+
+    /// How many MTT entries describe the MR.
+    pub fn mtt_entries(&self) -> usize {
+        self.inner.entries
+    }
+
+    /// How many bytes are mapped for DMA under the MR (its memory's whole
+    /// pages around it; a [`DmaBuffer`] MR maps the whole buffer).
+    pub fn mapped_len(&self) -> u64 {
+        self.inner.map_len
     }
 
     /// The local key.
@@ -410,27 +499,70 @@ impl Drop for MrInner {
 mod tests {
     use super::*;
 
+    const K4: u64 = 4 << 10;
+    const M2: u64 = 2 << 20;
+    const G1: u64 = 1 << 30;
+
+    /// Every byte of the MR falls in its entries, the entries in the
+    /// reservation, and IOVA agrees with the host address modulo the page.
+    fn check(addr: u64, len: u64, start: u64, map_len: u64, max: u32) -> MttLayout {
+        let l = mtt_layout(addr, len, start, map_len, max);
+        let p = 1u64 << l.log_page;
+        assert!(l.log_page <= max && l.log_page >= 12);
+        assert_eq!(l.map_off % p, start % p, "IOVA = host mod P");
+        assert!(l.map_off + map_len <= l.res_len);
+        assert!((l.first + l.entries as u64) * p <= l.res_len);
+        // The device's view: entry index of the MR's first and last byte.
+        let first_in_res = l.map_off + (addr - start);
+        let last_in_res = first_in_res + len - 1;
+        assert_eq!(first_in_res >> l.log_page, l.first);
+        assert_eq!((last_in_res >> l.log_page) - l.first + 1, l.entries as u64);
+        l
+    }
+
     #[test]
-    fn one_or_two_mtt_entries_cover_any_region() {
-        // 4 KiB page-aligned: one entry.
-        assert_eq!(mtt_geometry(0x10000, 0x1000), (0x1000, 0x2000, 0, 1));
-        // 12 KiB starting mid-16K window: straddles → two entries.
-        let (p, res, off, n) = mtt_geometry(0x7000, 0x3000);
-        assert_eq!((p, res, off, n), (0x4000, 0x8000, 0x3000, 2));
-        // 1 GiB aligned: one entry of 1 GiB.
-        assert_eq!(mtt_geometry(0x4000_0000, 1 << 30), (1 << 30, 2 << 30, 0, 1));
-        // 1 GiB at an odd page: two.
-        let (p, _, off, n) = mtt_geometry(0x7fff_f000, 1 << 30);
-        assert_eq!((p, off, n), (1 << 30, 0x3fff_f000, 2));
-        // Every byte of a mapping falls inside the entries.
-        for (start, len) in [
-            (0x1000u64, 0x1000u64),
-            (0x3000, 0x5000),
-            (0x1234000, 0x9000),
+    fn one_or_two_mtt_entries_up_to_the_largest_page() {
+        // 4 KiB of heap: one 4 KiB entry.
+        let l = check(0x10000, K4, 0x10000, K4, 31);
+        assert_eq!((l.log_page, l.entries, l.res_len), (12, 1, K4));
+        // 12 KiB straddling a 16 KiB window: two entries.
+        let l = check(0x7000, 0x3000, 0x7000, 0x3000, 31);
+        assert_eq!((l.log_page, l.entries, l.map_off), (14, 2, 0x3000));
+        // 100 bytes in a 2 MiB huge page: the whole page is mapped, one
+        // 2 MiB entry.
+        let l = check(0x7f00_0020_0100, 100, 0x7f00_0020_0000, M2, 31);
+        assert_eq!((l.log_page, l.entries), (21, 1));
+        // 2 MiB pages, 6 MiB starting at an odd page: an 8 MiB MTT page,
+        // two entries, one IOVA range.
+        let l = check(0x7f00_0060_0000, 3 * M2, 0x7f00_0060_0000, 3 * M2, 31);
+        assert_eq!((l.log_page, l.entries), (23, 2));
+        // 1 GiB: one 1 GiB entry, aligned or not to 1 GiB (then two).
+        assert_eq!(check(G1, G1, G1, G1, 31).entries, 1);
+        assert_eq!(check(0x7fff_f000, G1, 0x7fff_f000, G1, 31).entries, 2);
+        // A 1 GiB page: the same.
+        let l = check(0x40_4000_0000, G1, 0x40_4000_0000, G1, 31);
+        assert_eq!((l.log_page, l.entries, l.map_off), (30, 1, 0));
+    }
+
+    #[test]
+    fn pages_beyond_the_caps_limit_take_more_entries() {
+        // 8 GiB of 1 GiB pages: 2 GiB MTT pages without
+        // umr_log_entity_size_5 (4 entries), one 8 GiB page with it.
+        let l = check(0x80_0000_0000, 8 * G1, 0x80_0000_0000, 8 * G1, 31);
+        assert_eq!((l.log_page, l.entries), (31, 4));
+        let l = check(0x80_0000_0000, 8 * G1, 0x80_0000_0000, 8 * G1, 63);
+        assert_eq!((l.log_page, l.entries), (33, 1));
+        // Odd starts and lengths stay covered.
+        for (addr, len, page) in [
+            (0x1234_5000u64, 5 * G1 + 0x1000, K4),
+            (0x7f12_3460_0000, 9 * M2 + 7, M2),
+            (0x7f12_0000_0000 - 17, 4 * G1, G1),
         ] {
-            let (p, res, off, n) = mtt_geometry(start, len);
-            assert!(off + len <= n as u64 * p);
-            assert!(n as u64 * p <= res);
+            let start = addr & !(page - 1);
+            let end = (addr + len).next_multiple_of(page);
+            for max in [21, 31, 63] {
+                check(addr, len, start, end - start, max);
+            }
         }
     }
 }
