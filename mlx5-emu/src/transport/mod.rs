@@ -241,6 +241,10 @@ pub(crate) struct UarWatch {
     sq: bool,
     /// The CQ arm doorbell (a CQ rings this page).
     cq: bool,
+    /// The send doorbells (bits of [`SQ_DOORBELLS`]) that have rung: a
+    /// hot pass reads only these (a QP with a page of its own uses two of
+    /// the eight), the pass whose chunk holds the page reads all.
+    used: u8,
     /// The last value seen at each of [`SQ_DOORBELLS`], then the CQ doorbell.
     last: [u64; SQ_DOORBELLS.len() + 1],
     /// Rang lately: read on every pass.
@@ -396,6 +400,7 @@ impl Rdma {
                 uar,
                 sq,
                 cq: !sq,
+                used: 0,
                 last: [0; SQ_DOORBELLS.len() + 1],
                 hot: true,
                 rang: Instant::now(),
@@ -515,7 +520,8 @@ impl Rdma {
         let (from, to) = (ps.cursor.min(n), (ps.cursor + UAR_SCAN_CHUNK).min(n));
         ps.cursor = if to >= n { 0 } else { to };
         for (i, w) in uars.iter_mut().enumerate() {
-            if !(w.hot || (from..to).contains(&i)) {
+            let cold = (from..to).contains(&i);
+            if !(w.hot || cold) {
                 continue;
             }
             if w.hot && now.duration_since(w.rang) > HOT_FOR {
@@ -523,12 +529,17 @@ impl Rdma {
             }
             let base = (w.uar as usize) << 12;
             if w.sq {
+                let slots = if cold || w.used == 0 { u8::MAX } else { w.used };
                 for (i, &off) in SQ_DOORBELLS.iter().enumerate() {
+                    if slots & (1 << i) == 0 {
+                        continue;
+                    }
                     let Ok(v) = bar.read_u64_be(base + off) else {
                         continue;
                     };
                     if w.last[i] != v {
                         w.last[i] = v;
+                        w.used |= 1 << i;
                         (w.hot, w.rang) = (true, now);
                         busy = true;
                         self.counters.doorbells.fetch_add(1, Ordering::Relaxed);

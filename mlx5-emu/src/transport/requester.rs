@@ -160,16 +160,25 @@ pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     }
 }
 
-fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
-    let mut sq = lock(&qp.sq);
+/// The producer counter when the send queue has work: WQEs posted, or
+/// messages sent and not yet acknowledged; `None` while its retry timer
+/// runs, and for an idle queue (thousands of them in a sweep), before
+/// anything of a burst is set up.
+fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap) -> Option<u16> {
     if let Some(r) = sq.retry {
         if rdma.clock.now() < r.at {
             rdma.timer(qp.qpn, r.at);
-            return false;
+            return None;
         }
         sq.retry = None;
     }
-    let Ok(pi) = qp.sq_pi(mem) else {
+    let pi = qp.sq_pi(mem).ok()?;
+    (sq.ci != pi || !sq.unacked.is_empty()).then_some(pi)
+}
+
+fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
+    let mut sq = lock(&qp.sq);
+    let Some(pi) = work(rdma, qp, &mut sq, mem) else {
         return false;
     };
     if sq.ci != pi {
