@@ -43,6 +43,7 @@ mod macros;
 
 pub mod bits;
 pub mod cqe;
+pub mod devx;
 pub mod event;
 pub mod health;
 pub mod ifc;

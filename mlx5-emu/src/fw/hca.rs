@@ -142,6 +142,7 @@ impl Firmware {
         }
         self.leaked += (self.eqs.len() + self.uars.len() + flow) as u64;
         self.steering = Default::default();
+        self.devx = Default::default();
         self.eqs.clear();
         self.uars.clear();
         self.eq_db_last.clear();

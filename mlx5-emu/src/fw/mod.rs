@@ -10,6 +10,7 @@ mod counters;
 pub(crate) mod cq;
 mod eq;
 mod flow;
+mod general_obj;
 mod hca;
 mod issi;
 mod mkey;
@@ -20,6 +21,8 @@ mod reg;
 mod roce;
 mod srq;
 mod uar;
+pub(crate) mod uctx;
+mod umem;
 mod vport;
 mod xrcd;
 
@@ -42,6 +45,7 @@ use crate::{DeviceConfig, Inner, Profile, Stats};
 
 pub(crate) use adapter::RESD_LKEY;
 pub(crate) use eq::Eq;
+pub(crate) use uctx::{LOG_MAX_UCTX, LOG_MAX_UMEM, UCTX_CAPS};
 
 /// How often the health counter moves while firmware lives.
 pub(crate) const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
@@ -290,6 +294,8 @@ pub(crate) struct Firmware {
     pub(crate) eqs: BTreeMap<u8, Eq>,
     pub(crate) eq_db_last: BTreeMap<(u32, usize), u32>,
     pub(crate) steering: flow::Steering,
+    /// DevX: user contexts, UMEMs, object owners (fw/uctx.rs).
+    pub(crate) devx: uctx::Devx,
     /// Objects alive at a teardown (Stats::leaked_at_teardown).
     pub(crate) leaked: u64,
     // Port and vport.
@@ -332,6 +338,7 @@ impl Firmware {
             eqs: BTreeMap::new(),
             eq_db_last: BTreeMap::new(),
             steering: flow::Steering::default(),
+            devx: uctx::Devx::default(),
             leaked: 0,
             port: PortState::power_on(cfg.profile),
             roce_en: false,
@@ -389,6 +396,7 @@ impl Firmware {
             eqs,
             eq_db_last,
             steering,
+            devx,
             leaked,
             port,
             roce_en,
@@ -404,6 +412,7 @@ impl Firmware {
                 (driver_version, fast_teardown_prepared, host_endianness),
                 (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
                 (steering, leaked, port, roce_en, vport_mtu, mac, node_desc),
+                devx,
             )
         )
     }
@@ -608,6 +617,9 @@ impl Firmware {
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
+        if needs_init {
+            self.devx_check(opcode, input)?;
+        }
         let r = match opcode {
             O::EnableHca => self.enable_hca(input, outlen),
             O::DisableHca => self.disable_hca(input, outlen),
@@ -686,12 +698,23 @@ impl Firmware {
             O::QueryFlowTableEntry => self.query_fte(input, outlen),
             O::AllocFlowCounter => self.alloc_flow_counter(input, outlen),
             O::DeallocFlowCounter => self.dealloc_flow_counter(input, outlen),
+            O::CreateUctx => self.create_uctx(input, outlen),
+            O::DestroyUctx => self.destroy_uctx(input, outlen),
+            O::CreateUmem => self.create_umem(inner, input, outlen),
+            O::DestroyUmem => self.destroy_umem(input, outlen),
+            O::CreateGeneralObject
+            | O::ModifyGeneralObject
+            | O::QueryGeneralObject
+            | O::DestroyGeneralObject => self.general_obj(opcode, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         };
         if opcode == O::TeardownHca && r.is_ok() {
             // Firmware forgets every object with the HCA.
             self.leaked += inner.rdma.objects() as u64;
             inner.rdma.reset();
+        }
+        if let Ok(out) = &r {
+            self.devx_done(opcode, input, out);
         }
         let _ = op_mod;
         r
@@ -783,6 +806,14 @@ impl Firmware {
                     | O::QueryNicVportContext
                     | O::ModifyNicVportContext
                     | O::QueryCongStatistics
+                    | O::CreateUctx
+                    | O::DestroyUctx
+                    | O::CreateUmem
+                    | O::DestroyUmem
+                    | O::CreateGeneralObject
+                    | O::ModifyGeneralObject
+                    | O::QueryGeneralObject
+                    | O::DestroyGeneralObject
             )
     }
 

@@ -22,6 +22,9 @@ pub use cq::*;
 mod device;
 pub use device::*;
 #[rustfmt::skip]
+mod devx;
+pub use devx::*;
+#[rustfmt::skip]
 mod eq;
 pub use eq::*;
 #[rustfmt::skip]
@@ -104,6 +107,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &create_rmp_out::INFO,
     &create_srq_in::INFO,
     &create_srq_out::INFO,
+    &create_uctx_in::INFO,
+    &create_uctx_out::INFO,
+    &create_umem_in::INFO,
+    &create_umem_out::INFO,
     &create_xrc_srq_in::INFO,
     &create_xrc_srq_out::INFO,
     &dctc::INFO,
@@ -142,6 +149,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &destroy_rmp_out::INFO,
     &destroy_srq_in::INFO,
     &destroy_srq_out::INFO,
+    &destroy_uctx_in::INFO,
+    &destroy_uctx_out::INFO,
+    &destroy_umem_in::INFO,
+    &destroy_umem_out::INFO,
     &destroy_xrc_srq_in::INFO,
     &destroy_xrc_srq_out::INFO,
     &device_mem_cap::INFO,
@@ -194,6 +205,11 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &fte_match_set_misc3::INFO,
     &fte_match_set_misc4::INFO,
     &fte_match_set_misc5::INFO,
+    &general_obj_create_param::INFO,
+    &general_obj_in_cmd_hdr::INFO,
+    &general_obj_in_cmd_hdr_op_param::INFO,
+    &general_obj_out_cmd_hdr::INFO,
+    &general_obj_query_param::INFO,
     &gre_key::INFO,
     &hca_cap_union::INFO,
     &hca_vport_context::INFO,
@@ -226,6 +242,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &modify_nic_vport_context_in::INFO,
     &modify_nic_vport_context_out::INFO,
     &modify_nic_vport_field_select::INFO,
+    &mtt::INFO,
     &nic_vport_context::INFO,
     &nop_in::INFO,
     &nop_out::INFO,
@@ -320,6 +337,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &teardown_hca_in::INFO,
     &teardown_hca_out::INFO,
     &uar_page::INFO,
+    &uctx::INFO,
+    &umem::INFO,
     &vlan::INFO,
     &wq::INFO,
     &wqe_atomic_seg::INFO,
