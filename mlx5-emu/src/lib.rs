@@ -61,6 +61,7 @@ use vfio::{DmaBuffer, IrqKind, RegionInfo};
 
 pub use fabric::Fabric;
 pub use faults::Faults;
+pub use fw::uctx::synd as devx_synd;
 pub use fw::{HcaState, PortState};
 pub use profile::{cap_type, CapPages, Profile};
 

@@ -344,6 +344,16 @@ impl CapPages {
         self.set_both(DEV_MEM, device_mem_cap::LOG_MIN_MEMIC_ALLOC_SIZE, 6);
         self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, 0x20000);
         self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
+        // DevX (firmware 16.2x and later): user contexts, UMEMs (also
+        // under uid 0), the user context capabilities Linux asks for at
+        // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the
+        // model's. general_obj_types lists the types the model creates:
+        // none yet (fw/general_obj.rs answers every type as unsupported).
+        self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UCTX, crate::fw::LOG_MAX_UCTX);
+        self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UMEM, crate::fw::LOG_MAX_UMEM);
+        self.set_both(GENERAL, cmd_hca_cap::UMEM_UID_0, 1);
+        self.set_both(GENERAL, cmd_hca_cap::UCTX_CAP, crate::fw::UCTX_CAPS);
+        self.set_both(GENERAL, cmd_hca_cap::GENERAL_OBJ_TYPES, 0);
         if p == Profile::ConnectX6 || p == Profile::ConnectX7 {
             // ConnectX-6 and later: RoCE v2 only over UDP port 4791, more QPs.
             self.set_both(ROCE, roce_cap::R_ROCE_DEST_UDP_PORT, 4791);

@@ -17,6 +17,7 @@ use mlx5_hw::ifc::cmd_hca_cap;
 use mlx5_hw::status::{CmdStatus, DeliveryStatus};
 use vfio::emulated::EmulatedFunction;
 
+mod devx;
 mod dp;
 mod eth;
 mod flow;
@@ -242,11 +243,12 @@ impl Drv {
         let mut set = cmd_in(0x10b, 0, 16);
         set[10..12].copy_from_slice(&1u16.to_be_bytes());
         self.ok(&set, 16);
+        let profile = self.f.model().config().profile;
         let boot = self.query_pages(1);
-        assert_eq!(boot, 6);
+        assert_eq!(boot, profile.boot_pages());
         assert_eq!(self.give_pages(boot as usize)[0], 0);
         let init = self.query_pages(2);
-        assert_eq!(init, 0x3244);
+        assert_eq!(init, profile.init_pages());
         assert_eq!(self.give_pages(init as usize)[0], 0);
         self.ok(&cmd_in(0x102, 0, 16), 16);
     }

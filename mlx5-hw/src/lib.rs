@@ -43,6 +43,7 @@ mod macros;
 
 pub mod bits;
 pub mod cqe;
+pub mod devx;
 pub mod eth;
 pub mod event;
 pub mod health;

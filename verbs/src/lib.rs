@@ -67,6 +67,7 @@ pub mod cmd;
 pub mod cq;
 mod dbrec;
 pub mod device;
+pub mod devx;
 mod dma;
 pub mod eq;
 mod error;

@@ -10,6 +10,7 @@ use mlx5_hw::ifc::{
 };
 use mlx5_hw::status::CmdStatus;
 
+use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::cq::CqState;
 use crate::transport::qp::Buf;
@@ -81,15 +82,7 @@ impl Firmware {
         if eqn > 0xff || !self.eqs.contains_key(&(eqn as u8)) {
             return Err(fail(CmdStatus::BadResource, synd::CQ_BAD_EQ));
         }
-        let log_page = 12 + cqc::LOG_PAGE_SIZE.get(c) as u32;
-        let offset = cqc::PAGE_OFFSET.get(c) * 64;
-        let bytes = offset + (stride << log_size);
-        let npas = bytes.div_ceil(1 << log_page) as usize;
-        let pas = pas(input, create_cq_in::SIZE_BYTES, npas)?;
-        let dbr = cqc::DBR_ADDR.get(c);
-        if !inner.bus.dma.is_mapped(dbr, 8) || pas.iter().any(|p| !inner.bus.dma.is_mapped(*p, 1)) {
-            return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
-        }
+        let (buf, dbr, umems) = self.cq_memory(inner, input, stride << log_size)?;
         let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_CQ).clamp(1, 24);
         let mut t = wlock(&inner.rdma.cqs);
         let Some(cqn) = (1..max).find(|n| !t.contains_key(n)) else {
@@ -105,7 +98,7 @@ impl Firmware {
                 stride,
                 eqn: eqn as u8,
                 uar,
-                buf: Buf::new(pas, log_page, offset),
+                buf,
                 dbr,
                 st: Mutex::new(CqState {
                     armed: armed.then_some(false),
@@ -116,10 +109,51 @@ impl Firmware {
             }),
         );
         drop(t);
+        self.umem_used_by(Kind::Cq, cqn, &umems);
         inner.rdma.track_uar(uar, false);
         let mut out = vec![0u8; create_cq_out::SIZE_BYTES];
         create_cq_out::CQN.set(&mut out, u64::from(cqn));
         Ok(out)
+    }
+
+    /// Where a new CQ's `bytes` of CQEs and its doorbell record lie: the
+    /// command's PAS list and `dbr_addr`, or (DevX) `cq_umem_id` at
+    /// `cq_umem_offset` and `dbr_umem_id` at `dbr_addr`; and the UMEMs used.
+    fn cq_memory(
+        &self,
+        inner: &Inner,
+        input: &[u8],
+        bytes: u64,
+    ) -> Result<(Buf, u64, Vec<u32>), super::Fail> {
+        let c = &input[CTX..CTX + cqc::SIZE_BYTES];
+        let uid = super::uctx::uid_of(input);
+        let mut umems = Vec::new();
+        let buf = if create_cq_in::CQ_UMEM_VALID.get(input) != 0 {
+            let id = create_cq_in::CQ_UMEM_ID.get(input) as u32;
+            umems.push(id);
+            self.umem_buf(uid, id, create_cq_in::CQ_UMEM_OFFSET.get(input), bytes)?
+        } else {
+            let log_page = 12 + cqc::LOG_PAGE_SIZE.get(c) as u32;
+            let offset = cqc::PAGE_OFFSET.get(c) * 64;
+            let npas = (offset + bytes).div_ceil(1 << log_page) as usize;
+            let pas = pas(input, create_cq_in::SIZE_BYTES, npas)?;
+            if pas.iter().any(|p| !inner.bus.dma.is_mapped(*p, 1)) {
+                return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
+            }
+            Buf::new(pas, log_page, offset)
+        };
+        let dbr = if cqc::DBR_UMEM_VALID.get(c) != 0 {
+            let id = cqc::DBR_UMEM_ID.get(c) as u32;
+            umems.push(id);
+            self.umem_dbr(uid, id, cqc::DBR_ADDR.get(c))?
+        } else {
+            let dbr = cqc::DBR_ADDR.get(c);
+            if !inner.bus.dma.is_mapped(dbr, 8) {
+                return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
+            }
+            dbr
+        };
+        Ok((buf, dbr, umems))
     }
 
     pub(super) fn destroy_cq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
@@ -179,7 +213,8 @@ impl Firmware {
                     mlx5_hw::cqe::CQ_STATE_FIRED
                 }),
             );
-            cqc::PAGE_OFFSET.set(c, cq.buf.offset / 64);
+            // A queue in a UMEM: the offset within its page.
+            cqc::PAGE_OFFSET.set(c, (cq.buf.offset & ((1 << cq.buf.log_page) - 1)) / 64 % 64);
             cqc::LOG_CQ_SIZE.set(c, u64::from(cq.log_size));
             cqc::UAR_PAGE.set(c, u64::from(cq.uar));
             cqc::CQ_PERIOD.set(c, u64::from(st.period));

@@ -145,6 +145,7 @@ impl Firmware {
         self.leaked += (self.eqs.len() + self.uars.len() + flow + eth) as u64;
         self.steering = Default::default();
         self.eth = Default::default();
+        self.devx = Default::default();
         self.eqs.clear();
         self.uars.clear();
         self.eq_db_last.clear();

@@ -11,6 +11,7 @@ pub(crate) mod cq;
 mod eq;
 mod eth;
 mod flow;
+mod general_obj;
 mod hca;
 mod issi;
 mod l2;
@@ -27,6 +28,8 @@ mod srq;
 mod tir;
 mod tis;
 mod uar;
+pub(crate) mod uctx;
+mod umem;
 mod vport;
 mod vxlan;
 mod xrcd;
@@ -50,6 +53,7 @@ use crate::{DeviceConfig, Inner, Profile, Stats};
 
 pub(crate) use adapter::RESD_LKEY;
 pub(crate) use eq::Eq;
+pub(crate) use uctx::{LOG_MAX_UCTX, LOG_MAX_UMEM, UCTX_CAPS};
 
 /// How often the health counter moves while firmware lives.
 pub(crate) const HEALTH_TICK: std::time::Duration = std::time::Duration::from_millis(1);
@@ -343,6 +347,8 @@ pub(crate) struct Firmware {
     pub(crate) steering: flow::Steering,
     /// TISes, TIRs, RQ tables, SQs, RQs and VXLAN ports (fw/eth.rs).
     pub(crate) eth: eth::EthObjects,
+    /// DevX: user contexts, UMEMs, object owners (fw/uctx.rs).
+    pub(crate) devx: uctx::Devx,
     /// Objects alive at a teardown (Stats::leaked_at_teardown).
     pub(crate) leaked: u64,
     // Port and vport.
@@ -386,6 +392,7 @@ impl Firmware {
             eq_db_last: BTreeMap::new(),
             steering: flow::Steering::default(),
             eth: eth::EthObjects::default(),
+            devx: uctx::Devx::default(),
             leaked: 0,
             port: PortState::power_on(cfg.profile),
             roce_en: false,
@@ -444,6 +451,7 @@ impl Firmware {
             eq_db_last,
             steering,
             eth,
+            devx,
             leaked,
             port,
             roce_en,
@@ -459,6 +467,7 @@ impl Firmware {
                 (driver_version, fast_teardown_prepared, host_endianness),
                 (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
                 (steering, eth, leaked, port, roce_en, vport_mtu, mac, node_desc),
+                devx,
             )
         )
     }
@@ -663,6 +672,9 @@ impl Firmware {
         if needs_init && self.hca != HcaState::Initialized {
             return Err(fail(CmdStatus::BadSystemState, synd::HCA_NOT_INITIALIZED));
         }
+        if needs_init {
+            self.devx_check(opcode, input)?;
+        }
         let r = match opcode {
             O::EnableHca => self.enable_hca(input, outlen),
             O::DisableHca => self.disable_hca(input, outlen),
@@ -741,12 +753,23 @@ impl Firmware {
             O::QueryFlowTableEntry => self.query_fte(input, outlen),
             O::AllocFlowCounter => self.alloc_flow_counter(input, outlen),
             O::DeallocFlowCounter => self.dealloc_flow_counter(input, outlen),
+            O::CreateUctx => self.create_uctx(input, outlen),
+            O::DestroyUctx => self.destroy_uctx(input, outlen),
+            O::CreateUmem => self.create_umem(inner, input, outlen),
+            O::DestroyUmem => self.destroy_umem(input, outlen),
+            O::CreateGeneralObject
+            | O::ModifyGeneralObject
+            | O::QueryGeneralObject
+            | O::DestroyGeneralObject => self.general_obj(opcode, input, outlen),
             _ => self.execute_eth(inner, opcode, input, outlen),
         };
         if opcode == O::TeardownHca && r.is_ok() {
             // Firmware forgets every object with the HCA.
             self.leaked += inner.rdma.objects() as u64;
             inner.rdma.reset();
+        }
+        if let Ok(out) = &r {
+            self.devx_done(opcode, input, out);
         }
         let _ = op_mod;
         r
@@ -906,6 +929,14 @@ impl Firmware {
                     | O::QueryNicVportContext
                     | O::ModifyNicVportContext
                     | O::QueryCongStatistics
+                    | O::CreateUctx
+                    | O::DestroyUctx
+                    | O::CreateUmem
+                    | O::DestroyUmem
+                    | O::CreateGeneralObject
+                    | O::ModifyGeneralObject
+                    | O::QueryGeneralObject
+                    | O::DestroyGeneralObject
             )
     }
 

@@ -118,14 +118,7 @@ impl Firmware {
         };
         let no_sq = qpc::NO_SQ.get(c) != 0;
         let sq_bytes = if no_sq { 0 } else { 64u64 << log_sq_size };
-        let log_page = 12 + qpc::LOG_PAGE_SIZE.get(c) as u32;
-        let offset = qpc::PAGE_OFFSET.get(c) * 64;
-        let npas = (offset + rq_bytes + sq_bytes).div_ceil(1 << log_page) as usize;
-        let pas = super::cq::pas(input, create_qp_in::SIZE_BYTES, npas)?;
-        let dbr = qpc::DBR_ADDR.get(c);
-        if !inner.bus.dma.is_mapped(dbr, 8) {
-            return Err(fail(CmdStatus::BadParameter, synd::QP_NOT_MAPPED));
-        }
+        let (buf, dbr, umems) = self.qp_memory(inner, input, rq_bytes + sq_bytes)?;
         let mut t = wlock(&r.qps);
         // One number space with the SQs and RQs (fw/sq.rs, fw/rq.rs).
         let qpn = self.free_queue_number_in(&t, synd::QP_EXHAUSTED)?;
@@ -151,7 +144,7 @@ impl Firmware {
                 log_rq_stride,
                 log_sq_size,
                 sq_offset: rq_bytes,
-                buf: Buf::new(pas, log_page, offset),
+                buf,
                 dbr,
                 uar,
                 state: AtomicU8::new(state::RST),
@@ -161,10 +154,48 @@ impl Firmware {
             }),
         );
         drop(t);
+        self.umem_used_by(super::uctx::Kind::Qp, qpn, &umems);
         r.track_uar(uar, true);
         let mut out = vec![0u8; create_qp_out::SIZE_BYTES];
         create_qp_out::QPN.set(&mut out, u64::from(qpn));
         Ok(out)
+    }
+
+    /// Where a new QP's `bytes` of work queues and its doorbell record
+    /// lie: the command's PAS list and `dbr_addr`, or (DevX) `wq_umem_id` at
+    /// `wq_umem_offset` and `dbr_umem_id` at `dbr_addr`; and the UMEMs used.
+    fn qp_memory(
+        &self,
+        inner: &Inner,
+        input: &[u8],
+        bytes: u64,
+    ) -> Result<(Buf, u64, Vec<u32>), super::Fail> {
+        let c = &input[CTX..CTX + qpc::SIZE_BYTES];
+        let uid = super::uctx::uid_of(input);
+        let mut umems = Vec::new();
+        let buf = if create_qp_in::WQ_UMEM_VALID.get(input) != 0 {
+            let id = create_qp_in::WQ_UMEM_ID.get(input) as u32;
+            umems.push(id);
+            self.umem_buf(uid, id, create_qp_in::WQ_UMEM_OFFSET.get(input), bytes)?
+        } else {
+            let log_page = 12 + qpc::LOG_PAGE_SIZE.get(c) as u32;
+            let offset = qpc::PAGE_OFFSET.get(c) * 64;
+            let npas = (offset + bytes).div_ceil(1 << log_page) as usize;
+            let pas = super::cq::pas(input, create_qp_in::SIZE_BYTES, npas)?;
+            Buf::new(pas, log_page, offset)
+        };
+        let dbr = if qpc::DBR_UMEM_VALID.get(c) != 0 {
+            let id = qpc::DBR_UMEM_ID.get(c) as u32;
+            umems.push(id);
+            self.umem_dbr(uid, id, qpc::DBR_ADDR.get(c))?
+        } else {
+            let dbr = qpc::DBR_ADDR.get(c);
+            if !inner.bus.dma.is_mapped(dbr, 8) {
+                return Err(fail(CmdStatus::BadParameter, synd::QP_NOT_MAPPED));
+            }
+            dbr
+        };
+        Ok((buf, dbr, umems))
     }
 
     pub(super) fn destroy_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
@@ -215,7 +246,8 @@ impl Firmware {
         qpc::LOG_SQ_SIZE.set(c, u64::from(qp.log_sq_size));
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
-        qpc::PAGE_OFFSET.set(c, qp.buf.offset / 64);
+        // A queue in a UMEM: the offset within its page.
+        qpc::PAGE_OFFSET.set(c, (qp.buf.offset & ((1 << qp.buf.log_page) - 1)) / 64 % 64);
         qpc::REMOTE_QPN.set(c, u64::from(sq.remote_qpn));
         {
             let a = &mut c[PATH..PATH + ads::SIZE_BYTES];

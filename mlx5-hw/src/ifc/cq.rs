@@ -45,6 +45,8 @@ pub mod cqc {
     pub const ST: BitField = BitField::new(0x14, 0x4);
     /// Place of `cqe_compression_layout`: bit 0x1e, 0x2 bits.
     pub const CQE_COMPRESSION_LAYOUT: BitField = BitField::new(0x1e, 0x2);
+    /// Place of `dbr_umem_id`: bit 0x20, 0x20 bits.
+    pub const DBR_UMEM_ID: BitField = BitField::new(0x20, 0x20);
     /// Place of `page_offset`: bit 0x54, 0x6 bits.
     pub const PAGE_OFFSET: BitField = BitField::new(0x54, 0x6);
     /// Place of `log_cq_size`: bit 0x63, 0x5 bits.
@@ -91,7 +93,7 @@ pub mod cqc {
             FieldInfo { name: "st", bit_off: 0x14, width: 0x4, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_18", bit_off: 0x18, width: 0x6, ty: FieldType::Bits },
             FieldInfo { name: "cqe_compression_layout", bit_off: 0x1e, width: 0x2, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_umem_id", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x14, ty: FieldType::Bits },
             FieldInfo { name: "page_offset", bit_off: 0x54, width: 0x6, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_5a", bit_off: 0x5a, width: 0x6, ty: FieldType::Bits },
@@ -193,6 +195,10 @@ impl<T: AsRef<[u8]>> Cqc<T> {
     /// `cqe_compression_layout`: 2 bits at bit 0x1e.
     pub fn cqe_compression_layout(&self) -> u8 {
         get_bits(self.buf.as_ref(), 0x1e, 2) as u8
+    }
+    /// `dbr_umem_id`: 32 bits at bit 0x20.
+    pub fn dbr_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
     }
     /// `page_offset`: 6 bits at bit 0x54.
     pub fn page_offset(&self) -> u8 {
@@ -307,6 +313,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Cqc<T> {
     /// Sets `cqe_compression_layout` (2 bits at bit 0x1e).
     pub fn set_cqe_compression_layout(&mut self, value: u8) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x1e, 2, u64::from(value));
+        self
+    }
+    /// Sets `dbr_umem_id` (32 bits at bit 0x20).
+    pub fn set_dbr_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
         self
     }
     /// Sets `page_offset` (6 bits at bit 0x54).
@@ -600,6 +611,10 @@ pub mod create_cq_in {
     pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
     /// Place of `cq_context`: bit 0x80, 0x200 bits.
     pub const CQ_CONTEXT: BitField = BitField::new(0x80, 0x200);
+    /// Place of `cq_umem_offset`: bit 0x280, 0x40 bits.
+    pub const CQ_UMEM_OFFSET: BitField = BitField::new(0x280, 0x40);
+    /// Place of `cq_umem_id`: bit 0x2c0, 0x20 bits.
+    pub const CQ_UMEM_ID: BitField = BitField::new(0x2c0, 0x20);
     /// Place of `cq_umem_valid`: bit 0x2e0, 0x1 bits.
     pub const CQ_UMEM_VALID: BitField = BitField::new(0x2e0, 0x1);
     /// Place of `pas`: bit 0x880, 0x0 bits.
@@ -617,7 +632,8 @@ pub mod create_cq_in {
             FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
             FieldInfo { name: "cq_context", bit_off: 0x80, width: 0x200, ty: FieldType::Layout("cqc") },
-            FieldInfo { name: "reserved_at_280", bit_off: 0x280, width: 0x60, ty: FieldType::Bits },
+            FieldInfo { name: "cq_umem_offset", bit_off: 0x280, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "cq_umem_id", bit_off: 0x2c0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "cq_umem_valid", bit_off: 0x2e0, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_2e1", bit_off: 0x2e1, width: 0x59f, ty: FieldType::Bits },
             FieldInfo { name: "pas", bit_off: 0x880, width: 0x0, ty: FieldType::Array { elem_bits: 0x40, count: 0, elem: None } },
@@ -667,6 +683,14 @@ impl<T: AsRef<[u8]>> CreateCqIn<T> {
     pub fn cq_context(&self) -> Cqc<&[u8]> {
         Cqc::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x40))
     }
+    /// `cq_umem_offset`: 64 bits at bit 0x280.
+    pub fn cq_umem_offset(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x280, 64)
+    }
+    /// `cq_umem_id`: 32 bits at bit 0x2c0.
+    pub fn cq_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x2c0, 32) as u32
+    }
     /// `cq_umem_valid`: 1 bits at bit 0x2e0.
     pub fn cq_umem_valid(&self) -> bool {
         get_bits(self.buf.as_ref(), 0x2e0, 1) != 0
@@ -700,6 +724,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateCqIn<T> {
     /// `cq_context` (`cqc`, at byte 0x10), for writing.
     pub fn cq_context_mut(&mut self) -> Cqc<&mut [u8]> {
         Cqc::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x40))
+    }
+    /// Sets `cq_umem_offset` (64 bits at bit 0x280).
+    pub fn set_cq_umem_offset(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x280, 64, value);
+        self
+    }
+    /// Sets `cq_umem_id` (32 bits at bit 0x2c0).
+    pub fn set_cq_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2c0, 32, u64::from(value));
+        self
     }
     /// Sets `cq_umem_valid` (1 bits at bit 0x2e0).
     pub fn set_cq_umem_valid(&mut self, value: bool) -> &mut Self {

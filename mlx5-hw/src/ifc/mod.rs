@@ -22,6 +22,9 @@ pub use cq::*;
 mod device;
 pub use device::*;
 #[rustfmt::skip]
+mod devx;
+pub use devx::*;
+#[rustfmt::skip]
 mod eq;
 pub use eq::*;
 #[rustfmt::skip]
@@ -134,6 +137,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &create_tir_out::INFO,
     &create_tis_in::INFO,
     &create_tis_out::INFO,
+    &create_uctx_in::INFO,
+    &create_uctx_out::INFO,
+    &create_umem_in::INFO,
+    &create_umem_out::INFO,
     &create_xrc_srq_in::INFO,
     &create_xrc_srq_out::INFO,
     &dctc::INFO,
@@ -186,6 +193,10 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &destroy_tir_out::INFO,
     &destroy_tis_in::INFO,
     &destroy_tis_out::INFO,
+    &destroy_uctx_in::INFO,
+    &destroy_uctx_out::INFO,
+    &destroy_umem_in::INFO,
+    &destroy_umem_out::INFO,
     &destroy_xrc_srq_in::INFO,
     &destroy_xrc_srq_out::INFO,
     &device_mem_cap::INFO,
@@ -239,6 +250,11 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &fte_match_set_misc3::INFO,
     &fte_match_set_misc4::INFO,
     &fte_match_set_misc5::INFO,
+    &general_obj_create_param::INFO,
+    &general_obj_in_cmd_hdr::INFO,
+    &general_obj_in_cmd_hdr_op_param::INFO,
+    &general_obj_out_cmd_hdr::INFO,
+    &general_obj_query_param::INFO,
     &gre_key::INFO,
     &hca_cap_union::INFO,
     &hca_vport_context::INFO,
@@ -283,6 +299,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &modify_tis_bitmask::INFO,
     &modify_tis_in::INFO,
     &modify_tis_out::INFO,
+    &mtt::INFO,
     &nic_vport_context::INFO,
     &nop_in::INFO,
     &nop_out::INFO,
@@ -402,6 +419,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &tisc::INFO,
     &traffic_counter::INFO,
     &uar_page::INFO,
+    &uctx::INFO,
+    &umem::INFO,
     &vlan::INFO,
     &wq::INFO,
     &wqe_atomic_seg::INFO,

@@ -537,6 +537,8 @@ pub mod qpc {
     pub const DC_ACCESS_KEY: BitField = BitField::new(0x640, 0x40);
     /// Place of `dbr_umem_valid`: bit 0x683, 0x1 bits.
     pub const DBR_UMEM_VALID: BitField = BitField::new(0x683, 0x1);
+    /// Place of `dbr_umem_id`: bit 0x720, 0x20 bits.
+    pub const DBR_UMEM_ID: BitField = BitField::new(0x720, 0x20);
     /// Registry entry: every field, reserved gaps included.
     pub static INFO: LayoutInfo = LayoutInfo {
         name: "qpc",
@@ -649,7 +651,8 @@ pub mod qpc {
             FieldInfo { name: "dc_access_key", bit_off: 0x640, width: 0x40, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_680", bit_off: 0x680, width: 0x3, ty: FieldType::Bits },
             FieldInfo { name: "dbr_umem_valid", bit_off: 0x683, width: 0x1, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_684", bit_off: 0x684, width: 0xbc, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_684", bit_off: 0x684, width: 0x9c, ty: FieldType::Bits },
+            FieldInfo { name: "dbr_umem_id", bit_off: 0x720, width: 0x20, ty: FieldType::Bits },
         ],
     };
 }
@@ -967,6 +970,10 @@ impl<T: AsRef<[u8]>> Qpc<T> {
     /// `dbr_umem_valid`: 1 bits at bit 0x683.
     pub fn dbr_umem_valid(&self) -> bool {
         get_bits(self.buf.as_ref(), 0x683, 1) != 0
+    }
+    /// `dbr_umem_id`: 32 bits at bit 0x720.
+    pub fn dbr_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x720, 32) as u32
     }
 }
 
@@ -1331,6 +1338,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Qpc<T> {
     /// Sets `dbr_umem_valid` (1 bits at bit 0x683).
     pub fn set_dbr_umem_valid(&mut self, value: bool) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x683, 1, u64::from(value));
+        self
+    }
+    /// Sets `dbr_umem_id` (32 bits at bit 0x720).
+    pub fn set_dbr_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x720, 32, u64::from(value));
         self
     }
 }
