@@ -77,6 +77,12 @@ pub struct HcaOptions {
     /// EQs). `None`: one per CPU the process may run on and port, as
     /// Linux does (`num_online_cpus`). `Some(0)` is refused.
     pub num_comp_vectors: Option<u32>,
+    /// Queue memory (rings, CQEs, doorbell records) in 2 MiB huge pages
+    /// when the system has them free. Off by default: the huge pages a
+    /// system reserves are the application's (its buffer pools), and
+    /// rdma-core's mlx5 likewise takes them for queues only when asked
+    /// (`MLX5_*_HUGE`-style environment, `mlx5_use_huge`).
+    pub huge_queue_memory: bool,
 }
 
 impl Default for HcaOptions {
@@ -93,6 +99,7 @@ impl Default for HcaOptions {
             max_fw_pages: crate::pagealloc::default_budget(),
             clock: clock::system(),
             num_comp_vectors: None,
+            huge_queue_memory: false,
         }
     }
 }
@@ -223,6 +230,7 @@ impl Hca {
         wait_initializing(&bar, &opts.clock, opts.fw_pre_init_timeout)?;
         let geo = CmdQueue::read_geometry(&bar)?;
         let dma = DmaCtx::new(func.clone())?;
+        dma.bufs.set_huge(opts.huge_queue_memory);
         let q = CmdQueue::new(
             func.name().to_string(),
             bar.clone(),

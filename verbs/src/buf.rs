@@ -6,7 +6,7 @@
 //! and thousands of QPs cost thousands of mappings (and `dma_entry_limit`
 //! of the type1 IOMMU is 65535). As rdma-core's mlx5 provider and Linux's
 //! mlx5 share pages among queues, the arena keeps chunks of at least
-//! [`CHUNK_MIN`] (2 MiB huge pages when the system has them free), each one
+//! [`CHUNK_MIN`] (2 MiB huge pages when `HcaOptions::huge_queue_memory` asks and the system has them free), each one
 //! [`DmaBuffer`] mapped once at an IOVA aligned to its size, and hands out
 //! naturally aligned power-of-two pieces of them (at least 4 KiB: the PRM
 //! takes a queue buffer as PAS entries of `log_page_size`, so one aligned
@@ -81,6 +81,9 @@ struct Chunk {
 #[derive(Debug, Default)]
 pub(crate) struct BufArena {
     chunks: Mutex<BTreeMap<u64, Chunk>>,
+    /// Chunks of 2 MiB huge pages when the system has them free
+    /// ([`crate::bringup::HcaOptions::huge_queue_memory`]).
+    huge: std::sync::atomic::AtomicBool,
 }
 
 /// Zeroes `len` bytes at `offset` of `buf`, a page at a time.
@@ -96,6 +99,11 @@ pub(crate) fn zero(buf: &DmaBuffer, offset: usize, len: usize) -> Result<()> {
 }
 
 impl BufArena {
+    /// Whether new chunks take 2 MiB huge pages when the system has them.
+    pub(crate) fn set_huge(&self, on: bool) {
+        self.huge.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Chunk>> {
         self.chunks.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -183,8 +191,10 @@ impl Chunk {
     /// A chunk of `size` bytes (a power of two), mapped at an IOVA aligned
     /// to its size.
     fn new(dma: &DmaCtx, size: usize) -> Result<Self> {
-        // Huge pages when the system has them free, else 4 KiB pages.
-        let buf = DmaBuffer::with_hugepages(size, true)?;
+        // Huge pages when asked for and the system has them free, else
+        // 4 KiB pages.
+        let huge = dma.bufs.huge.load(std::sync::atomic::Ordering::Relaxed);
+        let buf = DmaBuffer::with_hugepages(size, huge)?;
         let iova = dma.alloc_iova(size as u64, size as u64)?;
         if let Err(e) = dma.func.dma_map(iova, &buf) {
             dma.free_iova(iova, size as u64);
