@@ -229,6 +229,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_xrq_err::INFO,
     &err_cqe::INFO,
     &eth_802_3_cntrs_grp_data_layout::INFO,
+    &eth_cntrs_grp_data_layout_auto::INFO,
     &event_auto::INFO,
     &exe_aso_ctrl::INFO,
     &exe_aso_ctrl_flow_meter::INFO,

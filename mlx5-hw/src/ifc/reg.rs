@@ -855,8 +855,10 @@ pub mod ppcnt_reg {
     pub const GRP: BitField = BitField::new(0x1a, 0x6);
     /// Place of `clr`: bit 0x20, 0x1 bits.
     pub const CLR: BitField = BitField::new(0x20, 0x1);
-    /// Place of `prio_tc`: bit 0x3d, 0x3 bits.
-    pub const PRIO_TC: BitField = BitField::new(0x3d, 0x3);
+    /// Place of `plane_ind`: bit 0x34, 0x4 bits.
+    pub const PLANE_IND: BitField = BitField::new(0x34, 0x4);
+    /// Place of `prio_tc`: bit 0x3b, 0x5 bits.
+    pub const PRIO_TC: BitField = BitField::new(0x3b, 0x5);
     /// Place of `counter_set`: bit 0x40, 0x7c0 bits.
     pub const COUNTER_SET: BitField = BitField::new(0x40, 0x7c0);
     /// Registry entry: every field, reserved gaps included.
@@ -872,9 +874,11 @@ pub mod ppcnt_reg {
             FieldInfo { name: "reserved_at_12", bit_off: 0x12, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "grp", bit_off: 0x1a, width: 0x6, ty: FieldType::Bits },
             FieldInfo { name: "clr", bit_off: 0x20, width: 0x1, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_21", bit_off: 0x21, width: 0x1c, ty: FieldType::Bits },
-            FieldInfo { name: "prio_tc", bit_off: 0x3d, width: 0x3, ty: FieldType::Bits },
-            FieldInfo { name: "counter_set", bit_off: 0x40, width: 0x7c0, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_21", bit_off: 0x21, width: 0x13, ty: FieldType::Bits },
+            FieldInfo { name: "plane_ind", bit_off: 0x34, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_38", bit_off: 0x38, width: 0x3, ty: FieldType::Bits },
+            FieldInfo { name: "prio_tc", bit_off: 0x3b, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "counter_set", bit_off: 0x40, width: 0x7c0, ty: FieldType::Layout("eth_cntrs_grp_data_layout_auto") },
         ],
     };
 }
@@ -926,13 +930,17 @@ impl<T: AsRef<[u8]>> PpcntReg<T> {
     pub fn clr(&self) -> bool {
         get_bits(self.buf.as_ref(), 0x20, 1) != 0
     }
-    /// `prio_tc`: 3 bits at bit 0x3d.
-    pub fn prio_tc(&self) -> u8 {
-        get_bits(self.buf.as_ref(), 0x3d, 3) as u8
+    /// `plane_ind`: 4 bits at bit 0x34.
+    pub fn plane_ind(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x34, 4) as u8
     }
-    /// `counter_set`: 1984 bits at bit 0x40, as bytes.
-    pub fn counter_set(&self) -> &[u8] {
-        sub(self.buf.as_ref(), 0x8, 0xf8)
+    /// `prio_tc`: 5 bits at bit 0x3b.
+    pub fn prio_tc(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x3b, 5) as u8
+    }
+    /// `counter_set` (`eth_cntrs_grp_data_layout_auto`, at byte 0x8).
+    pub fn counter_set(&self) -> EthCntrsGrpDataLayoutAuto<&[u8]> {
+        EthCntrsGrpDataLayoutAuto::new_unchecked(sub(self.buf.as_ref(), 0x8, 0xf8))
     }
 }
 
@@ -966,14 +974,86 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> PpcntReg<T> {
         set_bits(self.buf.as_mut(), 0x20, 1, u64::from(value));
         self
     }
-    /// Sets `prio_tc` (3 bits at bit 0x3d).
-    pub fn set_prio_tc(&mut self, value: u8) -> &mut Self {
-        set_bits(self.buf.as_mut(), 0x3d, 3, u64::from(value));
+    /// Sets `plane_ind` (4 bits at bit 0x34).
+    pub fn set_plane_ind(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x34, 4, u64::from(value));
         self
     }
-    /// `counter_set`, for writing.
-    pub fn counter_set_mut(&mut self) -> &mut [u8] {
-        sub_mut(self.buf.as_mut(), 0x8, 0xf8)
+    /// Sets `prio_tc` (5 bits at bit 0x3b).
+    pub fn set_prio_tc(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3b, 5, u64::from(value));
+        self
+    }
+    /// `counter_set` (`eth_cntrs_grp_data_layout_auto`, at byte 0x8), for writing.
+    pub fn counter_set_mut(&mut self) -> EthCntrsGrpDataLayoutAuto<&mut [u8]> {
+        EthCntrsGrpDataLayoutAuto::new_unchecked(sub_mut(self.buf.as_mut(), 0x8, 0xf8))
+    }
+}
+
+/// Constants and registry entry of [`EthCntrsGrpDataLayoutAuto`] (`union mlx5_ifc_eth_cntrs_grp_data_layout_auto_bits`).
+pub mod eth_cntrs_grp_data_layout_auto {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x7c0;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0xf8;
+    /// Place of `eth_802_3_cntrs_grp_data_layout`: bit 0x0, 0x7c0 bits.
+    pub const ETH_802_3_CNTRS_GRP_DATA_LAYOUT: BitField = BitField::new(0x0, 0x7c0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "eth_cntrs_grp_data_layout_auto",
+        kind: LayoutKind::Union,
+        size_bits: 0x7c0,
+        doc: "PPCNT's counter set, by group (`grp`).",
+        fields: &[
+            FieldInfo { name: "eth_802_3_cntrs_grp_data_layout", bit_off: 0x0, width: 0x7c0, ty: FieldType::Layout("eth_802_3_cntrs_grp_data_layout") },
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x7c0, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// PPCNT's counter set, by group (`grp`).
+///
+/// A view of `union mlx5_ifc_eth_cntrs_grp_data_layout_auto_bits` (1984 bits, 248 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EthCntrsGrpDataLayoutAuto<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> EthCntrsGrpDataLayoutAuto<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (248 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("eth_cntrs_grp_data_layout_auto", eth_cntrs_grp_data_layout_auto::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `eth_802_3_cntrs_grp_data_layout` (`eth_802_3_cntrs_grp_data_layout`, at byte 0x0).
+    pub fn eth_802_3_cntrs_grp_data_layout(&self) -> Eth8023CntrsGrpDataLayout<&[u8]> {
+        Eth8023CntrsGrpDataLayout::new_unchecked(sub(self.buf.as_ref(), 0x0, 0xf8))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EthCntrsGrpDataLayoutAuto<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// `eth_802_3_cntrs_grp_data_layout` (`eth_802_3_cntrs_grp_data_layout`, at byte 0x0), for writing.
+    pub fn eth_802_3_cntrs_grp_data_layout_mut(&mut self) -> Eth8023CntrsGrpDataLayout<&mut [u8]> {
+        Eth8023CntrsGrpDataLayout::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0xf8))
     }
 }
 
@@ -1010,12 +1090,64 @@ pub mod eth_802_3_cntrs_grp_data_layout {
     pub const A_OCTETS_RECEIVED_OK_HIGH: BitField = BitField::new(0x140, 0x20);
     /// Place of `a_octets_received_ok_low`: bit 0x160, 0x20 bits.
     pub const A_OCTETS_RECEIVED_OK_LOW: BitField = BitField::new(0x160, 0x20);
+    /// Place of `a_multicast_frames_xmitted_ok_high`: bit 0x180, 0x20 bits.
+    pub const A_MULTICAST_FRAMES_XMITTED_OK_HIGH: BitField = BitField::new(0x180, 0x20);
+    /// Place of `a_multicast_frames_xmitted_ok_low`: bit 0x1a0, 0x20 bits.
+    pub const A_MULTICAST_FRAMES_XMITTED_OK_LOW: BitField = BitField::new(0x1a0, 0x20);
+    /// Place of `a_broadcast_frames_xmitted_ok_high`: bit 0x1c0, 0x20 bits.
+    pub const A_BROADCAST_FRAMES_XMITTED_OK_HIGH: BitField = BitField::new(0x1c0, 0x20);
+    /// Place of `a_broadcast_frames_xmitted_ok_low`: bit 0x1e0, 0x20 bits.
+    pub const A_BROADCAST_FRAMES_XMITTED_OK_LOW: BitField = BitField::new(0x1e0, 0x20);
+    /// Place of `a_multicast_frames_received_ok_high`: bit 0x200, 0x20 bits.
+    pub const A_MULTICAST_FRAMES_RECEIVED_OK_HIGH: BitField = BitField::new(0x200, 0x20);
+    /// Place of `a_multicast_frames_received_ok_low`: bit 0x220, 0x20 bits.
+    pub const A_MULTICAST_FRAMES_RECEIVED_OK_LOW: BitField = BitField::new(0x220, 0x20);
+    /// Place of `a_broadcast_frames_received_ok_high`: bit 0x240, 0x20 bits.
+    pub const A_BROADCAST_FRAMES_RECEIVED_OK_HIGH: BitField = BitField::new(0x240, 0x20);
+    /// Place of `a_broadcast_frames_received_ok_low`: bit 0x260, 0x20 bits.
+    pub const A_BROADCAST_FRAMES_RECEIVED_OK_LOW: BitField = BitField::new(0x260, 0x20);
+    /// Place of `a_in_range_length_errors_high`: bit 0x280, 0x20 bits.
+    pub const A_IN_RANGE_LENGTH_ERRORS_HIGH: BitField = BitField::new(0x280, 0x20);
+    /// Place of `a_in_range_length_errors_low`: bit 0x2a0, 0x20 bits.
+    pub const A_IN_RANGE_LENGTH_ERRORS_LOW: BitField = BitField::new(0x2a0, 0x20);
+    /// Place of `a_out_of_range_length_field_high`: bit 0x2c0, 0x20 bits.
+    pub const A_OUT_OF_RANGE_LENGTH_FIELD_HIGH: BitField = BitField::new(0x2c0, 0x20);
+    /// Place of `a_out_of_range_length_field_low`: bit 0x2e0, 0x20 bits.
+    pub const A_OUT_OF_RANGE_LENGTH_FIELD_LOW: BitField = BitField::new(0x2e0, 0x20);
+    /// Place of `a_frame_too_long_errors_high`: bit 0x300, 0x20 bits.
+    pub const A_FRAME_TOO_LONG_ERRORS_HIGH: BitField = BitField::new(0x300, 0x20);
+    /// Place of `a_frame_too_long_errors_low`: bit 0x320, 0x20 bits.
+    pub const A_FRAME_TOO_LONG_ERRORS_LOW: BitField = BitField::new(0x320, 0x20);
+    /// Place of `a_symbol_error_during_carrier_high`: bit 0x340, 0x20 bits.
+    pub const A_SYMBOL_ERROR_DURING_CARRIER_HIGH: BitField = BitField::new(0x340, 0x20);
+    /// Place of `a_symbol_error_during_carrier_low`: bit 0x360, 0x20 bits.
+    pub const A_SYMBOL_ERROR_DURING_CARRIER_LOW: BitField = BitField::new(0x360, 0x20);
+    /// Place of `a_mac_control_frames_transmitted_high`: bit 0x380, 0x20 bits.
+    pub const A_MAC_CONTROL_FRAMES_TRANSMITTED_HIGH: BitField = BitField::new(0x380, 0x20);
+    /// Place of `a_mac_control_frames_transmitted_low`: bit 0x3a0, 0x20 bits.
+    pub const A_MAC_CONTROL_FRAMES_TRANSMITTED_LOW: BitField = BitField::new(0x3a0, 0x20);
+    /// Place of `a_mac_control_frames_received_high`: bit 0x3c0, 0x20 bits.
+    pub const A_MAC_CONTROL_FRAMES_RECEIVED_HIGH: BitField = BitField::new(0x3c0, 0x20);
+    /// Place of `a_mac_control_frames_received_low`: bit 0x3e0, 0x20 bits.
+    pub const A_MAC_CONTROL_FRAMES_RECEIVED_LOW: BitField = BitField::new(0x3e0, 0x20);
+    /// Place of `a_unsupported_opcodes_received_high`: bit 0x400, 0x20 bits.
+    pub const A_UNSUPPORTED_OPCODES_RECEIVED_HIGH: BitField = BitField::new(0x400, 0x20);
+    /// Place of `a_unsupported_opcodes_received_low`: bit 0x420, 0x20 bits.
+    pub const A_UNSUPPORTED_OPCODES_RECEIVED_LOW: BitField = BitField::new(0x420, 0x20);
+    /// Place of `a_pause_mac_ctrl_frames_received_high`: bit 0x440, 0x20 bits.
+    pub const A_PAUSE_MAC_CTRL_FRAMES_RECEIVED_HIGH: BitField = BitField::new(0x440, 0x20);
+    /// Place of `a_pause_mac_ctrl_frames_received_low`: bit 0x460, 0x20 bits.
+    pub const A_PAUSE_MAC_CTRL_FRAMES_RECEIVED_LOW: BitField = BitField::new(0x460, 0x20);
+    /// Place of `a_pause_mac_ctrl_frames_transmitted_high`: bit 0x480, 0x20 bits.
+    pub const A_PAUSE_MAC_CTRL_FRAMES_TRANSMITTED_HIGH: BitField = BitField::new(0x480, 0x20);
+    /// Place of `a_pause_mac_ctrl_frames_transmitted_low`: bit 0x4a0, 0x20 bits.
+    pub const A_PAUSE_MAC_CTRL_FRAMES_TRANSMITTED_LOW: BitField = BitField::new(0x4a0, 0x20);
     /// Registry entry: every field, reserved gaps included.
     pub static INFO: LayoutInfo = LayoutInfo {
         name: "eth_802_3_cntrs_grp_data_layout",
         kind: LayoutKind::Struct,
         size_bits: 0x7c0,
-        doc: "PPCNT's IEEE 802.3 group (grp 0x0): the first counters, each 64 bits",
+        doc: "PPCNT's IEEE 802.3 group (grp 0x0): each counter 64 bits split high",
         fields: &[
             FieldInfo { name: "a_frames_transmitted_ok_high", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "a_frames_transmitted_ok_low", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
@@ -1029,13 +1161,39 @@ pub mod eth_802_3_cntrs_grp_data_layout {
             FieldInfo { name: "a_octets_transmitted_ok_low", bit_off: 0x120, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "a_octets_received_ok_high", bit_off: 0x140, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "a_octets_received_ok_low", bit_off: 0x160, width: 0x20, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_180", bit_off: 0x180, width: 0x640, ty: FieldType::Bits },
+            FieldInfo { name: "a_multicast_frames_xmitted_ok_high", bit_off: 0x180, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_multicast_frames_xmitted_ok_low", bit_off: 0x1a0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_broadcast_frames_xmitted_ok_high", bit_off: 0x1c0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_broadcast_frames_xmitted_ok_low", bit_off: 0x1e0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_multicast_frames_received_ok_high", bit_off: 0x200, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_multicast_frames_received_ok_low", bit_off: 0x220, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_broadcast_frames_received_ok_high", bit_off: 0x240, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_broadcast_frames_received_ok_low", bit_off: 0x260, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_in_range_length_errors_high", bit_off: 0x280, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_in_range_length_errors_low", bit_off: 0x2a0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_out_of_range_length_field_high", bit_off: 0x2c0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_out_of_range_length_field_low", bit_off: 0x2e0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frame_too_long_errors_high", bit_off: 0x300, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_frame_too_long_errors_low", bit_off: 0x320, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_symbol_error_during_carrier_high", bit_off: 0x340, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_symbol_error_during_carrier_low", bit_off: 0x360, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_mac_control_frames_transmitted_high", bit_off: 0x380, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_mac_control_frames_transmitted_low", bit_off: 0x3a0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_mac_control_frames_received_high", bit_off: 0x3c0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_mac_control_frames_received_low", bit_off: 0x3e0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_unsupported_opcodes_received_high", bit_off: 0x400, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_unsupported_opcodes_received_low", bit_off: 0x420, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_pause_mac_ctrl_frames_received_high", bit_off: 0x440, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_pause_mac_ctrl_frames_received_low", bit_off: 0x460, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_pause_mac_ctrl_frames_transmitted_high", bit_off: 0x480, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "a_pause_mac_ctrl_frames_transmitted_low", bit_off: 0x4a0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_4c0", bit_off: 0x4c0, width: 0x300, ty: FieldType::Bits },
         ],
     };
 }
 
-/// PPCNT's IEEE 802.3 group (grp 0x0): the first counters, each 64 bits
-/// split high and low.
+/// PPCNT's IEEE 802.3 group (grp 0x0): each counter 64 bits split high
+/// and low.
 ///
 /// A view of `struct mlx5_ifc_eth_802_3_cntrs_grp_data_layout_bits` (1984 bits, 248 bytes) over a byte buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1109,6 +1267,110 @@ impl<T: AsRef<[u8]>> Eth8023CntrsGrpDataLayout<T> {
     pub fn a_octets_received_ok_low(&self) -> u32 {
         get_bits(self.buf.as_ref(), 0x160, 32) as u32
     }
+    /// `a_multicast_frames_xmitted_ok_high`: 32 bits at bit 0x180.
+    pub fn a_multicast_frames_xmitted_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x180, 32) as u32
+    }
+    /// `a_multicast_frames_xmitted_ok_low`: 32 bits at bit 0x1a0.
+    pub fn a_multicast_frames_xmitted_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x1a0, 32) as u32
+    }
+    /// `a_broadcast_frames_xmitted_ok_high`: 32 bits at bit 0x1c0.
+    pub fn a_broadcast_frames_xmitted_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x1c0, 32) as u32
+    }
+    /// `a_broadcast_frames_xmitted_ok_low`: 32 bits at bit 0x1e0.
+    pub fn a_broadcast_frames_xmitted_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x1e0, 32) as u32
+    }
+    /// `a_multicast_frames_received_ok_high`: 32 bits at bit 0x200.
+    pub fn a_multicast_frames_received_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x200, 32) as u32
+    }
+    /// `a_multicast_frames_received_ok_low`: 32 bits at bit 0x220.
+    pub fn a_multicast_frames_received_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x220, 32) as u32
+    }
+    /// `a_broadcast_frames_received_ok_high`: 32 bits at bit 0x240.
+    pub fn a_broadcast_frames_received_ok_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x240, 32) as u32
+    }
+    /// `a_broadcast_frames_received_ok_low`: 32 bits at bit 0x260.
+    pub fn a_broadcast_frames_received_ok_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x260, 32) as u32
+    }
+    /// `a_in_range_length_errors_high`: 32 bits at bit 0x280.
+    pub fn a_in_range_length_errors_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x280, 32) as u32
+    }
+    /// `a_in_range_length_errors_low`: 32 bits at bit 0x2a0.
+    pub fn a_in_range_length_errors_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x2a0, 32) as u32
+    }
+    /// `a_out_of_range_length_field_high`: 32 bits at bit 0x2c0.
+    pub fn a_out_of_range_length_field_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x2c0, 32) as u32
+    }
+    /// `a_out_of_range_length_field_low`: 32 bits at bit 0x2e0.
+    pub fn a_out_of_range_length_field_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x2e0, 32) as u32
+    }
+    /// `a_frame_too_long_errors_high`: 32 bits at bit 0x300.
+    pub fn a_frame_too_long_errors_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x300, 32) as u32
+    }
+    /// `a_frame_too_long_errors_low`: 32 bits at bit 0x320.
+    pub fn a_frame_too_long_errors_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x320, 32) as u32
+    }
+    /// `a_symbol_error_during_carrier_high`: 32 bits at bit 0x340.
+    pub fn a_symbol_error_during_carrier_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x340, 32) as u32
+    }
+    /// `a_symbol_error_during_carrier_low`: 32 bits at bit 0x360.
+    pub fn a_symbol_error_during_carrier_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x360, 32) as u32
+    }
+    /// `a_mac_control_frames_transmitted_high`: 32 bits at bit 0x380.
+    pub fn a_mac_control_frames_transmitted_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x380, 32) as u32
+    }
+    /// `a_mac_control_frames_transmitted_low`: 32 bits at bit 0x3a0.
+    pub fn a_mac_control_frames_transmitted_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x3a0, 32) as u32
+    }
+    /// `a_mac_control_frames_received_high`: 32 bits at bit 0x3c0.
+    pub fn a_mac_control_frames_received_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x3c0, 32) as u32
+    }
+    /// `a_mac_control_frames_received_low`: 32 bits at bit 0x3e0.
+    pub fn a_mac_control_frames_received_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x3e0, 32) as u32
+    }
+    /// `a_unsupported_opcodes_received_high`: 32 bits at bit 0x400.
+    pub fn a_unsupported_opcodes_received_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x400, 32) as u32
+    }
+    /// `a_unsupported_opcodes_received_low`: 32 bits at bit 0x420.
+    pub fn a_unsupported_opcodes_received_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x420, 32) as u32
+    }
+    /// `a_pause_mac_ctrl_frames_received_high`: 32 bits at bit 0x440.
+    pub fn a_pause_mac_ctrl_frames_received_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x440, 32) as u32
+    }
+    /// `a_pause_mac_ctrl_frames_received_low`: 32 bits at bit 0x460.
+    pub fn a_pause_mac_ctrl_frames_received_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x460, 32) as u32
+    }
+    /// `a_pause_mac_ctrl_frames_transmitted_high`: 32 bits at bit 0x480.
+    pub fn a_pause_mac_ctrl_frames_transmitted_high(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x480, 32) as u32
+    }
+    /// `a_pause_mac_ctrl_frames_transmitted_low`: 32 bits at bit 0x4a0.
+    pub fn a_pause_mac_ctrl_frames_transmitted_low(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x4a0, 32) as u32
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Eth8023CntrsGrpDataLayout<T> {
@@ -1174,6 +1436,136 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Eth8023CntrsGrpDataLayout<T> {
     /// Sets `a_octets_received_ok_low` (32 bits at bit 0x160).
     pub fn set_a_octets_received_ok_low(&mut self, value: u32) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x160, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_multicast_frames_xmitted_ok_high` (32 bits at bit 0x180).
+    pub fn set_a_multicast_frames_xmitted_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x180, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_multicast_frames_xmitted_ok_low` (32 bits at bit 0x1a0).
+    pub fn set_a_multicast_frames_xmitted_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1a0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_broadcast_frames_xmitted_ok_high` (32 bits at bit 0x1c0).
+    pub fn set_a_broadcast_frames_xmitted_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1c0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_broadcast_frames_xmitted_ok_low` (32 bits at bit 0x1e0).
+    pub fn set_a_broadcast_frames_xmitted_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1e0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_multicast_frames_received_ok_high` (32 bits at bit 0x200).
+    pub fn set_a_multicast_frames_received_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x200, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_multicast_frames_received_ok_low` (32 bits at bit 0x220).
+    pub fn set_a_multicast_frames_received_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x220, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_broadcast_frames_received_ok_high` (32 bits at bit 0x240).
+    pub fn set_a_broadcast_frames_received_ok_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x240, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_broadcast_frames_received_ok_low` (32 bits at bit 0x260).
+    pub fn set_a_broadcast_frames_received_ok_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x260, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_in_range_length_errors_high` (32 bits at bit 0x280).
+    pub fn set_a_in_range_length_errors_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x280, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_in_range_length_errors_low` (32 bits at bit 0x2a0).
+    pub fn set_a_in_range_length_errors_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2a0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_out_of_range_length_field_high` (32 bits at bit 0x2c0).
+    pub fn set_a_out_of_range_length_field_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2c0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_out_of_range_length_field_low` (32 bits at bit 0x2e0).
+    pub fn set_a_out_of_range_length_field_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2e0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frame_too_long_errors_high` (32 bits at bit 0x300).
+    pub fn set_a_frame_too_long_errors_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x300, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_frame_too_long_errors_low` (32 bits at bit 0x320).
+    pub fn set_a_frame_too_long_errors_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x320, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_symbol_error_during_carrier_high` (32 bits at bit 0x340).
+    pub fn set_a_symbol_error_during_carrier_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x340, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_symbol_error_during_carrier_low` (32 bits at bit 0x360).
+    pub fn set_a_symbol_error_during_carrier_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x360, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_mac_control_frames_transmitted_high` (32 bits at bit 0x380).
+    pub fn set_a_mac_control_frames_transmitted_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x380, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_mac_control_frames_transmitted_low` (32 bits at bit 0x3a0).
+    pub fn set_a_mac_control_frames_transmitted_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3a0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_mac_control_frames_received_high` (32 bits at bit 0x3c0).
+    pub fn set_a_mac_control_frames_received_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3c0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_mac_control_frames_received_low` (32 bits at bit 0x3e0).
+    pub fn set_a_mac_control_frames_received_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3e0, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_unsupported_opcodes_received_high` (32 bits at bit 0x400).
+    pub fn set_a_unsupported_opcodes_received_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x400, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_unsupported_opcodes_received_low` (32 bits at bit 0x420).
+    pub fn set_a_unsupported_opcodes_received_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x420, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_pause_mac_ctrl_frames_received_high` (32 bits at bit 0x440).
+    pub fn set_a_pause_mac_ctrl_frames_received_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x440, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_pause_mac_ctrl_frames_received_low` (32 bits at bit 0x460).
+    pub fn set_a_pause_mac_ctrl_frames_received_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x460, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_pause_mac_ctrl_frames_transmitted_high` (32 bits at bit 0x480).
+    pub fn set_a_pause_mac_ctrl_frames_transmitted_high(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x480, 32, u64::from(value));
+        self
+    }
+    /// Sets `a_pause_mac_ctrl_frames_transmitted_low` (32 bits at bit 0x4a0).
+    pub fn set_a_pause_mac_ctrl_frames_transmitted_low(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4a0, 32, u64::from(value));
         self
     }
 }
