@@ -446,7 +446,12 @@ impl Device {
             }
         };
         let fw = fw::Firmware::new(&cfg);
-        let rdma = transport::Rdma::new(bus.dma.clone(), fw::RESD_LKEY, cfg.clock.clone());
+        let rdma = transport::Rdma::new(
+            bus.dma.clone(),
+            fw::RESD_LKEY,
+            cfg.clock.clone(),
+            cfg.trap_control_pages.then_some(initseg::FIRST_UAR),
+        );
         let inner = Arc::new(Inner {
             rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),
@@ -713,6 +718,9 @@ impl DeviceModel for Device {
         }
         if initseg::in_msix(self.inner.cfg.profile, offset, data.len()) {
             self.inner.msix_flush_pending();
+        }
+        if self.inner.rdma.trapped_write(offset, data) {
+            return;
         }
         if let Ok(word) = <[u8; 4]>::try_from(data) {
             if offset == initseg::CMD_DBELL as u64 {

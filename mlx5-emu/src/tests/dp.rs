@@ -1191,3 +1191,94 @@ fn mkey_page_size_runs_from_4k_to_the_caps_limit() {
 
 #[path = "umr.rs"]
 mod umr;
+
+/// Linux's `dev->priv.uar` served trapped (QEMU, `trap_control_pages`):
+/// CQ doorbells are taken from the trapped writes, whole and in order, and
+/// a CQ is armed by them only. Reproduces what the QEMU guest did: the
+/// write-combining test CQ of mlx5_core, never armed, whose doorbell record
+/// read 0x2000_0000 once created, got a completion event from the model's
+/// doorbell-record sweep; and a doorbell a client splits in two 32-bit
+/// writes must not arm the CQ the register named before.
+#[test]
+fn trapped_cq_doorbells_arm_only_the_cq_they_name() {
+    let fabric = Fabric::new();
+    let f = fabric.add(DeviceConfig {
+        trap_control_pages: true,
+        ..DeviceConfig::for_profile(Profile::ConnectX4Lx)
+    });
+    let mut n = Node::new(f.clone());
+    assert_eq!(
+        n.uar,
+        crate::initseg::FIRST_UAR,
+        "the first UAR is the trapped page"
+    );
+    n.create_cq();
+    n.create_cq();
+    let (cq0, dbr0) = (n.cq[0].0, n.cq[0].3);
+    let cq1 = n.cq[1].0;
+    let mut q1 = n.create_qp(0, 0, 1, None);
+    let q2 = n.create_qp(0, 0, 1, None);
+    let g = n.gid;
+    n.connect(&q1, g, q2.qpn, 5, false);
+    n.connect(&q2, g, q1.qpn, 5, false);
+    let dev = f.model();
+    let rdma = dev.inner.rdma.clone();
+    let st = |cqn: u32| {
+        let cq = crate::transport::rlock(&rdma.cqs)
+            .get(&cqn)
+            .cloned()
+            .unwrap();
+        let s = crate::lock(&cq.st);
+        (s.armed, s.last_arm)
+    };
+    // The record's arm word says "armed" but nobody rang: after several
+    // sweeps the CQ is still unarmed, and its CQE raises no event.
+    n.dbr.write_u32_be(dbr0 + 4, 0x2000_0000).unwrap();
+    let t = Instant::now();
+    let p = dev.worker_passes();
+    until("several sweeps", || {
+        t.elapsed() > crate::transport::SWEEP_INTERVAL * 10 && dev.worker_passes() > p + 10
+    });
+    assert_eq!(st(cq0), (None, None), "armed from the doorbell record");
+    let eqes = dev.stats().eqes;
+    let segs = [
+        raddr_seg(DATA_VA + 0x1000, n.lkey).as_slice(),
+        data_seg(8, n.lkey, DATA_VA).as_slice(),
+    ]
+    .concat();
+    n.post_send(&mut q1, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&n.poll(0)), 0);
+    super::settle(dev);
+    assert_eq!(
+        dev.stats().eqes,
+        eqes,
+        "a completion event for a CQ never armed"
+    );
+    // A whole 64-bit doorbell arms CQ 0 (consumer index 1: nothing new).
+    let page = u64::from(n.uar) << 12;
+    let db = page + mlx5_hw::uar::CQ_DOORBELL as u64;
+    let word0 = 1u32;
+    f.region_write(
+        0,
+        db,
+        &(u64::from(word0) << 32 | u64::from(cq0)).to_be_bytes(),
+    )
+    .unwrap();
+    until("CQ 0 armed", || st(cq0) == (Some(false), Some(word0)));
+    // CQ 1's doorbell as two 32-bit writes, the worker passing between
+    // them: the arm word with CQ 0's number still in the register arms
+    // neither CQ; the number completes it and arms CQ 1 only.
+    let word1: u32 = 1 << 28 | 1 << 24;
+    f.region_write(0, db, &word1.to_be_bytes()).unwrap();
+    super::settle(dev);
+    assert_eq!(
+        st(cq0),
+        (Some(false), Some(word0)),
+        "half a doorbell armed CQ 0"
+    );
+    assert_eq!(st(cq1), (None, None));
+    f.region_write(0, db + 4, &cq1.to_be_bytes()).unwrap();
+    until("CQ 1 armed", || st(cq1) == (Some(true), Some(word1)));
+    super::settle(dev);
+    assert_eq!(st(cq0), (Some(false), Some(word0)));
+}

@@ -200,6 +200,7 @@ impl Cq {
     }
 
     fn completion_event(&self, rdma: &Rdma) {
+        tracing::trace!(cqn = self.cqn, "completion event");
         let mut d = EqeComp::new_zeroed();
         d.cqn.set(self.cqn & EQE_RESOURCE_NUMBER_MASK);
         let data = zerocopy::transmute!(d);
@@ -221,6 +222,7 @@ impl Cq {
         // and the doorbell-record sweep. It is ignored, as the hardware
         // ignores an arm whose cmd_sn it already acted on, so one arm
         // gives at most one completion event.
+        tracing::trace!(cqn = self.cqn, word = format_args!("{word:#x}"), last = ?st.last_arm, pi = st.pi, "arm");
         if st.last_arm == Some(word) {
             return;
         }
@@ -250,6 +252,12 @@ impl Cq {
         };
         let last = lock(&self.st).last_arm;
         if Some(word) != last && word != 0 {
+            tracing::trace!(
+                cqn = self.cqn,
+                dbr = format_args!("{:#x}", self.dbr),
+                word = format_args!("{word:#x}"),
+                "arm from the doorbell record"
+            );
             self.arm(rdma, word);
         }
     }

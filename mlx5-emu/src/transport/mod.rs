@@ -213,8 +213,29 @@ pub(crate) struct Rdma {
     pub worker: Mutex<Option<Thread>>,
     /// Reserved lkey (QUERY_SPECIAL_CONTEXTS): physical addressing.
     pub resd_lkey: u32,
+    /// The UAR page served trapped, if any (the configuration's: every
+    /// write to it reaches [`Rdma::trapped_write`]). Its CQ doorbells are
+    /// taken from those writes only, never from BAR memory or a CQ's
+    /// doorbell record.
+    trapped_uar: Option<u32>,
+    /// CQ doorbells written to the trapped page, not yet acted on.
+    trapped_cq: Mutex<TrappedCq>,
     poll: Mutex<PollState>,
 }
+
+/// CQ doorbells (`[arm word, cqn]`) that arrived as trapped writes.
+#[derive(Debug, Default)]
+struct TrappedCq {
+    /// Whole doorbells, in the order written.
+    whole: Vec<u64>,
+    /// The arm word of a doorbell written as two 32-bit writes, waiting
+    /// for its CQ number.
+    arm_word: Option<u32>,
+}
+
+/// How many trapped CQ doorbells wait for the worker at most (beyond, the
+/// oldest are dropped: only while the worker is not polling the data path).
+pub const TRAPPED_CQ_DOORBELLS_MAX: usize = 4096;
 
 #[derive(Debug)]
 struct PollState {
@@ -262,7 +283,14 @@ pub const RETRY_DEADLINE: &str = "transport retry";
 const SQ_DOORBELLS: [usize; 8] = [0x800, 0x900, 0xa00, 0xb00, 0xc00, 0xd00, 0xe00, 0xf00];
 
 impl Rdma {
-    pub(crate) fn new(dma: Arc<DmaSpace>, resd_lkey: u32, clock: SharedClock) -> Arc<Self> {
+    /// The data path; `trapped_uar`: the UAR page whose writes all arrive
+    /// through [`Rdma::trapped_write`].
+    pub(crate) fn new(
+        dma: Arc<DmaSpace>,
+        resd_lkey: u32,
+        clock: SharedClock,
+        trapped_uar: Option<u32>,
+    ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
             dma,
@@ -286,6 +314,8 @@ impl Rdma {
             counters: Counters::default(),
             worker: Mutex::new(None),
             resd_lkey,
+            trapped_uar,
+            trapped_cq: Mutex::new(TrappedCq::default()),
             poll: Mutex::new(PollState {
                 last_sweep: Instant::now(),
                 hint: Vec::new(),
@@ -324,6 +354,7 @@ impl Rdma {
         lock(&self.events).clear();
         lock(&self.attention).clear();
         lock(&self.uars).clear();
+        *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
     }
@@ -334,7 +365,8 @@ impl Rdma {
     pub(crate) fn state_summary(&self) -> String {
         format!(
             "mkeys {} cqs {} qps {} srqs {} pds {:?} tds {:?} xrcds {:?} q_counters {} \
-             gids {:?} gsi {:?} events {} attention {:?} uars {} timers {} counters {:?}",
+             gids {:?} gsi {:?} events {} attention {:?} uars {} trapped cq doorbells {:?} \
+             timers {} counters {:?}",
             rlock(&self.mkeys).len(),
             rlock(&self.cqs).len(),
             rlock(&self.qps).len(),
@@ -348,6 +380,7 @@ impl Rdma {
             lock(&self.events).len(),
             lock(&self.attention),
             lock(&self.uars).len(),
+            *lock(&self.trapped_cq),
             lock(&self.timers).len(),
             self.counters,
         )
@@ -508,9 +541,70 @@ impl Rdma {
         wire.find(gid)
     }
 
+    /// A write to BAR0 that arrived trapped (vfio-user REGION_WRITE,
+    /// vhost-user): a CQ doorbell of the trapped UAR page is queued whole,
+    /// `[arm word, cqn]`, as the card takes it. Linux writes it with one
+    /// 64-bit store; a client may split it into the arm word (0x20) and
+    /// then the CQ number (0x24), and the doorbell is complete with the
+    /// second. True if it was a CQ doorbell.
+    pub(crate) fn trapped_write(&self, offset: u64, data: &[u8]) -> bool {
+        let (uar, off) = ((offset >> 12) as u32, (offset & 0xfff) as usize);
+        if Some(uar) != self.trapped_uar {
+            return false;
+        }
+        const DB: usize = mlx5_hw::uar::CQ_DOORBELL;
+        let mut t = lock(&self.trapped_cq);
+        let whole = match (off, data.len()) {
+            (DB, 8) => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(data);
+                t.arm_word = None;
+                u64::from_be_bytes(b)
+            }
+            (DB, 4) => {
+                t.arm_word = Some(u32::from_be_bytes([data[0], data[1], data[2], data[3]]));
+                return true;
+            }
+            (o, 4) if o == DB + 4 => {
+                let Some(arm) = t.arm_word.take() else {
+                    tracing::debug!(uar, "CQ number written with no arm word before it");
+                    return true;
+                };
+                u64::from(arm) << 32
+                    | u64::from(u32::from_be_bytes([data[0], data[1], data[2], data[3]]))
+            }
+            _ => return false,
+        };
+        if t.whole.len() >= TRAPPED_CQ_DOORBELLS_MAX {
+            t.whole.remove(0);
+        }
+        tracing::trace!(
+            uar,
+            doorbell = format_args!("{whole:#018x}"),
+            "trapped CQ doorbell"
+        );
+        t.whole.push(whole);
+        drop(t);
+        self.wake();
+        true
+    }
+
+    /// Acts on the trapped CQ doorbells, in the order written.
+    fn trapped_cq_doorbells(&self) -> bool {
+        let whole = std::mem::take(&mut lock(&self.trapped_cq).whole);
+        for &v in &whole {
+            self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
+            let cqn = (v & 0xff_ffff) as u32;
+            if let Some(cq) = rlock(&self.cqs).get(&cqn).cloned() {
+                cq.arm(self, (v >> 32) as u32);
+            }
+        }
+        !whole.is_empty()
+    }
+
     /// One pass of the data path: doorbells, timers, flushes, the sweep.
     pub(crate) fn poll(&self, bar: &DmaBuffer) -> bool {
-        let mut busy = false;
+        let mut busy = self.trapped_cq_doorbells();
         let mut ps = lock(&self.poll);
         let mut hint = std::mem::take(&mut ps.hint);
         hint.clear();
@@ -551,7 +645,8 @@ impl Rdma {
                     }
                 }
             }
-            if w.cq {
+            // A trapped page's CQ doorbells came whole from its writes.
+            if w.cq && Some(w.uar) != self.trapped_uar {
                 let Ok(v) = bar.read_u64_be(base + mlx5_hw::uar::CQ_DOORBELL) else {
                     continue;
                 };
@@ -621,7 +716,11 @@ impl Rdma {
                 busy |= eth_sq::run(self, &sq, &mem, false);
             }
             let cqs: Vec<Arc<Cq>> = rlock(&self.cqs).values().cloned().collect();
-            for cq in cqs {
+            // A card arms a CQ on its UAR doorbell only; the record's arm
+            // word is read for doorbells lost in shared memory, which a
+            // trapped page does not lose (Linux's write-combining test CQ
+            // on the trapped page is never armed, whatever its record says).
+            for cq in cqs.iter().filter(|c| Some(c.uar) != self.trapped_uar) {
                 cq.sweep_arm(self, &mem);
             }
         }
