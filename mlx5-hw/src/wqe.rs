@@ -74,10 +74,17 @@ pub const MAX_SGE_RD: usize = (512 - 16 - 16) / 16;
 
 /// UMR control `flags`: translation offset is valid (`MLX5_UMR_TRANSLATION_OFFSET_EN`).
 pub const UMR_TRANSLATION_OFFSET_EN: u8 = 1 << 4;
-/// UMR control `flags`: fail unless the mkey is not free (`MLX5_UMR_CHECK_NOT_FREE`).
+/// UMR control `flags`: check for a key in use, and fail if it is not free
+/// (`MLX5_UMR_CHECK_NOT_FREE`; Linux sets it to enable a free cache key,
+/// libmlx5 names it `MLX5_WQE_UMR_CTRL_FLAG_CHECK_FREE` for type-2 binds).
 pub const UMR_CHECK_NOT_FREE: u8 = 1 << 5;
-/// UMR control `flags`: fail unless the mkey is free (`MLX5_UMR_CHECK_FREE`).
+/// UMR control `flags`: check for a free key, and fail if it is free
+/// (`MLX5_UMR_CHECK_FREE`; Linux's rereg of a live key).
 pub const UMR_CHECK_FREE: u8 = 2 << 5;
+/// UMR control `flags`: fail unless the mkey is bound to the posting QP
+/// (rdma-core `MLX5_WQE_UMR_CTRL_FLAG_CHECK_QPN`, local invalidation of a
+/// type-2 window).
+pub const UMR_CHECK_QPN: u8 = 1 << 3;
 /// UMR control `flags`: the translation entries are inline (`MLX5_UMR_INLINE`).
 pub const UMR_INLINE: u8 = 1 << 7;
 /// UMR translation entries are aligned to this many bytes (`MLX5_UMR_FLEX_ALIGNMENT`).

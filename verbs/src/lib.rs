@@ -73,6 +73,7 @@ pub mod eq;
 mod error;
 pub mod health;
 pub mod mr;
+pub mod mw;
 pub mod pagealloc;
 pub mod pd;
 pub mod qp;

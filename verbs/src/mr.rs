@@ -61,8 +61,13 @@ pub mod access {
     /// IBV_ACCESS_RELAXED_ORDERING (an optional flag: ignored where unsupported).
     pub const RELAXED_ORDERING: u32 = 1 << 20;
     /// What this driver accepts.
-    pub const SUPPORTED: u32 =
-        LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC | HUGETLB | RELAXED_ORDERING;
+    pub const SUPPORTED: u32 = LOCAL_WRITE
+        | REMOTE_WRITE
+        | REMOTE_READ
+        | REMOTE_ATOMIC
+        | MW_BIND
+        | HUGETLB
+        | RELAXED_ORDERING;
 }
 
 /// MTT entry bits: read and write enable (`MLX5_MTT_READ | MLX5_MTT_WRITE`).

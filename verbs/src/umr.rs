@@ -20,9 +20,9 @@ use crate::wr::PostError;
 pub enum UmrCheck {
     /// Nothing.
     None,
-    /// The key must be free (`MLX5_UMR_CHECK_FREE`).
+    /// The key must be free (`MLX5_UMR_CHECK_NOT_FREE`: fail if not free).
     Free,
-    /// The key must be in use (`MLX5_UMR_CHECK_NOT_FREE`).
+    /// The key must be in use (`MLX5_UMR_CHECK_FREE`: fail if free).
     NotFree,
 }
 
@@ -58,8 +58,8 @@ impl UmrWr {
     fn write_segments(&self, wqe: &mut [u8]) -> usize {
         let flags = match self.check {
             UmrCheck::None => 0,
-            UmrCheck::Free => w::UMR_CHECK_FREE,
-            UmrCheck::NotFree => w::UMR_CHECK_NOT_FREE,
+            UmrCheck::Free => w::UMR_CHECK_NOT_FREE,
+            UmrCheck::NotFree => w::UMR_CHECK_FREE,
         };
         let mut mask = 0u64;
         let seg_at = wqe_umr_ctrl_seg::SIZE_BYTES;

@@ -248,6 +248,11 @@ impl SendRing {
         self.dbrec.store_u32_be_at::<0>(0, 0);
     }
 
+    /// The QP number the WQEs carry.
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn8 >> w::WQE_CTRL_QPN_SHIFT
+    }
+
     #[inline(always)]
     fn fm_ce_se(&self, flags: u32) -> u8 {
         let mut f = self.ce_all;
@@ -421,6 +426,10 @@ impl SendRing {
     ) -> std::result::Result<(), PostError> {
         let mut wqe = [0u8; w::SEND_WQE_MAX_SIZE];
         let (opcode, imm, raddr, atomic) = match wr.op {
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
+                return self.write_mw_wr(wr, qp_type);
+            }
+            SendOp::SendInv { rkey } => (WqeOpcode::SendInval, Some(rkey), None, None),
             SendOp::Send => (WqeOpcode::Send, None, None, None),
             SendOp::SendImm(i) => (WqeOpcode::SendImm, Some(i), None, None),
             SendOp::RdmaWrite { raddr, rkey } => {

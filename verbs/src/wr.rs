@@ -80,6 +80,27 @@ pub enum SendOp {
         /// Added to the remote value.
         add: u64,
     },
+    /// IBV_WR_BIND_MW (made by [`crate::mw::Mw::bind_op`]): a UMR WQE.
+    BindMw {
+        /// The window's current rkey (the control segment's key).
+        mw_rkey: u32,
+        /// The rkey the window gets (its key byte).
+        rkey: u32,
+        /// The window's type.
+        ty: crate::mw::MwType,
+        /// What it covers.
+        bind: crate::mw::MwBind,
+    },
+    /// IBV_WR_LOCAL_INV of a type-2 window bound on this QP.
+    LocalInv {
+        /// The rkey to invalidate.
+        rkey: u32,
+    },
+    /// IBV_WR_SEND_WITH_INV: a SEND whose receiver invalidates `rkey`.
+    SendInv {
+        /// The rkey the responder invalidates.
+        rkey: u32,
+    },
 }
 
 /// Where a UD send goes.
@@ -144,6 +165,10 @@ pub enum PostError {
     /// The device failed (health) or vanished: nothing more is posted (EIO).
     #[error("the device failed")]
     DeviceFailed,
+    /// A memory-window bind the driver refuses before the device sees it
+    /// (EINVAL / EOPNOTSUPP, as libmlx5).
+    #[error("memory window bind refused: {0}")]
+    BadBind(&'static str),
 }
 
 impl Qp {
@@ -340,6 +365,21 @@ impl WrBatch<'_> {
     /// `ibv_wr_atomic_fetch_add`.
     pub fn atomic_fetch_add(&mut self, rkey: u32, raddr: u64, add: u64) -> &mut Self {
         self.op(SendOp::AtomicFetchAdd { raddr, rkey, add })
+    }
+
+    /// `ibv_wr_bind_mw`: a complete WR (no data setter follows).
+    pub fn bind_mw(&mut self, mw: &crate::mw::Mw, rkey: u32, bind: crate::mw::MwBind) -> &mut Self {
+        self.op(mw.bind_op(rkey, bind)).emit(Payload::Sges(&[]))
+    }
+
+    /// `ibv_wr_local_inv`: a complete WR.
+    pub fn local_inv(&mut self, rkey: u32) -> &mut Self {
+        self.op(SendOp::LocalInv { rkey }).emit(Payload::Sges(&[]))
+    }
+
+    /// `ibv_wr_send_inv` (a data setter follows).
+    pub fn send_inv(&mut self, rkey: u32) -> &mut Self {
+        self.op(SendOp::SendInv { rkey })
     }
 
     /// `ibv_wr_set_ud_addr` (before the data setter).

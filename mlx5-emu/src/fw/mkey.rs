@@ -124,6 +124,7 @@ impl Firmware {
             free,
             umr_en: mkc::UMR_EN.get(c) != 0,
             qpn: mkc::QPN.get(c) as u32,
+            en_rinval: mkc::EN_RINVAL.get(c) != 0,
             xlt_max,
             klm,
         };
@@ -203,6 +204,7 @@ impl Firmware {
             f.set(c, u64::from(k.access & b != 0));
         }
         mkc::QPN.set(c, u64::from(k.qpn));
+        mkc::EN_RINVAL.set(c, u64::from(k.en_rinval));
         mkc::MKEY_7_0.set(c, u64::from(k.key));
         mkc::PD.set(c, u64::from(k.pd));
         mkc::START_ADDR.set(c, k.start);

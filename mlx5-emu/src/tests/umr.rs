@@ -107,7 +107,14 @@ fn umr_on_the_umr_qp_enables_an_mtt_key_that_then_carries_writes() {
     let va = DATA_VA + 0x80_0000;
     let seg = mkey_seg(&b, 0x33, va, 0x2000, 0b01111, false);
     let xlt = mtt(&[DATA_IOVA + 0x2_1000, DATA_IOVA + 0x2_0000]);
-    let segs = umr_segs(UMR_INLINE | UMR_CHECK_FREE, 1, 0, ENABLE_MASK, &seg, &xlt);
+    let segs = umr_segs(
+        UMR_INLINE | UMR_CHECK_NOT_FREE,
+        1,
+        0,
+        ENABLE_MASK,
+        &seg,
+        &xlt,
+    );
     b.post_send(&mut qu, UMR, k, &segs, true);
     assert_eq!(outcome(&mut b), (0, 0), "UMR completes");
     let rkey = k & !0xff | 0x33;
@@ -129,7 +136,7 @@ fn umr_on_the_umr_qp_enables_an_mtt_key_that_then_carries_writes() {
     // of the key now lands in data page 0x22.
     let mut qu2 = umr_qp(&mut b);
     let segs = umr_segs(
-        UMR_INLINE | UMR_CHECK_NOT_FREE | UMR_TRANSLATION_OFFSET_EN,
+        UMR_INLINE | UMR_CHECK_FREE | UMR_TRANSLATION_OFFSET_EN,
         1,
         1,
         0,
@@ -179,14 +186,7 @@ fn refused_umrs_complete_in_error_and_leave_the_key_alone() {
         (
             "check not free on a free key",
             k,
-            umr_segs(
-                UMR_INLINE | UMR_CHECK_NOT_FREE,
-                1,
-                0,
-                ENABLE_MASK,
-                &seg,
-                &one,
-            ),
+            umr_segs(UMR_INLINE | UMR_CHECK_FREE, 1, 0, ENABLE_MASK, &seg, &one),
             (13, 0x04),
         ),
         (
@@ -224,9 +224,16 @@ fn refused_umrs_complete_in_error_and_leave_the_key_alone() {
         b.post_send(&mut q, UMR, key, &segs, true);
         assert_eq!(outcome(&mut b), want, "{what}");
     }
-    // None of them changed k: still free, so CHECK_FREE passes.
+    // None of them changed k: still free, so CHECK_NOT_FREE (fail if not free) passes.
     let mut q = umr_qp(&mut b);
-    let segs = umr_segs(UMR_INLINE | UMR_CHECK_FREE, 1, 0, ENABLE_MASK, &seg, &one);
+    let segs = umr_segs(
+        UMR_INLINE | UMR_CHECK_NOT_FREE,
+        1,
+        0,
+        ENABLE_MASK,
+        &seg,
+        &one,
+    );
     b.post_send(&mut q, UMR, k, &segs, true);
     assert_eq!(outcome(&mut b), (0, 0));
     assert_eq!(b.d.f.model().stats().error_cqes, 6);
@@ -244,7 +251,7 @@ fn umr_on_an_rc_qp_builds_an_indirect_key_and_invalidates_it() {
     let va = 0x1_0000_0000u64;
     let seg = mkey_seg(&b, 0x10, va, 0x200, 0b01111, false);
     let ptr = data_seg(32, b.lkey, DATA_VA + 0x9_0000);
-    let segs = umr_segs(UMR_CHECK_FREE, 2, 0, ENABLE_MASK, &seg, &ptr);
+    let segs = umr_segs(UMR_CHECK_NOT_FREE, 2, 0, ENABLE_MASK, &seg, &ptr);
     b.post_send(&mut qb, UMR, ind, &segs, true);
     assert_eq!(outcome(&mut b), (0, 0), "UMR with a KLM pointer");
     // a writes 64 bytes across the two entries.
@@ -288,7 +295,14 @@ fn umr_on_an_rc_qp_is_refused_for_another_pds_key_and_past_the_klm_list() {
     let one = klm(0x100, b.lkey, DATA_VA);
     // The KLM list covers 0x100 of the key's 0x200 bytes: past it is out
     // of bounds for a remote access.
-    let segs = umr_segs(UMR_INLINE | UMR_CHECK_FREE, 1, 0, ENABLE_MASK, &seg, &one);
+    let segs = umr_segs(
+        UMR_INLINE | UMR_CHECK_NOT_FREE,
+        1,
+        0,
+        ENABLE_MASK,
+        &seg,
+        &one,
+    );
     b.post_send(&mut qb, UMR, ind, &segs, true);
     assert_eq!(outcome(&mut b), (0, 0));
     let mut w = raddr_seg(va + 0xf8, ind).to_vec();

@@ -52,14 +52,36 @@ pub(crate) struct Mkey {
     pub free: bool,
     /// UMR may modify it.
     pub umr_en: bool,
-    /// QP the key is bound to (0xffffff: any).
+    /// QP the key is bound to ([`QPN_ANY`]: any; a type-2 memory window
+    /// bound on a QP carries that QP's number).
     pub qpn: u32,
+    /// A SEND with Invalidate may free it (`mkc.en_rinval`: Linux sets it
+    /// on type-2 memory windows).
+    pub en_rinval: bool,
     /// Translation entries the key was created with room for (mkc
     /// `translations_octword_size`: 2 MTT or 1 KLM per octoword); a UMR
     /// translation update must stay inside.
     pub xlt_max: usize,
     /// KLM mode: the entries, and the function whose keys they name.
     pub klm: Option<Indirect>,
+}
+
+/// `mkc.qpn` of a key not bound to a QP.
+pub(crate) const QPN_ANY: u32 = 0xff_ffff;
+
+/// The local right a remote access needs of the key an indirect entry
+/// names (a memory window's target region grants remote access through
+/// the window's own rights: remote write and atomics need the region's
+/// local write, remote read its local read, IBA 10.6.7.2).
+pub(crate) fn local_need(need: u8) -> u8 {
+    let mut n = need & (access::LR | access::LW);
+    if need & access::RR != 0 {
+        n |= access::LR;
+    }
+    if need & (access::RW | access::A) != 0 {
+        n |= access::LW;
+    }
+    n
 }
 
 /// Deepest chain of indirect (KLM) keys resolved; a deeper one is refused
@@ -113,6 +135,12 @@ impl Mkey {
     /// The key value (index << 8 | key byte).
     pub fn mkey(&self) -> u32 {
         self.index << 8 | u32::from(self.key)
+    }
+
+    /// Whether QP `qpn` may use the key (a type-2 window only on the QP
+    /// it was bound on).
+    pub fn usable_by(&self, qpn: u32) -> bool {
+        self.qpn == QPN_ANY || self.qpn == qpn
     }
 
     /// Checks `[va, va + len)` for `need` under `pd` and appends its IOVA
@@ -192,7 +220,8 @@ impl Mkey {
 impl Indirect {
     /// Resolves `len` bytes from `off` into the key's range through the
     /// entries: each piece through its entry's key, under the same PD and
-    /// rights; a hole past the last entry is out of bounds.
+    /// the local rights the access needs ([`local_need`]); a hole past the
+    /// last entry is out of bounds.
     fn resolve(
         &self,
         pd: u32,
@@ -217,7 +246,7 @@ impl Indirect {
             let n = (e.bcount - off).min(len);
             let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
             let va = e.va.checked_add(off).ok_or(KeyError::Bounds)?;
-            inner.resolve_at(pd, need, va, n, out, depth + 1)?;
+            inner.resolve_at(pd, local_need(need), va, n, out, depth + 1)?;
             off = 0;
             len -= n;
         }
@@ -513,6 +542,7 @@ mod tests {
             free: false,
             umr_en: false,
             qpn: 0xff_ffff,
+            en_rinval: false,
             xlt_max: 4,
             klm: None,
         }

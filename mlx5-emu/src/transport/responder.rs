@@ -480,6 +480,13 @@ fn rc_send(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused>
         return Err(Fatal::Protection(wqe, vendor::DMA_FAULT).into());
     }
     rq.send.off += len;
+    if last && matches!(o, op::SEND_LAST_INV | op::SEND_ONLY_INV) {
+        // The key to invalidate must allow it (IBA 9.4.1.1.4: else an
+        // Invalid Request NAK, REMOTE_INVAL_REQ_ERR at the requester).
+        if !r.h.ieth.is_some_and(|k| invalidate(r.rdma, r.qp, k)) {
+            return Err(Fatal::Invalid.into());
+        }
+    }
     if last {
         send_complete(r, rq, o);
     }
@@ -493,12 +500,7 @@ fn send_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) {
     let (rdma, qp) = (r.rdma, r.qp);
     let opcode = match o {
         op::SEND_LAST_IMM | op::SEND_ONLY_IMM => CqeOpcode::RespSendImm,
-        op::SEND_LAST_INV | op::SEND_ONLY_INV => {
-            if let Some(k) = r.h.ieth {
-                invalidate(rdma, qp.pd, k);
-            }
-            CqeOpcode::RespSendInv
-        }
+        op::SEND_LAST_INV | op::SEND_ONLY_INV => CqeOpcode::RespSendInv,
         _ => CqeOpcode::RespSend,
     };
     let c = resp_completion(qp, rq, opcode, r.h, r.remote);
@@ -568,17 +570,18 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
     w.off = 0;
     w.cap = u64::from(reth.dma_len);
     let ok = reth.dma_len == 0
-        || r.rdma
-            .resolve_cached(
-                reth.rkey,
-                &mut rq.rkeys,
-                r.qp.pd,
-                access::RW,
-                reth.va,
-                u64::from(reth.dma_len),
-                &mut w.ext,
-            )
-            .is_ok();
+        || bound_ok(r.rdma, &mut rq.rkeys, reth.rkey, r.qp.qpn)
+            && r.rdma
+                .resolve_cached(
+                    reth.rkey,
+                    &mut rq.rkeys,
+                    r.qp.pd,
+                    access::RW,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                    &mut w.ext,
+                )
+                .is_ok();
     rq.write = w;
     if !ok {
         return Err(Fatal::Access.into());
@@ -645,8 +648,9 @@ fn read_target(r: &Req<'_, '_, '_>, rq: &mut Rq, reth: Reth, ext: &mut Vec<Exten
         || r.rdma
             .mkey_cached(reth.rkey, &mut rq.rkeys)
             .is_some_and(|k| {
-                k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
-                    .is_ok()
+                k.usable_by(r.qp.qpn)
+                    && k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
+                        .is_ok()
             })
 }
 
@@ -728,6 +732,7 @@ fn rc_atomic(
     let ok = r
         .rdma
         .mkey(a.rkey)
+        .filter(|k| k.usable_by(r.qp.qpn))
         .is_some_and(|k| k.resolve(r.qp.pd, access::A, a.va, 8, &mut w.ext).is_ok());
     let target = w.ext.first().map(|e| e.iova);
     rq.write = w;
@@ -820,6 +825,7 @@ pub(crate) fn write_train(
     let mut w = std::mem::take(&mut rq.write);
     w.ext.clear();
     let ok = len <= u64::from(u32::MAX)
+        && bound_ok(rdma, &mut rq.rkeys, t.rkey, qp.qpn)
         && rdma
             .resolve_cached(
                 t.rkey,
@@ -864,15 +870,29 @@ pub(crate) fn write_train(
 }
 
 /// SEND with invalidate: the named key of this PD becomes free.
-fn invalidate(rdma: &Rdma, pd: u32, key: u32) {
+/// Whether `rkey` may be used by QP `qpn` (a type-2 window only through
+/// the QP it is bound on); an unknown key is left to the resolution.
+fn bound_ok(rdma: &Rdma, cache: &mut super::KeyCache, rkey: u32, qpn: u32) -> bool {
+    rdma.mkey_cached(rkey, cache)
+        .is_none_or(|k| k.usable_by(qpn))
+}
+
+/// SEND with Invalidate: frees the IETH's key if it may be invalidated
+/// remotely by this QP (`en_rinval`, this QP's PD, a type-2 window bound
+/// to this QP); whether it was.
+fn invalidate(rdma: &Rdma, qp: &Qp, key: u32) -> bool {
     let mut t = super::wlock(&rdma.mkeys);
-    if let Some(k) = t.get_mut(&(key >> 8)) {
-        if k.key == key as u8 && k.pd == pd {
-            let mut n = (**k).clone();
-            n.free = true;
-            *k = Arc::new(n);
-        }
+    let Some(k) = t.get_mut(&(key >> 8)) else {
+        return false;
+    };
+    if k.key != key as u8 || k.pd != qp.pd || !k.en_rinval || !k.usable_by(qp.qpn) {
+        return false;
     }
+    let mut n = (**k).clone();
+    n.free = true;
+    n.qpn = super::mem::QPN_ANY;
+    *k = Arc::new(n);
+    true
 }
 
 fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemoryMmap) {
@@ -1009,8 +1029,9 @@ fn uc_write(
             let ok = rq.rwe
                 && (r.dma_len == 0
                     || rdma.mkey_cached(r.rkey, &mut rq.rkeys).is_some_and(|k| {
-                        k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
-                            .is_ok()
+                        k.usable_by(qp.qpn)
+                            && k.resolve(qp.pd, access::RW, r.va, u64::from(r.dma_len), &mut w.ext)
+                                .is_ok()
                     }));
             rq.write = w;
             ok

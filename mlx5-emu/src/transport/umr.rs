@@ -21,15 +21,15 @@ use mlx5_hw::cqe::CqeSyndrome;
 use mlx5_hw::ifc::{klm, mkc, mkey_seg, wqe_ctrl_seg, wqe_data_seg, wqe_umr_ctrl_seg, WqeDataSeg};
 use mlx5_hw::wqe::{
     mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_MIN_LOG_PAGE_SIZE,
-    MKEY_MASK_A, MKEY_MASK_FREE, MKEY_MASK_KEY, MKEY_MASK_LEN, MKEY_MASK_LR, MKEY_MASK_LW,
-    MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5, MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR,
-    MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE, UMR_CHECK_NOT_FREE, UMR_INLINE,
-    UMR_TRANSLATION_OFFSET_EN,
+    MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY, MKEY_MASK_LEN, MKEY_MASK_LR,
+    MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5, MKEY_MASK_PD, MKEY_MASK_QPN,
+    MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE, UMR_CHECK_NOT_FREE,
+    UMR_CHECK_QPN, UMR_INLINE, UMR_TRANSLATION_OFFSET_EN,
 };
 use vm_memory::GuestMemoryMmap;
 use zerocopy::FromBytes;
 
-use super::mem::{self, access, klm_entry, Mkey};
+use super::mem::{self, access, klm_entry, Mkey, QPN_ANY};
 use super::qp::{self, Qp};
 use super::{wlock, Rdma};
 
@@ -51,6 +51,21 @@ pub(crate) mod vendor {
     pub const UMR_BAD_FIELD: u8 = 0x76;
     /// The translation pointer's key refused the read.
     pub const UMR_XLT_KEY: u8 = 0x77;
+    /// `CHECK_QPN`: the key is not bound to the posting QP (a type-1
+    /// window, or a type-2 window of another QP).
+    pub const UMR_QPN_CHECK: u8 = 0x78;
+    /// Bind: an entry names no usable region (unknown key, key byte,
+    /// free).
+    pub const BIND_BAD_MR: u8 = 0x79;
+    /// Bind: the region belongs to another PD than the window.
+    pub const BIND_PD: u8 = 0x7a;
+    /// Bind: the window reaches outside the region.
+    pub const BIND_RANGE: u8 = 0x7b;
+    /// Bind: remote write or atomic on a region without local write.
+    pub const BIND_ACCESS: u8 = 0x7c;
+    /// Bind: a type-2 window bound to another QP than the posting one, or
+    /// not free.
+    pub const BIND_QP: u8 = 0x7d;
 }
 
 type Refusal = (CqeSyndrome, u8);
@@ -100,12 +115,22 @@ pub(crate) fn execute(
     let check = flags & (UMR_CHECK_FREE | UMR_CHECK_NOT_FREE);
     let holds = match check {
         0 => true,
-        UMR_CHECK_FREE => old.free,
-        UMR_CHECK_NOT_FREE => !old.free,
+        // Linux: CHECK_FREE "fail if free", CHECK_NOT_FREE "fail if not free".
+        UMR_CHECK_FREE => !old.free,
+        UMR_CHECK_NOT_FREE => old.free,
         _ => return Err(malformed()),
     };
+    // A memory-window bind (libmlx5 `set_bind_wr`): KLM entries written
+    // into an indirect key from a user QP; its refusals are bind errors.
+    let bind = qp.st != qp::st::REG_UMR && octs != 0 && old.mode == MKC_ACCESS_MODE_KLMS;
     if !holds {
+        if bind {
+            return Err((CqeSyndrome::MwBindErr, vendor::BIND_QP));
+        }
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_FREE_CHECK));
+    }
+    if flags & UMR_CHECK_QPN != 0 && old.qpn != qp.qpn {
+        return Err((CqeSyndrome::LocalProtErr, vendor::UMR_QPN_CHECK));
     }
     if qp.st != qp::st::REG_UMR && old.pd != qp.pd {
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_PD_MISMATCH));
@@ -113,6 +138,9 @@ pub(crate) fn execute(
     let mut k = (*old).clone();
     if let Some(seg) = seg {
         apply_mask(&mut k, mask, seg)?;
+    }
+    if qp.st != qp::st::REG_UMR && k.qpn != QPN_ANY && k.qpn != qp.qpn {
+        return Err((CqeSyndrome::MwBindErr, vendor::BIND_QP));
     }
     if octs != 0 {
         // Octowords: 16 bytes each.
@@ -125,6 +153,9 @@ pub(crate) fn execute(
             read_pointed(rdma, qp, mem, wqe, bytes)?
         };
         update_translation(rdma, &mut k, offset, &xlt)?;
+        if bind {
+            check_bind(rdma, &k)?;
+        }
     }
     tracing::debug!(
         qpn = qp.qpn,
@@ -154,6 +185,9 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
     }
     if mask & MKEY_MASK_QPN != 0 {
         k.qpn = mkc::QPN.get(seg) as u32;
+    }
+    if mask & MKEY_MASK_EN_RINVAL != 0 {
+        k.en_rinval = mkc::EN_RINVAL.get(seg) != 0;
     }
     if mask & MKEY_MASK_PD != 0 {
         k.pd = mkc::PD.get(seg) as u32;
@@ -192,6 +226,35 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
             } else {
                 k.access & !b
             };
+        }
+    }
+    Ok(())
+}
+
+/// The checks of a memory-window bind (IBA 10.6.7.2, bind errors): every
+/// entry names a live region (not a free key) of the window's PD, the
+/// window stays inside it, and remote write or atomic rights need the
+/// region's local write.
+fn check_bind(rdma: &Rdma, k: &Mkey) -> Result<(), Refusal> {
+    let err = |v| (CqeSyndrome::MwBindErr, v);
+    let Some(ind) = &k.klm else {
+        return Ok(());
+    };
+    for e in &ind.entries {
+        let t = rdma
+            .mkey(e.key)
+            .filter(|t| !t.free)
+            .ok_or(err(vendor::BIND_BAD_MR))?;
+        if t.pd != k.pd {
+            return Err(err(vendor::BIND_PD));
+        }
+        let end = e.va.checked_add(e.bcount);
+        let t_end = t.start.saturating_add(t.len);
+        if e.va < t.start || end.is_none_or(|end| end > t_end) {
+            return Err(err(vendor::BIND_RANGE));
+        }
+        if k.access & (access::RW | access::A) != 0 && t.access & access::LW == 0 {
+            return Err(err(vendor::BIND_ACCESS));
         }
     }
     Ok(())
