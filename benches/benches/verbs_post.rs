@@ -325,8 +325,9 @@ fn profile_api_post(rig: &mut ApiRig, wr: bool, per: usize, n: u64) {
     }
 }
 
-/// `n` CQEs through `Cq::poll`, `per` a call (the refill not collected).
-fn profile_api_poll(rig: &mut ApiRig, per: usize, n: u64) -> Duration {
+/// `n` CQEs through `Cq::poll`, `per` a call: only the laps are timed and
+/// collected (`profile_api_poll_lap`), not the refills.
+fn api_poll_laps(rig: &mut ApiRig, per: usize, n: u64) -> Duration {
     let mut left = n;
     let mut t = Duration::ZERO;
     while left > 0 {
@@ -400,7 +401,7 @@ fn profile(case: &str, n: u64, rounds: u32) {
                     api[4..].split_at(api[4..].find(|c: char| c.is_ascii_digit()).unwrap_or(0));
                 let per: usize = per.parse().expect("api-CASE<per call>");
                 if kind == "poll" {
-                    t = profile_api_poll(rig, per, n);
+                    t = api_poll_laps(rig, per, n);
                 } else {
                     let s = Instant::now();
                     profile_api_post(rig, kind == "wr", per, n);
