@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use mlx5_hw::ifc::{cqe64, err_cqe, WqeAtomicSeg, WqeCtrlSeg, WqeDataSeg, WqeRaddrSeg};
-use vfio::{DmaBuffer, Mmio};
+use vfio::{DmaBuffer, MemType, Mmio};
 use vm_memory::mmap::MmapRegion;
 use zerocopy::FromBytes;
 
@@ -24,10 +24,16 @@ struct Rig {
     track: Arc<WqTrack>,
 }
 
+/// A send ring over a write-combining UAR stand-in (BlueFlame on).
 fn rig(log: u32) -> Rig {
+    rig_on(log, MemType::WriteCombining)
+}
+
+fn rig_on(log: u32, mem: MemType) -> Rig {
     let buf = DmaBuffer::new(64 << log).unwrap();
     let dbrec = DmaBuffer::new(4096).unwrap();
-    let uar = Arc::new(Mmio::new(MmapRegion::<()>::new(4096).unwrap(), 0));
+    let region = MmapRegion::<()>::new(4096).unwrap();
+    let uar = Arc::new(Mmio::with_type(region, 0, mem));
     let track = WqTrack::new(QPN, 1 << log, 0);
     let sq = SendRing::new(
         buf.clone(),
@@ -406,6 +412,33 @@ fn blueflame_copies_a_lone_wqe_and_batches_ring_the_doorbell() {
     d.sq.ring();
     assert_eq!(uar_bytes(&d, 0x800, 8), block(&d, 0, 1)[..8]);
     assert_eq!(uar_bytes(&d, 0x808, 56), vec![0; 56]);
+}
+
+#[test]
+fn blueflame_is_used_only_over_a_write_combining_uar() {
+    let s = sge(0x1000, 16, 1);
+    for (mem, bf) in [
+        (MemType::WriteCombining, true),
+        (MemType::Uncached, false),
+        (MemType::WriteBack, false),
+    ] {
+        let mut r = rig_on(4, mem);
+        assert_eq!(r.sq.blueflame(), bf, "{mem:?}: the mode chosen");
+        assert_eq!(r.sq.set_blueflame(true), bf, "{mem:?}: asked for");
+        // A lone one-block WQE: over uncached (or ordinary) memory only
+        // the 8-byte doorbell reaches the UAR, never the 64-byte copy.
+        r.sq.write_rdma_write(1, 0x10, 2, &s, 0).unwrap();
+        r.sq.ring();
+        let b0 = block(&r, 0, 1);
+        assert_eq!(uar_bytes(&r, 0x800, 8), b0[..8], "{mem:?}");
+        let rest = if bf { b0[8..].to_vec() } else { vec![0; 56] };
+        assert_eq!(uar_bytes(&r, 0x808, 56), rest, "{mem:?}");
+    }
+    assert_eq!(
+        Mmio::new(MmapRegion::<()>::new(4096).unwrap(), 0).mem_type(),
+        MemType::Uncached,
+        "a mapping of unknown type is taken as uncached"
+    );
 }
 
 #[test]

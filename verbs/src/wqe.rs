@@ -13,7 +13,10 @@
 //! 4. [`wmb`]: the record is visible before the UAR write;
 //! 5. the first 8 bytes of the last WQE's control segment to the UAR's
 //!    BlueFlame register (alternating its two buffers), or, for a single
-//!    one-block WQE, the whole WQE as a BlueFlame copy.
+//!    one-block WQE over a write-combining UAR mapping
+//!    ([`vfio::MemType::blueflame`]), the whole WQE as a BlueFlame copy;
+//! 6. over a write-combining mapping, [`mmio_flush_writes`] (rdma-core's
+//!    `mmio_flush_writes()` after the UAR write in `_mlx5_post_send`).
 //!
 //! The common WQE, a 1-SGE RDMA WRITE on a connected QP, is built as six
 //! words in registers ([`SendRing::write_rdma_write`]); every other one
@@ -27,7 +30,7 @@ use std::sync::Arc;
 use mlx5_hw::ifc::*;
 use mlx5_hw::uar::BF_BUF_SIZE;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
-use vfio::mmio::{dma_wmb, wmb};
+use vfio::mmio::{dma_wmb, mmio_flush_writes, wmb};
 use vfio::{DmaBuffer, DmaRing, Mmio, MmioRing};
 
 use crate::mr::Sge;
@@ -125,6 +128,8 @@ pub struct SendRing {
     slots: Arc<[SqSlot]>,
     track: Arc<WqTrack>,
     blueflame: bool,
+    /// The UAR mapping is write-combining: flush after the doorbell.
+    wc_flush: bool,
 }
 
 /// A control segment's first word (`opmod_idx_opcode`, `qpn_ds`) in memory
@@ -170,6 +175,7 @@ impl SendRing {
             return Err(Error::Invalid("tracking smaller than the ring"));
         }
         uar.write64_raw(bf_off, [0; 8])?;
+        let mem = uar.mem_type();
         let Ok(bf_regs) = MmioRing::new(uar, bf_off & !BF_BUF_SIZE, 2) else {
             return Err(Error::Invalid("BlueFlame registers outside the UAR"));
         };
@@ -189,14 +195,24 @@ impl SendRing {
             ce_all: 0,
             slots: track.sq.clone(),
             track,
-            blueflame: true,
+            blueflame: mem.blueflame(),
+            wc_flush: mem.needs_flush(),
         })
     }
 
-    /// Whether a single one-block WQE goes by BlueFlame copy (default on,
-    /// as rdma-core) rather than the 8-byte doorbell.
-    pub fn set_blueflame(&mut self, on: bool) {
-        self.blueflame = on;
+    /// Asks for a single one-block WQE to go by BlueFlame copy rather than
+    /// the 8-byte doorbell; granted only over a write-combining UAR mapping
+    /// (the default there, as rdma-core's `prefer_bf`), never over an
+    /// uncached one (rdma-core's `MLX5_SHUT_UP_BF`). Returns whether
+    /// BlueFlame is now in use.
+    pub fn set_blueflame(&mut self, on: bool) -> bool {
+        self.blueflame = on && self.bf_regs.mmio().mem_type().blueflame();
+        self.blueflame
+    }
+
+    /// Whether a lone one-block WQE is rung by BlueFlame copy.
+    pub fn blueflame(&self) -> bool {
+        self.blueflame
     }
 
     /// Every WQE requests a completion.
@@ -389,6 +405,13 @@ impl SendRing {
             };
             let [ctrl] = self.ring.load_words_at::<0, 1>(last);
             self.bf_regs.write64_at::<0>(self.bf, ctrl.to_ne_bytes());
+        }
+        // 6. Out of the write-combining buffers before anything later, and
+        // before the next post may take the other BlueFlame buffer
+        // (rdma-core's `mmio_flush_writes()` after the copy or doorbell in
+        // `_mlx5_post_send`); an uncached store needs none.
+        if self.wc_flush {
+            mmio_flush_writes();
         }
         self.bf ^= 1;
         self.rung = self.pc;

@@ -684,7 +684,8 @@ impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
                     op: "mmap(BAR)",
                     source: std::io::Error::other(e.to_string()),
                 })?;
-        Ok(Mmio::new(region, 0))
+        // The model's BAR is ordinary memory (a memfd its worker scans).
+        Ok(Mmio::with_type(region, 0, crate::MemType::WriteBack))
     }
 
     fn irq_count(&self, kind: IrqKind) -> Result<u32> {

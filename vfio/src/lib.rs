@@ -53,7 +53,7 @@ pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
 pub use host_memory::HostMemory;
 pub use iova::IovaAllocator;
-pub use mmio::{Mmio, MmioRing};
+pub use mmio::{MemType, Mmio, MmioRing};
 
 /// Everything that can go wrong while owning a function.
 #[derive(Debug, thiserror::Error)]

@@ -104,11 +104,80 @@ pub fn mb() {
     std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
-/// One mapped region of a BAR: `len` bytes starting at BAR offset `bar_offset`.
+/// Orders write-combining MMIO stores (a BlueFlame copy, a doorbell through
+/// a write-combining mapping) out of the CPU's write-combining buffers,
+/// before anything later: rdma-core's `mmio_flush_writes()`
+/// (`util/udma_barrier.h`), which `providers/mlx5/qp.c` issues after every
+/// BlueFlame copy or doorbell, and which also serves as its
+/// `mmio_wc_start()` before one. Not needed after a store to an uncached
+/// mapping, which leaves the CPU in program order (Linux's mlx5e and
+/// mlx5_ib ring uncached doorbells with a `wmb()` before, nothing after).
+#[inline(always)]
+pub fn mmio_flush_writes() {
+    // x86-64: `#define mmio_flush_writes() asm volatile("sfence" ::: "memory")`.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a barrier instruction, as in `wmb`.
+    unsafe {
+        core::arch::asm!("sfence", options(nostack, preserves_flags))
+    };
+    // arm64: `#define mmio_flush_writes() asm volatile("dsb st" ::: "memory")`.
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction, as in `dma_wmb`.
+    unsafe {
+        core::arch::asm!("dsb st", options(nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The memory type a backend mapped a BAR with: what a store to it does on
+/// the way to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemType {
+    /// Uncached (x86 UC, arm64 Device-nGnRnE/nGnRE): every store is one bus
+    /// write, in program order. What kernel VFIO gives for every BAR
+    /// (`vfio_pci_core_mmap` maps with `pgprot_noncached`; upstream vfio-pci
+    /// has no write-combining mapping) and what a vfio-user server's
+    /// region file descriptor stands for (the spec leaves the type to the
+    /// server; assume the strict one). The default when a backend cannot
+    /// tell.
+    Uncached,
+    /// Write-combining (x86 WC, arm64 Normal-NC): stores to a 64-byte line
+    /// may merge into one burst and leave the CPU late and out of order
+    /// unless flushed ([`mmio_flush_writes`]). What mlx5_ib gives
+    /// rdma-core's UAR pages (`MLX5_MMAP_GET_REGULAR_PAGES_CMD`), and the
+    /// mapping BlueFlame is meant for.
+    WriteCombining,
+    /// Ordinary cacheable memory: the in-process model's BAR, a memfd the
+    /// model scans. Stores need no flush to be seen by the model's thread.
+    WriteBack,
+}
+
+impl MemType {
+    /// Whether a BlueFlame copy (a whole WQE written to the UAR) pays: only
+    /// over write-combining, where the 64 bytes leave as one burst. Over an
+    /// uncached mapping the copy is eight separate bus writes, and rdma-core
+    /// then maps the UAR non-cached and skips BlueFlame (`MLX5_SHUT_UP_BF`:
+    /// `MLX5_UAR_TYPE_NC`, `!ctx->shut_up_bf` in `_mlx5_post_send`); over
+    /// ordinary memory (the model) the copy is wasted work.
+    pub fn blueflame(self) -> bool {
+        self == Self::WriteCombining
+    }
+
+    /// Whether stores through this mapping must be flushed with
+    /// [`mmio_flush_writes`] after a doorbell or BlueFlame copy.
+    pub fn needs_flush(self) -> bool {
+        self == Self::WriteCombining
+    }
+}
+
+/// One mapped region of a BAR: `len` bytes starting at BAR offset
+/// `bar_offset`, mapped as `mem_type`.
 #[derive(Debug)]
 pub struct Mmio {
     region: MmapRegion<()>,
     bar_offset: u64,
+    mem_type: MemType,
 }
 
 // SAFETY: `Mmio` only hands out volatile accesses to the mapping, which the
@@ -119,9 +188,24 @@ unsafe impl Send for Mmio {}
 unsafe impl Sync for Mmio {}
 
 impl Mmio {
-    /// Wraps a mapping of a BAR area that starts at `bar_offset` in the BAR.
+    /// Wraps a mapping of a BAR area that starts at `bar_offset` in the BAR,
+    /// of unknown type: taken as [`MemType::Uncached`], the strict one.
     pub fn new(region: MmapRegion<()>, bar_offset: u64) -> Self {
-        Self { region, bar_offset }
+        Self::with_type(region, bar_offset, MemType::Uncached)
+    }
+
+    /// Wraps a mapping the backend made as `mem_type`.
+    pub fn with_type(region: MmapRegion<()>, bar_offset: u64, mem_type: MemType) -> Self {
+        Self {
+            region,
+            bar_offset,
+            mem_type,
+        }
+    }
+
+    /// The memory type of the mapping.
+    pub fn mem_type(&self) -> MemType {
+        self.mem_type
     }
 
     /// Length of the mapping in bytes.

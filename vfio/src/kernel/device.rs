@@ -233,7 +233,9 @@ impl Device {
             op: "mmap(VFIO BAR)",
             source: std::io::Error::other(e.to_string()),
         })?;
-        Ok(Mmio::new(region, 0))
+        // vfio-pci maps every BAR uncached (`vfio_pci_core_mmap`:
+        // `pgprot_noncached`); it offers no write-combining mapping.
+        Ok(Mmio::with_type(region, 0, crate::MemType::Uncached))
     }
 
     /// `VFIO_DEVICE_GET_IRQ_INFO` for `kind`.

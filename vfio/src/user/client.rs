@@ -742,7 +742,9 @@ impl PciFunction for VfioUserFunction {
                 return Err(Error::os("mmap(sparse area)"));
             }
         }
-        Ok(Mmio::new(region, 0))
+        // The server's file may be device memory or not; the protocol does
+        // not say which type it wants, so the strict one.
+        Ok(Mmio::with_type(region, 0, crate::MemType::Uncached))
     }
 
     fn irq_count(&self, kind: IrqKind) -> Result<u32> {
