@@ -1,6 +1,5 @@
 //! End-to-end: the driver's HCA layer against the device model.
 
-use std::time::Duration;
 
 use tests::backend::{Backend, Func};
 use verbs::cmd::TraceSink;
@@ -21,9 +20,9 @@ fn device() -> Func {
 fn opts(event_mode: bool) -> HcaOptions {
     HcaOptions {
         event_mode,
-        // Three polls without a tick declare the firmware dead: long enough
-        // that a loaded CI machine starving the model's worker is not that.
-        health_interval: Some(Duration::from_millis(500)),
+        // The health poller at the kernel's interval (HcaOptions::default):
+        // three polls without a tick (6 s) declare the firmware dead, which a
+        // loaded machine starving the model's worker for 1.5 s must not.
         ..HcaOptions::default()
     }
 }

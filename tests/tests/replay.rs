@@ -12,7 +12,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use mlx5_hw::ifc::{cmd_hca_cap, manage_pages_in, query_pages_out};
 use mlx5_hw::trace::{self, TracedCommand};
@@ -96,9 +95,9 @@ fn bring_up_and_teardown(event_mode: bool) {
         func,
         HcaOptions {
             event_mode,
-            // Three polls without a tick declare the firmware dead: long enough
-            // that a loaded CI machine starving the model's worker is not that.
-            health_interval: Some(Duration::from_millis(500)),
+            // The health poller at the kernel's interval (HcaOptions::default):
+            // three polls without a tick (6 s) declare the firmware dead, which a
+            // loaded machine starving the model's worker for 1.5 s must not.
             trace: Some(sink),
             ..HcaOptions::default()
         },
