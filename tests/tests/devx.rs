@@ -9,7 +9,7 @@ use std::sync::Arc;
 use mlx5_emu::{devx_synd, Fabric, Profile};
 use mlx5_hw::ifc::{
     alloc_uar_in, alloc_uar_out, cqc, create_cq_in, create_cq_out, general_obj_in_cmd_hdr,
-    query_cq_in, query_cq_out,
+    query_cq_in, query_cq_out, query_hca_cap_in, query_hca_cap_out,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
@@ -150,4 +150,50 @@ fn a_connectx4_lx_offers_no_devx() {
         refused(ctx.hca().cmd().exec(&c, 0x10)).0,
         CmdStatus::BadOperation
     );
+}
+
+#[test]
+fn short_inputs_are_refused_and_short_outputs_answered_truncated() {
+    let (_fabric, ctx) = open(Profile::ConnectX5);
+    let dx = DevxCtx::open(&ctx, 0).unwrap();
+    // An input shorter than the command's layout: BAD_INPUT_LENGTH.
+    let c = cmd(Opcode::CreateCq, create_cq_in::SIZE_BYTES);
+    let (status, syndrome) = refused(dx.obj_create(&c[..0x20], create_cq_out::SIZE_BYTES));
+    assert_eq!(status, CmdStatus::BadInputLength);
+    assert_ne!(syndrome, 0);
+    // An output shorter than the layout: the first bytes of the answer,
+    // as firmware answers a driver built with the 0x800-byte capability
+    // union of older mlx5_ifc.h (QUERY_HCA_CAP, general caps, current).
+    let mut q = cmd(Opcode::QueryHcaCap, query_hca_cap_in::SIZE_BYTES);
+    query_hca_cap_in::OP_MOD.set(&mut q, 1);
+    let full = ctx
+        .hca()
+        .cmd()
+        .exec(&q, query_hca_cap_out::SIZE_BYTES)
+        .unwrap();
+    let short = dx.general_cmd(&q, 0x810).unwrap();
+    assert_eq!(short.len(), 0x810);
+    assert_eq!(short[..], full[..0x810]);
+    // A DevX query with only the status and syndrome room.
+    let uar = dx.alloc_uar().unwrap();
+    let buf = DmaBuffer::new(2 * 4096).unwrap();
+    let mut umem = dx.umem_reg_buffer(&buf, 0, 2 * 4096, true).unwrap();
+    let cq = dx
+        .obj_create(
+            &create_cq(
+                uar.index(),
+                ctx.hca().comp_eqns()[0],
+                umem.umem_id(),
+                0x1000,
+            ),
+            create_cq_out::SIZE_BYTES,
+        )
+        .unwrap();
+    let mut q = cmd(Opcode::QueryCq, query_cq_in::SIZE_BYTES);
+    query_cq_in::CQN.set(&mut q, create_cq_out::CQN.get(cq.create_out()));
+    assert_eq!(cq.query(&q, 0x10).unwrap().len(), 0x10);
+    cq.destroy().unwrap();
+    umem.dereg().unwrap();
+    drop(uar);
+    dx.close().unwrap();
 }

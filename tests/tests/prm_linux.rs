@@ -811,6 +811,8 @@ const RDMA_CORE_FIELDS: &[(&str, &str)] = &[
     ("create_cq_in", "cq_umem_offset"),
     ("create_cq_in", "cq_umem_id"),
     ("qpc", "dbr_umem_id"),
+    ("create_mkey_in", "mkey_umem_id"),
+    ("create_mkey_in", "mkey_umem_offset"),
 ];
 
 /// Whether bits `[off, off + width)` lie inside one reserved gap of `h`.

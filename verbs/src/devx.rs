@@ -15,8 +15,12 @@
 //! runs any other command under the uid. Firmware failures come back as
 //! [`Error::Cmd`] with the PRM status and syndrome.
 //!
+//! CQs and QPs created this way are polled and posted to by the verbs data
+//! path through [`DevxCq::from_devx`] and [`DevxQp::from_devx`], doorbells
+//! on a UAR of the context's ([`DevxCtx::alloc_uar`]).
+//!
 //! Not here yet: asynchronous commands (`mlx5dv_devx_obj_query_async`),
-//! event subscription, and verbs objects over DevX ones (`Cq::from_devx`).
+//! event subscription.
 
 use std::sync::Arc;
 
@@ -32,6 +36,9 @@ use vfio::{DmaBuffer, Iova};
 
 use crate::device::Context;
 use crate::{Error, Result};
+
+mod queues;
+pub use queues::{DevxCq, DevxCqRings, DevxQp, DevxQpRings, DevxUar};
 
 /// The page size of the UMEMs this driver registers.
 const UMEM_PAGE: u64 = 4096;
@@ -299,6 +306,11 @@ impl DevxObj {
     /// What the create command returned (e.g. `create_cq_out.cqn`).
     pub fn create_out(&self) -> &[u8] {
         &self.out
+    }
+
+    /// The opcode of the command that destroys it (what kind it is).
+    pub fn destroy_opcode(&self) -> Option<Opcode> {
+        (self.destroy.len() >= 2).then(|| opcode(&self.destroy))
     }
 
     /// `mlx5dv_devx_obj_modify`: a raw modify command on the object.

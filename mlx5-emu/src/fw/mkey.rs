@@ -63,41 +63,19 @@ impl Firmware {
         } else {
             mkc::LEN.get(c)
         };
-        let log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
+        let mut log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
         let free = mkc::FREE.get(c) != 0;
         let mut mtt = Vec::new();
+        let mut umem_id = None;
         let octs_max = mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize;
         let mut klm = None;
         if mode == MKC_ACCESS_MODE_KLMS {
             klm = Some(self.klm_entries(inner, input, octs_max, free)?);
         } else if mode == MKC_ACCESS_MODE_MTT {
-            let wide = self.caps.get(
-                crate::profile::cap_type::GENERAL_2,
-                cmd_hca_cap_2::UMR_LOG_ENTITY_SIZE_5,
-            ) != 0;
-            if !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(wide)).contains(&log_page) {
-                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
-            }
-            let page = 1u64 << log_page;
-            let octs = create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.get(input) as usize;
-            let given = (input.len() - create_mkey_in::SIZE_BYTES) / 8;
-            let needed = if free || len == u64::MAX || len == 0 {
-                0
-            } else {
-                // Pages from the one holding `start` to the one holding
-                // the last byte.
-                let last = (start & (page - 1)).saturating_add(len - 1);
-                usize::try_from((last >> log_page) + 1).unwrap_or(usize::MAX)
-            };
-            let n = given.min(octs.max(mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize) * 2);
-            if n < needed {
-                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
-            }
-            for i in 0..n.max(needed) {
-                let at = create_mkey_in::SIZE_BYTES + i * 8;
-                let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
-                mtt.push(e & !0xfff);
-            }
+            let (m, lp, umem) = self.mtt_of(input, c, start, len, free)?;
+            mtt = m;
+            log_page = lp;
+            umem_id = umem;
         } else if len != u64::MAX && start.checked_add(len).is_none() {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
         }
@@ -136,9 +114,73 @@ impl Firmware {
             "CREATE_MKEY"
         );
         t.insert(index, Arc::new(k));
+        drop(t);
+        if let Some(id) = umem_id {
+            self.umem_used_by(super::uctx::Kind::Mkey, index, &[id]);
+        }
         let mut out = vec![0u8; create_mkey_out::SIZE_BYTES];
         create_mkey_out::MKEY_INDEX.set(&mut out, u64::from(index));
         Ok(out)
+    }
+
+    /// An MTT key's translation entries and log2 page size: from the
+    /// command's list (`klm_pas_mtt`), or (DevX, `mkey_umem_valid`) from
+    /// UMEM `mkey_umem_id` at `mkey_umem_offset`, its pages and page size,
+    /// `start` in the same place of its page as that offset (rdma-core's
+    /// `mlx5dv_devx_umem_reg` keeps the buffer's page offset). The UMEM,
+    /// when one is used.
+    fn mtt_of(
+        &self,
+        input: &[u8],
+        c: &[u8],
+        start: u64,
+        len: u64,
+        free: bool,
+    ) -> Result<(Vec<u64>, u32, Option<u32>), super::Fail> {
+        let log_page = mkc::LOG_PAGE_SIZE.get(c) as u32;
+        if create_mkey_in::MKEY_UMEM_VALID.get(input) != 0 {
+            let id = create_mkey_in::MKEY_UMEM_ID.get(input) as u32;
+            let off = create_mkey_in::MKEY_UMEM_OFFSET.get(input);
+            if free || len == u64::MAX {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
+            }
+            let write = mkc::LW.get(c) != 0 || mkc::RW.get(c) != 0 || mkc::A.get(c) != 0;
+            let uid = super::uctx::uid_of(input);
+            let (pages, lp, in_page) = self.umem_mtt(uid, id, off, len, write)?;
+            if start & ((1u64 << lp) - 1) != in_page {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
+            }
+            return Ok((pages, lp, Some(id)));
+        }
+        let mut mtt = Vec::new();
+        let wide = self.caps.get(
+            crate::profile::cap_type::GENERAL_2,
+            cmd_hca_cap_2::UMR_LOG_ENTITY_SIZE_5,
+        ) != 0;
+        if !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(wide)).contains(&log_page) {
+            return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
+        }
+        let page = 1u64 << log_page;
+        let octs = create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.get(input) as usize;
+        let given = (input.len() - create_mkey_in::SIZE_BYTES) / 8;
+        let needed = if free || len == u64::MAX || len == 0 {
+            0
+        } else {
+            // Pages from the one holding `start` to the one holding
+            // the last byte.
+            let last = (start & (page - 1)).saturating_add(len - 1);
+            usize::try_from((last >> log_page) + 1).unwrap_or(usize::MAX)
+        };
+        let n = given.min(octs.max(mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize) * 2);
+        if n < needed {
+            return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
+        }
+        for i in 0..n.max(needed) {
+            let at = create_mkey_in::SIZE_BYTES + i * 8;
+            let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
+            mtt.push(e & !0xfff);
+        }
+        Ok((mtt, log_page, None))
     }
 
     /// The KLM entries of an indirect key's CREATE_MKEY (one per

@@ -133,13 +133,19 @@ impl Firmware {
     /// UMEM `id` for bytes `off .. off + len` of a queue or doorbell
     /// record the device writes, created under `uid`.
     fn umem_range(&self, uid: u16, id: u32, off: u64, len: u64) -> Result<&Umem, Fail> {
+        self.umem_span(uid, id, off, len, true)
+    }
+
+    /// UMEM `id` for bytes `off .. off + len`, created under `uid`, its
+    /// entries letting the device write where `write`.
+    fn umem_span(&self, uid: u16, id: u32, off: u64, len: u64, write: bool) -> Result<&Umem, Fail> {
         let Some(m) = self.devx.umems.get(&id) else {
             return Err(fail(CmdStatus::BadResource, synd::UMEM_UNKNOWN));
         };
         if m.uid != uid {
             return Err(fail(CmdStatus::BadParameter, synd::UID_MISMATCH));
         }
-        if !m.write {
+        if write && !m.write {
             return Err(fail(CmdStatus::BadParameter, synd::UMEM_NO_WRITE));
         }
         if off.checked_add(len).is_none_or(|end| end > m.len) {
@@ -152,6 +158,25 @@ impl Firmware {
     pub(super) fn umem_buf(&self, uid: u16, id: u32, off: u64, len: u64) -> Result<Buf, Fail> {
         let m = self.umem_range(uid, id, off, len)?;
         Ok(Buf::new(m.pages.clone(), m.log_page, m.page_offset + off))
+    }
+
+    /// An MTT memory key's translation from UMEM `id` (CREATE_MKEY with
+    /// `mkey_umem_valid`): the pages from the one holding byte `off` on,
+    /// their log2 size, and where byte `off` lies in its page; `write` when
+    /// the key grants local or remote write.
+    pub(super) fn umem_mtt(
+        &self,
+        uid: u16,
+        id: u32,
+        off: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(Vec<u64>, u32, u64), Fail> {
+        let m = self.umem_span(uid, id, off, len, write)?;
+        let at = m.page_offset + off;
+        let first = usize::try_from(at >> m.log_page).unwrap_or(usize::MAX);
+        let pages = m.pages.get(first..).unwrap_or_default().to_vec();
+        Ok((pages, m.log_page, at & ((1u64 << m.log_page) - 1)))
     }
 
     /// The IOVA of a doorbell record at `off` in UMEM `id`.

@@ -429,6 +429,10 @@ pub mod create_mkey_in {
     pub const MEMORY_KEY_MKEY_ENTRY: BitField = BitField::new(0x80, 0x200);
     /// Place of `translations_octword_actual_size`: bit 0x300, 0x20 bits.
     pub const TRANSLATIONS_OCTWORD_ACTUAL_SIZE: BitField = BitField::new(0x300, 0x20);
+    /// Place of `mkey_umem_id`: bit 0x320, 0x20 bits.
+    pub const MKEY_UMEM_ID: BitField = BitField::new(0x320, 0x20);
+    /// Place of `mkey_umem_offset`: bit 0x340, 0x40 bits.
+    pub const MKEY_UMEM_OFFSET: BitField = BitField::new(0x340, 0x40);
     /// Place of `klm_pas_mtt`: bit 0x880, 0x0 bits.
     pub const KLM_PAS_MTT: BitField = BitField::new(0x880, 0x0);
     /// Registry entry: every field, reserved gaps included.
@@ -450,7 +454,9 @@ pub mod create_mkey_in {
             FieldInfo { name: "memory_key_mkey_entry", bit_off: 0x80, width: 0x200, ty: FieldType::Layout("mkc") },
             FieldInfo { name: "reserved_at_280", bit_off: 0x280, width: 0x80, ty: FieldType::Bits },
             FieldInfo { name: "translations_octword_actual_size", bit_off: 0x300, width: 0x20, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_320", bit_off: 0x320, width: 0x560, ty: FieldType::Bits },
+            FieldInfo { name: "mkey_umem_id", bit_off: 0x320, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "mkey_umem_offset", bit_off: 0x340, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_380", bit_off: 0x380, width: 0x500, ty: FieldType::Bits },
             FieldInfo { name: "klm_pas_mtt", bit_off: 0x880, width: 0x0, ty: FieldType::Array { elem_bits: 0x20, count: 0, elem: None } },
         ],
     };
@@ -514,6 +520,14 @@ impl<T: AsRef<[u8]>> CreateMkeyIn<T> {
     pub fn translations_octword_actual_size(&self) -> u32 {
         get_bits(self.buf.as_ref(), 0x300, 32) as u32
     }
+    /// `mkey_umem_id`: 32 bits at bit 0x320.
+    pub fn mkey_umem_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x320, 32) as u32
+    }
+    /// `mkey_umem_offset`: 64 bits at bit 0x340.
+    pub fn mkey_umem_offset(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x340, 64)
+    }
     /// `klm_pas_mtt[index]`: 32-bit elements from bit 0x880. Elements past the buffer read as zero.
     pub fn klm_pas_mtt(&self, index: usize) -> u32 {
         get_bits(self.buf.as_ref(), 0x880 + index * 32, 32) as u32
@@ -562,6 +576,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateMkeyIn<T> {
     /// Sets `translations_octword_actual_size` (32 bits at bit 0x300).
     pub fn set_translations_octword_actual_size(&mut self, value: u32) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x300, 32, u64::from(value));
+        self
+    }
+    /// Sets `mkey_umem_id` (32 bits at bit 0x320).
+    pub fn set_mkey_umem_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x320, 32, u64::from(value));
+        self
+    }
+    /// Sets `mkey_umem_offset` (64 bits at bit 0x340).
+    pub fn set_mkey_umem_offset(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x340, 64, value);
         self
     }
     /// Sets `klm_pas_mtt[index]`.
