@@ -3,7 +3,7 @@
 
 mod verbs_common;
 
-use verbs::cq::WcStatus;
+use verbs::cq::{WcOpcode, WcStatus};
 use verbs::mr::access;
 use verbs::qp::{send_flags as sf, Payload, QpType, SendOp, SendWr};
 use verbs::umr::{UmrCheck, UmrWr};
@@ -39,8 +39,8 @@ fn rereg_access_by_umr_revokes_remote_write_in_place() {
     qb.post_umr(7, &wr, SIG).unwrap();
     let wc = poll_n(&mut p.b.cq, 1);
     assert_eq!(
-        (wc[0].wr_id, wc[0].status),
-        (7, WcStatus::Success),
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (7, WcStatus::Success, WcOpcode::Umr),
         "{:?}",
         wc[0]
     );

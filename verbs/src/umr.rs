@@ -9,6 +9,7 @@
 use mlx5_hw::ifc::{mkc, mkey_seg, wqe_umr_ctrl_seg, Mkc};
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 
+use crate::cq::WcOpcode;
 use crate::mr::{access, Mr, MKC_QPN_NONE};
 use crate::qp::{Qp, QpState, QpType};
 use crate::wqe::CTRL_SIZE;
@@ -132,6 +133,7 @@ impl Qp {
         }
         let mut wqe = [0u8; CTRL_SIZE + wqe_umr_ctrl_seg::SIZE_BYTES + mkey_seg::SIZE_BYTES];
         let n = wr.write_segments(&mut wqe[CTRL_SIZE..]);
+        let pc = self.sq.pc();
         let r = self.sq.commit_with_ctrl(
             &mut wqe[..CTRL_SIZE + n],
             WqeOpcode::Umr,
@@ -139,6 +141,9 @@ impl Qp {
             flags,
             wr_id,
         );
+        if r.is_ok() {
+            self.sq.set_wc_opcode(pc, WcOpcode::Umr);
+        }
         self.sq.ring();
         r
     }
