@@ -365,3 +365,27 @@ fn rereg_the_umr_cannot_make_gives_a_new_key() {
     assert_eq!(read(&new, 0x1000, 64), read(&p.a.buf, 0, 64));
     mr.dereg().unwrap();
 }
+
+#[test]
+fn a_failed_umr_of_the_driver_is_its_status_and_the_umr_qp_recovers() {
+    let mut p = pair(1 << 16);
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(16));
+    let engine = p.b.ctx.umr_engine().unwrap();
+    // No such key: LOCAL_PROT_ERR; the REG_UMR QP went to ERR.
+    match engine.post(&UmrWr::new(0x00ff_ff00)) {
+        Err(Error::WorkCompletion { status, .. }) => assert_eq!(status, WcStatus::LocProtErr),
+        other => panic!("expected a LOC_PROT_ERR completion, got {other:?}"),
+    }
+    // Brought back to RTS: the next UMR (a rereg) goes through.
+    let buf = buffer(1 << 16);
+    let mut mr = p.b.pd.reg_mr_buffer(&buf, 0, 1 << 16, ALL).unwrap();
+    let ro = access::LOCAL_WRITE;
+    assert_eq!(
+        mr.rereg(rf::CHANGE_ACCESS, None, None, ro).unwrap(),
+        Rereg::InPlace
+    );
+    assert_eq!(
+        write_to(&mut p, &mut qa, mr.addr(), mr.rkey(), 1),
+        WcStatus::RemAccessErr
+    );
+}

@@ -280,6 +280,12 @@ impl UmrEngine {
         })
     }
 
+    /// Posts `wr` (no translation entries) on the UMR QP and waits for
+    /// its completion: a key of any PD may be changed this way.
+    pub fn post(&self, wr: &UmrWr) -> Result<()> {
+        self.post_wait(wr, &[])
+    }
+
     /// Posts `wr` with `mtt` inline and waits for its completion; a
     /// failed one is [`Error::WorkCompletion`] (the QP is then brought
     /// back to RTS, as `mlx5r_umr_recover`).
