@@ -364,7 +364,9 @@ fn wait_one(qp: &Qp, cq: &mut Cq) -> Result<crate::cq::Wc> {
         if cq.poll(&mut wc)? == 1 {
             return Ok(wc[0]);
         }
-        std::hint::spin_loop();
+        // The device may be a thread of this process (the model) that
+        // needs the CPU this poll would spin on.
+        std::thread::yield_now();
     }
     let d = Deadline::after(qp.ctx.hca.cmd().0.clock(), UMR_TIMEOUT, "UMR completion");
     loop {
