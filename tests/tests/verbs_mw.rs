@@ -8,7 +8,7 @@
 
 mod verbs_common;
 
-use verbs::cq::WcStatus;
+use verbs::cq::{wc_flags, WcOpcode, WcStatus};
 use verbs::mr::{access, Mr};
 use verbs::mw::{inc_rkey, Mw, MwBind, MwType};
 use verbs::qp::{send_flags as sf, Payload, PostError, Qp, QpType, RecvWr, SendOp, SendWr};
@@ -60,7 +60,9 @@ fn type2_bind(p: &mut Pair, qb: &mut Qp, mw: &Mw, mr: &Mr, acc: u32) -> u32 {
     let rkey = inc_rkey(mw.rkey());
     let b = MwBind::new(mr, mr.addr() + WIN, WIN_LEN, acc);
     post(qb, 5, mw.bind_op(rkey, b), Payload::Sges(&[]));
-    assert_eq!(done(&mut p.b.cq), (5, WcStatus::Success), "type-2 bind");
+    let wc = poll_n(&mut p.b.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success), "type-2 bind");
+    assert_eq!(wc.opcode, WcOpcode::BindMw, "IBV_WC_BIND_MW");
     rkey
 }
 
@@ -78,7 +80,9 @@ fn type1_window_carries_write_and_read_until_unbound() {
     );
     let rkey = qb.bind_mw(3, &mut mw, bind, SIG).unwrap();
     assert_eq!(rkey, mw.rkey());
-    assert_eq!(done(&mut p.b.cq), (3, WcStatus::Success));
+    let wc = poll_n(&mut p.b.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::Success));
+    assert_eq!(wc.opcode, WcOpcode::BindMw, "IBV_WC_BIND_MW");
     let raddr = mr.addr() + WIN + 0x40;
     assert_eq!(write(&mut p, &mut qa, raddr, rkey, 7), WcStatus::Success);
     let data = read(&p.a.buf, 0, 64);
@@ -141,7 +145,9 @@ fn type2_window_zero_based_then_locally_invalidated() {
     assert_eq!(done(&mut p.b.cq), (7, WcStatus::LocProtErr), "wrong QP");
     assert_eq!(write(&mut p, &mut qa, 0x80, rkey, 4), WcStatus::Success);
     post(&mut qb, 8, SendOp::LocalInv { rkey }, Payload::Sges(&[]));
-    assert_eq!(done(&mut p.b.cq), (8, WcStatus::Success));
+    let wc = poll_n(&mut p.b.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.status), (8, WcStatus::Success));
+    assert_eq!(wc.opcode, WcOpcode::LocalInv, "IBV_WC_LOCAL_INV");
     assert_eq!(
         write(&mut p, &mut qa, 0x80, rkey, 5),
         WcStatus::RemAccessErr
@@ -168,8 +174,25 @@ fn type2_window_invalidated_by_send_with_invalidate() {
     let mut batch = qa.wr_start();
     batch.wr_id(10, SIG).send_inv(rkey).set_sge(sge);
     batch.complete().unwrap();
-    assert_eq!(done(&mut p.a.cq), (10, WcStatus::Success));
-    assert_eq!(done(&mut p.b.cq), (9, WcStatus::Success));
+    let wc = poll_n(&mut p.a.cq, 1)[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (10, WcStatus::Success, WcOpcode::Send)
+    );
+    // The receive says which key it invalidated (IBV_WC_WITH_INV,
+    // `invalidated_rkey`; CQE opcode RESP_SEND_INV).
+    let wc = poll_n(&mut p.b.cq, 1)[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (9, WcStatus::Success, WcOpcode::Recv)
+    );
+    assert_eq!(
+        wc.wc_flags & wc_flags::WITH_INV,
+        wc_flags::WITH_INV,
+        "{wc:?}"
+    );
+    assert_eq!(wc.wc_flags & wc_flags::WITH_IMM, 0);
+    assert_eq!((wc.imm_data, wc.byte_len), (rkey, 16));
     assert_eq!(
         write(&mut p, &mut qa, raddr, rkey, 2),
         WcStatus::RemAccessErr

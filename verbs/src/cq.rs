@@ -115,10 +115,28 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// IBV_WC_FETCH_ADD.
     FetchAdd = 4,
+    /// IBV_WC_BIND_MW.
+    BindMw = 5,
+    /// IBV_WC_LOCAL_INV.
+    LocalInv = 6,
     /// IBV_WC_RECV.
     Recv = 128,
     /// IBV_WC_RECV_RDMA_WITH_IMM.
     RecvRdmaWithImm = 129,
+    /// IBV_WC_DRIVER1, mlx5dv's `MLX5DV_WC_UMR`: a UMR posted by
+    /// [`Qp::post_umr`](crate::qp::Qp::post_umr).
+    Umr = 135,
+}
+
+impl WcOpcode {
+    /// The opcode a UMR WQE's slot recorded (`SendRing::set_wc_opcode`).
+    fn from_umr_slot(op: u8) -> Self {
+        match op {
+            o if o == Self::BindMw as u8 => Self::BindMw,
+            o if o == Self::LocalInv as u8 => Self::LocalInv,
+            _ => Self::Umr,
+        }
+    }
 }
 
 /// `IBV_WC_*` flags of [`Wc::wc_flags`].
@@ -127,6 +145,9 @@ pub mod wc_flags {
     pub const GRH: u32 = 1;
     /// IBV_WC_WITH_IMM: `imm_data` is valid.
     pub const WITH_IMM: u32 = 2;
+    /// IBV_WC_WITH_INV: a SEND with Invalidate; `imm_data` holds the
+    /// invalidated rkey (`ibv_wc`'s `invalidated_rkey`, same union).
+    pub const WITH_INV: u32 = 8;
 }
 
 /// A work completion (`struct ibv_wc`).
@@ -142,7 +163,8 @@ pub struct Wc {
     pub vendor_err: u32,
     /// Bytes received (responder), or read/atomic result length.
     pub byte_len: u32,
-    /// Immediate data, host order (verbs keeps it in network order).
+    /// Immediate data, host order (verbs keeps it in network order); with
+    /// [`wc_flags::WITH_INV`] the invalidated rkey (verbs' union).
     pub imm_data: u32,
     /// The local QP number.
     pub qp_num: u32,
@@ -384,6 +406,9 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
         let s_op = (sop_qpn >> c::CQE_S_WQE_OPCODE_SHIFT) as u8;
         let (opcode, byte_len) = if s_op == WqeOpcode::RdmaWrite.to_raw() {
             (WcOpcode::RdmaWrite, 0)
+        } else if s_op == WqeOpcode::Umr.to_raw() {
+            // What the posting recorded, as libmlx5's `handle_good_req`.
+            (WcOpcode::from_umr_slot(t.sq_wc_op(wqe_counter)), 0)
         } else {
             req_opcode(e, s_op)
         };
@@ -397,6 +422,8 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST {
         let fr = e.be32_at(FLAGS_RQPN);
         let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
+        // RESP_SEND_INV: the immediate field carries the invalidated rkey.
+        let inv = opc == CqeOpcode::RespSendInv.to_raw();
         // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
         let grh = if (fr >> 28) & 3 != 0 {
             wc_flags::GRH
@@ -411,10 +438,12 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
                 WcOpcode::Recv
             },
             byte_len: e.be32_at(BYTE_CNT),
-            imm_data: if imm { e.be32_at(IMM) } else { 0 },
+            imm_data: if imm || inv { e.be32_at(IMM) } else { 0 },
             qp_num: qpn,
             src_qp: fr & c::CQE_QPN_MASK,
-            wc_flags: grh | if imm { wc_flags::WITH_IMM } else { 0 },
+            wc_flags: grh
+                | if imm { wc_flags::WITH_IMM } else { 0 }
+                | if inv { wc_flags::WITH_INV } else { 0 },
             ..Wc::default()
         };
     } else {

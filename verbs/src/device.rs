@@ -315,6 +315,9 @@ pub(crate) struct Ctx {
     mac: [u8; 6],
     events: Mutex<Receiver<AsyncEvent>>,
     next_vector: std::sync::atomic::AtomicUsize,
+    /// The UMR QP while anything holds it (`crate::umr::UmrEngine`: it
+    /// holds the context, so the context holds it weakly).
+    pub(crate) umr: Mutex<std::sync::Weak<crate::umr::UmrEngine>>,
 }
 
 impl Ctx {
@@ -433,6 +436,7 @@ impl Context {
             mac,
             events: Mutex::new(events),
             next_vector: Default::default(),
+            umr: Mutex::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

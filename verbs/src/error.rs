@@ -52,6 +52,17 @@ pub enum Error {
         /// How long the wait lasted.
         after: Duration,
     },
+    /// A work request the driver posted for itself (a UMR on its UMR QP)
+    /// completed in error.
+    #[error("{what} completed with {status:?} (vendor syndrome {vendor_err:#x})")]
+    WorkCompletion {
+        /// What was posted.
+        what: &'static str,
+        /// The completion's status.
+        status: crate::cq::WcStatus,
+        /// Its vendor syndrome ([`crate::cq::Wc::vendor_err`]).
+        vendor_err: u32,
+    },
     /// The device reported (or showed) a fatal health state.
     #[error("device health failure: {0}")]
     Health(HealthEvent),
@@ -136,6 +147,8 @@ impl Error {
             Error::Cmd { status, .. } => status.errno(),
             Error::Delivery { status, .. } => status.errno(),
             Error::Timeout { .. } => status::ETIMEDOUT,
+            // mlx5_ib's `mlx5r_umr_post_send_wait` on a failed completion.
+            Error::WorkCompletion { .. } => 14, // EFAULT
             Error::Health(_) => status::EIO,
             Error::CmdifRevision(_) => status::EOPNOTSUPP,
             Error::BadOutput { .. } | Error::BadCap { .. } => status::EIO,

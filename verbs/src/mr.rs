@@ -37,6 +37,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe::mkc_max_log_page_size;
 use vfio::{DmaBuffer, Iova};
 
+use crate::device::Ctx;
 use crate::pd::{Pd, PdInner};
 use crate::{Error, Result};
 
@@ -114,34 +115,91 @@ impl Sge {
     }
 }
 
-#[derive(Debug)]
-enum Backing {
+#[derive(Debug, Clone)]
+pub(crate) enum Backing {
     Buffer(#[allow(dead_code)] Arc<DmaBuffer>),
     Host,
 }
 
 #[derive(Debug)]
-struct MrInner {
-    pd: Arc<PdInner>,
-    mkey: u32,
-    addr: u64,
-    len: u64,
-    access: u32,
-    iova_res: Iova,
-    iova_res_len: u64,
-    map_iova: Iova,
-    map_len: u64,
-    log_page: u32,
-    entries: usize,
-    backing: Backing,
-    buf_offset: usize,
+pub(crate) struct MrInner {
+    pub(crate) pd: Arc<PdInner>,
+    pub(crate) mkey: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: u32,
+    pub(crate) at: Placement,
+    /// MTT entries the key has room for (`translations_octword_size`
+    /// times 2): a new translation up to this many goes in by UMR.
+    pub(crate) xlt_room: usize,
+    pub(crate) backing: Backing,
+    pub(crate) buf_offset: usize,
+    /// The UMR QP, held once a re-registration used it.
+    pub(crate) umr: Option<Arc<crate::umr::UmrEngine>>,
     done: std::sync::atomic::AtomicBool,
+}
+
+/// Where an MR's memory is mapped for DMA and how its MTT describes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    pub(crate) layout: MttLayout,
+    /// The IOVA reservation (`layout.res_len` bytes).
+    pub(crate) res: Iova,
+    /// Where the mapping starts in it, the host address and length mapped.
+    pub(crate) map_iova: Iova,
+    pub(crate) map_start: u64,
+    pub(crate) map_len: u64,
+}
+
+impl Placement {
+    /// Reserves IOVA for the MR `addr .. addr + len` over mapping `m` and
+    /// maps the memory there.
+    pub(crate) fn map(ctx: &Ctx, addr: u64, len: u64, m: &Mapping) -> Result<Self> {
+        let dma = ctx.hca.dma();
+        let caps = ctx.hca.caps();
+        let wide = caps.gen2().is_some_and(|g| g.umr_log_entity_size_5());
+        let l = mtt_layout(addr, len, m.start, m.len, mkc_max_log_page_size(wide));
+        let res = dma.alloc_iova(l.res_len, 1 << l.log_page)?;
+        let map_iova = Iova(res.0 + l.map_off);
+        let mapped = match &m.backing {
+            Backing::Buffer(b) => dma.func.dma_map(map_iova, b),
+            // SAFETY: `reg_mr_raw`'s caller vouches for the memory until
+            // the MR is gone; the unmap happens in `Placement::unmap`,
+            // from `MrInner::drop` or a re-registration.
+            Backing::Host => unsafe { dma.func.dma_map_host(map_iova, m.start, m.len) },
+        };
+        if let Err(e) = mapped {
+            dma.free_iova(res, l.res_len);
+            return Err(e.into());
+        }
+        Ok(Self {
+            layout: l,
+            res,
+            map_iova,
+            map_start: m.start,
+            map_len: m.len,
+        })
+    }
+
+    /// MTT entry `i` (the page address with read/write enable).
+    pub(crate) fn mtt(&self, i: usize) -> u64 {
+        (self.res.0 + ((self.layout.first + i as u64) << self.layout.log_page)) | MTT_RD_WR
+    }
+
+    /// Unmaps the memory and gives the IOVA back.
+    pub(crate) fn unmap(&self, ctx: &Ctx) {
+        let dma = ctx.hca.dma();
+        if let Err(e) = dma.func.dma_unmap(self.map_iova, self.map_len) {
+            tracing::warn!("dma_unmap of an MR's memory: {e}");
+        }
+        dma.free_iova(self.res, self.layout.res_len);
+    }
 }
 
 /// A registered memory region (`struct ibv_mr`).
 #[derive(Debug, Clone)]
 pub struct Mr {
-    inner: Arc<MrInner>,
+    pub(crate) inner: Arc<MrInner>,
 }
 
 /// How an MR's memory sits in IOVA space and in its MTT.
@@ -187,12 +245,33 @@ pub fn mtt_layout(
 }
 
 /// What an MR maps for DMA: whole pages of its memory around it.
-#[derive(Debug)]
-struct Mapping {
+#[derive(Debug, Clone)]
+pub(crate) struct Mapping {
     start: u64,
     len: u64,
-    backing: Backing,
-    buf_offset: usize,
+    pub(crate) backing: Backing,
+    pub(crate) buf_offset: usize,
+}
+
+impl Mapping {
+    /// `len` bytes of `buf` from `offset`: their address, and the mapping
+    /// of the whole buffer (a [`DmaBuffer`] maps as one piece).
+    pub(crate) fn of_buffer(
+        buf: &Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(u64, Self)> {
+        if offset.checked_add(len).is_none_or(|e| e > buf.len()) || len == 0 {
+            return Err(Error::Invalid("MR range outside the buffer"));
+        }
+        let m = Mapping {
+            start: buf.host_addr(),
+            len: buf.len() as u64,
+            backing: Backing::Buffer(buf.clone()),
+            buf_offset: offset,
+        };
+        Ok((buf.host_addr() + offset as u64, m))
+    }
 }
 
 impl Pd {
@@ -207,17 +286,7 @@ impl Pd {
         len: usize,
         access: u32,
     ) -> Result<Mr> {
-        if offset.checked_add(len).is_none_or(|e| e > buf.len()) || len == 0 {
-            return Err(Error::Invalid("MR range outside the buffer"));
-        }
-        let addr = buf.host_addr() + offset as u64;
-        // The whole buffer is mapped (a DmaBuffer maps as one piece).
-        let m = Mapping {
-            start: buf.host_addr(),
-            len: buf.len() as u64,
-            backing: Backing::Buffer(buf.clone()),
-            buf_offset: offset,
-        };
+        let (addr, m) = Mapping::of_buffer(buf, offset, len)?;
         Mr::register(&self.inner, addr, len as u64, access, m)
     }
 
@@ -286,77 +355,89 @@ impl Pd {
     }
 }
 
+/// Verbs' rules for access flags (`ibv_reg_mr`'s EINVAL cases).
+pub(crate) fn check_access(a: u32) -> Result<()> {
+    use access::*;
+    if a & !SUPPORTED != 0 {
+        return Err(Error::Invalid("unsupported access flags"));
+    }
+    // Verbs: remote write or atomic needs local write.
+    if a & (REMOTE_WRITE | REMOTE_ATOMIC) != 0 && a & LOCAL_WRITE == 0 {
+        return Err(Error::Invalid(
+            "REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE",
+        ));
+    }
+    Ok(())
+}
+
+/// CREATE_MKEY of an MTT key over `at`, UMR-enabled: the key.
+fn create_mkey(pd: &PdInner, addr: u64, len: u64, access: u32, at: &Placement) -> Result<u32> {
+    use access::*;
+    let ctx = &pd.ctx;
+    let g = ctx.hca.caps().gen();
+    let ro = access & RELAXED_ORDERING != 0;
+    let n = at.layout.entries;
+    let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + 8 * n.next_multiple_of(2)];
+    {
+        let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
+        c.set_opcode(Opcode::CreateMkey.to_raw())
+            .set_translations_octword_actual_size(n.div_ceil(2) as u32);
+        let mut k = c.memory_key_mkey_entry_mut();
+        k.set_access_mode_1_0(mlx5_hw::wqe::MKC_ACCESS_MODE_MTT)
+            .set_lr(true)
+            .set_lw(access & LOCAL_WRITE != 0)
+            .set_rr(access & REMOTE_READ != 0)
+            .set_rw(access & REMOTE_WRITE != 0)
+            .set_a(access & REMOTE_ATOMIC != 0)
+            .set_relaxed_ordering_write(ro && g.relaxed_ordering_write())
+            .set_relaxed_ordering_read(ro && g.relaxed_ordering_read())
+            .set_qpn(MKC_QPN_NONE)
+            .set_umr_en(true)
+            .set_pd(pd.pdn)
+            .set_start_addr(addr)
+            .set_len(len)
+            .set_translations_octword_size(n.div_ceil(2) as u32)
+            .set_log_page_size(at.layout.log_page as u8);
+        for i in 0..n {
+            let e = at.mtt(i);
+            c.set_klm_pas_mtt(2 * i, (e >> 32) as u32);
+            c.set_klm_pas_mtt(2 * i + 1, e as u32);
+        }
+    }
+    let out = ctx.hca.cmd().exec(&inb, create_mkey_out::SIZE_BYTES)?;
+    // The key: index << 8 | mkey_7_0 (0 here).
+    Ok(CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8)
+}
+
 impl Mr {
-    fn register(pd: &Arc<PdInner>, addr: u64, len: u64, access: u32, m: Mapping) -> Result<Mr> {
-        use access::*;
-        if access & !SUPPORTED != 0 {
-            return Err(Error::Invalid("unsupported access flags"));
-        }
-        // Verbs: remote write or atomic needs local write.
-        if access & (REMOTE_WRITE | REMOTE_ATOMIC) != 0 && access & LOCAL_WRITE == 0 {
-            return Err(Error::Invalid(
-                "REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE",
-            ));
-        }
-        let ctx = &pd.ctx;
-        let dma = ctx.hca.dma();
-        let caps = ctx.hca.caps();
-        let wide = caps.gen2().is_some_and(|g| g.umr_log_entity_size_5());
-        let l = mtt_layout(addr, len, m.start, m.len, mkc_max_log_page_size(wide));
-        let res = dma.alloc_iova(l.res_len, 1 << l.log_page)?;
-        let map_iova = Iova(res.0 + l.map_off);
-        let mapped = match &m.backing {
-            Backing::Buffer(b) => dma.func.dma_map(map_iova, b),
-            // SAFETY: `reg_mr_raw`'s caller vouches for the memory until
-            // the MR is gone; the unmap happens in `MrInner::drop`.
-            Backing::Host => unsafe { dma.func.dma_map_host(map_iova, m.start, m.len) },
-        };
-        if let Err(e) = mapped {
-            dma.free_iova(res, l.res_len);
-            return Err(e.into());
-        }
-        let g = caps.gen();
-        let ro = access & RELAXED_ORDERING != 0;
-        let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + 8 * l.entries.next_multiple_of(2)];
-        {
-            let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
-            c.set_opcode(Opcode::CreateMkey.to_raw())
-                .set_translations_octword_actual_size(l.entries.div_ceil(2) as u32);
-            let mut k = c.memory_key_mkey_entry_mut();
-            k.set_access_mode_1_0(mlx5_hw::wqe::MKC_ACCESS_MODE_MTT)
-                .set_lr(true)
-                .set_lw(access & LOCAL_WRITE != 0)
-                .set_rr(access & REMOTE_READ != 0)
-                .set_rw(access & REMOTE_WRITE != 0)
-                .set_a(access & REMOTE_ATOMIC != 0)
-                .set_relaxed_ordering_write(ro && g.relaxed_ordering_write())
-                .set_relaxed_ordering_read(ro && g.relaxed_ordering_read())
-                .set_qpn(MKC_QPN_NONE)
-                .set_umr_en(true)
-                .set_pd(pd.pdn)
-                .set_start_addr(addr)
-                .set_len(len)
-                .set_translations_octword_size(l.entries.div_ceil(2) as u32)
-                .set_log_page_size(l.log_page as u8);
-            for i in 0..l.entries {
-                let e = (res.0 + ((l.first + i as u64) << l.log_page)) | MTT_RD_WR;
-                c.set_klm_pas_mtt(2 * i, (e >> 32) as u32);
-                c.set_klm_pas_mtt(2 * i + 1, e as u32);
-            }
-        }
-        let out = match ctx.hca.cmd().exec(&inb, create_mkey_out::SIZE_BYTES) {
-            Ok(o) => o,
+    pub(crate) fn register(
+        pd: &Arc<PdInner>,
+        addr: u64,
+        len: u64,
+        access: u32,
+        m: Mapping,
+    ) -> Result<Mr> {
+        check_access(access)?;
+        let at = Placement::map(&pd.ctx, addr, len, &m)?;
+        Self::with_placement(pd, addr, len, access, at, m)
+    }
+
+    /// CREATE_MKEY over memory mapped at `at` (unmapped again if refused).
+    pub(crate) fn with_placement(
+        pd: &Arc<PdInner>,
+        addr: u64,
+        len: u64,
+        access: u32,
+        at: Placement,
+        m: Mapping,
+    ) -> Result<Mr> {
+        let mkey = match create_mkey(pd, addr, len, access, &at) {
+            Ok(k) => k,
             Err(e) => {
-                if let Err(e2) = dma.func.dma_unmap(map_iova, m.len) {
-                    tracing::warn!("dma_unmap after a failed CREATE_MKEY: {e2}");
-                }
-                dma.free_iova(res, l.res_len);
+                at.unmap(&pd.ctx);
                 return Err(e);
             }
         };
-        let index = CreateMkeyOut::new_unchecked(&out[..]).mkey_index();
-        // The key: index << 8 | mkey_7_0 (0 here).
-        let mkey = index << 8;
         Ok(Mr {
             inner: Arc::new(MrInner {
                 pd: pd.clone(),
@@ -364,34 +445,42 @@ impl Mr {
                 addr,
                 len,
                 access,
-                iova_res: res,
-                iova_res_len: l.res_len,
-                map_iova,
-                map_len: m.len,
-                log_page: l.log_page,
-                entries: l.entries,
+                xlt_room: at.layout.entries.next_multiple_of(2),
+                at,
                 backing: m.backing,
                 buf_offset: m.buf_offset,
+                umr: None,
                 done: Default::default(),
             }),
         })
     }
 
+    /// The memory under the MR as [`Mr::register`] maps it again.
+    pub(crate) fn mapping(&self) -> Mapping {
+        let i = &self.inner;
+        Mapping {
+            start: i.at.map_start,
+            len: i.at.map_len,
+            backing: i.backing.clone(),
+            buf_offset: i.buf_offset,
+        }
+    }
+
     /// log2 of the MTT page size the mkey was made with (mkc
     /// `log_page_size`).
     pub fn log_page_size(&self) -> u32 {
-        self.inner.log_page
+        self.inner.at.layout.log_page
     }
 
     /// How many MTT entries describe the MR.
     pub fn mtt_entries(&self) -> usize {
-        self.inner.entries
+        self.inner.at.layout.entries
     }
 
     /// How many bytes are mapped for DMA under the MR (its memory's whole
     /// pages around it; a [`DmaBuffer`] MR maps the whole buffer).
     pub fn mapped_len(&self) -> u64 {
-        self.inner.map_len
+        self.inner.at.map_len
     }
 
     /// The local key.
@@ -483,11 +572,7 @@ impl MrInner {
             // (leaked) rather than let it reach memory that was given back.
             return r;
         }
-        let dma = ctx.hca.dma();
-        if let Err(e) = dma.func.dma_unmap(self.map_iova, self.map_len) {
-            tracing::warn!("dma_unmap of MR {:#x}: {e}", self.mkey);
-        }
-        dma.free_iova(self.iova_res, self.iova_res_len);
+        self.at.unmap(ctx);
         r
     }
 }

@@ -21,6 +21,7 @@ use mlx5_hw::ifc::{
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 
+use crate::cq::WcOpcode;
 use crate::mr::{access, Mr, MKC_QPN_NONE};
 use crate::pd::{Pd, PdInner};
 use crate::qp::{Qp, QpType};
@@ -232,13 +233,20 @@ impl SendRing {
         }
         let mut wqe = [0u8; CTRL_SIZE + wqe_umr_ctrl_seg::SIZE_BYTES + mkey_seg::SIZE_BYTES + 64];
         let n = bind_segments(&mut wqe[CTRL_SIZE..], self.qpn(), rkey, ty, &bind);
+        let pc = self.pc();
         self.commit_with_ctrl(
             &mut wqe[..CTRL_SIZE + n],
             WqeOpcode::Umr,
             imm,
             wr.flags,
             wr.wr_id,
-        )
+        )?;
+        let wc = match wr.op {
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            _ => WcOpcode::BindMw,
+        };
+        self.set_wc_opcode(pc, wc);
+        Ok(())
     }
 }
 

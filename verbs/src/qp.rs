@@ -444,13 +444,14 @@ fn create_qp_input(
     sizes: &QpSizes,
     bufs: &QpBufs,
     srq: Option<&SrqShared>,
+    st: u8,
 ) -> Vec<u8> {
     // The PAS array holds one entry (8 bytes) after the fixed part.
     let mut inb = vec![0u8; create_qp_in::SIZE_BYTES + std::mem::size_of::<u64>()];
     let mut i = CreateQpIn::new_unchecked(&mut inb[..]);
     i.set_opcode(Opcode::CreateQp.to_raw());
     let mut q = i.qpc_mut();
-    q.set_st(a.qp_type.st())
+    q.set_st(st)
         .set_pm_state(QPC_PM_STATE_MIGRATED)
         .set_pd(pd.pdn)
         .set_uar_page(bufs.uar.index())
@@ -520,12 +521,18 @@ impl Qp {
     /// size the queues, allocate their memory, CREATE_QP, then wire the
     /// rings to the QP number firmware returned and attach it to its CQs.
     fn create(pd: &Arc<PdInner>, a: &QpInitAttr<'_>) -> Result<Self> {
+        Self::create_st(pd, a, a.qp_type.st())
+    }
+
+    /// [`create`](Self::create) with qpc `st` given: `QPC_ST_REG_UMR` for
+    /// the driver's UMR QP (`crate::umr`), which posts like an RC QP.
+    pub(crate) fn create_st(pd: &Arc<PdInner>, a: &QpInitAttr<'_>, st: u8) -> Result<Self> {
         let ctx = &pd.ctx;
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
         let sizes = QpSizes::new(a.cap, a.qp_type, a.srq.is_some(), max_wqes)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());
-        let inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref());
+        let inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st);
         let qpn = match ctx.hca.cmd().exec(&inb, create_qp_out::SIZE_BYTES) {
             Ok(out) => CreateQpOut::new_unchecked(&out[..]).qpn(),
             Err(e) => {
@@ -648,6 +655,24 @@ impl Qp {
         };
         let inb = self.transition_input(op, attr, mask)?;
         // Every transition's output is a bare status and syndrome.
+        self.ctx.hca.cmd().exec(&inb, rst2init_qp_out::SIZE_BYTES)?;
+        if to == QpState::Reset {
+            self.reset_rings();
+        }
+        self.state = to;
+        Ok(())
+    }
+
+    /// One transition command without verbs' mask checks (the UMR QP's
+    /// RST2INIT / INIT2RTR / RTR2RTS, which verbs has no table for).
+    pub(crate) fn transition_raw(
+        &mut self,
+        op: Opcode,
+        to: QpState,
+        attr: &QpAttr,
+        mask: u32,
+    ) -> Result<()> {
+        let inb = self.transition_input(op, attr, mask)?;
         self.ctx.hca.cmd().exec(&inb, rst2init_qp_out::SIZE_BYTES)?;
         if to == QpState::Reset {
             self.reset_rings();

@@ -8,18 +8,21 @@
 //! (and an unsignaled run before it). The receive side keeps the wr_ids in
 //! posting order (or defers to the SRQ's table).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::srq::SrqShared;
 
 /// What a send WQE's completion needs: its wr_id and the producer counter
 /// after it (the queue is free up to there once it completes). One slot per
-/// first block, wr_id and end side by side (one cache line touched).
+/// first block, wr_id and end side by side (one cache line touched), and
+/// for a UMR WQE the work-completion opcode it reports (libmlx5's
+/// `wr_data`: the CQE says only "UMR"; the padding holds it).
 #[derive(Debug, Default)]
 pub(crate) struct SqSlot {
     wrid: AtomicU64,
     end: AtomicU32,
+    wc_op: AtomicU8,
 }
 
 impl SqSlot {
@@ -27,6 +30,11 @@ impl SqSlot {
     pub(crate) fn set(&self, wrid: u64, end: u32) {
         self.wrid.store(wrid, Ordering::Relaxed);
         self.end.store(end, Ordering::Relaxed);
+    }
+
+    /// The `ibv_wc_opcode` a UMR WQE starting here completes with.
+    pub(crate) fn set_wc_op(&self, op: u8) {
+        self.wc_op.store(op, Ordering::Relaxed);
     }
 }
 
@@ -88,6 +96,15 @@ impl WqTrack {
         self.sq_tail
             .store(s.end.load(Ordering::Relaxed), Ordering::Release);
         s.wrid.load(Ordering::Relaxed)
+    }
+
+    /// The `ibv_wc_opcode` recorded for the UMR WQE at index
+    /// `wqe_counter` (read before [`sq_complete`](Self::sq_complete)
+    /// frees its slot).
+    #[inline(always)]
+    pub fn sq_wc_op(&self, wqe_counter: u16) -> u8 {
+        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
+        self.sq[i].wc_op.load(Ordering::Relaxed)
     }
 
     /// A receive completion: its wr_id (in order, or by SRQ index).

@@ -345,6 +345,14 @@ impl SendRing {
         self.commit(wqe, wr_id)
     }
 
+    /// Records the `ibv_wc_opcode` the UMR WQE written at `pc` completes
+    /// with (BIND_MW, LOCAL_INV, mlx5dv's UMR).
+    pub(crate) fn set_wc_opcode(&self, pc: u32, op: crate::cq::WcOpcode) {
+        if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
+            s.set_wc_op(op as u8);
+        }
+    }
+
     fn commit(&mut self, wqe: &[u8], wr_id: u64) -> std::result::Result<(), PostError> {
         let nbb = wqe.len().div_ceil(BB) as u32;
         if !self.room_for(nbb) {
