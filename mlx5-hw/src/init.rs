@@ -345,6 +345,25 @@ pub const FW_PAGE_SIZE: usize = 4096;
 /// log2 of [`FW_PAGE_SIZE`] (`MLX5_ADAPTER_PAGE_SHIFT`).
 pub const FW_PAGE_SHIFT: u32 = 12;
 
+/// log2 of the quanta of a queue context's `page_offset` (qpc, cqc, srqc,
+/// xrc_srqc, wq): it counts 1/64ths of the queue's page, `page_size / 64`
+/// bytes (64 with 4 KiB pages, 2 KiB with the 128 KiB pages Linux's
+/// `mlx5_umem_find_best_quantized_pgoff(.., page_offset, 64, ..)` picks for
+/// a contiguous user buffer).
+pub const LOG_PAGE_OFFSET_QUANTA: u32 = 6;
+
+/// The byte offset into its first page of a queue whose context has
+/// `page_offset` `field` and pages of `1 << log_page` bytes.
+pub const fn page_offset_bytes(field: u64, log_page: u32) -> u64 {
+    (field << log_page) >> LOG_PAGE_OFFSET_QUANTA
+}
+
+/// The `page_offset` field for a queue `offset` bytes into its first page
+/// of `1 << log_page` bytes (the part below one quantum is lost).
+pub const fn page_offset_field(offset: u64, log_page: u32) -> u64 {
+    (offset & ((1 << log_page) - 1)) >> (log_page - LOG_PAGE_OFFSET_QUANTA)
+}
+
 prm_enum! {
     /// QUERY_PAGES op_mod: which page demand to ask about (`MLX5_QUERY_PAGES_IN_OP_MOD_*`).
     pub enum QueryPagesOpMod: u16, unknown = "unknown QUERY_PAGES op_mod" {

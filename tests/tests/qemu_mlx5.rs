@@ -7,8 +7,11 @@
 //! `vfio-user-pci` devices (`scripts/qemu-guest/run.sh`), running
 //! `scripts/qemu-guest/guest/smoke.sh`: modprobe mlx5_core, mlx5_ib and
 //! ib_uverbs, wait for the IB devices, bring mlx5e's netdevs up (`ip link`),
-//! read each port's state and first RoCE GID from sysfs, `ibv_devinfo`, the
-//! kernel's mlx5 lines (printed here, every warning and error with them).
+//! read each port's state and first RoCE GID from sysfs, `ibv_devinfo` and
+//! `ibv_devinfo -v` per device, `ibv_{rc,uc,ud,srq}_pingpong` from mlx5_0
+//! to mlx5_1 over RoCE v2 with `-c` (user MRs through mlx5_ib's UMR QP,
+//! user CQs and QPs, data between the functions), the kernel's mlx5 lines
+//! (printed here, every warning and error with them).
 //!
 //! The guest is cached outside the repo by content hash; when it is missing
 //! this builds it if it can (root, Debian's registry reachable; about 7
@@ -38,6 +41,11 @@ const CHECKS: &[&str] = &[
     "ports_active",
     "roce_gids_populated",
     "ibv_devinfo_lists_both_devices",
+    "ibv_devinfo_both_devices",
+    "ibv_rc_pingpong_mlx5_0_to_mlx5_1",
+    "ibv_uc_pingpong_mlx5_0_to_mlx5_1",
+    "ibv_ud_pingpong_mlx5_0_to_mlx5_1",
+    "ibv_srq_pingpong_mlx5_0_to_mlx5_1",
 ];
 
 #[derive(Default)]
@@ -268,6 +276,54 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
             Err(format!("ibv_devinfo failed or missed a device; {log}"))
         },
     );
+    judge_verbs(t, console, &log);
+}
+
+/// `ibv_devinfo -v` per device and the libibverbs pingpongs between the
+/// two functions (RoCE v2, GID index 1, data checked).
+fn judge_verbs(t: &mut Tally, console: &str, log: &str) {
+    let bad: Vec<String> = ["mlx5_0", "mlx5_1"]
+        .into_iter()
+        .filter_map(|d| {
+            let lines = tagged(console, &format!("devinfo -v {d}"));
+            let has = |want: &str| lines.iter().any(|l| l.contains(want));
+            let ok = lines.first().is_some_and(|l| l.starts_with(" rc=0 "))
+                && has(&format!("hca_id:\t{d}"))
+                && has("fw_ver:\t\t\t\t14.12.1220")
+                && has("state:\t\t\tPORT_ACTIVE (4)")
+                && has("link_layer:\t\tEthernet")
+                && has("GID[  1]:\t\tfe80::268a:7ff:fea0:")
+                && has(", RoCE v2");
+            (!ok).then(|| format!("{d}: {lines:?}"))
+        })
+        .collect();
+    t.check(
+        "ibv_devinfo_both_devices",
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{bad:?}; {log}"))
+        },
+    );
+    for kind in ["rc", "uc", "ud", "srq"] {
+        let lines = tagged(console, &format!("pingpong {kind} "));
+        let side =
+            |who: &str| -> Vec<&str> { lines.iter().filter_map(|l| l.strip_prefix(who)).collect() };
+        let (server, client) = (side("server: "), side("client: "));
+        let ran = |v: &[&str]| v.iter().any(|l| l.starts_with("10 iters in"));
+        let ok = lines.contains(&"client rc=0 server rc=0")
+            && ran(&server)
+            && ran(&client)
+            && !server.iter().any(|l| l.starts_with("invalid data"));
+        t.check(
+            &format!("ibv_{kind}_pingpong_mlx5_0_to_mlx5_1"),
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{lines:?}; {log}"))
+            },
+        );
+    }
 }
 
 /// The lines of `console` that start with `=== {prefix}`, without it.

@@ -8,6 +8,7 @@ use mlx5_hw::ifc::{
     cmd_hca_cap, cqc, create_cq_in, create_cq_out, destroy_cq_in, modify_cq_in, query_cq_in,
     query_cq_out,
 };
+use mlx5_hw::init::{page_offset_bytes, page_offset_field};
 use mlx5_hw::status::CmdStatus;
 
 use super::uctx::Kind;
@@ -134,7 +135,7 @@ impl Firmware {
             self.umem_buf(uid, id, create_cq_in::CQ_UMEM_OFFSET.get(input), bytes)?
         } else {
             let log_page = 12 + cqc::LOG_PAGE_SIZE.get(c) as u32;
-            let offset = cqc::PAGE_OFFSET.get(c) * 64;
+            let offset = page_offset_bytes(cqc::PAGE_OFFSET.get(c), log_page);
             let npas = (offset + bytes).div_ceil(1 << log_page) as usize;
             let pas = pas(input, create_cq_in::SIZE_BYTES, npas)?;
             if pas.iter().any(|p| !inner.bus.dma.is_mapped(*p, 1)) {
@@ -214,7 +215,7 @@ impl Firmware {
                 }),
             );
             // A queue in a UMEM: the offset within its page.
-            cqc::PAGE_OFFSET.set(c, (cq.buf.offset & ((1 << cq.buf.log_page) - 1)) / 64 % 64);
+            cqc::PAGE_OFFSET.set(c, page_offset_field(cq.buf.offset, cq.buf.log_page));
             cqc::LOG_CQ_SIZE.set(c, u64::from(cq.log_size));
             cqc::UAR_PAGE.set(c, u64::from(cq.uar));
             cqc::CQ_PERIOD.set(c, u64::from(st.period));

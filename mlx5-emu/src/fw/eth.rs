@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, synd, Fail};
@@ -109,7 +110,8 @@ impl super::Firmware {
             return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_SIZE));
         }
         let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
-        let bytes = wq::PAGE_OFFSET.get(w) * 64 + ((1u64 << log_sz) << wq::LOG_WQ_STRIDE.get(w));
+        let bytes = page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page)
+            + ((1u64 << log_sz) << wq::LOG_WQ_STRIDE.get(w));
         let npas = bytes.div_ceil(1 << log_page) as usize;
         let pas = super::cq::pas(input, pas_at, npas)?;
         let dma = &inner.bus.dma;

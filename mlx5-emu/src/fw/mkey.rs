@@ -84,10 +84,13 @@ impl Firmware {
         let Some(index) = (FIRST_MKEY_INDEX..max).find(|i| !t.contains_key(i)) else {
             return Err(fail(CmdStatus::NoResources, synd::MKEY_EXHAUSTED));
         };
+        // MTT room comes in 64-byte units (MLX5_UMR_FLEX_ALIGNMENT): Linux
+        // pads every UMR translation to 64 bytes, e.g. 8 entries into a
+        // cache key of 4 (2 octowords), and the card takes them.
         let xlt_max = if mode == MKC_ACCESS_MODE_KLMS {
             octs_max
         } else {
-            (octs_max * 2).max(mtt.len())
+            (octs_max.next_multiple_of(4) * 2).max(mtt.len())
         };
         let k = Mkey {
             index,

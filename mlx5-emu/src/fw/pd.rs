@@ -18,6 +18,7 @@ impl Firmware {
             return Err(fail(CmdStatus::NoResources, synd::PD_EXHAUSTED));
         };
         pds.insert(pd);
+        tracing::debug!(pd, uid = super::uctx::uid_of(input), "ALLOC_PD");
         let mut out = vec![0u8; alloc_pd_out::SIZE_BYTES];
         alloc_pd_out::PD.set(&mut out, u64::from(pd));
         Ok(out)

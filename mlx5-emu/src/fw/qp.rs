@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
 
 use mlx5_hw::ifc::{ads, cmd_hca_cap, create_qp_in, create_qp_out, qpc, query_qp_in, query_qp_out};
+use mlx5_hw::init::{page_offset_bytes, page_offset_field};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::*;
 use mlx5_hw::status::CmdStatus;
@@ -76,8 +77,16 @@ impl Firmware {
         if !matches!(service, st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR) {
             return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_ST));
         }
-        let pd = qpc::PD.get(c) as u32;
-        if !lock(&r.pds).contains(&pd) {
+        // A UMR QP has no PD: its WQEs name the mkey's PD in the mkey
+        // context, and Linux's create_kernel_qp leaves the field 0 for it
+        // (setting latency_sensitive instead).
+        let pd = if service == st::REG_UMR {
+            0
+        } else {
+            qpc::PD.get(c) as u32
+        };
+        if service != st::REG_UMR && !lock(&r.pds).contains(&pd) {
+            tracing::debug!(pd, st = service, "CREATE_QP: no such PD");
             return Err(fail(CmdStatus::BadResource, synd::QP_BAD_PD));
         }
         let cqs = rlock(&r.cqs);
@@ -129,7 +138,15 @@ impl Firmware {
             }
             *g = Some(qpn);
         }
-        tracing::debug!(qpn, st = service, log_sq_size, log_rq_size, "CREATE_QP");
+        tracing::debug!(
+            qpn,
+            st = service,
+            log_sq_size,
+            log_rq_size,
+            log_page = buf.log_page,
+            offset = buf.offset,
+            "CREATE_QP"
+        );
         t.insert(
             qpn,
             Arc::new(Qp {
@@ -179,7 +196,7 @@ impl Firmware {
             self.umem_buf(uid, id, create_qp_in::WQ_UMEM_OFFSET.get(input), bytes)?
         } else {
             let log_page = 12 + qpc::LOG_PAGE_SIZE.get(c) as u32;
-            let offset = qpc::PAGE_OFFSET.get(c) * 64;
+            let offset = page_offset_bytes(qpc::PAGE_OFFSET.get(c), log_page);
             let npas = (offset + bytes).div_ceil(1 << log_page) as usize;
             let pas = super::cq::pas(input, create_qp_in::SIZE_BYTES, npas)?;
             Buf::new(pas, log_page, offset)
@@ -247,7 +264,7 @@ impl Firmware {
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
         // A queue in a UMEM: the offset within its page.
-        qpc::PAGE_OFFSET.set(c, (qp.buf.offset & ((1 << qp.buf.log_page) - 1)) / 64 % 64);
+        qpc::PAGE_OFFSET.set(c, page_offset_field(qp.buf.offset, qp.buf.log_page));
         qpc::REMOTE_QPN.set(c, u64::from(sq.remote_qpn));
         {
             let a = &mut c[PATH..PATH + ads::SIZE_BYTES];

@@ -16,6 +16,7 @@ use mlx5_hw::ifc::{
     cmd_hca_cap, create_sq_in, create_sq_out, destroy_sq_in, modify_sq_in, query_sq_in,
     query_sq_out, sqc, wq,
 };
+use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, limit, queue_transition, Obj};
@@ -93,6 +94,7 @@ impl Firmware {
         tracing::debug!(sqn, cqn, "CREATE_SQ");
         self.eth.sqs.insert(sqn, Obj { ctx: c.to_vec() });
         let uar = wq::UAR_PAGE.get(w) as u32;
+        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
         wlock(&inner.rdma.eth_sqs).insert(
             sqn,
             Arc::new(EthSq {
@@ -102,8 +104,8 @@ impl Firmware {
                 log_size: wq::LOG_WQ_SZ.get(w) as u8,
                 buf: Buf::new(
                     pas,
-                    12 + wq::LOG_WQ_PG_SZ.get(w) as u32,
-                    wq::PAGE_OFFSET.get(w) * 64,
+                    log_page,
+                    page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page),
                 ),
                 dbr: wq::DBR_ADDR.get(w),
                 state: AtomicU8::new(QUEUE_STATE_RST as u8),

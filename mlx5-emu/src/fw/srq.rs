@@ -13,6 +13,7 @@ use mlx5_hw::ifc::{
     create_xrc_srq_in, create_xrc_srq_out, destroy_rmp_in, destroy_srq_in, destroy_xrc_srq_in,
     query_srq_in, query_srq_out, rmpc, srqc, wq, xrc_srqc,
 };
+use mlx5_hw::init::{page_offset_bytes, page_offset_field};
 use mlx5_hw::status::CmdStatus;
 
 use super::cq::pas;
@@ -70,7 +71,10 @@ impl Firmware {
                 log_size,
                 log_stride: srqc::LOG_RQ_STRIDE.get(c) as u8,
                 log_page: 12 + srqc::LOG_PAGE_SIZE.get(c) as u32,
-                offset: srqc::PAGE_OFFSET.get(c) * 64,
+                offset: page_offset_bytes(
+                    srqc::PAGE_OFFSET.get(c),
+                    12 + srqc::LOG_PAGE_SIZE.get(c) as u32,
+                ),
                 dbr: srqc::DBR_ADDR.get(c),
                 cqn: srqc::CQN.get(c) as u32,
                 xrcd: 0,
@@ -128,7 +132,10 @@ impl Firmware {
                 log_size,
                 log_stride,
                 log_page: 12 + xrc_srqc::LOG_PAGE_SIZE.get(c) as u32,
-                offset: xrc_srqc::PAGE_OFFSET.get(c) * 64,
+                offset: page_offset_bytes(
+                    xrc_srqc::PAGE_OFFSET.get(c),
+                    12 + xrc_srqc::LOG_PAGE_SIZE.get(c) as u32,
+                ),
                 dbr,
                 cqn,
                 xrcd,
@@ -181,7 +188,10 @@ impl Firmware {
                 log_size,
                 log_stride,
                 log_page: 12 + wq::LOG_WQ_PG_SZ.get(w) as u32,
-                offset: wq::PAGE_OFFSET.get(w) * 64,
+                offset: page_offset_bytes(
+                    wq::PAGE_OFFSET.get(w),
+                    12 + wq::LOG_WQ_PG_SZ.get(w) as u32,
+                ),
                 dbr: wq::DBR_ADDR.get(w),
                 cqn: 0,
                 xrcd: 0,
@@ -297,7 +307,7 @@ impl Firmware {
         srqc::LOG_RQ_STRIDE.set(c, u64::from(s.log_stride));
         srqc::CQN.set(c, u64::from(s.cqn));
         srqc::LOG_PAGE_SIZE.set(c, u64::from(s.buf.log_page - 12));
-        srqc::PAGE_OFFSET.set(c, s.buf.offset / 64);
+        srqc::PAGE_OFFSET.set(c, page_offset_field(s.buf.offset, s.buf.log_page));
         srqc::PD.set(c, u64::from(s.pd));
         srqc::LWM.set(c, u64::from(st.lwm));
         srqc::WQE_CNT.set(c, u64::from(st.ci));

@@ -195,7 +195,8 @@ fn refused_umrs_complete_in_error_and_leave_the_key_alone() {
             umr_segs(
                 UMR_INLINE | UMR_TRANSLATION_OFFSET_EN,
                 1,
-                1,
+                // The key's 2 entries have room for 8 (64 bytes): 7 + 2 is past it.
+                7,
                 ENABLE_MASK,
                 &seg,
                 &one,
@@ -318,3 +319,6 @@ fn umr_on_an_rc_qp_is_refused_for_another_pds_key_and_past_the_klm_list() {
     b.post_send(&mut q2, UMR, other, &segs, true);
     assert_eq!(outcome(&mut b), (13, 0x04));
 }
+
+#[path = "linux_guest.rs"]
+mod linux_guest;

@@ -366,8 +366,18 @@ fn scatter(
             mem::push(out, addr, len);
         } else {
             let k = rdma.mkey(lkey).ok_or(RecvFail::Key(KeyError::Invalid))?;
-            k.resolve(pd, access::LW, addr, len, out)
-                .map_err(RecvFail::Key)?;
+            k.resolve(pd, access::LW, addr, len, out).map_err(|e| {
+                tracing::debug!(
+                    lkey = format_args!("{lkey:#x}"),
+                    addr = format_args!("{addr:#x}"),
+                    len,
+                    pd,
+                    ?e,
+                    key = ?(k.pd, k.access, k.free, k.start, k.len, k.log_page, k.mtt.len()),
+                    "receive scatter refused"
+                );
+                RecvFail::Key(e)
+            })?;
         }
         cap += len;
     }

@@ -578,7 +578,16 @@ fn run_wqe(
     if w.opcode == W::Umr {
         return match super::umr::execute(rdma, qp, mem, w.imm, buf, end) {
             Ok(()) => Outcome::Done(0),
-            Err((synd, v)) => Outcome::Error(synd, v),
+            Err((synd, v)) => {
+                tracing::debug!(
+                    qpn = qp.qpn,
+                    mkey = format_args!("{:#x}", w.imm),
+                    ?synd,
+                    vendor = v,
+                    "UMR refused"
+                );
+                Outcome::Error(synd, v)
+            }
         };
     }
     if matches!(qp.st, qp::st::UD | qp::st::QP1) {

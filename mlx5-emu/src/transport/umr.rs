@@ -281,7 +281,15 @@ fn read_pointed(
         let k = rdma
             .mkey(key)
             .ok_or((CqeSyndrome::LocalProtErr, vendor::UMR_XLT_KEY))?;
-        k.resolve(qp.pd, access::LR, addr, bytes as u64, &mut ext)
+        // A UMR QP has no PD (fw/qp.rs): Linux points it at the
+        // translation through its UMR PD's DMA key (`local_dma_lkey`, a PA
+        // key, mlx5 having no reserved one), any PD's key being usable.
+        let pd = if qp.st == qp::st::REG_UMR {
+            k.pd
+        } else {
+            qp.pd
+        };
+        k.resolve(pd, access::LR, addr, bytes as u64, &mut ext)
             .map_err(|_| (CqeSyndrome::LocalProtErr, vendor::UMR_XLT_KEY))?;
     }
     let mut out = vec![0u8; bytes];
@@ -303,6 +311,12 @@ fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Res
         MKC_ACCESS_MODE_MTT => {
             let n = xlt.len() / 8;
             if off.checked_add(n).is_none_or(|e| e > k.xlt_max) {
+                tracing::debug!(
+                    off,
+                    n,
+                    max = k.xlt_max,
+                    "UMR: MTT entries past the key's room"
+                );
                 return Err(range);
             }
             if k.mtt.len() < off + n {

@@ -68,6 +68,47 @@ while [ ! -e /tmp/eth.done ] && [ $i -lt 80 ]; do
     i=$((i + 1))
 done
 [ -e /tmp/eth.done ] || echo "=== netdev bring-up still blocked after 40 s"
+# ibv_devinfo -v per device: the lines the host checks (the whole output
+# is ~230 lines a device, slow on the serial console).
+for d in mlx5_0 mlx5_1; do
+    timeout 60 ibv_devinfo -v -d $d >/tmp/devinfo.$d 2>&1
+    echo "=== devinfo -v $d rc=$? lines=$(wc -l </tmp/devinfo.$d)"
+    grep -E 'hca_id|fw_ver|node_guid|vendor_part_id|max_qp:|max_cq:|max_mr:|max_pd:|max_srq:|state:|link_layer|GID\[ *[01]\]' \
+        /tmp/devinfo.$d | sed "s/^/=== devinfo -v $d: /"
+done
+# Verbs between mlx5_0 and mlx5_1 over RoCE v2 (GID index 1, the MAC's
+# link-local address), the examples of libibverbs with data checked (-c:
+# the server finds the client's bytes at every page start). The GID's
+# route goes through the IP stack (rdma_addr_find_l2_eth_by_grh), which
+# would resolve the peer's MAC by neighbour discovery, but no Ethernet
+# frame crosses the model's wire yet (no receive side): static neighbours.
+ip link set lo up
+ip -6 neigh replace fe80::268a:7ff:fea0:2 lladdr 24:8a:07:a0:00:02 dev eth0 nud permanent
+ip -6 neigh replace fe80::268a:7ff:fea0:1 lladdr 24:8a:07:a0:00:01 dev eth1 nud permanent
+# pingpong KIND ARGS...: server on mlx5_0, client on mlx5_1 (again while
+# the server does not listen yet). Its lines, less the addresses, tagged.
+pingpong() {
+    t=$1
+    shift
+    timeout 60 ibv_${t}_pingpong -d mlx5_0 -g 1 "$@" >/tmp/srv.$t 2>&1 &
+    sleep 2
+    j=0
+    while [ $j -lt 20 ]; do
+        timeout 60 ibv_${t}_pingpong -d mlx5_1 -g 1 "$@" 127.0.0.1 >/tmp/cli.$t 2>&1
+        rc=$?
+        grep -q "Couldn't connect" /tmp/cli.$t || break
+        sleep 0.5
+        j=$((j + 1))
+    done
+    wait $!
+    echo "=== pingpong $t client rc=$rc server rc=$?"
+    grep -v 'address:' /tmp/srv.$t | sed "s/^/=== pingpong $t server: /"
+    grep -v 'address:' /tmp/cli.$t | sed "s/^/=== pingpong $t client: /"
+}
+pingpong rc -n 10 -c
+pingpong uc -n 10 -c
+pingpong ud -n 10 -c -s 1024
+pingpong srq -n 10 -c
 echo "=== dmesg mlx5"
 dmesg | grep -i mlx5
 echo "=== done"
