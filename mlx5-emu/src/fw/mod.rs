@@ -341,7 +341,7 @@ pub(crate) struct Firmware {
     pub(crate) extra_demand: i64,
     pub(crate) page_requests: VecDeque<i32>,
     // Objects.
-    pub(crate) uars: BTreeSet<u32>,
+    pub(crate) uars: uar::UarSet,
     pub(crate) eqs: BTreeMap<u8, Eq>,
     pub(crate) eq_db_last: BTreeMap<(u32, usize), u32>,
     pub(crate) steering: flow::Steering,
@@ -387,7 +387,7 @@ impl Firmware {
             pages: BTreeSet::new(),
             extra_demand: 0,
             page_requests: VecDeque::new(),
-            uars: BTreeSet::new(),
+            uars: uar::UarSet::default(),
             eqs: BTreeMap::new(),
             eq_db_last: BTreeMap::new(),
             steering: flow::Steering::default(),
