@@ -844,7 +844,7 @@ impl Firmware {
             O::QuerySq => self.query_sq(inner, input, outlen),
             O::CreateRq => self.create_rq(inner, input, outlen),
             O::ModifyRq => self.modify_rq(inner, input, outlen),
-            O::DestroyRq => self.destroy_rq(input, outlen),
+            O::DestroyRq => self.destroy_rq(inner, input, outlen),
             O::QueryRq => self.query_rq(input, outlen),
             O::AddVxlanUdpDport => self.add_vxlan_udp_dport(input, outlen),
             O::DeleteVxlanUdpDport => self.delete_vxlan_udp_dport(input, outlen),

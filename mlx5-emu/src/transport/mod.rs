@@ -45,7 +45,7 @@ pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -223,6 +223,34 @@ pub(crate) struct Rdma {
     /// CQ doorbells written to the trapped page, not yet acted on.
     trapped_cq: Mutex<TrappedCq>,
     poll: Mutex<PollState>,
+    /// Where the search for a free CQ number starts ([`lowest_free`]).
+    pub cq_floor: AtomicU32,
+    /// Where the search for a free number of the QP space (QPs, SQs, RQs)
+    /// starts ([`lowest_free`]).
+    pub qp_floor: AtomicU32,
+}
+
+/// The lowest number of `[first, end)` that `used` says is free, searched
+/// from `floor` up (every number below it was in use when it was set, and
+/// freeing a number lowers it: [`freed`]), then below it; `floor` moves
+/// past the number found. So the n-th create does not walk the n - 1
+/// numbers before it, and a floor left too high (tables emptied by a
+/// reset) costs only the order, never a free number.
+pub(crate) fn lowest_free(
+    floor: &AtomicU32,
+    first: u32,
+    end: u32,
+    used: impl Fn(u32) -> bool,
+) -> Option<u32> {
+    let from = floor.load(Ordering::Relaxed).clamp(first, end);
+    let n = (from..end).chain(first..from).find(|&n| !used(n))?;
+    floor.store(n + 1, Ordering::Relaxed);
+    Some(n)
+}
+
+/// Number `n` is free again: the search under `floor` starts no higher.
+pub(crate) fn freed(floor: &AtomicU32, n: u32) {
+    floor.fetch_min(n, Ordering::Relaxed);
 }
 
 /// CQ doorbells (`[arm word, cqn]`) that arrived as trapped writes.
@@ -358,6 +386,8 @@ impl Rdma {
                 cursor: 0,
                 round: Vec::new(),
             }),
+            cq_floor: AtomicU32::new(0),
+            qp_floor: AtomicU32::new(0),
         })
     }
 
@@ -392,6 +422,8 @@ impl Rdma {
         lock(&self.attention).clear();
         lock(&self.uars).clear();
         lock(&self.poll).round.clear();
+        self.cq_floor.store(0, Ordering::Relaxed);
+        self.qp_floor.store(0, Ordering::Relaxed);
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
@@ -864,4 +896,40 @@ struct Resolved {
     va: u64,
     len: u64,
     ext: mem::Extent,
+}
+
+#[cfg(test)]
+mod number_tests {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::AtomicU32;
+
+    use super::{freed, lowest_free};
+
+    /// The floor finds what a walk from the first number finds, and a
+    /// floor left too high still finds a free number.
+    #[test]
+    fn lowest_free_is_the_lowest_free_number() {
+        let floor = AtomicU32::new(0);
+        let mut used = BTreeSet::new();
+        let mut take = |used: &mut BTreeSet<u32>| {
+            let n = lowest_free(&floor, 1, 6, |n| used.contains(&n));
+            if let Some(n) = n {
+                used.insert(n);
+            }
+            n
+        };
+        let got: Vec<_> = (0..6).map(|_| take(&mut used)).collect();
+        assert_eq!(got, [Some(1), Some(2), Some(3), Some(4), Some(5), None]);
+        for n in [4, 2] {
+            used.remove(&n);
+            freed(&floor, n);
+        }
+        assert_eq!(take(&mut used), Some(2));
+        assert_eq!(take(&mut used), Some(4));
+        // Every number freed behind the floor's back: the search still
+        // finds free ones, up from the floor, then below it.
+        used.clear();
+        assert_eq!(take(&mut used), Some(5));
+        assert_eq!(take(&mut used), Some(1), "below a floor left high");
+    }
 }
