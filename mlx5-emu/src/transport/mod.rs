@@ -911,7 +911,7 @@ mod number_tests {
     fn lowest_free_is_the_lowest_free_number() {
         let floor = AtomicU32::new(0);
         let mut used = BTreeSet::new();
-        let mut take = |used: &mut BTreeSet<u32>| {
+        let take = |used: &mut BTreeSet<u32>| {
             let n = lowest_free(&floor, 1, 6, |n| used.contains(&n));
             if let Some(n) = n {
                 used.insert(n);
