@@ -96,6 +96,16 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "const UAR_SCAN_CHUNK: usize",
         "how many UAR pages the model scans per pass",
     ),
+    (
+        "mlx5-emu/src/transport/mod.rs",
+        "pub const SWEEP_CHUNK: usize",
+        "how many doorbell records the model's sweep reads at a time",
+    ),
+    (
+        "mlx5-emu/src/transport/mod.rs",
+        "pub const TRAPPED_CQ_DOORBELLS_MAX: usize",
+        "how many trapped CQ doorbells the model queues",
+    ),
 ];
 
 /// One hit: file (relative to the workspace), line number, the line.

@@ -14,18 +14,17 @@
 //! `Context` is `Send + Sync`: commands may be issued from any thread.
 
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::*;
 use mlx5_hw::opcode::Opcode;
-use mlx5_hw::status::CmdStatus;
 use vfio::PciFunction;
 
 use crate::eq::AsyncEvent;
 use crate::hca::{Hca, HcaOptions};
-use crate::uar::Uar;
+use crate::uar::{Bfreg, Uar, UarPool};
 use crate::{Error, Result};
 
 /// The RoCE GID of a port entry: 16 bytes, network order.
@@ -310,7 +309,7 @@ impl AsyncEventKind {
 #[derive(Debug)]
 pub(crate) struct Ctx {
     pub(crate) hca: Hca,
-    uars: Mutex<Vec<Weak<Uar>>>,
+    uars: Mutex<UarPool>,
     gids: Mutex<Vec<Option<Gid>>>,
     mac: [u8; 6],
     events: Mutex<Receiver<AsyncEvent>>,
@@ -321,37 +320,28 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    /// A UAR page of its own for one object's doorbells (a device that
-    /// notices doorbells by polling BAR memory keeps only the last of two
-    /// writes to one register); shared with another object when firmware
-    /// has no more.
+    /// A UAR page for a CQ's doorbells ([`UarPool`]).
     pub(crate) fn alloc_uar(&self) -> Result<Arc<Uar>> {
-        let mut pool = self.uars.lock().unwrap_or_else(|p| p.into_inner());
-        pool.retain(|w| w.strong_count() > 0);
-        match Uar::alloc(self.hca.cmd(), self.hca.bar().clone()) {
-            Ok(u) => {
-                let u = Arc::new(u);
-                pool.push(Arc::downgrade(&u));
-                Ok(u)
-            }
-            Err(Error::Cmd {
-                status: CmdStatus::NoResources,
-                ..
-            }) => pool
-                .iter()
-                .find_map(Weak::upgrade)
-                .ok_or(Error::QueueFull("no UAR pages left")),
-            Err(e) => Err(e),
-        }
+        self.uar_pool().page(self.hca.cmd(), self.hca.bar())
     }
 
-    /// Gives a UAR back; DEALLOC_UAR when nobody else uses it.
+    /// Gives a CQ's UAR back; DEALLOC_UAR when nobody else uses it.
     pub(crate) fn release_uar(&self, uar: Arc<Uar>) {
-        if let Ok(u) = Arc::try_unwrap(uar) {
-            if let Err(e) = u.free(self.hca.cmd()) {
-                tracing::warn!("DEALLOC_UAR: {e}");
-            }
-        }
+        self.uar_pool().release(self.hca.cmd(), uar);
+    }
+
+    /// A bfreg for a QP's send doorbells ([`UarPool`]).
+    pub(crate) fn alloc_bfreg(&self) -> Result<Bfreg> {
+        self.uar_pool().bfreg(self.hca.cmd(), self.hca.bar())
+    }
+
+    /// Gives a QP's bfreg back.
+    pub(crate) fn release_bfreg(&self, b: Bfreg) {
+        self.uar_pool().release_bfreg(self.hca.cmd(), b);
+    }
+
+    fn uar_pool(&self) -> std::sync::MutexGuard<'_, UarPool> {
+        self.uars.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The completion EQ for completion vector `v` (round robin when `None`).

@@ -43,7 +43,7 @@ use crate::device::Ctx;
 use crate::pd::{Pd, PdInner};
 use crate::rq::{RecvRing, DBREC_SIZE};
 use crate::srq::{Srq, SrqShared};
-use crate::uar::Uar;
+use crate::uar::Bfreg;
 use crate::wqe::{ATOMIC_SIZE, BB, CTRL_SIZE, DATA_SIZE, DGRAM_SIZE, INLINE_HDR_SIZE, RADDR_SIZE};
 use crate::{Error, Result};
 
@@ -305,7 +305,7 @@ pub struct Qp {
     pub(crate) sq: SendRing,
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
-    uar: Option<Arc<Uar>>,
+    bfreg: Option<Bfreg>,
     region: DmaSlice,
     dbrec: Dbrec,
     destroyed: bool,
@@ -418,12 +418,12 @@ impl QpSizes {
 }
 
 /// The memory a QP owns: the queue buffer (RQ then SQ), the doorbell
-/// record and the UAR page its BlueFlame registers are in.
+/// record and the BlueFlame register it rings.
 #[derive(Debug)]
 struct QpBufs {
     region: DmaSlice,
     dbrec: Dbrec,
-    uar: Arc<Uar>,
+    bfreg: Bfreg,
 }
 
 impl QpBufs {
@@ -431,8 +431,12 @@ impl QpBufs {
         let dma = ctx.hca.dma();
         let region = dma.alloc_buf(sizes.buf_len())?;
         let dbrec = dma.alloc_dbrec()?;
-        let uar = ctx.alloc_uar()?;
-        Ok(Self { region, dbrec, uar })
+        let bfreg = ctx.alloc_bfreg()?;
+        Ok(Self {
+            region,
+            dbrec,
+            bfreg,
+        })
     }
 }
 
@@ -454,7 +458,7 @@ fn create_qp_input(
     q.set_st(st)
         .set_pm_state(QPC_PM_STATE_MIGRATED)
         .set_pd(pd.pdn)
-        .set_uar_page(bufs.uar.index())
+        .set_uar_page(bufs.bfreg.uar.index())
         .set_log_page_size((bufs.region.len().trailing_zeros() - FW_PAGE_SHIFT) as u8)
         .set_log_sq_size(sizes.sq_cnt.trailing_zeros() as u8)
         .set_cqn_snd(a.send_cq.shared.cqn)
@@ -496,10 +500,13 @@ fn wire_rings(
         bufs.dbrec.buf().clone(),
         bufs.dbrec.offset() + DBREC_SIZE * w::SND_DBR,
         ctx.hca.bar().clone(),
-        bufs.uar.offset() + mlx5_hw::uar::BF_OFFSET,
+        bufs.bfreg.offset(log_bf_reg_size(ctx)),
         track.clone(),
     )?;
     sq.set_sig_all(a.sq_sig_all);
+    // A bfreg other QPs ring too takes 8-byte doorbells only: BlueFlame
+    // copies from two QPs into one buffer would interleave.
+    sq.set_blueflame(!bufs.bfreg.shared);
     let rq = if sizes.rq_cnt > 0 {
         Some(RecvRing::new(
             bufs.region.buf().clone(),
@@ -514,6 +521,13 @@ fn wire_rings(
         None
     };
     Ok((sq, rq))
+}
+
+/// The size of a BlueFlame register, from the caps (`log_bf_reg_size`),
+/// never less than the two 256-byte buffers each holds.
+fn log_bf_reg_size(ctx: &Ctx) -> u32 {
+    let floor = mlx5_hw::uar::BF_REG_SIZE_DEFAULT.trailing_zeros();
+    u32::from(ctx.hca.caps().gen().log_bf_reg_size()).max(floor)
 }
 
 impl Qp {
@@ -536,7 +550,7 @@ impl Qp {
         let qpn = match ctx.hca.cmd().exec(&inb, create_qp_out::SIZE_BYTES) {
             Ok(out) => CreateQpOut::new_unchecked(&out[..]).qpn(),
             Err(e) => {
-                ctx.release_uar(bufs.uar);
+                ctx.release_bfreg(bufs.bfreg);
                 return Err(e);
             }
         };
@@ -545,7 +559,7 @@ impl Qp {
             Ok(rings) => rings,
             Err(e) => {
                 destroy_qp_cmd(ctx, qpn);
-                ctx.release_uar(bufs.uar);
+                ctx.release_bfreg(bufs.bfreg);
                 return Err(e);
             }
         };
@@ -563,7 +577,7 @@ impl Qp {
             sq,
             rq,
             cap: sizes.granted(a.cap),
-            uar: Some(bufs.uar),
+            bfreg: Some(bufs.bfreg),
             region: bufs.region,
             dbrec: bufs.dbrec,
             destroyed: false,
@@ -842,8 +856,8 @@ impl Qp {
         }
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
-        if let Some(u) = self.uar.take() {
-            self.ctx.release_uar(u);
+        if let Some(b) = self.bfreg.take() {
+            self.ctx.release_bfreg(b);
         }
         r
     }

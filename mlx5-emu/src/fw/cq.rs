@@ -15,7 +15,7 @@ use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::cq::CqState;
 use crate::transport::qp::Buf;
-use crate::transport::{rlock, wlock, Cq};
+use crate::transport::{freed, lowest_free, rlock, wlock, Cq};
 use crate::{lock, Inner};
 
 const CTX: usize = create_cq_in::CQ_CONTEXT.off / 8;
@@ -86,7 +86,7 @@ impl Firmware {
         let (buf, dbr, umems) = self.cq_memory(inner, input, stride << log_size)?;
         let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_CQ).clamp(1, 24);
         let mut t = wlock(&inner.rdma.cqs);
-        let Some(cqn) = (1..max).find(|n| !t.contains_key(n)) else {
+        let Some(cqn) = lowest_free(&inner.rdma.cq_floor, 1, max, |n| t.contains_key(&n)) else {
             return Err(fail(CmdStatus::NoResources, synd::CQ_EXHAUSTED));
         };
         let armed = cqc::ST.get(c) as u8 == mlx5_hw::cqe::CQ_STATE_ARMED;
@@ -183,6 +183,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResourceState, synd::CQ_IN_USE));
         }
         wlock(&r.cqs).remove(&cqn);
+        freed(&r.cq_floor, cqn);
         Ok(vec![0; 0x10])
     }
 

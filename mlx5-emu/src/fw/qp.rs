@@ -130,7 +130,7 @@ impl Firmware {
         let (buf, dbr, umems) = self.qp_memory(inner, input, rq_bytes + sq_bytes)?;
         let mut t = wlock(&r.qps);
         // One number space with the SQs and RQs (fw/sq.rs, fw/rq.rs).
-        let qpn = self.free_queue_number_in(&t, synd::QP_EXHAUSTED)?;
+        let qpn = self.free_queue_number_in(&t, &r.qp_floor, synd::QP_EXHAUSTED)?;
         if service == st::QP1 {
             let mut g = wlock(&r.gsi);
             if g.is_some() {
@@ -222,6 +222,7 @@ impl Firmware {
         let Some(qp) = wlock(&r.qps).remove(&qpn) else {
             return Err(fail(CmdStatus::BadResource, synd::QP_UNKNOWN));
         };
+        crate::transport::freed(&r.qp_floor, qpn);
         // Wait out any packet or WQE in flight on it.
         let _sq = lock(&qp.sq);
         let _rq = lock(&qp.rq);

@@ -126,7 +126,7 @@ impl Firmware {
         self.eth.rqts.values().any(listed) || self.eth.tirs.values().any(direct)
     }
 
-    pub(super) fn destroy_rq(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn destroy_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         use destroy_rq_in as i;
         sized(input, outlen, i::SIZE_BYTES, 0x10)?;
         self.check_uid(i::UID.get(input))?;
@@ -136,6 +136,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResourceState, synd::RQ_IN_USE));
         }
         self.eth.rqs.remove(&rqn);
+        crate::transport::freed(&inner.rdma.qp_floor, rqn);
         Ok(vec![0; 0x10])
     }
 

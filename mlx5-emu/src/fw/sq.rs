@@ -35,7 +35,8 @@ const LOG_SEND_WQE_BB: u64 = 6;
 impl Firmware {
     /// A free number in the QP space: no QP, SQ or RQ has it.
     pub(super) fn free_queue_number(&self, inner: &Inner, synd: u32) -> Result<u32, super::Fail> {
-        self.free_queue_number_in(&rlock(&inner.rdma.qps), synd)
+        let r = &inner.rdma;
+        self.free_queue_number_in(&rlock(&r.qps), &r.qp_floor, synd)
     }
 
     /// [`Self::free_queue_number`] with the QP table at hand (CREATE_QP
@@ -44,17 +45,15 @@ impl Firmware {
     pub(super) fn free_queue_number_in(
         &self,
         qps: &crate::transport::Table<crate::transport::Qp>,
+        floor: &std::sync::atomic::AtomicU32,
         synd: u32,
     ) -> Result<u32, super::Fail> {
         let first = super::qp::FIRST_QPN;
         let max = limit(self.cap(cmd_hca_cap::LOG_MAX_QP)).max(first + 1);
-        (first..max)
-            .find(|n| {
-                !qps.contains_key(n)
-                    && !self.eth.sqs.contains_key(n)
-                    && !self.eth.rqs.contains_key(n)
-            })
-            .ok_or(fail(CmdStatus::NoResources, synd))
+        crate::transport::lowest_free(floor, first, max, |n| {
+            qps.contains_key(&n) || self.eth.sqs.contains_key(&n) || self.eth.rqs.contains_key(&n)
+        })
+        .ok_or(fail(CmdStatus::NoResources, synd))
     }
 
     pub(super) fn create_sq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
@@ -173,6 +172,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::SQ_UNKNOWN));
         }
         wlock(&inner.rdma.eth_sqs).remove(&sqn);
+        crate::transport::freed(&inner.rdma.qp_floor, sqn);
         Ok(vec![0; 0x10])
     }
 

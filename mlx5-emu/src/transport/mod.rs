@@ -29,9 +29,10 @@
 //! number) and CQ arm doorbells (UAR 0x20) of every UAR page, and acts on
 //! every change; because a store can overwrite another between two polls,
 //! the QP's doorbell record (the producer counter) is the truth, and every
-//! [`SWEEP_INTERVAL`] all doorbell records are read again (every
-//! [`SWEEP_PER_QP`] per QP when there are many, so that the sweep stays a
-//! small part of the worker's time).
+//! [`SWEEP_INTERVAL`] the doorbell records of the next [`SWEEP_CHUNK`]
+//! objects (QPs, Ethernet SQs, CQs, in rotation) are read again: every
+//! object's record is read within `ceil(objects / SWEEP_CHUNK)` sweeps, and
+//! a pass costs the same with ten objects or twenty thousand.
 
 pub(crate) mod cq;
 pub(crate) mod eth_sq;
@@ -44,7 +45,7 @@ pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -61,10 +62,11 @@ pub(crate) use qp::{Qp, Srq};
 
 use crate::lock;
 
-/// How often every doorbell record is read again (lost doorbells).
+/// How often the sweep reads doorbell records again (lost doorbells).
 pub const SWEEP_INTERVAL: Duration = Duration::from_micros(200);
-/// With many QPs the sweep comes at most every this much per QP.
-pub const SWEEP_PER_QP: Duration = Duration::from_micros(2);
+/// Objects (QPs, Ethernet SQs, CQs) whose doorbell records one sweep reads;
+/// with fewer, every sweep reads them all.
+pub const SWEEP_CHUNK: usize = 32;
 /// GID table entries per port.
 pub const GID_TABLE_LEN: usize = 16;
 
@@ -206,7 +208,7 @@ pub(crate) struct Rdma {
     pub events: Mutex<Vec<PendingEvent>>,
     pub attention: Mutex<BTreeSet<u32>>,
     /// UAR pages to watch.
-    pub uars: Mutex<Vec<UarWatch>>,
+    pub uars: Mutex<UarWatches>,
     /// Retry timers (ACK timeout, RNR timer) by QP, on the clock.
     pub timers: Mutex<HashMap<u32, Deadline>>,
     pub counters: Counters,
@@ -221,6 +223,34 @@ pub(crate) struct Rdma {
     /// CQ doorbells written to the trapped page, not yet acted on.
     trapped_cq: Mutex<TrappedCq>,
     poll: Mutex<PollState>,
+    /// Where the search for a free CQ number starts ([`lowest_free`]).
+    pub cq_floor: AtomicU32,
+    /// Where the search for a free number of the QP space (QPs, SQs, RQs)
+    /// starts ([`lowest_free`]).
+    pub qp_floor: AtomicU32,
+}
+
+/// The lowest number of `[first, end)` that `used` says is free, searched
+/// from `floor` up (every number below it was in use when it was set, and
+/// freeing a number lowers it: [`freed`]), then below it; `floor` moves
+/// past the number found. So the n-th create does not walk the n - 1
+/// numbers before it, and a floor left too high (tables emptied by a
+/// reset) costs only the order, never a free number.
+pub(crate) fn lowest_free(
+    floor: &AtomicU32,
+    first: u32,
+    end: u32,
+    used: impl Fn(u32) -> bool,
+) -> Option<u32> {
+    let from = floor.load(Ordering::Relaxed).clamp(first, end);
+    let n = (from..end).chain(first..from).find(|&n| !used(n))?;
+    floor.store(n + 1, Ordering::Relaxed);
+    Some(n)
+}
+
+/// Number `n` is free again: the search under `floor` starts no higher.
+pub(crate) fn freed(floor: &AtomicU32, n: u32) {
+    floor.fetch_min(n, Ordering::Relaxed);
 }
 
 /// CQ doorbells (`[arm word, cqn]`) that arrived as trapped writes.
@@ -244,6 +274,18 @@ struct PollState {
     hint: Vec<u32>,
     /// The first UAR page of the next pass's chunk.
     cursor: usize,
+    /// The objects of the sweep's round not swept yet (the next sweep takes
+    /// the last [`SWEEP_CHUNK`]); an empty round starts the next one with
+    /// every object there is then.
+    round: Vec<Swept>,
+}
+
+/// An object whose doorbell record the sweep reads.
+#[derive(Debug, Clone, Copy)]
+enum Swept {
+    Qp(u32),
+    EthSq(u32),
+    Cq(u32),
 }
 
 /// Pages read on every pass besides the hot ones: with thousands of UAR
@@ -253,6 +295,28 @@ struct PollState {
 const UAR_SCAN_CHUNK: usize = 64;
 /// A page stays hot (read on every pass) this long after its last doorbell.
 const HOT_FOR: Duration = Duration::from_millis(10);
+
+/// The UAR pages whose doorbells the worker reads. Pages are only added
+/// (a page stays watched until the tables are reset), so an index into
+/// `pages` names one page for good.
+#[derive(Debug, Default)]
+pub(crate) struct UarWatches {
+    pages: Vec<UarWatch>,
+    /// Index into `pages` by UAR number.
+    by_uar: HashMap<u32, usize, BuildHasherDefault<NumHasher>>,
+    /// Indices of the hot pages (read on every pass), each once.
+    hot: Vec<usize>,
+}
+
+impl UarWatches {
+    pub(crate) fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
 
 /// A UAR page whose doorbells the worker reads.
 #[derive(Debug)]
@@ -309,7 +373,7 @@ impl Rdma {
             fabric: RwLock::new(None),
             events: Mutex::new(Vec::new()),
             attention: Mutex::new(BTreeSet::new()),
-            uars: Mutex::new(Vec::new()),
+            uars: Mutex::new(UarWatches::default()),
             timers: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             worker: Mutex::new(None),
@@ -320,7 +384,10 @@ impl Rdma {
                 last_sweep: Instant::now(),
                 hint: Vec::new(),
                 cursor: 0,
+                round: Vec::new(),
             }),
+            cq_floor: AtomicU32::new(0),
+            qp_floor: AtomicU32::new(0),
         })
     }
 
@@ -354,6 +421,9 @@ impl Rdma {
         lock(&self.events).clear();
         lock(&self.attention).clear();
         lock(&self.uars).clear();
+        lock(&self.poll).round.clear();
+        self.cq_floor.store(0, Ordering::Relaxed);
+        self.qp_floor.store(0, Ordering::Relaxed);
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
@@ -424,21 +494,24 @@ impl Rdma {
     /// (`!sq`) of UAR page `uar` from now on.
     pub(crate) fn track_uar(&self, uar: u32, sq: bool) {
         let mut u = lock(&self.uars);
-        match u.iter_mut().find(|e| e.uar == uar) {
-            Some(e) => {
-                e.sq |= sq;
-                e.cq |= !sq;
-            }
-            None => u.push(UarWatch {
-                uar,
-                sq,
-                cq: !sq,
-                used: 0,
-                last: [0; SQ_DOORBELLS.len() + 1],
-                hot: true,
-                rang: Instant::now(),
-            }),
+        if let Some(&i) = u.by_uar.get(&uar) {
+            let e = &mut u.pages[i];
+            e.sq |= sq;
+            e.cq |= !sq;
+            return;
         }
+        let i = u.pages.len();
+        u.pages.push(UarWatch {
+            uar,
+            sq,
+            cq: !sq,
+            used: 0,
+            last: [0; SQ_DOORBELLS.len() + 1],
+            hot: true,
+            rang: Instant::now(),
+        });
+        u.by_uar.insert(uar, i);
+        u.hot.push(i);
     }
 
     /// QP `qpn` waits for a timer (RNR, ACK timeout) due at `at`.
@@ -608,67 +681,13 @@ impl Rdma {
         let mut ps = lock(&self.poll);
         let mut hint = std::mem::take(&mut ps.hint);
         hint.clear();
-        let now = Instant::now();
-        let mut uars = lock(&self.uars);
-        let n = uars.len();
-        let (from, to) = (ps.cursor.min(n), (ps.cursor + UAR_SCAN_CHUNK).min(n));
-        ps.cursor = if to >= n { 0 } else { to };
-        for (i, w) in uars.iter_mut().enumerate() {
-            let cold = (from..to).contains(&i);
-            if !(w.hot || cold) {
-                continue;
-            }
-            if w.hot && now.duration_since(w.rang) > HOT_FOR {
-                w.hot = false;
-            }
-            let base = (w.uar as usize) << 12;
-            if w.sq {
-                let slots = if cold || w.used == 0 { u8::MAX } else { w.used };
-                for (i, &off) in SQ_DOORBELLS.iter().enumerate() {
-                    if slots & (1 << i) == 0 {
-                        continue;
-                    }
-                    let Ok(v) = bar.read_u64_be(base + off) else {
-                        continue;
-                    };
-                    if w.last[i] != v {
-                        w.last[i] = v;
-                        w.used |= 1 << i;
-                        (w.hot, w.rang) = (true, now);
-                        busy = true;
-                        self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
-                        // ctrl segment: opmod_idx_opcode, qpn_ds.
-                        let qpn = (v as u32) >> 8;
-                        if !hint.contains(&qpn) {
-                            hint.push(qpn);
-                        }
-                    }
-                }
-            }
-            // A trapped page's CQ doorbells came whole from its writes.
-            if w.cq && Some(w.uar) != self.trapped_uar {
-                let Ok(v) = bar.read_u64_be(base + mlx5_hw::uar::CQ_DOORBELL) else {
-                    continue;
-                };
-                let i = SQ_DOORBELLS.len();
-                if w.last[i] != v {
-                    w.last[i] = v;
-                    (w.hot, w.rang) = (true, now);
-                    busy = true;
-                    self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
-                    let cqn = (v & 0xff_ffff) as u32;
-                    if let Some(cq) = rlock(&self.cqs).get(&cqn).cloned() {
-                        cq.arm(self, (v >> 32) as u32);
-                    }
-                }
-            }
-        }
-        let every = SWEEP_INTERVAL.max(SWEEP_PER_QP * rlock(&self.qps).len() as u32);
-        drop(uars);
-        let sweep = ps.last_sweep.elapsed() >= every;
-        if sweep {
+        busy |= self.poll_uars(bar, &mut ps.cursor, &mut hint);
+        let due = if ps.last_sweep.elapsed() >= SWEEP_INTERVAL {
             ps.last_sweep = Instant::now();
-        }
+            self.sweep_chunk(&mut ps.round)
+        } else {
+            Vec::new()
+        };
         drop(ps);
         let mem = self.dma.memory();
         for &qpn in &hint {
@@ -701,30 +720,135 @@ impl Rdma {
                 busy |= requester::run(self, &qp, &mem);
             }
         }
-        if sweep {
-            // Only these states have send-side work (execute or flush).
-            let qps: Vec<Arc<Qp>> = rlock(&self.qps)
-                .values()
-                .filter(|q| matches!(q.state(), qp::state::RTS | qp::state::ERR | qp::state::SQER))
-                .cloned()
-                .collect();
-            for qp in qps {
-                busy |= requester::run(self, &qp, &mem);
+        for s in due {
+            busy |= self.sweep_one(s, &mem);
+        }
+        busy
+    }
+
+    /// Reads the doorbells of the hot UAR pages and of the chunk of the
+    /// others at `cursor` (which moves on); the QPs whose send doorbell
+    /// rang go to `hint`. True if a doorbell rang.
+    fn poll_uars(&self, bar: &DmaBuffer, cursor: &mut usize, hint: &mut Vec<u32>) -> bool {
+        let now = Instant::now();
+        let mut u = lock(&self.uars);
+        let n = u.pages.len();
+        let (from, to) = ((*cursor).min(n), (*cursor + UAR_SCAN_CHUNK).min(n));
+        *cursor = if to >= n { 0 } else { to };
+        let UarWatches { pages, hot, .. } = &mut *u;
+        // The pages hot as the pass starts, then the chunk's cold ones.
+        hot.extend((from..to).filter(|&i| !pages[i].hot));
+        let mut busy = false;
+        for &i in hot.iter() {
+            let w = &mut pages[i];
+            if w.hot && now.duration_since(w.rang) > HOT_FOR {
+                w.hot = false;
             }
-            let sqs: Vec<Arc<eth_sq::EthSq>> = rlock(&self.eth_sqs).values().cloned().collect();
-            for sq in sqs {
-                busy |= eth_sq::run(self, &sq, &mem, false);
+            busy |= self.read_uar(bar, w, (from..to).contains(&i), now, hint);
+        }
+        hot.retain(|&i| pages[i].hot);
+        busy
+    }
+
+    /// Reads one UAR page's send doorbells (those that have rung, or all
+    /// when `cold`) and its CQ doorbell, acting on every change.
+    fn read_uar(
+        &self,
+        bar: &DmaBuffer,
+        w: &mut UarWatch,
+        cold: bool,
+        now: Instant,
+        hint: &mut Vec<u32>,
+    ) -> bool {
+        let mut busy = false;
+        let base = (w.uar as usize) << 12;
+        if w.sq {
+            let slots = if cold || w.used == 0 { u8::MAX } else { w.used };
+            for (i, &off) in SQ_DOORBELLS.iter().enumerate() {
+                if slots & (1 << i) == 0 {
+                    continue;
+                }
+                let Ok(v) = bar.read_u64_be(base + off) else {
+                    continue;
+                };
+                if w.last[i] != v {
+                    w.last[i] = v;
+                    w.used |= 1 << i;
+                    (w.hot, w.rang) = (true, now);
+                    busy = true;
+                    self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
+                    // ctrl segment: opmod_idx_opcode, qpn_ds.
+                    let qpn = (v as u32) >> 8;
+                    if !hint.contains(&qpn) {
+                        hint.push(qpn);
+                    }
+                }
             }
-            let cqs: Vec<Arc<Cq>> = rlock(&self.cqs).values().cloned().collect();
-            // A card arms a CQ on its UAR doorbell only; the record's arm
-            // word is read for doorbells lost in shared memory, which a
-            // trapped page does not lose (Linux's write-combining test CQ
-            // on the trapped page is never armed, whatever its record says).
-            for cq in cqs.iter().filter(|c| Some(c.uar) != self.trapped_uar) {
-                cq.sweep_arm(self, &mem);
+        }
+        // A trapped page's CQ doorbells came whole from its writes.
+        if w.cq && Some(w.uar) != self.trapped_uar {
+            let Ok(v) = bar.read_u64_be(base + mlx5_hw::uar::CQ_DOORBELL) else {
+                return busy;
+            };
+            let i = SQ_DOORBELLS.len();
+            if w.last[i] != v {
+                w.last[i] = v;
+                (w.hot, w.rang) = (true, now);
+                busy = true;
+                self.counters.doorbells.fetch_add(1, Ordering::Relaxed);
+                let cqn = (v & 0xff_ffff) as u32;
+                if let Some(cq) = rlock(&self.cqs).get(&cqn).cloned() {
+                    cq.arm(self, (v >> 32) as u32);
+                }
             }
         }
         busy
+    }
+
+    /// The objects this sweep reads: the next [`SWEEP_CHUNK`] of `round`,
+    /// which starts again with every object there is when it runs out.
+    fn sweep_chunk(&self, round: &mut Vec<Swept>) -> Vec<Swept> {
+        if round.is_empty() {
+            round.extend(rlock(&self.cqs).keys().map(|&n| Swept::Cq(n)));
+            round.extend(rlock(&self.eth_sqs).keys().map(|&n| Swept::EthSq(n)));
+            round.extend(rlock(&self.qps).keys().map(|&n| Swept::Qp(n)));
+        }
+        round.split_off(round.len().saturating_sub(SWEEP_CHUNK))
+    }
+
+    /// Reads one object's doorbell record again: a send queue's producer
+    /// counter (for a doorbell overwritten before the worker saw it), a
+    /// CQ's arm word. An object gone since the round started is skipped.
+    fn sweep_one(&self, s: Swept, mem: &vm_memory::GuestMemoryMmap) -> bool {
+        match s {
+            Swept::Qp(n) => {
+                let Some(qp) = self.qp(n) else {
+                    return false;
+                };
+                // Only these states have send-side work (execute or flush).
+                matches!(
+                    qp.state(),
+                    qp::state::RTS | qp::state::ERR | qp::state::SQER
+                ) && requester::run(self, &qp, mem)
+            }
+            Swept::EthSq(n) => self
+                .eth_sq(n)
+                .is_some_and(|sq| eth_sq::run(self, &sq, mem, false)),
+            Swept::Cq(n) => {
+                let Some(cq) = rlock(&self.cqs).get(&n).cloned() else {
+                    return false;
+                };
+                // A card arms a CQ on its UAR doorbell only; the record's
+                // arm word is read for doorbells lost in shared memory,
+                // which a trapped page does not lose (Linux's
+                // write-combining test CQ on the trapped page is never
+                // armed, whatever its record says).
+                if Some(cq.uar) != self.trapped_uar {
+                    cq.sweep_arm(self, mem);
+                }
+                false
+            }
+        }
     }
 }
 
@@ -772,4 +896,40 @@ struct Resolved {
     va: u64,
     len: u64,
     ext: mem::Extent,
+}
+
+#[cfg(test)]
+mod number_tests {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::AtomicU32;
+
+    use super::{freed, lowest_free};
+
+    /// The floor finds what a walk from the first number finds, and a
+    /// floor left too high still finds a free number.
+    #[test]
+    fn lowest_free_is_the_lowest_free_number() {
+        let floor = AtomicU32::new(0);
+        let mut used = BTreeSet::new();
+        let take = |used: &mut BTreeSet<u32>| {
+            let n = lowest_free(&floor, 1, 6, |n| used.contains(&n));
+            if let Some(n) = n {
+                used.insert(n);
+            }
+            n
+        };
+        let got: Vec<_> = (0..6).map(|_| take(&mut used)).collect();
+        assert_eq!(got, [Some(1), Some(2), Some(3), Some(4), Some(5), None]);
+        for n in [4, 2] {
+            used.remove(&n);
+            freed(&floor, n);
+        }
+        assert_eq!(take(&mut used), Some(2));
+        assert_eq!(take(&mut used), Some(4));
+        // Every number freed behind the floor's back: the search still
+        // finds free ones, up from the floor, then below it.
+        used.clear();
+        assert_eq!(take(&mut used), Some(5));
+        assert_eq!(take(&mut used), Some(1), "below a floor left high");
+    }
 }
