@@ -1,6 +1,5 @@
 //! End-to-end: the driver's HCA layer against the device model.
 
-
 use tests::backend::{Backend, Func};
 use verbs::cmd::TraceSink;
 use verbs::hca::{Hca, HcaOptions};
