@@ -93,9 +93,13 @@ impl WqTrack {
     pub fn sq_complete(&self, wqe_counter: u16) -> u64 {
         let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
         let s = &self.sq[i];
+        // The slot is read before the tail frees it: once the tail moves,
+        // a poster on another thread may reuse the slot for a new WR
+        // (seen under load as a wr_id completed twice).
+        let wrid = s.wrid.load(Ordering::Relaxed);
         self.sq_tail
             .store(s.end.load(Ordering::Relaxed), Ordering::Release);
-        s.wrid.load(Ordering::Relaxed)
+        wrid
     }
 
     /// The `ibv_wc_opcode` recorded for the UMR WQE at index
@@ -114,7 +118,9 @@ impl WqTrack {
             return s.complete(wqe_counter);
         }
         let t = self.rq_tail.load(Ordering::Relaxed);
+        // As for the send queue: read the slot before freeing it.
+        let wrid = self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed);
         self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
-        self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed)
+        wrid
     }
 }
