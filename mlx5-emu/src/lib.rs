@@ -569,6 +569,13 @@ impl Device {
         self.inner.passes.load(Ordering::Acquire)
     }
 
+    /// How many sweeps of the doorbell records (the recovery of lost
+    /// doorbells) the data path has made: a test that waits for `n + k`
+    /// knows `k` sweeps ran after it looked.
+    pub fn doorbell_sweeps(&self) -> u64 {
+        self.inner.rdma.sweeps()
+    }
+
     /// Whether firmware has raised an injected health failure (the health
     /// buffer and counter show it from then on).
     pub fn firmware_failed(&self) -> bool {
@@ -659,6 +666,7 @@ fn worker(inner: Arc<Inner>) {
                 std::thread::yield_now();
             }
         } else {
+            inner.rdma.note_idle();
             std::thread::park_timeout(IDLE_SLEEP);
         }
     }
