@@ -1114,3 +1114,58 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
     });
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles a C program against the installed `infiniband/verbs.h`
+    /// (Debian's libibverbs-dev) that prints every size and offset
+    /// [`layout_checks`] lists, and compares them with Rust's.
+    #[test]
+    fn layouts_match_verbs_h() {
+        let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+        assert!(
+            header.exists(),
+            "NOT RUN: {} is missing (apt-get install libibverbs-dev; scripts/test-all.sh does)",
+            header.display()
+        );
+        let checks = layout_checks();
+        let mut c = String::from(
+            "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",
+        );
+        for k in &checks {
+            c.push_str(&format!("  printf(\"%zu\\n\", (size_t){});\n", k.c_expr));
+        }
+        c.push_str("  return 0;\n}\n");
+        let dir = std::env::temp_dir().join(format!("ibverbs-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, c).unwrap();
+        let cc = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("running cc");
+        assert!(
+            cc.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let c_values: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(c_values.len(), checks.len());
+        let bad: Vec<String> = checks
+            .iter()
+            .zip(&c_values)
+            .filter(|(k, c)| k.rust != **c)
+            .map(|(k, c)| format!("{}: C {c}, Rust {}", k.c_expr, k.rust))
+            .collect();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(bad.is_empty(), "layouts differ:\n{}", bad.join("\n"));
+        assert!(checks.len() > 250, "{} checks", checks.len());
+    }
+}
