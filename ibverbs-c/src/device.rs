@@ -66,12 +66,38 @@ fn init_logging() {
         .try_init();
 }
 
-/// The devices `MLX5_DEVICES` names (parsed once per process).
+/// The list `mlx5u_set_devices` set, if it did.
+static SET_LIST: Mutex<Option<String>> = Mutex::new(None);
+static DEVICES: OnceLock<Vec<DevEntry>> = OnceLock::new();
+
+/// `mlx5u_set_devices` (mlx5_userspace.h): the device list, before the
+/// first `ibv_get_device_list`.
+#[no_mangle]
+pub extern "C" fn mlx5u_set_devices(list: *const c_char) -> c_int {
+    if list.is_null() {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's NUL-terminated string, non-NULL.
+    let s = unsafe { std::ffi::CStr::from_ptr(list) }
+        .to_string_lossy()
+        .into_owned();
+    let mut g = lock(&SET_LIST);
+    if DEVICES.get().is_some() {
+        return ret_errno(libc::EBUSY);
+    }
+    *g = Some(s);
+    0
+}
+
+/// The devices `mlx5u_set_devices` or `MLX5_DEVICES` names (read once
+/// per process).
 pub(crate) fn devices() -> &'static [DevEntry] {
-    static DEVICES: OnceLock<Vec<DevEntry>> = OnceLock::new();
     DEVICES.get_or_init(|| {
         init_logging();
-        let list = std::env::var(DEVICES_ENV).unwrap_or_else(|_| "emu".into());
+        let set = lock(&SET_LIST).clone();
+        let list = set
+            .or_else(|| std::env::var(DEVICES_ENV).ok())
+            .unwrap_or_else(|| "emu".into());
         let mut out = Vec::new();
         for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let spec = match DevSpec::parse(Some(s)) {
