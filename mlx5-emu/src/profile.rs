@@ -357,6 +357,11 @@ impl CapPages {
         if p == Profile::ConnectX6 || p == Profile::ConnectX7 {
             // ConnectX-6 and later: RoCE v2 only over UDP port 4791, more QPs.
             self.set_both(ROCE, roce_cap::R_ROCE_DEST_UDP_PORT, 4791);
+            // Relaxed ordering of memory-key DMA (mkc
+            // relaxed_ordering_write/read), set by CREATE_MKEY only: the
+            // UMR variants (`relaxed_ordering_*_umr`) are later firmware's.
+            self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_WRITE, 1);
+            self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_READ, 1);
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }

@@ -57,6 +57,7 @@ impl Firmware {
                 acc |= b;
             }
         }
+        let relaxed = self.relaxed_bits(c)?;
         let start = mkc::START_ADDR.get(c);
         let len = if mkc::LENGTH64.get(c) != 0 {
             u64::MAX
@@ -108,6 +109,7 @@ impl Firmware {
             en_rinval: mkc::EN_RINVAL.get(c) != 0,
             xlt_max,
             klm,
+            relaxed,
         };
         tracing::debug!(
             mkey = format_args!("{:#x}", k.mkey()),
@@ -124,6 +126,28 @@ impl Firmware {
         let mut out = vec![0u8; create_mkey_out::SIZE_BYTES];
         create_mkey_out::MKEY_INDEX.set(&mut out, u64::from(index));
         Ok(out)
+    }
+
+    /// The mkc relaxed-ordering bits `(write, read)`, each only where the
+    /// general caps offer it (`relaxed_ordering_write`;
+    /// `relaxed_ordering_read` or `relaxed_ordering_read_pci_enabled`, the
+    /// model's PCIe device control always enabling relaxed ordering).
+    /// Linux and rdma-core set them only then; a bit the caps do not offer
+    /// is BAD_PARAMETER (the model's choice: real firmware's answer is not
+    /// traced).
+    fn relaxed_bits(&self, c: &[u8]) -> Result<(bool, bool), super::Fail> {
+        let w = mkc::RELAXED_ORDERING_WRITE.get(c) != 0;
+        let r = mkc::RELAXED_ORDERING_READ.get(c) != 0;
+        let can_w = self.cap(cmd_hca_cap::RELAXED_ORDERING_WRITE) != 0;
+        let can_r = self.cap(cmd_hca_cap::RELAXED_ORDERING_READ) != 0
+            || self.cap(cmd_hca_cap::RELAXED_ORDERING_READ_PCI_ENABLED) != 0;
+        if (w && !can_w) || (r && !can_r) {
+            return Err(fail(
+                CmdStatus::BadParameter,
+                synd::MKEY_BAD_RELAXED_ORDERING,
+            ));
+        }
+        Ok((w, r))
     }
 
     /// An MTT key's translation entries and log2 page size: from the
@@ -259,6 +283,8 @@ impl Firmware {
             mkc::LEN.set(c, k.len);
         }
         mkc::LOG_PAGE_SIZE.set(c, u64::from(k.log_page));
+        mkc::RELAXED_ORDERING_WRITE.set(c, u64::from(k.relaxed.0));
+        mkc::RELAXED_ORDERING_READ.set(c, u64::from(k.relaxed.1));
         mkc::TRANSLATIONS_OCTWORD_SIZE.set(c, k.mtt.len().div_ceil(2) as u64);
         Ok(out)
     }

@@ -196,6 +196,7 @@ pub(crate) mod synd {
     pub const MKEY_BAD_RANGE: u32 = 0x3e00_0005;
     pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
     pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
+    pub const MKEY_BAD_RELAXED_ORDERING: u32 = 0x3e00_0008;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;

@@ -64,6 +64,9 @@ pub(crate) struct Mkey {
     pub xlt_max: usize,
     /// KLM mode: the entries, and the function whose keys they name.
     pub klm: Option<Indirect>,
+    /// mkc `relaxed_ordering_write` / `relaxed_ordering_read`, as created
+    /// (kept and reported; the model's DMA is ordered either way).
+    pub relaxed: (bool, bool),
 }
 
 /// `mkc.qpn` of a key not bound to a QP.
@@ -545,6 +548,7 @@ mod tests {
             en_rinval: false,
             xlt_max: 4,
             klm: None,
+            relaxed: (false, false),
         }
     }
 

@@ -189,6 +189,12 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
     if mask & MKEY_MASK_EN_RINVAL != 0 {
         k.en_rinval = mkc::EN_RINVAL.get(seg) != 0;
     }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_WRITE != 0 {
+        k.relaxed.0 = mkc::RELAXED_ORDERING_WRITE.get(seg) != 0;
+    }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_READ != 0 {
+        k.relaxed.1 = mkc::RELAXED_ORDERING_READ.get(seg) != 0;
+    }
     if mask & MKEY_MASK_PD != 0 {
         k.pd = mkc::PD.get(seg) as u32;
     }
