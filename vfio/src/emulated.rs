@@ -446,6 +446,43 @@ impl DmaSpace {
         Ok(())
     }
 
+    /// Unmaps every mapping that lies wholly inside `iova .. iova + len`,
+    /// as the kernel's type1 IOMMU answers VFIO_IOMMU_UNMAP_DMA: a range
+    /// holding no mapping unmaps nothing and succeeds (QEMU invalidates a
+    /// whole IOMMU address space in power-of-two pieces that way), one
+    /// that would split a mapping is refused and unmaps nothing. Returns
+    /// the bytes unmapped.
+    pub fn unmap_within(&self, iova: u64, len: u64) -> Result<u64> {
+        let end = iova.checked_add(len).ok_or(Error::Iova {
+            iova,
+            len,
+            why: "does not fit the address space",
+        })?;
+        let inside: Vec<(u64, u64)> = {
+            let maps = self.lock_maps();
+            let mut inside = Vec::new();
+            for (&start, &(l, _)) in maps.range(..end) {
+                let stop = start.saturating_add(l);
+                if stop <= iova {
+                    continue;
+                }
+                if start < iova || stop > end {
+                    return Err(Error::Iova {
+                        iova,
+                        len,
+                        why: "would split a mapping",
+                    });
+                }
+                inside.push((start, l));
+            }
+            inside
+        };
+        for &(start, l) in &inside {
+            self.unmap(start, l)?;
+        }
+        Ok(inside.iter().map(|&(_, l)| l).sum())
+    }
+
     /// Unmaps everything (the owner let go of the function).
     pub fn clear(&self) {
         let mut maps = self.lock_maps();
