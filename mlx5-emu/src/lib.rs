@@ -52,6 +52,7 @@ pub mod initseg;
 mod profile;
 pub mod transport;
 pub mod vsc;
+pub mod wire;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -359,12 +359,14 @@ fn rc(
 fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) -> bool {
     let diff = r.psn.wrapping_sub(rq.epsn) & 0xff_ffff;
     if diff == 0 {
+        rq.seq_nak = false;
         return true;
     }
     if diff >= 0x80_0000 {
         duplicate(r, rq, reply);
-    } else {
+    } else if !rq.seq_nak {
         // The NAK acknowledges everything before `epsn`.
+        rq.seq_nak = true;
         rq.ack_owed = 0;
         let nak = aeth::NAK | aeth::NAK_PSN_SEQ;
         respond(reply, &r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
