@@ -347,8 +347,9 @@ impl CapPages {
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the
-        // model's. general_obj_types lists the types the model creates:
-        // none yet (fw/general_obj.rs answers every type as unsupported).
+        // model's. general_obj_types lists the types the model creates of
+        // those the firmware has: none on ConnectX-5/6 (no crypto engine
+        // on those parts), the DEK on ConnectX-7 (below).
         self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UCTX, crate::fw::LOG_MAX_UCTX);
         self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UMEM, crate::fw::LOG_MAX_UMEM);
         self.set_both(GENERAL, cmd_hca_cap::UMEM_UID_0, 1);
@@ -365,6 +366,12 @@ impl CapPages {
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }
+        }
+        if p == Profile::ConnectX7 {
+            // ConnectX-7 (28.x): data encryption keys as general objects.
+            let dek = 1u64 << mlx5_hw::devx::GENERAL_OBJECT_TYPES_ENCRYPTION_KEY;
+            self.set_both(GENERAL, cmd_hca_cap::GENERAL_OBJ_TYPES, dek);
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DEK, crate::fw::LOG_MAX_DEK);
         }
     }
 }

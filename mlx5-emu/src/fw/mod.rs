@@ -8,6 +8,7 @@ mod caps;
 mod cong;
 mod counters;
 pub(crate) mod cq;
+mod dek;
 mod eq;
 mod eth;
 mod flow;
@@ -52,6 +53,7 @@ use crate::profile::CapPages;
 use crate::{DeviceConfig, Inner, Profile, Stats};
 
 pub(crate) use adapter::RESD_LKEY;
+pub(crate) use dek::LOG_MAX_DEK;
 pub(crate) use eq::Eq;
 pub(crate) use uctx::{LOG_MAX_UCTX, LOG_MAX_UMEM, UCTX_CAPS};
 
@@ -761,7 +763,7 @@ impl Firmware {
             O::CreateGeneralObject
             | O::ModifyGeneralObject
             | O::QueryGeneralObject
-            | O::DestroyGeneralObject => self.general_obj(opcode, input, outlen),
+            | O::DestroyGeneralObject => self.general_obj(inner, opcode, input, outlen),
             _ => self.execute_eth(inner, opcode, input, outlen),
         };
         if opcode == O::TeardownHca && r.is_ok() {
