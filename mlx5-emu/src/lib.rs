@@ -456,6 +456,7 @@ impl Device {
             fw::RESD_LKEY,
             cfg.clock.clone(),
             cfg.trap_control_pages.then_some(initseg::FIRST_UAR),
+            transport::UmrCaps::of(&profile.caps()),
         );
         let inner = Arc::new(Inner {
             rdma,

@@ -87,6 +87,10 @@ pub const UMR_CHECK_FREE: u8 = 2 << 5;
 pub const UMR_CHECK_QPN: u8 = 1 << 3;
 /// UMR control `flags`: the translation entries are inline (`MLX5_UMR_INLINE`).
 pub const UMR_INLINE: u8 = 1 << 7;
+/// `wqe_umr_repeat_block_seg.op` of a repeat block: what tells the device
+/// the translation of a KLM-mode key is a repeat block, not a KLM list
+/// (rdma-core's `umr_strided_seg_create`).
+pub const UMR_REPEAT_BLOCK_OP: u32 = 0x400;
 /// UMR translation entries are aligned to this many bytes (`MLX5_UMR_FLEX_ALIGNMENT`).
 pub const UMR_FLEX_ALIGNMENT: usize = 0x40;
 

@@ -15,8 +15,8 @@ use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{
-    access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT,
-    MKC_ACCESS_MODE_PA,
+    access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM,
+    MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
 };
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
@@ -41,7 +41,7 @@ impl Firmware {
         let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
         if !matches!(
             mode,
-            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS
+            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM
         ) {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
         }
@@ -72,6 +72,16 @@ impl Firmware {
         let mut klm = None;
         if mode == MKC_ACCESS_MODE_KLMS {
             klm = Some(self.klm_entries(inner, input, octs_max, free)?);
+        } else if mode == MKC_ACCESS_MODE_KSM {
+            // KSM: fixed-size entries of 2^log_page_size bytes each.
+            if !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(true)).contains(&log_page) {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_PAGE_SIZE));
+            }
+            let mut ind = self.klm_entries(inner, input, octs_max, free)?;
+            for e in &mut ind.entries {
+                e.bcount = 1 << log_page;
+            }
+            klm = Some(ind);
         } else if mode == MKC_ACCESS_MODE_MTT {
             let (m, lp, umem) = self.mtt_of(input, c, start, len, free)?;
             mtt = m;
@@ -88,7 +98,7 @@ impl Firmware {
         // MTT room comes in 64-byte units (MLX5_UMR_FLEX_ALIGNMENT): Linux
         // pads every UMR translation to 64 bytes, e.g. 8 entries into a
         // cache key of 4 (2 octowords), and the card takes them.
-        let xlt_max = if mode == MKC_ACCESS_MODE_KLMS {
+        let xlt_max = if matches!(mode, MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM) {
             octs_max
         } else {
             (octs_max.next_multiple_of(4) * 2).max(mtt.len())
@@ -225,6 +235,8 @@ impl Firmware {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
         }
         let n = if free { 0 } else { octs };
+        // A KSM entry is a KLM entry without its byte count (the caller
+        // sets it): key and address sit at the same places.
         let entries = input[create_mkey_in::SIZE_BYTES..]
             .chunks_exact(mlx5_hw::ifc::klm::SIZE_BYTES)
             .take(n)
@@ -232,6 +244,7 @@ impl Firmware {
             .collect();
         Ok(Indirect {
             entries,
+            repeat: None,
             rdma: inner.rdma.me.clone(),
         })
     }
@@ -285,7 +298,13 @@ impl Firmware {
         mkc::LOG_PAGE_SIZE.set(c, u64::from(k.log_page));
         mkc::RELAXED_ORDERING_WRITE.set(c, u64::from(k.relaxed.0));
         mkc::RELAXED_ORDERING_READ.set(c, u64::from(k.relaxed.1));
-        mkc::TRANSLATIONS_OCTWORD_SIZE.set(c, k.mtt.len().div_ceil(2) as u64);
+        // KLM and KSM keys: one entry per octoword, as many as the key was
+        // made with room for (a free or repeat-block key has no list).
+        let octs = match k.mode {
+            MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM => k.xlt_max,
+            _ => k.mtt.len().div_ceil(2),
+        };
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(c, octs as u64);
         Ok(out)
     }
 }

@@ -322,3 +322,6 @@ fn umr_on_an_rc_qp_is_refused_for_another_pds_key_and_past_the_klm_list() {
 
 #[path = "linux_guest.rs"]
 mod linux_guest;
+
+#[path = "umr_layouts.rs"]
+mod umr_layouts;

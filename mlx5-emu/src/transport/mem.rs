@@ -25,7 +25,9 @@ pub(crate) mod access {
     pub const A: u8 = 1 << 4;
 }
 
-pub(crate) use mlx5_hw::wqe::{MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
+pub(crate) use mlx5_hw::wqe::{
+    MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
+};
 
 /// One memory key.
 #[derive(Debug, Clone)]
@@ -62,7 +64,8 @@ pub(crate) struct Mkey {
     /// `translations_octword_size`: 2 MTT or 1 KLM per octoword); a UMR
     /// translation update must stay inside.
     pub xlt_max: usize,
-    /// KLM mode: the entries, and the function whose keys they name.
+    /// KLM and KSM modes: the entries (or the repeat block), and the
+    /// function whose keys they name.
     pub klm: Option<Indirect>,
     /// mkc `relaxed_ordering_write` / `relaxed_ordering_read`, as created
     /// (kept and reported; the model's DMA is ordered either way).
@@ -87,18 +90,48 @@ pub(crate) fn local_need(need: u8) -> u8 {
     n
 }
 
-/// Deepest chain of indirect (KLM) keys resolved; a deeper one is refused
-/// as an invalid key.
-pub(crate) const MAX_KLM_DEPTH: u32 = 4;
-
-/// The translation of an indirect (KLM) key: each entry maps the next
-/// `bcount` bytes of the key's range onto `[va, va + bcount)` of `key`.
+/// The translation of an indirect key. KLM mode: each entry maps the
+/// next `bcount` bytes of the key's range onto `[va, va + bcount)` of
+/// `key`, or (`repeat`) a repeat block does. KSM mode: entry `i` maps
+/// bytes `[i << log_page_size, (i + 1) << log_page_size)`, `bcount` unused.
+/// The depth of a chain of indirect keys is limited by the device's
+/// `cmd_hca_cap.max_indirection` ([`super::UmrCaps`]): an access through a
+/// deeper chain is refused as an invalid key.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Indirect {
     /// The entries, in order of the range they cover.
     pub entries: Vec<Klm>,
+    /// A repeat block (strided / interleaved pattern) instead of entries.
+    pub repeat: Option<Repeat>,
     /// The mkey table the entries' keys live in.
     pub rdma: std::sync::Weak<super::Rdma>,
+}
+
+/// A repeat block (`struct mlx5_wqe_umr_repeat_block_seg` and its
+/// entries): the entries' pieces one after the other make one repetition
+/// of `block` bytes; repetition `r` takes entry `e`'s bytes at
+/// `e.va + r * e.stride`; `count` repetitions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Repeat {
+    /// Repetitions (`repeat_count`).
+    pub count: u64,
+    /// Bytes of one repetition (`byte_count`, the entries' sum).
+    pub block: u64,
+    /// The entries (`struct mlx5_wqe_umr_repeat_ent_seg`).
+    pub ents: Vec<RepeatEnt>,
+}
+
+/// One repeat-block entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RepeatEnt {
+    /// Distance between this entry's pieces of two repetitions.
+    pub stride: u64,
+    /// Bytes of the piece.
+    pub bcount: u64,
+    /// The key it points into.
+    pub key: u32,
+    /// Where its first piece starts in that key.
+    pub va: u64,
 }
 
 /// One KLM entry (`struct mlx5_klm`).
@@ -214,6 +247,11 @@ impl Mkey {
                 let ind = self.klm.as_ref().ok_or(KeyError::Invalid)?;
                 return ind.resolve(pd, need, off, len, out, depth);
             }
+            MKC_ACCESS_MODE_KSM => {
+                let ind = self.klm.as_ref().ok_or(KeyError::Invalid)?;
+                let r = Reach { pd, need, depth };
+                return ind.resolve_fixed(self.log_page, r, off, len, out);
+            }
             _ => return Err(KeyError::Invalid),
         }
         Ok(())
@@ -234,10 +272,13 @@ impl Indirect {
         out: &mut Vec<Extent>,
         depth: u32,
     ) -> Result<(), KeyError> {
-        if depth >= MAX_KLM_DEPTH {
+        let rdma = self.rdma.upgrade().ok_or(KeyError::Invalid)?;
+        if depth >= rdma.umr_caps.max_indirection {
             return Err(KeyError::Invalid);
         }
-        let rdma = self.rdma.upgrade().ok_or(KeyError::Invalid)?;
+        if let Some(rep) = &self.repeat {
+            return rep.resolve(&rdma, Reach { pd, need, depth }, off, len, out);
+        }
         for e in &self.entries {
             if len == 0 {
                 break;
@@ -255,6 +296,91 @@ impl Indirect {
         }
         if len != 0 {
             return Err(KeyError::Bounds);
+        }
+        Ok(())
+    }
+
+    /// KSM: `len` bytes from `at` into the key (its start is entry 0's),
+    /// entry `i` covering `[i << log, (i + 1) << log)`; a byte past the
+    /// last entry is out of bounds.
+    fn resolve_fixed(
+        &self,
+        log: u32,
+        r: Reach,
+        mut at: u64,
+        mut len: u64,
+        out: &mut Vec<Extent>,
+    ) -> Result<(), KeyError> {
+        let rdma = self.rdma.upgrade().ok_or(KeyError::Invalid)?;
+        if r.depth >= rdma.umr_caps.max_indirection {
+            return Err(KeyError::Invalid);
+        }
+        let size = 1u64 << log;
+        while len > 0 {
+            let idx = usize::try_from(at >> log).map_err(|_| KeyError::Bounds)?;
+            let e = self.entries.get(idx).ok_or(KeyError::Bounds)?;
+            let within = at & (size - 1);
+            let n = (size - within).min(len);
+            let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
+            let va = e.va.checked_add(within).ok_or(KeyError::Bounds)?;
+            inner.resolve_at(r.pd, local_need(r.need), va, n, out, r.depth + 1)?;
+            at += n;
+            len -= n;
+        }
+        Ok(())
+    }
+}
+
+/// What an access through an indirect key asks of the keys it names.
+#[derive(Debug, Clone, Copy)]
+struct Reach {
+    pd: u32,
+    need: u8,
+    depth: u32,
+}
+
+impl Repeat {
+    /// `len` bytes from `off` into the key: repetition `off / block`, then
+    /// the entry whose piece holds `off % block`; a byte past the last
+    /// repetition is out of bounds.
+    fn resolve(
+        &self,
+        rdma: &super::Rdma,
+        r: Reach,
+        mut off: u64,
+        mut len: u64,
+        out: &mut Vec<Extent>,
+    ) -> Result<(), KeyError> {
+        if self.block == 0 {
+            return Err(KeyError::Invalid);
+        }
+        while len > 0 {
+            let rep = off / self.block;
+            if rep >= self.count {
+                return Err(KeyError::Bounds);
+            }
+            let mut within = off % self.block;
+            let e = self
+                .ents
+                .iter()
+                .find(|e| {
+                    if within < e.bcount {
+                        return true;
+                    }
+                    within -= e.bcount;
+                    false
+                })
+                .ok_or(KeyError::Bounds)?;
+            let n = (e.bcount - within).min(len);
+            let va = rep
+                .checked_mul(e.stride)
+                .and_then(|s| e.va.checked_add(s))
+                .and_then(|v| v.checked_add(within))
+                .ok_or(KeyError::Bounds)?;
+            let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
+            inner.resolve_at(r.pd, local_need(r.need), va, n, out, r.depth + 1)?;
+            off += n;
+            len -= n;
         }
         Ok(())
     }

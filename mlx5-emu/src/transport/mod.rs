@@ -219,6 +219,8 @@ pub(crate) struct Rdma {
     pub worker: Mutex<Option<Thread>>,
     /// Reserved lkey (QUERY_SPECIAL_CONTEXTS): physical addressing.
     pub resd_lkey: u32,
+    /// What UMR and indirect keys may do on this device (its caps).
+    pub umr_caps: UmrCaps,
     /// The UAR page served trapped, if any (the configuration's: every
     /// write to it reaches [`Rdma::trapped_write`]). Its CQ doorbells are
     /// taken from those writes only, never from BAR memory or a CQ's
@@ -355,6 +357,29 @@ pub const RETRY_DEADLINE: &str = "transport retry";
 /// of the four bfregs.
 const SQ_DOORBELLS: [usize; 8] = [0x800, 0x900, 0xa00, 0xb00, 0xc00, 0xd00, 0xe00, 0xf00];
 
+/// The capabilities the UMR engine and indirect keys follow
+/// (`cmd_hca_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UmrCaps {
+    /// `max_indirection`: indirect keys an access may go through in a
+    /// chain (0 in a profile reads as 1: indirect keys work at all).
+    pub max_indirection: u32,
+    /// Repeat blocks are taken (`repeated_block_disabled` clear).
+    pub repeat_block: bool,
+}
+
+impl UmrCaps {
+    /// From the current general capability page.
+    pub(crate) fn of(caps: &crate::profile::CapPages) -> Self {
+        use mlx5_hw::ifc::cmd_hca_cap as c;
+        let g = |f| caps.get(crate::profile::cap_type::GENERAL, f);
+        Self {
+            max_indirection: (g(c::MAX_INDIRECTION) as u32).max(1),
+            repeat_block: g(c::REPEATED_BLOCK_DISABLED) == 0,
+        }
+    }
+}
+
 impl Rdma {
     /// The data path; `trapped_uar`: the UAR page whose writes all arrive
     /// through [`Rdma::trapped_write`].
@@ -363,6 +388,7 @@ impl Rdma {
         resd_lkey: u32,
         clock: SharedClock,
         trapped_uar: Option<u32>,
+        umr_caps: UmrCaps,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
@@ -387,6 +413,7 @@ impl Rdma {
             counters: Counters::default(),
             worker: Mutex::new(None),
             resd_lkey,
+            umr_caps,
             trapped_uar,
             trapped_cq: Mutex::new(TrappedCq::default()),
             poll: Mutex::new(PollState {

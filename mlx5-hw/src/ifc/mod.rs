@@ -440,6 +440,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &wqe_raddr_seg::INFO,
     &wqe_srq_next_seg::INFO,
     &wqe_umr_ctrl_seg::INFO,
+    &wqe_umr_repeat_block_seg::INFO,
+    &wqe_umr_repeat_ent_seg::INFO,
     &wqe_xrc_seg::INFO,
     &xrc_srqc::INFO,
 ];
