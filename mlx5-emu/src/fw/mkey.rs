@@ -11,12 +11,12 @@ use mlx5_hw::ifc::{
     query_mkey_in, query_mkey_out,
 };
 use mlx5_hw::status::CmdStatus;
-use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
+use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE, MTT_PRESENT};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{
-    access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT,
-    MKC_ACCESS_MODE_PA,
+    access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM,
+    MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
 };
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
@@ -41,7 +41,7 @@ impl Firmware {
         let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
         if !matches!(
             mode,
-            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS
+            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM
         ) {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
         }
@@ -69,7 +69,9 @@ impl Firmware {
         let mut umem_id = None;
         let octs_max = mkc::TRANSLATIONS_OCTWORD_SIZE.get(c) as usize;
         let mut klm = None;
-        if mode == MKC_ACCESS_MODE_KLMS {
+        if mode == MKC_ACCESS_MODE_KLMS || mode == MKC_ACCESS_MODE_KSM {
+            // KSM entries (struct mlx5_ksm) have a KLM's key and address
+            // where a KLM has them; each covers 2^log_page_size bytes.
             klm = Some(self.klm_entries(inner, input, octs_max, free)?);
         } else if mode == MKC_ACCESS_MODE_MTT {
             let (m, lp, umem) = self.mtt_of(input, c, start, len, free)?;
@@ -87,7 +89,7 @@ impl Firmware {
         // MTT room comes in 64-byte units (MLX5_UMR_FLEX_ALIGNMENT): Linux
         // pads every UMR translation to 64 bytes, e.g. 8 entries into a
         // cache key of 4 (2 octowords), and the card takes them.
-        let xlt_max = if mode == MKC_ACCESS_MODE_KLMS {
+        let xlt_max = if mode == MKC_ACCESS_MODE_KLMS || mode == MKC_ACCESS_MODE_KSM {
             octs_max
         } else {
             (octs_max.next_multiple_of(4) * 2).max(mtt.len())
@@ -153,6 +155,7 @@ impl Firmware {
             if start & ((1u64 << lp) - 1) != in_page {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
             }
+            let pages = pages.into_iter().map(|p| p | MTT_PRESENT).collect();
             return Ok((pages, lp, Some(id)));
         }
         let mut mtt = Vec::new();
@@ -178,10 +181,18 @@ impl Firmware {
         if n < needed {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
         }
+        // With `pg_access` the entries' rd_en/wr_en count (an entry
+        // without them is not present: ODP); without, every entry given is
+        // present (Linux sets the bits only under pg_access).
+        let pg_access = create_mkey_in::PG_ACCESS.get(input) != 0;
         for i in 0..n.max(needed) {
             let at = create_mkey_in::SIZE_BYTES + i * 8;
             let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
-            mtt.push(e & !0xfff);
+            mtt.push(if pg_access {
+                e & !0xffc
+            } else {
+                (e & !0xfff) | MTT_PRESENT
+            });
         }
         Ok((mtt, log_page, None))
     }

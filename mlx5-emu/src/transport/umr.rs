@@ -20,11 +20,11 @@ use std::sync::Arc;
 use mlx5_hw::cqe::CqeSyndrome;
 use mlx5_hw::ifc::{klm, mkc, mkey_seg, wqe_ctrl_seg, wqe_data_seg, wqe_umr_ctrl_seg, WqeDataSeg};
 use mlx5_hw::wqe::{
-    mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_MIN_LOG_PAGE_SIZE,
-    MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY, MKEY_MASK_LEN, MKEY_MASK_LR,
-    MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5, MKEY_MASK_PD, MKEY_MASK_QPN,
-    MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE, UMR_CHECK_NOT_FREE,
-    UMR_CHECK_QPN, UMR_INLINE, UMR_TRANSLATION_OFFSET_EN,
+    mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT,
+    MKC_MIN_LOG_PAGE_SIZE, MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY,
+    MKEY_MASK_LEN, MKEY_MASK_LR, MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5,
+    MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE,
+    UMR_CHECK_NOT_FREE, UMR_CHECK_QPN, UMR_INLINE, UMR_TRANSLATION_OFFSET_EN,
 };
 use vm_memory::GuestMemoryMmap;
 use zerocopy::FromBytes;
@@ -303,7 +303,10 @@ fn read_pointed(
 }
 
 /// Writes the translation entries `xlt` at entry `offset` of the key: 8
-/// bytes per MTT entry (the page address; bits 11:0 are flags), 16 per KLM.
+/// bytes per MTT entry (the page address and, in bits 1:0, `wr_en` and
+/// `rd_en`: an entry without them is not present), 16 per KLM or KSM
+/// (a KSM entry keeps its place: entry `i` covers the `i`-th
+/// 2^log_page_size bytes).
 fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Result<(), Refusal> {
     let range = (CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE);
     let off = usize::try_from(offset).map_err(|_| range)?;
@@ -324,7 +327,28 @@ fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Res
             }
             for (i, e) in xlt.chunks_exact(8).enumerate() {
                 let v = u64::from_be_bytes(e.try_into().unwrap_or([0; 8]));
-                k.mtt[off + i] = v & !0xfff;
+                k.mtt[off + i] = v & !0xffc;
+            }
+        }
+        MKC_ACCESS_MODE_KSM => {
+            let n = xlt.len() / klm::SIZE_BYTES;
+            if off.checked_add(n).is_none_or(|e| e > k.xlt_max) {
+                return Err(range);
+            }
+            let ind = k.klm.get_or_insert_with(|| mem::Indirect {
+                entries: Vec::new(),
+                rdma: rdma.me.clone(),
+            });
+            let null = mem::Klm {
+                bcount: 0,
+                key: mem::NULL_MKEY,
+                va: 0,
+            };
+            if ind.entries.len() < off + n {
+                ind.entries.resize(off + n, null);
+            }
+            for (i, e) in xlt.chunks_exact(klm::SIZE_BYTES).enumerate() {
+                ind.entries[off + i] = klm_entry(e);
             }
         }
         MKC_ACCESS_MODE_KLMS => {
