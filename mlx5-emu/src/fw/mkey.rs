@@ -11,7 +11,7 @@ use mlx5_hw::ifc::{
     query_mkey_in, query_mkey_out,
 };
 use mlx5_hw::status::CmdStatus;
-use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
+use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE, MTT_PRESENT};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{
@@ -187,6 +187,7 @@ impl Firmware {
             if start & ((1u64 << lp) - 1) != in_page {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
             }
+            let pages = pages.into_iter().map(|p| p | MTT_PRESENT).collect();
             return Ok((pages, lp, Some(id)));
         }
         let mut mtt = Vec::new();
@@ -212,10 +213,18 @@ impl Firmware {
         if n < needed {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
         }
+        // With `pg_access` the entries' rd_en/wr_en count (an entry
+        // without them is not present: ODP); without, every entry given is
+        // present (Linux sets the bits only under pg_access).
+        let pg_access = create_mkey_in::PG_ACCESS.get(input) != 0;
         for i in 0..n.max(needed) {
             let at = create_mkey_in::SIZE_BYTES + i * 8;
             let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
-            mtt.push(e & !0xfff);
+            mtt.push(if pg_access {
+                e & !0xffc
+            } else {
+                (e & !0xfff) | MTT_PRESENT
+            });
         }
         Ok((mtt, log_page, None))
     }

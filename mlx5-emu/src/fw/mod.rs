@@ -17,6 +17,7 @@ mod hca;
 mod issi;
 mod l2;
 mod mkey;
+mod odp;
 mod pages;
 mod pd;
 mod qp;
@@ -52,6 +53,7 @@ use crate::initseg::{self, rd, wr};
 use crate::profile::CapPages;
 use crate::{DeviceConfig, Inner, Profile, Stats};
 
+pub(crate) use adapter::NULL_MKEY;
 pub(crate) use adapter::RESD_LKEY;
 pub(crate) use dek::LOG_MAX_DEK;
 pub(crate) use eq::Eq;
@@ -696,8 +698,9 @@ impl Firmware {
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
             O::AllocUar => self.alloc_uar(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
-            O::CreateEq => self.create_eq(inner, input, outlen),
-            O::DestroyEq => self.destroy_eq(input, outlen),
+            O::CreateEq => self.create_eq_odp(inner, input, outlen),
+            O::DestroyEq => self.destroy_eq_odp(inner, input, outlen),
+            O::PageFaultResume => self.page_fault_resume(inner, input, outlen),
             O::QueryEq => self.query_eq(input, outlen),
             O::QueryVportState => self.query_vport_state(input, outlen),
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),

@@ -39,6 +39,7 @@
 pub(crate) mod cq;
 pub(crate) mod eth_sq;
 pub(crate) mod mem;
+pub(crate) mod odp;
 pub mod packet;
 pub(crate) mod qp;
 pub(crate) mod requester;
@@ -238,6 +239,8 @@ pub(crate) struct Rdma {
     /// Where the search for a free number of the QP space (QPs, SQs, RQs)
     /// starts ([`lowest_free`]).
     pub qp_floor: AtomicU32,
+    /// Page faults raised and held (on-demand paging).
+    pub odp: odp::Odp,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -426,6 +429,7 @@ impl Rdma {
             sweeps: AtomicU64::new(0),
             cq_floor: AtomicU32::new(0),
             qp_floor: AtomicU32::new(0),
+            odp: odp::Odp::default(),
         })
     }
 
@@ -462,6 +466,7 @@ impl Rdma {
         lock(&self.poll).round.clear();
         self.cq_floor.store(0, Ordering::Relaxed);
         self.qp_floor.store(0, Ordering::Relaxed);
+        self.odp.reset();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();

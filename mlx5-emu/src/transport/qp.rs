@@ -337,6 +337,8 @@ pub(crate) enum RecvError {
     Key(u16, KeyError),
     /// The queue's memory is not mapped.
     Fault(u16),
+    /// A scatter entry's page is not present (ODP): the WQE stays posted.
+    PageFault(u16),
 }
 
 /// Terminator lkey of a receive scatter list (`MLX5_INVALID_LKEY`).
@@ -429,6 +431,11 @@ impl Qp {
             Ok(cap) => {
                 recv.cap = cap;
                 Ok(())
+            }
+            Err(RecvFail::Key(KeyError::NotPresent)) => {
+                // Not consumed: taken again once the fault is resolved.
+                rq.ci = index;
+                Err(RecvError::PageFault(index))
             }
             Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
             Err(RecvFail::Fault) => Err(RecvError::Fault(index)),

@@ -50,6 +50,9 @@ pub(crate) mod vendor {
     pub const OPCODE: u8 = 0x56;
     pub const WQE_FAULT: u8 = 0x57;
     pub const DMA_FAULT: u8 = 0x58;
+    /// A page not present (ODP) that no page-fault EQ takes, or whose
+    /// fault the driver resumed with an error.
+    pub const PAGE_FAULT: u8 = 0x59;
     pub const NAK: u8 = 0x60;
     pub const RNR_EXCEEDED: u8 = 0x61;
     pub const RETRY_EXCEEDED: u8 = 0x62;
@@ -63,6 +66,9 @@ enum Outcome {
     Sent(u32, u32, u32),
     Retry(Instant),
     Error(CqeSyndrome, u8),
+    /// A page of the WQE's local data is not present (ODP): the page-fault
+    /// type (`MLX5_WQE_PF_TYPE_REQ_*`).
+    PageFault(u8),
 }
 
 /// `a` is at or before `b` in PSN order (24-bit, half the space ahead).
@@ -100,6 +106,7 @@ pub(crate) fn key_error(e: KeyError) -> u8 {
         KeyError::Pd => vendor::PD_MISMATCH,
         KeyError::Access => vendor::NO_ACCESS,
         KeyError::Bounds => vendor::OUT_OF_BOUNDS,
+        KeyError::NotPresent => vendor::PAGE_FAULT,
     }
 }
 
@@ -172,6 +179,10 @@ fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap) -> Option<u16>
             return None;
         }
         sq.retry = None;
+    }
+    if rdma.odp.requester_waits(qp.qpn) {
+        // A page fault holds the queue until PAGE_FAULT_RESUME.
+        return None;
     }
     let pi = qp.sq_pi(mem).ok()?;
     (sq.ci != pi || !sq.unacked.is_empty()).then_some(pi)
@@ -320,6 +331,22 @@ fn finish(
         Outcome::Done(bytes) | Outcome::Sent(bytes, _, _) => {
             sq.ci = head.index.wrapping_add(head.nbb);
             complete(rdma, qp, sq, mem, head, bytes)
+        }
+        Outcome::PageFault(ty) => {
+            let f = super::odp::WqeFault {
+                qpn: qp.qpn,
+                wq: qp.qpn,
+                wqe_index: head.index,
+                ty,
+                side: super::odp::Side::Requester,
+                packet_length: 0,
+            };
+            if rdma.wqe_fault(f) == super::odp::Hold::Failed {
+                let o = Outcome::Error(CqeSyndrome::LocalProtErr, vendor::PAGE_FAULT);
+                return finish(rdma, qp, sq, mem, head, o);
+            }
+            // Held at this WQE (nothing of it went out) until the resume.
+            false
         }
         Outcome::Retry(at) => {
             sq.retry = Some(Retry { at });
@@ -737,10 +764,16 @@ fn gather(
         if lkey == rdma.resd_lkey {
             mem::push(&mut sq.ext, addr, n);
         } else {
-            if let Err(e) =
-                rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext)
-            {
-                return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e)));
+            match rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext) {
+                Ok(()) => {}
+                Err(KeyError::NotPresent) => {
+                    return Err(Outcome::PageFault(if need == access::LW {
+                        mlx5_hw::event::WQE_PF_TYPE_REQ_READ_OR_ATOMIC
+                    } else {
+                        mlx5_hw::event::WQE_PF_TYPE_REQ_SEND_OR_WRITE
+                    }));
+                }
+                Err(e) => return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e))),
             }
         }
         len += n;

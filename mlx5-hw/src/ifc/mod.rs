@@ -37,6 +37,9 @@ pub use hca::*;
 mod mkey;
 pub use mkey::*;
 #[rustfmt::skip]
+mod odp;
+pub use odp::*;
+#[rustfmt::skip]
 mod pages;
 pub use pages::*;
 #[rustfmt::skip]
@@ -220,6 +223,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_dct::INFO,
     &eqe_gpio::INFO,
     &eqe_obj_change::INFO,
+    &eqe_page_fault_rdma::INFO,
+    &eqe_page_fault_wqe::INFO,
     &eqe_page_req::INFO,
     &eqe_port_module::INFO,
     &eqe_port_state::INFO,
@@ -280,6 +285,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &mac_address_layout::INFO,
     &manage_pages_in::INFO,
     &manage_pages_out::INFO,
+    &mem_page_fault_info::INFO,
     &mini_cqe8::INFO,
     &mkc::INFO,
     &mkey_seg::INFO,
@@ -313,6 +319,9 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &odp_cap::INFO,
     &odp_per_transport_service_cap::INFO,
     &odp_scheme_cap::INFO,
+    &page_fault_resume_in::INFO,
+    &page_fault_resume_in_page_fault_info_auto::INFO,
+    &page_fault_resume_out::INFO,
     &paos_reg::INFO,
     &per_protocol_networking_offload_caps::INFO,
     &pkey::INFO,
@@ -425,6 +434,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &tirc::INFO,
     &tisc::INFO,
     &traffic_counter::INFO,
+    &trans_page_fault_info::INFO,
     &uar_page::INFO,
     &uctx::INFO,
     &umem::INFO,
