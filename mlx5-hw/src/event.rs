@@ -195,7 +195,7 @@ prm_enum! {
     }
 }
 
-/// Page-fault type bit (`pftype_*` [31:24], PAGE_FAULT_RESUME
+/// Page-fault type bit (`pftype_*` bits 31:24, PAGE_FAULT_RESUME
 /// `page_fault_type`): the requester faulted (`MLX5_PFAULT_REQUESTOR`).
 pub const PFAULT_REQUESTOR: u8 = 1 << 0;
 /// Page-fault type bit: the access writes memory (`MLX5_PFAULT_WRITE`).

@@ -1,5 +1,5 @@
 //! Ordering attributes of memory and queues: relaxed ordering of memory
-//! keys (`IBV_ACCESS_RELAXED_ORDERING`) and, in [`data_in_order`], which
+//! keys (`IBV_ACCESS_RELAXED_ORDERING`) and, in `data_in_order`, which
 //! work requests' data the device writes in order.
 //!
 //! Relaxed ordering follows mlx5_ib's `set_mkc_access_pd_addr_fields`
