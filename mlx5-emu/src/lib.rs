@@ -37,7 +37,8 @@
 //! previous value exactly is idempotent and ignored.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
-#![warn(clippy::too_many_lines)] // at most 120 lines: clippy.toml
+#![warn(clippy::too_many_lines)]
+// at most 120 lines: clippy.toml
 // The module docs explain each mechanism by naming the private items that
 // carry it out; `cargo doc --document-private-items -p mlx5-emu` renders
 // those links, a plain `cargo doc` shows them as text.
@@ -434,6 +435,8 @@ impl Inner {
 pub struct Device {
     inner: Arc<Inner>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The firmware heartbeat's thread ([`fw::Firmware::heartbeat`]).
+    health: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Device {
@@ -479,6 +482,7 @@ impl Device {
         let dev = Self {
             inner,
             thread: Mutex::new(None),
+            health: Mutex::new(None),
         };
         dev.start();
         dev
@@ -496,6 +500,17 @@ impl Device {
                 *lock(&self.thread) = Some(h);
             }
             Err(e) => tracing::error!(error = %e, "cannot start the device worker"),
+        }
+        let inner = self.inner.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!(
+                "mlx5-emu-health-{}",
+                self.inner.cfg.profile.short()
+            ))
+            .spawn(move || health_thread(&inner));
+        match spawned {
+            Ok(h) => *lock(&self.health) = Some(h),
+            Err(e) => tracing::error!(error = %e, "cannot start the firmware heartbeat"),
         }
     }
 
@@ -679,6 +694,15 @@ fn worker(inner: Arc<Inner>) {
     tracing::debug!("device worker stopped");
 }
 
+/// The firmware's heartbeat, beside the worker: a beat every
+/// [`fw::HEALTH_TICK`] of real time, whatever the data path is doing.
+fn health_thread(inner: &Inner) {
+    while !inner.stop.load(Ordering::Acquire) {
+        std::thread::park_timeout(fw::HEALTH_TICK);
+        lock(&inner.fw).heartbeat(inner);
+    }
+}
+
 impl Drop for Device {
     fn drop(&mut self) {
         self.shutdown();
@@ -775,6 +799,13 @@ impl DeviceModel for Device {
         if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() && h.join().is_err() {
                 tracing::error!("device worker panicked");
+            }
+        }
+        let handle = lock(&self.health).take();
+        if let Some(h) = handle {
+            h.thread().unpark();
+            if h.thread().id() != std::thread::current().id() && h.join().is_err() {
+                tracing::error!("firmware heartbeat panicked");
             }
         }
     }

@@ -510,13 +510,37 @@ impl Firmware {
         self.page_requests.push_back(npages);
     }
 
+    /// The heartbeat, called by the model's health thread: every
+    /// [`HEALTH_TICK`] of real time the health counter moves and the
+    /// internal timer (model time, in device clock cycles) is written. It
+    /// beats on real time because it says the firmware runs, which on a
+    /// clock a test holds still it does; and on a thread of its own, as
+    /// real firmware's health runs beside the data path: a long data-path
+    /// pass on a loaded machine is not hung firmware. A failed firmware
+    /// (an injected health failure) no longer beats.
+    pub(crate) fn heartbeat(&mut self, inner: &Inner) {
+        if self.dead || inner.faults.health().is_some() {
+            return;
+        }
+        let beat = Instant::now();
+        if beat.duration_since(self.last_tick) < HEALTH_TICK {
+            return;
+        }
+        let bar = &inner.bar;
+        self.last_tick = beat;
+        self.health_counter = (self.health_counter + 1) & health::HEALTH_COUNTER_MASK;
+        wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
+        let ns = self.clock.now().duration_since(self.power_on_at).as_nanos();
+        let khz = self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
+        let ticks = (ns * u128::from(khz) / 1_000_000) as u64;
+        wr(bar, initseg::INTERNAL_TIMER_H, (ticks >> 32) as u32);
+        wr(bar, initseg::INTERNAL_TIMER_L, ticks as u32);
+    }
+
     /// One pass of the worker; true if something happened.
     pub(crate) fn poll(&mut self, inner: &Inner) -> bool {
         let bar = &inner.bar;
-        // The heartbeat (the health counter) beats on real time: it says
-        // the firmware's thread runs, which on a clock a test holds still
-        // it does. Start-up delays and the internal timer are model time.
-        let beat = Instant::now();
+        // Start-up delays are model time (the heartbeat: [`Self::heartbeat`]).
         let now = self.clock.now();
         let mut busy = false;
         // Health.
@@ -541,18 +565,6 @@ impl Firmware {
                 busy = true;
             }
             return busy;
-        }
-        if beat.duration_since(self.last_tick) >= HEALTH_TICK {
-            self.last_tick = beat;
-            self.health_counter = (self.health_counter + 1) & health::HEALTH_COUNTER_MASK;
-            wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
-            // The internal timer counts device clock cycles
-            // (device_frequency_khz).
-            let ns = now.duration_since(self.power_on_at).as_nanos();
-            let khz = self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
-            let ticks = (ns * u128::from(khz) / 1_000_000) as u64;
-            wr(bar, initseg::INTERNAL_TIMER_H, (ticks >> 32) as u32);
-            wr(bar, initseg::INTERNAL_TIMER_L, ticks as u32);
         }
         if self.initializing {
             if now.duration_since(self.power_on_at) >= self.fw_start
