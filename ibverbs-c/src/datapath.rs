@@ -20,7 +20,7 @@ use crate::abi::*;
 use crate::objects::{ah_of, lock, Cq, Srq};
 use crate::qp::Qp;
 
-fn post_errno(e: PostError) -> c_int {
+pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
         PostError::DeviceFailed => libc::EIO,
@@ -35,7 +35,7 @@ fn post_errno(e: PostError) -> c_int {
 /// # Safety
 ///
 /// `list` points to `n` readable `ibv_sge`s (or `n` is 0).
-unsafe fn sges(
+pub(crate) unsafe fn sges(
     list: *const ibv_sge,
     n: c_int,
     out: &mut [MaybeUninit<Sge>; MAX_SGE],
@@ -186,7 +186,7 @@ pub(crate) unsafe extern "C" fn post_send(
     }
     // SAFETY: a QP this library made (the data path's contract).
     let q = unsafe { &*(qp as *const Qp) };
-    let ud = q.c.qp_type == 4;
+    let ud = q.c.qp_base.qp_type == 4;
     let mut g = lock(&q.qp);
     let mut cur = wr;
     let mut r = 0;

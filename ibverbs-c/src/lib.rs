@@ -38,6 +38,7 @@ mod dv;
 mod misc;
 mod objects;
 mod qp;
+mod qp_ex;
 mod registry;
 mod remap;
 

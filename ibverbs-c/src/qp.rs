@@ -19,7 +19,8 @@ use crate::{null_errno, ret_errno, set_errno};
 /// A queue pair.
 #[repr(C)]
 pub(crate) struct Qp {
-    pub c: ibv_qp,
+    /// `ibv_qp_ex`, whose first field is the `ibv_qp`.
+    pub c: ibv_qp_ex,
     pub qp: Mutex<verbs::qp::Qp>,
     send_cq: *const Cq,
     recv_cq: *const Cq,
@@ -28,6 +29,8 @@ pub(crate) struct Qp {
     shared: Arc<CtxShared>,
     attr: Mutex<ibv_qp_attr>,
     sq_sig_all: c_int,
+    /// The `ibv_wr_*` batch under way.
+    pub wr: Mutex<crate::qp_ex::WrState>,
 }
 
 fn qp_type_of(t: c_int) -> Option<QpType> {
@@ -125,7 +128,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         ..Default::default()
     };
     let b = Box::into_raw(Box::new(Qp {
-        c: ibv_qp {
+        c: crate::qp_ex::qp_ex(ibv_qp {
             context: pd.c.context,
             qp_context: a.qp_context,
             pd: p,
@@ -139,7 +142,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
             mutex: mutex_init(),
             cond: cond_init(),
             events_completed: 0,
-        },
+        }),
         qp: Mutex::new(qp),
         send_cq: scq,
         recv_cq: rcq,
@@ -148,6 +151,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         shared: pd.shared.clone(),
         attr: Mutex::new(attr),
         sq_sig_all: a.sq_sig_all,
+        wr: Mutex::default(),
     }));
     lock(&pd.shared.qps).insert(qpn, b as usize);
     registry::add(b, Kind::Qp);
@@ -183,7 +187,13 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & PD == 0 {
         return null_errno(libc::EINVAL);
     }
-    if a.comp_mask & !PD != 0 && (a.comp_mask & !PD != 4 || a.create_flags != 0) {
+    const CREATE_FLAGS: u32 = 1 << 2;
+    const SEND_OPS_FLAGS: u32 = 1 << 6;
+    if a.comp_mask & !(PD | CREATE_FLAGS | SEND_OPS_FLAGS) != 0
+        || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags != 0)
+        || (a.comp_mask & SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !crate::qp_ex::SEND_OPS_SUPPORTED != 0)
+    {
         return null_errno(libc::EOPNOTSUPP);
     }
     let mut base = ibv_qp_init_attr {
@@ -343,12 +353,12 @@ pub extern "C" fn ibv_query_qp(
     a.qp_state = state;
     a.cur_qp_state = state;
     let i = ibv_qp_init_attr {
-        qp_context: q.c.qp_context,
-        send_cq: q.c.send_cq,
-        recv_cq: q.c.recv_cq,
-        srq: q.c.srq,
+        qp_context: q.c.qp_base.qp_context,
+        send_cq: q.c.qp_base.send_cq,
+        recv_cq: q.c.qp_base.recv_cq,
+        srq: q.c.qp_base.srq,
         cap: a.cap,
-        qp_type: q.c.qp_type,
+        qp_type: q.c.qp_base.qp_type,
         sq_sig_all: q.sq_sig_all,
     };
     // SAFETY: the caller's out attributes, non-NULL.
@@ -366,7 +376,7 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     }
     // SAFETY: was live; the box is taken back once.
     let b = unsafe { Box::from_raw(p as *mut Qp) };
-    lock(&b.shared.qps).remove(&b.c.qp_num);
+    lock(&b.shared.qps).remove(&b.c.qp_base.qp_num);
     b.shared.objects.fetch_sub(1, Ordering::AcqRel);
     let qp = b.qp.into_inner().unwrap_or_else(|e| e.into_inner());
     let r = qp.destroy();
@@ -389,9 +399,11 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     }
 }
 
-/// `ibv_qp_to_qp_ex`: only QPs made with extended send operations have
-/// one, and this library makes none (`ibv_create_qp_ex` refuses them).
+/// `ibv_qp_to_qp_ex`: every QP of this library has its `ibv_qp_ex`.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut libc::c_void {
-    null_errno(libc::EOPNOTSUPP)
+pub extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    if qp_of(qp).is_none() {
+        return std::ptr::null_mut();
+    }
+    qp.cast()
 }

@@ -8,9 +8,9 @@
 //!   as two processes on the two cabled functions of one
 //!   `mlx5-emu serve --functions 2` over vfio-user;
 //! - perftest `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`,
-//!   `ib_write_lat`, `ib_send_lat` with `-a` the same way
-//!   (`--use_old_post_send`: the library makes no `ibv_qp_ex`, see
-//!   docs/ARCHITECTURE.md);
+//!   `ib_write_lat`, `ib_send_lat` with `-a` the same way, through the
+//!   `ibv_wr_*` API (perftest's default) and, for `ib_write_bw` and
+//!   `ib_send_bw`, through `ibv_post_send` (`--use_old_post_send`);
 //! - the repo's C programs built against Debian's headers and linked
 //!   with the library: `examples/embed.c` (SPDK-style embedding) and
 //!   `examples/bad_use.c` (errno, never a crash).
@@ -299,21 +299,31 @@ fn perftest_all_sizes_between_two_processes_over_vfio_user() {
     let s = Served::start("perftest");
     // -a: every size 2 B .. 8 MiB (23 rows); atomics are 8 bytes, and
     // perftest refuses -a for them (1 row).
-    for (i, (bin, all, want_rows)) in [
-        ("ib_write_bw", true, 23),
-        ("ib_read_bw", true, 23),
-        ("ib_send_bw", true, 23),
-        ("ib_atomic_bw", false, 1),
-        ("ib_write_lat", true, 23),
-        ("ib_send_lat", true, 23),
+    for (i, (bin, all, old_post, want_rows)) in [
+        ("ib_write_bw", true, false, 23),
+        ("ib_read_bw", true, false, 23),
+        ("ib_send_bw", true, false, 23),
+        ("ib_atomic_bw", false, false, 1),
+        ("ib_write_lat", true, false, 23),
+        ("ib_send_lat", true, false, 23),
+        ("ib_write_bw", true, true, 23),
+        ("ib_send_bw", true, true, 23),
     ]
     .into_iter()
     .enumerate()
     {
-        let mut args = vec!["-x", "0", "-n", "5", "--use_old_post_send"];
+        let mut args = vec!["-x", "0", "-n", "5"];
         if all {
             args.push("-a");
         }
+        if old_post {
+            args.push("--use_old_post_send");
+        }
+        let api = if old_post {
+            "ibv_post_send"
+        } else {
+            "ibv_wr_*"
+        };
         let r = pair(&s, bin, &args, port(3 + i as u16), "-p");
         let (ts, tc) = (text(&r.0), text(&r.1));
         assert!(
@@ -323,7 +333,13 @@ fn perftest_all_sizes_between_two_processes_over_vfio_user() {
             r.1.status
         );
         assert_eq!(rows(&tc), want_rows, "{bin} client rows:\n{tc}");
-        eprintln!("{bin} -a: {want_rows} sizes, server and client exit 0");
+        let wr_api = if old_post {
+            "ibv_wr* API     : OFF"
+        } else {
+            "ibv_wr* API     : ON"
+        };
+        assert!(tc.contains(wr_api), "{bin} ({api}):\n{tc}");
+        eprintln!("{bin} ({api}): {want_rows} sizes, server and client exit 0");
     }
 }
 
