@@ -87,7 +87,10 @@ pub(crate) fn qp_of<'a>(p: *mut ibv_qp) -> Option<&'a Qp> {
 
 fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> {
     let pd = pd_of(p).ok_or(libc::EINVAL)?;
-    let qp_type = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    let qp_type = qp_type_of(a.qp_type).ok_or_else(|| {
+        tracing::debug!("ibv_create_qp: QP type {} not offered", a.qp_type);
+        libc::EOPNOTSUPP
+    })?;
     let scq = cq_of(a.send_cq).ok_or(libc::EINVAL)?;
     let rcq = cq_of(a.recv_cq).ok_or(libc::EINVAL)?;
     let srq = if a.srq.is_null() {
@@ -171,9 +174,9 @@ pub extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> 
     }
 }
 
-/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): the PD form only;
-/// extended send operations (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), XRC,
-/// create flags and RSS are `EOPNOTSUPP`.
+/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): the PD form, with
+/// the send operations `qp_ex` offers; XRC, RSS and create flags other
+/// than `BLOCK_SELF_MCAST_LB` are `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _c: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -189,11 +192,19 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     }
     const CREATE_FLAGS: u32 = 1 << 2;
     const SEND_OPS_FLAGS: u32 = 1 << 6;
+    const BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
     if a.comp_mask & !(PD | CREATE_FLAGS | SEND_OPS_FLAGS) != 0
-        || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags != 0)
+        // BLOCK_SELF_MCAST_LB holds trivially: there is no multicast.
+        || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags & !BLOCK_SELF_MCAST_LB != 0)
         || (a.comp_mask & SEND_OPS_FLAGS != 0
             && a.send_ops_flags & !crate::qp_ex::SEND_OPS_SUPPORTED != 0)
     {
+        tracing::debug!(
+            "ibv_create_qp_ex: comp_mask {:#x} create_flags {:#x} send_ops_flags {:#x} not offered",
+            a.comp_mask,
+            a.create_flags,
+            a.send_ops_flags
+        );
         return null_errno(libc::EOPNOTSUPP);
     }
     let mut base = ibv_qp_init_attr {
