@@ -41,6 +41,7 @@ mod qp;
 mod qp_ex;
 mod registry;
 mod remap;
+mod spin;
 
 pub use device::DEVICES_ENV;
 

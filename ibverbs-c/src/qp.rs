@@ -21,7 +21,7 @@ use crate::{null_errno, ret_errno, set_errno};
 pub(crate) struct Qp {
     /// `ibv_qp_ex`, whose first field is the `ibv_qp`.
     pub c: ibv_qp_ex,
-    pub qp: Mutex<verbs::qp::Qp>,
+    pub qp: crate::spin::SpinLock<verbs::qp::Qp>,
     send_cq: *const Cq,
     recv_cq: *const Cq,
     srq: *const Srq,
@@ -98,11 +98,11 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
     } else {
         Some(srq_of(a.srq).ok_or(libc::EINVAL)?)
     };
-    let sg = lock(&scq.cq);
+    let sg = scq.cq.lock();
     let rg = if std::ptr::eq(scq, rcq) {
         None
     } else {
-        Some(lock(&rcq.cq))
+        Some(rcq.cq.lock())
     };
     let init = QpInitAttr {
         send_cq: &sg,
@@ -146,7 +146,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
             cond: cond_init(),
             events_completed: 0,
         }),
-        qp: Mutex::new(qp),
+        qp: crate::spin::SpinLock::new(qp),
         send_cq: scq,
         recv_cq: rcq,
         srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
@@ -330,7 +330,7 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
         Ok(v) => v,
         Err(e) => return ret_errno(e),
     };
-    let mut g = lock(&q.qp);
+    let mut g = q.qp.lock();
     if let Err(e) = g.modify(&va, mask as u32) {
         return ret_errno(crate::errno_of("ibv_modify_qp", &e));
     }
@@ -359,7 +359,7 @@ pub extern "C" fn ibv_query_qp(
     if attr.is_null() || init.is_null() {
         return ret_errno(libc::EINVAL);
     }
-    let state = lock(&q.qp).state() as c_int;
+    let state = q.qp.lock().state() as c_int;
     let mut a = *lock(&q.attr);
     a.qp_state = state;
     a.cur_qp_state = state;
@@ -389,7 +389,7 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     let b = unsafe { Box::from_raw(p as *mut Qp) };
     lock(&b.shared.qps).remove(&b.c.qp_base.qp_num);
     b.shared.objects.fetch_sub(1, Ordering::AcqRel);
-    let qp = b.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+    let qp = b.qp.into_inner();
     let r = qp.destroy();
     // SAFETY: the CQs and PD are not destroyed while the QP counts on them.
     let scq = unsafe { &*b.send_cq };

@@ -81,7 +81,7 @@ fn qp<'a>(qpx: *mut ibv_qp_ex) -> Option<&'a Qp> {
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
     let Some(q) = qp(qpx) else { return };
-    let pc = lock(&q.qp).send_ring().pc();
+    let pc = q.qp.lock().send_ring().pc();
     *lock(&q.wr) = WrState {
         start_pc: pc,
         ..Default::default()
@@ -93,7 +93,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         return libc::EINVAL;
     };
     let mut st = lock(&q.wr);
-    let mut g = lock(&q.qp);
+    let mut g = q.qp.lock();
     if st.err != 0 {
         g.send_ring().rewind(st.start_pc);
         return std::mem::take(&mut st.err);
@@ -105,7 +105,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     let Some(q) = qp(qpx) else { return };
     let mut st = lock(&q.wr);
-    lock(&q.qp).send_ring().rewind(st.start_pc);
+    q.qp.lock().send_ring().rewind(st.start_pc);
     st.err = 0;
     st.op = None;
 }
@@ -163,7 +163,7 @@ fn post(qpx: *mut ibv_qp_ex, payload: Payload<'_>) {
         flags: st.flags,
         ud: dest,
     };
-    if let Err(e) = lock(&q.qp).post_send_deferred(&wr) {
+    if let Err(e) = q.qp.lock().post_send_deferred(&wr) {
         if st.err == 0 {
             st.err = crate::datapath::post_errno(e);
         }
