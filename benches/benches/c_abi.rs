@@ -10,7 +10,9 @@
 //! - `write_roundtrip`: one signaled WRITE posted and its completion
 //!   polled, back to back (the model's time dominates).
 //!
-//! The C side is `benches/c/abi_post_poll.c`, built here with `cc -O2`
+//! The C side runs twice per round: as is, and with
+//! `MLX5_SINGLE_THREADED=1` (the QP and CQ locks not taken, libmlx5's
+//! knob). The C side is `benches/c/abi_post_poll.c`, built here with `cc -O2`
 //! against Debian's verbs.h and the release library; it runs as its own
 //! process. `cargo bench -p benches --bench c_abi`.
 
@@ -72,10 +74,11 @@ fn build_c() -> (PathBuf, PathBuf) {
     (exe, lib)
 }
 
-fn run_c(exe: &Path, lib: &Path, polls: u64, rounds: u64) -> Vec<(String, f64)> {
+fn run_c(exe: &Path, lib: &Path, polls: u64, rounds: u64, single: bool) -> Vec<(String, f64)> {
     let o = Command::new(exe)
         .args([polls.to_string(), rounds.to_string()])
         .env("LD_LIBRARY_PATH", lib)
+        .env("MLX5_SINGLE_THREADED", if single { "1" } else { "0" })
         .output()
         .expect("running abi_post_poll");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -210,18 +213,25 @@ fn main() {
     let (exe, lib) = build_c();
     let mut c: Vec<Vec<(String, f64)>> = Vec::new();
     let mut r: Vec<Vec<(String, f64)>> = Vec::new();
+    let mut s: Vec<Vec<(String, f64)>> = Vec::new();
     for _ in 0..runs {
         // Interleaved, so load on the machine falls on both alike.
-        c.push(run_c(&exe, &lib, polls, rounds));
+        c.push(run_c(&exe, &lib, polls, rounds, false));
         r.push(run_rust(polls, rounds));
+        s.push(run_c(&exe, &lib, polls, rounds, true));
     }
     println!(
-        "{:<16} {:>12} {:>12} {:>8}",
-        "case", "C ABI ns", "Rust ns", "ratio"
+        "{:<16} {:>12} {:>14} {:>12} {:>8} {:>8}",
+        "case", "C ABI ns", "C ABI 1-thr ns", "Rust ns", "ratio", "1-thr"
     );
     for (i, (name, _)) in c[0].iter().enumerate() {
         let cm = median(c.iter().map(|v| v[i].1).collect());
+        let sm = median(s.iter().map(|v| v[i].1).collect());
         let rm = median(r.iter().map(|v| v[i].1).collect());
-        println!("{name:<16} {cm:>12.2} {rm:>12.2} {:>8.2}", cm / rm);
+        println!(
+            "{name:<16} {cm:>12.2} {sm:>14.2} {rm:>12.2} {:>8.2} {:>8.2}",
+            cm / rm,
+            sm / rm
+        );
     }
 }

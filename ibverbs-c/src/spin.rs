@@ -2,6 +2,10 @@
 //! one store to give back (libmlx5 takes a spinlock there too; a futex
 //! mutex costs a second atomic read-modify-write on release). A waiter
 //! spins a little, then yields, so a holder that lost its CPU gets it back.
+//!
+//! `MLX5_SINGLE_THREADED=1` (rdma-core's libmlx5 knob, the same promise:
+//! the program never uses one QP or CQ from two threads at once) makes
+//! the locks of objects created afterwards free: nothing is taken.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -11,24 +15,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug)]
 pub(crate) struct SpinLock<T> {
     held: AtomicBool,
+    /// `MLX5_SINGLE_THREADED=1` when the lock was made: take nothing.
+    single: bool,
     v: UnsafeCell<T>,
 }
 
 // SAFETY: the value is reached only through a guard, and one guard exists
-// at a time (`held`), so sharing the lock shares access to `T` one thread
-// at a time: `T: Send` suffices.
+// at a time (`held`; with `single`, by the program's MLX5_SINGLE_THREADED
+// promise, as libmlx5 relies on it), so sharing the lock shares access to
+// `T` one thread at a time: `T: Send` suffices.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     pub(crate) fn new(v: T) -> Self {
+        static SINGLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let single =
+            *SINGLE.get_or_init(|| std::env::var("MLX5_SINGLE_THREADED").is_ok_and(|v| v == "1"));
         Self {
             held: AtomicBool::new(false),
+            single,
             v: UnsafeCell::new(v),
         }
     }
 
     #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+        if self.single {
+            return SpinGuard { l: self };
+        }
         let mut spins = 0u32;
         while self
             .held
@@ -73,6 +87,8 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        self.l.held.store(false, Ordering::Release);
+        if !self.l.single {
+            self.l.held.store(false, Ordering::Release);
+        }
     }
 }
