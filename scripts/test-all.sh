@@ -14,6 +14,11 @@ if command -v dpkg >/dev/null; then
     for p in gcc make libc6-dev flex bison libelf-dev bc patch xz-utils perl; do
         dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
     done
+    # tests/tests/c_abi.rs and pyverbs.rs run the distribution's verbs
+    # programs, perftest and pyverbs on ibverbs-c (libibverbs.so.1).
+    for p in ibverbs-utils perftest libibverbs-dev python3-pyverbs; do
+        dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+    done
 fi
 
 if [ ${#need_pkgs[@]} -gt 0 ]; then

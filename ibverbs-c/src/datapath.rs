@@ -17,10 +17,10 @@ use verbs::mr::Sge;
 use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 use crate::abi::*;
-use crate::objects::{ah_of, lock, Cq, Srq};
+use crate::objects::{ah_of, Cq, Srq};
 use crate::qp::Qp;
 
-fn post_errno(e: PostError) -> c_int {
+pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
         PostError::DeviceFailed => libc::EIO,
@@ -35,7 +35,7 @@ fn post_errno(e: PostError) -> c_int {
 /// # Safety
 ///
 /// `list` points to `n` readable `ibv_sge`s (or `n` is 0).
-unsafe fn sges(
+pub(crate) unsafe fn sges(
     list: *const ibv_sge,
     n: c_int,
     out: &mut [MaybeUninit<Sge>; MAX_SGE],
@@ -186,8 +186,8 @@ pub(crate) unsafe extern "C" fn post_send(
     }
     // SAFETY: a QP this library made (the data path's contract).
     let q = unsafe { &*(qp as *const Qp) };
-    let ud = q.c.qp_type == 4;
-    let mut g = lock(&q.qp);
+    let ud = q.c.qp_base.qp_type == 4;
+    let mut g = q.qp.lock();
     let mut cur = wr;
     let mut r = 0;
     while !cur.is_null() {
@@ -215,7 +215,7 @@ pub(crate) unsafe extern "C" fn post_recv(
     }
     // SAFETY: a QP this library made (the data path's contract).
     let q = unsafe { &*(qp as *const Qp) };
-    let mut g = lock(&q.qp);
+    let mut g = q.qp.lock();
     // SAFETY: the caller's WR list and buffers.
     unsafe {
         walk_recv(wr, bad, |r| {
@@ -313,23 +313,41 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     // SAFETY: a CQ this library made (the data path's contract).
     let c = unsafe { &*(cq as *const Cq) };
-    let mut g = lock(&c.cq);
+    let mut g = c.cq.lock();
+    // One completion asked for (the common case): a one-entry buffer.
+    let r = if n == 1 {
+        poll_into::<1>(&mut g, wc, 1)
+    } else {
+        poll_into::<8>(&mut g, wc, n as usize)
+    };
+    match r {
+        Ok(got) => got as c_int,
+        Err(e) => {
+            crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
+            -1
+        }
+    }
+}
+
+/// Polls up to `want` completions into the caller's `wc`, `N` at a time.
+#[inline(always)]
+fn poll_into<const N: usize>(
+    g: &mut verbs::cq::Cq,
+    wc: *mut ibv_wc,
+    want: usize,
+) -> Result<usize, verbs::Error> {
     let mut got = 0usize;
-    let want = n as usize;
-    let mut tmp = [Wc::default(); 4];
+    let mut tmp = [Wc::default(); N];
     while got < want {
-        let k = (want - got).min(tmp.len());
+        let k = (want - got).min(N);
         let m = match g.poll(&mut tmp[..k]) {
             Ok(m) => m,
-            Err(e) if got == 0 => {
-                crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
-                return -1;
-            }
+            Err(e) if got == 0 => return Err(e),
             Err(_) => break,
         };
         for (i, w) in tmp[..m].iter().enumerate() {
             let e = to_ibv_wc(w);
-            // SAFETY: the caller's array holds `n` entries; got + i < n.
+            // SAFETY: the caller's array holds `want` entries; got + i < want.
             let slot = unsafe { wc.add(got + i) };
             // SAFETY: as above: a writable entry of the caller's array.
             unsafe { slot.write(e) };
@@ -339,7 +357,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             break;
         }
     }
-    got as c_int
+    Ok(got)
 }
 
 /// `ibv_req_notify_cq`.
@@ -349,7 +367,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     }
     // SAFETY: a CQ this library made (the data path's contract).
     let c = unsafe { &*(cq as *const Cq) };
-    match lock(&c.cq).req_notify(solicited_only != 0) {
+    match c.cq.lock().req_notify(solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => crate::errno_of("ibv_req_notify_cq", &e),
     }

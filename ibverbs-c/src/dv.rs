@@ -127,3 +127,49 @@ pub extern "C" fn efadv_create_qp_ex(
 ) -> *mut ibv_qp {
     null_errno(libc::EOPNOTSUPP)
 }
+
+/// Entry points of libmlx5 / libefa this driver does not offer, exported
+/// so that pyverbs' provider modules (loaded `RTLD_NOW`) load: each
+/// answers as those libraries answer for a device without the feature.
+macro_rules! not_offered {
+    (ptr: $($p:ident),* ; int: $($i:ident),*) => {
+        $(
+            #[doc = concat!("`", stringify!($p), "`: not offered (NULL, errno EOPNOTSUPP).")]
+            #[no_mangle]
+            pub extern "C" fn $p() -> *mut c_void {
+                null_errno(libc::EOPNOTSUPP)
+            }
+        )*
+        $(
+            #[doc = concat!("`", stringify!($i), "`: not offered (EOPNOTSUPP).")]
+            #[no_mangle]
+            pub extern "C" fn $i() -> c_int {
+                ret_errno(libc::EOPNOTSUPP)
+            }
+        )*
+    };
+}
+
+not_offered!(
+    ptr: mlx5dv_create_cq, mlx5dv_alloc_var, mlx5dv_pp_alloc, mlx5dv_devx_umem_reg_ex,
+        mlx5dv_dm_map_op_addr, mlx5dv_devx_alloc_uar, mlx5dv_devx_obj_create,
+        mlx5dv_devx_umem_reg, mlx5dv_devx_alloc_msi_vector, mlx5dv_devx_create_eq,
+        efadv_create_driver_qp, efadv_cq_from_ibv_cq_ex, efadv_create_cq,
+        mlx5dv_create_flow, mlx5dv_create_flow_action_packet_reformat, mlx5dv_create_flow_matcher, mlx5dv_crypto_login_create, mlx5dv_dr_action_create_default_miss, mlx5dv_dr_action_create_dest_array, mlx5dv_dr_action_create_dest_devx_tir, mlx5dv_dr_action_create_dest_ib_port, mlx5dv_dr_action_create_dest_ibv_qp, mlx5dv_dr_action_create_dest_table, mlx5dv_dr_action_create_dest_vport, mlx5dv_dr_action_create_drop, mlx5dv_dr_action_create_modify_header, mlx5dv_dr_action_create_flow_counter, mlx5dv_dr_action_create_flow_sampler, mlx5dv_dr_action_create_packet_reformat, mlx5dv_dr_action_create_pop_vlan, mlx5dv_dr_action_create_push_vlan, mlx5dv_dr_action_create_tag, mlx5dv_dr_domain_create, mlx5dv_dr_matcher_create, mlx5dv_dr_rule_create, mlx5dv_dr_table_create, mlx5dv_get_vfio_device_list, mlx5dv_sched_leaf_create, mlx5dv_sched_node_create;
+    int: mlx5dv_query_device, mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_devx_free_uar,
+        mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
+        mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
+        _mlx5dv_query_port, mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
+        mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout, mlx5dv_dci_stream_id_reset,
+        mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector, mlx5dv_get_clock_info,
+        mlx5dv_devx_obj_destroy, mlx5dv_devx_obj_modify, mlx5dv_devx_obj_query,
+        mlx5dv_devx_query_eqn, mlx5dv_devx_umem_dereg, efadv_query_ah,
+        _mlx5dv_mkey_check, mlx5dv_crypto_login_destroy, mlx5dv_crypto_login_query, mlx5dv_dek_query, mlx5dv_destroy_flow_matcher, mlx5dv_dr_action_destroy, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_dr_domain_destroy, mlx5dv_dr_domain_sync, mlx5dv_dr_matcher_destroy, mlx5dv_dr_matcher_set_layout, mlx5dv_dr_rule_destroy, mlx5dv_dr_table_destroy, mlx5dv_dump_dr_domain, mlx5dv_init_obj, mlx5dv_sched_leaf_destroy, mlx5dv_sched_leaf_modify, mlx5dv_sched_node_destroy, mlx5dv_sched_node_modify, mlx5dv_vfio_get_events_fd, mlx5dv_vfio_process_events
+);
+
+/// `mlx5dv_is_supported`: false: the mlx5 direct-verbs provider is not
+/// what drives these devices (programs take the plain verbs path).
+#[no_mangle]
+pub extern "C" fn mlx5dv_is_supported(_dev: *mut ibv_device) -> bool {
+    false
+}

@@ -38,8 +38,10 @@ mod dv;
 mod misc;
 mod objects;
 mod qp;
+mod qp_ex;
 mod registry;
 mod remap;
+mod spin;
 
 pub use device::DEVICES_ENV;
 

@@ -263,7 +263,7 @@ pub extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
 #[repr(C)]
 pub(crate) struct Cq {
     pub c: ibv_cq,
-    pub cq: Mutex<verbs::cq::Cq>,
+    pub cq: crate::spin::SpinLock<verbs::cq::Cq>,
     pub cqn: u32,
     pub channel: *const Channel,
     pub shared: Arc<CtxShared>,
@@ -326,7 +326,7 @@ pub extern "C" fn ibv_create_cq(
             comp_events_completed: 0,
             async_events_completed: 0,
         },
-        cq: Mutex::new(cq),
+        cq: crate::spin::SpinLock::new(cq),
         cqn,
         channel: ch.map_or(std::ptr::null(), |c| c as *const Channel),
         shared: ctx.shared.clone(),
@@ -361,7 +361,7 @@ pub extern "C" fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
     }
     lock(&b.shared.cqs).remove(&b.cqn);
     b.shared.objects.fetch_sub(1, Ordering::AcqRel);
-    let cq = b.cq.into_inner().unwrap_or_else(|p| p.into_inner());
+    let cq = b.cq.into_inner();
     match cq.destroy() {
         Ok(()) => 0,
         Err(e) => ret_errno(crate::errno_of("ibv_destroy_cq", &e)),
@@ -414,7 +414,7 @@ pub extern "C" fn ibv_get_cq_event(
 #[no_mangle]
 pub extern "C" fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
     if let Some(cq) = cq_of(p) {
-        let _g = lock(&cq.cq);
+        let _g = cq.cq.lock();
         // SAFETY: `p` is a live CQ (checked above).
         let c = unsafe { &raw mut (*p).comp_events_completed };
         // SAFETY: its counter, written under the CQ's lock only.

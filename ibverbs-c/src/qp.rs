@@ -19,8 +19,9 @@ use crate::{null_errno, ret_errno, set_errno};
 /// A queue pair.
 #[repr(C)]
 pub(crate) struct Qp {
-    pub c: ibv_qp,
-    pub qp: Mutex<verbs::qp::Qp>,
+    /// `ibv_qp_ex`, whose first field is the `ibv_qp`.
+    pub c: ibv_qp_ex,
+    pub qp: crate::spin::SpinLock<verbs::qp::Qp>,
     send_cq: *const Cq,
     recv_cq: *const Cq,
     srq: *const Srq,
@@ -28,6 +29,8 @@ pub(crate) struct Qp {
     shared: Arc<CtxShared>,
     attr: Mutex<ibv_qp_attr>,
     sq_sig_all: c_int,
+    /// The `ibv_wr_*` batch under way.
+    pub wr: Mutex<crate::qp_ex::WrState>,
 }
 
 fn qp_type_of(t: c_int) -> Option<QpType> {
@@ -84,7 +87,10 @@ pub(crate) fn qp_of<'a>(p: *mut ibv_qp) -> Option<&'a Qp> {
 
 fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> {
     let pd = pd_of(p).ok_or(libc::EINVAL)?;
-    let qp_type = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    let qp_type = qp_type_of(a.qp_type).ok_or_else(|| {
+        tracing::debug!("ibv_create_qp: QP type {} not offered", a.qp_type);
+        libc::EOPNOTSUPP
+    })?;
     let scq = cq_of(a.send_cq).ok_or(libc::EINVAL)?;
     let rcq = cq_of(a.recv_cq).ok_or(libc::EINVAL)?;
     let srq = if a.srq.is_null() {
@@ -92,11 +98,11 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
     } else {
         Some(srq_of(a.srq).ok_or(libc::EINVAL)?)
     };
-    let sg = lock(&scq.cq);
+    let sg = scq.cq.lock();
     let rg = if std::ptr::eq(scq, rcq) {
         None
     } else {
-        Some(lock(&rcq.cq))
+        Some(rcq.cq.lock())
     };
     let init = QpInitAttr {
         send_cq: &sg,
@@ -125,7 +131,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         ..Default::default()
     };
     let b = Box::into_raw(Box::new(Qp {
-        c: ibv_qp {
+        c: crate::qp_ex::qp_ex(ibv_qp {
             context: pd.c.context,
             qp_context: a.qp_context,
             pd: p,
@@ -139,8 +145,8 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
             mutex: mutex_init(),
             cond: cond_init(),
             events_completed: 0,
-        },
-        qp: Mutex::new(qp),
+        }),
+        qp: crate::spin::SpinLock::new(qp),
         send_cq: scq,
         recv_cq: rcq,
         srq: srq.map_or(std::ptr::null(), |s| s as *const Srq),
@@ -148,6 +154,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         shared: pd.shared.clone(),
         attr: Mutex::new(attr),
         sq_sig_all: a.sq_sig_all,
+        wr: Mutex::default(),
     }));
     lock(&pd.shared.qps).insert(qpn, b as usize);
     registry::add(b, Kind::Qp);
@@ -167,9 +174,9 @@ pub extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> 
     }
 }
 
-/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): the PD form only;
-/// extended send operations (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`), XRC,
-/// create flags and RSS are `EOPNOTSUPP`.
+/// `verbs_context.create_qp_ex` (`ibv_create_qp_ex`): the PD form, with
+/// the send operations `qp_ex` offers; XRC, RSS and create flags other
+/// than `BLOCK_SELF_MCAST_LB` are `EOPNOTSUPP`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
     _c: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
@@ -183,7 +190,21 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & PD == 0 {
         return null_errno(libc::EINVAL);
     }
-    if a.comp_mask & !PD != 0 && (a.comp_mask & !PD != 4 || a.create_flags != 0) {
+    const CREATE_FLAGS: u32 = 1 << 2;
+    const SEND_OPS_FLAGS: u32 = 1 << 6;
+    const BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
+    if a.comp_mask & !(PD | CREATE_FLAGS | SEND_OPS_FLAGS) != 0
+        // BLOCK_SELF_MCAST_LB holds trivially: there is no multicast.
+        || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags & !BLOCK_SELF_MCAST_LB != 0)
+        || (a.comp_mask & SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !crate::qp_ex::SEND_OPS_SUPPORTED != 0)
+    {
+        tracing::debug!(
+            "ibv_create_qp_ex: comp_mask {:#x} create_flags {:#x} send_ops_flags {:#x} not offered",
+            a.comp_mask,
+            a.create_flags,
+            a.send_ops_flags
+        );
         return null_errno(libc::EOPNOTSUPP);
     }
     let mut base = ibv_qp_init_attr {
@@ -309,7 +330,7 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
         Ok(v) => v,
         Err(e) => return ret_errno(e),
     };
-    let mut g = lock(&q.qp);
+    let mut g = q.qp.lock();
     if let Err(e) = g.modify(&va, mask as u32) {
         return ret_errno(crate::errno_of("ibv_modify_qp", &e));
     }
@@ -338,17 +359,17 @@ pub extern "C" fn ibv_query_qp(
     if attr.is_null() || init.is_null() {
         return ret_errno(libc::EINVAL);
     }
-    let state = lock(&q.qp).state() as c_int;
+    let state = q.qp.lock().state() as c_int;
     let mut a = *lock(&q.attr);
     a.qp_state = state;
     a.cur_qp_state = state;
     let i = ibv_qp_init_attr {
-        qp_context: q.c.qp_context,
-        send_cq: q.c.send_cq,
-        recv_cq: q.c.recv_cq,
-        srq: q.c.srq,
+        qp_context: q.c.qp_base.qp_context,
+        send_cq: q.c.qp_base.send_cq,
+        recv_cq: q.c.qp_base.recv_cq,
+        srq: q.c.qp_base.srq,
         cap: a.cap,
-        qp_type: q.c.qp_type,
+        qp_type: q.c.qp_base.qp_type,
         sq_sig_all: q.sq_sig_all,
     };
     // SAFETY: the caller's out attributes, non-NULL.
@@ -366,9 +387,9 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     }
     // SAFETY: was live; the box is taken back once.
     let b = unsafe { Box::from_raw(p as *mut Qp) };
-    lock(&b.shared.qps).remove(&b.c.qp_num);
+    lock(&b.shared.qps).remove(&b.c.qp_base.qp_num);
     b.shared.objects.fetch_sub(1, Ordering::AcqRel);
-    let qp = b.qp.into_inner().unwrap_or_else(|e| e.into_inner());
+    let qp = b.qp.into_inner();
     let r = qp.destroy();
     // SAFETY: the CQs and PD are not destroyed while the QP counts on them.
     let scq = unsafe { &*b.send_cq };
@@ -389,9 +410,11 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     }
 }
 
-/// `ibv_qp_to_qp_ex`: only QPs made with extended send operations have
-/// one, and this library makes none (`ibv_create_qp_ex` refuses them).
+/// `ibv_qp_to_qp_ex`: every QP of this library has its `ibv_qp_ex`.
 #[no_mangle]
-pub extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut libc::c_void {
-    null_errno(libc::EOPNOTSUPP)
+pub extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    if qp_of(qp).is_none() {
+        return std::ptr::null_mut();
+    }
+    qp.cast()
 }

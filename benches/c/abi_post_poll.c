@@ -1,0 +1,157 @@
+/*
+ * The C side of benches/benches/c_abi.rs: ibv_post_send and ibv_poll_cq
+ * through the mlx5-userspace libibverbs.so.1 (the header's inline
+ * functions, through ibv_context.ops), on two built-in model functions of
+ * this process with an RC QP between them. Prints one line per case:
+ * "CASE ns_per_op". The Rust bench runs the same cases on the driver's
+ * API and prints both.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mlx5_userspace.h"
+
+#define SQ 1024
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	union ibv_gid gid;
+};
+
+static void die(const char *what)
+{
+	fprintf(stderr, "abi_post_poll: %s: %s\n", what, strerror(errno));
+	exit(1);
+}
+
+static double now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static void open_side(struct ibv_device *dev, struct side *s)
+{
+	struct ibv_qp_init_attr ia = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = SQ, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+
+	if (!(s->ctx = ibv_open_device(dev)) || !(s->pd = ibv_alloc_pd(s->ctx)) ||
+	    !(s->cq = ibv_create_cq(s->ctx, SQ, NULL, NULL, 0)))
+		die("open");
+	s->buf = aligned_alloc(4096, 1 << 20);
+	s->mr = ibv_reg_mr(s->pd, s->buf, 1 << 20, IBV_ACCESS_LOCAL_WRITE |
+			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	ia.send_cq = ia.recv_cq = s->cq;
+	if (!s->mr || !(s->qp = ibv_create_qp(s->pd, &ia)) || ibv_query_gid(s->ctx, 1, 0, &s->gid))
+		die("objects");
+}
+
+static void connect_to(struct side *s, struct side *p)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		die("INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_4096;
+	a.dest_qp_num = p->qp->qp_num;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = p->gid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		die("RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 4;
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		die("RTS");
+}
+
+static void wait_cqe(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	int n;
+
+	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
+		;
+	if (n < 0 || wc.status != IBV_WC_SUCCESS)
+		die("completion");
+}
+
+int main(int argc, char **argv)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct ibv_device **list;
+	struct ibv_wc wc;
+	long polls = argc > 1 ? atol(argv[1]) : 2000000, rounds = argc > 2 ? atol(argv[2]) : 200;
+	double t0, t;
+	long i, r;
+	int n;
+
+	if (mlx5u_set_devices("emu,emu") || !(list = ibv_get_device_list(&n)) || n != 2)
+		die("devices");
+	open_side(list[0], &a);
+	open_side(list[1], &b);
+	connect_to(&a, &b);
+	connect_to(&b, &a);
+
+	/* An empty CQ: the poll path alone. */
+	t0 = now_ns();
+	for (i = 0; i < polls; i++)
+		if (ibv_poll_cq(a.cq, 1, &wc) != 0)
+			die("poll of an empty CQ");
+	printf("poll_empty %.2f\n", (now_ns() - t0) / polls);
+
+	/* SQ-1 unsignaled 64-byte RDMA WRITEs then one signaled: the post
+	 * path (timed alone), then the completion. */
+	struct ibv_sge sge = { (uintptr_t)a.buf, 64, a.mr->lkey };
+	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE }, *bad;
+	wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
+	wr.wr.rdma.rkey = b.mr->rkey;
+	t = 0;
+	for (r = 0; r < rounds; r++) {
+		t0 = now_ns();
+		for (i = 0; i < SQ - 1; i++) {
+			wr.wr_id = i;
+			wr.send_flags = i == SQ - 2 ? IBV_SEND_SIGNALED : 0;
+			if (ibv_post_send(a.qp, &wr, &bad))
+				die("ibv_post_send");
+		}
+		t += now_ns() - t0;
+		wait_cqe(a.cq);
+	}
+	printf("post_write %.2f\n", t / (rounds * (double)(SQ - 1)));
+
+	/* One signaled WRITE and its completion, back to back. */
+	wr.send_flags = IBV_SEND_SIGNALED;
+	t0 = now_ns();
+	for (i = 0; i < rounds * 10; i++) {
+		if (ibv_post_send(a.qp, &wr, &bad))
+			die("ibv_post_send");
+		wait_cqe(a.cq);
+	}
+	printf("write_roundtrip %.2f\n", (now_ns() - t0) / (rounds * 10));
+	return 0;
+}

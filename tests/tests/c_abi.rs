@@ -1,0 +1,396 @@
+//! The C library (`ibverbs-c`: libibverbs.so.1, also answering as
+//! libmlx5.so.1 and libefa.so.1) under unmodified Debian binaries, run with
+//! `LD_LIBRARY_PATH` at it:
+//!
+//! - `ibv_devices` and `ibv_devinfo -v` on two built-in model functions;
+//! - `ibv_rc_pingpong` (polling, and with completion events) and
+//!   `ibv_ud_pingpong` with their buffer checks (`-c`), server and client
+//!   as two processes on the two cabled functions of one
+//!   `mlx5-emu serve --functions 2` over vfio-user;
+//! - perftest `ib_write_bw`, `ib_read_bw`, `ib_send_bw`, `ib_atomic_bw`,
+//!   `ib_write_lat`, `ib_send_lat` with `-a` the same way, through the
+//!   `ibv_wr_*` API (perftest's default) and, for `ib_write_bw` and
+//!   `ib_send_bw`, through `ibv_post_send` (`--use_old_post_send`);
+//! - the repo's C programs built against Debian's headers and linked
+//!   with the library: `examples/embed.c` (SPDK-style embedding) and
+//!   `examples/bad_use.c` (errno, never a crash).
+//!
+//! The binaries come from `ibverbs-utils`, `perftest` and
+//! `libibverbs-dev` (scripts/test-all.sh installs them); without them a
+//! test fails saying NOT RUN.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::OnceLock;
+
+use tests::wait::{until, HANG_GUARD};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// target/debug, where this test binary's crates are built.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn cargo_build(args: &[&str]) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root())
+        .args(["build", "-q"])
+        .args(args)
+        .output()
+        .expect("running cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The library built now, in a directory of its own under the names the
+/// loader looks for: libibverbs.so.1, libmlx5.so.1, libefa.so.1 (and
+/// libibverbs.so, to link the C programs against).
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        cargo_build(&["-p", "ibverbs-c"]);
+        cargo_build(&["-p", "tools", "--bin", "mlx5-emu"]);
+        let t = target_dir();
+        let dir = t.join("ibverbs");
+        std::fs::create_dir_all(&dir).unwrap();
+        for n in [
+            "libibverbs.so.1",
+            "libibverbs.so",
+            "libmlx5.so.1",
+            "libefa.so.1",
+        ] {
+            let link = dir.join(n);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink("../libibverbs.so", &link).unwrap();
+        }
+        dir
+    })
+}
+
+fn need(bin: &str) -> PathBuf {
+    let p = Path::new("/usr/bin").join(bin);
+    assert!(
+        p.exists(),
+        "NOT RUN: {} is missing (apt-get install ibverbs-utils perftest libibverbs-dev; \
+         scripts/test-all.sh installs them)",
+        p.display()
+    );
+    p
+}
+
+fn cmd(bin: &str, devices: &str) -> Command {
+    let mut c = Command::new(need(bin));
+    c.env("LD_LIBRARY_PATH", lib_dir())
+        .env("MLX5_DEVICES", devices)
+        .env_remove("MLX5_LOG");
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn ibv_devices_and_devinfo_on_the_builtin_model() {
+    let o = cmd("ibv_devices", "emu,emu:cx5").output().unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for name in ["mlx5_0", "mlx5_1"] {
+        assert!(t.contains(name), "{t}");
+    }
+    // The GUIDs are the functions' EUI-64 ones (MAC ..:01, ..:02).
+    assert!(
+        t.contains("268a07fffea00001") && t.contains("268a07fffea00002"),
+        "{t}"
+    );
+
+    let o = cmd("ibv_devinfo", "emu,emu:cx5")
+        .arg("-v")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for want in [
+        "hca_id:\tmlx5_0",
+        "hca_id:\tmlx5_1",
+        "vendor_id:\t\t\t0x02c9",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:\t\tfe80::268a:7ff:fea0:1, RoCE v2",
+        "atomic_cap:\t\t\tATOMIC_HCA (1)",
+    ] {
+        assert!(t.contains(want), "ibv_devinfo -v lacks {want:?}:\n{t}");
+    }
+    // ConnectX-4 Lx (4117) and ConnectX-5 (4119).
+    assert!(
+        t.contains("vendor_part_id:\t\t\t4117") && t.contains("vendor_part_id:\t\t\t4119"),
+        "{t}"
+    );
+}
+
+/// `mlx5-emu serve --functions 2` in its own process.
+struct Served {
+    child: Child,
+    sock: PathBuf,
+    _log: Receiver<String>,
+}
+
+impl Served {
+    fn start(tag: &str) -> Self {
+        lib_dir();
+        let sock =
+            std::env::temp_dir().join(format!("mlx5-cabi-{tag}-{}.sock", std::process::id()));
+        let mut child = Command::new(target_dir().join("mlx5-emu"))
+            .args(["serve", "--functions", "2", "--socket"])
+            .arg(&sock)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting mlx5-emu serve");
+        let err = child.stderr.take().expect("piped stderr");
+        let (tx, log) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        loop {
+            match log.recv_timeout(HANG_GUARD) {
+                Ok(l) if l.contains("mlx5-emu: serving") => break,
+                Ok(_) => {}
+                Err(e) => panic!("mlx5-emu serve never said it serves ({e})"),
+            }
+        }
+        Self {
+            child,
+            sock,
+            _log: log,
+        }
+    }
+
+    fn dev(&self, i: u32) -> String {
+        match i {
+            0 => format!("vfio-user:{}", self.sock.display()),
+            _ => format!("vfio-user:{}.{i}", self.sock.display()),
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether some socket listens on TCP `port` (IPv4 or IPv6).
+fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
+}
+
+/// A TCP port for one server/client pair of this test process.
+fn port(n: u16) -> u16 {
+    20000 + (std::process::id() % 2000) as u16 * 8 + n
+}
+
+/// Runs `bin args` as the server on function 0, waits until it listens
+/// on `port`, then as the client on function 1; both outputs.
+fn pair(s: &Served, bin: &str, args: &[&str], port: u16, port_flag: &str) -> (Output, Output) {
+    let p = port.to_string();
+    let mut server = cmd(bin, &s.dev(0))
+        .args(args)
+        .args([port_flag, &p])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Listening, or gone (its output then says why).
+    until(&format!("{bin} server listening on {port}"), || {
+        listening(port) || server.try_wait().ok().flatten().is_some()
+    });
+    let client = cmd(bin, &s.dev(1))
+        .args(args)
+        .args([port_flag, &p, "localhost"])
+        .output()
+        .unwrap();
+    let server = server.wait_with_output().unwrap();
+    (server, client)
+}
+
+fn check_pair(what: &str, (server, client): &(Output, Output), want: &str) {
+    let (ts, tc) = (text(server), text(client));
+    assert!(
+        server.status.success() && client.status.success(),
+        "{what}: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
+        server.status,
+        client.status
+    );
+    assert!(
+        ts.contains(want) && tc.contains(want),
+        "{what}:\n{ts}\n{tc}"
+    );
+}
+
+#[test]
+fn rc_and_ud_pingpong_between_two_processes_over_vfio_user() {
+    let s = Served::start("pingpong");
+    let rc = pair(
+        &s,
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "200", "-c"],
+        port(0),
+        "-p",
+    );
+    check_pair("ibv_rc_pingpong -c", &rc, "200 iters in");
+    let ev = pair(
+        &s,
+        "ibv_rc_pingpong",
+        &["-g", "0", "-n", "200", "-c", "-e"],
+        port(1),
+        "-p",
+    );
+    check_pair("ibv_rc_pingpong -c -e", &ev, "200 iters in");
+    let ud = pair(
+        &s,
+        "ibv_ud_pingpong",
+        &["-g", "0", "-n", "200", "-c"],
+        port(2),
+        "-p",
+    );
+    check_pair("ibv_ud_pingpong -c", &ud, "200 iters in");
+}
+
+/// The result rows of a perftest report (`#bytes #iterations ...`).
+fn rows(t: &str) -> usize {
+    t.lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 4 && f[0].parse::<u64>().is_ok() && f[1].parse::<u64>().is_ok()
+        })
+        .count()
+}
+
+#[test]
+fn perftest_all_sizes_between_two_processes_over_vfio_user() {
+    let s = Served::start("perftest");
+    // -a: every size 2 B .. 8 MiB (23 rows); atomics are 8 bytes, and
+    // perftest refuses -a for them (1 row).
+    for (i, (bin, all, old_post, want_rows)) in [
+        ("ib_write_bw", true, false, 23),
+        ("ib_read_bw", true, false, 23),
+        ("ib_send_bw", true, false, 23),
+        ("ib_atomic_bw", false, false, 1),
+        ("ib_write_lat", true, false, 23),
+        ("ib_send_lat", true, false, 23),
+        ("ib_write_bw", true, true, 23),
+        ("ib_send_bw", true, true, 23),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut args = vec!["-x", "0", "-n", "5"];
+        if all {
+            args.push("-a");
+        }
+        if old_post {
+            args.push("--use_old_post_send");
+        }
+        let api = if old_post {
+            "ibv_post_send"
+        } else {
+            "ibv_wr_*"
+        };
+        let r = pair(&s, bin, &args, port(3 + i as u16), "-p");
+        let (ts, tc) = (text(&r.0), text(&r.1));
+        assert!(
+            r.0.status.success() && r.1.status.success(),
+            "{bin}: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
+            r.0.status,
+            r.1.status
+        );
+        assert_eq!(rows(&tc), want_rows, "{bin} client rows:\n{tc}");
+        let wr_api = if old_post {
+            "ibv_wr* API     : OFF"
+        } else {
+            "ibv_wr* API     : ON"
+        };
+        assert!(tc.contains(wr_api), "{bin} ({api}):\n{tc}");
+        eprintln!("{bin} ({api}): {want_rows} sizes, server and client exit 0");
+    }
+}
+
+/// Builds one of the repo's C programs against Debian's verbs.h and this
+/// library.
+fn build_c(name: &str) -> PathBuf {
+    let src = root().join("ibverbs-c/examples").join(format!("{name}.c"));
+    let exe = lib_dir().join(name);
+    let o = Command::new("cc")
+        .args(["-Wall", "-Werror", "-I"])
+        .arg(root().join("ibverbs-c/include"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(lib_dir())
+        .arg("-libverbs")
+        .output()
+        .expect("running cc");
+    assert!(o.status.success(), "cc {name}.c: {}", text(&o));
+    exe
+}
+
+#[test]
+fn the_embedding_example_moves_bytes_through_the_c_abi() {
+    let exe = build_c("embed");
+    let o = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("embed: ok"), "{t}");
+}
+
+#[test]
+fn bad_use_gets_errno_never_a_crash() {
+    let exe = build_c("bad_use");
+    let o = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("MLX5_DEVICES", "emu")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("bad_use: 0 failed") && !t.contains("FAIL"),
+        "{t}"
+    );
+    assert!(
+        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 30,
+        "{t}"
+    );
+}

@@ -1,0 +1,158 @@
+//! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
+//! `test_qp`, `test_srq`) on Debian's `python3-pyverbs`, which loads
+//! `ibverbs-c` as libibverbs.so.1, against one built-in model function
+//! (`MLX5_DEVICES=emu`). The suite is fetched by
+//! `scripts/rdma-core-tests.sh` (apt-get source, cached by hash) and run by
+//! `tests/pyverbs/run.py`, which writes one line per test; this test
+//! prints them, writes them to target/pyverbs-results.txt, and fails if a
+//! test of [`MUST_PASS`] (every one that passed when docs/PYVERBS.md was
+//! recorded) does not pass, or a module does not load.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The tests that pass (docs/PYVERBS.md).
+const MUST_PASS: &[&str] = &[
+    "tests.test_device.DeviceTest.test_dev_list",
+    "tests.test_device.DeviceTest.test_open_dev",
+    "tests.test_device.DeviceTest.test_phys_port_cnt_ex",
+    "tests.test_device.DeviceTest.test_query_device",
+    "tests.test_device.DeviceTest.test_query_device_ex",
+    "tests.test_device.DeviceTest.test_query_gid",
+    "tests.test_device.DeviceTest.test_query_gid_ex",
+    "tests.test_device.DeviceTest.test_query_gid_ex_bad_flow",
+    "tests.test_device.DeviceTest.test_query_gid_table",
+    "tests.test_device.DeviceTest.test_query_gid_table_bad_flow",
+    "tests.test_device.DeviceTest.test_query_pkey",
+    "tests.test_device.DeviceTest.test_query_port_bad_flow",
+    "tests.test_pd.PDTest.test_alloc_pd",
+    "tests.test_pd.PDTest.test_dealloc_pd",
+    "tests.test_pd.PDTest.test_destroy_pd_twice",
+    "tests.test_pd.PDTest.test_multiple_pd_creation",
+    "tests.test_mr.MRTest.test_reg_mr_bad_flags",
+    "tests.test_cq.CQAPITest.test_create_cq",
+    "tests.test_cq.CQAPITest.test_create_cq_bad_flow",
+    "tests.test_cq.CQAPITest.test_create_cq_with_comp_channel",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_sge",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_wr",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_send_sge",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_send_wr",
+    "tests.test_qp.QPTest.test_create_rc_qp_ex_no_attr",
+    "tests.test_qp.QPTest.test_create_rc_qp_ex_with_attr",
+    "tests.test_qp.QPTest.test_create_rc_qp_no_attr",
+    "tests.test_qp.QPTest.test_create_rc_qp_with_attr",
+    "tests.test_qp.QPTest.test_create_uc_qp_ex_no_attr",
+    "tests.test_qp.QPTest.test_create_uc_qp_ex_with_attr",
+    "tests.test_qp.QPTest.test_create_uc_qp_no_attr",
+    "tests.test_qp.QPTest.test_create_uc_qp_with_attr",
+    "tests.test_qp.QPTest.test_create_ud_qp_ex_no_attr",
+    "tests.test_qp.QPTest.test_create_ud_qp_ex_with_attr",
+    "tests.test_qp.QPTest.test_create_ud_qp_no_attr",
+    "tests.test_qp.QPTest.test_create_ud_qp_with_attr",
+    "tests.test_qp.QPTest.test_modify_ud_qp",
+    "tests.test_qp.QPTest.test_query_rc_qp",
+    "tests.test_qp.QPTest.test_query_uc_qp",
+    "tests.test_qp.QPTest.test_query_ud_qp",
+    "tests.test_srq.SrqTestCase.test_rc_srq_traffic",
+];
+
+#[test]
+fn rdma_core_tests_on_pyverbs_over_the_c_library() {
+    assert!(
+        Path::new("/usr/lib/python3/dist-packages/pyverbs").exists(),
+        "NOT RUN: python3-pyverbs is missing (scripts/test-all.sh installs it)"
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let b = Command::new(cargo)
+        .current_dir(root())
+        .args(["build", "-q", "-p", "ibverbs-c"])
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let target = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let lib = target.join("ibverbs-pyverbs");
+    std::fs::create_dir_all(&lib).unwrap();
+    for n in ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"] {
+        let l = lib.join(n);
+        let _ = std::fs::remove_file(&l);
+        std::os::unix::fs::symlink("../libibverbs.so", &l).unwrap();
+    }
+    let fetch = Command::new(root().join("scripts/rdma-core-tests.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        fetch.status.success(),
+        "NOT RUN: rdma-core's tests could not be fetched:\n{}",
+        String::from_utf8_lossy(&fetch.stderr)
+    );
+    let src = String::from_utf8(fetch.stdout).unwrap().trim().to_string();
+    let out = target.join("pyverbs-results.txt");
+    let run = Command::new("/usr/bin/python3")
+        .arg(root().join("tests/pyverbs/run.py"))
+        .arg(&src)
+        .arg(&out)
+        .args([
+            "test_device",
+            "test_pd",
+            "test_mr",
+            "test_cq",
+            "test_qp",
+            "test_srq",
+        ])
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("MLX5_DEVICES", "emu")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "run.py died (a crash is a failure):\n{log}"
+    );
+    let results = std::fs::read_to_string(&out).unwrap();
+    eprintln!("{results}");
+    let status_of = |t: &str| {
+        results
+            .lines()
+            .find(|l| l.split('\t').nth(1) == Some(t))
+            .and_then(|l| l.split('\t').next())
+            .unwrap_or("missing")
+            .to_string()
+    };
+    let import_errors: Vec<&str> = results
+        .lines()
+        .filter(|l| l.contains("\timport: "))
+        .collect();
+    assert!(
+        import_errors.is_empty(),
+        "modules did not load:\n{}",
+        import_errors.join("\n")
+    );
+    let regressed: Vec<String> = MUST_PASS
+        .iter()
+        .filter(|t| status_of(t) != "pass")
+        .map(|t| format!("{t}: {}", status_of(t)))
+        .collect();
+    assert!(
+        regressed.is_empty(),
+        "no longer pass:\n{}\n{log}",
+        regressed.join("\n")
+    );
+    let passed = results.lines().filter(|l| l.starts_with("pass\t")).count();
+    eprintln!(
+        "{passed} rdma-core tests pass on ibverbs-c (results in {})",
+        out.display()
+    );
+}
