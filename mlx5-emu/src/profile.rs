@@ -357,6 +357,9 @@ impl CapPages {
         if p == Profile::ConnectX6 || p == Profile::ConnectX7 {
             // ConnectX-6 and later: RoCE v2 only over UDP port 4791, more QPs.
             self.set_both(ROCE, roce_cap::R_ROCE_DEST_UDP_PORT, 4791);
+            // DCI streams (the model's bounds: 16 streams, up to 16 in error).
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS, 4);
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_ERRORED_STREAMS, 4);
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }
