@@ -345,6 +345,7 @@ fn key_violation_naks_counts_and_errors_the_dci() {
     let q = t.query().unwrap();
     assert_eq!((q.key_violations, q.access_key), (1, KEY));
     assert!(nothing_more(&_fabric, &mut s[1].cq), "nothing was received");
+    assert_eq!(stats(&_fabric, 1).dc_connections, 0);
 }
 
 #[test]
@@ -362,6 +363,8 @@ fn dct_without_srq_receive_is_rnr() {
         vec![(1, WcStatus::RnrRetryExcErr)]
     );
     assert!(stats(&fabric, 1).rnr_naks >= 1);
+    settle(&fabric);
+    assert_eq!(stats(&fabric, 1).dc_connections, 0, "the failed DCI left");
     // With a receive posted, a new DCI gets through.
     post_recvs(&s[1], &srq, 0, 1);
     let mut d2 = dci(&s[0], None, 0);

@@ -11,8 +11,8 @@ use mlx5_hw::ifc::{
     arm_dct_in, cmd_hca_cap, create_dct_in, create_dct_out, dctc, destroy_dct_in, drain_dct_in,
     qpc, qpc_ext, query_dct_in, query_dct_out, rts2rts_qp_in,
 };
-use mlx5_hw::qp::{DCTC_STATE_ACTIVE, QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID};
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::qp::{DCTC_STATE_ACTIVE, QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID};
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};

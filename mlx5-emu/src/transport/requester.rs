@@ -1532,22 +1532,31 @@ fn dci_disconnect(rdma: &Rdma, qp: &Qp, sq: &mut Sq) {
     if qp.st != qp::st::DCI || !sq.unacked.is_empty() {
         return;
     }
-    if sq.dc.conn.take().is_some() {
-        if let Some(p) = &sq.peer {
-            let ids = (sq.remote_qpn, qp.qpn);
-            fabric::dc_drained(rdma, &p.rdma, &p.addr, ids, true, &mut |_| {});
-        }
-        flush_tally(rdma, sq);
-        sq.peer = None;
+    dci_leave(rdma, qp, sq);
+}
+
+/// The DCI tells its target the connection is over (found again by its
+/// GID when the peer was dropped for a retry), and forgets it.
+fn dci_leave(rdma: &Rdma, qp: &Qp, sq: &mut Sq) {
+    let Some((t, _)) = sq.dc.conn.take() else {
+        return;
+    };
+    let dst = match &sq.peer {
+        Some(p) => Some((p.rdma.clone(), p.addr)),
+        None => rdma.route(&t.dgid).zip(path_addr(rdma, sq)),
+    };
+    if let Some((dst, addr)) = dst {
+        fabric::dc_drained(rdma, &dst, &addr, (t.dctn, qp.qpn), true, &mut |_| {});
     }
+    flush_tally(rdma, sq);
+    sq.peer = None;
 }
 
 /// A DCI's WQE completed in error: the connection is gone; with streams
 /// only the WQE's stream goes to error (true: the DCI goes on) until the
 /// errored-stream limit, else (and without streams) the DCI goes to ERR.
 fn dci_failed(rdma: &Rdma, qp: &Qp, sq: &mut Sq) -> bool {
-    sq.dc.conn = None;
-    sq.peer = None;
+    dci_leave(rdma, qp, sq);
     if let Some(s) = sq.dc.stream {
         if !dc::stream_failed(qp, &mut sq.dc, s) {
             return true;
