@@ -68,7 +68,8 @@ impl Firmware {
         if self.cap(cmd_hca_cap::DCT) == 0 {
             return Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE));
         }
-        self.check_uid(create_dct_in::UID.get(input))?;
+        // A uid other than 0 was checked against the live user contexts
+        // (`devx_check`), as for every command; DCTs are not owned per uid.
         let c = &input[CTX..CTX + dctc::SIZE_BYTES];
         let r = &inner.rdma;
         let pd = dctc::PD.get(c) as u32;
