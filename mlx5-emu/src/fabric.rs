@@ -369,6 +369,27 @@ pub(crate) fn drained(
     }
 }
 
+/// [`drained`] for DCI `dci`'s connection to DCT `dctn`; `close`: the DCI
+/// disconnects (idle, or its next WQE names another target).
+pub(crate) fn dc_drained(
+    src: &Rdma,
+    dst: &Rdma,
+    addr: &RoceAddr,
+    (dctn, dci): (u32, u32),
+    close: bool,
+    reply: &mut dyn FnMut(&Packet<'_>),
+) {
+    let wire = wire_of(src);
+    let w = wire.as_deref();
+    let check = w.is_some_and(|w| w.wire_check.load(Ordering::Relaxed));
+    let reply = &mut |r: &Packet<'_>| lossy_reply(w, dst, r, reply);
+    if check {
+        crate::transport::dc::drained(dst, addr, dctn, dci, close, &mut |r| framed(r, reply));
+    } else {
+        crate::transport::dc::drained(dst, addr, dctn, dci, close, reply);
+    }
+}
+
 /// A response sent through the full frame encoding and decoding.
 fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
     let mut rf = Vec::new();

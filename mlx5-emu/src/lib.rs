@@ -258,6 +258,15 @@ pub struct Stats {
     pub dropped: u64,
     /// Send and CQ doorbells noticed.
     pub doorbells: u64,
+    /// DC targets alive.
+    pub dcts: usize,
+    /// DC connections open at this function's DCTs (one per connected DCI).
+    pub dc_connections: usize,
+    /// Bytes the model holds for its DCTs and their open connections.
+    pub dc_bytes: usize,
+    /// Bytes of the model's QP state (requester and responder, the queues
+    /// themselves being the driver's memory).
+    pub qp_state_bytes: usize,
 }
 
 /// Everything the model keeps that a client can change, as one comparable
@@ -559,6 +568,13 @@ impl Device {
         s.acks = g(&c.acks);
         s.dropped = g(&c.dropped);
         s.doorbells = g(&c.doorbells);
+        s.qp_state_bytes = s.qps * std::mem::size_of::<transport::qp::Qp>();
+        for d in transport::rlock(&r.dcts).values() {
+            let (dct, conns) = d.footprint();
+            s.dcts += 1;
+            s.dc_connections += lock(&d.conns).len();
+            s.dc_bytes += dct + conns;
+        }
         s
     }
 

@@ -364,6 +364,9 @@ impl CapPages {
             // UMR variants (`relaxed_ordering_*_umr`) are later firmware's.
             self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_WRITE, 1);
             self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_READ, 1);
+            // DCI streams (the model's bounds: 16 streams, up to 16 in error).
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS, 4);
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_ERRORED_STREAMS, 4);
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }

@@ -66,6 +66,7 @@ pub mod channel;
 pub mod cmd;
 pub mod cq;
 mod dbrec;
+pub mod dc;
 pub mod device;
 pub mod devx;
 mod dma;

@@ -295,6 +295,8 @@ pub struct QpAttr {
 pub struct Qp {
     qpn: u32,
     pub(crate) qp_type: QpType,
+    /// qpc `st` (a DCI posts as RC with a datagram segment).
+    pub(crate) st: u8,
     pub(crate) state: QpState,
     pub(crate) ctx: Arc<Ctx>,
     pd: Arc<PdInner>,
@@ -343,7 +345,14 @@ impl QpSizes {
     /// The sizes for `cap` on a `qp_type` QP (its receives from an SRQ
     /// when `srq`), or which capacity is beyond the device's (`max_wqes`:
     /// `log_max_qp_sz`).
+    #[cfg(test)]
     fn new(cap: QpCap, qp_type: QpType, srq: bool, max_wqes: u32) -> Result<Self> {
+        Self::for_st(cap, qp_type, srq, max_wqes, qp_type.st())
+    }
+
+    /// [`new`](Self::new) for qpc `st`: a DCI's WQEs carry a datagram
+    /// segment before the remote-address and atomic segments.
+    fn for_st(cap: QpCap, qp_type: QpType, srq: bool, max_wqes: u32, st: u8) -> Result<Self> {
         if cap.max_send_sge as usize > MAX_SGE
             || cap.max_recv_sge as usize > MAX_SGE
             || cap.max_inline_data as usize > MAX_INLINE
@@ -355,6 +364,8 @@ impl QpSizes {
         let hdr = CTRL_SIZE
             + if qp_type == QpType::Ud {
                 DGRAM_SIZE
+            } else if st == QPC_ST_DCI {
+                DGRAM_SIZE + RADDR_SIZE + ATOMIC_SIZE
             } else {
                 RADDR_SIZE + ATOMIC_SIZE
             };
@@ -541,12 +552,24 @@ impl Qp {
     /// [`create`](Self::create) with qpc `st` given: `QPC_ST_REG_UMR` for
     /// the driver's UMR QP (`crate::umr`), which posts like an RC QP.
     pub(crate) fn create_st(pd: &Arc<PdInner>, a: &QpInitAttr<'_>, st: u8) -> Result<Self> {
+        Self::create_tuned(pd, a, st, |_| {})
+    }
+
+    /// [`create_st`](Self::create_st), `tune` setting more of the QPC
+    /// (a DCI's stream fields: `crate::dc`).
+    pub(crate) fn create_tuned(
+        pd: &Arc<PdInner>,
+        a: &QpInitAttr<'_>,
+        st: u8,
+        tune: impl FnOnce(&mut [u8]),
+    ) -> Result<Self> {
         let ctx = &pd.ctx;
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
-        let sizes = QpSizes::new(a.cap, a.qp_type, a.srq.is_some(), max_wqes)?;
+        let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());
-        let inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st);
+        let mut inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st);
+        tune(&mut inb[create_qp_in::QPC.off / 8..]);
         let qpn = match ctx.hca.cmd().exec(&inb, create_qp_out::SIZE_BYTES) {
             Ok(out) => CreateQpOut::new_unchecked(&out[..]).qpn(),
             Err(e) => {
@@ -568,6 +591,7 @@ impl Qp {
         Ok(Qp {
             qpn,
             qp_type: a.qp_type,
+            st,
             state: QpState::Reset,
             ctx: ctx.clone(),
             pd: pd.clone(),
@@ -582,6 +606,11 @@ impl Qp {
             dbrec: bufs.dbrec,
             destroyed: false,
         })
+    }
+
+    /// Whether the QP is a DC initiator (`crate::dc::Dci`).
+    pub(crate) fn is_dci(&self) -> bool {
+        self.st == QPC_ST_DCI
     }
 
     /// The QP number.

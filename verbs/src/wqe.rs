@@ -455,6 +455,29 @@ impl SendRing {
         qp_type: QpType,
         max_inline: usize,
     ) -> std::result::Result<(), PostError> {
+        self.write_wr_to(wr, qp_type, max_inline, None)
+    }
+
+    /// [`write_wr_general`](Self::write_wr_general) on a DCI: the WQE
+    /// names its target in the datagram segment (`dc`: the address vector
+    /// with the DCT number and DC access key) and its stream in the control
+    /// segment (rdma-core's `mlx5_send_wr_set_dc_addr_stream`).
+    pub(crate) fn write_wr_dc(
+        &mut self,
+        wr: &SendWr<'_>,
+        max_inline: usize,
+        dc: &crate::dc::DcAv,
+    ) -> std::result::Result<(), PostError> {
+        self.write_wr_to(wr, QpType::Rc, max_inline, Some(dc))
+    }
+
+    fn write_wr_to(
+        &mut self,
+        wr: &SendWr<'_>,
+        qp_type: QpType,
+        max_inline: usize,
+        dc: Option<&crate::dc::DcAv>,
+    ) -> std::result::Result<(), PostError> {
         let mut wqe = [0u8; w::SEND_WQE_MAX_SIZE];
         let (opcode, imm, raddr, atomic) = match wr.op {
             SendOp::BindMw { .. } | SendOp::LocalInv { .. } => {
@@ -506,19 +529,7 @@ impl SendRing {
         if !ok || (qp_type == QpType::Ud && wr.ud.is_none()) {
             return Err(PostError::BadOp);
         }
-        let mut at = CTRL_SIZE;
-        if let (QpType::Ud, Some(d)) = (qp_type, wr.ud) {
-            let seg = &mut wqe[at..at + DGRAM_SIZE];
-            seg.copy_from_slice(&d.ah.av);
-            put32(
-                seg,
-                av::DQP_DCT.off / 8,
-                w::EXTENDED_UD_AV | (d.remote_qpn & 0xff_ffff),
-            );
-            // The UD Q_Key is the upper half of `dc_key`.
-            put32(seg, av::DC_KEY.off / 8, d.remote_qkey);
-            at += DGRAM_SIZE;
-        }
+        let mut at = put_dgram(&mut wqe, qp_type, wr, dc);
         if let Some((ra, rk)) = raddr {
             put64(&mut wqe, at + RADDR, ra);
             put32(&mut wqe, at + RKEY, rk);
@@ -578,4 +589,36 @@ impl SendRing {
         }
         self.commit(&wqe[..at.next_multiple_of(DS)], wr.wr_id)
     }
+}
+
+/// The datagram segment after the control segment of `wqe`: a UD WR's
+/// address vector with its remote QPN and Q_Key, or a DCI's (`dc`: the
+/// DCT number and DC access key in place; its stream in the control
+/// segment). Returns where the next segment starts.
+fn put_dgram(
+    wqe: &mut [u8],
+    qp_type: QpType,
+    wr: &SendWr<'_>,
+    dc: Option<&crate::dc::DcAv>,
+) -> usize {
+    let at = CTRL_SIZE;
+    if let (QpType::Ud, Some(d)) = (qp_type, wr.ud) {
+        let seg = &mut wqe[at..at + DGRAM_SIZE];
+        seg.copy_from_slice(&d.ah.av);
+        put32(
+            seg,
+            av::DQP_DCT.off / 8,
+            w::EXTENDED_UD_AV | (d.remote_qpn & 0xff_ffff),
+        );
+        // The UD Q_Key is the upper half of `dc_key`.
+        put32(seg, av::DC_KEY.off / 8, d.remote_qkey);
+        return at + DGRAM_SIZE;
+    }
+    if let Some(d) = dc {
+        wqe[at..at + DGRAM_SIZE].copy_from_slice(&d.av);
+        let s = wqe_ctrl_seg::DCI_STREAM_CHANNEL_ID.off / 8;
+        wqe[s..s + 2].copy_from_slice(&d.stream.to_be_bytes());
+        return at + DGRAM_SIZE;
+    }
+    at
 }

@@ -318,6 +318,8 @@ pub struct WrBatch<'q> {
     flags: u32,
     op: Option<SendOp>,
     ud: Option<(Ah, u32, u32)>,
+    /// A DCI's target and stream (`mlx5dv_wr_set_dc_addr[_stream]`).
+    dc: Option<crate::dc::DcAv>,
     err: Option<PostError>,
 }
 
@@ -332,6 +334,7 @@ impl Qp {
             flags: 0,
             op: None,
             ud: None,
+            dc: None,
             err: None,
         }
     }
@@ -412,6 +415,30 @@ impl WrBatch<'_> {
         self
     }
 
+    /// `mlx5dv_wr_set_dc_addr` (a DCI, before the data setter): the
+    /// target DCT `remote_dctn` at `ah`, with its DC access key.
+    pub fn set_dc_addr(&mut self, ah: &Ah, remote_dctn: u32, remote_dc_key: u64) -> &mut Self {
+        self.set_dc_addr_stream(ah, remote_dctn, remote_dc_key, 0)
+    }
+
+    /// `mlx5dv_wr_set_dc_addr_stream`: [`set_dc_addr`](Self::set_dc_addr)
+    /// on DCI stream `stream_id`.
+    pub fn set_dc_addr_stream(
+        &mut self,
+        ah: &Ah,
+        remote_dctn: u32,
+        remote_dc_key: u64,
+        stream_id: u16,
+    ) -> &mut Self {
+        self.dc = Some(crate::dc::DcAv::new(
+            ah,
+            remote_dctn,
+            remote_dc_key,
+            stream_id,
+        ));
+        self
+    }
+
     fn emit(&mut self, payload: Payload<'_>) -> &mut Self {
         if self.err.is_some() {
             return self;
@@ -433,7 +460,12 @@ impl WrBatch<'_> {
             ud,
         };
         let (t, max_inline) = (self.qp.qp_type(), self.qp.cap().max_inline_data as usize);
-        if let Err(e) = self.qp.send_ring().write_wr(&wr, t, max_inline) {
+        let r = match (self.qp.is_dci(), &self.dc) {
+            (true, Some(dc)) => self.qp.send_ring().write_wr_dc(&wr, max_inline, dc),
+            (true, None) => Err(PostError::BadOp),
+            (false, _) => self.qp.send_ring().write_wr(&wr, t, max_inline),
+        };
+        if let Err(e) = r {
             self.err = Some(e);
         }
         self

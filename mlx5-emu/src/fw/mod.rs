@@ -8,6 +8,7 @@ mod caps;
 mod cong;
 mod counters;
 pub(crate) mod cq;
+mod dct;
 mod dek;
 mod eq;
 mod eth;
@@ -224,6 +225,14 @@ pub(crate) mod synd {
     pub const QP_BAD_STATE: u32 = 0x0a90_000c;
     pub const QP_BAD_SGID: u32 = 0x0a90_000d;
     pub const QP_BAD_MTU: u32 = 0x0a90_000e;
+    pub const DCT_BAD_PD: u32 = 0x0a98_0001;
+    pub const DCT_BAD_CQ: u32 = 0x0a98_0002;
+    pub const DCT_BAD_SRQ: u32 = 0x0a98_0003;
+    pub const DCT_BAD_MTU: u32 = 0x0a98_0004;
+    pub const DCT_BAD_SGID: u32 = 0x0a98_0005;
+    pub const DCT_UNKNOWN: u32 = 0x0a98_0006;
+    pub const DCT_DRAINED: u32 = 0x0a98_0007;
+    pub const DCI_BAD_STREAMS: u32 = 0x0a98_0008;
     pub const SRQ_BAD_SIZE: u32 = 0x5a90_0001;
     pub const SRQ_BAD_PD: u32 = 0x5a90_0002;
     pub const SRQ_NOT_MAPPED: u32 = 0x5a90_0003;
@@ -354,6 +363,8 @@ pub(crate) struct Firmware {
     pub(crate) eth: eth::EthObjects,
     /// DevX: user contexts, UMEMs, object owners (fw/uctx.rs).
     pub(crate) devx: uctx::Devx,
+    /// DCT numbers (fw/dct.rs), taken from the QP number space.
+    pub(crate) dctns: BTreeSet<u32>,
     /// Objects alive at a teardown (Stats::leaked_at_teardown).
     pub(crate) leaked: u64,
     // Port and vport.
@@ -398,6 +409,7 @@ impl Firmware {
             steering: flow::Steering::default(),
             eth: eth::EthObjects::default(),
             devx: uctx::Devx::default(),
+            dctns: BTreeSet::new(),
             leaked: 0,
             port: PortState::power_on(cfg.profile),
             roce_en: false,
@@ -457,6 +469,7 @@ impl Firmware {
             steering,
             eth,
             devx,
+            dctns,
             leaked,
             port,
             roce_en,
@@ -473,6 +486,7 @@ impl Firmware {
                 (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
                 (steering, eth, leaked, port, roce_en, vport_mtu, mac, node_desc),
                 devx,
+                dctns,
             )
         )
     }
@@ -747,6 +761,7 @@ impl Firmware {
             O::DestroySrq => self.destroy_srq(inner, input, outlen),
             O::QuerySrq => self.query_srq(inner, input, outlen),
             O::ArmRq => self.arm_rq(inner, input, outlen),
+            o if dct::is_dct(o) => self.execute_dct(inner, o, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
             O::AllocXrcd => self.alloc_xrcd(inner, input, outlen),
             O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
@@ -785,6 +800,7 @@ impl Firmware {
             // Firmware forgets every object with the HCA.
             self.leaked += inner.rdma.objects() as u64;
             inner.rdma.reset();
+            self.dctns.clear();
         }
         if let Ok(out) = &r {
             self.devx_done(opcode, input, out);
@@ -825,6 +841,11 @@ impl Firmware {
                 | O::DestroySrq
                 | O::QuerySrq
                 | O::ArmRq
+                | O::CreateDct
+                | O::DestroyDct
+                | O::QueryDct
+                | O::DrainDct
+                | O::ArmDctForKeyViolation
                 | O::SetRoceAddress
                 | O::QueryRoceAddress
                 | O::AllocXrcd

@@ -74,9 +74,14 @@ impl Firmware {
         let c = &input[CTX..CTX + qpc::SIZE_BYTES];
         let r = &inner.rdma;
         let service = qpc::ST.get(c) as u8;
-        if !matches!(service, st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR) {
+        if !matches!(
+            service,
+            st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR | st::DCI
+        ) || (service == st::DCI && self.cap(cmd_hca_cap::DCT) == 0)
+        {
             return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_ST));
         }
+        let (log_dci_streams, log_dci_errored) = self.dci_streams(service, c)?;
         // A UMR QP has no PD: its WQEs name the mkey's PD in the mkey
         // context, and Linux's create_kernel_qp leaves the field 0 for it
         // (setting latency_sensitive instead).
@@ -168,6 +173,9 @@ impl Firmware {
                 counter_set: std::sync::atomic::AtomicU32::new(0),
                 sq: Mutex::new(Sq::default()),
                 rq: Mutex::new(Rq::default()),
+                dct_conn: false,
+                log_dci_streams,
+                log_dci_errored,
             }),
         );
         drop(t);
@@ -343,6 +351,9 @@ impl Firmware {
         if with_ctx {
             let c = &input[CTX..CTX + qpc::SIZE_BYTES];
             apply_qpc(r, &qp, op, mask, c, &mut sq, &mut rq)?;
+            if op == Opcode::Rts2RtsQp {
+                super::dct::dci_stream_reset(&qp, input, &mut sq)?;
+            }
         }
         if to == state::RST {
             *sq = Sq::default();
@@ -402,7 +413,9 @@ fn apply_qpc(
 ) -> Result<(), Fail> {
     let ud = matches!(qp.st, st::UD | st::QP1);
     apply_access(r, qp, op, mask, c, sq, rq)?;
-    if (op == Opcode::Init2RtrQp || mask & QP_OPTPAR_PRIMARY_ADDR_PATH != 0) && !ud {
+    // A DCI's path comes with each WQE (its address vector).
+    let rtr_path = op == Opcode::Init2RtrQp && qp.st != st::DCI;
+    if (rtr_path || mask & QP_OPTPAR_PRIMARY_ADDR_PATH != 0) && !ud {
         apply_path(r, op, c, sq)?;
     }
     if op == Opcode::Init2RtrQp {

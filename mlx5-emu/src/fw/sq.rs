@@ -51,7 +51,10 @@ impl Firmware {
         let first = super::qp::FIRST_QPN;
         let max = limit(self.cap(cmd_hca_cap::LOG_MAX_QP)).max(first + 1);
         crate::transport::lowest_free(floor, first, max, |n| {
-            qps.contains_key(&n) || self.eth.sqs.contains_key(&n) || self.eth.rqs.contains_key(&n)
+            qps.contains_key(&n)
+                || self.eth.sqs.contains_key(&n)
+                || self.eth.rqs.contains_key(&n)
+                || self.dctns.contains(&n)
         })
         .ok_or(fail(CmdStatus::NoResources, synd))
     }

@@ -37,6 +37,7 @@
 //! time, so no clock (real or a test's) decides what it finds.
 
 pub(crate) mod cq;
+pub(crate) mod dc;
 pub(crate) mod eth_sq;
 pub(crate) mod mem;
 pub(crate) mod odp;
@@ -199,6 +200,8 @@ pub(crate) struct Rdma {
     pub srqs: RwLock<Table<Srq>>,
     /// Ethernet send queues (fw/sq.rs, [`eth_sq`]), in the QP number space.
     pub eth_sqs: RwLock<Table<eth_sq::EthSq>>,
+    /// DC targets (fw/dct.rs, [`dc`]), in the QP number space.
+    pub dcts: RwLock<Table<dc::Dct>>,
     pub pds: Mutex<BTreeSet<u32>>,
     pub tds: Mutex<BTreeSet<u32>>,
     /// XRC domains (fw/xrcd.rs).
@@ -402,6 +405,7 @@ impl Rdma {
             qps: RwLock::new(Table::default()),
             srqs: RwLock::new(Table::default()),
             eth_sqs: RwLock::new(Table::default()),
+            dcts: RwLock::new(Table::default()),
             pds: Mutex::new(BTreeSet::new()),
             tds: Mutex::new(BTreeSet::new()),
             xrcds: Mutex::new(BTreeSet::new()),
@@ -442,6 +446,7 @@ impl Rdma {
             + rlock(&self.cqs).len()
             + rlock(&self.qps).len()
             + rlock(&self.srqs).len()
+            + rlock(&self.dcts).len()
             + lock(&self.xrcds).len()
             + lock(&self.q_counters).len()
     }
@@ -454,6 +459,9 @@ impl Rdma {
         wlock(&self.cqs).clear();
         wlock(&self.srqs).clear();
         wlock(&self.eth_sqs).clear();
+        for d in wlock(&self.dcts).drain() {
+            d.1.close_all();
+        }
         lock(&self.pds).clear();
         lock(&self.tds).clear();
         lock(&self.xrcds).clear();

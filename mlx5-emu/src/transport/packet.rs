@@ -41,10 +41,12 @@ pub const IMMDT_LEN: usize = 4;
 pub const IETH_LEN: usize = 4;
 /// Datagram extended transport header.
 pub const DETH_LEN: usize = 8;
+/// Dynamically Connected extended transport header (the model's DCETH).
+pub const DCETH_LEN: usize = 16;
 /// Invariant CRC.
 pub const ICRC_LEN: usize = 4;
-/// Longest transport header stack (BTH + RETH + ImmDt; BTH + AtomicETH).
-pub const MAX_HDR_LEN: usize = BTH_LEN + ATOMIC_ETH_LEN + IETH_LEN;
+/// Longest transport header stack (BTH + DCETH + AtomicETH).
+pub const MAX_HDR_LEN: usize = BTH_LEN + DCETH_LEN + ATOMIC_ETH_LEN + IETH_LEN;
 
 /// Transport service of a BTH opcode (bits 7:5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +123,11 @@ pub mod svc {
     pub const RD: u8 = 0x40;
     /// UD opcodes.
     pub const UD: u8 = 0x60;
+    /// DC requests (DCI to DCT): the RC request opcodes in the first
+    /// manufacturer-specific range (IBA table 38, 110xxxxx), each with a
+    /// DCETH after the BTH. ConnectX's DC wire format is not public; this
+    /// is the model's. Responses to a DCI are plain RC responses.
+    pub const DC: u8 = 0xc0;
 }
 
 /// Which extension headers follow the BTH for `opcode`, in wire order.
@@ -140,6 +147,8 @@ pub struct Layout {
     pub imm: bool,
     /// IETH.
     pub ieth: bool,
+    /// DCETH (DC requests).
+    pub dceth: bool,
     /// The packet may carry payload.
     pub payload: bool,
 }
@@ -175,10 +184,12 @@ impl Layout {
             atomic_ack: false,
             imm: false,
             ieth: false,
+            dceth: false,
             payload: false,
         };
         match service {
             svc::RC => {}
+            svc::DC => l.dceth = true,
             svc::UC => {
                 if !matches!(o, 0x00..=0x0b) {
                     return None;
@@ -230,8 +241,12 @@ impl Layout {
             }
             _ => return None,
         }
-        // Responses and atomics exist on RC only.
-        if service != svc::RC && (l.aeth || l.atomic || o == op::READ_REQUEST || l.ieth) {
+        // Responses exist on RC only; atomics, READs and invalidation on
+        // RC and DC.
+        let reliable = service == svc::RC || service == svc::DC;
+        if (service != svc::RC && l.aeth)
+            || (!reliable && (l.atomic || o == op::READ_REQUEST || l.ieth))
+        {
             return None;
         }
         Some(l)
@@ -248,6 +263,7 @@ impl Layout {
             + usize::from(self.atomic_ack) * ATOMIC_ACK_ETH_LEN
             + usize::from(self.imm) * IMMDT_LEN
             + usize::from(self.ieth) * IETH_LEN
+            + usize::from(self.dceth) * DCETH_LEN
     }
 }
 
@@ -342,6 +358,20 @@ pub struct Deth {
     pub src_qp: u32,
 }
 
+/// DC extended transport header (the model's, after the BTH of a DC
+/// request): the DC access key the DCT checks, the DCI's QP number (the
+/// destination of the responses) and whether this packet opens the
+/// connection (its PSN is then the connection's first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dceth {
+    /// DC access key.
+    pub dc_key: u64,
+    /// The DCI (24 bits).
+    pub src_qp: u32,
+    /// The first packet of a connection (DC connect).
+    pub connect: bool,
+}
+
 /// The transport headers of one packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Headers {
@@ -361,6 +391,8 @@ pub struct Headers {
     pub imm: Option<u32>,
     /// IETH: the rkey to invalidate.
     pub ieth: Option<u32>,
+    /// DCETH, for DC requests.
+    pub dceth: Option<Dceth>,
 }
 
 /// A packet that cannot be parsed.
@@ -437,6 +469,17 @@ impl Headers {
         );
         put32(out, 8, u32::from(b.ack_req) << 31 | (b.psn & 0xff_ffff));
         let mut at = BTH_LEN;
+        if l.dceth {
+            let d = self.dceth.unwrap_or_default();
+            put64(out, at, d.dc_key);
+            put32(
+                out,
+                at + 8,
+                u32::from(d.connect) << 31 | (d.src_qp & 0xff_ffff),
+            );
+            put32(out, at + 12, 0);
+            at += DCETH_LEN;
+        }
         if l.deth {
             let d = self.deth.unwrap_or_default();
             put32(out, at, d.qkey);
@@ -519,6 +562,15 @@ impl Headers {
             ..Headers::default()
         };
         let mut at = BTH_LEN;
+        if l.dceth {
+            let w = get32(buf, at + 8);
+            h.dceth = Some(Dceth {
+                dc_key: get64(buf, at),
+                src_qp: w & 0xff_ffff,
+                connect: w & 1 << 31 != 0,
+            });
+            at += DCETH_LEN;
+        }
         if l.deth {
             h.deth = Some(Deth {
                 qkey: get32(buf, at),
@@ -872,13 +924,18 @@ mod tests {
 
     #[test]
     fn every_opcode_round_trips() {
-        for service in [svc::RC, svc::UC, svc::UD] {
+        for service in [svc::RC, svc::UC, svc::UD, svc::DC] {
             for o in 0u8..0x20 {
                 let opcode = service | o;
                 let Some(l) = Layout::of(opcode) else {
                     continue;
                 };
                 let h = Headers {
+                    dceth: l.dceth.then_some(Dceth {
+                        dc_key: 0xdc00_0000_0000_00dc,
+                        src_qp: 0xab_cdef,
+                        connect: o % 2 == 0,
+                    }),
                     bth: Bth {
                         opcode,
                         se: true,

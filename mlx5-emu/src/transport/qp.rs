@@ -30,8 +30,8 @@ pub(crate) mod state {
 /// QP service types (`qpc.st`, [`mlx5_hw::qp`]'s `QPC_ST_*`).
 pub(crate) mod st {
     pub use mlx5_hw::qp::{
-        QPC_ST_QP1 as QP1, QPC_ST_RC as RC, QPC_ST_REG_UMR as REG_UMR, QPC_ST_UC as UC,
-        QPC_ST_UD as UD,
+        QPC_ST_DCI as DCI, QPC_ST_QP1 as QP1, QPC_ST_RC as RC, QPC_ST_REG_UMR as REG_UMR,
+        QPC_ST_UC as UC, QPC_ST_UD as UD,
     };
 }
 
@@ -131,6 +131,8 @@ pub(crate) struct Sq {
     /// Counts of the burst in progress, added to the counters at its end
     /// and before any CQE.
     pub tally: Tally,
+    /// A DCI's connection and streams.
+    pub dc: super::dc::DciState,
 }
 
 /// Packets and bytes sent to the peer, and messages completed, not yet in
@@ -247,6 +249,12 @@ pub(crate) struct Qp {
     pub counter_set: std::sync::atomic::AtomicU32,
     pub sq: Mutex<Sq>,
     pub rq: Mutex<Rq>,
+    /// A DCT's connection (transport/dc.rs), not a QP of the driver's.
+    pub dct_conn: bool,
+    /// A DCI's `log_num_dci_stream_channels` (0: no streams) and
+    /// `log_num_dci_errored_streams`.
+    pub log_dci_streams: u8,
+    pub log_dci_errored: u8,
 }
 
 impl Qp {

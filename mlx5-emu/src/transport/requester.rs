@@ -29,6 +29,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice
 use zerocopy::FromBytes;
 
 use super::cq::Completion;
+use super::dc::{self, DcLink, Target};
 use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
 use super::qp::{self, state, Peer, Qp, Retry, Sq};
@@ -131,6 +132,8 @@ struct Wqe {
 #[derive(Clone, Copy)]
 struct Av {
     qkey: u32,
+    /// The whole `key` union: a DC WQE's DC access key.
+    dc_key: u64,
     dqpn: u32,
     rmac: [u8; 6],
     tclass: u8,
@@ -224,14 +227,19 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
             if !sq.unacked.is_empty() && !drain(rdma, qp, &mut sq, mem) {
                 rewind(rdma, qp, &mut sq, mem, None);
             }
+            // An idle DCI disconnects.
+            dci_disconnect(rdma, qp, &mut sq);
             break;
         }
         busy = true;
         let ci = sq.ci;
         let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe);
-        // Only RC SENDs and WRITEs complete by a later, coalesced ACK;
-        // anything else completes after the messages before it.
-        let coalesced = qp.st == qp::st::RC
+        // Only RC SENDs and WRITEs (a DCI's to the target it is connected
+        // to) complete by a later, coalesced ACK; anything else completes
+        // after the messages before it.
+        let target = parsed.as_ref().ok().and_then(|w| dci_target(qp, w, &wqe));
+        let same = target.is_some() && sq.dc.conn.map(|c| c.0) == target;
+        let coalesced = (qp.st == qp::st::RC || same)
             && parsed.as_ref().is_ok_and(|w| {
                 matches!(
                     w.opcode,
@@ -251,9 +259,14 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
                 break;
             }
         }
+        if target.is_some() && !same {
+            // The DCI's next target: it leaves the one it is connected to.
+            dci_disconnect(rdma, qp, &mut sq);
+        }
         let (w, outcome) = match parsed {
             Ok(w) => {
-                let o = run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe);
+                let o = dci_flushed(qp, &mut sq, &wqe)
+                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe));
                 (Some(w), o)
             }
             Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
@@ -368,6 +381,9 @@ fn finish(
             rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(qpn = qp.qpn, %synd, vendor = v, "requester error");
             qp.scq.push(rdma, mem, &c);
+            if qp.st == qp::st::DCI {
+                return dci_failed(rdma, qp, sq);
+            }
             if qp.st == qp::st::RC || qp.st == qp::st::REG_UMR {
                 qp.to_error(rdma);
             } else {
@@ -477,6 +493,10 @@ fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool 
             // Across a link: the ACK of the last message in flight.
             (Some(l), Some(u)) => l.collect(rdma, qp.qpn, Until::Ack(u.last_psn), reply),
             (Some(_), None) => {}
+            (None, _) if qp.st == qp::st::DCI => {
+                let ids = (sq.remote_qpn, qp.qpn);
+                fabric::dc_drained(rdma, &p.rdma, &p.addr, ids, false, reply);
+            }
             (None, _) => fabric::drained(rdma, &p.rdma, &p.addr, sq.remote_qpn, reply),
         }
     }
@@ -628,7 +648,7 @@ fn run_wqe(
             }
         };
     }
-    if matches!(qp.st, qp::st::UD | qp::st::QP1) {
+    if matches!(qp.st, qp::st::UD | qp::st::QP1 | qp::st::DCI) {
         let seg = buf
             .get(at..end)
             .and_then(|b| WqeDatagramSeg::ref_from_prefix(b).ok());
@@ -695,6 +715,17 @@ fn opcode_allowed(st: u8, opcode: WqeOpcode) -> bool {
             W::Nop | W::Send | W::SendImm | W::RdmaWrite | W::RdmaWriteImm
         ),
         qp::st::UD | qp::st::QP1 => matches!(opcode, W::Nop | W::Send | W::SendImm),
+        qp::st::DCI => matches!(
+            opcode,
+            W::Nop
+                | W::Send
+                | W::SendImm
+                | W::RdmaWrite
+                | W::RdmaWriteImm
+                | W::RdmaRead
+                | W::AtomicCs
+                | W::AtomicFa
+        ),
         _ => matches!(opcode, W::Nop),
     }
 }
@@ -706,6 +737,7 @@ fn datagram_av(seg: &WqeDatagramSeg) -> Av {
     Av {
         // The UD qkey is the upper half of the `key` union (qkey.qkey).
         qkey: (a.dc_key.get() >> 32) as u32,
+        dc_key: a.dc_key.get(),
         dqpn: a.dqp_dct.get() & 0xff_ffff,
         rmac: a.rmac,
         tclass: a.tclass,
@@ -1052,7 +1084,10 @@ fn connected(
     w: &Wqe,
 ) -> Outcome {
     use WqeOpcode as W;
-    let rc = qp.st == qp::st::RC;
+    let rc = qp.st == qp::st::RC || qp.st == qp::st::DCI;
+    if qp.st == qp::st::DCI {
+        dci_connect(sq, w);
+    }
     if let Err(o) = find_peer(rdma, sq) {
         return o;
     }
@@ -1071,7 +1106,15 @@ fn connected(
     };
     let mut ans = Answer::default();
     let has_peer = sq.peer.is_some();
-    if let Some(link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {
+    if let Some(mut link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {
+        link.dc = (qp.st == qp::st::DCI)
+            .then_some(sq.dc.conn)
+            .flatten()
+            .map(|(t, first_psn)| DcLink {
+                key: t.key,
+                dci: qp.qpn,
+                first_psn,
+            });
         if matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa) {
             send_request(&link, sq, w, rc, &mut ans);
         } else {
@@ -1139,6 +1182,8 @@ struct Link<'a, 'b> {
     mem: &'a GuestMemoryMmap,
     ext: &'a [Extent],
     span: Span,
+    /// A DCI's connection: its packets are DC requests.
+    dc: Option<DcLink>,
 }
 
 impl<'a, 'b> Link<'a, 'b> {
@@ -1175,11 +1220,20 @@ impl<'a, 'b> Link<'a, 'b> {
             mem,
             ext: &sq.ext,
             span,
+            dc: None,
         })
     }
 
     /// Sends one packet; its responses go into `ans`.
     fn send(&self, h: &Headers, payload: Payload<'_>, ans: &mut Answer) {
+        let dch;
+        let h = match &self.dc {
+            Some(d) => {
+                dch = d.decorate(h);
+                &dch
+            }
+            None => h,
+        };
         let pkt = Packet {
             addr: self.addr,
             hdr: h,
@@ -1244,7 +1298,8 @@ fn send_data(link: &Link<'_, '_>, sq: &Sq, burst: &Burst<'_>, w: &Wqe, rc: bool,
         }
         _ => None,
     };
-    if let Some(src) = whole.filter(|_| rc && w.opcode == W::RdmaWrite && s.npkts > 1) {
+    let train = rc && link.dc.is_none() && w.opcode == W::RdmaWrite && s.npkts > 1;
+    if let Some(src) = whole.filter(|_| train) {
         let t = fabric::Train {
             addr: link.addr,
             dest_qp: sq.remote_qpn,
@@ -1501,4 +1556,90 @@ fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         rq.ci = rq.ci.wrapping_add(1);
     }
     busy
+}
+
+/// The target a DCI's WQE names (none for a NOP or another QP's WQE).
+fn dci_target(qp: &Qp, w: &Wqe, wqe: &[u8]) -> Option<Target> {
+    let dg = (mlx5_hw::ifc::wqe_ctrl_seg::SIZE_BYTES + wqe_datagram_seg::SIZE_BYTES) as u64;
+    (qp.st == qp::st::DCI && w.opcode != WqeOpcode::Nop && w.len >= dg)
+        .then(|| dc::target_of(wqe))
+        .flatten()
+}
+
+/// A DCI's WQE on a stream in error is flushed, never sent.
+fn dci_flushed(qp: &Qp, sq: &mut Sq, wqe: &[u8]) -> Option<Outcome> {
+    let stream = dc::stream_of(qp, wqe);
+    sq.dc.stream = stream;
+    dc::stream_in_error(&sq.dc, stream).then_some(Outcome::Error(CqeSyndrome::WrFlushErr, 0))
+}
+
+/// The DCI connects to the target its WQE names, unless it is connected
+/// to it: the path and DCT number from the address vector; the next PSN
+/// is the connection's first.
+fn dci_connect(sq: &mut Sq, w: &Wqe) {
+    let Some(av) = w.av else {
+        return;
+    };
+    let t = Target {
+        dgid: av.rgid,
+        dctn: av.dqpn,
+        key: av.dc_key,
+    };
+    if sq.dc.conn.is_some_and(|c| c.0 == t) {
+        return;
+    }
+    sq.path = qp::Path {
+        dgid: av.rgid,
+        sgid_index: av.sgid_index,
+        dmac: av.rmac,
+        hop_limit: av.hop_limit,
+        tclass: av.tclass,
+        flow_label: av.flow_label,
+        udp_sport: av.udp_sport,
+        ..sq.path
+    };
+    sq.remote_qpn = t.dctn;
+    sq.peer = None;
+    sq.dc.conn = Some((t, sq.psn));
+    sq.dc.connects += 1;
+}
+
+/// The DCI leaves its target (idle, or its next WQE names another): the
+/// DCT forgets the connection.
+fn dci_disconnect(rdma: &Rdma, qp: &Qp, sq: &mut Sq) {
+    if qp.st != qp::st::DCI || !sq.unacked.is_empty() {
+        return;
+    }
+    dci_leave(rdma, qp, sq);
+}
+
+/// The DCI tells its target the connection is over (found again by its
+/// GID when the peer was dropped for a retry), and forgets it.
+fn dci_leave(rdma: &Rdma, qp: &Qp, sq: &mut Sq) {
+    let Some((t, _)) = sq.dc.conn.take() else {
+        return;
+    };
+    let dst = match &sq.peer {
+        Some(p) => Some((p.rdma.clone(), p.addr)),
+        None => rdma.route(&t.dgid).zip(path_addr(rdma, sq)),
+    };
+    if let Some((dst, addr)) = dst {
+        fabric::dc_drained(rdma, &dst, &addr, (t.dctn, qp.qpn), true, &mut |_| {});
+    }
+    flush_tally(rdma, sq);
+    sq.peer = None;
+}
+
+/// A DCI's WQE completed in error: the connection is gone; with streams
+/// only the WQE's stream goes to error (true: the DCI goes on) until the
+/// errored-stream limit, else (and without streams) the DCI goes to ERR.
+fn dci_failed(rdma: &Rdma, qp: &Qp, sq: &mut Sq) -> bool {
+    dci_leave(rdma, qp, sq);
+    if let Some(s) = sq.dc.stream {
+        if !dc::stream_failed(qp, &mut sq.dc, s) {
+            return true;
+        }
+    }
+    qp.to_error(rdma);
+    false
 }

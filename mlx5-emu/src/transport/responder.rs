@@ -73,6 +73,9 @@ fn receive_in(
     if !routed && !rdma.has_gid(&pkt.addr.dst_gid) {
         return drop("destination GID");
     }
+    if h.bth.opcode & 0xe0 == svc::DC {
+        return super::dc::receive(rdma, dmem, pkt, reply);
+    }
     let qpn = if h.bth.dest_qp == 1 {
         match *rlock(&rdma.gsi) {
             Some(q) => q,
@@ -110,7 +113,16 @@ pub(crate) fn drained(rdma: &Rdma, addr: &RoceAddr, qpn: u32, reply: &mut dyn Fn
     let Some(qp) = rdma.qp(qpn) else {
         return;
     };
-    if qp.st != qp::st::RC || !qp.receives() {
+    if qp.st != qp::st::RC {
+        return;
+    }
+    owed_ack(&qp, addr, reply);
+}
+
+/// The ACK an RC responder (a QP, or a DCT's connection) holds back, if
+/// any, goes out now.
+pub(crate) fn owed_ack(qp: &Qp, addr: &RoceAddr, reply: &mut dyn FnMut(&Packet<'_>)) {
+    if !qp.receives() {
         return;
     }
     let mut rq = lock(&qp.rq);
@@ -188,12 +200,17 @@ enum Fatal {
 
 fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> u8 {
     let (code, cqe) = match f {
+        // A DCT's connection ends without an event (the DCT goes on).
         Fatal::Access => {
-            rdma.qp_event(EventType::WqAccessError, qp.qpn, false);
+            if !qp.dct_conn {
+                rdma.qp_event(EventType::WqAccessError, qp.qpn, false);
+            }
             (aeth::NAK_REMOTE_ACCESS, None)
         }
         Fatal::Invalid => {
-            rdma.qp_event(EventType::WqInvalReqError, qp.qpn, false);
+            if !qp.dct_conn {
+                rdma.qp_event(EventType::WqInvalReqError, qp.qpn, false);
+            }
             (aeth::NAK_INVALID_REQUEST, None)
         }
         Fatal::Length(wqe) => (
@@ -337,7 +354,7 @@ impl Refused {
 /// opcode the opcode-sequence check, rkey and access validation and the
 /// execution (SEND, WRITE, READ, atomic, each with its CQE where one is
 /// due), then the ACK or NAK.
-fn rc(
+pub(crate) fn rc(
     rdma: &Rdma,
     qp: &Arc<Qp>,
     h: &Headers,

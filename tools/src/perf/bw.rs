@@ -61,7 +61,7 @@ pub struct BwReport {
 
 /// Runs one round.
 pub fn run(side: &mut Side, p: &Params, ctl: &mut Ctl, r: Round) -> Result<Stamps, String> {
-    let nq = side.qps.len();
+    let nq = side.nqps();
     let total = r.iters * nq as u64;
     let l = p.flags.post_list as u64;
     let cq_mod = p.cq_mod as u64;

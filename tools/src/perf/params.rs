@@ -82,6 +82,8 @@ pub enum Conn {
     Uc,
     /// Unreliable datagram.
     Ud,
+    /// Dynamically Connected: DCIs send to the peer's DCTs (`verbs::dc`).
+    Dc,
 }
 
 impl Conn {
@@ -91,6 +93,7 @@ impl Conn {
             Conn::Rc => "RC",
             Conn::Uc => "UC",
             Conn::Ud => "UD",
+            Conn::Dc => "DC",
         }
     }
 }
@@ -259,7 +262,8 @@ impl Params {
         if f.bidirectional && !bw {
             return Err("-b: bidirectional is for bandwidth tests".into());
         }
-        if matches!(test.verb, Verb::Read | Verb::Atomic) && f.conn != Conn::Rc {
+        if matches!(test.verb, Verb::Read | Verb::Atomic) && !matches!(f.conn, Conn::Rc | Conn::Dc)
+        {
             return Err(format!(
                 "{} needs RC (-c {} given)",
                 test.verb.name(),

@@ -47,8 +47,13 @@ pub fn header(p: &Params, dev: &str, client: bool, mtu_bytes: u32) -> String {
     o += &format!(" Dual-port       : OFF\t\tDevice         : {dev}\n");
     o += &format!(" Number of qps   : {}\t\tTransport type : IB\n", f.qps);
     o += &format!(
-        " Connection type : {}\t\tUsing SRQ      : OFF\n",
-        f.conn.name()
+        " Connection type : {}\t\tUsing SRQ      : {}\n",
+        f.conn.name(),
+        if f.conn == super::params::Conn::Dc {
+            "ON"
+        } else {
+            "OFF"
+        }
     );
     o += " PCIe relax order: Unsupported\t\tLock-free\t: Unsupported\n";
     o += " ibv_wr* API     : OFF\t\tUsing Enhanced Reorder      : OFF\n";

@@ -9,11 +9,13 @@ use std::time::Duration;
 use verbs::ah::Ah;
 use verbs::channel::CompChannel;
 use verbs::cq::{Cq, Wc, WcStatus};
+use verbs::dc::{DcAv, Dci, DciInitAttr, DciPath, Dct, DctInitAttr};
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr};
 use verbs::pd::Pd;
 use verbs::qp::{required_mask, AhAttr, Qp, QpAttr, QpCap, QpInitAttr, QpState, QpType};
+use verbs::srq::Srq;
 use vfio::{DmaBuffer, PciFunction};
 
 use super::exchange::Dest;
@@ -21,6 +23,8 @@ use super::params::{Conn, Params, Verb};
 
 /// perftest's `DEF_QKEY`.
 pub const QKEY: u32 = 0x1111_1111;
+/// perftest's `DC_KEY`: the DC access key of every DCT.
+pub const DC_KEY: u64 = 0xffee_ddcc;
 /// Room for the GRH a UD receive starts with.
 pub const GRH: u64 = 40;
 
@@ -46,8 +50,10 @@ pub struct Side {
     pub region: u64,
     /// The QPs.
     pub qps: Vec<Qp>,
-    /// UD: an address handle per remote QP.
+    /// UD and DC: an address handle per remote QP (or DCT).
     pub ahs: Vec<Ah>,
+    /// DC (`-c DC`): a DCI and a DCT per `-q`, the DCTs' receives from one SRQ.
+    pub dc: Option<DcRes>,
     /// The peer's addresses.
     pub remote: Vec<Dest>,
     /// Our initial PSNs.
@@ -58,6 +64,18 @@ pub struct Side {
     pub mtu: u8,
     /// Inline payload staging, reused by every post.
     scratch: Vec<u8>,
+}
+
+/// A side's DC objects (perftest's DC mode: the client's DCIs send to the
+/// server's DCTs; here every side has both, so `-b` works too).
+#[derive(Debug)]
+pub struct DcRes {
+    /// Senders, one per `-q`.
+    pub dcis: Vec<Dci>,
+    /// Targets, one per `-q` (their numbers go to the peer as QPNs).
+    pub dcts: Vec<Dct>,
+    /// The DCTs' receives.
+    pub srq: Srq,
 }
 
 impl std::fmt::Debug for Side {
@@ -151,11 +169,21 @@ impl Side {
             Conn::Rc => QpType::Rc,
             Conn::Uc => QpType::Uc,
             Conn::Ud => QpType::Ud,
+            Conn::Dc => QpType::Rc,
         };
         let recv = p.test.verb == Verb::Send;
         let mut qps = Vec::new();
         let mut psns = Vec::new();
+        let dc = if p.flags.conn == Conn::Dc {
+            Some(dc_res(&ctx, &pd, &scq, &rcq, p, mtu)?)
+        } else {
+            None
+        };
+        let rc_like = if dc.is_some() { 0 } else { nq };
         for i in 0..nq {
+            psns.push(seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7919) & 0xff_ffff);
+        }
+        for _ in 0..rc_like {
             let qp = pd
                 .create_qp(&QpInitAttr {
                     send_cq: &scq,
@@ -175,7 +203,6 @@ impl Side {
                     sq_sig_all: false,
                 })
                 .map_err(e("ibv_create_qp"))?;
-            psns.push(seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7919) & 0xff_ffff);
             qps.push(qp);
         }
         Ok(Self {
@@ -190,12 +217,18 @@ impl Side {
             region,
             qps,
             ahs: Vec::new(),
+            dc,
             remote: Vec::new(),
             psns,
             mtu_bytes,
             mtu,
             scratch: Vec::new(),
         })
+    }
+
+    /// QPs (`-q`): RC/UC/UD QPs, or DCIs.
+    pub fn nqps(&self) -> usize {
+        self.dc.as_ref().map_or(self.qps.len(), |d| d.dcis.len())
     }
 
     /// Address of QP `i`'s receive half (what the peer writes/reads/atomics).
@@ -214,31 +247,39 @@ impl Side {
             .ctx
             .query_gid(1, p.gid_index)
             .map_err(e("ibv_query_gid"))?;
-        Ok(self
-            .qps
+        // DC: the peer's DCIs address our DCTs.
+        let qpns: Vec<u32> = match &self.dc {
+            Some(d) => d.dcts.iter().map(Dct::dctn).collect(),
+            None => self.qps.iter().map(Qp::qp_num).collect(),
+        };
+        let srqn = self.dc.as_ref().map_or(0, |d| d.srq.srqn());
+        Ok(qpns
             .iter()
             .enumerate()
-            .map(|(i, q)| Dest {
+            .map(|(i, &qpn)| Dest {
                 lid: 0,
                 out_reads: p.outs as u16,
-                qpn: q.qp_num(),
+                qpn,
                 psn: self.psns[i],
                 rkey: self.mr.rkey(),
                 vaddr: self.recv_addr(i),
                 gid,
-                srqn: 0,
+                srqn,
             })
             .collect())
     }
 
     /// Moves every QP to RTS towards `remote`.
     pub fn connect(&mut self, p: &Params, remote: Vec<Dest>) -> Result<(), String> {
-        if remote.len() != self.qps.len() {
+        if remote.len() != self.nqps() {
             return Err(format!(
                 "peer has {} QPs, this side {}: run both with the same -q",
                 remote.len(),
-                self.qps.len()
+                self.nqps()
             ));
+        }
+        if self.dc.is_some() {
+            return self.connect_dc(p, remote);
         }
         let ud = p.flags.conn == Conn::Ud;
         let outs = p
@@ -379,6 +420,24 @@ impl Side {
         } else {
             Payload::Sges(&sges)
         };
+        if let Some(d) = &mut self.dc {
+            let av = DcAv::new(&self.ahs[i], r.qpn, DC_KEY, 0);
+            let wr = |flags| {
+                let w = SendWr {
+                    wr_id,
+                    op,
+                    payload,
+                    flags,
+                    ud: None,
+                };
+                (w, av.clone())
+            };
+            let mut wrs: Vec<_> = (1..n.max(1)).map(|_| wr(0)).collect();
+            wrs.push(wr(if signaled { send_flags::SIGNALED } else { 0 }));
+            let res = d.dcis[i].post_send(&wrs);
+            self.scratch = inline_bytes;
+            return res.map_err(|(k, err)| format!("ibv_post_send (WR {k}): {err}"));
+        }
         let ud = self.ahs.get(i).map(|ah| UdDest {
             ah,
             remote_qpn: r.qpn,
@@ -413,11 +472,99 @@ impl Side {
             .mr
             .sge(i as u64 * self.region, len as u32)
             .map_err(e("SGE"))?;
-        self.qps[i]
-            .post_recv(&[verbs::qp::RecvWr {
-                wr_id: i as u64,
-                sg_list: &[sge],
-            }])
-            .map_err(|(_, err)| format!("ibv_post_recv: {err}"))
+        let wr = verbs::qp::RecvWr {
+            wr_id: i as u64,
+            sg_list: &[sge],
+        };
+        match &self.dc {
+            Some(d) => d.srq.post_recv(&[wr]),
+            None => self.qps[i].post_recv(&[wr]),
+        }
+        .map_err(|(_, err)| format!("ibv_post_recv: {err}"))
+    }
+}
+
+/// `-c DC`: a DCI (send CQ) and a DCT (receive CQ, on one SRQ) per `-q`.
+fn dc_res(
+    ctx: &Context,
+    pd: &Pd,
+    scq: &Cq,
+    rcq: &Cq,
+    p: &Params,
+    mtu: u8,
+) -> Result<DcRes, String> {
+    let nq = p.flags.qps;
+    let srq = pd
+        .create_srq((p.rx_depth * nq).clamp(16, 8192), 1)
+        .map_err(e("ibv_create_srq"))?;
+    let mut dcis = Vec::new();
+    let mut dcts = Vec::new();
+    let _ = ctx;
+    for _ in 0..nq {
+        let dci = pd
+            .create_dci(&DciInitAttr {
+                send_cq: scq,
+                cap: QpCap {
+                    max_send_wr: p.tx_depth.max(2),
+                    max_send_sge: 1,
+                    max_inline_data: p.inline_size,
+                    ..QpCap::default()
+                },
+                sq_sig_all: false,
+                streams: None,
+            })
+            .map_err(e("create DCI"))?;
+        let dct = pd
+            .create_dct(&DctInitAttr {
+                cq: rcq,
+                srq: &srq,
+                access_key: DC_KEY,
+                access_flags: access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC,
+                path_mtu: mtu,
+                min_rnr_timer: 12,
+                ah_attr: AhAttr {
+                    sgid_index: p.gid_index as u8,
+                    hop_limit: 64,
+                    port_num: 1,
+                    ..Default::default()
+                },
+                pkey_index: 0,
+            })
+            .map_err(e("create DCT"))?;
+        dcis.push(dci);
+        dcts.push(dct);
+    }
+    Ok(DcRes { dcis, dcts, srq })
+}
+
+impl Side {
+    /// `-c DC`: every DCI to RTS, an address handle per peer DCT.
+    fn connect_dc(&mut self, p: &Params, remote: Vec<Dest>) -> Result<(), String> {
+        let Some(d) = &mut self.dc else {
+            return Ok(());
+        };
+        for (i, dci) in d.dcis.iter_mut().enumerate() {
+            dci.to_rts(&DciPath {
+                path_mtu: self.mtu,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                sq_psn: self.psns[i],
+            })
+            .map_err(e("modify DCI to RTS"))?;
+            let ah = self
+                .pd
+                .create_ah(&AhAttr {
+                    dgid: remote[i].gid,
+                    sgid_index: p.gid_index as u8,
+                    hop_limit: 64,
+                    port_num: 1,
+                    ..Default::default()
+                })
+                .map_err(e("ibv_create_ah"))?;
+            self.ahs.push(ah);
+        }
+        self.remote = remote;
+        Ok(())
     }
 }
