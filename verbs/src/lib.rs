@@ -74,6 +74,7 @@ mod error;
 pub mod health;
 pub mod mr;
 pub mod mw;
+pub mod odp;
 pub mod pagealloc;
 pub mod pd;
 pub mod qp;

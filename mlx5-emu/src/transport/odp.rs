@@ -80,6 +80,9 @@ pub(crate) struct Odp {
     /// How many QPs have a requester fault pending (the send queue's fast
     /// path looks no further while 0).
     pending_req: AtomicU32,
+    /// The same of responders (their packets get RNR NAKs meanwhile, even
+    /// once the page is present: the resume releases the QP).
+    pending_resp: AtomicU32,
     /// Page-fault events raised.
     pub faults: AtomicU64,
     /// PAGE_FAULT_RESUME commands taken (with `error`: `resume_errors`).
@@ -136,10 +139,20 @@ impl Odp {
                 .is_some_and(|f| f.hold == Hold::Pending)
     }
 
+    /// Whether QP `qpn`'s responder waits for a resume.
+    #[inline]
+    pub(crate) fn responder_waits(&self, qpn: u32) -> bool {
+        self.pending_resp.load(Ordering::Acquire) != 0
+            && lock(&self.held)
+                .get(&(qpn, Side::Responder))
+                .is_some_and(|f| f.hold == Hold::Pending)
+    }
+
     /// Forgets every fault (reset, teardown).
     pub(crate) fn reset(&self) {
         lock(&self.held).clear();
         self.pending_req.store(0, Ordering::Release);
+        self.pending_resp.store(0, Ordering::Release);
         self.pf_eq.store(false, Ordering::Release);
     }
 
@@ -184,9 +197,10 @@ impl Odp {
             return Err(ResumeError::Mismatch);
         }
         f.hold = if error { Hold::Failed } else { Hold::Resumed };
-        if side == Side::Requester {
-            self.pending_req.fetch_sub(1, Ordering::AcqRel);
-        }
+        match side {
+            Side::Requester => self.pending_req.fetch_sub(1, Ordering::AcqRel),
+            Side::Responder => self.pending_resp.fetch_sub(1, Ordering::AcqRel),
+        };
         self.resumes.fetch_add(1, Ordering::Relaxed);
         if error {
             self.resume_errors.fetch_add(1, Ordering::Relaxed);
@@ -292,9 +306,10 @@ impl Rdma {
             hold: Hold::Pending,
         };
         lock(&self.odp.held).insert((qpn, side), f);
-        if side == Side::Requester {
-            self.odp.pending_req.fetch_add(1, Ordering::AcqRel);
-        }
+        match side {
+            Side::Requester => self.odp.pending_req.fetch_add(1, Ordering::AcqRel),
+            Side::Responder => self.odp.pending_resp.fetch_add(1, Ordering::AcqRel),
+        };
         self.odp.faults.fetch_add(1, Ordering::Relaxed);
     }
 
