@@ -421,3 +421,43 @@ fn a_fault_on_memory_the_process_does_not_map_ends_in_the_error_cqe() {
         "{wc:?}"
     );
 }
+
+#[test]
+fn userfaultfd_events_invalidate_the_region() {
+    let clock = ManualClock::new();
+    let mut p = cx5_pair(&clock);
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(16));
+    let mb = Anon::new(1 << 16);
+    let rb = odp(&p.b, &mb, ODP_ALL);
+    let _watch = match rb.watch_unmaps(mb.addr(), 1 << 16) {
+        Ok(w) => w,
+        Err(e) => panic!("userfaultfd here (root, Linux 5.7+) should work: {e}"),
+    };
+    let write = |qa: &mut Qp, p: &mut Pair, seed: u8| {
+        fill(&p.a.buf, 0, 4096, seed);
+        let op = SendOp::RdmaWrite {
+            raddr: mb.addr(),
+            rkey: rb.rkey(),
+        };
+        post(qa, u64::from(seed), op, p.a.mr.sge(0, 4096).unwrap());
+        let wc = complete(&clock, &mut p.a.cq, 1);
+        assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+    };
+    write(&mut qa, &mut p, 1);
+    assert_eq!(rb.stats().mappings, 1);
+    // The application drops the pages (no call to the driver): the
+    // userfaultfd REMOVE event invalidates the region.
+    // SAFETY: our own mapping; the device is idle.
+    let r = unsafe { libc::madvise(mb.ptr.cast(), 1 << 16, libc::MADV_DONTNEED) };
+    assert_eq!(r, 0);
+    until("the REMOVE event invalidated the region", || {
+        rb.stats().invalidations == 1
+    });
+    let s = rb.stats();
+    assert_eq!((s.mappings, s.pages_invalidated), (0, 1), "{s:?}");
+    assert_eq!(mb.read(0, 4), [0; 4], "DONTNEED gave fresh zero pages");
+    let faults = s.page_faults;
+    write(&mut qa, &mut p, 2);
+    assert_eq!(mb.read(0, 4096), read(&p.a.buf, 0, 4096));
+    assert!(rb.stats().page_faults > faults, "faulted again");
+}

@@ -82,6 +82,7 @@ mod rq;
 pub mod shared;
 pub mod srq;
 pub mod uar;
+pub mod uffd;
 pub mod umr;
 pub mod vma;
 pub mod wq;

@@ -34,9 +34,8 @@
 //!   stops using it), then unmapped from the IOMMU; the next access faults
 //!   again and maps whatever memory is there then. User space has no MMU
 //!   notifier: the application calls it before `munmap`/`mremap`/
-//!   `madvise(DONTNEED)`, or a `userfaultfd` monitor registered on the
-//!   range (UFFDIO_REGISTER_MODE_WP with UFFD_FEATURE_EVENT_REMOVE |
-//!   EVENT_UNMAP | EVENT_REMAP) calls it on those events (not built here).
+//!   `madvise(DONTNEED)`, or [`OdpMr::watch_unmaps`] calls it on the
+//!   `userfaultfd` events of those (`crate::uffd`).
 //! - **Statistics** ([`OdpStats`], the per-MR counters Linux reports with
 //!   `rdma stat show mr`: page faults, pages faulted, invalidations,
 //!   prefetches), per region and per context.
@@ -475,7 +474,7 @@ enum Kind {
 }
 
 #[derive(Debug)]
-struct OdpMrInner {
+pub(crate) struct OdpMrInner {
     engine: Arc<Engine>,
     pd: Arc<PdInner>,
     mkey: u32,
@@ -489,7 +488,7 @@ struct OdpMrInner {
 /// An ODP memory region (`ibv_reg_mr` with `IBV_ACCESS_ON_DEMAND`).
 #[derive(Debug)]
 pub struct OdpMr {
-    inner: Arc<OdpMrInner>,
+    pub(crate) inner: Arc<OdpMrInner>,
 }
 
 impl Pd {
@@ -772,18 +771,23 @@ impl OdpMr {
     /// faults again. Returns the pages made absent (runs are invalidated
     /// whole, so it may be more than the range).
     pub fn invalidate_range(&self, addr: u64, len: u64) -> Result<u64> {
-        let n = self.inner.invalidate(addr, len)?;
-        let c = &self.inner.counters;
-        let t = &self.inner.pd.ctx.odp.total;
+        self.inner.invalidate_counted(addr, len)
+    }
+}
+
+impl OdpMrInner {
+    /// [`OdpMr::invalidate_range`].
+    pub(crate) fn invalidate_counted(&self, addr: u64, len: u64) -> Result<u64> {
+        let n = self.invalidate(addr, len)?;
+        let c = &self.counters;
+        let t = &self.pd.ctx.odp.total;
         c.invalidations.fetch_add(1, Ordering::Relaxed);
         t.invalidations.fetch_add(1, Ordering::Relaxed);
         c.pages_invalidated.fetch_add(n, Ordering::Relaxed);
         t.pages_invalidated.fetch_add(n, Ordering::Relaxed);
         Ok(n)
     }
-}
 
-impl OdpMrInner {
     /// Maps the pages of `[va, va + len)` not mapped yet; the pages mapped.
     fn map_range(&self, va: u64, len: u64, why: MapWhy) -> Result<u64> {
         let end = va.checked_add(len).ok_or(Error::Invalid("range wraps"))?;
