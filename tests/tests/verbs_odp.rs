@@ -461,3 +461,71 @@ fn userfaultfd_events_invalidate_the_region() {
     assert_eq!(mb.read(0, 4096), read(&p.a.buf, 0, 4096));
     assert!(rb.stats().page_faults > faults, "faulted again");
 }
+
+/// A PAGE_FAULT_RESUME of `token` (transport scheme, type 4: RDMA).
+fn resume(ctx: &Context, token: u32) -> verbs::Result<Vec<u8>> {
+    use mlx5_hw::ifc::{page_fault_resume_in as pin, page_fault_resume_out, trans_page_fault_info};
+    let mut inb = vec![0u8; pin::SIZE_BYTES];
+    let op = mlx5_hw::opcode::Opcode::PageFaultResume.to_raw();
+    pin::OPCODE.set(&mut inb, u64::from(op));
+    let info = &mut inb[pin::PAGE_FAULT_INFO.off / 8..];
+    trans_page_fault_info::PAGE_FAULT_TYPE.set(info, 4);
+    trans_page_fault_info::FAULT_TOKEN.set(info, u64::from(token));
+    trans_page_fault_info::WQ_NUMBER.set(info, u64::from(token));
+    ctx.hca()
+        .cmd()
+        .exec(&inb, page_fault_resume_out::SIZE_BYTES)
+}
+
+#[test]
+fn odp_refusals_by_name() {
+    use mlx5_hw::status::CmdStatus;
+    // ConnectX-4 Lx: no `pg`, no ODP: registration refused, and firmware
+    // refuses PAGE_FAULT_RESUME as an unknown operation.
+    let mut p = pair(1 << 16);
+    let mem = Anon::new(1 << 16);
+    // SAFETY: `mem` outlives the attempt.
+    let r = unsafe { p.a.pd.reg_mr_odp(mem.ptr, mem.len, ODP_ALL) };
+    assert!(
+        matches!(r, Err(verbs::Error::NotSupported(m)) if m.contains("pg")),
+        "{r:?}"
+    );
+    let r = resume(&p.a.ctx, 1);
+    assert!(
+        matches!(
+            r,
+            Err(verbs::Error::Cmd {
+                status: CmdStatus::BadOperation,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let _ = &mut p;
+    // ConnectX-5: a resume of a fault nobody raised is a bad parameter;
+    // a region of zero bytes, bad access and bad advice are refused.
+    let clock = ManualClock::new();
+    let q = cx5_pair(&clock);
+    let r = resume(&q.a.ctx, 0x77);
+    assert!(
+        matches!(
+            r,
+            Err(verbs::Error::Cmd {
+                status: CmdStatus::BadParameter,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // SAFETY: as above.
+    assert!(unsafe { q.a.pd.reg_mr_odp(mem.ptr, 0, ODP_ALL) }.is_err());
+    // SAFETY: as above.
+    let r = unsafe { q.a.pd.reg_mr_odp(mem.ptr, mem.len, access::REMOTE_WRITE) };
+    assert!(matches!(r, Err(verbs::Error::Invalid(_))), "{r:?}");
+    let r = odp(&q.a, &mem, ODP_ALL);
+    assert!(r.advise(advice::PREFETCH, 2, &[(mem.addr(), 1)]).is_err());
+    assert!(r
+        .advise(advice::PREFETCH, 0, &[(mem.addr() - 4096, 1)])
+        .is_err());
+    assert!(r.sge(mem.addr() + (1 << 16), 1).is_err());
+}
