@@ -148,6 +148,21 @@ impl Odp {
                 .is_some_and(|f| f.hold == Hold::Pending)
     }
 
+    /// Forgets the faults of a destroyed QP.
+    pub(crate) fn forget_qp(&self, qpn: u32) {
+        let mut h = lock(&self.held);
+        for side in [Side::Requester, Side::Responder] {
+            if h.remove(&(qpn, side))
+                .is_some_and(|f| f.hold == Hold::Pending)
+            {
+                match side {
+                    Side::Requester => self.pending_req.fetch_sub(1, Ordering::AcqRel),
+                    Side::Responder => self.pending_resp.fetch_sub(1, Ordering::AcqRel),
+                };
+            }
+        }
+    }
+
     /// Forgets every fault (reset, teardown).
     pub(crate) fn reset(&self) {
         lock(&self.held).clear();
@@ -320,5 +335,62 @@ impl Rdma {
             sub: sub.to_raw(),
             data,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(o: &Odp, qpn: u32, side: Side, token: u32, ty: u8, wq: u32) {
+        let f = Fault {
+            token,
+            ty,
+            wq,
+            subtype: PageFaultSubtype::Wqe,
+            hold: Hold::Pending,
+        };
+        lock(&o.held).insert((qpn, side), f);
+        match side {
+            Side::Requester => o.pending_req.fetch_add(1, Ordering::AcqRel),
+            Side::Responder => o.pending_resp.fetch_add(1, Ordering::AcqRel),
+        };
+    }
+
+    #[test]
+    fn resume_matches_token_type_and_queue() {
+        let o = Odp::default();
+        held(&o, 0x11, Side::Requester, 5, 1, 0x11);
+        assert!(o.requester_waits(0x11));
+        assert_eq!(o.resume(6, 1, 0x11, false), Err(ResumeError::UnknownToken));
+        assert_eq!(o.resume(5, 3, 0x11, false), Err(ResumeError::Mismatch));
+        assert_eq!(o.resume(5, 1, 0x12, false), Err(ResumeError::Mismatch));
+        assert_eq!(o.resume(5, 1, 0x11, true), Ok(0x11));
+        assert!(!o.requester_waits(0x11));
+        // Resumed once: the token is no longer pending.
+        assert_eq!(o.resume(5, 1, 0x11, false), Err(ResumeError::UnknownToken));
+        assert_eq!(o.take_resolved(0x11, Side::Requester), Some(Hold::Failed));
+        assert_eq!(o.take_resolved(0x11, Side::Requester), None);
+        assert_eq!(
+            (
+                o.resumes.load(Ordering::Relaxed),
+                o.resume_errors.load(Ordering::Relaxed)
+            ),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_destroyed_qp_forgets_its_faults() {
+        let o = Odp::default();
+        held(&o, 0x20, Side::Responder, 9, PFAULT_RDMA, 9);
+        assert!(o.responder_waits(0x20));
+        o.forget_qp(0x20);
+        assert!(!o.responder_waits(0x20));
+        assert_eq!(o.pending_resp.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            o.resume(9, PFAULT_RDMA, 9, false),
+            Err(ResumeError::UnknownToken)
+        );
     }
 }
