@@ -59,6 +59,16 @@ impl Anon {
         self.ptr as u64
     }
 
+    /// Makes everything past the first `keep` bytes inaccessible
+    /// (`PROT_NONE`): memory the process does not map for access, the
+    /// range still reserved (never another thread's mapping).
+    fn cut_tail(&self, keep: usize) {
+        let tail = self.ptr.wrapping_add(keep);
+        // SAFETY: pages of our own mapping.
+        let r = unsafe { libc::mprotect(tail.cast(), self.len - keep, libc::PROT_NONE) };
+        assert_eq!(r, 0);
+    }
+
     fn read(&self, off: usize, n: usize) -> Vec<u8> {
         assert!(off + n <= self.len);
         (0..n)
@@ -391,8 +401,9 @@ fn a_fault_on_memory_the_process_does_not_map_ends_in_the_error_cqe() {
     let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(16));
     let mb = Anon::new(1 << 20);
     let rb = odp(&p.b, &mb, ODP_ALL);
-    // The last 64 KiB of the region are no longer memory of the process.
-    sys_munmap(mb.ptr.wrapping_add(0xf_0000), 0x1_0000);
+    // The last 64 KiB of the region are no longer memory the process
+    // may access.
+    mb.cut_tail(0xf_0000);
     let op = SendOp::RdmaWrite {
         raddr: mb.addr() + 0xf_8000,
         rkey: rb.rkey(),
@@ -406,7 +417,7 @@ fn a_fault_on_memory_the_process_does_not_map_ends_in_the_error_cqe() {
     // Requester side: a SEND from unmapped ODP memory of a.
     let ma = Anon::new(1 << 20);
     let ra = odp(&p.a, &ma, ODP_ALL);
-    sys_munmap(ma.ptr.wrapping_add(0xf_0000), 0x1_0000);
+    ma.cut_tail(0xf_0000);
     let (mut qa2, _qb2) = qp_pair(&p, QpType::Rc, cap(16));
     post(
         &mut qa2,
