@@ -705,6 +705,21 @@ impl Hca {
         &self.comp_table
     }
 
+    /// An EQ of event types `mask` on the control vector, served by the
+    /// event thread (whose subscribers get its events): the page-fault EQ
+    /// of on-demand paging (`mlx5r_odp_create_eq`). Its owner destroys it
+    /// ([`Eq::destroy`]).
+    pub(crate) fn create_ctrl_eq(&self, uar: Arc<Uar>, nent: u32, mask: u64) -> Result<Arc<Eq>> {
+        let q = Eq::create(&self.cmd, &self.dma, uar, eq::CTRL_VECTOR, nent, mask)?;
+        match &self.events {
+            Some(ev) => Ok(ev.add(q)),
+            None => {
+                q.destroy(&self.cmd)?;
+                Err(Error::Closed)
+            }
+        }
+    }
+
     /// A channel of asynchronous events (port changes, errors...).
     pub fn subscribe_events(&self) -> Receiver<AsyncEvent> {
         let (tx, rx) = mpsc::channel();

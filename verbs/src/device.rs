@@ -317,6 +317,9 @@ pub(crate) struct Ctx {
     /// The UMR QP while anything holds it (`crate::umr::UmrEngine`: it
     /// holds the context, so the context holds it weakly).
     pub(crate) umr: Mutex<std::sync::Weak<crate::umr::UmrEngine>>,
+    /// On-demand paging: QP memory and ODP regions by number, the fault
+    /// handler while an ODP region exists (`crate::odp`).
+    pub(crate) odp: crate::odp::CtxOdp,
 }
 
 impl Ctx {
@@ -427,6 +430,7 @@ impl Context {
             events: Mutex::new(events),
             next_vector: Default::default(),
             umr: Mutex::default(),
+            odp: crate::odp::CtxOdp::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

@@ -588,6 +588,14 @@ impl Qp {
         };
         a.send_cq.shared.attach(qpn, track.clone());
         a.recv_cq.shared.attach(qpn, track);
+        ctx.odp.qp_created(
+            qpn,
+            &bufs.region,
+            sizes.sq_base(),
+            sizes.sq_cnt,
+            sizes.rq_stride,
+            sizes.rq_cnt,
+        );
         Ok(Qp {
             qpn,
             qp_type: a.qp_type,
@@ -893,6 +901,7 @@ impl Qp {
 }
 
 fn destroy_qp_cmd(ctx: &Ctx, qpn: u32) {
+    ctx.odp.qp_gone(qpn);
     let mut inb = [0u8; destroy_qp_in::SIZE_BYTES];
     DestroyQpIn::new_unchecked(&mut inb[..])
         .set_opcode(Opcode::DestroyQp.to_raw())

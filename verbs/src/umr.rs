@@ -290,6 +290,31 @@ impl UmrEngine {
     /// failed one is [`Error::WorkCompletion`] (the QP is then brought
     /// back to RTS, as `mlx5r_umr_recover`).
     pub(crate) fn post_wait(&self, wr: &UmrWr, mtt: &[u64]) -> Result<()> {
+        self.post_at(wr, mtt, None)
+    }
+
+    /// Writes translation words `words` (MTT entries, or two words per
+    /// KLM/KSM entry: `per_entry`) into `mkey` from entry `offset` on
+    /// (`MLX5_UMR_TRANSLATION_OFFSET_EN`), nothing else of the key
+    /// changing, in UMRs of at most [`UMR_INLINE_MTT_MAX`] words: what
+    /// on-demand paging maps and invalidates pages with
+    /// (`mlx5r_umr_update_xlt`).
+    pub(crate) fn write_xlt(
+        &self,
+        mkey: u32,
+        offset: u64,
+        words: &[u64],
+        per_entry: usize,
+    ) -> Result<()> {
+        let step = UMR_INLINE_MTT_MAX - UMR_INLINE_MTT_MAX % per_entry.max(1);
+        for (i, c) in words.chunks(step).enumerate() {
+            let at = offset + (i * step / per_entry.max(1)) as u64;
+            self.post_at(&UmrWr::new(mkey), c, Some(at))?;
+        }
+        Ok(())
+    }
+
+    fn post_at(&self, wr: &UmrWr, mtt: &[u64], offset: Option<u64>) -> Result<()> {
         if mtt.len() > UMR_INLINE_MTT_MAX {
             return Err(Error::Invalid("UMR translation over the inline limit"));
         }
@@ -302,6 +327,13 @@ impl UmrEngine {
             + mkey_seg::SIZE_BYTES
             + 8 * UMR_INLINE_MTT_MAX];
         let n = wr.write_segments(&mut wqe[CTRL_SIZE..], mtt, self.wide);
+        if let Some(off) = offset {
+            let c = &mut wqe[CTRL_SIZE..];
+            let flags = wqe_umr_ctrl_seg::FLAGS.get(c) | u64::from(w::UMR_TRANSLATION_OFFSET_EN);
+            wqe_umr_ctrl_seg::FLAGS.set(c, flags);
+            wqe_umr_ctrl_seg::XLT_OFFSET.set(c, off & 0xffff);
+            wqe_umr_ctrl_seg::XLT_OFFSET_47_16.set(c, off >> 16);
+        }
         let sq = &mut q.qp.sq;
         let pc = sq.pc();
         sq.commit_with_ctrl(

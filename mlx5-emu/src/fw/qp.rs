@@ -235,6 +235,7 @@ impl Firmware {
         let _sq = lock(&qp.sq);
         let _rq = lock(&qp.rq);
         qp.destroyed();
+        r.odp.forget_qp(qpn);
         let mut g = wlock(&r.gsi);
         if *g == Some(qpn) {
             *g = None;

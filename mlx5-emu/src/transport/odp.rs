@@ -80,6 +80,9 @@ pub(crate) struct Odp {
     /// How many QPs have a requester fault pending (the send queue's fast
     /// path looks no further while 0).
     pending_req: AtomicU32,
+    /// The same of responders (their packets get RNR NAKs meanwhile, even
+    /// once the page is present: the resume releases the QP).
+    pending_resp: AtomicU32,
     /// Page-fault events raised.
     pub faults: AtomicU64,
     /// PAGE_FAULT_RESUME commands taken (with `error`: `resume_errors`).
@@ -136,10 +139,35 @@ impl Odp {
                 .is_some_and(|f| f.hold == Hold::Pending)
     }
 
+    /// Whether QP `qpn`'s responder waits for a resume.
+    #[inline]
+    pub(crate) fn responder_waits(&self, qpn: u32) -> bool {
+        self.pending_resp.load(Ordering::Acquire) != 0
+            && lock(&self.held)
+                .get(&(qpn, Side::Responder))
+                .is_some_and(|f| f.hold == Hold::Pending)
+    }
+
+    /// Forgets the faults of a destroyed QP.
+    pub(crate) fn forget_qp(&self, qpn: u32) {
+        let mut h = lock(&self.held);
+        for side in [Side::Requester, Side::Responder] {
+            if h.remove(&(qpn, side))
+                .is_some_and(|f| f.hold == Hold::Pending)
+            {
+                match side {
+                    Side::Requester => self.pending_req.fetch_sub(1, Ordering::AcqRel),
+                    Side::Responder => self.pending_resp.fetch_sub(1, Ordering::AcqRel),
+                };
+            }
+        }
+    }
+
     /// Forgets every fault (reset, teardown).
     pub(crate) fn reset(&self) {
         lock(&self.held).clear();
         self.pending_req.store(0, Ordering::Release);
+        self.pending_resp.store(0, Ordering::Release);
         self.pf_eq.store(false, Ordering::Release);
     }
 
@@ -184,9 +212,10 @@ impl Odp {
             return Err(ResumeError::Mismatch);
         }
         f.hold = if error { Hold::Failed } else { Hold::Resumed };
-        if side == Side::Requester {
-            self.pending_req.fetch_sub(1, Ordering::AcqRel);
-        }
+        match side {
+            Side::Requester => self.pending_req.fetch_sub(1, Ordering::AcqRel),
+            Side::Responder => self.pending_resp.fetch_sub(1, Ordering::AcqRel),
+        };
         self.resumes.fetch_add(1, Ordering::Relaxed);
         if error {
             self.resume_errors.fetch_add(1, Ordering::Relaxed);
@@ -292,9 +321,10 @@ impl Rdma {
             hold: Hold::Pending,
         };
         lock(&self.odp.held).insert((qpn, side), f);
-        if side == Side::Requester {
-            self.odp.pending_req.fetch_add(1, Ordering::AcqRel);
-        }
+        match side {
+            Side::Requester => self.odp.pending_req.fetch_add(1, Ordering::AcqRel),
+            Side::Responder => self.odp.pending_resp.fetch_add(1, Ordering::AcqRel),
+        };
         self.odp.faults.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -305,5 +335,62 @@ impl Rdma {
             sub: sub.to_raw(),
             data,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(o: &Odp, qpn: u32, side: Side, token: u32, ty: u8, wq: u32) {
+        let f = Fault {
+            token,
+            ty,
+            wq,
+            subtype: PageFaultSubtype::Wqe,
+            hold: Hold::Pending,
+        };
+        lock(&o.held).insert((qpn, side), f);
+        match side {
+            Side::Requester => o.pending_req.fetch_add(1, Ordering::AcqRel),
+            Side::Responder => o.pending_resp.fetch_add(1, Ordering::AcqRel),
+        };
+    }
+
+    #[test]
+    fn resume_matches_token_type_and_queue() {
+        let o = Odp::default();
+        held(&o, 0x11, Side::Requester, 5, 1, 0x11);
+        assert!(o.requester_waits(0x11));
+        assert_eq!(o.resume(6, 1, 0x11, false), Err(ResumeError::UnknownToken));
+        assert_eq!(o.resume(5, 3, 0x11, false), Err(ResumeError::Mismatch));
+        assert_eq!(o.resume(5, 1, 0x12, false), Err(ResumeError::Mismatch));
+        assert_eq!(o.resume(5, 1, 0x11, true), Ok(0x11));
+        assert!(!o.requester_waits(0x11));
+        // Resumed once: the token is no longer pending.
+        assert_eq!(o.resume(5, 1, 0x11, false), Err(ResumeError::UnknownToken));
+        assert_eq!(o.take_resolved(0x11, Side::Requester), Some(Hold::Failed));
+        assert_eq!(o.take_resolved(0x11, Side::Requester), None);
+        assert_eq!(
+            (
+                o.resumes.load(Ordering::Relaxed),
+                o.resume_errors.load(Ordering::Relaxed)
+            ),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_destroyed_qp_forgets_its_faults() {
+        let o = Odp::default();
+        held(&o, 0x20, Side::Responder, 9, PFAULT_RDMA, 9);
+        assert!(o.responder_waits(0x20));
+        o.forget_qp(0x20);
+        assert!(!o.responder_waits(0x20));
+        assert_eq!(o.pending_resp.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            o.resume(9, PFAULT_RDMA, 9, false),
+            Err(ResumeError::UnknownToken)
+        );
     }
 }

@@ -376,6 +376,13 @@ pub(crate) fn rc(
     if !in_sequence(&r, &mut rq, reply) {
         return;
     }
+    if rdma.odp.responder_waits(qp.qpn) {
+        // A page fault holds the QP until PAGE_FAULT_RESUME: RNR NAK.
+        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+        rq.ack_owed = 0;
+        let syndrome = aeth::RNR_NAK | rq.min_rnr_nak;
+        return respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+    }
     let o = h.bth.opcode & 0x1f;
     let done = match o {
         op::SEND_FIRST
@@ -932,7 +939,7 @@ pub(crate) fn write_train(
             &found
         }
     };
-    if qp.st != qp::st::RC || !qp.receives() {
+    if qp.st != qp::st::RC || !qp.receives() || rdma.odp.responder_waits(qp.qpn) {
         return false;
     }
     let len = t.src.len() as u64;
