@@ -326,6 +326,7 @@ fn finish(
             let c = Completion {
                 opcode: CqeOpcode::ReqErr.to_raw(),
                 qpn: qp.qpn,
+                srqn: qp.cqe_srqn(),
                 wqe_counter: head.index,
                 s_wqe_opcode: head.opcode,
                 error: Some((synd.to_raw(), v)),
@@ -363,6 +364,7 @@ fn complete(
         let c = Completion {
             opcode: CqeOpcode::Req.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: head.index,
             s_wqe_opcode: head.opcode,
             byte_cnt: bytes,
@@ -1372,6 +1374,7 @@ fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::ReqErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: ci,
             s_wqe_opcode: b[3],
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
@@ -1401,6 +1404,7 @@ fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: rq.send.wqe,
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
             ..Completion::default()
@@ -1413,6 +1417,7 @@ fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: rq.ci,
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
             ..Completion::default()
