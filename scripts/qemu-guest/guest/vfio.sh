@@ -46,18 +46,18 @@ echo "=== vfio-pci $fn: driver=$(basename "$(readlink /sys/bus/pci/devices/$fn/d
 ls /dev/vfio | tr '\n' ' ' | sed 's/^/=== \/dev\/vfio: /'
 echo
 
-timeout 120 /guest/mlx5 devinfo -v -d $fn >/tmp/ours 2>&1
+timeout 300 /guest/mlx5 devinfo -v -d $fn >/tmp/ours 2>&1
 echo "=== mlx5 devinfo -v rc=$?"
 sed 's/^/=== ours -v: /' /tmp/ours
 
-timeout 120 /guest/mlx5 trace -d $fn >/tmp/trace 2>&1
+timeout 300 /guest/mlx5 trace -d $fn >/tmp/trace 2>&1
 rc=$?
 cmds=$(grep 'dump command' /tmp/trace | awk '{print $6}')
 echo "=== mlx5 trace rc=$rc lines=$(wc -l </tmp/trace) commands=$(echo "$cmds" | grep -c .)"
 echo "=== mlx5 trace sequence: $(echo "$cmds" | uniq | tr '\n' ' ')"
 grep -iv 'dump command\|^[0-9a-f]\{3\}:' /tmp/trace | head -5 | sed 's/^/=== mlx5 trace other: /'
 
-timeout 60 /guest/mlx5 reset -d $fn >/tmp/reset 2>&1
+timeout 300 /guest/mlx5 reset -d $fn >/tmp/reset 2>&1
 echo "=== mlx5 reset rc=$?"
 sed 's/^/=== mlx5 reset: /' /tmp/reset
 
@@ -71,11 +71,11 @@ echo "$fn0" >/sys/bus/pci/drivers/mlx5_core/unbind
 echo vfio-pci >/sys/bus/pci/devices/$fn0/driver_override
 echo "$fn0" >/sys/bus/pci/drivers_probe
 echo "=== vfio-pci $fn0: driver=$(basename "$(readlink /sys/bus/pci/devices/$fn0/driver)")"
-timeout 120 /guest/mlx5-perf write_bw -d $fn0 -x 0 -s 65536 -n 100 >/tmp/s.wbw 2>&1 &
+timeout 300 /guest/mlx5-perf write_bw -d $fn0 -x 0 -s 65536 -n 100 >/tmp/s.wbw 2>&1 &
 sleep 1
 j=0
 while [ $j -lt 40 ]; do
-    timeout 120 /guest/mlx5-perf write_bw -d $fn -x 0 -s 65536 -n 100 127.0.0.1 >/tmp/c.wbw 2>&1
+    timeout 300 /guest/mlx5-perf write_bw -d $fn -x 0 -s 65536 -n 100 127.0.0.1 >/tmp/c.wbw 2>&1
     rc=$?
     grep -qi "refused\|couldn't connect" /tmp/c.wbw || break
     sleep 0.5
