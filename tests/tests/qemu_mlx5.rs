@@ -342,26 +342,42 @@ const PERFTEST: &[(&str, &str, usize, usize)] = &[
     ("send_lat", "perftest_ib_send_lat_s1024", 1, 5),
 ];
 
+/// perftest's note when its CPU-MHz estimate failed (TCG on a loaded
+/// host). It is printed while the next row is measured, so it ends the
+/// line of the row before the one it spoils (whose times print as 0).
+const UNTIMED: &str = "Correlation coefficient";
+
 /// The result rows of one perftest side's output: the lines after its
-/// `#bytes` header whose every field is a number.
-fn perftest_rows(lines: &[&str]) -> Vec<Vec<f64>> {
+/// `#bytes` header whose every field is a number, each with whether
+/// perftest could time it (the row before carries no [`UNTIMED`] note).
+fn perftest_rows(lines: &[&str]) -> Vec<(Vec<f64>, bool)> {
     let Some(head) = lines
         .iter()
         .position(|l| l.trim_start().starts_with("#bytes"))
     else {
         return Vec::new();
     };
-    lines[head + 1..]
-        .iter()
-        .filter_map(|l| {
-            let v: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
-            v.ok().filter(|v| !v.is_empty())
-        })
-        .collect()
+    let mut spoiled = false;
+    let mut rows = Vec::new();
+    for l in &lines[head + 1..] {
+        let (row, note) = match l.find(UNTIMED) {
+            Some(at) => (&l[..at], true),
+            None => (*l, false),
+        };
+        let v: Result<Vec<f64>, _> = row.split_whitespace().map(str::parse::<f64>).collect();
+        if let Some(v) = v.ok().filter(|v| !v.is_empty()) {
+            rows.push((v, !spoiled));
+            spoiled = note;
+        } else if note {
+            spoiled = true;
+        }
+    }
+    rows
 }
 
 /// perftest's verdict from its client's and server's lines: both exit 0,
-/// no error line, `rows` result rows each with `col` above 0.
+/// no error line, `rows` result rows, each that perftest could time with
+/// `col` above 0 (and at least one timed).
 fn perftest_verdict(lines: &[&str], rows: usize, col: usize) -> Result<(), String> {
     let side =
         |who: &str| -> Vec<&str> { lines.iter().filter_map(|l| l.strip_prefix(who)).collect() };
@@ -381,7 +397,12 @@ fn perftest_verdict(lines: &[&str], rows: usize, col: usize) -> Result<(), Strin
     if got.len() != rows {
         return Err(format!("{} result rows, {rows} expected", got.len()));
     }
-    if let Some(r) = got.iter().find(|r| {
+    // Every row ran; those perftest could time show a rate above 0.
+    let timed: Vec<&Vec<f64>> = got.iter().filter(|(_, t)| *t).map(|(r, _)| r).collect();
+    if timed.is_empty() {
+        return Err("perftest could time no row (CPU MHz unknown)".into());
+    }
+    if let Some(r) = timed.iter().find(|r| {
         r.get(col)
             .is_none_or(|v| v.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
     }) {
