@@ -98,8 +98,10 @@ else
 fi
 
 # qemu_mlx5 boots a Debian trixie guest (QEMU 11's vfio-user-pci client) with
-# two model functions as PCI devices and Linux's mlx5_core/mlx5_ib on them
-# (33-44 s warm). Its root is built once (debootstrap from Debian's
+# two model functions as PCI devices and Linux's mlx5_core/mlx5_ib on them,
+# perftest and rdma-core's whole suite (~15 min under TCG), then a second
+# boot with an emulated IOMMU and our driver through the guest's VFIO
+# (~5 min; the first run also builds mlx5 + mlx5-perf in release). Its root is built once (debootstrap from Debian's
 # registry: about 7 minutes on 2 cores), cached in ~/.cache/mlx5-qemu-guest
 # by content hash. MLX5_QEMU_GUEST_BUILD=0 skips the build (the test then
 # says it skips, unless the guest is cached).

@@ -9,7 +9,11 @@
 # a fresh temporary directory, printed) receives console.log (the guest's
 # serial console: kernel log and the script's output), emu.log and qemu.rc.
 #
-# Environment: MLX5_EMU (the repo's mlx5-emu binary; default
+# Environment: MLX5_QEMU_IOMMU=1 (an emulated Intel IOMMU, caching-mode on,
+# interrupt remapping; the kernel boots intel_iommu=on iommu=pt, so Linux's
+# drivers keep identity DMA and vfio-pci gets translated domains),
+# MLX5_QEMU_BINS (host binaries copied, without debug info, into the run
+# directory: /guest/NAME in the guest), MLX5_EMU (the repo's mlx5-emu binary; default
 # target/debug/mlx5-emu beside this script's repo; `served`: the caller
 # already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
 # does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
@@ -43,6 +47,8 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
 cp "$script" "$out/init.sh"
+# The guest scripts' helpers (/guest/*.py in the guest).
+cp "$here"/guest/*.py "$out/"
 cp "$guest/initrd.gz" "$out/initrd.gz"
 chmod +x "$out/init.sh"
 
@@ -62,23 +68,32 @@ if [[ ! -S "$out/cx.sock.1" ]]; then
     exit 1
 fi
 
+for b in ${MLX5_QEMU_BINS:-}; do
+    objcopy --strip-debug "$b" "$out/$(basename "$b")" 2>/dev/null || cp "$b" "$out/"
+done
+iommu_dev="" iommu_args=""
+if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
+    iommu_dev="-device intel-iommu,intremap=on,caching-mode=on"
+    iommu_args="intel_iommu=on iommu=pt"
+fi
+
 kv="$(cat "$guest/kernel-version")"
 # The run directory appears in the guest root as /guest (script, sockets).
 set +e
 timeout "$tmo" unshare --mount --propagation private -- bash -euc '
-    root=$1; out=$2; kv=$3
+    root=$1; out=$2; kv=$3; iommu_dev=$4; iommu_args=$5
     mount --bind "$out" "$root/guest"
     for m in dev proc sys; do mount --bind /$m "$root/$m"; done
     exec chroot "$root" qemu-system-x86_64 \
         -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot -nic none \
         -object memory-backend-memfd,id=mem,size=2G,share=on -machine memory-backend=mem \
         -kernel /boot/vmlinuz-$kv -initrd /guest/initrd.gz \
-        -append "console=ttyS0 loglevel=7 panic=-1" \
+        -append "console=ttyS0 loglevel=7 panic=-1 $iommu_args" $iommu_dev \
         -virtfs local,path=/,mount_tag=root,security_model=none,readonly=on \
         -device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2 \
         -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp1\",\"socket\":{\"path\":\"/guest/cx.sock\",\"type\":\"unix\"}}" \
         -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp2\",\"socket\":{\"path\":\"/guest/cx.sock.1\",\"type\":\"unix\"}}"
-' run "$guest/root" "$out" "$kv" </dev/null >"$out/console.log" 2>&1
+' run "$guest/root" "$out" "$kv" "$iommu_dev" "$iommu_args" </dev/null >"$out/console.log" 2>&1
 rc=$?
 set -e
 echo "$rc" >"$out/qemu.rc"

@@ -10,8 +10,13 @@
 //! read each port's state and first RoCE GID from sysfs, `ibv_devinfo` and
 //! `ibv_devinfo -v` per device, `ibv_{rc,uc,ud,srq}_pingpong` from mlx5_0
 //! to mlx5_1 over RoCE v2 with `-c` (user MRs through mlx5_ib's UMR QP,
-//! user CQs and QPs, data between the functions), the kernel's mlx5 lines
-//! (printed here, every warning and error with them).
+//! user CQs and QPs, data between the functions), perftest's
+//! ib_{write,read,send,atomic}_bw and ib_{write,send}_lat between them, and
+//! rdma-core's own suite (`suite.rs`: held to the ratchet in
+//! `tests/data/rdma-core-ratchet.txt`), the kernel's mlx5 lines (printed
+//! here, every warning and error with them). A second boot (`vfio.rs`)
+//! adds an emulated Intel IOMMU and runs our own `mlx5` and `mlx5-perf` on
+//! one function through the guest kernel's VFIO.
 //!
 //! The guest is cached outside the repo by content hash; when it is missing
 //! this builds it if it can (root, Debian's registry reachable; about 7
@@ -26,8 +31,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlx5_emu::{Device, DeviceConfig, Fabric, Profile};
+
+#[path = "qemu_mlx5/suite.rs"]
+mod suite;
+#[path = "qemu_mlx5/vfio.rs"]
+mod vfio_boot;
+
+use suite::SUITE_CHECKS;
 use vfio::emulated::{Bus, DeviceModel};
 use vfio::user::Server;
+use vfio_boot::{vfio_boot, VFIO_CHECKS};
 
 /// Every check, in order.
 const CHECKS: &[&str] = &[
@@ -46,6 +59,12 @@ const CHECKS: &[&str] = &[
     "ibv_uc_pingpong_mlx5_0_to_mlx5_1",
     "ibv_ud_pingpong_mlx5_0_to_mlx5_1",
     "ibv_srq_pingpong_mlx5_0_to_mlx5_1",
+    "perftest_ib_write_bw_s65536",
+    "perftest_ib_read_bw_q4",
+    "perftest_ib_send_bw_a",
+    "perftest_ib_atomic_bw",
+    "perftest_ib_write_lat",
+    "perftest_ib_send_lat_s1024",
 ];
 
 #[derive(Default)]
@@ -68,8 +87,13 @@ impl Tally {
             }
         }
     }
-    fn skip_all(&mut self, why: &str, required: bool) {
-        for c in CHECKS {
+    /// A check that cannot run on this model, said loudly; not a pass.
+    fn not_run(&mut self, name: &str, why: &str) {
+        println!("test {name} ... NOT RUN: {why}");
+        self.skipped += 1;
+    }
+    fn skip_all(&mut self, checks: &[&str], why: &str, required: bool) {
+        for c in checks {
             if required {
                 self.check(c, Err(why.to_string()));
             } else {
@@ -126,9 +150,17 @@ fn guest() -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// One boot: the guest script, whether the machine has the emulated
+/// Intel IOMMU, and the host binaries it gets as /guest/NAME.
+struct Boot<'a> {
+    script: &'a str,
+    iommu: bool,
+    bins: &'a [PathBuf],
+}
+
 /// Serves two cabled functions on `dir/cx.sock` and `dir/cx.sock.1`, boots
 /// the guest with them and returns its console.
-fn run_guest(dir: &Path) -> Result<String, String> {
+fn run_guest(dir: &Path, boot: &Boot<'_>) -> Result<String, String> {
     let fabric = Fabric::new();
     let mut servers = Vec::new();
     for i in 0..2u32 {
@@ -149,12 +181,15 @@ fn run_guest(dir: &Path) -> Result<String, String> {
         servers.push(server.spawn().map_err(|e| e.to_string())?);
     }
     let run = repo().join("scripts/qemu-guest/run.sh");
+    let bins: Vec<String> = boot.bins.iter().map(|b| b.display().to_string()).collect();
     let status = Command::new("bash")
         .arg(&run)
-        .arg(repo().join("scripts/qemu-guest/guest/smoke.sh"))
+        .arg(repo().join("scripts/qemu-guest/guest").join(boot.script))
         .arg(dir)
         .env("MLX5_EMU", "served")
-        .env("MLX5_QEMU_TIMEOUT", "600")
+        .env("MLX5_QEMU_TIMEOUT", "1800")
+        .env("MLX5_QEMU_IOMMU", if boot.iommu { "1" } else { "0" })
+        .env("MLX5_QEMU_BINS", bins.join(" "))
         .status()
         .map_err(|e| format!("running {}: {e}", run.display()))?;
     drop(servers);
@@ -168,22 +203,35 @@ fn main() {
     let start = Instant::now();
     let mut t = Tally::default();
     let required = std::env::var("MLX5_QEMU_MLX5_REQUIRED").is_ok_and(|v| v == "1");
+    t.check("rdma_core_ratchet_catches_regressions", suite::self_check());
     match guest() {
-        Err(why) => t.skip_all(&why, required),
+        Err(why) => {
+            t.skip_all(CHECKS, &why, required);
+            t.skip_all(SUITE_CHECKS, &why, required);
+            t.skip_all(VFIO_CHECKS, &why, required);
+        }
         Ok(_) => {
             let dir = std::env::temp_dir().join(format!("qemu_mlx5-{}", std::process::id()));
             let _ = std::fs::create_dir_all(&dir);
-            match run_guest(&dir) {
+            let smoke = Boot {
+                script: "smoke.sh",
+                iommu: false,
+                bins: &[],
+            };
+            match run_guest(&dir, &smoke) {
                 Err(why) => {
-                    for c in CHECKS {
+                    for c in CHECKS.iter().chain(SUITE_CHECKS) {
                         t.check(c, Err(why.clone()));
                     }
                 }
                 Ok(console) => {
                     print_mlx5_lines(&console);
                     judge(&mut t, &console, &dir);
+                    let log = format!("see {}", dir.join("console.log").display());
+                    suite::judge(&mut t, &console, &log);
                 }
             }
+            vfio_boot(&mut t, &dir.join("vfio"));
             if t.failed == 0 {
                 let _ = std::fs::remove_dir_all(&dir);
             }
@@ -277,6 +325,120 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
         },
     );
     judge_verbs(t, console, &log);
+    judge_perftest(t, console, &log);
+}
+
+/// perftest between the two functions: (tag, check, rows expected, the
+/// column that must be a number above 0: the message rate for the
+/// bandwidth tests (the BW average of a 2-byte row prints as 0.00), t_avg
+/// (in cycles, `-C`) for the latency ones).
+const PERFTEST: &[(&str, &str, usize, usize)] = &[
+    ("write_bw", "perftest_ib_write_bw_s65536", 1, 4),
+    ("read_bw", "perftest_ib_read_bw_q4", 1, 4),
+    // -a: every power of two from 2 bytes to 8 MiB.
+    ("send_bw", "perftest_ib_send_bw_a", 23, 4),
+    ("atomic_bw", "perftest_ib_atomic_bw", 1, 4),
+    ("write_lat", "perftest_ib_write_lat", 1, 5),
+    ("send_lat", "perftest_ib_send_lat_s1024", 1, 5),
+];
+
+/// perftest's note when its CPU-MHz estimate failed (TCG on a loaded
+/// host). It is printed while the next row is measured, so it ends the
+/// line of the row before the one it spoils (whose times print as 0).
+const UNTIMED: &str = "Correlation coefficient";
+
+/// The result rows of one perftest side's output: the lines after its
+/// `#bytes` header whose every field is a number, each with whether
+/// perftest could time it (the row before carries no [`UNTIMED`] note).
+fn perftest_rows(lines: &[&str]) -> Vec<(Vec<f64>, bool)> {
+    let Some(head) = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("#bytes"))
+    else {
+        return Vec::new();
+    };
+    let mut spoiled = false;
+    let mut rows = Vec::new();
+    for l in &lines[head + 1..] {
+        let (row, note) = match l.find(UNTIMED) {
+            Some(at) => (&l[..at], true),
+            None => (*l, false),
+        };
+        let v: Result<Vec<f64>, _> = row.split_whitespace().map(str::parse::<f64>).collect();
+        if let Some(v) = v.ok().filter(|v| !v.is_empty()) {
+            rows.push((v, !spoiled));
+            spoiled = note;
+        } else if note {
+            spoiled = true;
+        }
+    }
+    rows
+}
+
+/// perftest's verdict from its client's and server's lines: both exit 0,
+/// no error line, `rows` result rows, each that perftest could time with
+/// `col` above 0 (and at least one timed).
+fn perftest_verdict(lines: &[&str], rows: usize, col: usize) -> Result<(), String> {
+    let side =
+        |who: &str| -> Vec<&str> { lines.iter().filter_map(|l| l.strip_prefix(who)).collect() };
+    let client = side("client: ");
+    let server = side("server: ");
+    if !lines.contains(&"client rc=0 server rc=0") {
+        return Err("a side did not exit 0".into());
+    }
+    let bad = |l: &&&str| {
+        let l = l.to_ascii_lowercase();
+        l.contains("error") || l.contains("fail") || l.contains("couldn't") || l.contains("unable")
+    };
+    if let Some(l) = client.iter().chain(server.iter()).find(bad) {
+        return Err(format!("error line {l:?}"));
+    }
+    let got = perftest_rows(&client);
+    if got.len() != rows {
+        return Err(format!("{} result rows, {rows} expected", got.len()));
+    }
+    // Every row ran; those perftest could time show a rate above 0.
+    let timed: Vec<&Vec<f64>> = got.iter().filter(|(_, t)| *t).map(|(r, _)| r).collect();
+    if timed.is_empty() {
+        return Err("perftest could time no row (CPU MHz unknown)".into());
+    }
+    if let Some(r) = timed.iter().find(|r| {
+        r.get(col)
+            .is_none_or(|v| v.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+    }) {
+        return Err(format!("row {r:?}: column {col} not above 0"));
+    }
+    Ok(())
+}
+
+/// Whether ib_atomic_bw failed because the device offers no atomics to
+/// verbs (ibv_devinfo's atomic_cap), not for anything else.
+fn atomics_refused(console: &str, lines: &[&str]) -> bool {
+    let none = tagged(console, "devinfo -v mlx5_0: ")
+        .iter()
+        .any(|l| l.contains("atomic_cap:") && l.contains("ATOMIC_NONE"));
+    none && lines.iter().any(|l| l.contains("Unable to create QP"))
+}
+
+/// perftest between mlx5_0 (server) and mlx5_1 (client) over RoCE v2.
+fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
+    for (tag, check, rows, col) in PERFTEST {
+        let lines = tagged(console, &format!("perf {tag} "));
+        if *tag == "atomic_bw" && atomics_refused(console, &lines) {
+            t.not_run(
+                check,
+                "mlx5_0 reports atomic_cap ATOMIC_NONE, so libmlx5 refuses an atomic QP \
+                 (Unable to create QP): the traced firmware 14.12 offers no host-endianness \
+                 atomic mode (supported_atomic_req_8B_endianness_mode_1 = 0), and Linux \
+                 exposes atomics only with it",
+            );
+            continue;
+        }
+        t.check(
+            check,
+            perftest_verdict(&lines, *rows, *col).map_err(|e| format!("{e}: {lines:?}; {log}")),
+        );
+    }
 }
 
 /// `ibv_devinfo -v` per device and the libibverbs pingpongs between the

@@ -60,7 +60,7 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
     if verbose {
         let _ = writeln!(o, "\tmax_mr_size:\t\t\t0x{:x}", u64::MAX);
         let _ = writeln!(o, "\tmax_qp:\t\t\t\t{}", 1u64 << g.log_max_qp());
-        let _ = writeln!(o, "\tmax_qp_wr:\t\t\t{}", 1u64 << g.log_max_qp_sz());
+        let _ = writeln!(o, "\tmax_qp_wr:\t\t\t{}", max_qp_wr(g.log_max_qp_sz()));
         let _ = writeln!(o, "\tmax_cq:\t\t\t\t{}", 1u64 << g.log_max_cq());
         let _ = writeln!(o, "\tmax_cqe:\t\t\t{}", (1u64 << g.log_max_cq_sz()) - 1);
         let _ = writeln!(o, "\tmax_mr:\t\t\t\t{}", 1u64 << g.log_max_mkey());
@@ -111,6 +111,20 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
         }
     }
     Ok(o)
+}
+
+/// The largest send WQE Linux's mlx5_ib plans a QP's depth for
+/// (`mlx5_ib_calc_max_sq_overhead` + one data segment: an XRC initiator's
+/// control and XRC segments with a UMR's control and mkey segments and its
+/// inline threshold, 164 bytes, rounded up to a power of two). Driver
+/// policy, not a device limit.
+const LINUX_MAX_PLANNED_WQE: u64 = 256;
+
+/// `max_qp_wr` as Linux 6.12 reports it (`mlx5_ib_calc_max_qp_wr`): the
+/// queue's 64-byte basic blocks (`1 << log_max_qp_sz`) over the largest
+/// WQE, so ibv_devinfo and this agree.
+fn max_qp_wr(log_max_qp_sz: u8) -> u64 {
+    (1u64 << log_max_qp_sz) * mlx5_hw::wqe::SEND_WQE_BB as u64 / LINUX_MAX_PLANNED_WQE
 }
 
 #[cfg(test)]

@@ -461,19 +461,24 @@ impl DmaSpace {
     /// that would split a mapping is refused and unmaps nothing. Returns
     /// the bytes unmapped.
     pub fn unmap_within(&self, iova: u64, len: u64) -> Result<u64> {
-        let end = iova.checked_add(len).ok_or(Error::Iova {
+        // Inclusive last address: QEMU unmaps up to the top of the 64-bit
+        // space (0xfef00000 + 0xffffffff01100000 ends at 2^64).
+        if len == 0 {
+            return Ok(0);
+        }
+        let last = iova.checked_add(len - 1).ok_or(Error::Iova {
             iova,
             len,
             why: "does not fit the address space",
         })?;
         let mut maps = self.lock_maps();
         let mut inside = Vec::new();
-        for (&start, &(l, _)) in maps.range(..end) {
-            let stop = start.saturating_add(l);
-            if stop <= iova {
+        for (&start, &(l, _)) in maps.range(..=last) {
+            let end = start.saturating_add(l.saturating_sub(1));
+            if end < iova {
                 continue;
             }
-            if start < iova || stop > end {
+            if start < iova || end > last {
                 return Err(Error::Iova {
                     iova,
                     len,

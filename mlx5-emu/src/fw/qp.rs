@@ -143,6 +143,11 @@ impl Firmware {
             }
             *g = Some(qpn);
         }
+        let cqe_uidx = (self.caps.get(
+            crate::profile::cap_type::GENERAL,
+            mlx5_hw::ifc::cmd_hca_cap::CQE_VERSION,
+        ) == 1)
+            .then(|| qpc::USER_INDEX.get(c) as u32);
         tracing::debug!(
             qpn,
             st = service,
@@ -169,6 +174,7 @@ impl Firmware {
                 buf,
                 dbr,
                 uar,
+                cqe_uidx,
                 state: AtomicU8::new(state::RST),
                 counter_set: std::sync::atomic::AtomicU32::new(0),
                 sq: Mutex::new(Sq::default()),

@@ -198,6 +198,7 @@ impl Node {
         if let Some(s) = srqn {
             qpc::RQ_TYPE.set(x, 1);
             qpc::SRQN_RMPN_XRQN.set(x, u64::from(s));
+            qpc::USER_INDEX.set(x, u64::from(SRQ_QP_UIDX));
         }
         for p in 0..npas {
             let at = create_qp_in::SIZE_BYTES + p * 8;
@@ -884,6 +885,9 @@ fn ud_send_with_grh_and_qkey() {
     assert!(b.try_poll(1, Duration::ZERO).is_none());
 }
 
+/// The user_index `create_qp` gives a QP on an SRQ.
+const SRQ_QP_UIDX: u32 = 0xabc;
+
 #[test]
 fn loopback_and_srq_and_objects_leak_free() {
     let f = Fabric::loopback(Profile::ConnectX4Lx);
@@ -924,7 +928,10 @@ fn loopback_and_srq_and_objects_leak_free() {
     assert_eq!(opcode(&n.poll(0)), 0);
     let r = n.poll(1);
     assert_eq!(opcode(&r), 2);
-    assert_eq!(be32(&r, 0x20) & 0xff_ffff, srqn);
+    // cqe_version 1 (the profile's): srqn_uidx is the QP's user_index,
+    // not the SRQ number (libmlx5 finds the QP, then its SRQ, by it).
+    assert_ne!(SRQ_QP_UIDX, srqn);
+    assert_eq!(be32(&r, 0x20) & 0xff_ffff, SRQ_QP_UIDX);
     assert_eq!(u16::from_be_bytes([r[0x3c], r[0x3d]]), 0);
     assert_eq!(read(&n, 0x2000, 40), msg);
     let s = n.d.f.model().stats();

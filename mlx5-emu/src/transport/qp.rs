@@ -244,6 +244,12 @@ pub(crate) struct Qp {
     pub buf: Buf,
     pub dbr: u64,
     pub uar: u32,
+    /// `qpc.user_index` where the function reports `cqe_version` 1: every
+    /// CQE of the QP carries it in `srqn_uidx` (libmlx5 finds the QP, and
+    /// through it the SRQ, by this index; Linux's kernel QPs give
+    /// 0xffffff and find their SRQ from the QP). None: version 0, the
+    /// field holds the SRQ number of a receive from an SRQ.
+    pub cqe_uidx: Option<u32>,
     pub state: AtomicU8,
     /// The Q counter set the QP counts in (qpc.counter_set_id; 0: the default set).
     pub counter_set: std::sync::atomic::AtomicU32,
@@ -258,6 +264,12 @@ pub(crate) struct Qp {
 }
 
 impl Qp {
+    /// What its CQEs carry in `srqn_uidx` (see `cqe_uidx`).
+    pub(crate) fn cqe_srqn(&self) -> u32 {
+        self.cqe_uidx
+            .unwrap_or_else(|| self.srq.as_ref().map_or(0, |s| s.srqn))
+    }
+
     pub(crate) fn state(&self) -> u8 {
         self.state.load(Ordering::Acquire)
     }

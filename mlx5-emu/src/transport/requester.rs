@@ -373,6 +373,7 @@ fn finish(
             let c = Completion {
                 opcode: CqeOpcode::ReqErr.to_raw(),
                 qpn: qp.qpn,
+                srqn: qp.cqe_srqn(),
                 wqe_counter: head.index,
                 s_wqe_opcode: head.opcode,
                 error: Some((synd.to_raw(), v)),
@@ -413,6 +414,7 @@ fn complete(
         let c = Completion {
             opcode: CqeOpcode::Req.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: head.index,
             s_wqe_opcode: head.opcode,
             byte_cnt: bytes,
@@ -1505,6 +1507,7 @@ fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::ReqErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: ci,
             s_wqe_opcode: b[3],
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
@@ -1534,6 +1537,7 @@ fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: rq.send.wqe,
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
             ..Completion::default()
@@ -1546,6 +1550,7 @@ fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
         let c = Completion {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: qp.qpn,
+            srqn: qp.cqe_srqn(),
             wqe_counter: rq.ci,
             error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
             ..Completion::default()

@@ -240,7 +240,7 @@ fn recv_error(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap, wqe: u16, synd: CqeSy
         opcode: CqeOpcode::RespErr.to_raw(),
         qpn: qp.qpn,
         wqe_counter: wqe,
-        srqn: qp.srq.as_ref().map_or(0, |s| s.srqn),
+        srqn: qp.cqe_srqn(),
         error: Some((synd.to_raw(), v)),
         ..Completion::default()
     };
@@ -280,7 +280,7 @@ fn resp_completion(qp: &Qp, rq: &Rq, opcode: CqeOpcode, h: &Headers, src_qp: u32
         byte_cnt: rq.send.off as u32,
         imm: h.imm.or(h.ieth).unwrap_or_default(),
         flags_rqpn: src_qp & 0xff_ffff,
-        srqn: qp.srq.as_ref().map_or(0, |s| s.srqn),
+        srqn: qp.cqe_srqn(),
         solicited: h.bth.se,
         ..Completion::default()
     }

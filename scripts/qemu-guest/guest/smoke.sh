@@ -4,6 +4,7 @@
 # with "=== ".
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 echo "=== up $(uname -r)"
 modprobe mlx5_core
 modprobe mlx5_ib
@@ -73,7 +74,7 @@ done
 for d in mlx5_0 mlx5_1; do
     timeout 60 ibv_devinfo -v -d $d >/tmp/devinfo.$d 2>&1
     echo "=== devinfo -v $d rc=$? lines=$(wc -l </tmp/devinfo.$d)"
-    grep -E 'hca_id|fw_ver|node_guid|vendor_part_id|max_qp:|max_cq:|max_mr:|max_pd:|max_srq:|state:|link_layer|GID\[ *[01]\]' \
+    grep -E 'hca_id|fw_ver|node_guid|vendor_part_id|max_qp:|max_cq:|max_mr:|max_pd:|max_srq:|atomic_cap|state:|link_layer|GID\[ *[01]\]' \
         /tmp/devinfo.$d | sed "s/^/=== devinfo -v $d: /"
 done
 # Verbs between mlx5_0 and mlx5_1 over RoCE v2 (GID index 1, the MAC's
@@ -109,6 +110,49 @@ pingpong rc -n 10 -c
 pingpong uc -n 10 -c
 pingpong ud -n 10 -c -s 1024
 pingpong srq -n 10 -c
+# perftest between the two functions over RoCE v2 (-x 1: GID index 1), the
+# server on mlx5_0 and the client on mlx5_1, each on a port of its own; -F:
+# go on when the CPU frequency cannot be read (TCG). Its lines tagged.
+# Sizes and counts keep TCG's share short (the data moves in the model).
+port=18600
+perf() {
+    name=$1
+    shift
+    port=$((port + 1))
+    timeout 120 "$@" -d mlx5_0 -x 1 -F -p $port >/tmp/psrv.$name 2>&1 &
+    sleep 1
+    j=0
+    while [ $j -lt 20 ]; do
+        timeout 120 "$@" -d mlx5_1 -x 1 -F -p $port 127.0.0.1 >/tmp/pcli.$name 2>&1
+        rc=$?
+        grep -q "Couldn't connect\|Unable to init the socket" /tmp/pcli.$name || break
+        sleep 0.5
+        j=$((j + 1))
+    done
+    wait $!
+    echo "=== perf $name client rc=$rc server rc=$?"
+    sed "s/^/=== perf $name server: /" /tmp/psrv.$name
+    sed "s/^/=== perf $name client: /" /tmp/pcli.$name
+}
+perf write_bw ib_write_bw -s 65536 -n 100
+perf read_bw ib_read_bw -q 4 -n 100
+perf send_bw ib_send_bw -a -n 10
+perf atomic_bw ib_atomic_bw -n 100
+# -C: latencies in CPU cycles (TCG's clock makes perftest's CPU MHz
+# estimate fail now and then, and it then prints inf).
+perf write_lat ib_write_lat -C -n 100
+perf send_lat ib_send_lat -C -s 1024 -n 100
+# rdma-core's own suite on mlx5_0, RoCE v2 GID 1 (traffic tests loop back
+# on the device), one result line per test (rdma_suite.py), for the host's
+# ratchet. The kernel's console output is quietened first so that it
+# cannot cut a result line (the dmesg below still has every line).
+dmesg -n 1
+echo "=== suite start $(date +%s)"
+PYTHONDONTWRITEBYTECODE=1 HOME=/tmp timeout 1500 python3 /guest/rdma_suite.py /tmp/suite.txt \
+    --dev mlx5_0 --gid 1 >/tmp/suite.log 2>&1
+echo "=== suite rc=$? end $(date +%s)"
+sed 's/^/=== suite: /' /tmp/suite.txt
+tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
 echo "=== dmesg mlx5"
 dmesg | grep -i mlx5
 echo "=== done"

@@ -33,11 +33,12 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -456,6 +457,7 @@ impl Server {
             srv: self,
             link: link.clone(),
             negotiated: false,
+            files: HashMap::new(),
         };
         let skip = match &first {
             Err(RecvError::TooLong(h)) => h.payload_len(),
@@ -719,6 +721,12 @@ struct Session<'a> {
     srv: &'a Server,
     link: Arc<Link>,
     negotiated: bool,
+    /// The files this client's DMA_MAPs shared, by (device, inode): QEMU
+    /// sends its RAM's memfd again with every map, and a vIOMMU makes
+    /// tens of thousands of 4 KiB maps, so each new fd for a file already
+    /// held is closed and the held one reused (else the server runs out
+    /// of descriptors: EMFILE on the next SET_IRQS).
+    files: HashMap<(u64, u64), Weak<File>>,
 }
 
 impl Session<'_> {
@@ -870,7 +878,7 @@ impl Session<'_> {
         Ok(Reply::of(&[ours.as_bytes(), &SERVER_CAPS.to_wire()]))
     }
 
-    fn dma_map(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
+    fn dma_map(&mut self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
         let (m, _) = head::<DmaMap>(Command::DmaMap, p)?;
         if fds.is_empty() && m.size != 0 && (m.address | m.size) % 4096 == 0 {
             // Memory the client does not share (QEMU: ROMs, other
@@ -904,7 +912,7 @@ impl Session<'_> {
         self.dma_map_fd(p, fds)
     }
 
-    fn dma_map_fd(&self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
+    fn dma_map_fd(&mut self, p: &[u8], fds: Vec<OwnedFd>) -> std::result::Result<Reply, Refusal> {
         let (m, _) = head::<DmaMap>(Command::DmaMap, p)?;
         let bad = |why: &str| {
             Err(refuse(
@@ -925,8 +933,8 @@ impl Session<'_> {
             _ => return bad("more than one fd"),
         };
         let file = File::from(fd);
-        let len = match file.metadata() {
-            Ok(md) => md.len(),
+        let (len, id) = match file.metadata() {
+            Ok(md) => (md.len(), (md.dev(), md.ino())),
             Err(e) => return Err(refuse(libc::EBADF, format!("fstat: {e}"))),
         };
         // A mapping past the end of its file would fault the model with
@@ -944,7 +952,7 @@ impl Session<'_> {
             .srv
             .bus
             .dma
-            .map_file(m.address, m.size, Arc::new(file), m.offset)
+            .map_file(m.address, m.size, self.shared_file(id, file), m.offset)
         {
             Ok(()) => Ok(Reply::default()),
             Err(Error::Iova { why, .. }) if why.contains("overlaps") => Err(refuse(
@@ -953,6 +961,17 @@ impl Session<'_> {
             )),
             Err(e) => Err(refuse(libc::EINVAL, e.to_string())),
         }
+    }
+
+    /// The held file with this (device, inode), or `file` from now on.
+    fn shared_file(&mut self, id: (u64, u64), file: File) -> Arc<File> {
+        if let Some(held) = self.files.get(&id).and_then(Weak::upgrade) {
+            return held;
+        }
+        self.files.retain(|_, w| w.strong_count() > 0);
+        let file = Arc::new(file);
+        self.files.insert(id, Arc::downgrade(&file));
+        file
     }
 
     fn dma_unmap(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
