@@ -67,9 +67,12 @@ pub const MAILBOX_MAX: usize = 16384;
 pub const WINDOW: usize = 32;
 /// Default real-time wait for a response before it counts as lost.
 pub const RESPONSE_WAIT: Duration = Duration::from_millis(200);
-/// Where the transport part (BTH) of an IPv6 RoCEv2 frame starts; an IPv4
-/// frame's starts 20 bytes earlier (corruption lands in either).
-pub(crate) const TRANSPORT_AT: usize = packet::ETH_HLEN + 20 + 8;
+/// Where the transport part (BTH) of a RoCEv2 frame starts (after the
+/// Ethernet, IPv6 or IPv4, and UDP headers): corruption lands after it.
+pub(crate) fn transport_at(f: &[u8]) -> usize {
+    let ipv6 = f.get(12..14) == Some(&[0x86, 0xdd][..]);
+    packet::ETH_HLEN + if ipv6 { packet::IPV6_HLEN } else { 20 } + 8
+}
 
 /// How a link is set up besides its socket.
 #[derive(Debug, Clone)]

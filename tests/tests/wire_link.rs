@@ -1,0 +1,684 @@
+//! The wire between two fabrics (two ports as if in two processes, here in
+//! one so the driver on each side can be checked): every socket kind
+//! (stream over TCP and Unix, dgram over UDP and Unix) carries RC traffic
+//! of every opcode, UC and UD; then the fault matrix, each fault alone and
+//! all together, RC recovering with every message completed once, data
+//! intact and the atomics executed exactly once, the link counters adding
+//! up; delay on the model's clock; retry exhausted when the peer is gone.
+
+mod verbs_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlx5_emu::wire::{LinkOptions, LinkSpec, LinkStats, WireFaults};
+use mlx5_emu::{DeviceConfig, Fabric, Profile};
+use tests::wait::until;
+use verbs::cq::{WcOpcode, WcStatus};
+use verbs::device::Context;
+use verbs::hca::HcaOptions;
+use verbs::qp::{send_flags as sf, AhAttr, Payload, Qp, QpType, RecvWr, SendOp, SendWr, UdDest};
+use verbs_common::*;
+use vfio::clock::ManualClock;
+use vfio::PciFunction;
+
+/// Two fabrics of one function each, their ports linked by a socket.
+struct Linked {
+    fa: Fabric,
+    fb: Fabric,
+    a: Side,
+    b: Side,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Sock {
+    StreamUnix,
+    StreamTcp,
+    DgramUdp,
+    DgramUnix,
+}
+
+fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn tmp(tag: &str) -> String {
+    std::env::temp_dir()
+        .join(format!("wire-link-{}-{tag}", std::process::id()))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The two specs of a link of kind `k` (the server's first).
+fn specs(k: Sock, tag: &str) -> (LinkSpec, Option<LinkSpec>) {
+    let p = |s: &str| LinkSpec::parse(s).unwrap();
+    match k {
+        Sock::StreamUnix => {
+            let path = tmp(&format!("{tag}.sock"));
+            (
+                p(&format!("stream,server=on,addr={path}")),
+                Some(p(&format!("stream,addr={path}"))),
+            )
+        }
+        // The client's address is the server's, known once it listens.
+        Sock::StreamTcp => (p("stream,server=on,addr=127.0.0.1:0"), None),
+        Sock::DgramUdp => {
+            let (x, y) = (free_udp_port(), free_udp_port());
+            (
+                p(&format!("dgram,local=127.0.0.1:{x},remote=127.0.0.1:{y}")),
+                Some(p(&format!(
+                    "dgram,local=127.0.0.1:{y},remote=127.0.0.1:{x}"
+                ))),
+            )
+        }
+        Sock::DgramUnix => {
+            let (x, y) = (tmp(&format!("{tag}.a")), tmp(&format!("{tag}.b")));
+            (
+                p(&format!("dgram,local={x},remote={y}")),
+                Some(p(&format!("dgram,local={y},remote={x}"))),
+            )
+        }
+    }
+}
+
+fn one_function(mac: u64, cfg: &DeviceConfig) -> (Fabric, Arc<dyn PciFunction>) {
+    let f = Fabric::new();
+    let mut cfg = cfg.clone();
+    cfg.mac = mac;
+    let func = f.add(cfg) as Arc<dyn PciFunction>;
+    (f, func)
+}
+
+fn opts(faults: WireFaults) -> LinkOptions {
+    LinkOptions {
+        faults,
+        response_wait: Duration::from_millis(100),
+        ..LinkOptions::default()
+    }
+}
+
+/// Two functions on two fabrics linked by a `k` socket, the faults of
+/// each end's egress as given.
+fn linked(k: Sock, tag: &str, fa: WireFaults, fb: WireFaults) -> Linked {
+    linked_with(k, tag, opts(fa), opts(fb), None)
+}
+
+fn linked_with(
+    k: Sock,
+    tag: &str,
+    oa: LinkOptions,
+    ob: LinkOptions,
+    clock: Option<&Arc<ManualClock>>,
+) -> Linked {
+    let mut cfg = DeviceConfig::for_profile(Profile::ConnectX4Lx);
+    let mut hca = HcaOptions::default();
+    if let Some(c) = clock {
+        cfg.clock = c.shared();
+        cfg.fw_start = Duration::ZERO;
+        hca.clock = c.shared();
+    }
+    let (fa, func_a) = one_function(mlx5_emu::DEFAULT_MAC, &cfg);
+    let (fb, func_b) = one_function(mlx5_emu::DEFAULT_MAC + 0x100, &cfg);
+    let (sa, sb) = specs(k, tag);
+    let la = fa.connect(&sa, &oa).unwrap_or_else(|e| panic!("{sa}: {e}"));
+    let sb = sb.unwrap_or_else(|| {
+        let a = la.local_addr().expect("TCP server address");
+        LinkSpec::parse(&format!("stream,addr={a}")).unwrap()
+    });
+    fb.connect(&sb, &ob).unwrap_or_else(|e| panic!("{sb}: {e}"));
+    let a = side(Context::open(func_a, hca.clone()).unwrap(), 1 << 20, ALL);
+    let b = side(Context::open(func_b, hca).unwrap(), 1 << 20, ALL);
+    Linked { fa, fb, a, b }
+}
+
+impl Linked {
+    fn qps(&self, t: QpType) -> (Qp, Qp) {
+        let mut qa = create_qp(&self.a, t, cap(64));
+        let mut qb = create_qp(&self.b, t, cap(64));
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        connect(&mut qa, &self.a.ctx, &self.b.ctx, nb);
+        connect(&mut qb, &self.b.ctx, &self.a.ctx, na);
+        (qa, qb)
+    }
+
+    fn stats(&self) -> (LinkStats, LinkStats) {
+        (
+            self.fa.link().unwrap().stats(),
+            self.fb.link().unwrap().stats(),
+        )
+    }
+}
+
+// Layout of the two buffers (a: requester, b: responder).
+const SEND_SRC: usize = 0;
+const WRITE_SRC: usize = 0x1_0000;
+const READ_DST: usize = 0x2_0000;
+const OLD_FAA: usize = 0x3_0000;
+const OLD_CAS: usize = 0x3_0008;
+const RECV0: usize = 0;
+const RECV1: usize = 0x1_0000;
+const RECV2: usize = 0x2_0000;
+const WRITE_DST: usize = 0x4_0000;
+const WRITE_IMM_DST: usize = 0x5_0000;
+const READ_SRC: usize = 0x6_0000;
+const FAA: usize = 0x7_0000;
+const CAS: usize = 0x7_0008;
+
+/// `rounds` rounds of SEND, SEND_IMM, WRITE, WRITE_IMM, READ, FetchAdd and
+/// CmpSwap, each round's lengths different (1 to 6000 bytes: one to six
+/// packets of 1024): every completion once, in order, successful; every
+/// byte where it belongs; the FetchAdd counter and the CmpSwap word equal
+/// to the rounds (each executed exactly once).
+fn rc_rounds(l: &mut Linked, qa: &mut Qp, qb: &mut Qp, rounds: u64) {
+    let rk = l.b.mr.rkey();
+    let rb = l.b.mr.addr();
+    l.b.buf.write_u64_be(FAA, 0).unwrap();
+    l.b.buf.write_u64_be(CAS, 0).unwrap();
+    for i in 0..rounds {
+        let len = 1 + (i as usize * 997) % 6000;
+        let seed = i as u8;
+        let send = fill(&l.a.buf, SEND_SRC, len, seed);
+        let write = fill(&l.a.buf, WRITE_SRC, len, seed ^ 0x55);
+        let remote = fill(&l.b.buf, READ_SRC, len, seed ^ 0xaa);
+        let r = |at| l.b.mr.sge(at as u64, 8192).unwrap();
+        qb.post_recv(&[
+            RecvWr {
+                wr_id: 100 + i * 3,
+                sg_list: &[r(RECV0)],
+            },
+            RecvWr {
+                wr_id: 101 + i * 3,
+                sg_list: &[r(RECV1)],
+            },
+            RecvWr {
+                wr_id: 102 + i * 3,
+                sg_list: &[r(RECV2)],
+            },
+        ])
+        .unwrap();
+        let s = |at: usize, n: usize| [l.a.mr.sge(at as u64, n as u32).unwrap()];
+        let (ss, ws, rd, of, oc) = (
+            s(SEND_SRC, len),
+            s(WRITE_SRC, len),
+            s(READ_DST, len),
+            s(OLD_FAA, 8),
+            s(OLD_CAS, 8),
+        );
+        let ops = [
+            (SendOp::Send, &ss),
+            (SendOp::SendImm(0x1000 + i as u32), &ss),
+            (
+                SendOp::RdmaWrite {
+                    raddr: rb + WRITE_DST as u64,
+                    rkey: rk,
+                },
+                &ws,
+            ),
+            (
+                SendOp::RdmaWriteImm {
+                    raddr: rb + WRITE_IMM_DST as u64,
+                    rkey: rk,
+                    imm: 0x2000 + i as u32,
+                },
+                &ws,
+            ),
+            (
+                SendOp::RdmaRead {
+                    raddr: rb + READ_SRC as u64,
+                    rkey: rk,
+                },
+                &rd,
+            ),
+            (
+                SendOp::AtomicFetchAdd {
+                    raddr: rb + FAA as u64,
+                    rkey: rk,
+                    add: 1,
+                },
+                &of,
+            ),
+            (
+                SendOp::AtomicCmpSwp {
+                    raddr: rb + CAS as u64,
+                    rkey: rk,
+                    compare: i,
+                    swap: i + 1,
+                },
+                &oc,
+            ),
+        ];
+        let wrs: Vec<SendWr<'_>> = ops
+            .iter()
+            .zip(1..)
+            .map(|((op, sge), id)| SendWr {
+                wr_id: id,
+                op: *op,
+                payload: Payload::Sges(&sge[..]),
+                flags: sf::SIGNALED,
+                ud: None,
+            })
+            .collect();
+        qa.post_send(&wrs).unwrap();
+        let w = poll_n(&mut l.a.cq, 7);
+        let got: Vec<_> = w.iter().map(|w| (w.wr_id, w.status)).collect();
+        let want: Vec<_> = (1..=7).map(|id| (id, WcStatus::Success)).collect();
+        assert_eq!(got, want, "round {i}: {w:?}");
+        let rw = poll_n(&mut l.b.cq, 3);
+        let got: Vec<_> = rw
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100 + i * 3, WcStatus::Success, WcOpcode::Recv, len as u32),
+                (101 + i * 3, WcStatus::Success, WcOpcode::Recv, len as u32),
+                (
+                    102 + i * 3,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    len as u32
+                ),
+            ],
+            "round {i}"
+        );
+        assert_eq!(
+            (rw[1].imm_data, rw[2].imm_data),
+            (0x1000 + i as u32, 0x2000 + i as u32)
+        );
+        assert_eq!(read(&l.b.buf, RECV0, len), send, "round {i}: SEND");
+        assert_eq!(read(&l.b.buf, RECV1, len), send, "round {i}: SEND_IMM");
+        assert_eq!(read(&l.b.buf, WRITE_DST, len), write, "round {i}: WRITE");
+        assert_eq!(
+            read(&l.b.buf, WRITE_IMM_DST, len),
+            write,
+            "round {i}: WRITE_IMM"
+        );
+        assert_eq!(read(&l.a.buf, READ_DST, len), remote, "round {i}: READ");
+        assert_eq!(
+            l.a.buf.read_u64_be(OLD_FAA).unwrap(),
+            i,
+            "round {i}: FetchAdd"
+        );
+        assert_eq!(
+            l.a.buf.read_u64_be(OLD_CAS).unwrap(),
+            i,
+            "round {i}: CmpSwap"
+        );
+    }
+    assert_eq!(
+        l.b.buf.read_u64_be(FAA).unwrap(),
+        rounds,
+        "FetchAdd once each"
+    );
+    assert_eq!(
+        l.b.buf.read_u64_be(CAS).unwrap(),
+        rounds,
+        "CmpSwap once each"
+    );
+}
+
+/// Once nothing is held or in flight, each end received what the other
+/// sent, and the bad frames it counted are the ones the other corrupted.
+fn counters_add_up(l: &Linked) {
+    until("the links to go quiet", || {
+        let (a, b) = l.stats();
+        a.rx_frames == b.tx_frames && b.rx_frames == a.tx_frames
+    });
+    let (a, b) = l.stats();
+    for (from, to) in [(a, b), (b, a)] {
+        assert_eq!(to.rx_bad_icrc, from.faults.corrupted, "{from:?} -> {to:?}");
+        assert_eq!(
+            to.rx_malformed + to.rx_unknown_gid + to.rx_giant,
+            0,
+            "{to:?}"
+        );
+        assert_eq!(to.rx_delivered + to.rx_bad_icrc, to.rx_frames, "{to:?}");
+    }
+}
+
+fn rc_every_opcode_over(k: Sock, tag: &str) {
+    let mut l = linked(k, tag, WireFaults::default(), WireFaults::default());
+    let (mut qa, mut qb) = l.qps(QpType::Rc);
+    rc_rounds(&mut l, &mut qa, &mut qb, 12);
+    counters_add_up(&l);
+    let (a, b) = l.stats();
+    assert!(a.tx_frames > 12 * 7 && b.tx_frames > 12 * 3, "{a:?} {b:?}");
+    assert_eq!(a.response_timeouts + b.response_timeouts, 0, "nothing lost");
+}
+
+#[test]
+fn rc_every_opcode_over_stream_unix() {
+    rc_every_opcode_over(Sock::StreamUnix, "su");
+}
+
+#[test]
+fn rc_every_opcode_over_stream_tcp() {
+    rc_every_opcode_over(Sock::StreamTcp, "st");
+}
+
+#[test]
+fn rc_every_opcode_over_dgram_udp() {
+    rc_every_opcode_over(Sock::DgramUdp, "du");
+}
+
+#[test]
+fn rc_every_opcode_over_dgram_unix() {
+    rc_every_opcode_over(Sock::DgramUnix, "dx");
+}
+
+/// UC SEND and WRITE, and UD SEND with its GRH, across the wire.
+#[test]
+fn uc_and_ud_over_stream() {
+    let mut l = linked(
+        Sock::StreamUnix,
+        "ucud",
+        WireFaults::default(),
+        WireFaults::default(),
+    );
+    let (mut qa, mut qb) = l.qps(QpType::Uc);
+    let d = fill(&l.a.buf, 0, 3000, 9);
+    qb.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[l.b.mr.sge(0, 4096).unwrap()],
+    }])
+    .unwrap();
+    let s = l.a.mr.sge(0, 3000).unwrap();
+    qa.post_send(&[
+        SendWr {
+            wr_id: 10,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[s]),
+            flags: sf::SIGNALED,
+            ud: None,
+        },
+        SendWr {
+            wr_id: 11,
+            op: SendOp::RdmaWrite {
+                raddr: l.b.mr.addr() + 0x1_0000,
+                rkey: l.b.mr.rkey(),
+            },
+            payload: Payload::Sges(&[s]),
+            flags: sf::SIGNALED,
+            ud: None,
+        },
+    ])
+    .unwrap();
+    let w = poll_n(&mut l.a.cq, 2);
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    let r = poll_n(&mut l.b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (1, 3000));
+    assert_eq!(read(&l.b.buf, 0, 3000), d);
+    until("the UC WRITE to land", || {
+        read(&l.b.buf, 0x1_0000, 3000) == d
+    });
+
+    let (mut ua, mut ub) = l.qps(QpType::Ud);
+    ub.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &[l.b.mr.sge(0x2_0000, 2048).unwrap()],
+    }])
+    .unwrap();
+    let ah =
+        l.a.pd
+            .create_ah(&AhAttr {
+                dgid: l.b.ctx.query_gid(1, 0).unwrap(),
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    let s = l.a.mr.sge(0, 1000).unwrap();
+    ua.post_send(&[SendWr {
+        wr_id: 20,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[s]),
+        flags: sf::SIGNALED,
+        ud: Some(UdDest {
+            ah: &ah,
+            remote_qpn: ub.qp_num(),
+            remote_qkey: QKEY,
+        }),
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&mut l.a.cq, 1)[0].status, WcStatus::Success);
+    let r = poll_n(&mut l.b.cq, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].byte_len, r[0].src_qp),
+        (2, 1040, ua.qp_num())
+    );
+    assert_eq!(read(&l.b.buf, 0x2_0000 + 40, 1000), d[..1000]);
+    drop(qa);
+    drop(qb);
+    drop(ub);
+}
+
+fn faults(s: &str) -> WireFaults {
+    WireFaults::parse(s).unwrap()
+}
+
+/// RC every opcode under `f` on both ends' egress (the responses too),
+/// each end's generator seeded apart.
+fn rc_under(k: Sock, tag: &str, f: &str, rounds: u64) -> (LinkStats, LinkStats) {
+    let fa = faults(&format!("seed=11,{f}"));
+    let fb = faults(&format!("seed=12,{f}"));
+    let mut l = linked(k, tag, fa, fb);
+    let (mut qa, mut qb) = l.qps(QpType::Rc);
+    rc_rounds(&mut l, &mut qa, &mut qb, rounds);
+    counters_add_up(&l);
+    l.stats()
+}
+
+#[test]
+fn faults_loss_alone() {
+    let (a, b) = rc_under(Sock::StreamUnix, "loss", "loss=0.03", 25);
+    assert!(a.faults.lost + b.faults.lost > 0, "{a:?} {b:?}");
+}
+
+#[test]
+fn faults_duplication_alone() {
+    let (a, b) = rc_under(Sock::DgramUdp, "dup", "dup=0.05", 25);
+    assert!(a.faults.duplicated + b.faults.duplicated > 0, "{a:?} {b:?}");
+}
+
+#[test]
+fn faults_reorder_alone() {
+    let (a, b) = rc_under(Sock::StreamTcp, "reorder", "reorder=0.05,window=4", 25);
+    assert!(a.faults.reordered + b.faults.reordered > 0, "{a:?} {b:?}");
+}
+
+#[test]
+fn faults_corruption_alone() {
+    let (a, b) = rc_under(Sock::DgramUnix, "corrupt", "corrupt=0.03", 25);
+    assert!(a.faults.corrupted + b.faults.corrupted > 0, "{a:?} {b:?}");
+    assert_eq!(
+        a.rx_bad_icrc + b.rx_bad_icrc,
+        a.faults.corrupted + b.faults.corrupted
+    );
+}
+
+#[test]
+fn faults_delay_alone() {
+    let (a, b) = rc_under(Sock::StreamUnix, "delay", "delay=0.05,delay_us=500", 25);
+    assert!(a.faults.delayed + b.faults.delayed > 0, "{a:?} {b:?}");
+}
+
+#[test]
+fn faults_all_together() {
+    let f = "loss=0.02,dup=0.02,reorder=0.02,window=4,corrupt=0.01,delay=0.02,delay_us=300";
+    let (a, b) = rc_under(Sock::StreamUnix, "all", f, 30);
+    let c = |s: &LinkStats| {
+        [
+            s.faults.lost,
+            s.faults.duplicated,
+            s.faults.reordered,
+            s.faults.corrupted,
+            s.faults.delayed,
+        ]
+    };
+    let (ca, cb) = (c(&a), c(&b));
+    assert!(
+        ca.iter().zip(cb).all(|(x, y)| x + y > 0),
+        "every fault happened: {a:?} {b:?}"
+    );
+}
+
+/// UC and UD under loss: what is lost is lost (no retry, no error), what
+/// arrives is whole.
+#[test]
+fn faults_uc_ud_simply_lose() {
+    let mut l = linked(
+        Sock::StreamUnix,
+        "ucloss",
+        faults("seed=3,loss=0.3"),
+        WireFaults::default(),
+    );
+    let (mut qa, mut qb) = l.qps(QpType::Uc);
+    let n = 40u64;
+    let sges: Vec<_> = (0..n).map(|i| [l.b.mr.sge(i * 64, 64).unwrap()]).collect();
+    let r: Vec<_> = sges
+        .iter()
+        .zip(0..)
+        .map(|(s, i)| RecvWr {
+            wr_id: i,
+            sg_list: s,
+        })
+        .collect();
+    qb.post_recv(&r).unwrap();
+    let d = fill(&l.a.buf, 0, 64, 1);
+    let s = l.a.mr.sge(0, 64).unwrap();
+    for i in 0..n {
+        qa.post_send(&[SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[s]),
+            flags: sf::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+        assert_eq!(poll_n(&mut l.a.cq, 1)[0].status, WcStatus::Success);
+    }
+    until("the link to go quiet", || {
+        let (a, b) = l.stats();
+        b.rx_frames == a.tx_frames
+    });
+    let (a, _) = l.stats();
+    let mut got = 0;
+    let mut wc = [verbs::cq::Wc::default(); 64];
+    loop {
+        let k = l.b.cq.poll(&mut wc).unwrap();
+        if k == 0 {
+            break;
+        }
+        for w in &wc[..k] {
+            assert_eq!((w.status, w.byte_len), (WcStatus::Success, 64));
+        }
+        got += k as u64;
+    }
+    settle(&l.fb);
+    got += l.b.cq.poll(&mut wc).unwrap() as u64;
+    assert_eq!(
+        got + a.faults.lost,
+        n,
+        "each SEND arrived or was lost: {a:?}"
+    );
+    assert!(a.faults.lost > 0);
+    assert_eq!(read(&l.b.buf, 0, 64), d[..64]);
+    drop(qb);
+}
+
+/// Delay is on the model's clock: a delayed frame stays held until the
+/// clock moves past it, however long the test waits in real time.
+#[test]
+fn delay_is_on_the_model_clock() {
+    let clock = ManualClock::new();
+    let long = LinkOptions {
+        faults: faults("seed=1,delay=1,delay_us=1000"),
+        clock: clock.shared(),
+        response_wait: Duration::from_secs(600),
+        ..LinkOptions::default()
+    };
+    let plain = LinkOptions {
+        clock: clock.shared(),
+        response_wait: Duration::from_secs(600),
+        ..LinkOptions::default()
+    };
+    let mut l = linked_with(Sock::StreamUnix, "clock", long, plain, Some(&clock));
+    let (mut qa, _qb) = l.qps(QpType::Rc);
+    fill(&l.a.buf, 0, 100, 3);
+    qa.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite {
+            raddr: l.b.mr.addr(),
+            rkey: l.b.mr.rkey(),
+        },
+        payload: Payload::Sges(&[l.a.mr.sge(0, 100).unwrap()]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    let la = l.fa.link().unwrap();
+    until("the WRITE to be held", || la.stats().faults.delayed == 1);
+    // The model's clock has not moved: nothing sent, nothing completed
+    // (the send queue waits for the ACK).
+    assert_eq!(la.stats().tx_frames, 0);
+    let mut wc = [verbs::cq::Wc::default(); 1];
+    assert_eq!(l.a.cq.poll(&mut wc).unwrap(), 0);
+    clock.advance(Duration::from_micros(999));
+    assert_eq!(la.stats().tx_frames, 0, "not before its time");
+    clock.advance(Duration::from_micros(1));
+    let w = poll_n(&mut l.a.cq, 1);
+    assert_eq!(w[0].status, WcStatus::Success);
+    assert_eq!(read(&l.b.buf, 0, 100), read(&l.a.buf, 0, 100));
+}
+
+/// The peer is gone (every frame lost): the send queue retries
+/// `retry_cnt` times on its ACK timeout and completes in error with
+/// TRANSPORT_RETRY_EXC_ERR (verbs' RetryExcErr); the QP moves to ERR.
+#[test]
+fn retry_exhausted_when_every_frame_is_lost() {
+    let mut l = linked(
+        Sock::StreamUnix,
+        "gone",
+        faults("seed=1,loss=1"),
+        WireFaults::default(),
+    );
+    let mut qa = create_qp(&l.a, QpType::Rc, cap(8));
+    let qb = create_qp(&l.b, QpType::Rc, cap(8));
+    connect_with(
+        &mut qa,
+        &l.a.ctx,
+        &l.b.ctx,
+        qb.qp_num(),
+        Retry {
+            timeout: 10,
+            retry_cnt: 2,
+            rnr_retry: 0,
+        },
+    );
+    qa.post_send(&[SendWr {
+        wr_id: 7,
+        op: SendOp::RdmaWrite {
+            raddr: l.b.mr.addr(),
+            rkey: l.b.mr.rkey(),
+        },
+        payload: Payload::Sges(&[l.a.mr.sge(0, 64).unwrap()]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    let w = poll_n(&mut l.a.cq, 1);
+    assert_eq!(
+        (w[0].wr_id, w[0].status),
+        (7, WcStatus::RetryExcErr),
+        "{w:?}"
+    );
+    let (a, _) = l.stats();
+    assert_eq!(a.faults.lost, 3, "the first try and two retries: {a:?}");
+    assert_eq!(a.tx_frames, 0);
+}
