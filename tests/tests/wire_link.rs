@@ -149,6 +149,13 @@ fn rc_under(k: Sock, tag: &str, f: &str, rounds: u64) -> (LinkStats, LinkStats) 
     let (mut qa, mut qb) = l.qps(QpType::Rc);
     rc_rounds(&mut l, &mut qa, &mut qb, rounds);
     counters_add_up(&l);
+    let m = l.fa.function(0).unwrap().model().stats();
+    eprintln!("requester: naks {} retries {}", m.naks, m.retries);
+    if fa.loss_ppm != 0 {
+        // Go-back-N: a PSN sequence error NAK or an ACK timeout sent the
+        // send queue back.
+        assert!(m.retries > 0, "{m:?}");
+    }
     l.stats()
 }
 
@@ -359,4 +366,64 @@ fn retry_exhausted_when_every_frame_is_lost() {
     let (a, _) = l.stats();
     assert_eq!(a.faults.lost, 3, "the first try and two retries: {a:?}");
     assert_eq!(a.tx_frames, 0);
+}
+
+/// RNR across the wire: a SEND before its receive is posted gets RNR NAKs
+/// (counted by both functions) until the receive is there, then lands; with
+/// `rnr_retry` used up it completes in error with RNR_RETRY_EXC_ERR.
+#[test]
+fn rnr_nak_and_rnr_retry_exhausted_across_the_wire() {
+    let mut l = linked(
+        Sock::StreamUnix,
+        "rnr",
+        WireFaults::default(),
+        WireFaults::default(),
+    );
+    let (mut qa, mut qb) = l.qps(QpType::Rc);
+    let d = fill(&l.a.buf, 0, 2500, 4);
+    let send = |qa: &mut verbs::qp::Qp, id| {
+        qa.post_send(&[SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[l.a.mr.sge(0, 2500).unwrap()]),
+            flags: sf::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+    };
+    send(&mut qa, 1);
+    let fa = l.fa.function(0).unwrap();
+    let fb = l.fb.function(0).unwrap();
+    until("RNR NAKs", || fa.model().stats().rnr_naks > 0);
+    qb.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: &[l.b.mr.sge(0, 4096).unwrap()],
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&mut l.a.cq, 1)[0].status, WcStatus::Success);
+    let r = poll_n(&mut l.b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (2, 2500));
+    assert_eq!(read(&l.b.buf, 0, 2500), d);
+    assert!(
+        fb.model().stats().rnr_naks > 0,
+        "the responder counted its RNR NAKs"
+    );
+
+    let mut qc = create_qp(&l.a, QpType::Rc, cap(8));
+    let mut qd = create_qp(&l.b, QpType::Rc, cap(8));
+    let r = Retry {
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 2,
+    };
+    connect_with(&mut qc, &l.a.ctx, &l.b.ctx, qd.qp_num(), r);
+    connect(&mut qd, &l.b.ctx, &l.a.ctx, qc.qp_num());
+    send(&mut qc, 3);
+    let w = poll_n(&mut l.a.cq, 1);
+    assert_eq!(
+        (w[0].wr_id, w[0].status),
+        (3, WcStatus::RnrRetryExcErr),
+        "{w:?}"
+    );
+    drop(qd);
 }
