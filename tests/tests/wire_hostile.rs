@@ -166,6 +166,28 @@ fn dgram_peer_sends_garbage_giants_bad_icrc_unknown_gids_and_floods() {
     let s = wait_rx(&l, 5 + flood);
     assert_eq!(s.rx_malformed, 3 + flood, "{s:?}");
     assert_eq!(s.rx_delivered, 0);
+    // The driver sees the drops too: `mlx5 devinfo -v` reads them from
+    // the port's PPCNT counters.
+    {
+        let hca = verbs::hca::Hca::open(function(&fabric, 0), Default::default()).unwrap();
+        let text = tools::devinfo::render(&hca, true).unwrap();
+        for (k, v) in [
+            ("fcs_errors", 1),
+            ("too_long", 1),
+            ("length_errors", 0),
+            ("unsupported_opcodes", 3 + flood),
+        ] {
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{k}:")))
+                .unwrap_or_else(|| panic!("no {k} in\n{text}"));
+            assert_eq!(
+                line.split_whitespace().last(),
+                Some(&*v.to_string()),
+                "{line}"
+            );
+        }
+    }
     peer.set_read_timeout(Some(tests::wait::HANG_GUARD))
         .unwrap();
     still_works(&fabric, &mut || {
