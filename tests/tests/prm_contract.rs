@@ -106,6 +106,26 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "pub const TRAPPED_CQ_DOORBELLS_MAX: usize",
         "how many trapped CQ doorbells the model queues",
     ),
+    (
+        "mlx5-emu/src/wire/impair.rs",
+        "pub const HELD_MAX: usize",
+        "how many frames the wire's faults hold back (model policy)",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const MAX_FRAME: usize",
+        "the largest frame the wire takes from a socket (QEMU's netdev limit)",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const MAILBOX_MAX: usize",
+        "how many responses from the wire wait for their send queue",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const WINDOW: usize",
+        "RC messages in flight across the wire before the send queue waits",
+    ),
 ];
 
 /// One hit: file (relative to the workspace), line number, the line.
