@@ -7,14 +7,20 @@
 #     Unix stream socket, the mlx5-perf server and client in two more
 #     processes, each on its own model over vfio-user),
 #   - the same over the datagram wire (UDP on loopback),
-# and the ratios of the wires to the cable. Release build. Usage:
+# and the ratios of the wires to the cable. Release build (WIRE_BENCH_DEBUG=1:
+# the debug build, to check the script quickly). Usage:
 #   scripts/wire-bench.sh [ITERS_64B] [ITERS_64K]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n64=${1:-20000}
 n64k=${2:-2000}
-cargo build --release -q -p tools --bin mlx5-emu --bin mlx5-perf
-bin=target/release
+if [ "${WIRE_BENCH_DEBUG:-0}" = 1 ]; then
+    cargo build -q -p tools --bin mlx5-emu --bin mlx5-perf
+    bin=target/debug
+else
+    cargo build --release -q -p tools --bin mlx5-emu --bin mlx5-perf
+    bin=target/release
+fi
 dir=$(mktemp -d /tmp/wire-bench.XXXXXX)
 pids=()
 cleanup() {

@@ -71,7 +71,7 @@ impl Served {
             "--wire",
             wire,
             "--response-wait-ms",
-            "100",
+            "500",
         ])
         .arg("--socket")
         .arg(&sock)

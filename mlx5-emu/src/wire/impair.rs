@@ -168,7 +168,12 @@ impl Impair {
             if corrupt {
                 // A byte of the transport headers or payload: only the
                 // ICRC can tell.
-                let at = from + (pick as usize % (f.len() - 4 - from));
+                let mut at = from + (pick as usize % (f.len() - 4 - from));
+                if at == from + 4 {
+                    // The BTH's reserved byte is masked out of the ICRC:
+                    // its neighbour instead.
+                    at += 1;
+                }
                 f[at] ^= 1 << ((pick >> 32) % 8);
                 self.counts.corrupted += 1;
             }

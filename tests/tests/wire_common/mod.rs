@@ -91,7 +91,9 @@ pub fn one_function(mac: u64, cfg: &DeviceConfig) -> (Fabric, Arc<dyn PciFunctio
 pub fn opts(faults: WireFaults) -> LinkOptions {
     LinkOptions {
         faults,
-        response_wait: Duration::from_millis(100),
+        // Long enough that a machine loaded by other jobs does not make
+        // a late response look lost too often (each costs a retry).
+        response_wait: Duration::from_millis(500),
         ..LinkOptions::default()
     }
 }
