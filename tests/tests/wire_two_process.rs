@@ -277,8 +277,18 @@ fn soak_rc_every_opcode_under_loss_reorder_and_corruption() {
     let (x, y) = (tmp("soak.a"), tmp("soak.b"));
     let spec = |l: &Path, r: &Path| format!("dgram,local={},remote={}", l.display(), r.display());
     let faults = |seed| format!("seed={seed},loss=0.01,reorder=0.01,window=4,corrupt=0.001");
-    let a = Served::start("soak-a", "24:8a:07:a0:00:01", &spec(&x, &y), Some(&faults(21)));
-    let b = Served::start("soak-b", "24:8a:07:b0:00:01", &spec(&y, &x), Some(&faults(22)));
+    let a = Served::start(
+        "soak-a",
+        "24:8a:07:a0:00:01",
+        &spec(&x, &y),
+        Some(&faults(21)),
+    );
+    let b = Served::start(
+        "soak-b",
+        "24:8a:07:b0:00:01",
+        &spec(&y, &x),
+        Some(&faults(22)),
+    );
     let rounds = 150;
     {
         let mut sa = side(a.open(), 1 << 20, ALL);
