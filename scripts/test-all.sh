@@ -21,6 +21,11 @@ if command -v dpkg >/dev/null; then
     done
 fi
 
+# tests/tests/wire_tshark.rs: Wireshark's tshark and Python judge the
+# model's RoCEv2 frames.
+command -v tshark >/dev/null || need_pkgs+=(tshark)
+command -v python3 >/dev/null || need_pkgs+=(python3)
+
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "test-all: installing ${need_pkgs[*]}"

@@ -109,22 +109,22 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     (
         "mlx5-emu/src/wire/impair.rs",
         "pub const HELD_MAX: usize",
-        "the wire's bound on frames held for reordering/delay: the model's own limit",
+        "how many frames the wire's faults hold back (model policy)",
     ),
     (
         "mlx5-emu/src/wire/mod.rs",
         "pub const MAX_FRAME: usize",
-        "the largest frame a socket peer may send: the wire's own bound",
+        "the largest frame the wire takes from a socket (QEMU's netdev limit)",
     ),
     (
         "mlx5-emu/src/wire/mod.rs",
         "pub const MAILBOX_MAX: usize",
-        "responses queued for a send queue over the wire: the model's own bound",
+        "how many responses from the wire wait for their send queue",
     ),
     (
         "mlx5-emu/src/wire/mod.rs",
         "pub const WINDOW: usize",
-        "packets in flight per QP over the wire: the model's own pacing",
+        "RC messages in flight across the wire before the send queue waits",
     ),
     (
         "verbs/src/odp.rs",

@@ -96,6 +96,9 @@ pub fn render(hca: &Hca, verbose: bool) -> Result<String, String> {
             "\t\t\tlink_layer:\t\t{}",
             if eth { "Ethernet" } else { "InfiniBand" }
         );
+        if verbose {
+            port_counters(hca, port, &mut o).map_err(e)?;
+        }
     }
     if verbose {
         let _ = writeln!(
@@ -125,6 +128,71 @@ const LINUX_MAX_PLANNED_WQE: u64 = 256;
 /// WQE, so ibv_devinfo and this agree.
 fn max_qp_wr(log_max_qp_sz: u8) -> u64 {
     (1u64 << log_max_qp_sz) * mlx5_hw::wqe::SEND_WQE_BB as u64 / LINUX_MAX_PLANNED_WQE
+}
+
+/// The port's IEEE 802.3 counters (ACCESS_REG PPCNT, read without
+/// clearing): frames and octets, and the frames the port dropped by cause
+/// (on the device model's wire: bad ICRC as a bad frame check sequence,
+/// over the size limit as too long, cut short as a length error, not
+/// RoCEv2 as an unsupported opcode).
+fn port_counters(hca: &Hca, port: u8, o: &mut String) -> Result<(), verbs::Error> {
+    use mlx5_hw::ifc::eth_802_3_cntrs_grp_data_layout as g;
+    use mlx5_hw::ifc::ppcnt_reg;
+    let mut r = vec![0u8; ppcnt_reg::SIZE_BYTES];
+    ppcnt_reg::LOCAL_PORT.set(&mut r, u64::from(port));
+    ppcnt_reg::GRP.set(&mut r, mlx5_hw::eth::PPCNT_GRP_IEEE_802_3);
+    let r = hca.access_reg(mlx5_hw::init::RegisterId::Ppcnt, 0, &r, false)?;
+    let Some(set) = r.get(ppcnt_reg::COUNTER_SET.off / 8..) else {
+        return Ok(());
+    };
+    if set.len() < g::SIZE_BYTES {
+        return Ok(());
+    }
+    for (name, hi, lo) in [
+        (
+            "frames_tx",
+            g::A_FRAMES_TRANSMITTED_OK_HIGH,
+            g::A_FRAMES_TRANSMITTED_OK_LOW,
+        ),
+        (
+            "frames_rx",
+            g::A_FRAMES_RECEIVED_OK_HIGH,
+            g::A_FRAMES_RECEIVED_OK_LOW,
+        ),
+        (
+            "octets_tx",
+            g::A_OCTETS_TRANSMITTED_OK_HIGH,
+            g::A_OCTETS_TRANSMITTED_OK_LOW,
+        ),
+        (
+            "fcs_errors",
+            g::A_FRAME_CHECK_SEQUENCE_ERRORS_HIGH,
+            g::A_FRAME_CHECK_SEQUENCE_ERRORS_LOW,
+        ),
+        (
+            "too_long",
+            g::A_FRAME_TOO_LONG_ERRORS_HIGH,
+            g::A_FRAME_TOO_LONG_ERRORS_LOW,
+        ),
+        (
+            "length_errors",
+            g::A_IN_RANGE_LENGTH_ERRORS_HIGH,
+            g::A_IN_RANGE_LENGTH_ERRORS_LOW,
+        ),
+        (
+            "unsupported_opcodes",
+            g::A_UNSUPPORTED_OPCODES_RECEIVED_HIGH,
+            g::A_UNSUPPORTED_OPCODES_RECEIVED_LOW,
+        ),
+    ] {
+        let v = hi.get(set) << 32 | lo.get(set);
+        let _ = writeln!(
+            o,
+            "\t\t\t{name}:\t{}{v}",
+            if name.len() < 13 { "\t" } else { "" }
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ pub(crate) struct EthObjects {
     /// (frames sent, octets sent, frames received).
     pub vport_counter_base: [u64; 3],
     /// The same for PPCNT's `clr` (fw/reg.rs).
-    pub ppcnt_base: [u64; 3],
+    pub ppcnt_base: [u64; 7],
 }
 
 impl EthObjects {

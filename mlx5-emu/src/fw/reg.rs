@@ -184,11 +184,23 @@ impl Firmware {
             return Ok(());
         }
         let c = &inner.rdma.counters;
+        // The frames the port's wire to another process dropped (a port
+        // with no link drops none): a bad ICRC as a bad frame check
+        // sequence, a giant as too long, a frame cut short as a length
+        // error, one that is not RoCEv2 or does not parse as an
+        // unsupported opcode.
+        let w = crate::fabric::link_of(&inner.rdma)
+            .map(|l| l.stats())
+            .unwrap_or_default();
         let now = [
             c.packets_sent.load(std::sync::atomic::Ordering::Relaxed),
             c.packets_received
                 .load(std::sync::atomic::Ordering::Relaxed),
             c.bytes_sent.load(std::sync::atomic::Ordering::Relaxed),
+            w.rx_bad_icrc,
+            w.rx_giant,
+            w.rx_truncated,
+            w.rx_malformed,
         ];
         let set = &mut reg[ppcnt_reg::COUNTER_SET.off / 8..];
         for (i, (hi, lo)) in [
@@ -200,6 +212,22 @@ impl Firmware {
             (
                 g::A_OCTETS_TRANSMITTED_OK_HIGH,
                 g::A_OCTETS_TRANSMITTED_OK_LOW,
+            ),
+            (
+                g::A_FRAME_CHECK_SEQUENCE_ERRORS_HIGH,
+                g::A_FRAME_CHECK_SEQUENCE_ERRORS_LOW,
+            ),
+            (
+                g::A_FRAME_TOO_LONG_ERRORS_HIGH,
+                g::A_FRAME_TOO_LONG_ERRORS_LOW,
+            ),
+            (
+                g::A_IN_RANGE_LENGTH_ERRORS_HIGH,
+                g::A_IN_RANGE_LENGTH_ERRORS_LOW,
+            ),
+            (
+                g::A_UNSUPPORTED_OPCODES_RECEIVED_HIGH,
+                g::A_UNSUPPORTED_OPCODES_RECEIVED_LOW,
             ),
         ]
         .into_iter()

@@ -108,6 +108,9 @@ impl Dct {
             buf: qp::Buf::default(),
             dbr: 0,
             uar: 0,
+            // A DCT's CQEs carry the SRQ number (dctc.user_index under
+            // cqe_version 1 is not modelled yet).
+            cqe_uidx: None,
             state: AtomicU8::new(qp::state::RTR),
             counter_set: AtomicU32::new(self.counter_set),
             sq: Mutex::new(Sq::default()),

@@ -215,7 +215,7 @@ pub(crate) struct Rq {
     /// RC: packets that asked for an ACK since the last one sent (the
     /// coalesced ACK names `epsn - 1`).
     pub ack_owed: u32,
-    /// RC: a PSN sequence error NAK was sent for `epsn`; no other is
+    /// RC: a PSN sequence error NAK (or an RNR NAK) was sent for `epsn`; no other is
     /// sent until the expected PSN arrives (IBA 9.7.5.2.2: one NAK per
     /// sequence error, so a burst behind a lost packet does not send the
     /// requester back once per packet).

@@ -302,8 +302,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
                 last_psn,
             });
             // Across a link, at most a window in flight.
-            let far = sq.peer.as_ref().is_some_and(|p| p.link.is_some());
-            if far && sq.unacked.len() >= crate::wire::WINDOW && !drain(rdma, qp, &mut sq, mem) {
+            if window_full(&sq) && !drain(rdma, qp, &mut sq, mem) {
                 rewind(rdma, qp, &mut sq, mem, None);
                 break;
             }
@@ -328,6 +327,19 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
     }
     flush_tally(rdma, &sq);
     busy
+}
+
+/// Whether the messages in flight to a peer across a link fill its
+/// window ([`crate::wire::WINDOW`] messages, or the link's packets).
+fn window_full(sq: &Sq) -> bool {
+    let Some(l) = sq.peer.as_ref().and_then(|p| p.link.as_ref()) else {
+        return false;
+    };
+    let (Some(first), Some(last)) = (sq.unacked.front(), sq.unacked.back()) else {
+        return false;
+    };
+    let packets = last.last_psn.wrapping_sub(first.first_psn) & 0xff_ffff;
+    sq.unacked.len() >= crate::wire::WINDOW || packets + 1 >= l.window_packets()
 }
 
 /// Applies a WQE's final outcome (CQE, counters, state); false when the
@@ -505,7 +517,44 @@ fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool 
     if ans.acks != 0 {
         rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
     }
-    settle(rdma, qp, sq, mem, ans.acked) && sq.unacked.is_empty()
+    if !settle(rdma, qp, sq, mem, ans.acked) {
+        return false;
+    }
+    if sq.unacked.is_empty() {
+        return true;
+    }
+    nak_at_drain(rdma, qp, sq, mem, &ans);
+    false
+}
+
+/// A NAK or an RNR NAK that came while the burst waited for its ACK (the
+/// responses from across a link come when they come): it names the oldest
+/// message still unacknowledged, which then meets the NAK's outcome as it
+/// would have on its own (go back now, after the RNR timer, or an error
+/// CQE); nothing to do without one (the caller's ACK timeout follows).
+fn nak_at_drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, ans: &Answer) {
+    let Some(u) = sq.unacked.front().copied() else {
+        return;
+    };
+    let o = match (ans.nak, ans.rnr) {
+        (Some(code), _) => nak_outcome(rdma, sq, u.first_psn, code),
+        (None, Some(t)) => rnr_outcome(rdma, qp, sq, u.first_psn, t),
+        (None, None) => return,
+    };
+    match o {
+        Outcome::Retry(at) => rewind(rdma, qp, sq, mem, Some(at)),
+        o => {
+            sq.unacked.clear();
+            sq.ci = u.index;
+            let head = Head {
+                index: u.index,
+                nbb: u.nbb,
+                opcode: u.opcode,
+                signaled: u.signaled,
+            };
+            finish(rdma, qp, sq, mem, head, o);
+        }
+    }
 }
 
 /// Nobody acknowledged the oldest unacknowledged message (or a PSN
@@ -1418,17 +1467,7 @@ fn rc_outcome(
         return nak_outcome(rdma, sq, s.first_psn, code);
     }
     if let Some(t) = ans.rnr {
-        rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
-        sq.psn = s.first_psn;
-        if sq.rnr_retry != 7 {
-            if sq.rnr_left == 0 {
-                rdma.q_count(qp, |c| &c.rnr_nak_retry_err);
-                return Outcome::Error(CqeSyndrome::RnrRetryExcErr, vendor::RNR_EXCEEDED);
-            }
-            sq.rnr_left -= 1;
-        }
-        let after = Duration::from_micros(rnr_timer_us(t));
-        return Outcome::Retry(vfio::clock::later(rdma.clock.now(), after));
+        return rnr_outcome(rdma, qp, sq, s.first_psn, t);
     }
     let answered = matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa);
     if !ans.acked.is_some_and(|p| psn_le(s.last_psn, p)) {
@@ -1445,6 +1484,23 @@ fn rc_outcome(
     sq.psn = (s.last_psn + 1) & 0xff_ffff;
     let atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
     Outcome::Done(if atomic { 8 } else { w.len as u32 })
+}
+
+/// An RNR NAK for the message from `first_psn` (RNR timer code `t`): sent
+/// again after the RNR timer while `rnr_retry` lasts (7: for ever), else
+/// RNR_RETRY_EXC_ERR.
+fn rnr_outcome(rdma: &Rdma, qp: &Qp, sq: &mut Sq, first_psn: u32, t: u8) -> Outcome {
+    rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+    sq.psn = first_psn;
+    if sq.rnr_retry != 7 {
+        if sq.rnr_left == 0 {
+            rdma.q_count(qp, |c| &c.rnr_nak_retry_err);
+            return Outcome::Error(CqeSyndrome::RnrRetryExcErr, vendor::RNR_EXCEEDED);
+        }
+        sq.rnr_left -= 1;
+    }
+    let after = Duration::from_micros(rnr_timer_us(t));
+    Outcome::Retry(vfio::clock::later(rdma.clock.now(), after))
 }
 
 /// A NAK (IBA 9.7.5.1.3-4): a PSN sequence error sends the queue back to

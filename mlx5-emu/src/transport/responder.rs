@@ -490,6 +490,9 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
             rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
             rdma.q_count(r.qp, |c| &c.out_of_buffer);
             rq.ack_owed = 0;
+            // The rest of the message, already on its way, meets no PSN
+            // sequence NAK: this NAK is the one for `epsn`.
+            rq.seq_nak = true;
             aeth::RNR_NAK | rq.min_rnr_nak
         }
         Refused::Fatal(f) => {

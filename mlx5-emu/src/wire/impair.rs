@@ -92,7 +92,7 @@ pub struct FaultCounts {
     pub duplicated: u64,
     /// Frames held back behind later ones.
     pub reordered: u64,
-    /// Frames corrupted.
+    /// Frames sent corrupted (a duplicate of a corrupted frame too).
     pub corrupted: u64,
     /// Frames delayed.
     pub delayed: u64,
@@ -163,11 +163,17 @@ impl Impair {
         if lose {
             self.counts.lost += 1;
         } else {
-            if corrupt && f.len() > super::TRANSPORT_AT {
+            let from = super::transport_at(&f);
+            let corrupt = corrupt && f.len() > from + 4;
+            if corrupt {
                 // A byte of the transport headers or payload: only the
                 // ICRC can tell.
-                let span = (f.len() - 4 - super::TRANSPORT_AT).max(1);
-                let at = super::TRANSPORT_AT + (pick as usize % span);
+                let mut at = from + (pick as usize % (f.len() - 4 - from));
+                if at == from + 4 {
+                    // The BTH's reserved byte is masked out of the ICRC:
+                    // its neighbour instead.
+                    at += 1;
+                }
                 f[at] ^= 1 << ((pick >> 32) % 8);
                 self.counts.corrupted += 1;
             }
@@ -191,6 +197,8 @@ impl Impair {
             } else {
                 if dup {
                     self.counts.duplicated += 1;
+                    // Counted as the corrupted frames that went out.
+                    self.counts.corrupted += u64::from(corrupt);
                     out.push(f.clone());
                 }
                 out.push(f);

@@ -65,11 +65,18 @@ pub const MAILBOX_MAX: usize = 16384;
 /// RC SENDs and WRITEs in flight to a peer across the wire before the
 /// send queue waits for their ACK.
 pub const WINDOW: usize = 32;
+/// Packets in flight across a datagram wire before the send queue waits
+/// for their ACK: a datagram socket drops what its receive buffer (about
+/// 200 KiB by default) cannot hold, so a burst stays well under it.
+pub const DGRAM_WINDOW_PACKETS: u32 = 64;
 /// Default real-time wait for a response before it counts as lost.
 pub const RESPONSE_WAIT: Duration = Duration::from_millis(200);
-/// Where the transport part (BTH) of an IPv6 RoCEv2 frame starts; an IPv4
-/// frame's starts 20 bytes earlier (corruption lands in either).
-pub(crate) const TRANSPORT_AT: usize = packet::ETH_HLEN + 20 + 8;
+/// Where the transport part (BTH) of a RoCEv2 frame starts (after the
+/// Ethernet, IPv6 or IPv4, and UDP headers): corruption lands after it.
+pub(crate) fn transport_at(f: &[u8]) -> usize {
+    let ipv6 = f.get(12..14) == Some(&[0x86, 0xdd][..]);
+    packet::ETH_HLEN + if ipv6 { packet::IPV6_HLEN } else { 20 } + 8
+}
 
 /// How a link is set up besides its socket.
 #[derive(Debug, Clone)]
@@ -250,6 +257,16 @@ impl Link {
         &self.spec
     }
 
+    /// How many packets a send queue keeps in flight on this link before
+    /// it waits for their ACK (a stream loses nothing: no limit but
+    /// [`WINDOW`] messages).
+    pub(crate) fn window_packets(&self) -> u32 {
+        match self.spec {
+            LinkSpec::Dgram { .. } => DGRAM_WINDOW_PACKETS,
+            LinkSpec::Stream { .. } => u32::MAX,
+        }
+    }
+
     /// The bound local address of a UDP end or a TCP server (to learn the
     /// port the system chose for port 0).
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
@@ -417,6 +434,14 @@ impl Link {
                     continue;
                 }
                 done |= ends(&r, until);
+                tracing::trace!(
+                    qpn,
+                    opcode = r.hdrs.bth.opcode,
+                    psn = r.hdrs.bth.psn,
+                    syndrome = r.hdrs.aeth.map(|a| a.syndrome),
+                    ?until,
+                    "response collected"
+                );
                 reply(&Packet {
                     addr: r.addr,
                     hdr: &r.hdrs,
@@ -431,6 +456,7 @@ impl Link {
                 return;
             }
             if Instant::now() >= deadline {
+                tracing::debug!(qpn, ?until, "no response in time");
                 self.counts
                     .response_timeouts
                     .fetch_add(1, Ordering::Relaxed);
