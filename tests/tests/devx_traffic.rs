@@ -438,7 +438,7 @@ fn devx_async_queries_and_qp_events_reach_the_caller() {
     let fabric = Fabric::cabled(2, Profile::ConnectX5);
     let a = open(function(&fabric, 0));
     let mut b: Side = side(open(function(&fabric, 1)), 1 << 16, ALL);
-    let d = devx_side(&a);
+    let mut d = devx_side(&a);
     let mut vq = create_qp(&b, QpType::Rc, verbs_common::cap(16));
     connect_raw(&d, &a, &b.ctx, vq.qp_num());
     connect(&mut vq, &b.ctx, &a, d.qp.qp_num());
@@ -487,8 +487,39 @@ fn devx_async_queries_and_qp_events_reach_the_caller() {
     assert_eq!(comp.in_flight(), 0);
     assert!(comp.try_get().is_none());
 
-    // Events: a QP cannot have CQ errors; subscribe to its access errors.
+    // Completion events of the DevX CQ, once armed, reach the channel.
     let ch = d.dx.create_event_channel();
+    ch.subscribe_devx_event(Some(&d.objs[1]), &[EventType::Comp], 0xcc)
+        .unwrap();
+    d.cq.arm(0, false).unwrap();
+    let r = b.mr.sge(0, 64).unwrap();
+    vq.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[r],
+    }])
+    .unwrap();
+    let s0 = devx_sge(&d, 0, 64);
+    d.qp.post_send(&[SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[s0]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    let ev = ch
+        .get_event(Duration::from_secs(10))
+        .expect("the DevX CQ's completion event");
+    assert_eq!((ev.cookie, ev.event.event_type), (0xcc, EventType::Comp));
+    let comp: &mlx5_hw::ifc::EqeComp = zerocopy::transmute_ref!(&ev.event.data);
+    assert_eq!(
+        u64::from(comp.cqn.get()),
+        create_cq_out::CQN.get(d.objs[1].create_out())
+    );
+    assert_eq!(devx_poll(&mut d.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(poll_n(&mut b.cq, 1)[0].status, WcStatus::Success);
+
+    // Events: a QP cannot have CQ errors; subscribe to its access errors.
     assert!(ch
         .subscribe_devx_event(Some(&d.objs[0]), &[EventType::CqError], 1)
         .is_err());

@@ -19,8 +19,10 @@
 //!   changes...), the event types and a cookie; the object's events come
 //!   back from [`DevxEventChannel::get_event`] with that cookie and the
 //!   EQE's data. Event types that cannot happen to the object are refused,
-//!   as Linux's DevX refuses them (`is_valid_events`). Completion events
-//!   (type 0) of DevX CQs are not delivered here.
+//!   as Linux's DevX refuses them (`is_valid_events`). A DevX CQ's
+//!   completion events (type 0, after [`super::DevxCq::arm`]) come the
+//!   same way: the subscription routes the CQ's events from the completion
+//!   EQ to the channel, until the channel is dropped.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -28,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mlx5_hw::event::{EventType, EQE_RESOURCE_NUMBER_MASK};
-use mlx5_hw::ifc::{create_cq_out, create_qp_out, create_srq_out, EqeCqErr, EqeQpSrq};
+use mlx5_hw::ifc::{create_cq_out, create_qp_out, create_srq_out, EqeComp, EqeCqErr, EqeQpSrq};
 use mlx5_hw::opcode::Opcode;
 
 use super::{with_uid, DevxCtx, DevxObj};
@@ -88,8 +90,12 @@ struct Subscription {
 /// An event channel (`struct mlx5dv_devx_event_channel`).
 #[derive(Debug)]
 pub struct DevxEventChannel {
+    ctx: crate::device::Context,
+    tx: Sender<AsyncEvent>,
     rx: Receiver<AsyncEvent>,
     subs: Mutex<Vec<Subscription>>,
+    /// The CQs whose completion events the channel routes.
+    comp_cqs: Mutex<Vec<u32>>,
 }
 
 impl DevxCtx {
@@ -118,9 +124,14 @@ impl DevxCtx {
 
     /// `mlx5dv_devx_create_event_channel`.
     pub fn create_event_channel(&self) -> DevxEventChannel {
+        let (tx, rx) = mpsc::channel();
+        self.ctx.hca().add_event_subscriber(tx.clone());
         DevxEventChannel {
-            rx: self.ctx.hca().subscribe_events(),
+            ctx: self.ctx.clone(),
+            tx,
+            rx,
             subs: Mutex::default(),
+            comp_cqs: Mutex::default(),
         }
     }
 }
@@ -216,7 +227,7 @@ fn valid_for(target: Target, t: EventType) -> bool {
                 | E::WqInvalReqError
                 | E::WqAccessError
         ),
-        Target::Cq(_) => t == E::CqError,
+        Target::Cq(_) => matches!(t, E::CqError | E::Comp),
         Target::Srq(_) => matches!(t, E::SrqCatasError | E::SrqRqLimit),
         Target::Unaffiliated => matches!(
             t,
@@ -238,6 +249,10 @@ fn target_of(e: &AsyncEvent) -> Target {
         d.qp_srq_n.get() & EQE_RESOURCE_NUMBER_MASK
     };
     match e.event_type {
+        E::Comp => {
+            let d: &EqeComp = zerocopy::transmute_ref!(&e.data);
+            Target::Cq(d.cqn.get() & EQE_RESOURCE_NUMBER_MASK)
+        }
         E::CqError => {
             let d: &EqeCqErr = zerocopy::transmute_ref!(&e.data);
             Target::Cq(d.cqn.get() & EQE_RESOURCE_NUMBER_MASK)
@@ -275,6 +290,9 @@ impl DevxEventChannel {
                 "an event type that cannot happen to the object",
             ));
         }
+        if let (Target::Cq(cqn), true) = (target, events.contains(&EventType::Comp)) {
+            self.route_completions(cqn);
+        }
         let mut subs = self.subs.lock().unwrap_or_else(|p| p.into_inner());
         subs.push(Subscription {
             target,
@@ -282,6 +300,29 @@ impl DevxEventChannel {
             cookie,
         });
         Ok(())
+    }
+
+    /// Completion events of CQ `cqn` come to this channel (as the kernel
+    /// hands a DevX CQ's completions to its subscribers).
+    fn route_completions(&self, cqn: u32) {
+        let tx = self.tx.clone();
+        let fire: crate::eq::CompHandler = Arc::new(move || {
+            let mut data = [0u8; mlx5_hw::event::EQE_DATA_SIZE];
+            let d: &mut EqeComp = zerocopy::transmute_mut!(&mut data);
+            d.cqn.set(cqn);
+            let ev = AsyncEvent {
+                event_type: EventType::Comp,
+                sub_type: 0,
+                data,
+            };
+            // A dropped channel stops listening; its drop unroutes.
+            let _ = tx.send(ev);
+        });
+        self.ctx.hca().comp_table().insert(cqn, fire);
+        self.comp_cqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cqn);
     }
 
     /// `mlx5dv_devx_get_event`: the next event a subscription asked for,
@@ -305,6 +346,15 @@ impl DevxEventChannel {
                     event: e,
                 });
             }
+        }
+    }
+}
+
+impl Drop for DevxEventChannel {
+    fn drop(&mut self) {
+        let cqs = self.comp_cqs.lock().unwrap_or_else(|p| p.into_inner());
+        for &cqn in cqs.iter() {
+            self.ctx.hca().comp_table().remove(cqn);
         }
     }
 }
