@@ -18,6 +18,7 @@ mod issi;
 mod l2;
 mod mad;
 mod mkey;
+mod odp;
 mod pages;
 mod pd;
 mod qp;
@@ -53,6 +54,7 @@ use crate::initseg::{self, rd, wr};
 use crate::profile::CapPages;
 use crate::{DeviceConfig, Inner, Profile, Stats};
 
+pub(crate) use adapter::NULL_MKEY;
 pub(crate) use adapter::RESD_LKEY;
 pub(crate) use dek::LOG_MAX_DEK;
 pub(crate) use eq::Eq;
@@ -199,6 +201,7 @@ pub(crate) mod synd {
     pub const MKEY_BAD_RANGE: u32 = 0x3e00_0005;
     pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
     pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
+    pub const MKEY_BAD_RELAXED_ORDERING: u32 = 0x3e00_0008;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
@@ -696,8 +699,9 @@ impl Firmware {
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
             O::AllocUar => self.alloc_uar(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
-            O::CreateEq => self.create_eq(inner, input, outlen),
-            O::DestroyEq => self.destroy_eq(input, outlen),
+            O::CreateEq => self.create_eq_odp(inner, input, outlen),
+            O::DestroyEq => self.destroy_eq_odp(inner, input, outlen),
+            O::PageFaultResume => self.page_fault_resume(inner, input, outlen),
             O::QueryEq => self.query_eq(input, outlen),
             O::QueryVportState => self.query_vport_state(input, outlen),
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),

@@ -29,14 +29,17 @@
 //! number) and CQ arm doorbells (UAR 0x20) of every UAR page, and acts on
 //! every change; because a store can overwrite another between two polls,
 //! the QP's doorbell record (the producer counter) is the truth, and every
-//! [`SWEEP_INTERVAL`] the doorbell records of the next [`SWEEP_CHUNK`]
-//! objects (QPs, Ethernet SQs, CQs, in rotation) are read again: every
-//! object's record is read within `ceil(objects / SWEEP_CHUNK)` sweeps, and
-//! a pass costs the same with ten objects or twenty thousand.
+//! [`SWEEP_PASSES`] passes, and on the first pass after the worker slept
+//! idle, the doorbell records of the next [`SWEEP_CHUNK`] objects (QPs,
+//! Ethernet SQs, CQs, in rotation) are read again: every object's record is
+//! read within `ceil(objects / SWEEP_CHUNK)` sweeps, and a pass costs the
+//! same with ten objects or twenty thousand. The sweep counts passes, not
+//! time, so no clock (real or a test's) decides what it finds.
 
 pub(crate) mod cq;
 pub(crate) mod eth_sq;
 pub(crate) mod mem;
+pub(crate) mod odp;
 pub mod packet;
 pub(crate) mod qp;
 pub(crate) mod requester;
@@ -45,7 +48,7 @@ pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -62,8 +65,10 @@ pub(crate) use qp::{Qp, Srq};
 
 use crate::lock;
 
-/// How often the sweep reads doorbell records again (lost doorbells).
-pub const SWEEP_INTERVAL: Duration = Duration::from_micros(200);
+/// Passes between two sweeps of the doorbell records (lost doorbells)
+/// while the worker is busy or spinning; an idle worker sweeps on the
+/// first pass after each sleep.
+pub const SWEEP_PASSES: u32 = 256;
 /// Objects (QPs, Ethernet SQs, CQs) whose doorbell records one sweep reads;
 /// with fewer, every sweep reads them all.
 pub const SWEEP_CHUNK: usize = 32;
@@ -187,8 +192,8 @@ pub(crate) struct Rdma {
     pub me: Weak<Rdma>,
     pub dma: Arc<DmaSpace>,
     /// The model's clock (DeviceConfig::clock): ACK timeouts and RNR
-    /// retries are due on it. The poll pace (hot doorbells, the sweep)
-    /// stays on real time.
+    /// retries are due on it. The poll pace (how long a UAR page stays
+    /// hot) stays on real time; the sweep counts passes.
     pub clock: SharedClock,
     pub mkeys: RwLock<Table<Mkey>>,
     pub cqs: RwLock<Table<Cq>>,
@@ -217,6 +222,8 @@ pub(crate) struct Rdma {
     pub worker: Mutex<Option<Thread>>,
     /// Reserved lkey (QUERY_SPECIAL_CONTEXTS): physical addressing.
     pub resd_lkey: u32,
+    /// What UMR and indirect keys may do on this device (its caps).
+    pub umr_caps: UmrCaps,
     /// The UAR page served trapped, if any (the configuration's: every
     /// write to it reaches [`Rdma::trapped_write`]). Its CQ doorbells are
     /// taken from those writes only, never from BAR memory or a CQ's
@@ -225,11 +232,17 @@ pub(crate) struct Rdma {
     /// CQ doorbells written to the trapped page, not yet acted on.
     trapped_cq: Mutex<TrappedCq>,
     poll: Mutex<PollState>,
+    /// The worker slept idle since the last pass: the next pass sweeps.
+    slept: AtomicBool,
+    /// Sweeps made (for tests: "after N sweeps").
+    sweeps: AtomicU64,
     /// Where the search for a free CQ number starts ([`lowest_free`]).
     pub cq_floor: AtomicU32,
     /// Where the search for a free number of the QP space (QPs, SQs, RQs)
     /// starts ([`lowest_free`]).
     pub qp_floor: AtomicU32,
+    /// Page faults raised and held (on-demand paging).
+    pub odp: odp::Odp,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -271,7 +284,8 @@ pub const TRAPPED_CQ_DOORBELLS_MAX: usize = 4096;
 
 #[derive(Debug)]
 struct PollState {
-    last_sweep: Instant,
+    /// Passes since the last sweep.
+    since_sweep: u32,
     /// QPs whose send doorbell rang in this pass (kept for its capacity).
     hint: Vec<u32>,
     /// The first UAR page of the next pass's chunk.
@@ -348,6 +362,29 @@ pub const RETRY_DEADLINE: &str = "transport retry";
 /// of the four bfregs.
 const SQ_DOORBELLS: [usize; 8] = [0x800, 0x900, 0xa00, 0xb00, 0xc00, 0xd00, 0xe00, 0xf00];
 
+/// The capabilities the UMR engine and indirect keys follow
+/// (`cmd_hca_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UmrCaps {
+    /// `max_indirection`: indirect keys an access may go through in a
+    /// chain (0 in a profile reads as 1: indirect keys work at all).
+    pub max_indirection: u32,
+    /// Repeat blocks are taken (`repeated_block_disabled` clear).
+    pub repeat_block: bool,
+}
+
+impl UmrCaps {
+    /// From the current general capability page.
+    pub(crate) fn of(caps: &crate::profile::CapPages) -> Self {
+        use mlx5_hw::ifc::cmd_hca_cap as c;
+        let g = |f| caps.get(crate::profile::cap_type::GENERAL, f);
+        Self {
+            max_indirection: (g(c::MAX_INDIRECTION) as u32).max(1),
+            repeat_block: g(c::REPEATED_BLOCK_DISABLED) == 0,
+        }
+    }
+}
+
 impl Rdma {
     /// The data path; `trapped_uar`: the UAR page whose writes all arrive
     /// through [`Rdma::trapped_write`].
@@ -356,6 +393,7 @@ impl Rdma {
         resd_lkey: u32,
         clock: SharedClock,
         trapped_uar: Option<u32>,
+        umr_caps: UmrCaps,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
@@ -380,16 +418,20 @@ impl Rdma {
             counters: Counters::default(),
             worker: Mutex::new(None),
             resd_lkey,
+            umr_caps,
             trapped_uar,
             trapped_cq: Mutex::new(TrappedCq::default()),
             poll: Mutex::new(PollState {
-                last_sweep: Instant::now(),
+                since_sweep: 0,
                 hint: Vec::new(),
                 cursor: 0,
                 round: Vec::new(),
             }),
+            slept: AtomicBool::new(false),
+            sweeps: AtomicU64::new(0),
             cq_floor: AtomicU32::new(0),
             qp_floor: AtomicU32::new(0),
+            odp: odp::Odp::default(),
         })
     }
 
@@ -426,6 +468,7 @@ impl Rdma {
         lock(&self.poll).round.clear();
         self.cq_floor.store(0, Ordering::Relaxed);
         self.qp_floor.store(0, Ordering::Relaxed);
+        self.odp.reset();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
@@ -677,6 +720,16 @@ impl Rdma {
         !whole.is_empty()
     }
 
+    /// The worker is about to sleep idle: its next pass sweeps.
+    pub(crate) fn note_idle(&self) {
+        self.slept.store(true, Ordering::Release);
+    }
+
+    /// Sweeps of the doorbell records made so far.
+    pub(crate) fn sweeps(&self) -> u64 {
+        self.sweeps.load(Ordering::Relaxed)
+    }
+
     /// One pass of the data path: doorbells, timers, flushes, the sweep.
     pub(crate) fn poll(&self, bar: &DmaBuffer) -> bool {
         let mut busy = self.trapped_cq_doorbells();
@@ -684,8 +737,10 @@ impl Rdma {
         let mut hint = std::mem::take(&mut ps.hint);
         hint.clear();
         busy |= self.poll_uars(bar, &mut ps.cursor, &mut hint);
-        let due = if ps.last_sweep.elapsed() >= SWEEP_INTERVAL {
-            ps.last_sweep = Instant::now();
+        ps.since_sweep = ps.since_sweep.saturating_add(1);
+        let due = if ps.since_sweep >= SWEEP_PASSES || self.slept.swap(false, Ordering::AcqRel) {
+            ps.since_sweep = 0;
+            self.sweeps.fetch_add(1, Ordering::Relaxed);
             self.sweep_chunk(&mut ps.round)
         } else {
             Vec::new()

@@ -18,13 +18,16 @@
 use std::sync::Arc;
 
 use mlx5_hw::cqe::CqeSyndrome;
-use mlx5_hw::ifc::{klm, mkc, mkey_seg, wqe_ctrl_seg, wqe_data_seg, wqe_umr_ctrl_seg, WqeDataSeg};
+use mlx5_hw::ifc::{
+    klm, ksm, mkc, mkey_seg, wqe_ctrl_seg, wqe_data_seg, wqe_umr_ctrl_seg,
+    wqe_umr_repeat_block_seg, wqe_umr_repeat_ent_seg, WqeDataSeg,
+};
 use mlx5_hw::wqe::{
-    mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_MIN_LOG_PAGE_SIZE,
-    MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY, MKEY_MASK_LEN, MKEY_MASK_LR,
-    MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5, MKEY_MASK_PD, MKEY_MASK_QPN,
-    MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE, UMR_CHECK_NOT_FREE,
-    UMR_CHECK_QPN, UMR_INLINE, UMR_TRANSLATION_OFFSET_EN,
+    mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT,
+    MKC_MIN_LOG_PAGE_SIZE, MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY,
+    MKEY_MASK_LEN, MKEY_MASK_LR, MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5,
+    MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE,
+    UMR_CHECK_NOT_FREE, UMR_CHECK_QPN, UMR_INLINE, UMR_REPEAT_BLOCK_OP, UMR_TRANSLATION_OFFSET_EN,
 };
 use vm_memory::GuestMemoryMmap;
 use zerocopy::FromBytes;
@@ -121,8 +124,14 @@ pub(crate) fn execute(
         _ => return Err(malformed()),
     };
     // A memory-window bind (libmlx5 `set_bind_wr`): KLM entries written
-    // into an indirect key from a user QP; its refusals are bind errors.
-    let bind = qp.st != qp::st::REG_UMR && octs != 0 && old.mode == MKC_ACCESS_MODE_KLMS;
+    // into an indirect key from a user QP at a translation offset; its
+    // refusals are bind errors. (mlx5dv's mkey configuration writes a
+    // KLM list or repeat block without the offset: no bind checks, the
+    // entries are checked on access.)
+    let bind = qp.st != qp::st::REG_UMR
+        && octs != 0
+        && old.mode == MKC_ACCESS_MODE_KLMS
+        && flags & UMR_TRANSLATION_OFFSET_EN != 0;
     if !holds {
         if bind {
             return Err((CqeSyndrome::MwBindErr, vendor::BIND_QP));
@@ -189,6 +198,12 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
     if mask & MKEY_MASK_EN_RINVAL != 0 {
         k.en_rinval = mkc::EN_RINVAL.get(seg) != 0;
     }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_WRITE != 0 {
+        k.relaxed.0 = mkc::RELAXED_ORDERING_WRITE.get(seg) != 0;
+    }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_READ != 0 {
+        k.relaxed.1 = mkc::RELAXED_ORDERING_READ.get(seg) != 0;
+    }
     if mask & MKEY_MASK_PD != 0 {
         k.pd = mkc::PD.get(seg) as u32;
     }
@@ -206,7 +221,7 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
         let log = mkc::LOG_PAGE_SIZE.get(seg) as u32;
         // The sixth bit of the page size only with its own mask bit.
         let wide = mask & MKEY_MASK_PAGE_SIZE_5 != 0;
-        if k.mode == MKC_ACCESS_MODE_MTT
+        if matches!(k.mode, MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KSM)
             && !(MKC_MIN_LOG_PAGE_SIZE..=mkc_max_log_page_size(wide)).contains(&log)
         {
             return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_BAD_FIELD));
@@ -303,7 +318,10 @@ fn read_pointed(
 }
 
 /// Writes the translation entries `xlt` at entry `offset` of the key: 8
-/// bytes per MTT entry (the page address; bits 11:0 are flags), 16 per KLM.
+/// bytes per MTT entry (the page address and, in bits 1:0, `wr_en` and
+/// `rd_en`: an entry without them is not present), 16 per KLM or KSM
+/// (a KSM entry keeps its place: entry `i` covers the `i`-th
+/// 2^log_page_size bytes).
 fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Result<(), Refusal> {
     let range = (CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE);
     let off = usize::try_from(offset).map_err(|_| range)?;
@@ -324,18 +342,32 @@ fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Res
             }
             for (i, e) in xlt.chunks_exact(8).enumerate() {
                 let v = u64::from_be_bytes(e.try_into().unwrap_or([0; 8]));
-                k.mtt[off + i] = v & !0xfff;
+                k.mtt[off + i] = v & !0xffc;
             }
         }
-        MKC_ACCESS_MODE_KLMS => {
+        MKC_ACCESS_MODE_KLMS if is_repeat_block(xlt) => {
+            let rep = repeat_block(rdma, k, off, xlt)?;
+            k.klm = Some(mem::Indirect {
+                entries: Vec::new(),
+                repeat: Some(rep),
+                rdma: rdma.me.clone(),
+            });
+        }
+        MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM => {
             let n = xlt.len() / klm::SIZE_BYTES;
             if off.checked_add(n).is_none_or(|e| e > k.xlt_max) {
                 return Err(range);
             }
             let ind = k.klm.get_or_insert_with(|| mem::Indirect {
                 entries: Vec::new(),
+                repeat: None,
                 rdma: rdma.me.clone(),
             });
+            ind.repeat = None;
+            if k.mode == MKC_ACCESS_MODE_KSM {
+                ksm_update(ind, off, xlt, k.log_page).map_err(|()| range)?;
+                return Ok(());
+            }
             // Entries past the last one written end the list (the
             // translation is rewritten from `off` on).
             ind.entries.truncate(off);
@@ -349,6 +381,77 @@ fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Res
             );
         }
         _ => return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_BAD_FIELD)),
+    }
+    Ok(())
+}
+
+/// Whether a KLM-mode translation is a repeat block (its header's `op`).
+fn is_repeat_block(xlt: &[u8]) -> bool {
+    xlt.len() >= wqe_umr_repeat_block_seg::SIZE_BYTES
+        && wqe_umr_repeat_block_seg::OP.get(xlt) == u64::from(UMR_REPEAT_BLOCK_OP)
+}
+
+/// The repeat block in `xlt` (rdma-core's `umr_strided_seg_create`
+/// layout): written whole, at translation offset 0, `num_ent` entries the
+/// key has room for, `byte_count` their sum, at least one repetition; on
+/// a device that takes them (`repeated_block_disabled` clear).
+fn repeat_block(rdma: &Rdma, k: &Mkey, off: usize, xlt: &[u8]) -> Result<mem::Repeat, Refusal> {
+    let bad = (CqeSyndrome::LocalQpOpErr, vendor::UMR_BAD_FIELD);
+    if !rdma.umr_caps.repeat_block {
+        return Err(bad);
+    }
+    if off != 0 {
+        return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE));
+    }
+    let n = wqe_umr_repeat_block_seg::NUM_ENT.get(xlt) as usize;
+    if n > k.xlt_max {
+        return Err((CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE));
+    }
+    let at = wqe_umr_repeat_block_seg::SIZE_BYTES;
+    let ents_bytes = xlt.get(at..at + n * wqe_umr_repeat_ent_seg::SIZE_BYTES);
+    let ents: Vec<mem::RepeatEnt> = ents_bytes
+        .ok_or_else(malformed)?
+        .chunks_exact(wqe_umr_repeat_ent_seg::SIZE_BYTES)
+        .map(|e| mem::RepeatEnt {
+            stride: wqe_umr_repeat_ent_seg::STRIDE.get(e),
+            bcount: wqe_umr_repeat_ent_seg::BYTE_COUNT.get(e),
+            key: wqe_umr_repeat_ent_seg::MEMKEY.get(e) as u32,
+            va: wqe_umr_repeat_ent_seg::VA.get(e),
+        })
+        .collect();
+    let block = wqe_umr_repeat_block_seg::BYTE_COUNT.get(xlt);
+    let count = wqe_umr_repeat_block_seg::REPEAT_COUNT.get(xlt);
+    if n == 0 || count == 0 || block != ents.iter().map(|e| e.bcount).sum::<u64>() {
+        return Err(bad);
+    }
+    Ok(mem::Repeat { count, block, ents })
+}
+
+/// KSM entries (`struct mlx5_ksm`, 16 bytes each) written at entry `off`
+/// of the key: each covers `2^log` bytes; refused when `off` leaves a hole
+/// after the entries written so far.
+fn ksm_update(ind: &mut mem::Indirect, off: usize, xlt: &[u8], log: u32) -> Result<(), ()> {
+    if ind.entries.len() < off {
+        ind.entries.resize(
+            off,
+            mem::Klm {
+                bcount: 0,
+                key: 0,
+                va: 0,
+            },
+        );
+    }
+    let size = 1u64.checked_shl(log).ok_or(())?;
+    for (i, e) in xlt.chunks_exact(ksm::SIZE_BYTES).enumerate() {
+        let entry = mem::Klm {
+            bcount: size,
+            key: ksm::KEY.get(e) as u32,
+            va: ksm::VA.get(e),
+        };
+        match ind.entries.get_mut(off + i) {
+            Some(slot) => *slot = entry,
+            None => ind.entries.push(entry),
+        }
     }
     Ok(())
 }

@@ -1633,6 +1633,8 @@ pub mod wqe_ctrl_seg {
     pub const QPN_DS: BitField = BitField::new(0x20, 0x20);
     /// Place of `signature`: bit 0x40, 0x8 bits.
     pub const SIGNATURE: BitField = BitField::new(0x40, 0x8);
+    /// Place of `dci_stream_channel_id`: bit 0x48, 0x10 bits.
+    pub const DCI_STREAM_CHANNEL_ID: BitField = BitField::new(0x48, 0x10);
     /// Place of `fm_ce_se`: bit 0x58, 0x8 bits.
     pub const FM_CE_SE: BitField = BitField::new(0x58, 0x8);
     /// Place of `imm`: bit 0x60, 0x20 bits.
@@ -1647,7 +1649,7 @@ pub mod wqe_ctrl_seg {
             FieldInfo { name: "opmod_idx_opcode", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "qpn_ds", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "signature", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "rsvd", bit_off: 0x48, width: 0x10, ty: FieldType::Array { elem_bits: 0x8, count: 2, elem: None } },
+            FieldInfo { name: "dci_stream_channel_id", bit_off: 0x48, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "fm_ce_se", bit_off: 0x58, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "imm", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
         ],
@@ -1666,8 +1668,8 @@ pub struct WqeCtrlSeg {
     pub qpn_ds: U32,
     /// `signature` (byte 0x8).
     pub signature: u8,
-    /// `rsvd` (byte 0x9).
-    pub rsvd: [u8; 2],
+    /// `dci_stream_channel_id` (byte 0x9).
+    pub dci_stream_channel_id: U16,
     /// `fm_ce_se` (byte 0xb).
     pub fm_ce_se: u8,
     /// `imm` (byte 0xc).
@@ -2134,6 +2136,113 @@ pub struct Ksm {
 }
 
 const _: () = assert!(core::mem::size_of::<Ksm>() == ksm::SIZE_BYTES);
+
+/// Constants and registry entry of [`WqeUmrRepeatBlockSeg`] (`struct mlx5_wqe_umr_repeat_block_seg`).
+pub mod wqe_umr_repeat_block_seg {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `byte_count`: bit 0x0, 0x20 bits.
+    pub const BYTE_COUNT: BitField = BitField::new(0x0, 0x20);
+    /// Place of `op`: bit 0x20, 0x20 bits.
+    pub const OP: BitField = BitField::new(0x20, 0x20);
+    /// Place of `repeat_count`: bit 0x40, 0x20 bits.
+    pub const REPEAT_COUNT: BitField = BitField::new(0x40, 0x20);
+    /// Place of `num_ent`: bit 0x70, 0x10 bits.
+    pub const NUM_ENT: BitField = BitField::new(0x70, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "wqe_umr_repeat_block_seg",
+        kind: LayoutKind::Bytes,
+        size_bits: 0x80,
+        doc: "Header of a UMR repeat block, the strided / interleaved translation of",
+        fields: &[
+            FieldInfo { name: "byte_count", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "op", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "repeat_count", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved", bit_off: 0x60, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "num_ent", bit_off: 0x70, width: 0x10, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// Header of a UMR repeat block, the strided / interleaved translation of
+/// an indirect mkey (rdma-core mlx5dv.h struct mlx5_wqe_umr_repeat_block_seg,
+/// 16 bytes; `num_ent` repeat entries follow it).
+///
+/// `struct mlx5_wqe_umr_repeat_block_seg`: 16 bytes, big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct WqeUmrRepeatBlockSeg {
+    /// `byte_count` (byte 0x0).
+    pub byte_count: U32,
+    /// `op` (byte 0x4).
+    pub op: U32,
+    /// `repeat_count` (byte 0x8).
+    pub repeat_count: U32,
+    /// `reserved` (byte 0xc).
+    pub reserved: U16,
+    /// `num_ent` (byte 0xe).
+    pub num_ent: U16,
+}
+
+const _: () = assert!(core::mem::size_of::<WqeUmrRepeatBlockSeg>() == wqe_umr_repeat_block_seg::SIZE_BYTES);
+
+/// Constants and registry entry of [`WqeUmrRepeatEntSeg`] (`struct mlx5_wqe_umr_repeat_ent_seg`).
+pub mod wqe_umr_repeat_ent_seg {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `stride`: bit 0x0, 0x10 bits.
+    pub const STRIDE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `byte_count`: bit 0x10, 0x10 bits.
+    pub const BYTE_COUNT: BitField = BitField::new(0x10, 0x10);
+    /// Place of `memkey`: bit 0x20, 0x20 bits.
+    pub const MEMKEY: BitField = BitField::new(0x20, 0x20);
+    /// Place of `va`: bit 0x40, 0x40 bits.
+    pub const VA: BitField = BitField::new(0x40, 0x40);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "wqe_umr_repeat_ent_seg",
+        kind: LayoutKind::Bytes,
+        size_bits: 0x80,
+        doc: "One entry of a UMR repeat block (rdma-core mlx5dv.h struct",
+        fields: &[
+            FieldInfo { name: "stride", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "byte_count", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "memkey", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "va", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// One entry of a UMR repeat block (rdma-core mlx5dv.h struct
+/// mlx5_wqe_umr_repeat_ent_seg, 16 bytes): `byte_count` bytes of key
+/// `memkey` at `va`, then `va + stride` in the next repetition.
+///
+/// `struct mlx5_wqe_umr_repeat_ent_seg`: 16 bytes, big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct WqeUmrRepeatEntSeg {
+    /// `stride` (byte 0x0).
+    pub stride: U16,
+    /// `byte_count` (byte 0x2).
+    pub byte_count: U16,
+    /// `memkey` (byte 0x4).
+    pub memkey: U32,
+    /// `va` (byte 0x8).
+    pub va: U64,
+}
+
+const _: () = assert!(core::mem::size_of::<WqeUmrRepeatEntSeg>() == wqe_umr_repeat_ent_seg::SIZE_BYTES);
 
 /// Constants and registry entry of [`WqeSrqNextSeg`] (`struct mlx5_wqe_srq_next_seg`).
 pub mod wqe_srq_next_seg {

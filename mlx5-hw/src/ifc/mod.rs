@@ -40,6 +40,9 @@ pub use mad::*;
 mod mkey;
 pub use mkey::*;
 #[rustfmt::skip]
+mod odp;
+pub use odp::*;
+#[rustfmt::skip]
 mod pages;
 pub use pages::*;
 #[rustfmt::skip]
@@ -98,6 +101,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &alloc_uar_out::INFO,
     &alloc_xrcd_in::INFO,
     &alloc_xrcd_out::INFO,
+    &arm_dct_in::INFO,
+    &arm_dct_out::INFO,
     &arm_rq_in::INFO,
     &arm_rq_out::INFO,
     &array128_auto::INFO,
@@ -221,6 +226,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_dct::INFO,
     &eqe_gpio::INFO,
     &eqe_obj_change::INFO,
+    &eqe_page_fault_rdma::INFO,
+    &eqe_page_fault_wqe::INFO,
     &eqe_page_req::INFO,
     &eqe_port_module::INFO,
     &eqe_port_state::INFO,
@@ -283,6 +290,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &mad_ifc_out::INFO,
     &manage_pages_in::INFO,
     &manage_pages_out::INFO,
+    &mem_page_fault_info::INFO,
     &mini_cqe8::INFO,
     &mkc::INFO,
     &mkey_seg::INFO,
@@ -316,6 +324,9 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &odp_cap::INFO,
     &odp_per_transport_service_cap::INFO,
     &odp_scheme_cap::INFO,
+    &page_fault_resume_in::INFO,
+    &page_fault_resume_in_page_fault_info_auto::INFO,
+    &page_fault_resume_out::INFO,
     &paos_reg::INFO,
     &per_protocol_networking_offload_caps::INFO,
     &pkey::INFO,
@@ -331,6 +342,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &qp_pas_list_in::INFO,
     &qp_pas_or_qpc_ext_and_pas::INFO,
     &qpc::INFO,
+    &qpc_ext::INFO,
     &qpc_extension_and_pas_list_in::INFO,
     &query_adapter_in::INFO,
     &query_adapter_out::INFO,
@@ -427,6 +439,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &tirc::INFO,
     &tisc::INFO,
     &traffic_counter::INFO,
+    &trans_page_fault_info::INFO,
     &uar_page::INFO,
     &uctx::INFO,
     &umem::INFO,
@@ -442,6 +455,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &wqe_raddr_seg::INFO,
     &wqe_srq_next_seg::INFO,
     &wqe_umr_ctrl_seg::INFO,
+    &wqe_umr_repeat_block_seg::INFO,
+    &wqe_umr_repeat_ent_seg::INFO,
     &wqe_xrc_seg::INFO,
     &xrc_srqc::INFO,
 ];
