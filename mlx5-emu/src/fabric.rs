@@ -262,6 +262,9 @@ pub(crate) fn transmit(
         dst.counters
             .packets_received
             .fetch_add(1, Ordering::Relaxed);
+        dst.counters
+            .bytes_received
+            .fetch_add(pkt.payload.len(), Ordering::Relaxed);
     }
     if !check {
         crate::transport::responder::receive(dst, dmem, dhint, routed, qp, pkt, reply);

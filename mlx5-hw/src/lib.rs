@@ -49,6 +49,7 @@ pub mod event;
 pub mod health;
 pub mod ifc;
 pub mod init;
+pub mod mad;
 pub mod opcode;
 pub mod qp;
 pub mod registry;

@@ -223,3 +223,57 @@ fn short_inputs_are_refused_and_short_outputs_answered_truncated() {
     drop(uar);
     dx.close().unwrap();
 }
+
+/// The uid relation through the driver: a DevX memory key may not live in
+/// the driver's own PD (uid 0), nor in another context's; in its own
+/// context's PD it may.
+#[test]
+fn devx_objects_name_only_their_own_contexts_objects() {
+    use mlx5_hw::ifc::{alloc_pd_in, alloc_pd_out, create_mkey_in, create_mkey_out, mkc};
+    let (_fabric, ctx) = open(Profile::ConnectX5);
+    let dx = DevxCtx::open(&ctx, 0).unwrap();
+    let other = DevxCtx::open(&ctx, 0).unwrap();
+    let verbs_pd = ctx.alloc_pd().unwrap();
+    let own_pd = dx
+        .obj_create(
+            &cmd(Opcode::AllocPd, alloc_pd_in::SIZE_BYTES),
+            alloc_pd_out::SIZE_BYTES,
+        )
+        .unwrap();
+    let other_pd = other
+        .obj_create(
+            &cmd(Opcode::AllocPd, alloc_pd_in::SIZE_BYTES),
+            alloc_pd_out::SIZE_BYTES,
+        )
+        .unwrap();
+    let key_in = |pd: u64| {
+        let mut c = cmd(Opcode::CreateMkey, create_mkey_in::SIZE_BYTES);
+        let x = &mut c[create_mkey_in::MEMORY_KEY_MKEY_ENTRY.off / 8..];
+        mkc::PD.set(x, pd);
+        mkc::LR.set(x, 1);
+        mkc::QPN.set(x, 0xff_ffff);
+        mkc::LEN.set(x, 0x1000);
+        c
+    };
+    for pd in [
+        u64::from(verbs_pd.pdn()),
+        alloc_pd_out::PD.get(other_pd.create_out()),
+    ] {
+        assert_eq!(
+            refused(dx.obj_create(&key_in(pd), create_mkey_out::SIZE_BYTES)),
+            (CmdStatus::BadParameter, devx_synd::REF_UID_MISMATCH),
+            "pd {pd}"
+        );
+    }
+    let key = dx
+        .obj_create(
+            &key_in(alloc_pd_out::PD.get(own_pd.create_out())),
+            create_mkey_out::SIZE_BYTES,
+        )
+        .unwrap();
+    key.destroy().unwrap();
+    own_pd.destroy().unwrap();
+    other_pd.destroy().unwrap();
+    other.close().unwrap();
+    dx.close().unwrap();
+}

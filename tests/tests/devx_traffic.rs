@@ -423,3 +423,131 @@ fn qp_state(d: &Devx) -> u64 {
     let at = mlx5_hw::ifc::query_qp_out::QPC.off / 8;
     qpc::STATE.get(&out[at..])
 }
+
+/// Asynchronous commands and object events on a DevX QP: QUERY_QPs issued
+/// with `query_async` complete on the caller's queue with their `wr_id`s
+/// (a failing one with its PRM status); a WRITE with a bad rkey from the
+/// verbs peer puts the DevX QP in error, and the WQ access error event
+/// reaches the channel subscribed to the QP, with the cookie.
+#[test]
+fn devx_async_queries_and_qp_events_reach_the_caller() {
+    use mlx5_hw::event::EventType;
+    use mlx5_hw::ifc::{query_qp_in, query_qp_out, EqeQpSrq};
+    use std::time::Duration;
+
+    let fabric = Fabric::cabled(2, Profile::ConnectX5);
+    let a = open(function(&fabric, 0));
+    let mut b: Side = side(open(function(&fabric, 1)), 1 << 16, ALL);
+    let mut d = devx_side(&a);
+    let mut vq = create_qp(&b, QpType::Rc, verbs_common::cap(16));
+    connect_raw(&d, &a, &b.ctx, vq.qp_num());
+    connect(&mut vq, &b.ctx, &a, d.qp.qp_num());
+
+    let comp = d.dx.create_cmd_comp();
+    let mut q = cmd(Opcode::QueryQp, query_qp_in::SIZE_BYTES);
+    query_qp_in::QPN.set(&mut q, d.qp.qp_num().into());
+    for wr_id in 1..=3 {
+        d.objs[0]
+            .query_async(&q, query_qp_out::SIZE_BYTES, wr_id, &comp)
+            .unwrap();
+    }
+    let mut bad = q.clone();
+    query_qp_in::QPN.set(&mut bad, 0xfff_fff);
+    d.dx.general_cmd_async(&bad, query_qp_out::SIZE_BYTES, 99, &comp)
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let c = comp
+            .get_async_cmd_comp(Duration::from_secs(10))
+            .expect("an asynchronous completion");
+        if c.wr_id == 99 {
+            assert!(
+                matches!(
+                    c.result,
+                    Err(verbs::Error::Cmd {
+                        status: mlx5_hw::status::CmdStatus::BadResource,
+                        ..
+                    })
+                ),
+                "{:?}",
+                c.result
+            );
+        } else {
+            let out = c.result.unwrap();
+            let at = query_qp_out::QPC.off / 8;
+            assert_eq!(
+                qpc::STATE.get(&out[at..]),
+                u64::from(mlx5_hw::qp::QPC_STATE_RTS)
+            );
+        }
+        ids.push(c.wr_id);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [1, 2, 3, 99]);
+    assert_eq!(comp.in_flight(), 0);
+    assert!(comp.try_get().is_none());
+
+    // Completion events of the DevX CQ, once armed, reach the channel.
+    let ch = d.dx.create_event_channel();
+    ch.subscribe_devx_event(Some(&d.objs[1]), &[EventType::Comp], 0xcc)
+        .unwrap();
+    d.cq.arm(0, false).unwrap();
+    let r = b.mr.sge(0, 64).unwrap();
+    vq.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[r],
+    }])
+    .unwrap();
+    let s0 = devx_sge(&d, 0, 64);
+    d.qp.post_send(&[SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[s0]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    let ev = ch
+        .get_event(Duration::from_secs(10))
+        .expect("the DevX CQ's completion event");
+    assert_eq!((ev.cookie, ev.event.event_type), (0xcc, EventType::Comp));
+    let comp: &mlx5_hw::ifc::EqeComp = zerocopy::transmute_ref!(&ev.event.data);
+    assert_eq!(
+        u64::from(comp.cqn.get()),
+        create_cq_out::CQN.get(d.objs[1].create_out())
+    );
+    assert_eq!(devx_poll(&mut d.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(poll_n(&mut b.cq, 1)[0].status, WcStatus::Success);
+
+    // Events: a QP cannot have CQ errors; subscribe to its access errors.
+    assert!(ch
+        .subscribe_devx_event(Some(&d.objs[0]), &[EventType::CqError], 1)
+        .is_err());
+    ch.subscribe_devx_event(
+        Some(&d.objs[0]),
+        &[EventType::WqAccessError, EventType::WqCatasError],
+        0xc0ffee,
+    )
+    .unwrap();
+    let s = b.mr.sge(0, 64).unwrap();
+    vq.post_send(&[SendWr {
+        wr_id: 7,
+        op: SendOp::RdmaWrite {
+            raddr: 0,
+            rkey: d.lkey ^ 0x100,
+        },
+        payload: Payload::Sges(&[s]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    let wc = poll_n(&mut b.cq, 1);
+    assert_eq!(wc[0].status, WcStatus::RemAccessErr, "{wc:?}");
+    let ev = ch
+        .get_event(Duration::from_secs(10))
+        .expect("the DevX QP's access error event");
+    assert_eq!(ev.cookie, 0xc0ffee);
+    assert_eq!(ev.event.event_type, EventType::WqAccessError);
+    let data: &EqeQpSrq = zerocopy::transmute_ref!(&ev.event.data);
+    assert_eq!(data.qp_srq_n.get() & 0xff_ffff, d.qp.qp_num());
+}

@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod caps;
+pub mod cmd;
 pub mod dev;
 pub mod devinfo;
 pub mod health;

@@ -730,6 +730,15 @@ impl Hca {
         rx
     }
 
+    /// Adds `tx` to the receivers of asynchronous events (a receiver that
+    /// also takes events from elsewhere: DevX event channels).
+    pub(crate) fn add_event_subscriber(&self, tx: mpsc::Sender<AsyncEvent>) {
+        self.event_subs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(tx);
+    }
+
     /// A channel of health failures.
     pub fn subscribe_health(&self) -> Receiver<HealthEvent> {
         let (tx, rx) = mpsc::channel();

@@ -19,8 +19,10 @@
 //! path through [`DevxCq::from_devx`] and [`DevxQp::from_devx`], doorbells
 //! on a UAR of the context's ([`DevxCtx::alloc_uar`]).
 //!
-//! Not here yet: asynchronous commands (`mlx5dv_devx_obj_query_async`),
-//! event subscription.
+//! Asynchronous commands (`mlx5dv_devx_obj_query_async`, a completion
+//! queue the caller polls) and object event subscription on an event
+//! channel of the caller's are in `events.rs` ([`DevxCmdComp`],
+//! [`DevxEventChannel`]).
 
 use std::sync::Arc;
 
@@ -37,7 +39,9 @@ use vfio::{DmaBuffer, Iova};
 use crate::device::Context;
 use crate::{Error, Result};
 
+mod events;
 mod queues;
+pub use events::{DevxAsyncCmd, DevxCmdComp, DevxEvent, DevxEventChannel};
 pub use queues::{DevxCq, DevxCqRings, DevxQp, DevxQpRings, DevxUar};
 
 /// The page size of the UMEMs this driver registers.

@@ -17,6 +17,7 @@ mod general_obj;
 mod hca;
 mod issi;
 mod l2;
+mod mad;
 mod mkey;
 mod odp;
 mod pages;
@@ -890,6 +891,7 @@ impl Firmware {
             O::SetL2TableEntry => self.set_l2_table_entry(input, outlen),
             O::DeleteL2TableEntry => self.delete_l2_table_entry(input, outlen),
             O::QueryVportCounter => self.query_vport_counter(inner, input, outlen),
+            O::MadIfc => self.mad_ifc(inner, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         }
     }
@@ -976,6 +978,7 @@ impl Firmware {
                     | O::ModifyGeneralObject
                     | O::QueryGeneralObject
                     | O::DestroyGeneralObject
+                    | O::MadIfc
             )
     }
 

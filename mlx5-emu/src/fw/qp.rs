@@ -331,10 +331,12 @@ impl Firmware {
         outlen: usize,
     ) -> CmdResult {
         let with_ctx = !matches!(op, Opcode::ToErrQp | Opcode::ToRstQp);
+        // Every transition with a QPC has the same 0x110-byte layout in
+        // mlx5_ifc.h (the QPC, then a reserved tail), 2ERR and 2RST 0x10.
         let inlen = if with_ctx {
-            CTX + qpc::SIZE_BYTES
+            mlx5_hw::ifc::rst2init_qp_in::SIZE_BYTES
         } else {
-            0x10
+            mlx5_hw::ifc::qp_2rst_in::SIZE_BYTES
         };
         sized(input, outlen, inlen, 0x10)?;
         let qpn = qpn_of(input);

@@ -141,6 +141,8 @@ pub(crate) struct Counters {
     pub messages_sent: AtomicU64,
     pub messages_received: AtomicU64,
     pub bytes_sent: AtomicU64,
+    /// Payload octets received (PMA PortRcvData).
+    pub bytes_received: AtomicU64,
     pub cqes: AtomicU64,
     pub error_cqes: AtomicU64,
     pub retries: AtomicU64,

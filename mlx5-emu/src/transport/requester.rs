@@ -458,6 +458,10 @@ fn flush_tally(rdma: &Rdma, sq: &Sq) {
                 .counters
                 .packets_received
                 .fetch_add(p, Ordering::Relaxed);
+            peer.rdma
+                .counters
+                .bytes_received
+                .fetch_add(b, Ordering::Relaxed);
         }
     }
 }

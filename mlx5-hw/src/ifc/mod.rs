@@ -34,6 +34,9 @@ pub use flow_table::*;
 mod hca;
 pub use hca::*;
 #[rustfmt::skip]
+mod mad;
+pub use mad::*;
+#[rustfmt::skip]
 mod mkey;
 pub use mkey::*;
 #[rustfmt::skip]
@@ -283,6 +286,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &klm::INFO,
     &ksm::INFO,
     &mac_address_layout::INFO,
+    &mad_ifc_in::INFO,
+    &mad_ifc_out::INFO,
     &manage_pages_in::INFO,
     &manage_pages_out::INFO,
     &mem_page_fault_info::INFO,

@@ -65,6 +65,30 @@ enum Cmd {
         #[arg(short, long)]
         dev: Option<String>,
     },
+    /// Run one raw command (hex or JSON) on the function, after bring-up,
+    /// and decode its output through the layout registry.
+    #[command(name = "cmd")]
+    Raw {
+        /// The device (see devinfo).
+        #[arg(short, long)]
+        dev: Option<String>,
+        /// Output length in bytes (default: the output layout's size).
+        #[arg(long, value_parser = parse_len)]
+        outlen: Option<usize>,
+        /// Decode the output with this layout (default: the opcode's _out).
+        #[arg(long)]
+        decode: Option<String>,
+        /// Print every field, zeros included.
+        #[arg(long)]
+        all: bool,
+        /// Print JSON: status, syndrome, fields, raw.
+        #[arg(long)]
+        json: bool,
+        /// The input: hex bytes, or JSON such as
+        /// '{"opcode":"QUERY_HCA_CAP","fields":{"op_mod":1}}'; @FILE reads
+        /// a file, - stdin.
+        input: String,
+    },
     /// Print the PRM layouts this build knows (every field's bit offset and width).
     Layouts {
         /// Print JSON: {"name": {"size": bits, "fields": {"field": [bit_offset, width]}}}.
@@ -79,6 +103,30 @@ fn open(dev: Option<&str>, opts: HcaOptions) -> Result<Hca, String> {
     let func = Dev::parse(dev)?.open()?;
     let name = func.name().to_string();
     Hca::open(func, opts).map_err(|e| format!("{name}: bring-up failed: {e}"))
+}
+
+fn parse_len(s: &str) -> Result<usize, String> {
+    match s.strip_prefix("0x") {
+        Some(h) => usize::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// The command's text: as given, from a file (`@FILE`) or stdin (`-`).
+fn command_text(input: &str) -> Result<String, String> {
+    use std::io::Read;
+    if input == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| format!("stdin: {e}"))?;
+        return Ok(s);
+    }
+    match input.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}")),
+        None => Ok(input.to_string()),
+    }
 }
 
 fn close(hca: Hca) -> Result<(), String> {
@@ -124,6 +172,22 @@ fn run(cmd: Cmd) -> Result<String, String> {
                 .map_err(|_| "trace buffer poisoned".to_string())?
                 .clone();
             Ok(out.trim_end().to_string())
+        }
+        Cmd::Raw {
+            dev,
+            outlen,
+            decode,
+            all,
+            json,
+            input,
+        } => {
+            let mut req = tools::cmd::parse(&command_text(&input)?)?;
+            req.outlen = outlen.or(req.outlen);
+            req.decode = decode.or(req.decode);
+            let hca = open(dev.as_deref(), HcaOptions::default())?;
+            let out = tools::cmd::run(hca.cmd(), &req, tools::cmd::Show { all, json });
+            close(hca)?;
+            out
         }
         Cmd::Health { dev } => {
             let func = tools::dev::Dev::parse(dev.as_deref())?.open()?;
