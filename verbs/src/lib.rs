@@ -72,6 +72,7 @@ mod dma;
 pub mod eq;
 mod error;
 pub mod health;
+pub mod mkey;
 pub mod mr;
 pub mod mw;
 pub mod pagealloc;

@@ -127,7 +127,9 @@ pub(crate) struct MrInner {
     pub(crate) mkey: u32,
     pub(crate) addr: u64,
     pub(crate) len: u64,
-    pub(crate) access: u32,
+    /// `IBV_ACCESS_*` as last changed (registration, re-registration, or
+    /// a UMR posted by [`crate::qp::Qp::post_rereg_access`]).
+    pub(crate) access: std::sync::atomic::AtomicU32,
     pub(crate) at: Placement,
     /// MTT entries the key has room for (`translations_octword_size`
     /// times 2): a new translation up to this many goes in by UMR.
@@ -444,7 +446,7 @@ impl Mr {
                 mkey,
                 addr,
                 len,
-                access,
+                access: access.into(),
                 xlt_room: at.layout.entries.next_multiple_of(2),
                 at,
                 backing: m.backing,
@@ -508,9 +510,10 @@ impl Mr {
         self.inner.len == 0
     }
 
-    /// The access flags it was registered with.
+    /// Its access flags: as registered, or as last changed by a
+    /// re-registration or a posted access UMR.
     pub fn access(&self) -> u32 {
-        self.inner.access
+        self.inner.access.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The PD number.

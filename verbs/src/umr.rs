@@ -215,6 +215,31 @@ impl Qp {
     }
 }
 
+impl Qp {
+    /// Posts the UMR that changes `mr`'s access rights in place
+    /// ([`Mr::rereg_access_wr`]) and records them as the MR's
+    /// ([`Mr::access`]) once posted: WRs posted after it see the new
+    /// rights, as the device executes them in order. A refused UMR
+    /// completes in error and leaves the key as it was (then the MR says
+    /// what was asked: re-register it).
+    pub fn post_rereg_access(
+        &mut self,
+        wr_id: u64,
+        mr: &Mr,
+        new_access: u32,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        let wr = mr
+            .rereg_access_wr(new_access)
+            .map_err(|_| PostError::BadMkeyWr("access flags"))?;
+        self.post_umr(wr_id, &wr, flags)?;
+        mr.inner
+            .access
+            .store(new_access, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+}
+
 /// Send WQEs of the UMR QP (one is in flight at a time).
 const UMR_QP_WRS: u32 = 8;
 /// How long a UMR of the driver may take before it is given up on.
@@ -491,7 +516,7 @@ impl Mr {
             check_access(new_access)?;
             new_access
         } else {
-            self.inner.access
+            self.access()
         };
         let new_mem = match (flags & CHANGE_TRANSLATION != 0, mem) {
             (false, _) => None,
@@ -504,7 +529,7 @@ impl Mr {
             return Err(Error::Busy("other handles of the MR exist"));
         }
         let ctx = self.inner.pd.ctx.clone();
-        let umr_ok = can_reconfig(&ctx, self.inner.access, acc);
+        let umr_ok = can_reconfig(&ctx, self.access(), acc);
         let Some(((addr, m), len)) = new_mem else {
             if !umr_ok {
                 let (addr, len) = (self.inner.addr, self.inner.len);
@@ -559,7 +584,7 @@ impl Mr {
         engine.post_wait(wr, mtt)?;
         let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy("MR handles"))?;
         inner.pd = pd;
-        inner.access = acc;
+        *inner.access.get_mut() = acc;
         inner.umr = Some(engine);
         if let Some((addr, len, at, m)) = new {
             let old = std::mem::replace(&mut inner.at, at);
