@@ -437,3 +437,97 @@ fn mr_access_follows_a_posted_access_umr() {
     );
     assert_eq!(mr.access(), ro);
 }
+
+/// Firmware commands function 1 (b) executed so far.
+fn b_commands(p: &Pair) -> u64 {
+    stats(&p.fabric, 1).commands
+}
+
+#[test]
+fn the_mkey_cache_registers_and_deregisters_without_commands() {
+    use verbs::mkey_cache::MkeyCacheCounts;
+    use verbs::umr::{rereg_flags as rf, Rereg, ReregMemory};
+    let mut p = pair(1 << 16);
+    let (mut qa, _qb) = umr_qps(&p);
+    let cache = p.b.ctx.enable_mkey_cache(2).unwrap();
+    let bufs = [
+        vfio::DmaBuffer::new(1 << 16).unwrap(),
+        vfio::DmaBuffer::new(1 << 16).unwrap(),
+    ];
+    // The first registration makes a key (one CREATE_MKEY), its
+    // deregistration keeps it.
+    let c0 = b_commands(&p);
+    let mr = p.b.pd.reg_mr_buffer(&bufs[0], 0, 4096, ALL).unwrap();
+    assert_eq!(
+        b_commands(&p) - c0,
+        1,
+        "CREATE_MKEY of the first cached key"
+    );
+    let first_key = mr.rkey();
+    mr.dereg().unwrap();
+    assert_eq!(b_commands(&p) - c0, 1, "dereg by UMR: no command");
+    // Ten more registrations and deregistrations: no command at all; the
+    // key is the same one, enabled and revoked by UMR each time.
+    let c1 = b_commands(&p);
+    for i in 0..10 {
+        let mut mr = p.b.pd.reg_mr_buffer(&bufs[i % 2], 0, 4096, ALL).unwrap();
+        assert_eq!(mr.rkey(), first_key);
+        let w = SendOp::RdmaWrite {
+            raddr: mr.addr() + 0x100,
+            rkey: mr.rkey(),
+        };
+        assert_eq!(
+            a_does(&mut p, &mut qa, w, 0, 64, i as u8),
+            WcStatus::Success
+        );
+        assert_eq!(read(&bufs[i % 2], 0x100, 64), read(&p.a.buf, 0, 64));
+        // Re-registration onto the other buffer: in place, no command.
+        let m = ReregMemory::Buffer {
+            buf: &bufs[(i + 1) % 2],
+            offset: 0x1000,
+            len: 0x2000,
+        };
+        let how = mr.rereg(rf::CHANGE_TRANSLATION, None, Some(m), 0).unwrap();
+        assert_eq!((how, mr.rkey()), (Rereg::InPlace, first_key));
+        mr.dereg().unwrap();
+    }
+    assert_eq!(
+        b_commands(&p) - c1,
+        0,
+        "no command for 10 reg + rereg + dereg"
+    );
+    assert_eq!(
+        cache.counts(),
+        MkeyCacheCounts {
+            created: 1,
+            reused: 10,
+            returned: 11,
+            destroyed: 0,
+        }
+    );
+    // A revoked key grants nothing: a WRITE through the last rkey fails.
+    let w = SendOp::RdmaWrite {
+        raddr: bufs[1].host_addr() + 0x1000,
+        rkey: first_key,
+    };
+    assert_eq!(a_does(&mut p, &mut qa, w, 0, 8, 99), WcStatus::RemAccessErr);
+    // Three regions alive at once: two more keys made; back, two kept
+    // (keep = 2), the third destroyed.
+    let mrs: Vec<_> = (0..3)
+        .map(|_| p.b.pd.reg_mr_buffer(&bufs[0], 0, 4096, ALL).unwrap())
+        .collect();
+    drop(mrs);
+    let c = cache.counts();
+    assert_eq!(
+        (c.created, c.reused, c.destroyed, cache.kept()),
+        (3, 11, 1, 2)
+    );
+    // Without the cache: CREATE_MKEY and DESTROY_MKEY per registration.
+    drop(cache);
+    let c2 = b_commands(&p);
+    for _ in 0..3 {
+        let mr = p.b.pd.reg_mr_buffer(&bufs[0], 0, 4096, ALL).unwrap();
+        mr.dereg().unwrap();
+    }
+    assert_eq!(b_commands(&p) - c2, 6, "two commands per registration");
+}

@@ -317,6 +317,8 @@ pub(crate) struct Ctx {
     /// The UMR QP while anything holds it (`crate::umr::UmrEngine`: it
     /// holds the context, so the context holds it weakly).
     pub(crate) umr: Mutex<std::sync::Weak<crate::umr::UmrEngine>>,
+    /// The mkey cache while its user holds it ([`crate::mkey_cache`]).
+    pub(crate) mkey_cache: Mutex<std::sync::Weak<crate::mkey_cache::MkeyCache>>,
 }
 
 impl Ctx {
@@ -427,6 +429,7 @@ impl Context {
             events: Mutex::new(events),
             next_vector: Default::default(),
             umr: Mutex::default(),
+            mkey_cache: Mutex::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

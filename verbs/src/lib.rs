@@ -73,6 +73,7 @@ pub mod eq;
 mod error;
 pub mod health;
 pub mod mkey;
+pub mod mkey_cache;
 pub mod mr;
 pub mod mw;
 pub mod pagealloc;

@@ -254,6 +254,8 @@ const UMR_POLL_PAUSE: Duration = Duration::from_micros(20);
 #[derive(Debug)]
 pub struct UmrEngine {
     q: Mutex<UmrQp>,
+    /// Its PD's number: the PD of the mkey cache's free keys.
+    pub(crate) pdn: u32,
     /// 6-bit page sizes (`umr_log_entity_size_5`).
     wide: bool,
 }
@@ -295,6 +297,7 @@ impl UmrEngine {
             .gen2()
             .is_some_and(|g| g.umr_log_entity_size_5());
         Ok(Self {
+            pdn: pd.pdn(),
             q: Mutex::new(UmrQp {
                 qp,
                 cq,
@@ -468,7 +471,7 @@ pub enum Rereg {
 
 /// Whether UMR may change access `cur` into `target` on this device
 /// (mlx5_ib's `mlx5r_umr_can_reconfig`).
-fn can_reconfig(ctx: &Ctx, cur: u32, target: u32) -> bool {
+pub(crate) fn can_reconfig(ctx: &Ctx, cur: u32, target: u32) -> bool {
     let g = ctx.hca.caps().gen();
     let diffs = cur ^ target;
     if diffs & access::REMOTE_ATOMIC != 0 && g.atomic() && g.umr_modify_atomic_disabled() {
