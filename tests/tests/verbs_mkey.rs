@@ -358,6 +358,22 @@ fn mkey_refusals_of_the_device_carry_their_status() {
         a_does(&mut p, &mut qa4, w3, 0, 8, 3),
         WcStatus::RemAccessErr
     );
+    // The same key as a local SGE of b's: local protection error.
+    let (_qa6, mut qb6) = umr_qps(&p);
+    // SAFETY: the device refuses the free key before reaching any memory.
+    let sge = unsafe { Sge::new_unchecked(0, 8, k3.lkey()) };
+    qb6.post_send(&[SendWr {
+        wr_id: 6,
+        op: SendOp::RdmaWrite {
+            raddr: p.a.mr.addr(),
+            rkey: p.a.mr.rkey(),
+        },
+        payload: Payload::Sges(&[sge]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    assert_eq!(next(&mut p.b).1, WcStatus::LocProtErr);
     drop(k2);
     other.dereg().unwrap();
 }
