@@ -547,3 +547,36 @@ fn the_mkey_cache_registers_and_deregisters_without_commands() {
     }
     assert_eq!(b_commands(&p) - c2, 6, "two commands per registration");
 }
+
+#[test]
+fn a_1_gib_region_through_the_mkey_cache_takes_one_umr_and_no_command() {
+    let mut p = pair(1 << 16);
+    let (mut qa, _qb) = umr_qps(&p);
+    let cache = p.b.ctx.enable_mkey_cache(1).unwrap();
+    cache.prefill(verbs::mkey_cache::order_of(1), 1).unwrap();
+    // A memfd of 1 GiB: only the pages written below are ever touched.
+    let big = vfio::DmaBuffer::new(1 << 30).unwrap();
+    let c0 = b_commands(&p);
+    let mr = p.b.pd.reg_mr_buffer(&big, 0, 1 << 30, ALL).unwrap();
+    assert_eq!(b_commands(&p) - c0, 0, "the prefilled key, by UMR");
+    // One 1 GiB MTT page, two entries where the buffer straddles two.
+    assert!(mr.mtt_entries() <= 2 && mr.log_page_size() == 30);
+    assert_eq!(cache.counts().reused, 1);
+    let w = SendOp::RdmaWrite {
+        raddr: mr.addr() + (1 << 30) - 64,
+        rkey: mr.rkey(),
+    };
+    assert_eq!(a_does(&mut p, &mut qa, w, 0, 64, 7), WcStatus::Success);
+    assert_eq!(read(&big, (1 << 30) - 64, 64), read(&p.a.buf, 0, 64));
+    // One byte past it: remote access error.
+    let (mut qa2, _qb2) = umr_qps(&p);
+    let w = SendOp::RdmaWrite {
+        raddr: mr.addr() + (1 << 30) - 4,
+        rkey: mr.rkey(),
+    };
+    assert_eq!(a_does(&mut p, &mut qa2, w, 0, 8, 8), WcStatus::RemAccessErr);
+    let c1 = b_commands(&p);
+    mr.dereg().unwrap();
+    assert_eq!(b_commands(&p) - c1, 0, "dereg by UMR");
+    assert_eq!(cache.counts().returned, 1);
+}
