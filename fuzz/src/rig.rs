@@ -44,7 +44,7 @@ pub struct Rig {
     pub mbox: Arc<DmaBuffer>,
     /// Memory for firmware pages and queues.
     pub mem: Arc<DmaBuffer>,
-    /// Pages for [`Rig::bring_up`].
+    /// The pages handed to firmware at bring-up (at [`PAGES_IOVA`]).
     pub pages: Arc<DmaBuffer>,
 }
 

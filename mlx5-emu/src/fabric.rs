@@ -28,6 +28,7 @@ use crate::transport::mem::{self, Extent, Hinted};
 use crate::transport::packet::{self, Headers, RoceAddr};
 use crate::transport::qp::Tally;
 use crate::transport::{rlock, wlock, Qp, Rdma};
+use crate::wire::{Link, LinkOptions, LinkSpec};
 use crate::{Device, DeviceConfig, Profile};
 
 /// What a packet carries after its headers.
@@ -130,6 +131,9 @@ pub(crate) struct Wire {
     /// Responses (ACKs, NAKs, read responses, atomic acknowledgements)
     /// still to lose.
     drop_responses: AtomicU64,
+    /// The link to another process ([`crate::wire`]): packets for a GID
+    /// no port here answers to go out on it.
+    link: RwLock<Option<Arc<Link>>>,
 }
 
 impl Wire {
@@ -182,6 +186,16 @@ pub(crate) struct Dest<'a, 'b> {
     /// The sender found `rdma` by this packet's destination GID since the
     /// last change to any table: the receiver need not look it up again.
     pub routed: bool,
+    /// The destination is across this link, in another process (`rdma`
+    /// is then the sender's own function and is not used).
+    pub link: Option<&'a Link>,
+    /// The sending QP (its responses from across a link come back to it).
+    pub src_qpn: u32,
+}
+
+/// The link to another process of the fabric `rdma` is cabled to.
+pub(crate) fn link_of(rdma: &Rdma) -> Option<Arc<Link>> {
+    wire_of(rdma).and_then(|w| rlock(&w.link).clone())
 }
 
 /// The fabric `rdma` is cabled to.
@@ -218,6 +232,10 @@ pub(crate) fn transmit(
         Ok(*pkt.hdr),
         "headers not in wire form"
     );
+    if let Some(l) = dst.link {
+        l.transmit(src, dst.src_qpn, pkt, reply);
+        return;
+    }
     let wire = dst.wire;
     if let Some(w) = wire {
         // Fault injection: lose packets.
@@ -309,6 +327,7 @@ pub(crate) fn write_train(
             || w.drop_next.load(Ordering::Relaxed) != 0
             || w.drop_responses.load(Ordering::Relaxed) != 0
     }) || !dst.routed
+        || dst.link.is_some()
     {
         return false;
     }
@@ -370,7 +389,9 @@ fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
     }
 }
 
-fn encode(pkt: &Packet<'_>, out: &mut Vec<u8>) -> Result<(), mem::Fault> {
+/// The frame of one packet ([`packet::encode_frame`]): what the wire
+/// check and the links to other processes carry.
+pub(crate) fn encode(pkt: &Packet<'_>, out: &mut Vec<u8>) -> Result<(), mem::Fault> {
     let mut payload = vec![0u8; pkt.payload.len() as usize];
     pkt.payload.read(&mut payload)?;
     packet::encode_frame(&pkt.addr, pkt.hdr, &payload, out);
@@ -462,6 +483,32 @@ impl Fabric {
     /// responses, atomic acknowledgements (fault injection).
     pub fn drop_responses(&self, n: u64) {
         self.wire.drop_responses.store(n, Ordering::Relaxed);
+    }
+
+    /// Connects the fabric to another process over a socket
+    /// ([`crate::wire`]): packets for GIDs no function here answers to go
+    /// out as RoCEv2 frames, and frames coming in reach the function
+    /// their destination GID names. One link per fabric; a second
+    /// replaces the first.
+    pub fn connect(&self, spec: &LinkSpec, opts: &LinkOptions) -> std::io::Result<Arc<Link>> {
+        let l = Link::open(spec, opts, &self.wire)?;
+        if let Some(old) = wlock(&self.wire.link).replace(l.clone()) {
+            old.close();
+        }
+        Ok(l)
+    }
+
+    /// The link to another process, if connected.
+    pub fn link(&self) -> Option<Arc<Link>> {
+        rlock(&self.wire.link).clone()
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if let Some(l) = wlock(&self.wire.link).take() {
+            l.close();
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use mlx5_hw::bits::BitField;
-use mlx5_hw::ifc::{cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, roce_cap};
+use mlx5_hw::ifc::{cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap, roce_cap};
 
 /// The ConnectX-4 capability pages and QUERY_ADAPTER block, from the trace.
 const CX4_DATA: &str = include_str!("../profiles/connectx4-caps.txt");
@@ -344,11 +344,13 @@ impl CapPages {
         self.set_both(DEV_MEM, device_mem_cap::LOG_MIN_MEMIC_ALLOC_SIZE, 6);
         self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, 0x20000);
         self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
+        self.raise_odp();
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the
-        // model's. general_obj_types lists the types the model creates:
-        // none yet (fw/general_obj.rs answers every type as unsupported).
+        // model's. general_obj_types lists the types the model creates of
+        // those the firmware has: none on ConnectX-5/6 (no crypto engine
+        // on those parts), the DEK on ConnectX-7 (below).
         self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UCTX, crate::fw::LOG_MAX_UCTX);
         self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_UMEM, crate::fw::LOG_MAX_UMEM);
         self.set_both(GENERAL, cmd_hca_cap::UMEM_UID_0, 1);
@@ -357,10 +359,42 @@ impl CapPages {
         if p == Profile::ConnectX6 || p == Profile::ConnectX7 {
             // ConnectX-6 and later: RoCE v2 only over UDP port 4791, more QPs.
             self.set_both(ROCE, roce_cap::R_ROCE_DEST_UDP_PORT, 4791);
+            // Relaxed ordering of memory-key DMA (mkc
+            // relaxed_ordering_write/read), set by CREATE_MKEY only: the
+            // UMR variants (`relaxed_ordering_*_umr`) are later firmware's.
+            self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_WRITE, 1);
+            self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_READ, 1);
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }
         }
+        if p == Profile::ConnectX7 {
+            // ConnectX-7 (28.x): data encryption keys as general objects.
+            let dek = 1u64 << mlx5_hw::devx::GENERAL_OBJECT_TYPES_ENCRYPTION_KEY;
+            self.set_both(GENERAL, cmd_hca_cap::GENERAL_OBJ_TYPES, dek);
+            self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DEK, crate::fw::LOG_MAX_DEK);
+        }
+    }
+}
+
+impl CapPages {
+    /// On-demand paging as ConnectX-5 and later report it (the transport
+    /// page-fault scheme; `mlx5_ib`'s `internal_fill_odp_caps`): RC, XRC
+    /// and DC send, receive, write, read, atomic and SRQ receive, UD send
+    /// and SRQ receive, UC nothing; and what implicit ODP needs
+    /// (`fixed_buffer_size`, `null_mkey`, `umr_extended_translation_offset`).
+    fn raise_odp(&mut self) {
+        use cap_type::*;
+        // send, receive, write, read, atomic, srq_receive: bits 31..26.
+        const ALL: u64 = 0xfc00_0000;
+        const SEND_SRQ: u64 = 0x8400_0000;
+        self.set_both(ODP, odp_scheme_cap::RC_ODP_CAPS, ALL);
+        self.set_both(ODP, odp_scheme_cap::XRC_ODP_CAPS, ALL);
+        self.set_both(ODP, odp_scheme_cap::DC_ODP_CAPS, ALL);
+        self.set_both(ODP, odp_scheme_cap::UD_ODP_CAPS, SEND_SRQ);
+        self.set_both(GENERAL, cmd_hca_cap::FIXED_BUFFER_SIZE, 1);
+        self.set_both(GENERAL, cmd_hca_cap::NULL_MKEY, 1);
+        self.set_both(GENERAL, cmd_hca_cap::UMR_EXTENDED_TRANSLATION_OFFSET, 1);
     }
 }
 
@@ -409,6 +443,32 @@ mod tests {
                 .get(cap_type::GENERAL, cmd_hca_cap::DCT),
             0
         );
+    }
+
+    #[test]
+    fn odp_caps_from_connectx5_on() {
+        use mlx5_hw::ifc::{odp_cap, odp_per_transport_service_cap as t};
+        let cx4 = Profile::ConnectX4Lx.caps();
+        assert_eq!(cx4.get(cap_type::ODP, odp_scheme_cap::RC_ODP_CAPS), 0);
+        for p in [Profile::ConnectX5, Profile::ConnectX6, Profile::ConnectX7] {
+            let c = p.caps();
+            let rc = &c.cur[&cap_type::ODP][odp_scheme_cap::RC_ODP_CAPS.off / 8..];
+            for f in [
+                t::SEND,
+                t::RECEIVE,
+                t::WRITE,
+                t::READ,
+                t::ATOMIC,
+                t::SRQ_RECEIVE,
+            ] {
+                assert_eq!(f.get(rc), 1, "{p:?}");
+            }
+            let ud = &c.cur[&cap_type::ODP][odp_scheme_cap::UD_ODP_CAPS.off / 8..];
+            assert_eq!((t::SEND.get(ud), t::WRITE.get(ud)), (1, 0));
+            assert_eq!(c.get(cap_type::ODP, odp_cap::MEM_PAGE_FAULT), 0);
+            assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::PG), 1);
+            assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::NULL_MKEY), 1);
+        }
     }
 
     #[test]

@@ -182,6 +182,39 @@ prm_enum! {
     }
 }
 
+prm_enum! {
+    /// Subtype of a PAGE_FAULT event: EQE byte 3 (`MLX5_PFAULT_SUBTYPE_*`).
+    pub enum PageFaultSubtype: u8, unknown = "unknown page fault" {
+        /// A WQE's data (requester, or a receive WQE) touched a page not
+        /// present (data: `eqe_page_fault_wqe`).
+        Wqe = 0 => "WQE",
+        /// An incoming RDMA READ/WRITE/atomic did (data: `eqe_page_fault_rdma`).
+        Rdma = 1 => "RDMA",
+        /// Memory scheme (`odp_cap.mem_page_fault`): by key and address.
+        Memory = 2 => "MEMORY",
+    }
+}
+
+/// Page-fault type bit (`pftype_*` bits 31:24, PAGE_FAULT_RESUME
+/// `page_fault_type`): the requester faulted (`MLX5_PFAULT_REQUESTOR`).
+pub const PFAULT_REQUESTOR: u8 = 1 << 0;
+/// Page-fault type bit: the access writes memory (`MLX5_PFAULT_WRITE`).
+pub const PFAULT_WRITE: u8 = 1 << 1;
+/// Page-fault type bit: an RDMA fault (`MLX5_PFAULT_RDMA`).
+pub const PFAULT_RDMA: u8 = 1 << 2;
+/// WQE page-fault type: a receive WQE of an RMP/SRQ (`MLX5_WQE_PF_TYPE_RMP`).
+pub const WQE_PF_TYPE_RMP: u8 = 0;
+/// WQE page-fault type: a SEND or WRITE of the requester
+/// (`MLX5_WQE_PF_TYPE_REQ_SEND_OR_WRITE`).
+pub const WQE_PF_TYPE_REQ_SEND_OR_WRITE: u8 = 1;
+/// WQE page-fault type: a receive WQE of a QP (`MLX5_WQE_PF_TYPE_RESP`).
+pub const WQE_PF_TYPE_RESP: u8 = 2;
+/// WQE page-fault type: a READ or atomic of the requester (its local
+/// memory is written) (`MLX5_WQE_PF_TYPE_REQ_READ_OR_ATOMIC`).
+pub const WQE_PF_TYPE_REQ_READ_OR_ATOMIC: u8 = 3;
+/// Shift of the page-fault type in `pftype_wq` / `pftype_token`.
+pub const PFTYPE_SHIFT: u32 = 24;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,5 +248,17 @@ mod tests {
             (1 << 0x0a) | (1 << 0x0b)
         );
         assert_eq!(EQE_DATA_OFFSET + EQE_DATA_SIZE + 4, EQE_SIZE);
+    }
+
+    #[test]
+    fn page_fault_numbers_match_device_h() {
+        assert_eq!(EventType::PageFault.to_raw(), 0x0c);
+        assert_eq!(PageFaultSubtype::Rdma.to_raw(), 1);
+        assert_eq!(
+            WQE_PF_TYPE_REQ_READ_OR_ATOMIC,
+            PFAULT_REQUESTOR | PFAULT_WRITE
+        );
+        assert_eq!(crate::ifc::eqe_page_fault_wqe::SIZE_BYTES, EQE_DATA_SIZE);
+        assert_eq!(crate::ifc::eqe_page_fault_rdma::SIZE_BYTES, EQE_DATA_SIZE);
     }
 }

@@ -114,6 +114,15 @@ pub const QP_OPTPAR_DC_HS: u32 = 1 << 20;
 pub const QP_OPTPAR_DC_KEY: u32 = 1 << 21;
 /// `opt_param_mask`: `counter_set_id` (`MLX5_QP_OPTPAR_COUNTER_SET_ID`).
 pub const QP_OPTPAR_COUNTER_SET_ID: u32 = 1 << 25;
+/// `dctc.state`: the DCT takes connections (`MLX5_DCTC_STATE_ACTIVE`).
+pub const DCTC_STATE_ACTIVE: u8 = 0x0;
+/// `dctc.state`: DRAIN_DCT given, connections still open (`MLX5_DCTC_STATE_DRAINING`).
+pub const DCTC_STATE_DRAINING: u8 = 0x1;
+/// `dctc.state`: every connection closed after DRAIN_DCT (`MLX5_DCTC_STATE_DRAINED`).
+pub const DCTC_STATE_DRAINED: u8 = 0x2;
+/// `opt_param_mask_95_32`: `qpc_ext.dci_stream_channel_id`, the DCI stream
+/// a RTS2RTS resets (rdma-core `MLX5_QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID`).
+pub const QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID: u64 = 1 << 0;
 
 #[cfg(test)]
 mod tests {

@@ -158,6 +158,14 @@ pub const MKC_ACCESS_MODE_SW_ICM: u8 = 0x4;
 pub const MKC_ACCESS_MODE_MEMIC: u8 = 0x5;
 /// mkc `access_mode`: crossing vhca (`MLX5_MKC_ACCESS_MODE_CROSSING`).
 pub const MKC_ACCESS_MODE_CROSSING: u8 = 0x6;
+/// MTT entry bit: the page may be read (`mlx5_ifc_mtt_bits.rd_en`,
+/// Linux's `MLX5_IB_MTT_READ`). An entry with neither bit is not present:
+/// an access raises a page fault (ODP).
+pub const MTT_RD_EN: u64 = 1 << (63 - crate::ifc::mtt::RD_EN.off);
+/// MTT entry bit: the page may be written (`mtt.wr_en`, `MLX5_IB_MTT_WRITE`).
+pub const MTT_WR_EN: u64 = 1 << (63 - crate::ifc::mtt::WR_EN.off);
+/// Both: a present, writable page (`MLX5_IB_MTT_PRESENT`).
+pub const MTT_PRESENT: u64 = MTT_RD_EN | MTT_WR_EN;
 /// log2 of the smallest page an mkey's MTT may use: 4 KiB, whatever the
 /// 6-bit mkc `log_page_size` could say (`MLX5_ADAPTER_PAGE_SHIFT`).
 pub const MKC_MIN_LOG_PAGE_SIZE: u32 = 12;

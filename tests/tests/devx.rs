@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use mlx5_emu::{devx_synd, Fabric, Profile};
 use mlx5_hw::ifc::{
-    alloc_uar_in, alloc_uar_out, cqc, create_cq_in, create_cq_out, general_obj_in_cmd_hdr,
-    query_cq_in, query_cq_out, query_hca_cap_in, query_hca_cap_out,
+    alloc_uar_in, alloc_uar_out, cqc, create_cq_in, create_cq_out, dealloc_uar_in, destroy_uctx_in,
+    general_obj_in_cmd_hdr, query_cq_in, query_cq_out, query_hca_cap_in, query_hca_cap_out,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
@@ -102,10 +102,19 @@ fn devx_cq_in_a_umem_and_what_firmware_refuses() {
         refused(ctx.hca().cmd().exec(&q, query_cq_out::SIZE_BYTES)),
         (CmdStatus::BadParameter, devx_synd::UID_MISMATCH)
     );
-    // Nor place a CQ in this context's UMEM.
+    // Nor use this context's UAR, nor (with a UAR of its own) place a CQ
+    // in this context's UMEM.
     assert_eq!(
         refused(other.obj_create(
             &create_cq(uar, eqn, umem.umem_id(), 0),
+            create_cq_out::SIZE_BYTES
+        )),
+        (CmdStatus::BadParameter, devx_synd::REF_UID_MISMATCH)
+    );
+    let other_uar = other.alloc_uar().unwrap();
+    assert_eq!(
+        refused(other.obj_create(
+            &create_cq(other_uar.index(), eqn, umem.umem_id(), 0),
             create_cq_out::SIZE_BYTES
         )),
         (CmdStatus::BadParameter, devx_synd::UID_MISMATCH)
@@ -135,8 +144,25 @@ fn devx_cq_in_a_umem_and_what_firmware_refuses() {
     );
     cq.destroy().unwrap();
     umem.dereg().unwrap();
+    drop(other_uar);
     other.close().unwrap();
+    // The context's UAR keeps it alive until it goes back.
+    assert_eq!(
+        refused(dx_close_probe(&ctx, dx.uid())),
+        (CmdStatus::BadResourceState, devx_synd::UCTX_IN_USE)
+    );
+    let mut d = cmd(Opcode::DeallocUar, dealloc_uar_in::SIZE_BYTES);
+    dealloc_uar_in::UAR.set(&mut d, u64::from(uar));
+    dx.general_cmd(&d, 0x10).unwrap();
     dx.close().unwrap();
+}
+
+/// DESTROY_UCTX of `uid` sent by the driver itself (as a context's close
+/// would), for a refusal the context survives.
+fn dx_close_probe(ctx: &Context, uid: u16) -> verbs::Result<Vec<u8>> {
+    let mut c = cmd(Opcode::DestroyUctx, destroy_uctx_in::SIZE_BYTES);
+    destroy_uctx_in::UID.set(&mut c, u64::from(uid));
+    ctx.hca().cmd().exec(&c, 0x10)
 }
 
 #[test]

@@ -106,6 +106,26 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "pub const TRAPPED_CQ_DOORBELLS_MAX: usize",
         "how many trapped CQ doorbells the model queues",
     ),
+    (
+        "mlx5-emu/src/wire/impair.rs",
+        "pub const HELD_MAX: usize",
+        "the wire's bound on frames held for reordering/delay: the model's own limit",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const MAX_FRAME: usize",
+        "the largest frame a socket peer may send: the wire's own bound",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const MAILBOX_MAX: usize",
+        "responses queued for a send queue over the wire: the model's own bound",
+    ),
+    (
+        "mlx5-emu/src/wire/mod.rs",
+        "pub const WINDOW: usize",
+        "packets in flight per QP over the wire: the model's own pacing",
+    ),
 ];
 
 /// One hit: file (relative to the workspace), line number, the line.

@@ -227,19 +227,8 @@ fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
         &[rd(0, 0x18, 4).as_bytes(), &[0u8; 2]],
         libc::EINVAL,
     );
-    // DMA: unmapped address, no fd, a file too small, overlap.
-    let un = DmaUnmap {
-        argsz: 24,
-        flags: 0,
-        address: 0x10_0000,
-        size: 0x1000,
-    };
-    c.refused(
-        "unmap of an unmapped IOVA",
-        Command::DmaUnmap as u16,
-        &[un.as_bytes()],
-        libc::ENOENT,
-    );
+    // DMA: no fd, a file too small, overlap (an unmap of a range holding
+    // nothing succeeds, as the kernel's: qemu_viommu_* below).
     let map = DmaMap {
         argsz: 32,
         flags: DMA_MAP_READ | DMA_MAP_WRITE,
@@ -322,6 +311,68 @@ fn malformed_messages_get_error_replies_and_the_server_keeps_serving() {
     drop(c);
     until("the release", || bus.dma.mappings() == 0);
     bring_up_works(server.path());
+}
+
+/// What QEMU 11 sends when a guest with an emulated Intel IOMMU
+/// (caching-mode=on) moves the function from the passthrough domain to a
+/// DMA domain (vfio-pci bound in the guest): the RAM mappings go by exact
+/// unmaps, then `vtd_address_space_unmap` invalidates the whole 48-bit
+/// space in power-of-two pieces, none holding a mapping (seen in the guest:
+/// `vfio_container_dma_unmap(..., 0xfef00000, 0x100000) = -2`). Each
+/// succeeds, as VFIO_IOMMU_UNMAP_DMA does; a range over two mappings takes
+/// both; one that would split a mapping is refused and unmaps nothing.
+#[test]
+fn qemu_viommu_invalidation_unmaps_whole_ranges() {
+    let (_model, bus, server) = serve(cfg());
+    let mut c = Raw::connect(server.path());
+    let _ = qemu_version(&mut c);
+    let buf = DmaBuffer::new(0x4000).unwrap();
+    let map = |address, offset| DmaMap {
+        argsz: 32,
+        flags: DMA_MAP_READ | DMA_MAP_WRITE,
+        offset,
+        address,
+        size: 0x1000,
+    };
+    for (iova, off) in [(0x10_0000, 0), (0x10_1000, 0x1000), (0x20_0000, 0x2000)] {
+        let m = c.ask_with(
+            Command::DmaMap as u16,
+            &[map(iova, off).as_bytes()],
+            &[buf.file().as_fd()],
+        );
+        assert_eq!(m.header.errno(), None);
+    }
+    let unmap = |address, size| DmaUnmap {
+        argsz: 24,
+        flags: 0,
+        address,
+        size,
+    };
+    // The invalidation's pieces that hold nothing (the high ones first,
+    // as QEMU sends them).
+    let mut piece = 0x8000_0000_0000u64;
+    while piece >= 0x1000_0000 {
+        let un = unmap(piece, piece);
+        let r = c.ask(Command::DmaUnmap as u16, &[un.as_bytes()]);
+        assert_eq!(r.header.errno(), None, "unmap {piece:#x}+{piece:#x}");
+        assert_eq!(r.payload, un.as_bytes());
+        piece >>= 1;
+    }
+    assert_eq!(bus.dma.mappings(), 3);
+    // A range that would split the first mapping: refused, nothing goes.
+    c.refused(
+        "unmap splitting a mapping",
+        Command::DmaUnmap as u16,
+        &[unmap(0x10_0800, 0x1000).as_bytes()],
+        libc::EINVAL,
+    );
+    assert_eq!(bus.dma.mappings(), 3);
+    // A range holding two mappings takes both, the third stays.
+    let r = c.ask(Command::DmaUnmap as u16, &[unmap(0, 0x20_0000).as_bytes()]);
+    assert_eq!(r.header.errno(), None);
+    assert_eq!(bus.dma.mappings(), 1);
+    assert!(!bus.dma.is_mapped(0x10_0000, 1) && bus.dma.is_mapped(0x20_0000, 0x1000));
+    c.still_serving();
 }
 
 #[test]

@@ -89,7 +89,7 @@ fn open_pci(addr: &str) -> Result<Arc<dyn PciFunction>, String> {
     open_pci_in(addr, None)
 }
 
-/// [`open_pci`] with sysfs at `sysfs_root` (`None`: `/sys`). Vendor and
+/// Opens the PCI function at `addr` (as `-d` names it) with sysfs at `sysfs_root` (`None`: `/sys`). Vendor and
 /// device are checked first: a function mlx5 does not drive is refused
 /// without any advice to rebind it.
 pub fn open_pci_in(

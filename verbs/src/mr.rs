@@ -378,8 +378,7 @@ pub(crate) fn check_access(a: u32) -> Result<()> {
 fn create_mkey(pd: &PdInner, addr: u64, len: u64, access: u32, at: &Placement) -> Result<u32> {
     use access::*;
     let ctx = &pd.ctx;
-    let g = ctx.hca.caps().gen();
-    let ro = access & RELAXED_ORDERING != 0;
+    let (ro_write, ro_read) = crate::ordering::mkc_relaxed_bits(ctx, access);
     let n = at.layout.entries;
     let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + 8 * n.next_multiple_of(2)];
     {
@@ -393,8 +392,8 @@ fn create_mkey(pd: &PdInner, addr: u64, len: u64, access: u32, at: &Placement) -
             .set_rr(access & REMOTE_READ != 0)
             .set_rw(access & REMOTE_WRITE != 0)
             .set_a(access & REMOTE_ATOMIC != 0)
-            .set_relaxed_ordering_write(ro && g.relaxed_ordering_write())
-            .set_relaxed_ordering_read(ro && g.relaxed_ordering_read())
+            .set_relaxed_ordering_write(ro_write)
+            .set_relaxed_ordering_read(ro_read)
             .set_qpn(MKC_QPN_NONE)
             .set_umr_en(true)
             .set_pd(pd.pdn)

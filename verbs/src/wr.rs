@@ -203,6 +203,30 @@ impl Qp {
         Ok(())
     }
 
+    /// One WR of an `ibv_post_send` list, written without its doorbell
+    /// (the C ABI's list walk, `ibv_send_wr.next`): the same checks as
+    /// [`Qp::post_send`]; [`Qp::ring_send`] rings once for all of them.
+    pub fn post_send_deferred(&mut self, wr: &SendWr<'_>) -> std::result::Result<(), PostError> {
+        if self.ctx.hca.cmd().is_failed() {
+            return Err(PostError::DeviceFailed);
+        }
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return Err(PostError::BadState(self.state));
+        }
+        if let Payload::Sges(s) = wr.payload {
+            if s.len() > self.cap.max_send_sge as usize {
+                return Err(PostError::TooLarge);
+            }
+        }
+        self.sq
+            .write_wr(wr, self.qp_type, self.cap.max_inline_data as usize)
+    }
+
+    /// Rings the send doorbell for what [`Qp::post_send_deferred`] wrote.
+    pub fn ring_send(&mut self) {
+        self.sq.ring();
+    }
+
     /// Whether the device failed (then nothing more is posted).
     pub(crate) fn device_failed(&self) -> bool {
         self.ctx.hca.cmd().is_failed()

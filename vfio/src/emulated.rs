@@ -106,6 +106,9 @@ pub struct DmaSpace {
     maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
     /// Unmapped windows whose regions a snapshot may still hold.
     retired: Mutex<Vec<Backing>>,
+    /// The regions of `mem` by IOVA, so that many can go in one rebuild
+    /// (`unmap_within`). Locked after `maps`, before `mem`.
+    regions: Mutex<BTreeMap<u64, Arc<GuestRegionMmap>>>,
 }
 
 impl DmaSpace {
@@ -399,13 +402,15 @@ impl DmaSpace {
         self.retire([]);
         let mut maps = self.lock_maps();
         Self::check_free(&maps, iova, len)?;
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let next = mem.insert_region(region).map_err(|_| Error::Iova {
+        let next = mem.insert_region(region.clone()).map_err(|_| Error::Iova {
             iova,
             len,
             why: "overlaps an existing mapping",
         })?;
         *mem = Arc::new(next);
+        regions.insert(iova, region);
         maps.insert(iova, (len, keep));
         Ok(())
     }
@@ -427,6 +432,7 @@ impl DmaSpace {
                 })
             }
         }
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
         let next = match mem.remove_region(GuestAddress(iova), len) {
             Ok((next, _)) => next,
@@ -440,18 +446,74 @@ impl DmaSpace {
         };
         *mem = Arc::new(next);
         drop(mem);
+        regions.remove(&iova);
+        drop(regions);
         let gone = maps.remove(&iova).map(|(_, b)| b);
         drop(maps);
         self.retire(gone);
         Ok(())
     }
 
+    /// Unmaps every mapping that lies wholly inside `iova .. iova + len`,
+    /// as the kernel's type1 IOMMU answers VFIO_IOMMU_UNMAP_DMA: a range
+    /// holding no mapping unmaps nothing and succeeds (QEMU invalidates a
+    /// whole IOMMU address space in power-of-two pieces that way), one
+    /// that would split a mapping is refused and unmaps nothing. Returns
+    /// the bytes unmapped.
+    pub fn unmap_within(&self, iova: u64, len: u64) -> Result<u64> {
+        let end = iova.checked_add(len).ok_or(Error::Iova {
+            iova,
+            len,
+            why: "does not fit the address space",
+        })?;
+        let mut maps = self.lock_maps();
+        let mut inside = Vec::new();
+        for (&start, &(l, _)) in maps.range(..end) {
+            let stop = start.saturating_add(l);
+            if stop <= iova {
+                continue;
+            }
+            if start < iova || stop > end {
+                return Err(Error::Iova {
+                    iova,
+                    len,
+                    why: "would split a mapping",
+                });
+            }
+            inside.push((start, l));
+        }
+        if inside.is_empty() {
+            return Ok(0);
+        }
+        // One rebuild of the memory for all of them (a vIOMMU's switch
+        // back to passthrough unmaps tens of thousands of 4 KiB maps at
+        // once; one rebuild each would be quadratic).
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        for (start, _) in &inside {
+            regions.remove(start);
+        }
+        let next = GuestMemoryMmap::from_arc_regions(regions.values().cloned().collect())
+            .unwrap_or_default();
+        *self.mem.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        drop(regions);
+        let gone: Vec<Backing> = inside
+            .iter()
+            .filter_map(|(start, _)| maps.remove(start).map(|(_, b)| b))
+            .collect();
+        drop(maps);
+        self.retire(gone);
+        Ok(inside.iter().map(|&(_, l)| l).sum())
+    }
+
     /// Unmaps everything (the owner let go of the function).
     pub fn clear(&self) {
         let mut maps = self.lock_maps();
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
         *mem = Arc::new(GuestMemoryMmap::default());
         drop(mem);
+        regions.clear();
+        drop(regions);
         let gone = std::mem::take(&mut *maps);
         drop(maps);
         self.retire(gone.into_values().map(|(_, b)| b));

@@ -54,3 +54,8 @@ pub const MSIX_ENTRY_SIZE: u64 = 16;
 pub const BAR_MEM_TYPE_64: u32 = 0x4;
 /// BAR: prefetchable.
 pub const BAR_MEM_PREFETCH: u32 = 0x8;
+
+/// PCI Express capability: device control (16 bits) at cap + 8.
+pub const PCIE_DEVCTL: u64 = 8;
+/// Device control: enable relaxed ordering (`PCI_EXP_DEVCTL_RELAX_EN`).
+pub const PCIE_DEVCTL_RELAX_EN: u16 = 1 << 4;

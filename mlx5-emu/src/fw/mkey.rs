@@ -11,7 +11,7 @@ use mlx5_hw::ifc::{
     query_mkey_in, query_mkey_out,
 };
 use mlx5_hw::status::CmdStatus;
-use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE};
+use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE, MTT_PRESENT};
 
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{
@@ -57,6 +57,7 @@ impl Firmware {
                 acc |= b;
             }
         }
+        let relaxed = self.relaxed_bits(c)?;
         let start = mkc::START_ADDR.get(c);
         let len = if mkc::LENGTH64.get(c) != 0 {
             u64::MAX
@@ -118,6 +119,7 @@ impl Firmware {
             en_rinval: mkc::EN_RINVAL.get(c) != 0,
             xlt_max,
             klm,
+            relaxed,
         };
         tracing::debug!(
             mkey = format_args!("{:#x}", k.mkey()),
@@ -134,6 +136,28 @@ impl Firmware {
         let mut out = vec![0u8; create_mkey_out::SIZE_BYTES];
         create_mkey_out::MKEY_INDEX.set(&mut out, u64::from(index));
         Ok(out)
+    }
+
+    /// The mkc relaxed-ordering bits `(write, read)`, each only where the
+    /// general caps offer it (`relaxed_ordering_write`;
+    /// `relaxed_ordering_read` or `relaxed_ordering_read_pci_enabled`, the
+    /// model's PCIe device control always enabling relaxed ordering).
+    /// Linux and rdma-core set them only then; a bit the caps do not offer
+    /// is BAD_PARAMETER (the model's choice: real firmware's answer is not
+    /// traced).
+    fn relaxed_bits(&self, c: &[u8]) -> Result<(bool, bool), super::Fail> {
+        let w = mkc::RELAXED_ORDERING_WRITE.get(c) != 0;
+        let r = mkc::RELAXED_ORDERING_READ.get(c) != 0;
+        let can_w = self.cap(cmd_hca_cap::RELAXED_ORDERING_WRITE) != 0;
+        let can_r = self.cap(cmd_hca_cap::RELAXED_ORDERING_READ) != 0
+            || self.cap(cmd_hca_cap::RELAXED_ORDERING_READ_PCI_ENABLED) != 0;
+        if (w && !can_w) || (r && !can_r) {
+            return Err(fail(
+                CmdStatus::BadParameter,
+                synd::MKEY_BAD_RELAXED_ORDERING,
+            ));
+        }
+        Ok((w, r))
     }
 
     /// An MTT key's translation entries and log2 page size: from the
@@ -163,6 +187,7 @@ impl Firmware {
             if start & ((1u64 << lp) - 1) != in_page {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
             }
+            let pages = pages.into_iter().map(|p| p | MTT_PRESENT).collect();
             return Ok((pages, lp, Some(id)));
         }
         let mut mtt = Vec::new();
@@ -188,10 +213,18 @@ impl Firmware {
         if n < needed {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_MTT));
         }
+        // With `pg_access` the entries' rd_en/wr_en count (an entry
+        // without them is not present: ODP); without, every entry given is
+        // present (Linux sets the bits only under pg_access).
+        let pg_access = create_mkey_in::PG_ACCESS.get(input) != 0;
         for i in 0..n.max(needed) {
             let at = create_mkey_in::SIZE_BYTES + i * 8;
             let e = u64::from_be_bytes(input[at..at + 8].try_into().unwrap_or([0; 8]));
-            mtt.push(e & !0xfff);
+            mtt.push(if pg_access {
+                e & !0xffc
+            } else {
+                (e & !0xfff) | MTT_PRESENT
+            });
         }
         Ok((mtt, log_page, None))
     }
@@ -272,6 +305,8 @@ impl Firmware {
             mkc::LEN.set(c, k.len);
         }
         mkc::LOG_PAGE_SIZE.set(c, u64::from(k.log_page));
+        mkc::RELAXED_ORDERING_WRITE.set(c, u64::from(k.relaxed.0));
+        mkc::RELAXED_ORDERING_READ.set(c, u64::from(k.relaxed.1));
         // KLM and KSM keys: one entry per octoword, as many as the key was
         // made with room for (a free or repeat-block key has no list).
         let octs = match k.mode {

@@ -8,6 +8,7 @@ mod caps;
 mod cong;
 mod counters;
 pub(crate) mod cq;
+mod dek;
 mod eq;
 mod eth;
 mod flow;
@@ -16,6 +17,7 @@ mod hca;
 mod issi;
 mod l2;
 mod mkey;
+mod odp;
 mod pages;
 mod pd;
 mod qp;
@@ -51,7 +53,9 @@ use crate::initseg::{self, rd, wr};
 use crate::profile::CapPages;
 use crate::{DeviceConfig, Inner, Profile, Stats};
 
+pub(crate) use adapter::NULL_MKEY;
 pub(crate) use adapter::RESD_LKEY;
+pub(crate) use dek::LOG_MAX_DEK;
 pub(crate) use eq::Eq;
 pub(crate) use uctx::{LOG_MAX_UCTX, LOG_MAX_UMEM, UCTX_CAPS};
 
@@ -196,6 +200,7 @@ pub(crate) mod synd {
     pub const MKEY_BAD_RANGE: u32 = 0x3e00_0005;
     pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
     pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
+    pub const MKEY_BAD_RELAXED_ORDERING: u32 = 0x3e00_0008;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
@@ -693,8 +698,9 @@ impl Firmware {
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
             O::AllocUar => self.alloc_uar(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
-            O::CreateEq => self.create_eq(inner, input, outlen),
-            O::DestroyEq => self.destroy_eq(input, outlen),
+            O::CreateEq => self.create_eq_odp(inner, input, outlen),
+            O::DestroyEq => self.destroy_eq_odp(inner, input, outlen),
+            O::PageFaultResume => self.page_fault_resume(inner, input, outlen),
             O::QueryEq => self.query_eq(input, outlen),
             O::QueryVportState => self.query_vport_state(input, outlen),
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),
@@ -760,7 +766,7 @@ impl Firmware {
             O::CreateGeneralObject
             | O::ModifyGeneralObject
             | O::QueryGeneralObject
-            | O::DestroyGeneralObject => self.general_obj(opcode, input, outlen),
+            | O::DestroyGeneralObject => self.general_obj(inner, opcode, input, outlen),
             _ => self.execute_eth(inner, opcode, input, outlen),
         };
         if opcode == O::TeardownHca && r.is_ok() {

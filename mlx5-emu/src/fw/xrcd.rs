@@ -49,11 +49,11 @@ impl Firmware {
         Ok(vec![0; 0x10])
     }
 
-    /// A command's `uid`: 0 (the kernel's) unless a DEVX user context
-    /// exists; the model advertises no user contexts (log_max_uctx 0, as
-    /// the ConnectX-4 does), so any other uid is a bad parameter.
+    /// A command's `uid`: 0 (the kernel's), a live DevX user context or,
+    /// where the function offers DevX, the shared uid; anything else (every
+    /// uid but 0 on a ConnectX-4 Lx, log_max_uctx 0) is a bad parameter.
     pub(super) fn check_uid(&self, uid: u64) -> Result<(), super::Fail> {
-        if uid != 0 {
+        if !u16::try_from(uid).is_ok_and(|u| self.uid_exists(u)) {
             return Err(fail(CmdStatus::BadParameter, synd::BAD_UID));
         }
         Ok(())

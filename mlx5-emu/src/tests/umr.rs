@@ -76,8 +76,20 @@ fn umr_segs(flags: u8, octs: u16, offset: u16, mask: u64, seg: &[u8; 64], xlt: &
     s
 }
 
+/// MTT entries as Linux writes them by UMR: each page present
+/// (`MLX5_IB_MTT_PRESENT`), a 0 (padding) left absent.
 fn mtt(iovas: &[u64]) -> Vec<u8> {
-    iovas.iter().flat_map(|i| i.to_be_bytes()).collect()
+    iovas
+        .iter()
+        .map(|&i| {
+            if i == 0 {
+                0
+            } else {
+                i | mlx5_hw::wqe::MTT_PRESENT
+            }
+        })
+        .flat_map(|i| i.to_be_bytes())
+        .collect()
 }
 
 fn klm(bcount: u32, key: u32, va: u64) -> [u8; 16] {

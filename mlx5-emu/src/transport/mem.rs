@@ -28,6 +28,7 @@ pub(crate) mod access {
 pub(crate) use mlx5_hw::wqe::{
     MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
 };
+use mlx5_hw::wqe::{MTT_RD_EN, MTT_WR_EN};
 
 /// One memory key.
 #[derive(Debug, Clone)]
@@ -48,7 +49,10 @@ pub(crate) struct Mkey {
     pub len: u64,
     /// log2 of the MTT page size, in bytes.
     pub log_page: u32,
-    /// MTT: IOVA of each page.
+    /// MTT: each page's entry as written (`mtt`: the IOVA in bits 63:12,
+    /// `wr_en` and `rd_en` in bits 1 and 0; an entry with neither, or one
+    /// never written, is not present: ODP). Entries a CREATE_MKEY without
+    /// `pg_access` gave are present ([`MTT_PRESENT`] added).
     pub mtt: Vec<u64>,
     /// The key is free (UMR will fill it in); it grants nothing.
     pub free: bool,
@@ -64,9 +68,12 @@ pub(crate) struct Mkey {
     /// `translations_octword_size`: 2 MTT or 1 KLM per octoword); a UMR
     /// translation update must stay inside.
     pub xlt_max: usize,
-    /// KLM and KSM modes: the entries (or the repeat block), and the
-    /// function whose keys they name.
+    /// KLM and KSM modes: the entries, and the function whose keys they
+    /// name (KSM: each entry covers `1 << log_page` bytes).
     pub klm: Option<Indirect>,
+    /// mkc `relaxed_ordering_write` / `relaxed_ordering_read`, as created
+    /// (kept and reported; the model's DMA is ordered either way).
+    pub relaxed: (bool, bool),
 }
 
 /// `mkc.qpn` of a key not bound to a QP.
@@ -162,6 +169,36 @@ pub(crate) enum KeyError {
     Access,
     /// Range outside the key.
     Bounds,
+    /// A translation entry the access needs is not present (MTT entry
+    /// without the `rd_en`/`wr_en` the access needs, a KSM/KLM entry
+    /// naming the null mkey): a page fault (ODP).
+    NotPresent,
+}
+
+/// The null mkey (QUERY_SPECIAL_CONTEXTS `null_mkey`): an indirect entry
+/// naming it is not present (Linux's implicit ODP points every KSM
+/// entry without a child at it).
+pub(crate) const NULL_MKEY: u32 = crate::fw::NULL_MKEY;
+
+/// The MTT entry bits an access needs: `wr_en` to write, `rd_en` to read.
+fn mtt_need(need: u8) -> u64 {
+    let mut b = 0;
+    if need & (access::LW | access::RW | access::A) != 0 {
+        b |= MTT_WR_EN;
+    }
+    if need & (access::LR | access::RR) != 0 {
+        b |= MTT_RD_EN;
+    }
+    b
+}
+
+/// The page address of MTT entry `e` if the bits `want` are set.
+#[inline]
+fn mtt_page(e: u64, want: u64) -> Result<u64, KeyError> {
+    if e & want != want {
+        return Err(KeyError::NotPresent);
+    }
+    Ok(e & !0xfff)
 }
 
 impl Mkey {
@@ -218,23 +255,22 @@ impl Mkey {
             MKC_ACCESS_MODE_PA => push(out, va, len),
             MKC_ACCESS_MODE_MTT => {
                 let page = 1u64 << self.log_page;
+                let want = mtt_need(need);
                 let mut at = (self.start & (page - 1)) + off;
                 let in_page = at & (page - 1);
+                // An entry never written (past those given) reads as 0.
+                let entry = |i: u64| self.mtt.get(i as usize).copied().unwrap_or(0);
                 if len <= page - in_page {
                     // Within one page (most messages): one entry.
-                    let base = *self
-                        .mtt
-                        .get((at >> self.log_page) as usize)
-                        .ok_or(KeyError::Bounds)?;
+                    let base = mtt_page(entry(at >> self.log_page), want)?;
                     push(out, base + in_page, len);
                     return Ok(());
                 }
                 let mut left = len;
                 while left > 0 {
-                    let idx = (at >> self.log_page) as usize;
                     let in_page = at & (page - 1);
                     let n = (page - in_page).min(left);
-                    let base = *self.mtt.get(idx).ok_or(KeyError::Bounds)?;
+                    let base = mtt_page(entry(at >> self.log_page), want)?;
                     push(out, base + in_page, n);
                     at += n;
                     left -= n;
@@ -285,6 +321,9 @@ impl Indirect {
                 continue;
             }
             let n = (e.bcount - off).min(len);
+            if e.key == NULL_MKEY {
+                return Err(KeyError::NotPresent);
+            }
             let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
             let va = e.va.checked_add(off).ok_or(KeyError::Bounds)?;
             inner.resolve_at(pd, local_need(need), va, n, out, depth + 1)?;
@@ -298,8 +337,8 @@ impl Indirect {
     }
 
     /// KSM: `len` bytes from `at` into the key (its start is entry 0's),
-    /// entry `i` covering `[i << log, (i + 1) << log)`; a byte past the
-    /// last entry is out of bounds.
+    /// entry `i` covering `[i << log, (i + 1) << log)`; an entry not
+    /// written (inside the key's length, checked before) is not present.
     fn resolve_fixed(
         &self,
         log: u32,
@@ -315,7 +354,13 @@ impl Indirect {
         let size = 1u64 << log;
         while len > 0 {
             let idx = usize::try_from(at >> log).map_err(|_| KeyError::Bounds)?;
-            let e = self.entries.get(idx).ok_or(KeyError::Bounds)?;
+            // An entry never written, or naming the null mkey, is not
+            // present (a page fault on an ODP key; Linux's implicit ODP
+            // parent points every entry without a child at the null mkey).
+            let e = self.entries.get(idx).ok_or(KeyError::NotPresent)?;
+            if e.key == NULL_MKEY || e.key == 0 {
+                return Err(KeyError::NotPresent);
+            }
             let within = at & (size - 1);
             let n = (size - within).min(len);
             let inner = rdma.mkey(e.key).ok_or(KeyError::Invalid)?;
@@ -654,6 +699,46 @@ pub(crate) fn atomic64(
 mod tests {
     use super::*;
 
+    fn present(pages: &[u64]) -> Vec<u64> {
+        pages
+            .iter()
+            .map(|p| p | mlx5_hw::wqe::MTT_PRESENT)
+            .collect()
+    }
+
+    #[test]
+    fn absent_and_read_only_mtt_entries_fault() {
+        let mut k = mtt_key();
+        // Page 1 absent, page 2 read only.
+        k.mtt[1] = 0;
+        k.mtt[2] = 0x20_0000 | MTT_RD_EN;
+        let mut out = vec![];
+        assert_eq!(
+            k.resolve(7, access::LR, 0x7f00_0000_2000, 8, &mut out),
+            Err(KeyError::NotPresent)
+        );
+        // Across pages 0 and 1: the absent one faults.
+        assert_eq!(
+            k.resolve(7, access::LR, 0x7f00_0000_1800, 0x1000, &mut out),
+            Err(KeyError::NotPresent)
+        );
+        out.clear();
+        k.resolve(7, access::LR, 0x7f00_0000_3000, 8, &mut out)
+            .unwrap();
+        assert_eq!(out[0].iova, 0x20_0000);
+        k.access |= access::LW;
+        assert_eq!(
+            k.resolve(7, access::LW, 0x7f00_0000_3000, 8, &mut out),
+            Err(KeyError::NotPresent)
+        );
+        // An entry never written (past the list) is absent too.
+        k.mtt.truncate(3);
+        assert_eq!(
+            k.resolve(7, access::LR, 0x7f00_0000_4000, 8, &mut out),
+            Err(KeyError::NotPresent)
+        );
+    }
+
     fn mtt_key() -> Mkey {
         Mkey {
             index: 3,
@@ -664,13 +749,14 @@ mod tests {
             start: 0x7f00_0000_1800,
             len: 0x3000,
             log_page: 12,
-            mtt: vec![0x10_0000, 0x50_0000, 0x20_0000, 0x30_0000],
+            mtt: present(&[0x10_0000, 0x50_0000, 0x20_0000, 0x30_0000]),
             free: false,
             umr_en: false,
             qpn: 0xff_ffff,
             en_rinval: false,
             xlt_max: 4,
             klm: None,
+            relaxed: (false, false),
         }
     }
 
@@ -722,7 +808,7 @@ mod tests {
         );
         // Contiguous pages merge.
         let mut c = mtt_key();
-        c.mtt = vec![0x10_0000, 0x10_1000, 0x10_2000, 0x10_3000];
+        c.mtt = present(&[0x10_0000, 0x10_1000, 0x10_2000, 0x10_3000]);
         out.clear();
         c.resolve(7, access::LR, 0x7f00_0000_1800, 0x3000, &mut out)
             .unwrap();
@@ -744,7 +830,7 @@ mod tests {
             log_page: 21,
             start: 0x7f00_001f_f000,
             len: 2 * M2,
-            mtt: vec![0x4000_0000, 0x1000_0000, 0x2000_0000],
+            mtt: present(&[0x4000_0000, 0x1000_0000, 0x2000_0000]),
             ..mtt_key()
         };
         let mut out = vec![];

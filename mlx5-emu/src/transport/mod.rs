@@ -29,14 +29,17 @@
 //! number) and CQ arm doorbells (UAR 0x20) of every UAR page, and acts on
 //! every change; because a store can overwrite another between two polls,
 //! the QP's doorbell record (the producer counter) is the truth, and every
-//! [`SWEEP_INTERVAL`] the doorbell records of the next [`SWEEP_CHUNK`]
-//! objects (QPs, Ethernet SQs, CQs, in rotation) are read again: every
-//! object's record is read within `ceil(objects / SWEEP_CHUNK)` sweeps, and
-//! a pass costs the same with ten objects or twenty thousand.
+//! [`SWEEP_PASSES`] passes, and on the first pass after the worker slept
+//! idle, the doorbell records of the next [`SWEEP_CHUNK`] objects (QPs,
+//! Ethernet SQs, CQs, in rotation) are read again: every object's record is
+//! read within `ceil(objects / SWEEP_CHUNK)` sweeps, and a pass costs the
+//! same with ten objects or twenty thousand. The sweep counts passes, not
+//! time, so no clock (real or a test's) decides what it finds.
 
 pub(crate) mod cq;
 pub(crate) mod eth_sq;
 pub(crate) mod mem;
+pub(crate) mod odp;
 pub mod packet;
 pub(crate) mod qp;
 pub(crate) mod requester;
@@ -45,7 +48,7 @@ pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -62,8 +65,10 @@ pub(crate) use qp::{Qp, Srq};
 
 use crate::lock;
 
-/// How often the sweep reads doorbell records again (lost doorbells).
-pub const SWEEP_INTERVAL: Duration = Duration::from_micros(200);
+/// Passes between two sweeps of the doorbell records (lost doorbells)
+/// while the worker is busy or spinning; an idle worker sweeps on the
+/// first pass after each sleep.
+pub const SWEEP_PASSES: u32 = 256;
 /// Objects (QPs, Ethernet SQs, CQs) whose doorbell records one sweep reads;
 /// with fewer, every sweep reads them all.
 pub const SWEEP_CHUNK: usize = 32;
@@ -185,8 +190,8 @@ pub(crate) struct Rdma {
     pub me: Weak<Rdma>,
     pub dma: Arc<DmaSpace>,
     /// The model's clock (DeviceConfig::clock): ACK timeouts and RNR
-    /// retries are due on it. The poll pace (hot doorbells, the sweep)
-    /// stays on real time.
+    /// retries are due on it. The poll pace (how long a UAR page stays
+    /// hot) stays on real time; the sweep counts passes.
     pub clock: SharedClock,
     pub mkeys: RwLock<Table<Mkey>>,
     pub cqs: RwLock<Table<Cq>>,
@@ -225,11 +230,17 @@ pub(crate) struct Rdma {
     /// CQ doorbells written to the trapped page, not yet acted on.
     trapped_cq: Mutex<TrappedCq>,
     poll: Mutex<PollState>,
+    /// The worker slept idle since the last pass: the next pass sweeps.
+    slept: AtomicBool,
+    /// Sweeps made (for tests: "after N sweeps").
+    sweeps: AtomicU64,
     /// Where the search for a free CQ number starts ([`lowest_free`]).
     pub cq_floor: AtomicU32,
     /// Where the search for a free number of the QP space (QPs, SQs, RQs)
     /// starts ([`lowest_free`]).
     pub qp_floor: AtomicU32,
+    /// Page faults raised and held (on-demand paging).
+    pub odp: odp::Odp,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -271,7 +282,8 @@ pub const TRAPPED_CQ_DOORBELLS_MAX: usize = 4096;
 
 #[derive(Debug)]
 struct PollState {
-    last_sweep: Instant,
+    /// Passes since the last sweep.
+    since_sweep: u32,
     /// QPs whose send doorbell rang in this pass (kept for its capacity).
     hint: Vec<u32>,
     /// The first UAR page of the next pass's chunk.
@@ -408,13 +420,16 @@ impl Rdma {
             trapped_uar,
             trapped_cq: Mutex::new(TrappedCq::default()),
             poll: Mutex::new(PollState {
-                last_sweep: Instant::now(),
+                since_sweep: 0,
                 hint: Vec::new(),
                 cursor: 0,
                 round: Vec::new(),
             }),
+            slept: AtomicBool::new(false),
+            sweeps: AtomicU64::new(0),
             cq_floor: AtomicU32::new(0),
             qp_floor: AtomicU32::new(0),
+            odp: odp::Odp::default(),
         })
     }
 
@@ -451,6 +466,7 @@ impl Rdma {
         lock(&self.poll).round.clear();
         self.cq_floor.store(0, Ordering::Relaxed);
         self.qp_floor.store(0, Ordering::Relaxed);
+        self.odp.reset();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
@@ -702,6 +718,16 @@ impl Rdma {
         !whole.is_empty()
     }
 
+    /// The worker is about to sleep idle: its next pass sweeps.
+    pub(crate) fn note_idle(&self) {
+        self.slept.store(true, Ordering::Release);
+    }
+
+    /// Sweeps of the doorbell records made so far.
+    pub(crate) fn sweeps(&self) -> u64 {
+        self.sweeps.load(Ordering::Relaxed)
+    }
+
     /// One pass of the data path: doorbells, timers, flushes, the sweep.
     pub(crate) fn poll(&self, bar: &DmaBuffer) -> bool {
         let mut busy = self.trapped_cq_doorbells();
@@ -709,8 +735,10 @@ impl Rdma {
         let mut hint = std::mem::take(&mut ps.hint);
         hint.clear();
         busy |= self.poll_uars(bar, &mut ps.cursor, &mut hint);
-        let due = if ps.last_sweep.elapsed() >= SWEEP_INTERVAL {
-            ps.last_sweep = Instant::now();
+        ps.since_sweep = ps.since_sweep.saturating_add(1);
+        let due = if ps.since_sweep >= SWEEP_PASSES || self.slept.swap(false, Ordering::AcqRel) {
+            ps.since_sweep = 0;
+            self.sweeps.fetch_add(1, Ordering::Relaxed);
             self.sweep_chunk(&mut ps.round)
         } else {
             Vec::new()

@@ -153,6 +153,9 @@ pub(crate) struct Peer {
     pub addr: RoceAddr,
     /// The fabric the sender is cabled to.
     pub wire: Option<Arc<Wire>>,
+    /// The peer is across this link, in another process (`rdma` is then
+    /// this function, a stand-in never delivered to).
+    pub link: Option<Arc<crate::wire::Link>>,
     /// The remote function's memory, taken again at every burst.
     pub mem: Arc<GuestMemoryMmap>,
     /// [`super::tables_gen`] when found: any table change (GIDs, QPs,
@@ -210,6 +213,11 @@ pub(crate) struct Rq {
     /// RC: packets that asked for an ACK since the last one sent (the
     /// coalesced ACK names `epsn - 1`).
     pub ack_owed: u32,
+    /// RC: a PSN sequence error NAK was sent for `epsn`; no other is
+    /// sent until the expected PSN arrives (IBA 9.7.5.2.2: one NAK per
+    /// sequence error, so a burst behind a lost packet does not send the
+    /// requester back once per packet).
+    pub seq_nak: bool,
     /// RC: the last atomic executed, its PSN and the original value, for
     /// a duplicate of it (its acknowledgement was lost).
     pub atomic_done: Option<(u32, u64)>,
@@ -329,6 +337,8 @@ pub(crate) enum RecvError {
     Key(u16, KeyError),
     /// The queue's memory is not mapped.
     Fault(u16),
+    /// A scatter entry's page is not present (ODP): the WQE stays posted.
+    PageFault(u16),
 }
 
 /// Terminator lkey of a receive scatter list (`MLX5_INVALID_LKEY`).
@@ -421,6 +431,11 @@ impl Qp {
             Ok(cap) => {
                 recv.cap = cap;
                 Ok(())
+            }
+            Err(RecvFail::Key(KeyError::NotPresent)) => {
+                // Not consumed: taken again once the fault is resolved.
+                rq.ci = index;
+                Err(RecvError::PageFault(index))
             }
             Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
             Err(RecvFail::Fault) => Err(RecvError::Fault(index)),

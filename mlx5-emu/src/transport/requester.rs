@@ -35,6 +35,7 @@ use super::qp::{self, state, Peer, Qp, Retry, Sq};
 use super::{rlock, Rdma};
 use crate::fabric::{self, Dest, Packet, Payload};
 use crate::lock;
+use crate::wire::Until;
 
 /// Largest message (`log_max_msg` = 30).
 pub(crate) const MAX_MSG: u64 = 1 << 30;
@@ -49,6 +50,9 @@ pub(crate) mod vendor {
     pub const OPCODE: u8 = 0x56;
     pub const WQE_FAULT: u8 = 0x57;
     pub const DMA_FAULT: u8 = 0x58;
+    /// A page not present (ODP) that no page-fault EQ takes, or whose
+    /// fault the driver resumed with an error.
+    pub const PAGE_FAULT: u8 = 0x59;
     pub const NAK: u8 = 0x60;
     pub const RNR_EXCEEDED: u8 = 0x61;
     pub const RETRY_EXCEEDED: u8 = 0x62;
@@ -62,6 +66,9 @@ enum Outcome {
     Sent(u32, u32, u32),
     Retry(Instant),
     Error(CqeSyndrome, u8),
+    /// A page of the WQE's local data is not present (ODP): the page-fault
+    /// type (`MLX5_WQE_PF_TYPE_REQ_*`).
+    PageFault(u8),
 }
 
 /// `a` is at or before `b` in PSN order (24-bit, half the space ahead).
@@ -99,6 +106,7 @@ pub(crate) fn key_error(e: KeyError) -> u8 {
         KeyError::Pd => vendor::PD_MISMATCH,
         KeyError::Access => vendor::NO_ACCESS,
         KeyError::Bounds => vendor::OUT_OF_BOUNDS,
+        KeyError::NotPresent => vendor::PAGE_FAULT,
     }
 }
 
@@ -171,6 +179,10 @@ fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap) -> Option<u16>
             return None;
         }
         sq.retry = None;
+    }
+    if rdma.odp.requester_waits(qp.qpn) {
+        // A page fault holds the queue until PAGE_FAULT_RESUME.
+        return None;
     }
     let pi = qp.sq_pi(mem).ok()?;
     (sq.ci != pi || !sq.unacked.is_empty()).then_some(pi)
@@ -276,6 +288,12 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
                 first_psn,
                 last_psn,
             });
+            // Across a link, at most a window in flight.
+            let far = sq.peer.as_ref().is_some_and(|p| p.link.is_some());
+            if far && sq.unacked.len() >= crate::wire::WINDOW && !drain(rdma, qp, &mut sq, mem) {
+                rewind(rdma, qp, &mut sq, mem, None);
+                break;
+            }
             continue;
         }
         if !sq.unacked.is_empty() {
@@ -313,6 +331,22 @@ fn finish(
         Outcome::Done(bytes) | Outcome::Sent(bytes, _, _) => {
             sq.ci = head.index.wrapping_add(head.nbb);
             complete(rdma, qp, sq, mem, head, bytes)
+        }
+        Outcome::PageFault(ty) => {
+            let f = super::odp::WqeFault {
+                qpn: qp.qpn,
+                wq: qp.qpn,
+                wqe_index: head.index,
+                ty,
+                side: super::odp::Side::Requester,
+                packet_length: 0,
+            };
+            if rdma.wqe_fault(f) == super::odp::Hold::Failed {
+                let o = Outcome::Error(CqeSyndrome::LocalProtErr, vendor::PAGE_FAULT);
+                return finish(rdma, qp, sq, mem, head, o);
+            }
+            // Held at this WQE (nothing of it went out) until the resume.
+            false
         }
         Outcome::Retry(at) => {
             sq.retry = Some(Retry { at });
@@ -389,7 +423,7 @@ fn flush_tally(rdma: &Rdma, sq: &Sq) {
     if p != 0 {
         c.packets_sent.fetch_add(p, Ordering::Relaxed);
         c.bytes_sent.fetch_add(b, Ordering::Relaxed);
-        if let Some(peer) = &sq.peer {
+        if let Some(peer) = sq.peer.as_ref().filter(|p| p.link.is_none()) {
             peer.rdma
                 .counters
                 .packets_received
@@ -438,9 +472,13 @@ fn settle(
 fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool {
     let mut ans = Answer::default();
     if let Some(p) = &sq.peer {
-        fabric::drained(rdma, &p.rdma, &p.addr, sq.remote_qpn, &mut |r| {
-            note(&mut ans, r, 0, 0, mem, &[]);
-        });
+        let reply = &mut |r: &Packet<'_>| note(&mut ans, r, 0, 0, mem, &[]);
+        match (&p.link, sq.unacked.back()) {
+            // Across a link: the ACK of the last message in flight.
+            (Some(l), Some(u)) => l.collect(rdma, qp.qpn, Until::Ack(u.last_psn), reply),
+            (Some(_), None) => {}
+            (None, _) => fabric::drained(rdma, &p.rdma, &p.addr, sq.remote_qpn, reply),
+        }
     }
     if ans.acks != 0 {
         rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
@@ -726,10 +764,16 @@ fn gather(
         if lkey == rdma.resd_lkey {
             mem::push(&mut sq.ext, addr, n);
         } else {
-            if let Err(e) =
-                rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext)
-            {
-                return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e)));
+            match rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext) {
+                Ok(()) => {}
+                Err(KeyError::NotPresent) => {
+                    return Err(Outcome::PageFault(if need == access::LW {
+                        mlx5_hw::event::WQE_PF_TYPE_REQ_READ_OR_ATOMIC
+                    } else {
+                        mlx5_hw::event::WQE_PF_TYPE_REQ_SEND_OR_WRITE
+                    }));
+                }
+                Err(e) => return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e))),
             }
         }
         len += n;
@@ -834,12 +878,12 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
     };
     sq.psn = (sq.psn + 1) & 0xff_ffff;
     let payload = payload(sq, mem, 0, w.len);
+    let pkt = Packet {
+        addr,
+        hdr: &h,
+        payload,
+    };
     if let Some(dst) = rdma.route(&addr.dst_gid) {
-        let pkt = Packet {
-            addr,
-            hdr: &h,
-            payload,
-        };
         let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
         let to = Dest {
             rdma: &dst,
@@ -849,6 +893,22 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
             routed: true,
             wire: wire.as_deref(),
             qp: None,
+            link: None,
+            src_qpn: qp.qpn,
+        };
+        fabric::transmit(rdma, &to, &pkt, &mut |_| {});
+    } else if let Some(l) = fabric::link_of(rdma) {
+        // Out on the link to another process; nothing comes back.
+        let to = Dest {
+            rdma,
+            mem,
+            hint: None,
+            tally: None,
+            routed: false,
+            wire: None,
+            qp: None,
+            link: Some(&l),
+            src_qpn: qp.qpn,
         };
         fabric::transmit(rdma, &to, &pkt, &mut |_| {});
     }
@@ -1011,7 +1071,7 @@ fn connected(
     };
     let mut ans = Answer::default();
     let has_peer = sq.peer.is_some();
-    if let Some(link) = Link::new(rdma, sq, mem, burst, s) {
+    if let Some(link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {
         if matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa) {
             send_request(&link, sq, w, rc, &mut ans);
         } else {
@@ -1050,7 +1110,22 @@ fn find_peer(rdma: &Rdma, sq: &mut Sq) -> Result<(), Outcome> {
         mem: r.dma.memory(),
         gen,
         rdma: r,
+        link: None,
     });
+    if sq.peer.is_none() {
+        // No function here answers to the GID: out on the link, if any.
+        sq.peer = fabric::link_of(rdma)
+            .zip(rdma.me.upgrade())
+            .map(|(l, me)| Peer {
+                qp: None,
+                addr,
+                wire: None,
+                mem: me.dma.memory(),
+                gen,
+                rdma: me,
+                link: Some(l),
+            });
+    }
     Ok(())
 }
 
@@ -1070,6 +1145,7 @@ impl<'a, 'b> Link<'a, 'b> {
     /// The link to `sq`'s peer, if it has one.
     fn new(
         rdma: &'a Rdma,
+        qpn: u32,
         sq: &'a Sq,
         mem: &'a GuestMemoryMmap,
         burst: &'a Burst<'b>,
@@ -1089,6 +1165,8 @@ impl<'a, 'b> Link<'a, 'b> {
             routed: true,
             wire: p.wire.as_deref(),
             qp: p.qp.as_ref(),
+            link: p.link.as_deref(),
+            src_qpn: qpn,
         };
         Some(Self {
             rdma,

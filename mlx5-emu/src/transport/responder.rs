@@ -181,6 +181,9 @@ enum Fatal {
     Length(u16),
     /// NAK remote operational error; local protection error CQE.
     Protection(u16, u8),
+    /// The receive WQE's memory is not present (ODP): a page fault
+    /// (never reaches [`fatal`]: [`refuse`] raises it).
+    PageFault(u16),
 }
 
 fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> u8 {
@@ -200,6 +203,10 @@ fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> 
         Fatal::Protection(wqe, v) => (
             aeth::NAK_REMOTE_OP,
             Some((wqe, CqeSyndrome::LocalProtErr, v)),
+        ),
+        Fatal::PageFault(wqe) => (
+            aeth::NAK_REMOTE_OP,
+            Some((wqe, CqeSyndrome::LocalProtErr, vendor::PAGE_FAULT)),
         ),
     };
     if let Some((wqe, synd, v)) = cqe {
@@ -230,6 +237,7 @@ fn key_vendor(e: KeyError) -> u8 {
         KeyError::Pd => vendor::PD_MISMATCH,
         KeyError::Access => vendor::NO_ACCESS,
         KeyError::Bounds => vendor::OUT_OF_BOUNDS,
+        KeyError::NotPresent => vendor::PAGE_FAULT,
     }
 }
 
@@ -243,6 +251,7 @@ fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap) -> Result<(), 
         Err(RecvError::Empty) => Err(None),
         Err(RecvError::Key(w, k)) => Err(Some(Fatal::Protection(w, key_vendor(k)))),
         Err(RecvError::Fault(w)) => Err(Some(Fatal::Protection(w, vendor::DMA_FAULT))),
+        Err(RecvError::PageFault(w)) => Err(Some(Fatal::PageFault(w))),
     }
 }
 
@@ -291,11 +300,35 @@ enum Refused {
     Rnr,
     /// NAK, and the QP goes to ERR.
     Fatal(Fatal),
+    /// An rkey's page is not present (ODP): RNR NAK while the fault is
+    /// outstanding, a remote access NAK if it failed.
+    RdmaFault(super::odp::RdmaFault),
 }
 
 impl From<Fatal> for Refused {
     fn from(f: Fatal) -> Self {
-        Refused::Fatal(f)
+        match f {
+            Fatal::PageFault(w) => Refused::Fatal(Fatal::PageFault(w)),
+            f => Refused::Fatal(f),
+        }
+    }
+}
+
+impl Refused {
+    /// A fault of the rkey access `(rkey, va, len)` if `e` is one, else
+    /// the remote access error.
+    fn of_key(r: &Req<'_, '_, '_>, e: KeyError, rkey: u32, va: u64, len: u32, write: bool) -> Self {
+        if e != KeyError::NotPresent {
+            return Fatal::Access.into();
+        }
+        Refused::RdmaFault(super::odp::RdmaFault {
+            qpn: r.qp.qpn,
+            rkey,
+            va,
+            len,
+            write,
+            packet_length: r.pkt.payload.len() as u16,
+        })
     }
 }
 
@@ -359,12 +392,14 @@ fn rc(
 fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) -> bool {
     let diff = r.psn.wrapping_sub(rq.epsn) & 0xff_ffff;
     if diff == 0 {
+        rq.seq_nak = false;
         return true;
     }
     if diff >= 0x80_0000 {
         duplicate(r, rq, reply);
-    } else {
+    } else if !rq.seq_nak {
         // The NAK acknowledges everything before `epsn`.
+        rq.seq_nak = true;
         rq.ack_owed = 0;
         let nak = aeth::NAK | aeth::NAK_PSN_SEQ;
         respond(reply, &r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
@@ -416,6 +451,16 @@ fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
 /// packet before it, so no ACK is owed any more.
 fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&Packet<'_>)) {
     let rdma = r.rdma;
+    let f = match odp_hold(r, f) {
+        Some(f) => f,
+        None => {
+            // A page fault outstanding: RNR NAK, nothing consumed.
+            rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
+            rq.ack_owed = 0;
+            let syndrome = aeth::RNR_NAK | rq.min_rnr_nak;
+            return respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+        }
+    };
     let syndrome = match f {
         Refused::Rnr => {
             rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
@@ -427,8 +472,33 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
             rq.ack_owed = 0;
             aeth::NAK | fatal(rdma, r.qp, rq, r.dmem.mem, f)
         }
+        Refused::RdmaFault(_) => {
+            rq.ack_owed = 0;
+            aeth::NAK | fatal(rdma, r.qp, rq, r.dmem.mem, Fatal::Access)
+        }
     };
     respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+}
+
+/// A page fault of the responder (ODP, [`super::odp`]): `None` while it
+/// holds the QP (the packet gets an RNR NAK), the error it became once
+/// resumed with one (or without a page-fault EQ); other refusals as they
+/// are.
+fn odp_hold(r: &Req<'_, '_, '_>, f: Refused) -> Option<Refused> {
+    use super::odp::{Hold, Side, WqeFault};
+    let hold = match &f {
+        Refused::RdmaFault(pf) => r.rdma.rdma_fault(*pf),
+        Refused::Fatal(Fatal::PageFault(w)) => r.rdma.wqe_fault(WqeFault {
+            qpn: r.qp.qpn,
+            wq: r.qp.qpn,
+            wqe_index: *w,
+            ty: mlx5_hw::event::WQE_PF_TYPE_RESP,
+            side: Side::Responder,
+            packet_length: r.pkt.payload.len() as u16,
+        }),
+        _ => return Some(f),
+    };
+    (hold == Hold::Failed).then_some(f)
 }
 
 /// Whether a packet's payload length fits its place in the message: a
@@ -535,7 +605,7 @@ fn rc_write(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused
     if imm && !rq.send_on {
         // The immediate needs a receive WQE, before any byte lands.
         if let Err(e) = take_recv(r, rq) {
-            if first && matches!(e, Refused::Rnr) {
+            if first && matches!(e, Refused::Rnr | Refused::Fatal(Fatal::PageFault(_))) {
                 rq.write_on = false;
             }
             return Err(e);
@@ -569,22 +639,31 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
     w.ext.clear();
     w.off = 0;
     w.cap = u64::from(reth.dma_len);
-    let ok = reth.dma_len == 0
-        || bound_ok(r.rdma, &mut rq.rkeys, reth.rkey, r.qp.qpn)
-            && r.rdma
-                .resolve_cached(
-                    reth.rkey,
-                    &mut rq.rkeys,
-                    r.qp.pd,
-                    access::RW,
-                    reth.va,
-                    u64::from(reth.dma_len),
-                    &mut w.ext,
-                )
-                .is_ok();
+    let res = if reth.dma_len == 0 {
+        Ok(())
+    } else if !bound_ok(r.rdma, &mut rq.rkeys, reth.rkey, r.qp.qpn) {
+        Err(KeyError::Invalid)
+    } else {
+        r.rdma.resolve_cached(
+            reth.rkey,
+            &mut rq.rkeys,
+            r.qp.pd,
+            access::RW,
+            reth.va,
+            u64::from(reth.dma_len),
+            &mut w.ext,
+        )
+    };
     rq.write = w;
-    if !ok {
-        return Err(Fatal::Access.into());
+    if let Err(e) = res {
+        return Err(Refused::of_key(
+            r,
+            e,
+            reth.rkey,
+            reth.va,
+            reth.dma_len,
+            true,
+        ));
     }
     rq.write_on = true;
     Ok(())
@@ -624,9 +703,16 @@ fn rc_read(
     }
     let mut w = std::mem::take(&mut rq.write);
     w.ext.clear();
-    if !read_target(r, rq, reth, &mut w.ext) {
+    if let Err(e) = read_key(r, rq, reth, &mut w.ext) {
         rq.write = w;
-        return Err(Fatal::Access.into());
+        return Err(Refused::of_key(
+            r,
+            e,
+            reth.rkey,
+            reth.va,
+            reth.dma_len,
+            false,
+        ));
     }
     let msn = psn_add(rq.msn, 1);
     rq.ack_owed = 0;
@@ -644,14 +730,25 @@ fn rc_read(
 /// Whether the rkey grants remote read on the RETH's range (PD, bounds);
 /// `ext` then holds the range.
 fn read_target(r: &Req<'_, '_, '_>, rq: &mut Rq, reth: Reth, ext: &mut Vec<Extent>) -> bool {
-    reth.dma_len == 0
-        || r.rdma
-            .mkey_cached(reth.rkey, &mut rq.rkeys)
-            .is_some_and(|k| {
-                k.usable_by(r.qp.qpn)
-                    && k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
-                        .is_ok()
-            })
+    read_key(r, rq, reth, ext).is_ok()
+}
+
+/// [`read_target`], with the key's refusal.
+fn read_key(
+    r: &Req<'_, '_, '_>,
+    rq: &mut Rq,
+    reth: Reth,
+    ext: &mut Vec<Extent>,
+) -> Result<(), KeyError> {
+    if reth.dma_len == 0 {
+        return Ok(());
+    }
+    let k = r
+        .rdma
+        .mkey_cached(reth.rkey, &mut rq.rkeys)
+        .filter(|k| k.usable_by(r.qp.qpn))
+        .ok_or(KeyError::Invalid)?;
+    k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
 }
 
 /// Sends the read response packets of `total` bytes of `ext`, MTU-sized,
@@ -729,14 +826,18 @@ fn rc_atomic(
     }
     let mut w = std::mem::take(&mut rq.write);
     w.ext.clear();
-    let ok = r
+    let res = r
         .rdma
         .mkey(a.rkey)
         .filter(|k| k.usable_by(r.qp.qpn))
-        .is_some_and(|k| k.resolve(r.qp.pd, access::A, a.va, 8, &mut w.ext).is_ok());
+        .ok_or(KeyError::Invalid)
+        .and_then(|k| k.resolve(r.qp.pd, access::A, a.va, 8, &mut w.ext));
     let target = w.ext.first().map(|e| e.iova);
     rq.write = w;
-    let Some(iova) = target.filter(|_| ok) else {
+    if let Err(e) = res {
+        return Err(Refused::of_key(r, e, a.rkey, a.va, 8, true));
+    }
+    let Some(iova) = target else {
         return Err(Fatal::Access.into());
     };
     let cs = o == op::COMPARE_SWAP;

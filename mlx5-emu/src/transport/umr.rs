@@ -198,6 +198,12 @@ fn apply_mask(k: &mut Mkey, mask: u64, seg: &[u8]) -> Result<(), Refusal> {
     if mask & MKEY_MASK_EN_RINVAL != 0 {
         k.en_rinval = mkc::EN_RINVAL.get(seg) != 0;
     }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_WRITE != 0 {
+        k.relaxed.0 = mkc::RELAXED_ORDERING_WRITE.get(seg) != 0;
+    }
+    if mask & mlx5_hw::wqe::MKEY_MASK_RELAXED_ORDERING_READ != 0 {
+        k.relaxed.1 = mkc::RELAXED_ORDERING_READ.get(seg) != 0;
+    }
     if mask & MKEY_MASK_PD != 0 {
         k.pd = mkc::PD.get(seg) as u32;
     }
@@ -312,7 +318,10 @@ fn read_pointed(
 }
 
 /// Writes the translation entries `xlt` at entry `offset` of the key: 8
-/// bytes per MTT entry (the page address; bits 11:0 are flags), 16 per KLM.
+/// bytes per MTT entry (the page address and, in bits 1:0, `wr_en` and
+/// `rd_en`: an entry without them is not present), 16 per KLM or KSM
+/// (a KSM entry keeps its place: entry `i` covers the `i`-th
+/// 2^log_page_size bytes).
 fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Result<(), Refusal> {
     let range = (CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE);
     let off = usize::try_from(offset).map_err(|_| range)?;
@@ -333,7 +342,7 @@ fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Res
             }
             for (i, e) in xlt.chunks_exact(8).enumerate() {
                 let v = u64::from_be_bytes(e.try_into().unwrap_or([0; 8]));
-                k.mtt[off + i] = v & !0xfff;
+                k.mtt[off + i] = v & !0xffc;
             }
         }
         MKC_ACCESS_MODE_KLMS if is_repeat_block(xlt) => {

@@ -1633,6 +1633,8 @@ pub mod wqe_ctrl_seg {
     pub const QPN_DS: BitField = BitField::new(0x20, 0x20);
     /// Place of `signature`: bit 0x40, 0x8 bits.
     pub const SIGNATURE: BitField = BitField::new(0x40, 0x8);
+    /// Place of `dci_stream_channel_id`: bit 0x48, 0x10 bits.
+    pub const DCI_STREAM_CHANNEL_ID: BitField = BitField::new(0x48, 0x10);
     /// Place of `fm_ce_se`: bit 0x58, 0x8 bits.
     pub const FM_CE_SE: BitField = BitField::new(0x58, 0x8);
     /// Place of `imm`: bit 0x60, 0x20 bits.
@@ -1647,7 +1649,7 @@ pub mod wqe_ctrl_seg {
             FieldInfo { name: "opmod_idx_opcode", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "qpn_ds", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "signature", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
-            FieldInfo { name: "rsvd", bit_off: 0x48, width: 0x10, ty: FieldType::Array { elem_bits: 0x8, count: 2, elem: None } },
+            FieldInfo { name: "dci_stream_channel_id", bit_off: 0x48, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "fm_ce_se", bit_off: 0x58, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "imm", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
         ],
@@ -1666,8 +1668,8 @@ pub struct WqeCtrlSeg {
     pub qpn_ds: U32,
     /// `signature` (byte 0x8).
     pub signature: u8,
-    /// `rsvd` (byte 0x9).
-    pub rsvd: [u8; 2],
+    /// `dci_stream_channel_id` (byte 0x9).
+    pub dci_stream_channel_id: U16,
     /// `fm_ce_se` (byte 0xb).
     pub fm_ce_se: u8,
     /// `imm` (byte 0xc).

@@ -1506,3 +1506,311 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> GeneralObjOutCmdHdr<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`EncryptionKeyObj`] (`struct mlx5_ifc_encryption_key_obj_bits`).
+pub mod encryption_key_obj {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x1000;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x200;
+    /// Place of `modify_field_select`: bit 0x0, 0x40 bits.
+    pub const MODIFY_FIELD_SELECT: BitField = BitField::new(0x0, 0x40);
+    /// Place of `state`: bit 0x40, 0x8 bits.
+    pub const STATE: BitField = BitField::new(0x40, 0x8);
+    /// Place of `sw_wrapped`: bit 0x48, 0x1 bits.
+    pub const SW_WRAPPED: BitField = BitField::new(0x48, 0x1);
+    /// Place of `key_size`: bit 0x54, 0x4 bits.
+    pub const KEY_SIZE: BitField = BitField::new(0x54, 0x4);
+    /// Place of `key_purpose`: bit 0x5c, 0x4 bits.
+    pub const KEY_PURPOSE: BitField = BitField::new(0x5c, 0x4);
+    /// Place of `pd`: bit 0x68, 0x18 bits.
+    pub const PD: BitField = BitField::new(0x68, 0x18);
+    /// Place of `opaque`: bit 0x180, 0x40 bits.
+    pub const OPAQUE: BitField = BitField::new(0x180, 0x40);
+    /// Place of `key`: bit 0x200, 0x400 bits.
+    pub const KEY: BitField = BitField::new(0x200, 0x400);
+    /// Place of `sw_wrapped_dek`: bit 0x600, 0x400 bits.
+    pub const SW_WRAPPED_DEK: BitField = BitField::new(0x600, 0x400);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "encryption_key_obj",
+        kind: LayoutKind::Struct,
+        size_bits: 0x1000,
+        doc: "A data encryption key (general object type 0xc,",
+        fields: &[
+            FieldInfo { name: "modify_field_select", bit_off: 0x0, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "state", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "sw_wrapped", bit_off: 0x48, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_49", bit_off: 0x49, width: 0xb, ty: FieldType::Bits },
+            FieldInfo { name: "key_size", bit_off: 0x54, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_58", bit_off: 0x58, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "key_purpose", bit_off: 0x5c, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "pd", bit_off: 0x68, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_80", bit_off: 0x80, width: 0x100, ty: FieldType::Bits },
+            FieldInfo { name: "opaque", bit_off: 0x180, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1c0", bit_off: 0x1c0, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "key", bit_off: 0x200, width: 0x400, ty: FieldType::Array { elem_bits: 0x80, count: 8, elem: None } },
+            FieldInfo { name: "sw_wrapped_dek", bit_off: 0x600, width: 0x400, ty: FieldType::Array { elem_bits: 0x80, count: 8, elem: None } },
+            FieldInfo { name: "reserved_at_a00", bit_off: 0xa00, width: 0x600, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// A data encryption key (general object type 0xc,
+/// MLX5_GENERAL_OBJECT_TYPES_ENCRYPTION_KEY): its state, size (128 or
+/// 256 bits), purpose (TLS, IPsec, AES-XTS, MACsec), PD, the caller's
+/// opaque value and the key itself (plaintext or wrapped).
+///
+/// A view of `struct mlx5_ifc_encryption_key_obj_bits` (4096 bits, 512 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncryptionKeyObj<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> EncryptionKeyObj<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (512 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("encryption_key_obj", encryption_key_obj::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `modify_field_select`: 64 bits at bit 0x0.
+    pub fn modify_field_select(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x0, 64)
+    }
+    /// `state`: 8 bits at bit 0x40.
+    pub fn state(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x40, 8) as u8
+    }
+    /// `sw_wrapped`: 1 bits at bit 0x48.
+    pub fn sw_wrapped(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x48, 1) != 0
+    }
+    /// `key_size`: 4 bits at bit 0x54.
+    pub fn key_size(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x54, 4) as u8
+    }
+    /// `key_purpose`: 4 bits at bit 0x5c.
+    pub fn key_purpose(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x5c, 4) as u8
+    }
+    /// `pd`: 24 bits at bit 0x68.
+    pub fn pd(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x68, 24) as u32
+    }
+    /// `opaque`: 64 bits at bit 0x180.
+    pub fn opaque(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x180, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EncryptionKeyObj<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `modify_field_select` (64 bits at bit 0x0).
+    pub fn set_modify_field_select(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 64, value);
+        self
+    }
+    /// Sets `state` (8 bits at bit 0x40).
+    pub fn set_state(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 8, u64::from(value));
+        self
+    }
+    /// Sets `sw_wrapped` (1 bits at bit 0x48).
+    pub fn set_sw_wrapped(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 1, u64::from(value));
+        self
+    }
+    /// Sets `key_size` (4 bits at bit 0x54).
+    pub fn set_key_size(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x54, 4, u64::from(value));
+        self
+    }
+    /// Sets `key_purpose` (4 bits at bit 0x5c).
+    pub fn set_key_purpose(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x5c, 4, u64::from(value));
+        self
+    }
+    /// Sets `pd` (24 bits at bit 0x68).
+    pub fn set_pd(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x68, 24, u64::from(value));
+        self
+    }
+    /// Sets `opaque` (64 bits at bit 0x180).
+    pub fn set_opaque(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x180, 64, value);
+        self
+    }
+}
+
+/// Constants and registry entry of [`CreateEncryptionKeyIn`] (`struct mlx5_ifc_create_encryption_key_in_bits`).
+pub mod create_encryption_key_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x1080;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x210;
+    /// Place of `general_obj_in_cmd_hdr`: bit 0x0, 0x80 bits.
+    pub const GENERAL_OBJ_IN_CMD_HDR: BitField = BitField::new(0x0, 0x80);
+    /// Place of `encryption_key_object`: bit 0x80, 0x1000 bits.
+    pub const ENCRYPTION_KEY_OBJECT: BitField = BitField::new(0x80, 0x1000);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "create_encryption_key_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x1080,
+        doc: "CREATE_GENERAL_OBJECT of a DEK.",
+        fields: &[
+            FieldInfo { name: "general_obj_in_cmd_hdr", bit_off: 0x0, width: 0x80, ty: FieldType::Layout("general_obj_in_cmd_hdr") },
+            FieldInfo { name: "encryption_key_object", bit_off: 0x80, width: 0x1000, ty: FieldType::Layout("encryption_key_obj") },
+        ],
+    };
+}
+
+/// CREATE_GENERAL_OBJECT of a DEK.
+///
+/// A view of `struct mlx5_ifc_create_encryption_key_in_bits` (4224 bits, 528 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateEncryptionKeyIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> CreateEncryptionKeyIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (528 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("create_encryption_key_in", create_encryption_key_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `general_obj_in_cmd_hdr` (`general_obj_in_cmd_hdr`, at byte 0x0).
+    pub fn general_obj_in_cmd_hdr(&self) -> GeneralObjInCmdHdr<&[u8]> {
+        GeneralObjInCmdHdr::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x10))
+    }
+    /// `encryption_key_object` (`encryption_key_obj`, at byte 0x10).
+    pub fn encryption_key_object(&self) -> EncryptionKeyObj<&[u8]> {
+        EncryptionKeyObj::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x200))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateEncryptionKeyIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// `general_obj_in_cmd_hdr` (`general_obj_in_cmd_hdr`, at byte 0x0), for writing.
+    pub fn general_obj_in_cmd_hdr_mut(&mut self) -> GeneralObjInCmdHdr<&mut [u8]> {
+        GeneralObjInCmdHdr::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x10))
+    }
+    /// `encryption_key_object` (`encryption_key_obj`, at byte 0x10), for writing.
+    pub fn encryption_key_object_mut(&mut self) -> EncryptionKeyObj<&mut [u8]> {
+        EncryptionKeyObj::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x200))
+    }
+}
+
+/// Constants and registry entry of [`ModifyEncryptionKeyIn`] (`struct mlx5_ifc_modify_encryption_key_in_bits`).
+pub mod modify_encryption_key_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x1080;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x210;
+    /// Place of `general_obj_in_cmd_hdr`: bit 0x0, 0x80 bits.
+    pub const GENERAL_OBJ_IN_CMD_HDR: BitField = BitField::new(0x0, 0x80);
+    /// Place of `encryption_key_object`: bit 0x80, 0x1000 bits.
+    pub const ENCRYPTION_KEY_OBJECT: BitField = BitField::new(0x80, 0x1000);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "modify_encryption_key_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x1080,
+        doc: "MODIFY_GENERAL_OBJECT of a DEK.",
+        fields: &[
+            FieldInfo { name: "general_obj_in_cmd_hdr", bit_off: 0x0, width: 0x80, ty: FieldType::Layout("general_obj_in_cmd_hdr") },
+            FieldInfo { name: "encryption_key_object", bit_off: 0x80, width: 0x1000, ty: FieldType::Layout("encryption_key_obj") },
+        ],
+    };
+}
+
+/// MODIFY_GENERAL_OBJECT of a DEK.
+///
+/// A view of `struct mlx5_ifc_modify_encryption_key_in_bits` (4224 bits, 528 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyEncryptionKeyIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ModifyEncryptionKeyIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (528 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("modify_encryption_key_in", modify_encryption_key_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `general_obj_in_cmd_hdr` (`general_obj_in_cmd_hdr`, at byte 0x0).
+    pub fn general_obj_in_cmd_hdr(&self) -> GeneralObjInCmdHdr<&[u8]> {
+        GeneralObjInCmdHdr::new_unchecked(sub(self.buf.as_ref(), 0x0, 0x10))
+    }
+    /// `encryption_key_object` (`encryption_key_obj`, at byte 0x10).
+    pub fn encryption_key_object(&self) -> EncryptionKeyObj<&[u8]> {
+        EncryptionKeyObj::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x200))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ModifyEncryptionKeyIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// `general_obj_in_cmd_hdr` (`general_obj_in_cmd_hdr`, at byte 0x0), for writing.
+    pub fn general_obj_in_cmd_hdr_mut(&mut self) -> GeneralObjInCmdHdr<&mut [u8]> {
+        GeneralObjInCmdHdr::new_unchecked(sub_mut(self.buf.as_mut(), 0x0, 0x10))
+    }
+    /// `encryption_key_object` (`encryption_key_obj`, at byte 0x10), for writing.
+    pub fn encryption_key_object_mut(&mut self) -> EncryptionKeyObj<&mut [u8]> {
+        EncryptionKeyObj::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x200))
+    }
+}

@@ -37,6 +37,9 @@ pub use hca::*;
 mod mkey;
 pub use mkey::*;
 #[rustfmt::skip]
+mod odp;
+pub use odp::*;
+#[rustfmt::skip]
 mod pages;
 pub use pages::*;
 #[rustfmt::skip]
@@ -95,6 +98,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &alloc_uar_out::INFO,
     &alloc_xrcd_in::INFO,
     &alloc_xrcd_out::INFO,
+    &arm_dct_in::INFO,
+    &arm_dct_out::INFO,
     &arm_rq_in::INFO,
     &arm_rq_out::INFO,
     &array128_auto::INFO,
@@ -113,6 +118,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &create_cq_out::INFO,
     &create_dct_in::INFO,
     &create_dct_out::INFO,
+    &create_encryption_key_in::INFO,
     &create_eq_in::INFO,
     &create_eq_out::INFO,
     &create_flow_group_in::INFO,
@@ -207,6 +213,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &dtor_reg::INFO,
     &enable_hca_in::INFO,
     &enable_hca_out::INFO,
+    &encryption_key_obj::INFO,
     &eqc::INFO,
     &eqe::INFO,
     &eqe_cmd::INFO,
@@ -216,6 +223,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &eqe_dct::INFO,
     &eqe_gpio::INFO,
     &eqe_obj_change::INFO,
+    &eqe_page_fault_rdma::INFO,
+    &eqe_page_fault_wqe::INFO,
     &eqe_page_req::INFO,
     &eqe_port_module::INFO,
     &eqe_port_state::INFO,
@@ -276,11 +285,13 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &mac_address_layout::INFO,
     &manage_pages_in::INFO,
     &manage_pages_out::INFO,
+    &mem_page_fault_info::INFO,
     &mini_cqe8::INFO,
     &mkc::INFO,
     &mkey_seg::INFO,
     &modify_cq_in::INFO,
     &modify_cq_out::INFO,
+    &modify_encryption_key_in::INFO,
     &modify_field_select::INFO,
     &modify_field_select_resize_field_select_auto::INFO,
     &modify_flow_table_in::INFO,
@@ -308,6 +319,9 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &odp_cap::INFO,
     &odp_per_transport_service_cap::INFO,
     &odp_scheme_cap::INFO,
+    &page_fault_resume_in::INFO,
+    &page_fault_resume_in_page_fault_info_auto::INFO,
+    &page_fault_resume_out::INFO,
     &paos_reg::INFO,
     &per_protocol_networking_offload_caps::INFO,
     &pkey::INFO,
@@ -323,6 +337,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &qp_pas_list_in::INFO,
     &qp_pas_or_qpc_ext_and_pas::INFO,
     &qpc::INFO,
+    &qpc_ext::INFO,
     &qpc_extension_and_pas_list_in::INFO,
     &query_adapter_in::INFO,
     &query_adapter_out::INFO,
@@ -419,6 +434,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &tirc::INFO,
     &tisc::INFO,
     &traffic_counter::INFO,
+    &trans_page_fault_info::INFO,
     &uar_page::INFO,
     &uctx::INFO,
     &umem::INFO,

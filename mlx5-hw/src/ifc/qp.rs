@@ -3489,21 +3489,131 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Rtr2rtsQpOut<T> {
     }
 }
 
+/// Constants and registry entry of [`QpcExt`] (`struct mlx5_ifc_qpc_ext_bits`).
+pub mod qpc_ext {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x600;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0xc0;
+    /// Place of `mmo`: bit 0x2, 0x1 bits.
+    pub const MMO: BitField = BitField::new(0x2, 0x1);
+    /// Place of `dci_stream_channel_id`: bit 0x10, 0x10 bits.
+    pub const DCI_STREAM_CHANNEL_ID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `qos_queue_group_id_requester`: bit 0x20, 0x20 bits.
+    pub const QOS_QUEUE_GROUP_ID_REQUESTER: BitField = BitField::new(0x20, 0x20);
+    /// Place of `qos_queue_group_id_responder`: bit 0x40, 0x20 bits.
+    pub const QOS_QUEUE_GROUP_ID_RESPONDER: BitField = BitField::new(0x40, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "qpc_ext",
+        kind: LayoutKind::Struct,
+        size_bits: 0x600,
+        doc: "QPC extension of a transition (rdma-core's mlx5_ifc_qpc_ext_bits; Linux",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "mmo", bit_off: 0x2, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_3", bit_off: 0x3, width: 0xd, ty: FieldType::Bits },
+            FieldInfo { name: "dci_stream_channel_id", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "qos_queue_group_id_requester", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "qos_queue_group_id_responder", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x5a0, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QPC extension of a transition (rdma-core's mlx5_ifc_qpc_ext_bits; Linux
+/// 6.12's header has none): the DCI stream a RTS2RTS resets
+/// (mlx5dv_dci_stream_id_reset), QoS queue groups.
+///
+/// A view of `struct mlx5_ifc_qpc_ext_bits` (1536 bits, 192 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpcExt<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QpcExt<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (192 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("qpc_ext", qpc_ext::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `mmo`: 1 bits at bit 0x2.
+    pub fn mmo(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x2, 1) != 0
+    }
+    /// `dci_stream_channel_id`: 16 bits at bit 0x10.
+    pub fn dci_stream_channel_id(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `qos_queue_group_id_requester`: 32 bits at bit 0x20.
+    pub fn qos_queue_group_id_requester(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `qos_queue_group_id_responder`: 32 bits at bit 0x40.
+    pub fn qos_queue_group_id_responder(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x40, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QpcExt<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `mmo` (1 bits at bit 0x2).
+    pub fn set_mmo(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x2, 1, u64::from(value));
+        self
+    }
+    /// Sets `dci_stream_channel_id` (16 bits at bit 0x10).
+    pub fn set_dci_stream_channel_id(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `qos_queue_group_id_requester` (32 bits at bit 0x20).
+    pub fn set_qos_queue_group_id_requester(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `qos_queue_group_id_responder` (32 bits at bit 0x40).
+    pub fn set_qos_queue_group_id_responder(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 32, u64::from(value));
+        self
+    }
+}
+
 /// Constants and registry entry of [`Rts2rtsQpIn`] (`struct mlx5_ifc_rts2rts_qp_in_bits`).
 pub mod rts2rts_qp_in {
     use crate::bits::BitField;
     use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
 
     /// Size in bits.
-    pub const SIZE_BITS: usize = 0x880;
+    pub const SIZE_BITS: usize = 0xe80;
     /// Size in bytes.
-    pub const SIZE_BYTES: usize = 0x110;
+    pub const SIZE_BYTES: usize = 0x1d0;
     /// Place of `opcode`: bit 0x0, 0x10 bits.
     pub const OPCODE: BitField = BitField::new(0x0, 0x10);
     /// Place of `uid`: bit 0x10, 0x10 bits.
     pub const UID: BitField = BitField::new(0x10, 0x10);
     /// Place of `op_mod`: bit 0x30, 0x10 bits.
     pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `qpc_ext`: bit 0x40, 0x1 bits.
+    pub const QPC_EXT: BitField = BitField::new(0x40, 0x1);
     /// Place of `qpn`: bit 0x48, 0x18 bits.
     pub const QPN: BitField = BitField::new(0x48, 0x18);
     /// Place of `opt_param_mask`: bit 0x80, 0x20 bits.
@@ -3512,31 +3622,40 @@ pub mod rts2rts_qp_in {
     pub const ECE: BitField = BitField::new(0xa0, 0x20);
     /// Place of `qpc`: bit 0xc0, 0x740 bits.
     pub const QPC: BitField = BitField::new(0xc0, 0x740);
+    /// Place of `opt_param_mask_95_32`: bit 0x840, 0x40 bits.
+    pub const OPT_PARAM_MASK_95_32: BitField = BitField::new(0x840, 0x40);
+    /// Place of `qpc_data_ext`: bit 0x880, 0x600 bits.
+    pub const QPC_DATA_EXT: BitField = BitField::new(0x880, 0x600);
     /// Registry entry: every field, reserved gaps included.
     pub static INFO: LayoutInfo = LayoutInfo {
         name: "rts2rts_qp_in",
         kind: LayoutKind::Struct,
-        size_bits: 0x880,
-        doc: "RTS2RTS_QP input.",
+        size_bits: 0xe80,
+        doc: "RTS2RTS_QP input. Linux 6.12's layout ends at bit 0x880; rdma-core's",
         fields: &[
             FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
             FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "qpc_ext", bit_off: 0x40, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_41", bit_off: 0x41, width: 0x7, ty: FieldType::Bits },
             FieldInfo { name: "qpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "opt_param_mask", bit_off: 0x80, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "ece", bit_off: 0xa0, width: 0x20, ty: FieldType::Bits },
             FieldInfo { name: "qpc", bit_off: 0xc0, width: 0x740, ty: FieldType::Layout("qpc") },
-            FieldInfo { name: "reserved_at_800", bit_off: 0x800, width: 0x80, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_800", bit_off: 0x800, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "opt_param_mask_95_32", bit_off: 0x840, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "qpc_data_ext", bit_off: 0x880, width: 0x600, ty: FieldType::Layout("qpc_ext") },
         ],
     };
 }
 
-/// RTS2RTS_QP input.
+/// RTS2RTS_QP input. Linux 6.12's layout ends at bit 0x880; rdma-core's
+/// (DevX, mlx5dv_dci_stream_id_reset) sets `qpc_ext` and continues with the
+/// opt-param mask bits 95..32 and the QPC extension.
 ///
-/// A view of `struct mlx5_ifc_rts2rts_qp_in_bits` (2176 bits, 272 bytes) over a byte buffer.
+/// A view of `struct mlx5_ifc_rts2rts_qp_in_bits` (3712 bits, 464 bytes) over a byte buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rts2rtsQpIn<T> {
     buf: T,
@@ -3547,7 +3666,7 @@ impl<T: AsRef<[u8]>> Rts2rtsQpIn<T> {
     pub const fn new_unchecked(buf: T) -> Self {
         Self { buf }
     }
-    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    /// Wraps `buf` if it holds the whole layout (464 bytes).
     pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
         LayoutError::check("rts2rts_qp_in", rts2rts_qp_in::SIZE_BYTES, buf.as_ref().len())?;
         Ok(Self { buf })
@@ -3572,6 +3691,10 @@ impl<T: AsRef<[u8]>> Rts2rtsQpIn<T> {
     pub fn op_mod(&self) -> u16 {
         get_bits(self.buf.as_ref(), 0x30, 16) as u16
     }
+    /// `qpc_ext`: 1 bits at bit 0x40.
+    pub fn qpc_ext(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x40, 1) != 0
+    }
     /// `qpn`: 24 bits at bit 0x48.
     pub fn qpn(&self) -> u32 {
         get_bits(self.buf.as_ref(), 0x48, 24) as u32
@@ -3587,6 +3710,14 @@ impl<T: AsRef<[u8]>> Rts2rtsQpIn<T> {
     /// `qpc` (`qpc`, at byte 0x18).
     pub fn qpc(&self) -> Qpc<&[u8]> {
         Qpc::new_unchecked(sub(self.buf.as_ref(), 0x18, 0xe8))
+    }
+    /// `opt_param_mask_95_32`: 64 bits at bit 0x840.
+    pub fn opt_param_mask_95_32(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x840, 64)
+    }
+    /// `qpc_data_ext` (`qpc_ext`, at byte 0x110).
+    pub fn qpc_data_ext(&self) -> QpcExt<&[u8]> {
+        QpcExt::new_unchecked(sub(self.buf.as_ref(), 0x110, 0xc0))
     }
 }
 
@@ -3610,6 +3741,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Rts2rtsQpIn<T> {
         set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
         self
     }
+    /// Sets `qpc_ext` (1 bits at bit 0x40).
+    pub fn set_qpc_ext(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 1, u64::from(value));
+        self
+    }
     /// Sets `qpn` (24 bits at bit 0x48).
     pub fn set_qpn(&mut self, value: u32) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
@@ -3628,6 +3764,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Rts2rtsQpIn<T> {
     /// `qpc` (`qpc`, at byte 0x18), for writing.
     pub fn qpc_mut(&mut self) -> Qpc<&mut [u8]> {
         Qpc::new_unchecked(sub_mut(self.buf.as_mut(), 0x18, 0xe8))
+    }
+    /// Sets `opt_param_mask_95_32` (64 bits at bit 0x840).
+    pub fn set_opt_param_mask_95_32(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x840, 64, value);
+        self
+    }
+    /// `qpc_data_ext` (`qpc_ext`, at byte 0x110), for writing.
+    pub fn qpc_data_ext_mut(&mut self) -> QpcExt<&mut [u8]> {
+        QpcExt::new_unchecked(sub_mut(self.buf.as_mut(), 0x110, 0xc0))
     }
 }
 

@@ -260,3 +260,11 @@ pub fn read(buf: &DmaBuffer, off: usize, len: usize) -> Vec<u8> {
     buf.read(off, &mut v).unwrap();
     v
 }
+
+/// [`pair`] on two cabled functions of `profile`, MRs with access `acc`.
+pub fn pair_profile(len: usize, profile: Profile, acc: u32) -> Pair {
+    let fabric = Fabric::cabled(2, profile);
+    let a = side(open(function(&fabric, 0)), len, acc);
+    let b = side(open(function(&fabric, 1)), len, acc);
+    Pair { fabric, a, b }
+}

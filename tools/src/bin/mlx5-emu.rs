@@ -8,6 +8,13 @@
 //! vfio-user client can open them; this workspace's tools take
 //! `-d vfio-user:PATH`. SIGINT or SIGTERM stops the servers and removes
 //! the sockets.
+//!
+//! `--wire SPEC` connects the ports to another process (another
+//! `mlx5-emu serve`, a QEMU guest's `-netdev dgram`/`stream` NIC) as
+//! RoCEv2 frames on a socket; `--pcap FILE` captures them, `--wire-faults`
+//! loses, duplicates, reorders, corrupts and delays them from a seed. Two
+//! processes on one wire need different MACs (`--mac`). The wire's counts
+//! are logged while they move and printed at exit.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,7 +58,45 @@ enum Cmd {
         /// Our own client needs them mapped.
         #[arg(long)]
         trap_control_pages: bool,
+        /// MAC of function 0 (function i: plus i), hex with or without
+        /// colons; two processes on one wire need different ones.
+        #[arg(long, value_parser = parse_mac)]
+        mac: Option<u64>,
+        #[command(flatten)]
+        wire: WireArgs,
     },
+}
+
+/// The port's link to another process (`mlx5_emu::wire`).
+#[derive(clap::Args, Debug, Clone)]
+struct WireArgs {
+    /// Connect the ports to another process: `dgram,local=A,remote=B`
+    /// (one frame per datagram), `stream,server=on,addr=A` or
+    /// `stream,addr=A` (4-byte big-endian length before each frame);
+    /// A, B: 127.0.0.1:PORT or a Unix socket path (QEMU's `-netdev
+    /// dgram` / `-netdev stream`).
+    #[arg(long, value_parser = mlx5_emu::wire::LinkSpec::parse)]
+    wire: Option<mlx5_emu::wire::LinkSpec>,
+    /// Capture every frame on the wire to this pcap file.
+    #[arg(long, requires = "wire")]
+    pcap: Option<PathBuf>,
+    /// Faults on the frames this end sends, deterministic from the seed:
+    /// `seed=N,loss=P,dup=P,reorder=P,window=N,corrupt=P,delay=P,delay_us=N`.
+    #[arg(long, requires = "wire", value_parser = mlx5_emu::wire::WireFaults::parse)]
+    wire_faults: Option<mlx5_emu::wire::WireFaults>,
+    /// How long (ms, real time) a send queue waits for a response from the
+    /// other process before it counts as lost.
+    #[arg(long, default_value_t = 200)]
+    response_wait_ms: u64,
+}
+
+fn parse_mac(s: &str) -> Result<u64, String> {
+    let hex: String = s.chars().filter(|c| *c != ':').collect();
+    let v = u64::from_str_radix(&hex, 16).map_err(|_| format!("{s:?}: not a MAC"))?;
+    if hex.len() != 12 || v & 0x0100_0000_0000 != 0 {
+        return Err(format!("{s:?}: not a unicast MAC of 6 bytes"));
+    }
+    Ok(v)
 }
 
 fn parse_profile(s: &str) -> Result<Profile, String> {
@@ -84,6 +129,8 @@ fn serve(
     profile: Profile,
     functions: u32,
     trap_control_pages: bool,
+    mac: Option<u64>,
+    wire: &WireArgs,
 ) -> Result<(), String> {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         vmm_sys_util::signal::register_signal_handler(sig, on_signal)
@@ -98,7 +145,7 @@ fn serve(
         let path = socket_of(&socket, i);
         let bus = Bus::new();
         let mut cfg = DeviceConfig::for_profile(profile);
-        cfg.mac = mlx5_emu::DEFAULT_MAC + u64::from(i);
+        cfg.mac = mac.unwrap_or(mlx5_emu::DEFAULT_MAC) + u64::from(i);
         cfg.trap_control_pages = trap_control_pages;
         let dev = Arc::new(Device::new(cfg, bus.clone()));
         fabric.attach(&dev);
@@ -112,6 +159,22 @@ fn serve(
                 .map_err(|e| format!("{}: {e}", path.display()))?,
         );
     }
+    let link = match &wire.wire {
+        Some(spec) => {
+            let opts = mlx5_emu::wire::LinkOptions {
+                pcap: wire.pcap.clone(),
+                faults: wire.wire_faults.unwrap_or_default(),
+                response_wait: Duration::from_millis(wire.response_wait_ms),
+                ..Default::default()
+            };
+            let l = fabric
+                .connect(spec, &opts)
+                .map_err(|e| format!("wire {spec}: {e}"))?;
+            eprintln!("mlx5-emu: wire {spec}");
+            Some(l)
+        }
+        None => None,
+    };
     eprintln!(
         "mlx5-emu: serving {functions} {} function(s) on {}{}",
         profile.name(),
@@ -122,15 +185,55 @@ fn serve(
             String::new()
         }
     );
+    let mut last = None;
+    let mut ticks = 0u32;
     while !STOP.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
+        ticks += 1;
+        // The wire's counts, every 5 s while they move.
+        if let Some(l) = link.as_ref().filter(|_| ticks % 50 == 0) {
+            let s = l.stats();
+            if last != Some(s) {
+                tracing::info!(stats = ?s, "wire");
+                last = Some(s);
+            }
+        }
     }
     tracing::info!("stopping");
+    if let Some(l) = &link {
+        l.close();
+        eprintln!("mlx5-emu: wire {}", wire_summary(&l.stats()));
+    }
     // Each server stops, releases its function and removes its socket.
     drop(servers);
     drop(fabric);
     eprintln!("mlx5-emu: stopped");
     Ok(())
+}
+
+/// The wire's counts in one line (what a test or a person reads at exit).
+fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
+    format!(
+        "tx_frames {} tx_errors {} rx_frames {} rx_delivered {} rx_malformed {} rx_bad_icrc {} \
+         rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} response_timeouts {} \
+         lost {} duplicated {} reordered {} corrupted {} delayed {}",
+        s.tx_frames,
+        s.tx_errors,
+        s.rx_frames,
+        s.rx_delivered,
+        s.rx_malformed,
+        s.rx_bad_icrc,
+        s.rx_unknown_gid,
+        s.rx_giant,
+        s.rx_truncated,
+        s.rx_stale,
+        s.response_timeouts,
+        s.faults.lost,
+        s.faults.duplicated,
+        s.faults.reordered,
+        s.faults.corrupted,
+        s.faults.delayed,
+    )
 }
 
 fn main() -> ExitCode {
@@ -148,7 +251,9 @@ fn main() -> ExitCode {
             profile,
             functions,
             trap_control_pages,
-        } => serve(socket, profile, functions, trap_control_pages),
+            mac,
+            wire,
+        } => serve(socket, profile, functions, trap_control_pages, mac, &wire),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

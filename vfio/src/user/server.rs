@@ -958,12 +958,16 @@ impl Session<'_> {
     fn dma_unmap(&self, p: &[u8]) -> std::result::Result<Reply, Refusal> {
         let (u, _) = head::<DmaUnmap>(Command::DmaUnmap, p)?;
         match u.flags {
-            0 => self
-                .srv
-                .bus
-                .dma
-                .unmap(u.address, u.size)
-                .map_err(|e| refuse(libc::ENOENT, e.to_string()))?,
+            // The kernel's type1 answer: every mapping inside the range
+            // goes, a range holding none is no error (QEMU's vIOMMU
+            // invalidates whole address spaces), a split is EINVAL.
+            0 => {
+                self.srv
+                    .bus
+                    .dma
+                    .unmap_within(u.address, u.size)
+                    .map_err(|e| refuse(libc::EINVAL, e.to_string()))?;
+            }
             DMA_UNMAP_ALL if u.address == 0 && u.size == 0 => self.srv.bus.dma.clear(),
             f => {
                 return Err(refuse(

@@ -1,0 +1,120 @@
+/*
+ * Bad use of the verbs through the mlx5-userspace libibverbs.so.1: every
+ * case must get verbs' answer (NULL or an error, errno set), never a
+ * crash. Prints one line per check; exits with the number that failed.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "mlx5_userspace.h"
+
+static int failed;
+
+#define CHECK(cond, what)                                                  \
+	do {                                                               \
+		if (cond) {                                                \
+			printf("ok: %s\n", what);                          \
+		} else {                                                   \
+			printf("FAIL: %s (errno %d)\n", what, errno);      \
+			failed++;                                          \
+		}                                                          \
+	} while (0)
+
+int main(void)
+{
+	struct ibv_device **list;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq, *cq2;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	struct ibv_port_attr port;
+	union ibv_gid gid;
+	struct ibv_wc wc;
+	char *buf = malloc(4096);
+	int n;
+
+	list = ibv_get_device_list(&n);
+	CHECK(list && n == 1, "one device from MLX5_DEVICES=emu");
+	errno = 0;
+	CHECK(!ibv_open_device(NULL) && errno == EINVAL, "ibv_open_device(NULL): EINVAL");
+	CHECK(!ibv_get_device_name(NULL) && errno == EINVAL, "ibv_get_device_name(NULL): EINVAL");
+	ctx = ibv_open_device(list[0]);
+	CHECK(ctx != NULL, "ibv_open_device");
+	if (!ctx)
+		return 99;
+	errno = 0;
+	CHECK(!ibv_alloc_pd(NULL) && errno == EINVAL, "ibv_alloc_pd(NULL): EINVAL");
+	CHECK(ibv_query_port(ctx, 7, &port) != 0, "ibv_query_port of port 7 fails");
+	CHECK(ibv_query_gid(ctx, 1, 100000, &gid) == -1 && errno == EINVAL,
+	      "ibv_query_gid beyond the table: EINVAL");
+	pd = ibv_alloc_pd(ctx);
+	CHECK(pd != NULL, "ibv_alloc_pd");
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, NULL, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL,
+	      "ibv_reg_mr(NULL address): EINVAL");
+	void *hole = mmap(NULL, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, hole, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT,
+	      "ibv_reg_mr of inaccessible memory: EFAULT");
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
+	      "ibv_reg_mr REMOTE_WRITE without LOCAL_WRITE: EINVAL");
+	mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(mr != NULL, "ibv_reg_mr");
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "ibv_create_cq(0 entries): EINVAL");
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 16, NULL, NULL, 9999) && errno == EINVAL,
+	      "ibv_create_cq on vector 9999: EINVAL");
+	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	cq2 = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(cq && cq2, "ibv_create_cq");
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	errno = 0;
+	ia.qp_type = 77;
+	CHECK(!ibv_create_qp(pd, &ia), "ibv_create_qp of an unknown type fails");
+	ia.qp_type = IBV_QPT_RC;
+	qp = ibv_create_qp(pd, &ia);
+	CHECK(qp != NULL, "ibv_create_qp");
+
+	struct ibv_sge sge = { (uintptr_t)buf, 64, mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+	CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL && bad == &wr,
+	      "ibv_post_send in RESET: EINVAL, bad_wr the WR");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS };
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL, "RESET -> RTS: EINVAL");
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "ibv_poll_cq of an empty CQ: 0");
+	CHECK(ibv_poll_cq(cq, -1, &wc) < 0, "ibv_poll_cq of -1 entries fails");
+
+	CHECK(ibv_destroy_cq(cq) == EBUSY, "ibv_destroy_cq while a QP uses it: EBUSY");
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd while an MR uses it: EBUSY");
+	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_qp(qp) == EINVAL, "ibv_destroy_qp of a destroyed QP: EINVAL");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qia;
+	CHECK(ibv_query_qp(qp, &qa, IBV_QP_STATE, &qia) == EINVAL, "ibv_query_qp of a destroyed QP: EINVAL");
+	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
+	ia.send_cq = cq;
+	ia.recv_cq = cq2;
+	errno = 0;
+	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "ibv_create_qp on a destroyed CQ: EINVAL");
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	CHECK(ibv_dereg_mr(mr) == EINVAL, "ibv_dereg_mr twice: EINVAL");
+	CHECK(ibv_destroy_cq(cq2) == 0, "ibv_destroy_cq");
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	CHECK(ibv_close_device(ctx) == -1 && errno == EINVAL, "ibv_close_device twice: EINVAL");
+	CHECK(!ibv_alloc_pd(ctx) && errno == EINVAL, "ibv_alloc_pd on a closed context: EINVAL");
+	ibv_free_device_list(list);
+	free(buf);
+	printf("bad_use: %d failed\n", failed);
+	return failed;
+}

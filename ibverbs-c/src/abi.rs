@@ -1,0 +1,1171 @@
+//! The structures of rdma-core's `infiniband/verbs.h` (v44, Debian 12),
+//! laid out field for field as C lays them out, under C's names so they can
+//! be diffed against the header. Only what this library fills or reads is
+//! declared; `tests` compiles a C program against the installed header and
+//! compares every `sizeof` and `offsetof` listed in [`layout_checks`].
+//!
+//! Unions are Rust unions (or the one member this library uses, where the
+//! others are the same size: noted at the field).
+
+// The C ABI's own names, as verbs.h spells them, so the two can be compared.
+#![allow(non_camel_case_types)]
+// pthread types and unions have no Debug; these are plain C data.
+#![allow(missing_debug_implementations)]
+
+use libc::{c_char, c_int, c_uint, c_void, pthread_cond_t, pthread_mutex_t, size_t};
+
+/// `union ibv_gid`: 16 bytes, aligned as its `__be64` halves.
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    /// The GID, network order.
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_gid_entry {
+    pub gid: ibv_gid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `struct _ibv_device_ops` (obsolete, kept for the layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct _ibv_device_ops {
+    pub _dummy1: *mut c_void,
+    pub _dummy2: *mut c_void,
+}
+
+/// `struct ibv_device`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_device {
+    pub _ops: _ibv_device_ops,
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    pub name: [c_char; 64],
+    pub dev_name: [c_char; 64],
+    pub dev_path: [c_char; 256],
+    pub ibdev_path: [c_char; 256],
+}
+
+/// A function pointer slot of `ibv_context_ops` this library leaves NULL.
+pub type Unused = Option<unsafe extern "C" fn()>;
+
+/// `ibv_post_send`'s signature.
+pub type PostSendFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+/// `ibv_post_recv`'s signature.
+pub type PostRecvFn =
+    unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_post_srq_recv`'s signature.
+pub type PostSrqRecvFn =
+    unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_poll_cq`'s signature.
+pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+/// `ibv_req_notify_cq`'s signature.
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+
+/// `struct ibv_context_ops`: the data path the header's inline functions
+/// call through.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_context_ops {
+    pub _compat_query_device: Unused,
+    pub _compat_query_port: Unused,
+    pub _compat_alloc_pd: Unused,
+    pub _compat_dealloc_pd: Unused,
+    pub _compat_reg_mr: Unused,
+    pub _compat_rereg_mr: Unused,
+    pub _compat_dereg_mr: Unused,
+    pub alloc_mw: Unused,
+    pub bind_mw: Unused,
+    pub dealloc_mw: Unused,
+    pub _compat_create_cq: Unused,
+    pub poll_cq: Option<PollCqFn>,
+    pub req_notify_cq: Option<ReqNotifyFn>,
+    pub _compat_cq_event: Unused,
+    pub _compat_resize_cq: Unused,
+    pub _compat_destroy_cq: Unused,
+    pub _compat_create_srq: Unused,
+    pub _compat_modify_srq: Unused,
+    pub _compat_query_srq: Unused,
+    pub _compat_destroy_srq: Unused,
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    pub _compat_create_qp: Unused,
+    pub _compat_query_qp: Unused,
+    pub _compat_modify_qp: Unused,
+    pub _compat_destroy_qp: Unused,
+    pub post_send: Option<PostSendFn>,
+    pub post_recv: Option<PostRecvFn>,
+    pub _compat_create_ah: Unused,
+    pub _compat_destroy_ah: Unused,
+    pub _compat_attach_mcast: Unused,
+    pub _compat_detach_mcast: Unused,
+    pub _compat_async_event: Unused,
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct ibv_context {
+    pub device: *mut ibv_device,
+    pub ops: ibv_context_ops,
+    pub cmd_fd: c_int,
+    pub async_fd: c_int,
+    pub num_comp_vectors: c_int,
+    pub mutex: pthread_mutex_t,
+    pub abi_compat: *mut c_void,
+}
+
+/// `verbs_context.query_port`.
+pub type QueryPortFn =
+    unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, size_t) -> c_int;
+/// `verbs_context.query_device_ex`.
+pub type QueryDeviceExFn =
+    unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, size_t) -> c_int;
+/// `verbs_context.create_qp_ex`.
+pub type CreateQpExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+/// `verbs_context.get_srq_num`.
+pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+
+/// `struct verbs_context`: the extended operations before the
+/// `ibv_context` (which must be last); `sz` says how far back they reach.
+#[repr(C)]
+pub struct verbs_context {
+    pub query_port: Option<QueryPortFn>,
+    pub advise_mr: Unused,
+    pub alloc_null_mr: Unused,
+    pub read_counters: Unused,
+    pub attach_counters_point_flow: Unused,
+    pub create_counters: Unused,
+    pub destroy_counters: Unused,
+    pub reg_dm_mr: Unused,
+    pub alloc_dm: Unused,
+    pub free_dm: Unused,
+    pub modify_flow_action_esp: Unused,
+    pub destroy_flow_action: Unused,
+    pub create_flow_action_esp: Unused,
+    pub modify_qp_rate_limit: Unused,
+    pub alloc_parent_domain: Unused,
+    pub dealloc_td: Unused,
+    pub alloc_td: Unused,
+    pub modify_cq: Unused,
+    pub post_srq_ops: Unused,
+    pub destroy_rwq_ind_table: Unused,
+    pub create_rwq_ind_table: Unused,
+    pub destroy_wq: Unused,
+    pub modify_wq: Unused,
+    pub create_wq: Unused,
+    pub query_rt_values: Unused,
+    pub create_cq_ex: Unused,
+    pub priv_: *mut c_void,
+    pub query_device_ex: Option<QueryDeviceExFn>,
+    pub ibv_destroy_flow: Unused,
+    pub abi_placeholder2: Unused,
+    pub ibv_create_flow: Unused,
+    pub abi_placeholder1: Unused,
+    pub open_qp: Unused,
+    pub create_qp_ex: Option<CreateQpExFn>,
+    pub get_srq_num: Option<GetSrqNumFn>,
+    pub create_srq_ex: Unused,
+    pub open_xrcd: Unused,
+    pub close_xrcd: Unused,
+    pub _abi_placeholder3: u64,
+    pub sz: size_t,
+    pub context: ibv_context,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_device_attr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: c_uint,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: c_int,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_odp_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_odp_caps {
+    pub general_caps: u64,
+    pub rc_odp_caps: u32,
+    pub uc_odp_caps: u32,
+    pub ud_odp_caps: u32,
+}
+
+/// `struct ibv_tso_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_tso_caps {
+    pub max_tso: u32,
+    pub supported_qpts: u32,
+}
+
+/// `struct ibv_rss_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_rss_caps {
+    pub supported_qpts: u32,
+    pub max_rwq_indirection_tables: u32,
+    pub max_rwq_indirection_table_size: u32,
+    pub rx_hash_fields_mask: u64,
+    pub rx_hash_function: u8,
+}
+
+/// `struct ibv_packet_pacing_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_packet_pacing_caps {
+    pub qp_rate_limit_min: u32,
+    pub qp_rate_limit_max: u32,
+    pub supported_qpts: u32,
+}
+
+/// `struct ibv_tm_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_tm_caps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
+}
+
+/// `struct ibv_cq_moderation_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_cq_moderation_caps {
+    pub max_cq_count: u16,
+    pub max_cq_period: u16,
+}
+
+/// `struct ibv_pci_atomic_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_pci_atomic_caps {
+    pub fetch_add: u16,
+    pub swap: u16,
+    pub compare_swap: u16,
+}
+
+/// `struct ibv_device_attr_ex`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_device_attr_ex {
+    pub orig_attr: ibv_device_attr,
+    pub comp_mask: u32,
+    pub odp_caps: ibv_odp_caps,
+    pub completion_timestamp_mask: u64,
+    pub hca_core_clock: u64,
+    pub device_cap_flags_ex: u64,
+    pub tso_caps: ibv_tso_caps,
+    pub rss_caps: ibv_rss_caps,
+    pub max_wq_type_rq: u32,
+    pub packet_pacing_caps: ibv_packet_pacing_caps,
+    pub raw_packet_caps: u32,
+    pub tm_caps: ibv_tm_caps,
+    pub cq_mod_caps: ibv_cq_moderation_caps,
+    pub max_dm_size: u64,
+    pub pci_atomic_caps: ibv_pci_atomic_caps,
+    pub xrc_odp_caps: u32,
+    pub phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_port_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_port_attr {
+    pub state: c_int,
+    pub max_mtu: c_int,
+    pub active_mtu: c_int,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `struct ibv_async_event` (`element` is a union of pointers and an int).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_async_event {
+    pub element: *mut c_void,
+    pub event_type: c_int,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_wc {
+    pub wr_id: u64,
+    pub status: c_int,
+    pub opcode: c_int,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network order) or `invalidated_rkey`: one union.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: c_uint,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_pd {
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_mr {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub addr: *mut c_void,
+    pub length: size_t,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_grh`: what a UD receive finds in its first 40 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_grh {
+    pub version_tclass_flow: u32,
+    pub paylen: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_cap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_qp_init_attr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_rx_hash_conf`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_rx_hash_conf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_qp_init_attr_ex {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub cap: ibv_qp_cap,
+    pub qp_type: c_int,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: ibv_rx_hash_conf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_qp_attr {
+    pub qp_state: c_int,
+    pub cur_qp_state: c_int,
+    pub path_mtu: c_int,
+    pub path_mig_state: c_int,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: c_uint,
+    pub cap: ibv_qp_cap,
+    pub ah_attr: ibv_ah_attr,
+    pub alt_ah_attr: ibv_ah_attr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `wr.rdma` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_send_wr_rdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// `wr.atomic` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_send_wr_atomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+/// `wr.ud` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_send_wr_ud {
+    pub ah: *mut ibv_ah,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// The `wr` union of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_send_wr_wr {
+    pub rdma: ibv_send_wr_rdma,
+    pub atomic: ibv_send_wr_atomic,
+    pub ud: ibv_send_wr_ud,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_mw_bind_info {
+    pub mr: *mut ibv_mr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: c_uint,
+}
+
+/// `bind_mw` of `struct ibv_send_wr` (the larger member of its union
+/// with `tso`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_send_wr_bind_mw {
+    pub mw: *mut c_void,
+    pub rkey: u32,
+    pub bind_info: ibv_mw_bind_info,
+}
+
+/// `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_send_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_send_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub opcode: c_int,
+    pub send_flags: c_uint,
+    /// `imm_data` (network order) or `invalidate_rkey`: one union.
+    pub imm_data: u32,
+    pub wr: ibv_send_wr_wr,
+    /// `qp_type.xrc.remote_srqn`.
+    pub qp_type: u32,
+    pub bind_mw: ibv_send_wr_bind_mw,
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct ibv_qp {
+    pub context: *mut ibv_context,
+    pub qp_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub send_cq: *mut ibv_cq,
+    pub recv_cq: *mut ibv_cq,
+    pub srq: *mut ibv_srq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: c_int,
+    pub qp_type: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct ibv_cq {
+    pub context: *mut ibv_context,
+    pub channel: *mut ibv_comp_channel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_ah {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+}
+
+/// A `pthread_mutex_t` as `PTHREAD_MUTEX_INITIALIZER` makes it.
+pub fn mutex_init() -> pthread_mutex_t {
+    libc::PTHREAD_MUTEX_INITIALIZER
+}
+
+/// A `pthread_cond_t` as `PTHREAD_COND_INITIALIZER` makes it.
+pub fn cond_init() -> pthread_cond_t {
+    libc::PTHREAD_COND_INITIALIZER
+}
+
+/// One line the layout test compares: a C expression (`sizeof(struct x)`
+/// or `offsetof(struct x, f)`) and what Rust says it is.
+#[derive(Debug, Clone)]
+pub struct LayoutCheck {
+    /// The C expression.
+    pub c_expr: String,
+    /// Rust's value for it.
+    pub rust: usize,
+}
+
+macro_rules! layout {
+    ($out:ident, $t:ident, [$($f:ident),* $(,)?]) => {
+        $out.push(LayoutCheck {
+            c_expr: format!("sizeof(struct {})", stringify!($t)),
+            rust: std::mem::size_of::<$t>(),
+        });
+        $(
+            $out.push(LayoutCheck {
+                c_expr: format!("offsetof(struct {}, {})", stringify!($t), stringify!($f)),
+                rust: std::mem::offset_of!($t, $f),
+            });
+        )*
+    };
+}
+
+/// Every size and field offset of the structures this library fills or
+/// reads, for the test that compiles them against `verbs.h`.
+pub fn layout_checks() -> Vec<LayoutCheck> {
+    let mut v = Vec::new();
+    layout!(
+        v,
+        ibv_gid_entry,
+        [gid, gid_index, port_num, gid_type, ndev_ifindex]
+    );
+    layout!(
+        v,
+        ibv_device,
+        [
+            _ops,
+            node_type,
+            transport_type,
+            name,
+            dev_name,
+            dev_path,
+            ibdev_path
+        ]
+    );
+    layout!(
+        v,
+        ibv_context_ops,
+        [
+            alloc_mw,
+            bind_mw,
+            dealloc_mw,
+            poll_cq,
+            req_notify_cq,
+            post_srq_recv,
+            post_send,
+            post_recv,
+            _compat_async_event
+        ]
+    );
+    layout!(
+        v,
+        ibv_context,
+        [
+            device,
+            ops,
+            cmd_fd,
+            async_fd,
+            num_comp_vectors,
+            mutex,
+            abi_compat
+        ]
+    );
+    layout!(
+        v,
+        verbs_context,
+        [
+            query_port,
+            create_cq_ex,
+            query_device_ex,
+            create_qp_ex,
+            get_srq_num,
+            close_xrcd,
+            sz,
+            context
+        ]
+    );
+    layout!(
+        v,
+        ibv_device_attr,
+        [
+            fw_ver,
+            node_guid,
+            sys_image_guid,
+            max_mr_size,
+            page_size_cap,
+            vendor_id,
+            vendor_part_id,
+            hw_ver,
+            max_qp,
+            max_qp_wr,
+            device_cap_flags,
+            max_sge,
+            max_sge_rd,
+            max_cq,
+            max_cqe,
+            max_mr,
+            max_pd,
+            max_qp_rd_atom,
+            max_ee_rd_atom,
+            max_res_rd_atom,
+            max_qp_init_rd_atom,
+            max_ee_init_rd_atom,
+            atomic_cap,
+            max_ee,
+            max_rdd,
+            max_mw,
+            max_raw_ipv6_qp,
+            max_raw_ethy_qp,
+            max_mcast_grp,
+            max_mcast_qp_attach,
+            max_total_mcast_qp_attach,
+            max_ah,
+            max_fmr,
+            max_map_per_fmr,
+            max_srq,
+            max_srq_wr,
+            max_srq_sge,
+            max_pkeys,
+            local_ca_ack_delay,
+            phys_port_cnt
+        ]
+    );
+    layout!(
+        v,
+        ibv_device_attr_ex,
+        [
+            orig_attr,
+            comp_mask,
+            odp_caps,
+            completion_timestamp_mask,
+            hca_core_clock,
+            device_cap_flags_ex,
+            tso_caps,
+            rss_caps,
+            max_wq_type_rq,
+            packet_pacing_caps,
+            raw_packet_caps,
+            tm_caps,
+            cq_mod_caps,
+            max_dm_size,
+            pci_atomic_caps,
+            xrc_odp_caps,
+            phys_port_cnt_ex
+        ]
+    );
+    layout!(
+        v,
+        ibv_port_attr,
+        [
+            state,
+            max_mtu,
+            active_mtu,
+            gid_tbl_len,
+            port_cap_flags,
+            max_msg_sz,
+            bad_pkey_cntr,
+            qkey_viol_cntr,
+            pkey_tbl_len,
+            lid,
+            sm_lid,
+            lmc,
+            max_vl_num,
+            sm_sl,
+            subnet_timeout,
+            init_type_reply,
+            active_width,
+            active_speed,
+            phys_state,
+            link_layer,
+            flags,
+            port_cap_flags2
+        ]
+    );
+    layout!(v, ibv_async_event, [element, event_type]);
+    layout!(
+        v,
+        ibv_wc,
+        [
+            wr_id,
+            status,
+            opcode,
+            vendor_err,
+            byte_len,
+            imm_data,
+            qp_num,
+            src_qp,
+            wc_flags,
+            pkey_index,
+            slid,
+            sl,
+            dlid_path_bits
+        ]
+    );
+    layout!(v, ibv_pd, [context, handle]);
+    layout!(v, ibv_mr, [context, pd, addr, length, handle, lkey, rkey]);
+    layout!(
+        v,
+        ibv_global_route,
+        [dgid, flow_label, sgid_index, hop_limit, traffic_class]
+    );
+    layout!(
+        v,
+        ibv_grh,
+        [version_tclass_flow, paylen, next_hdr, hop_limit, sgid, dgid]
+    );
+    layout!(
+        v,
+        ibv_ah_attr,
+        [
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num
+        ]
+    );
+    layout!(v, ibv_srq_attr, [max_wr, max_sge, srq_limit]);
+    layout!(v, ibv_srq_init_attr, [srq_context, attr]);
+    layout!(
+        v,
+        ibv_qp_cap,
+        [
+            max_send_wr,
+            max_recv_wr,
+            max_send_sge,
+            max_recv_sge,
+            max_inline_data
+        ]
+    );
+    layout!(
+        v,
+        ibv_qp_init_attr,
+        [qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all]
+    );
+    layout!(
+        v,
+        ibv_rx_hash_conf,
+        [
+            rx_hash_function,
+            rx_hash_key_len,
+            rx_hash_key,
+            rx_hash_fields_mask
+        ]
+    );
+    layout!(
+        v,
+        ibv_qp_init_attr_ex,
+        [
+            qp_context,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all,
+            comp_mask,
+            pd,
+            xrcd,
+            create_flags,
+            max_tso_header,
+            rwq_ind_tbl,
+            rx_hash_conf,
+            source_qpn,
+            send_ops_flags
+        ]
+    );
+    layout!(
+        v,
+        ibv_qp_attr,
+        [
+            qp_state,
+            cur_qp_state,
+            path_mtu,
+            path_mig_state,
+            qkey,
+            rq_psn,
+            sq_psn,
+            dest_qp_num,
+            qp_access_flags,
+            cap,
+            ah_attr,
+            alt_ah_attr,
+            pkey_index,
+            alt_pkey_index,
+            en_sqd_async_notify,
+            sq_draining,
+            max_rd_atomic,
+            max_dest_rd_atomic,
+            min_rnr_timer,
+            port_num,
+            timeout,
+            retry_cnt,
+            rnr_retry,
+            alt_port_num,
+            alt_timeout,
+            rate_limit
+        ]
+    );
+    layout!(v, ibv_sge, [addr, length, lkey]);
+    layout!(
+        v,
+        ibv_send_wr,
+        [wr_id, next, sg_list, num_sge, opcode, send_flags, imm_data, wr, qp_type, bind_mw]
+    );
+    layout!(v, ibv_mw_bind_info, [mr, addr, length, mw_access_flags]);
+    layout!(v, ibv_recv_wr, [wr_id, next, sg_list, num_sge]);
+    layout!(
+        v,
+        ibv_srq,
+        [
+            context,
+            srq_context,
+            pd,
+            handle,
+            mutex,
+            cond,
+            events_completed
+        ]
+    );
+    layout!(
+        v,
+        ibv_qp,
+        [
+            context,
+            qp_context,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            handle,
+            qp_num,
+            state,
+            qp_type,
+            mutex,
+            cond,
+            events_completed
+        ]
+    );
+    layout!(v, ibv_comp_channel, [context, fd, refcnt]);
+    layout!(
+        v,
+        ibv_cq,
+        [
+            context,
+            channel,
+            cq_context,
+            handle,
+            cqe,
+            mutex,
+            cond,
+            comp_events_completed,
+            async_events_completed
+        ]
+    );
+    layout!(v, ibv_ah, [context, pd, handle]);
+    // Members of unions, by their C paths.
+    let wr = std::mem::offset_of!(ibv_send_wr, wr);
+    for (path, off) in [
+        (
+            "wr.rdma.remote_addr",
+            std::mem::offset_of!(ibv_send_wr_rdma, remote_addr),
+        ),
+        ("wr.rdma.rkey", std::mem::offset_of!(ibv_send_wr_rdma, rkey)),
+        (
+            "wr.atomic.remote_addr",
+            std::mem::offset_of!(ibv_send_wr_atomic, remote_addr),
+        ),
+        (
+            "wr.atomic.compare_add",
+            std::mem::offset_of!(ibv_send_wr_atomic, compare_add),
+        ),
+        (
+            "wr.atomic.swap",
+            std::mem::offset_of!(ibv_send_wr_atomic, swap),
+        ),
+        (
+            "wr.atomic.rkey",
+            std::mem::offset_of!(ibv_send_wr_atomic, rkey),
+        ),
+        ("wr.ud.ah", std::mem::offset_of!(ibv_send_wr_ud, ah)),
+        (
+            "wr.ud.remote_qpn",
+            std::mem::offset_of!(ibv_send_wr_ud, remote_qpn),
+        ),
+        (
+            "wr.ud.remote_qkey",
+            std::mem::offset_of!(ibv_send_wr_ud, remote_qkey),
+        ),
+    ] {
+        v.push(LayoutCheck {
+            c_expr: format!("offsetof(struct ibv_send_wr, {path})"),
+            rust: wr + off,
+        });
+    }
+    v.push(LayoutCheck {
+        c_expr: "sizeof(union ibv_gid)".into(),
+        rust: std::mem::size_of::<ibv_gid>(),
+    });
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compiles a C program against the installed `infiniband/verbs.h`
+    /// (Debian's libibverbs-dev) that prints every size and offset
+    /// [`layout_checks`] lists, and compares them with Rust's.
+    #[test]
+    fn layouts_match_verbs_h() {
+        let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+        assert!(
+            header.exists(),
+            "NOT RUN: {} is missing (apt-get install libibverbs-dev; scripts/test-all.sh does)",
+            header.display()
+        );
+        let checks = layout_checks();
+        let mut c = String::from(
+            "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",
+        );
+        for k in &checks {
+            c.push_str(&format!("  printf(\"%zu\\n\", (size_t){});\n", k.c_expr));
+        }
+        c.push_str("  return 0;\n}\n");
+        let dir = std::env::temp_dir().join(format!("ibverbs-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, c).unwrap();
+        let cc = std::process::Command::new("cc")
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("running cc");
+        assert!(
+            cc.status.success(),
+            "cc: {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let out = std::process::Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let c_values: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+        assert_eq!(c_values.len(), checks.len());
+        let bad: Vec<String> = checks
+            .iter()
+            .zip(&c_values)
+            .filter(|(k, c)| k.rust != **c)
+            .map(|(k, c)| format!("{}: C {c}, Rust {}", k.c_expr, k.rust))
+            .collect();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(bad.is_empty(), "layouts differ:\n{}", bad.join("\n"));
+        assert!(checks.len() > 250, "{} checks", checks.len());
+    }
+}

@@ -1,0 +1,356 @@
+//! The data path the header's inline functions reach through
+//! `ibv_context.ops`: `ibv_post_send`, `ibv_post_recv`,
+//! `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`. Each converts
+//! the C work requests or completions to the driver's on the stack (no
+//! allocation) and calls the driver's fast path under the object's lock.
+//!
+//! These check their object pointers for NULL only (they are the hot
+//! path; a destroyed object's pointer is the caller's use-after-free, as
+//! with libibverbs). A bad work request gets `EINVAL` and `bad_wr`, a full
+//! queue `ENOMEM`, a failed device `EIO`.
+
+use std::mem::MaybeUninit;
+
+use libc::c_int;
+use verbs::cq::{wc_flags, Wc};
+use verbs::mr::Sge;
+use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
+
+use crate::abi::*;
+use crate::objects::{ah_of, lock, Cq, Srq};
+use crate::qp::Qp;
+
+fn post_errno(e: PostError) -> c_int {
+    match e {
+        PostError::QueueFull => libc::ENOMEM,
+        PostError::DeviceFailed => libc::EIO,
+        PostError::BadState(_) | PostError::TooLarge | PostError::BadOp | PostError::BadBind(_) => {
+            libc::EINVAL
+        }
+    }
+}
+
+/// The SGEs of a C work request, as the driver's, in `out`.
+///
+/// # Safety
+///
+/// `list` points to `n` readable `ibv_sge`s (or `n` is 0).
+unsafe fn sges(
+    list: *const ibv_sge,
+    n: c_int,
+    out: &mut [MaybeUninit<Sge>; MAX_SGE],
+) -> Result<&[Sge], c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n > MAX_SGE || (n > 0 && list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    for (i, o) in out.iter_mut().take(n).enumerate() {
+        // SAFETY: `i < n` entries are readable (this function's contract).
+        let s = unsafe { list.wrapping_add(i).read() };
+        // SAFETY: ibv_post_send's contract: each SGE lies in a live MR of
+        // that lkey until its WR completes.
+        o.write(unsafe { Sge::new_unchecked(s.addr, s.length, s.lkey) });
+    }
+    // SAFETY: the first `n` entries were written just above.
+    Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<Sge>(), n) })
+}
+
+/// The inline bytes of a WR's SGEs: the one buffer itself, or several
+/// gathered into `buf`.
+///
+/// # Safety
+///
+/// Every SGE's `addr .. addr + length` is readable memory of the caller.
+unsafe fn inline_bytes<'a>(
+    s: &[Sge],
+    buf: &'a mut [MaybeUninit<u8>; MAX_INLINE],
+) -> Result<&'a [u8], c_int> {
+    if let [one] = s {
+        if one.length() as usize > MAX_INLINE {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's buffer, readable for its length.
+        return Ok(unsafe {
+            std::slice::from_raw_parts(one.addr() as *const u8, one.length() as usize)
+        });
+    }
+    let mut at = 0usize;
+    for e in s {
+        let n = e.length() as usize;
+        if at + n > MAX_INLINE {
+            return Err(libc::EINVAL);
+        }
+        let dst = buf[at..at + n].as_mut_ptr().cast::<u8>();
+        // SAFETY: the caller's buffer is readable for `n` bytes; `dst` is
+        // `n` bytes of `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(e.addr() as *const u8, dst, n) };
+        at += n;
+    }
+    // SAFETY: the first `at` bytes were written just above.
+    Ok(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), at) })
+}
+
+fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
+    // SAFETY: reading the union member the opcode selects; all members
+    // are plain integers and pointers.
+    let rdma = unsafe { w.wr.rdma };
+    // SAFETY: as above.
+    let atomic = unsafe { w.wr.atomic };
+    Ok(match w.opcode {
+        0 => SendOp::RdmaWrite {
+            raddr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        1 => SendOp::RdmaWriteImm {
+            raddr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm: u32::from_be(w.imm_data),
+        },
+        2 => SendOp::Send,
+        3 => SendOp::SendImm(u32::from_be(w.imm_data)),
+        4 => SendOp::RdmaRead {
+            raddr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        5 => SendOp::AtomicCmpSwp {
+            raddr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => SendOp::AtomicFetchAdd {
+            raddr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+        },
+        7 => SendOp::LocalInv { rkey: w.imm_data },
+        9 => SendOp::SendInv { rkey: w.imm_data },
+        _ => return Err(libc::EINVAL),
+    })
+}
+
+/// Posts one C send WR (no doorbell).
+///
+/// # Safety
+///
+/// `w`'s SGE list and inline buffers are the caller's, as ibv_post_send
+/// requires.
+unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(), c_int> {
+    let mut sg = [const { MaybeUninit::uninit() }; MAX_SGE];
+    let mut buf = [const { MaybeUninit::uninit() }; MAX_INLINE];
+    // SAFETY: forwarded from this function's contract.
+    let s = unsafe { sges(w.sg_list, w.num_sge, &mut sg) }?;
+    let payload = if w.send_flags & 8 != 0 {
+        // SAFETY: forwarded.
+        Payload::Inline(unsafe { inline_bytes(s, &mut buf) }?)
+    } else {
+        Payload::Sges(s)
+    };
+    let dest = if ud {
+        // SAFETY: `wr.ud` is the member a UD QP's WR uses.
+        let u = unsafe { w.wr.ud };
+        let ah = ah_of(u.ah).ok_or(libc::EINVAL)?;
+        Some(UdDest {
+            ah: &ah.ah,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        })
+    } else {
+        None
+    };
+    let wr = SendWr {
+        wr_id: w.wr_id,
+        op: send_op(w)?,
+        payload,
+        flags: w.send_flags & 0x7,
+        ud: dest,
+    };
+    q.post_send_deferred(&wr).map_err(post_errno)
+}
+
+/// `ibv_post_send`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let fail = |at: *mut ibv_send_wr, e: c_int| {
+        if !bad.is_null() {
+            // SAFETY: the caller's out pointer, non-NULL.
+            unsafe { *bad = at };
+        }
+        e
+    };
+    if qp.is_null() {
+        return fail(wr, libc::EINVAL);
+    }
+    // SAFETY: a QP this library made (the data path's contract).
+    let q = unsafe { &*(qp as *const Qp) };
+    let ud = q.c.qp_type == 4;
+    let mut g = lock(&q.qp);
+    let mut cur = wr;
+    let mut r = 0;
+    while !cur.is_null() {
+        // SAFETY: the caller's WR list.
+        let w = unsafe { &*cur };
+        // SAFETY: ibv_post_send's contract on the WR's buffers.
+        if let Err(e) = unsafe { post_one(&mut g, ud, w) } {
+            r = fail(cur, e);
+            break;
+        }
+        cur = w.next;
+    }
+    g.ring_send();
+    r
+}
+
+/// `ibv_post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if qp.is_null() {
+        return fail_recv(bad, wr, libc::EINVAL);
+    }
+    // SAFETY: a QP this library made (the data path's contract).
+    let q = unsafe { &*(qp as *const Qp) };
+    let mut g = lock(&q.qp);
+    // SAFETY: the caller's WR list and buffers.
+    unsafe {
+        walk_recv(wr, bad, |r| {
+            g.post_recv(std::slice::from_ref(r)).map_err(|(_, e)| e)
+        })
+    }
+}
+
+/// `ibv_post_srq_recv`.
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    if srq.is_null() {
+        return fail_recv(bad, wr, libc::EINVAL);
+    }
+    // SAFETY: an SRQ this library made (the data path's contract).
+    let s = unsafe { &*(srq as *const Srq) };
+    // SAFETY: the caller's WR list and buffers.
+    unsafe {
+        walk_recv(wr, bad, |r| {
+            s.srq.post_recv(std::slice::from_ref(r)).map_err(|(_, e)| e)
+        })
+    }
+}
+
+fn fail_recv(bad: *mut *mut ibv_recv_wr, at: *mut ibv_recv_wr, e: c_int) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: the caller's out pointer, non-NULL.
+        unsafe { *bad = at };
+    }
+    e
+}
+
+/// Posts each receive WR of a list through `post`.
+///
+/// # Safety
+///
+/// `wr` is the caller's list; its SGEs lie in live MRs.
+unsafe fn walk_recv(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    mut post: impl FnMut(&RecvWr<'_>) -> Result<(), PostError>,
+) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller's WR list.
+        let w = unsafe { &*cur };
+        let mut sg = [const { MaybeUninit::uninit() }; MAX_SGE];
+        // SAFETY: forwarded from this function's contract.
+        let s = match unsafe { sges(w.sg_list, w.num_sge, &mut sg) } {
+            Ok(s) => s,
+            Err(e) => return fail_recv(bad, cur, e),
+        };
+        if let Err(e) = post(&RecvWr {
+            wr_id: w.wr_id,
+            sg_list: s,
+        }) {
+            return fail_recv(bad, cur, post_errno(e));
+        }
+        cur = w.next;
+    }
+    0
+}
+
+fn to_ibv_wc(w: &Wc) -> ibv_wc {
+    ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as c_int,
+        opcode: w.opcode as c_int,
+        vendor_err: w.vendor_err,
+        byte_len: w.byte_len,
+        imm_data: if w.wc_flags & wc_flags::WITH_IMM != 0 {
+            w.imm_data.to_be()
+        } else {
+            w.imm_data
+        },
+        qp_num: w.qp_num,
+        src_qp: w.src_qp,
+        wc_flags: w.wc_flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: w.sl,
+        dlid_path_bits: 0,
+    }
+}
+
+/// `ibv_poll_cq`: completions written, or -1 (errno EIO) once the device
+/// failed and nothing is left.
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if cq.is_null() || n < 0 || (n > 0 && wc.is_null()) {
+        crate::set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: a CQ this library made (the data path's contract).
+    let c = unsafe { &*(cq as *const Cq) };
+    let mut g = lock(&c.cq);
+    let mut got = 0usize;
+    let want = n as usize;
+    let mut tmp = [Wc::default(); 4];
+    while got < want {
+        let k = (want - got).min(tmp.len());
+        let m = match g.poll(&mut tmp[..k]) {
+            Ok(m) => m,
+            Err(e) if got == 0 => {
+                crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
+                return -1;
+            }
+            Err(_) => break,
+        };
+        for (i, w) in tmp[..m].iter().enumerate() {
+            let e = to_ibv_wc(w);
+            // SAFETY: the caller's array holds `n` entries; got + i < n.
+            let slot = unsafe { wc.add(got + i) };
+            // SAFETY: as above: a writable entry of the caller's array.
+            unsafe { slot.write(e) };
+        }
+        got += m;
+        if m < k {
+            break;
+        }
+    }
+    got as c_int
+}
+
+/// `ibv_req_notify_cq`.
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: a CQ this library made (the data path's contract).
+    let c = unsafe { &*(cq as *const Cq) };
+    match lock(&c.cq).req_notify(solicited_only != 0) {
+        Ok(()) => 0,
+        Err(e) => crate::errno_of("ibv_req_notify_cq", &e),
+    }
+}

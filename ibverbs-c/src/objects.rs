@@ -1,0 +1,688 @@
+//! PDs, MRs, completion channels, CQs, SRQs and AHs: each a box whose
+//! first field is the C structure the caller sees, then the driver's
+//! object. Users of an object are counted, so destroying one that a QP,
+//! MR or CQ still uses is `EBUSY`, as in verbs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libc::{c_int, c_void};
+
+use crate::abi::*;
+use crate::device::{checked_ctx, CtxShared};
+use crate::registry::{self, Kind};
+use crate::{null_errno, ret_errno, set_errno};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes one user off a counter.
+pub(crate) fn unuse(n: &AtomicUsize) {
+    n.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// A protection domain.
+#[repr(C)]
+pub(crate) struct Pd {
+    pub c: ibv_pd,
+    pub pd: verbs::pd::Pd,
+    pub shared: Arc<CtxShared>,
+    /// MRs, QPs, SRQs and AHs on it.
+    pub users: AtomicUsize,
+}
+
+/// The `Pd` of a live `ibv_pd`, or `None` (errno EINVAL).
+pub(crate) fn pd_of<'a>(p: *mut ibv_pd) -> Option<&'a Pd> {
+    if !registry::is(p, Kind::Pd) {
+        set_errno(libc::EINVAL);
+        return None;
+    }
+    // SAFETY: the registry holds `p`: a live Pd box, `c` its first field.
+    Some(unsafe { &*(p as *const Pd) })
+}
+
+/// `ibv_alloc_pd`.
+#[no_mangle]
+pub extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
+    let Some(ctx) = checked_ctx(c) else {
+        return std::ptr::null_mut();
+    };
+    let pd = match ctx.vc.alloc_pd() {
+        Ok(p) => p,
+        Err(e) => return null_errno(crate::errno_of("ibv_alloc_pd", &e)),
+    };
+    ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
+    let p = Box::into_raw(Box::new(Pd {
+        c: ibv_pd {
+            context: c,
+            handle: pd.pdn(),
+        },
+        pd,
+        shared: ctx.shared.clone(),
+        users: AtomicUsize::new(0),
+    }));
+    registry::add(p, Kind::Pd);
+    p.cast()
+}
+
+/// `ibv_dealloc_pd`: `EBUSY` while objects use it.
+#[no_mangle]
+pub extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
+    let Some(pd) = pd_of(p) else {
+        return libc::EINVAL;
+    };
+    if pd.users.load(Ordering::Acquire) > 0 {
+        return ret_errno(libc::EBUSY);
+    }
+    registry::remove(p, Kind::Pd);
+    // SAFETY: live until removed just now; the box is taken back once.
+    let b = unsafe { Box::from_raw(p as *mut Pd) };
+    b.shared.objects.fetch_sub(1, Ordering::AcqRel);
+    match b.pd.dealloc() {
+        Ok(()) => 0,
+        Err(e) => ret_errno(crate::errno_of("ibv_dealloc_pd", &e)),
+    }
+}
+
+/// A memory region.
+#[repr(C)]
+pub(crate) struct Mr {
+    pub c: ibv_mr,
+    mr: verbs::mr::Mr,
+    pd: *const Pd,
+}
+
+/// The access bits verbs knows; the optional ones (bits 20..29,
+/// `IBV_ACCESS_OPTIONAL_RANGE`) are dropped when the driver lacks them.
+fn access_of(access: c_int) -> u32 {
+    let a = access as u32;
+    let optional = 0x3ff << 20;
+    (a & !optional) | (a & optional & verbs::mr::access::SUPPORTED)
+}
+
+fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    let Some(pd) = pd_of(p) else {
+        return std::ptr::null_mut();
+    };
+    if addr.is_null() || len == 0 {
+        return null_errno(libc::EINVAL);
+    }
+    let acc = access_of(access);
+    // SAFETY: ibv_reg_mr's contract: the caller's memory stays mapped
+    // while registered, and the device may access it concurrently.
+    let mut r = unsafe { pd.pd.reg_mr_raw(addr.cast(), len, acc) };
+    if let Err(verbs::Error::Vfio(vfio::Error::NotShareable { why, .. })) = &r {
+        // Private memory over vfio-user: make it shared in place, retry.
+        tracing::info!("ibv_reg_mr {addr:p}+{len:#x}: {why}; remapping it shared");
+        if let Err(e) = crate::remap::make_shared(addr as usize, len) {
+            return null_errno(e);
+        }
+        // SAFETY: as above; the same memory, now a shared mapping.
+        r = unsafe { pd.pd.reg_mr_raw(addr.cast(), len, acc) };
+    }
+    let mr = match r {
+        Ok(m) => m,
+        Err(e) => return null_errno(crate::errno_of("ibv_reg_mr", &e)),
+    };
+    pd.users.fetch_add(1, Ordering::AcqRel);
+    let m = Box::into_raw(Box::new(Mr {
+        c: ibv_mr {
+            context: pd.c.context,
+            pd: p,
+            addr,
+            length: len,
+            handle: mr.lkey(),
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        },
+        mr,
+        pd,
+    }));
+    registry::add(m, Kind::Mr);
+    m.cast()
+}
+
+/// `ibv_reg_mr`.
+#[no_mangle]
+pub extern "C" fn ibv_reg_mr(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    reg_mr(p, addr, len, access)
+}
+
+/// `ibv_reg_mr_iova2`: only `iova == addr` (the driver's MRs are
+/// addressed by their host address); another IOVA is `EOPNOTSUPP`.
+#[no_mangle]
+pub extern "C" fn ibv_reg_mr_iova2(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    if iova != addr as u64 {
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    reg_mr(p, addr, len, access as c_int)
+}
+
+/// `ibv_reg_mr_iova`.
+#[no_mangle]
+pub extern "C" fn ibv_reg_mr_iova(
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    ibv_reg_mr_iova2(p, addr, len, iova, access as u32)
+}
+
+/// `ibv_dereg_mr`.
+#[no_mangle]
+pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
+    if !registry::remove(m, Kind::Mr) {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: was live (removed just now); the box is taken back once.
+    let b = unsafe { Box::from_raw(m as *mut Mr) };
+    // SAFETY: an MR's PD cannot be deallocated while the MR counts on it.
+    unuse(unsafe { &(*b.pd).users });
+    match b.mr.dereg() {
+        Ok(()) => 0,
+        Err(e) => ret_errno(crate::errno_of("ibv_dereg_mr", &e)),
+    }
+}
+
+/// A completion channel.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub c: ibv_comp_channel,
+    pub ch: verbs::channel::CompChannel,
+    /// `ibv_cq` pointers by CQ number, for `ibv_get_cq_event`.
+    pub cqs: Mutex<HashMap<u32, usize>>,
+    pub users: AtomicUsize,
+    shared: Arc<CtxShared>,
+}
+
+/// `ibv_create_comp_channel`: `fd` is an eventfd, readable while events
+/// are queued.
+#[no_mangle]
+pub extern "C" fn ibv_create_comp_channel(c: *mut ibv_context) -> *mut ibv_comp_channel {
+    let Some(ctx) = checked_ctx(c) else {
+        return std::ptr::null_mut();
+    };
+    let ch = match ctx.vc.create_comp_channel() {
+        Ok(ch) => ch,
+        Err(e) => return null_errno(crate::errno_of("ibv_create_comp_channel", &e)),
+    };
+    ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
+    let p = Box::into_raw(Box::new(Channel {
+        c: ibv_comp_channel {
+            context: c,
+            fd: ch.fd(),
+            refcnt: 0,
+        },
+        ch,
+        cqs: Mutex::default(),
+        users: AtomicUsize::new(0),
+        shared: ctx.shared.clone(),
+    }));
+    registry::add(p, Kind::Channel);
+    p.cast()
+}
+
+/// `ibv_destroy_comp_channel`: `EBUSY` while CQs use it.
+#[no_mangle]
+pub extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    if !registry::is(ch, Kind::Channel) {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: live (the registry holds it).
+    if unsafe { &*(ch as *const Channel) }
+        .users
+        .load(Ordering::Acquire)
+        > 0
+    {
+        return ret_errno(libc::EBUSY);
+    }
+    registry::remove(ch, Kind::Channel);
+    // SAFETY: was live; the box is taken back once.
+    let b = unsafe { Box::from_raw(ch as *mut Channel) };
+    b.shared.objects.fetch_sub(1, Ordering::AcqRel);
+    0
+}
+
+/// A completion queue.
+#[repr(C)]
+pub(crate) struct Cq {
+    pub c: ibv_cq,
+    pub cq: Mutex<verbs::cq::Cq>,
+    pub cqn: u32,
+    pub channel: *const Channel,
+    pub shared: Arc<CtxShared>,
+    /// QPs on it.
+    pub users: AtomicUsize,
+}
+
+/// The `Cq` of a live `ibv_cq`, or `None` (errno EINVAL).
+pub(crate) fn cq_of<'a>(p: *mut ibv_cq) -> Option<&'a Cq> {
+    if !registry::is(p, Kind::Cq) {
+        set_errno(libc::EINVAL);
+        return None;
+    }
+    // SAFETY: the registry holds `p`: a live Cq box.
+    Some(unsafe { &*(p as *const Cq) })
+}
+
+/// `ibv_create_cq`.
+#[no_mangle]
+pub extern "C" fn ibv_create_cq(
+    c: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    let Some(ctx) = checked_ctx(c) else {
+        return std::ptr::null_mut();
+    };
+    if cqe <= 0 || comp_vector < 0 {
+        return null_errno(libc::EINVAL);
+    }
+    let ch: Option<&Channel> = if channel.is_null() {
+        None
+    } else if registry::is(channel, Kind::Channel) {
+        // SAFETY: live (the registry holds it).
+        Some(unsafe { &*(channel as *const Channel) })
+    } else {
+        return null_errno(libc::EINVAL);
+    };
+    let cq = match ctx
+        .vc
+        .create_cq(cqe as u32, ch.map(|c| &c.ch), Some(comp_vector as usize))
+    {
+        Ok(cq) => cq,
+        Err(e) => return null_errno(crate::errno_of("ibv_create_cq", &e)),
+    };
+    let cqn = cq.cqn();
+    let n = cq.cqe();
+    ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
+    let p = Box::into_raw(Box::new(Cq {
+        c: ibv_cq {
+            context: c,
+            channel,
+            cq_context,
+            handle: cqn,
+            cqe: n as c_int,
+            mutex: mutex_init(),
+            cond: cond_init(),
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        cq: Mutex::new(cq),
+        cqn,
+        channel: ch.map_or(std::ptr::null(), |c| c as *const Channel),
+        shared: ctx.shared.clone(),
+        users: AtomicUsize::new(0),
+    }));
+    if let Some(ch) = ch {
+        ch.users.fetch_add(1, Ordering::AcqRel);
+        lock(&ch.cqs).insert(cqn, p as usize);
+    }
+    lock(&ctx.shared.cqs).insert(cqn, p as usize);
+    registry::add(p, Kind::Cq);
+    p.cast()
+}
+
+/// `ibv_destroy_cq`: `EBUSY` while QPs use it.
+#[no_mangle]
+pub extern "C" fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
+    let Some(cq) = cq_of(p) else {
+        return libc::EINVAL;
+    };
+    if cq.users.load(Ordering::Acquire) > 0 {
+        return ret_errno(libc::EBUSY);
+    }
+    registry::remove(p, Kind::Cq);
+    // SAFETY: was live; the box is taken back once.
+    let b = unsafe { Box::from_raw(p as *mut Cq) };
+    if !b.channel.is_null() {
+        // SAFETY: a channel is not destroyed while a CQ counts on it.
+        let ch = unsafe { &*b.channel };
+        lock(&ch.cqs).remove(&b.cqn);
+        unuse(&ch.users);
+    }
+    lock(&b.shared.cqs).remove(&b.cqn);
+    b.shared.objects.fetch_sub(1, Ordering::AcqRel);
+    let cq = b.cq.into_inner().unwrap_or_else(|p| p.into_inner());
+    match cq.destroy() {
+        Ok(()) => 0,
+        Err(e) => ret_errno(crate::errno_of("ibv_destroy_cq", &e)),
+    }
+}
+
+/// `ibv_resize_cq`: not offered by the driver.
+#[no_mangle]
+pub extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
+    ret_errno(libc::EOPNOTSUPP)
+}
+
+/// `ibv_get_cq_event`: waits for the next event of a CQ on `ch`.
+#[no_mangle]
+pub extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if !registry::is(ch, Kind::Channel) || cq.is_null() || cq_context.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: live (the registry holds it).
+    let chan = unsafe { &*(ch as *const Channel) };
+    loop {
+        let cqn = match chan.ch.get_cq_event(Duration::from_secs(3600)) {
+            Ok(Some(n)) => n,
+            Ok(None) => continue,
+            Err(e) => {
+                set_errno(crate::errno_of("ibv_get_cq_event", &e));
+                return -1;
+            }
+        };
+        let Some(p) = lock(&chan.cqs).get(&cqn).copied() else {
+            continue; // a CQ destroyed since: its event is dropped
+        };
+        let p = p as *mut ibv_cq;
+        // SAFETY: `p` is live (still in the channel's table).
+        let ctx = unsafe { (*p).cq_context };
+        // SAFETY: the caller's out parameters, non-NULL.
+        unsafe { cq.write(p) };
+        // SAFETY: as above.
+        unsafe { cq_context.write(ctx) };
+        return 0;
+    }
+}
+
+/// `ibv_ack_cq_events`.
+#[no_mangle]
+pub extern "C" fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
+    if let Some(cq) = cq_of(p) {
+        let _g = lock(&cq.cq);
+        // SAFETY: `p` is a live CQ (checked above).
+        let c = unsafe { &raw mut (*p).comp_events_completed };
+        // SAFETY: its counter, written under the CQ's lock only.
+        let v = unsafe { c.read() };
+        // SAFETY: as above.
+        unsafe { c.write(v.wrapping_add(n)) };
+    }
+}
+
+/// A shared receive queue.
+#[repr(C)]
+pub(crate) struct Srq {
+    pub c: ibv_srq,
+    pub srq: verbs::srq::Srq,
+    attr: Mutex<ibv_srq_attr>,
+    pd: *const Pd,
+    pub shared: Arc<CtxShared>,
+    /// QPs on it.
+    pub users: AtomicUsize,
+}
+
+/// The `Srq` of a live `ibv_srq`, or `None` (errno EINVAL).
+pub(crate) fn srq_of<'a>(p: *mut ibv_srq) -> Option<&'a Srq> {
+    if !registry::is(p, Kind::Srq) {
+        set_errno(libc::EINVAL);
+        return None;
+    }
+    // SAFETY: the registry holds `p`: a live Srq box.
+    Some(unsafe { &*(p as *const Srq) })
+}
+
+/// `ibv_create_srq`; `attr` gets the sizes made.
+#[no_mangle]
+pub extern "C" fn ibv_create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    let Some(pd) = pd_of(p) else {
+        return std::ptr::null_mut();
+    };
+    if init.is_null() {
+        return null_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes, non-NULL.
+    let init = unsafe { &mut *init };
+    let srq = match pd.pd.create_srq(init.attr.max_wr, init.attr.max_sge) {
+        Ok(s) => s,
+        Err(e) => return null_errno(crate::errno_of("ibv_create_srq", &e)),
+    };
+    let srqn = srq.srqn();
+    pd.users.fetch_add(1, Ordering::AcqRel);
+    let b = Box::into_raw(Box::new(Srq {
+        c: ibv_srq {
+            context: pd.c.context,
+            srq_context: init.srq_context,
+            pd: p,
+            handle: srqn,
+            mutex: mutex_init(),
+            cond: cond_init(),
+            events_completed: 0,
+        },
+        srq,
+        attr: Mutex::new(init.attr),
+        pd,
+        shared: pd.shared.clone(),
+        users: AtomicUsize::new(0),
+    }));
+    lock(&pd.shared.srqs).insert(srqn, b as usize);
+    registry::add(b, Kind::Srq);
+    b.cast()
+}
+
+/// `ibv_modify_srq`: the driver does not arm SRQ limits (`EOPNOTSUPP`);
+/// a mask of nothing is a no-op.
+#[no_mangle]
+pub extern "C" fn ibv_modify_srq(p: *mut ibv_srq, _attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    if srq_of(p).is_none() {
+        return libc::EINVAL;
+    }
+    if mask == 0 {
+        return 0;
+    }
+    ret_errno(libc::EOPNOTSUPP)
+}
+
+/// `ibv_query_srq`.
+#[no_mangle]
+pub extern "C" fn ibv_query_srq(p: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    let Some(s) = srq_of(p) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's out struct, non-NULL.
+    unsafe { *attr = *lock(&s.attr) };
+    0
+}
+
+/// `ibv_destroy_srq`: `EBUSY` while QPs use it.
+#[no_mangle]
+pub extern "C" fn ibv_destroy_srq(p: *mut ibv_srq) -> c_int {
+    let Some(s) = srq_of(p) else {
+        return libc::EINVAL;
+    };
+    if s.users.load(Ordering::Acquire) > 0 {
+        return ret_errno(libc::EBUSY);
+    }
+    registry::remove(p, Kind::Srq);
+    // SAFETY: was live; the box is taken back once.
+    let b = unsafe { Box::from_raw(p as *mut Srq) };
+    lock(&b.shared.srqs).remove(&b.c.handle);
+    // SAFETY: the PD is not deallocated while the SRQ counts on it.
+    unuse(unsafe { &(*b.pd).users });
+    0
+}
+
+/// `verbs_context.get_srq_num`.
+pub(crate) unsafe extern "C" fn get_srq_num(p: *mut ibv_srq, n: *mut u32) -> c_int {
+    let Some(s) = srq_of(p) else {
+        return libc::EINVAL;
+    };
+    if n.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's out value, non-NULL.
+    unsafe { *n = s.srq.srqn() };
+    0
+}
+
+/// An address handle.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub c: ibv_ah,
+    pub ah: verbs::ah::Ah,
+    pd: *const Pd,
+}
+
+/// The driver's address of an `ibv_ah_attr` (RoCE: a GRH is required).
+pub(crate) fn ah_attr_of(a: &ibv_ah_attr) -> Result<verbs::qp::AhAttr, i32> {
+    if a.is_global == 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(verbs::qp::AhAttr {
+        dgid: a.grh.dgid.raw,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+        sl: a.sl,
+        port_num: a.port_num,
+        dmac: None,
+    })
+}
+
+/// `ibv_create_ah`.
+#[no_mangle]
+pub extern "C" fn ibv_create_ah(p: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    let Some(pd) = pd_of(p) else {
+        return std::ptr::null_mut();
+    };
+    if attr.is_null() {
+        return null_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes, non-NULL.
+    let a = match ah_attr_of(unsafe { &*attr }) {
+        Ok(a) => a,
+        Err(e) => return null_errno(e),
+    };
+    let ah = match pd.pd.create_ah(&a) {
+        Ok(ah) => ah,
+        Err(e) => return null_errno(crate::errno_of("ibv_create_ah", &e)),
+    };
+    pd.users.fetch_add(1, Ordering::AcqRel);
+    let b = Box::into_raw(Box::new(Ah {
+        c: ibv_ah {
+            context: pd.c.context,
+            pd: p,
+            handle: 0,
+        },
+        ah,
+        pd,
+    }));
+    registry::add(b, Kind::Ah);
+    b.cast()
+}
+
+/// The `Ah` of a live `ibv_ah` (for UD sends).
+pub(crate) fn ah_of<'a>(p: *mut ibv_ah) -> Option<&'a Ah> {
+    if !registry::is(p, Kind::Ah) {
+        return None;
+    }
+    // SAFETY: the registry holds `p`: a live Ah box.
+    Some(unsafe { &*(p as *const Ah) })
+}
+
+/// `ibv_destroy_ah`.
+#[no_mangle]
+pub extern "C" fn ibv_destroy_ah(p: *mut ibv_ah) -> c_int {
+    if !registry::remove(p, Kind::Ah) {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: was live; the box is taken back once.
+    let b = unsafe { Box::from_raw(p as *mut Ah) };
+    // SAFETY: the PD is not deallocated while the AH counts on it.
+    unuse(unsafe { &(*b.pd).users });
+    0
+}
+
+/// `ibv_init_ah_from_wc`: the reply address of a UD receive (its GRH).
+#[no_mangle]
+pub extern "C" fn ibv_init_ah_from_wc(
+    c: *mut ibv_context,
+    port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah: *mut ibv_ah_attr,
+) -> c_int {
+    let Some(ctx) = checked_ctx(c) else {
+        return -1;
+    };
+    if wc.is_null() || grh.is_null() || ah.is_null() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller's structures, non-NULL.
+    let wc = unsafe { &*wc };
+    // SAFETY: as above.
+    let grh = unsafe { &*grh };
+    if wc.wc_flags & 1 == 0 {
+        set_errno(libc::EINVAL); // no GRH: RoCE needs one
+        return -1;
+    }
+    let sgid_index = (0..ctx.gid_tbl_len)
+        .find(|&i| ctx.vc.query_gid(port, i).ok() == Some(grh.dgid.raw))
+        .unwrap_or(0);
+    let flow = u32::from_be(grh.version_tclass_flow);
+    let a = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: grh.sgid,
+            flow_label: flow & 0xf_ffff,
+            sgid_index: sgid_index as u8,
+            hop_limit: 0xff,
+            traffic_class: (flow >> 20) as u8,
+        },
+        dlid: wc.slid,
+        sl: wc.sl,
+        src_path_bits: wc.dlid_path_bits,
+        static_rate: 0,
+        is_global: 1,
+        port_num: port,
+    };
+    // SAFETY: the caller's out struct, non-NULL.
+    unsafe { ah.write(a) };
+    0
+}
+
+/// `ibv_create_ah_from_wc`.
+#[no_mangle]
+pub extern "C" fn ibv_create_ah_from_wc(
+    p: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    port: u8,
+) -> *mut ibv_ah {
+    let Some(pd) = pd_of(p) else {
+        return std::ptr::null_mut();
+    };
+    let mut a = ibv_ah_attr::default();
+    if ibv_init_ah_from_wc(pd.c.context, port, wc, grh, &mut a) != 0 {
+        return std::ptr::null_mut();
+    }
+    ibv_create_ah(p, &mut a)
+}

@@ -1,0 +1,630 @@
+//! The wire: a port's link to another process over a socket, carrying
+//! byte-exact RoCEv2 frames.
+//!
+//! A [`Link`] joins a fabric ([`crate::Fabric::connect`]) and carries the
+//! frames of every packet whose destination GID no function of the fabric
+//! answers to. Frames are what [`packet::encode_frame`] writes (the same
+//! code path as the fabric's wire check) and what
+//! [`packet::decode_frame`] reads, in QEMU's netdev formats ([`sock`]):
+//! `dgram`, one frame per datagram, and `stream`, each frame after its
+//! 4-byte big-endian length. So the other end may be another
+//! `mlx5-emu serve`, a QEMU guest's virtio-net NIC, or a test's socket.
+//!
+//! What the wire promises:
+//! - every frame sent and received goes to the capture, if one is open
+//!   ([`pcap`]), after the faults (a lost frame is not in it, a corrupted
+//!   one is, corrupted);
+//! - a frame the model cannot parse, with a bad ICRC, for a GID no function
+//!   answers to, over [`MAX_FRAME`] bytes, or cut short is counted
+//!   ([`LinkStats`]) and dropped, with a log line the first time and at
+//!   every power of two; nothing a peer sends makes the model allocate
+//!   more than [`MAX_FRAME`] a frame and [`MAILBOX_MAX`] responses;
+//! - faults ([`WireFaults`]) are decided on egress from a seed;
+//! - RC recovery is the transport's, as on any wire: the requester sends,
+//!   and its responses come back asynchronously to a mailbox its send
+//!   queue collects from; an RC request that needs an answer (a READ, an
+//!   atomic) waits for it, a burst of SENDs and WRITEs waits for its last
+//!   ACK at its end (or every [`WINDOW`] messages); what has not come
+//!   within the link's response wait (real time: the peer is another
+//!   process) counts as lost, and the requester's ACK timeout and retry
+//!   counter (on the model's clock) take over, going back N.
+//!
+//! A request arriving from the wire is executed on the link's receive
+//! thread (the responder side only: no requester lock is taken there), its
+//! responses sent back at once, the ACK of a packet that asks for one
+//! included (no coalescing across the wire).
+
+pub mod impair;
+pub(crate) mod pcap;
+pub mod sock;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vfio::clock::SharedClock;
+
+pub use impair::{FaultCounts, WireFaults};
+pub use sock::{Addr, LinkSpec};
+
+use crate::fabric::{Packet, Payload, Wire};
+use crate::lock;
+use crate::transport::packet::{self, aeth, op, svc, Headers, PacketError, RoceAddr};
+use crate::transport::Rdma;
+
+/// Largest frame taken from the wire (bigger ones are counted as giants):
+/// a 4096-byte MTU packet with every header is about 4.2 KiB; QEMU's
+/// netdevs carry up to 64 KiB.
+pub const MAX_FRAME: usize = 65536;
+/// Responses waiting for their send queue, at most (beyond, the oldest of
+/// the queue go).
+pub const MAILBOX_MAX: usize = 16384;
+/// RC SENDs and WRITEs in flight to a peer across the wire before the
+/// send queue waits for their ACK.
+pub const WINDOW: usize = 32;
+/// Default real-time wait for a response before it counts as lost.
+pub const RESPONSE_WAIT: Duration = Duration::from_millis(200);
+/// Where the transport part (BTH) of an IPv6 RoCEv2 frame starts; an IPv4
+/// frame's starts 20 bytes earlier (corruption lands in either).
+pub(crate) const TRANSPORT_AT: usize = packet::ETH_HLEN + 20 + 8;
+
+/// How a link is set up besides its socket.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// Capture every frame to this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// Faults on the frames this end sends.
+    pub faults: WireFaults,
+    /// The clock delays are on (the functions' clock).
+    pub clock: SharedClock,
+    /// How long (real time) a send queue waits for a response from the
+    /// other process before it counts as lost.
+    pub response_wait: Duration,
+}
+
+impl Default for LinkOptions {
+    fn default() -> Self {
+        Self {
+            pcap: None,
+            faults: WireFaults::default(),
+            clock: vfio::clock::system(),
+            response_wait: RESPONSE_WAIT,
+        }
+    }
+}
+
+/// What a link counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames sent on the socket.
+    pub tx_frames: u64,
+    /// Frames the socket refused (no peer connected, peer gone).
+    pub tx_errors: u64,
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Frames received that are not RoCEv2 or do not parse.
+    pub rx_malformed: u64,
+    /// Frames received with a bad ICRC.
+    pub rx_bad_icrc: u64,
+    /// Frames received for a GID no function on this fabric answers to.
+    pub rx_unknown_gid: u64,
+    /// Frames received over [`MAX_FRAME`] bytes.
+    pub rx_giant: u64,
+    /// Frames cut short by the end of the stream.
+    pub rx_truncated: u64,
+    /// Responses nobody collected in time (the mailbox overflowed) or
+    /// that came for no message in flight (late, duplicated).
+    pub rx_stale: u64,
+    /// Requests and responses handed to the transport.
+    pub rx_delivered: u64,
+    /// Responses a send queue gave up waiting for (real time).
+    pub response_timeouts: u64,
+    /// What the faults did to this end's frames.
+    pub faults: FaultCounts,
+}
+
+impl LinkStats {
+    /// Frames received and dropped, all causes.
+    pub fn rx_dropped(&self) -> u64 {
+        self.rx_malformed
+            + self.rx_bad_icrc
+            + self.rx_unknown_gid
+            + self.rx_giant
+            + self.rx_truncated
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    tx_frames: AtomicU64,
+    tx_errors: AtomicU64,
+    rx_frames: AtomicU64,
+    rx_malformed: AtomicU64,
+    rx_bad_icrc: AtomicU64,
+    rx_unknown_gid: AtomicU64,
+    rx_giant: AtomicU64,
+    rx_truncated: AtomicU64,
+    rx_stale: AtomicU64,
+    rx_delivered: AtomicU64,
+    response_timeouts: AtomicU64,
+}
+
+/// A response as it came off the wire, waiting for its send queue.
+#[derive(Debug)]
+struct Resp {
+    addr: RoceAddr,
+    hdrs: Headers,
+    payload: Vec<u8>,
+}
+
+/// Responses by (receiving function, QP).
+#[derive(Debug, Default)]
+struct Mailbox {
+    q: HashMap<(usize, u32), VecDeque<Resp>>,
+    total: usize,
+}
+
+/// What a send queue waits for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Until {
+    /// Nothing: take what has come.
+    Nothing,
+    /// The answer to a READ or an atomic sent with this PSN.
+    Answer(u32),
+    /// The ACK of this PSN (the last message in flight).
+    Ack(u32),
+}
+
+/// `a` is at or before `b` in PSN order.
+fn psn_le(a: u32, b: u32) -> bool {
+    b.wrapping_sub(a) & 0xff_ffff < 0x80_0000
+}
+
+/// Whether a BTH opcode is a response (requester-bound).
+fn is_response(opcode: u8) -> bool {
+    opcode & 0xe0 == svc::RC
+        && matches!(
+            opcode & 0x1f,
+            op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE
+        )
+}
+
+/// A port's link to another process.
+#[derive(Debug)]
+pub struct Link {
+    spec: LinkSpec,
+    ep: sock::Endpoint,
+    pcap: Option<Mutex<pcap::Pcap>>,
+    impair: Mutex<impair::Impair>,
+    counts: Counts,
+    mailbox: Mutex<Mailbox>,
+    arrived: Condvar,
+    wire: Weak<Wire>,
+    clock: SharedClock,
+    wait: Duration,
+    stop: AtomicBool,
+    rx_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Link {
+    /// Opens the socket (and the capture) and starts the receive thread;
+    /// frames for `wire`'s functions are delivered to them.
+    pub(crate) fn open(
+        spec: &LinkSpec,
+        opts: &LinkOptions,
+        wire: &Arc<Wire>,
+    ) -> std::io::Result<Arc<Self>> {
+        let ep = sock::Endpoint::open(spec)?;
+        let pcap = match &opts.pcap {
+            Some(p) => Some(Mutex::new(pcap::Pcap::create(p)?)),
+            None => None,
+        };
+        let link = Arc::new(Self {
+            spec: spec.clone(),
+            ep,
+            pcap,
+            impair: Mutex::new(impair::Impair::new(opts.faults)),
+            counts: Counts::default(),
+            mailbox: Mutex::new(Mailbox::default()),
+            arrived: Condvar::new(),
+            wire: Arc::downgrade(wire),
+            clock: opts.clock.clone(),
+            wait: opts.response_wait,
+            stop: AtomicBool::new(false),
+            rx_thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&link);
+        let h = std::thread::Builder::new()
+            .name("mlx5-emu-wire".into())
+            .spawn(move || rx_loop(&weak))?;
+        *lock(&link.rx_thread) = Some(h);
+        tracing::info!(wire = %spec, "wire up");
+        Ok(link)
+    }
+
+    /// The socket spec.
+    pub fn spec(&self) -> &LinkSpec {
+        &self.spec
+    }
+
+    /// The bound local address of a UDP end or a TCP server (to learn the
+    /// port the system chose for port 0).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.ep.local_addr()
+    }
+
+    /// What the link counted.
+    pub fn stats(&self) -> LinkStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = &self.counts;
+        LinkStats {
+            tx_frames: g(&c.tx_frames),
+            tx_errors: g(&c.tx_errors),
+            rx_frames: g(&c.rx_frames),
+            rx_malformed: g(&c.rx_malformed),
+            rx_bad_icrc: g(&c.rx_bad_icrc),
+            rx_unknown_gid: g(&c.rx_unknown_gid),
+            rx_giant: g(&c.rx_giant),
+            rx_truncated: g(&c.rx_truncated),
+            rx_stale: g(&c.rx_stale),
+            rx_delivered: g(&c.rx_delivered),
+            response_timeouts: g(&c.response_timeouts),
+            faults: lock(&self.impair).counts,
+        }
+    }
+
+    /// Sets the faults of the frames this end sends (the generator starts
+    /// again from their seed).
+    pub fn set_faults(&self, f: WireFaults) {
+        let mut im = lock(&self.impair);
+        let counts = im.counts;
+        let mut out = Vec::new();
+        im.idle(
+            vfio::clock::later(self.clock.now(), Duration::from_secs(1 << 20)),
+            &mut out,
+        );
+        *im = impair::Impair::new(f);
+        im.counts = counts;
+        drop(im);
+        for fr in out {
+            self.put(&fr);
+        }
+    }
+
+    /// Stops the receive thread and closes the socket's connection.
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.ep.close();
+        let h = lock(&self.rx_thread).take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        if let Some(p) = &self.pcap {
+            let _ = lock(p).flush();
+        }
+    }
+
+    /// Sends one frame through the faults to the capture and the socket.
+    pub(crate) fn send_frame(&self, frame: Vec<u8>) {
+        let mut out = Vec::new();
+        lock(&self.impair).frame(frame, self.clock.now(), &mut out);
+        for f in out {
+            self.put(&f);
+        }
+    }
+
+    /// One frame onto the socket (and the capture).
+    fn put(&self, f: &[u8]) {
+        if let Some(p) = &self.pcap {
+            let _ = lock(p).frame(f);
+        }
+        match self.ep.send(f) {
+            Ok(()) => {
+                self.counts.tx_frames.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let n = self.counts.tx_errors.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(wire = %self.spec, error = %e, count = n, "frame not sent");
+                }
+            }
+        }
+    }
+
+    /// Encodes and sends one packet.
+    pub(crate) fn send_packet(&self, pkt: &Packet<'_>) {
+        let mut f = Vec::new();
+        if crate::fabric::encode(pkt, &mut f).is_err() {
+            return;
+        }
+        self.send_frame(f);
+    }
+
+    /// A requester's packet from `src`'s QP `src_qpn`: sent, then the
+    /// responses that came for that QP go to `reply`; for a READ or an
+    /// atomic, until its answer comes (or the wait runs out).
+    pub(crate) fn transmit(
+        &self,
+        src: &Rdma,
+        src_qpn: u32,
+        pkt: &Packet<'_>,
+        reply: &mut dyn FnMut(&Packet<'_>),
+    ) {
+        self.send_packet(pkt);
+        let b = &pkt.hdr.bth;
+        let until = match b.opcode {
+            o if o == svc::RC | op::READ_REQUEST
+                || o == svc::RC | op::COMPARE_SWAP
+                || o == svc::RC | op::FETCH_ADD =>
+            {
+                Until::Answer(b.psn)
+            }
+            _ => Until::Nothing,
+        };
+        if b.opcode & 0xe0 == svc::RC {
+            self.collect(src, src_qpn, until, reply);
+        }
+    }
+
+    /// Hands the responses that came for `src`'s QP `qpn` to `reply`,
+    /// waiting (real time, at most the link's response wait) for what
+    /// `until` names. Responses that belong to nothing in flight (a read
+    /// response while waiting for an ACK) are dropped as stale.
+    pub(crate) fn collect(
+        &self,
+        src: &Rdma,
+        qpn: u32,
+        until: Until,
+        reply: &mut dyn FnMut(&Packet<'_>),
+    ) {
+        let key = (std::ptr::from_ref(src) as usize, qpn);
+        let deadline = Instant::now() + self.wait;
+        let mut got = Vec::new();
+        loop {
+            {
+                let mut mb = lock(&self.mailbox);
+                loop {
+                    if let Some(q) = mb.q.get_mut(&key) {
+                        got.extend(q.drain(..));
+                    }
+                    if !got.is_empty() || matches!(until, Until::Nothing) {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    mb = self
+                        .arrived
+                        .wait_timeout(mb, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                mb.total -= got.len();
+                if mb.q.get(&key).is_some_and(VecDeque::is_empty) {
+                    mb.q.remove(&key);
+                }
+            }
+            let mut done = matches!(until, Until::Nothing);
+            for r in got.drain(..) {
+                if !self.wanted(&r, until) {
+                    self.counts.rx_stale.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                done |= ends(&r, until);
+                reply(&Packet {
+                    addr: r.addr,
+                    hdr: &r.hdrs,
+                    payload: if r.payload.is_empty() {
+                        Payload::None
+                    } else {
+                        Payload::Bytes(&r.payload)
+                    },
+                });
+            }
+            if done {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.counts
+                    .response_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// Whether a response belongs to what the send queue waits for:
+    /// ACKs and NAKs always; read responses and atomic acknowledgements
+    /// only for the READ or atomic in flight (at or after its PSN).
+    fn wanted(&self, r: &Resp, until: Until) -> bool {
+        let o = r.hdrs.bth.opcode & 0x1f;
+        if o == op::ACKNOWLEDGE {
+            return true;
+        }
+        match until {
+            Until::Answer(p) => psn_le(p, r.hdrs.bth.psn) || nak(r),
+            _ => false,
+        }
+    }
+
+    /// Takes one frame off the wire.
+    fn receive(&self, f: &[u8]) {
+        self.counts.rx_frames.fetch_add(1, Ordering::Relaxed);
+        if let Some(p) = &self.pcap {
+            let _ = lock(p).frame(f);
+        }
+        let fr = match packet::decode_frame(f) {
+            Ok(fr) => fr,
+            Err(e) => {
+                let c = match e {
+                    PacketError::Icrc { .. } => &self.counts.rx_bad_icrc,
+                    _ => &self.counts.rx_malformed,
+                };
+                self.dropped(c, "frame dropped", &e);
+                return;
+            }
+        };
+        let Some(dst) = self.wire.upgrade().and_then(|w| w.find(&fr.addr.dst_gid)) else {
+            let gid = std::net::Ipv6Addr::from(fr.addr.dst_gid);
+            self.dropped(
+                &self.counts.rx_unknown_gid,
+                "frame for an unknown GID",
+                &gid,
+            );
+            return;
+        };
+        self.counts.rx_delivered.fetch_add(1, Ordering::Relaxed);
+        dst.counters
+            .packets_received
+            .fetch_add(1, Ordering::Relaxed);
+        let payload = &f[fr.payload.clone()];
+        if is_response(fr.hdrs.bth.opcode) {
+            self.post(&dst, fr.addr, fr.hdrs, payload);
+            return;
+        }
+        let pkt = Packet {
+            addr: fr.addr,
+            hdr: &fr.hdrs,
+            payload: if payload.is_empty() {
+                Payload::None
+            } else {
+                Payload::Bytes(payload)
+            },
+        };
+        let mem = dst.dma.memory();
+        let send = &mut |r: &Packet<'_>| self.send_packet(r);
+        crate::transport::responder::receive(&dst, &mem, None, true, None, &pkt, send);
+        if fr.hdrs.bth.ack_req && fr.hdrs.bth.opcode & 0xe0 == svc::RC {
+            crate::transport::responder::drained(&dst, &fr.addr, fr.hdrs.bth.dest_qp, send);
+        }
+    }
+
+    /// A response for `dst`'s QP waits in the mailbox.
+    fn post(&self, dst: &Arc<Rdma>, addr: RoceAddr, hdrs: Headers, payload: &[u8]) {
+        let key = (Arc::as_ptr(dst) as usize, hdrs.bth.dest_qp);
+        let mut mb = lock(&self.mailbox);
+        if mb.total >= MAILBOX_MAX {
+            // The oldest response of the fullest-looking queue: this one's.
+            let q = mb.q.entry(key).or_default();
+            if q.pop_front().is_some() {
+                mb.total -= 1;
+            }
+            self.counts.rx_stale.fetch_add(1, Ordering::Relaxed);
+            if mb.total >= MAILBOX_MAX {
+                return;
+            }
+        }
+        mb.q.entry(key).or_default().push_back(Resp {
+            addr,
+            hdrs,
+            payload: payload.to_vec(),
+        });
+        mb.total += 1;
+        drop(mb);
+        self.arrived.notify_all();
+    }
+
+    /// Counts a dropped frame, logging the first and every power of two.
+    fn dropped(&self, c: &AtomicU64, what: &str, why: &dyn std::fmt::Display) {
+        let n = c.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!(wire = %self.spec, count = n, %why, "{what}");
+        }
+    }
+
+    /// Frames held by the faults whose time came (and, idle, reordered
+    /// ones: nothing more is coming to overtake).
+    fn tick(&self, idle: bool) {
+        let mut out = Vec::new();
+        {
+            let mut im = lock(&self.impair);
+            if im.held() == 0 {
+                return;
+            }
+            let now = self.clock.now();
+            if idle {
+                im.idle(now, &mut out);
+            } else {
+                im.due(now, &mut out);
+            }
+        }
+        for f in out {
+            self.put(&f);
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(p) = &self.pcap {
+            let _ = lock(p).flush();
+        }
+    }
+}
+
+/// Whether a response is a NAK or an RNR NAK.
+fn nak(r: &Resp) -> bool {
+    r.hdrs.aeth.is_some_and(|a| a.syndrome & 0x60 != aeth::ACK)
+}
+
+/// Whether a response ends the wait `until`.
+fn ends(r: &Resp, until: Until) -> bool {
+    let psn = r.hdrs.bth.psn;
+    let o = r.hdrs.bth.opcode & 0x1f;
+    match until {
+        Until::Nothing => true,
+        Until::Ack(p) => nak(r) || (o == op::ACKNOWLEDGE && psn_le(p, psn)),
+        Until::Answer(p) => {
+            nak(r)
+                || (matches!(
+                    o,
+                    op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY | op::ATOMIC_ACKNOWLEDGE
+                ) && psn_le(p, psn))
+        }
+    }
+}
+
+/// The receive thread: frames off the socket until the link is dropped or
+/// closed.
+fn rx_loop(link: &Weak<Link>) {
+    let mut buf = vec![0u8; MAX_FRAME];
+    loop {
+        let Some(l) = link.upgrade() else {
+            return;
+        };
+        if l.stop.load(Ordering::Acquire) {
+            return;
+        }
+        match l.ep.recv(&mut buf) {
+            Ok(sock::Rx::Frame(n)) => {
+                l.receive(&buf[..n]);
+                l.tick(false);
+            }
+            Ok(sock::Rx::Giant(n)) => {
+                l.dropped(&l.counts.rx_giant, "frame over the size limit", &n);
+            }
+            Ok(sock::Rx::Idle) => l.tick(true),
+            Ok(sock::Rx::Closed { truncated }) => {
+                if truncated {
+                    l.dropped(
+                        &l.counts.rx_truncated,
+                        "stream ended inside a frame",
+                        &"EOF",
+                    );
+                }
+                tracing::info!(wire = %l.spec, "wire peer closed");
+            }
+            Err(e) => {
+                tracing::warn!(wire = %l.spec, error = %e, "wire receive failed");
+                std::thread::sleep(sock::TICK);
+            }
+        }
+    }
+}
