@@ -320,6 +320,8 @@ pub(crate) struct Ctx {
     /// On-demand paging: QP memory and ODP regions by number, the fault
     /// handler while an ODP region exists (`crate::odp`).
     pub(crate) odp: crate::odp::CtxOdp,
+    /// The mkey cache while its user holds it ([`crate::mkey_cache`]).
+    pub(crate) mkey_cache: Mutex<std::sync::Weak<crate::mkey_cache::MkeyCache>>,
 }
 
 impl Ctx {
@@ -431,6 +433,7 @@ impl Context {
             next_vector: Default::default(),
             umr: Mutex::default(),
             odp: crate::odp::CtxOdp::default(),
+            mkey_cache: Mutex::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

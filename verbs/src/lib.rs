@@ -73,6 +73,8 @@ mod dma;
 pub mod eq;
 mod error;
 pub mod health;
+pub mod mkey;
+pub mod mkey_cache;
 pub mod mkey_query;
 pub mod mr;
 pub mod mw;

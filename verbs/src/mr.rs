@@ -127,15 +127,19 @@ pub(crate) struct MrInner {
     pub(crate) mkey: u32,
     pub(crate) addr: u64,
     pub(crate) len: u64,
-    pub(crate) access: u32,
+    /// `IBV_ACCESS_*` as last changed (registration, re-registration, or
+    /// a UMR posted by [`crate::qp::Qp::post_rereg_access`]).
+    pub(crate) access: std::sync::atomic::AtomicU32,
     pub(crate) at: Placement,
     /// MTT entries the key has room for (`translations_octword_size`
     /// times 2): a new translation up to this many goes in by UMR.
     pub(crate) xlt_room: usize,
     pub(crate) backing: Backing,
     pub(crate) buf_offset: usize,
-    /// The UMR QP, held once a re-registration used it.
+    /// The UMR QP, held once a re-registration (or the mkey cache) used it.
     pub(crate) umr: Option<Arc<crate::umr::UmrEngine>>,
+    /// The mkey cache the key came from, and goes back to.
+    pub(crate) cache: Option<Arc<crate::mkey_cache::MkeyCache>>,
     done: std::sync::atomic::AtomicBool,
 }
 
@@ -430,8 +434,22 @@ impl Mr {
         at: Placement,
         m: Mapping,
     ) -> Result<Mr> {
-        let mkey = match create_mkey(pd, addr, len, access, &at) {
-            Ok(k) => k,
+        let cache = pd
+            .ctx
+            .mkey_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade()
+            .filter(|c| c.fits(access, &at));
+        let made = match &cache {
+            Some(c) => c
+                .take(pd, addr, len, access, &at)
+                .map(|(k, room, umr)| (k, room, Some(umr))),
+            None => create_mkey(pd, addr, len, access, &at)
+                .map(|k| (k, at.layout.entries.next_multiple_of(2), None)),
+        };
+        let (mkey, xlt_room, umr) = match made {
+            Ok(m) => m,
             Err(e) => {
                 at.unmap(&pd.ctx);
                 return Err(e);
@@ -443,12 +461,13 @@ impl Mr {
                 mkey,
                 addr,
                 len,
-                access,
-                xlt_room: at.layout.entries.next_multiple_of(2),
+                access: access.into(),
+                xlt_room,
                 at,
                 backing: m.backing,
                 buf_offset: m.buf_offset,
-                umr: None,
+                umr,
+                cache,
                 done: Default::default(),
             }),
         })
@@ -507,9 +526,10 @@ impl Mr {
         self.inner.len == 0
     }
 
-    /// The access flags it was registered with.
+    /// Its access flags: as registered, or as last changed by a
+    /// re-registration or a posted access UMR.
     pub fn access(&self) -> u32 {
-        self.inner.access
+        self.inner.access.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The PD number.
@@ -557,6 +577,15 @@ impl MrInner {
             return Ok(());
         }
         let ctx = &self.pd.ctx;
+        if let Some(c) = &self.cache {
+            // Revoked (or destroyed) before the memory goes; if neither
+            // worked the mapping stays (leaked), as below.
+            let r = c.give_back(self.mkey, self.xlt_room);
+            if r.is_ok() || ctx.hca.health_failure().is_some() {
+                self.at.unmap(ctx);
+            }
+            return r;
+        }
         let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
         DestroyMkeyIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DestroyMkey.to_raw())

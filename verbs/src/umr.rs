@@ -215,6 +215,31 @@ impl Qp {
     }
 }
 
+impl Qp {
+    /// Posts the UMR that changes `mr`'s access rights in place
+    /// ([`Mr::rereg_access_wr`]) and records them as the MR's
+    /// ([`Mr::access`]) once posted: WRs posted after it see the new
+    /// rights, as the device executes them in order. A refused UMR
+    /// completes in error and leaves the key as it was (then the MR says
+    /// what was asked: re-register it).
+    pub fn post_rereg_access(
+        &mut self,
+        wr_id: u64,
+        mr: &Mr,
+        new_access: u32,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        let wr = mr
+            .rereg_access_wr(new_access)
+            .map_err(|_| PostError::BadMkeyWr("access flags"))?;
+        self.post_umr(wr_id, &wr, flags)?;
+        mr.inner
+            .access
+            .store(new_access, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+}
+
 /// Send WQEs of the UMR QP (one is in flight at a time).
 const UMR_QP_WRS: u32 = 8;
 /// How long a UMR of the driver may take before it is given up on.
@@ -229,6 +254,8 @@ const UMR_POLL_PAUSE: Duration = Duration::from_micros(20);
 #[derive(Debug)]
 pub struct UmrEngine {
     q: Mutex<UmrQp>,
+    /// Its PD's number: the PD of the mkey cache's free keys.
+    pub(crate) pdn: u32,
     /// 6-bit page sizes (`umr_log_entity_size_5`).
     wide: bool,
 }
@@ -270,6 +297,7 @@ impl UmrEngine {
             .gen2()
             .is_some_and(|g| g.umr_log_entity_size_5());
         Ok(Self {
+            pdn: pd.pdn(),
             q: Mutex::new(UmrQp {
                 qp,
                 cq,
@@ -475,7 +503,7 @@ pub enum Rereg {
 
 /// Whether UMR may change access `cur` into `target` on this device
 /// (mlx5_ib's `mlx5r_umr_can_reconfig`).
-fn can_reconfig(ctx: &Ctx, cur: u32, target: u32) -> bool {
+pub(crate) fn can_reconfig(ctx: &Ctx, cur: u32, target: u32) -> bool {
     let g = ctx.hca.caps().gen();
     let diffs = cur ^ target;
     if diffs & access::REMOTE_ATOMIC != 0 && g.atomic() && g.umr_modify_atomic_disabled() {
@@ -523,7 +551,7 @@ impl Mr {
             check_access(new_access)?;
             new_access
         } else {
-            self.inner.access
+            self.access()
         };
         let new_mem = match (flags & CHANGE_TRANSLATION != 0, mem) {
             (false, _) => None,
@@ -536,7 +564,7 @@ impl Mr {
             return Err(Error::Busy("other handles of the MR exist"));
         }
         let ctx = self.inner.pd.ctx.clone();
-        let umr_ok = can_reconfig(&ctx, self.inner.access, acc);
+        let umr_ok = can_reconfig(&ctx, self.access(), acc);
         let Some(((addr, m), len)) = new_mem else {
             if !umr_ok {
                 let (addr, len) = (self.inner.addr, self.inner.len);
@@ -591,7 +619,7 @@ impl Mr {
         engine.post_wait(wr, mtt)?;
         let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy("MR handles"))?;
         inner.pd = pd;
-        inner.access = acc;
+        *inner.access.get_mut() = acc;
         inner.umr = Some(engine);
         if let Some((addr, len, at, m)) = new {
             let old = std::mem::replace(&mut inner.at, at);

@@ -345,6 +345,33 @@ impl SendRing {
         self.commit(wqe, wr_id)
     }
 
+    /// [`commit_with_ctrl`](Self::commit_with_ctrl) of a UMR WQE of
+    /// mlx5dv's mkey configuration: with the initiator small fence unless
+    /// `IBV_SEND_FENCE` asks for more (libmlx5's `fm_cache`), so it waits
+    /// for the reads and atomics before it that may use the key.
+    pub(crate) fn commit_umr(
+        &mut self,
+        wqe: &mut [u8],
+        mkey: u32,
+        flags: u32,
+        wr_id: u64,
+    ) -> std::result::Result<(), PostError> {
+        let ds = wqe.len().div_ceil(DS) as u8;
+        put32(
+            wqe,
+            CTRL_OPMOD_IDX_OPCODE,
+            w::opmod_idx_opcode(0, self.pc as u16, WqeOpcode::Umr),
+        );
+        put32(wqe, CTRL_QPN_DS, self.qpn8 | u32::from(ds));
+        let mut fm = self.fm_ce_se(flags);
+        if flags & send_flags::FENCE == 0 {
+            fm |= w::WQE_CTRL_INITIATOR_SMALL_FENCE;
+        }
+        wqe[CTRL_FM_CE_SE] = fm;
+        put32(wqe, CTRL_IMM, mkey);
+        self.commit(wqe, wr_id)
+    }
+
     /// Records the `ibv_wc_opcode` the UMR WQE written at `pc` completes
     /// with (BIND_MW, LOCAL_INV, mlx5dv's UMR).
     pub(crate) fn set_wc_opcode(&self, pc: u32, op: crate::cq::WcOpcode) {

@@ -169,6 +169,10 @@ pub enum PostError {
     /// (EINVAL / EOPNOTSUPP, as libmlx5).
     #[error("memory window bind refused: {0}")]
     BadBind(&'static str),
+    /// An mlx5dv mkey work request the driver refuses (libmlx5's EINVAL:
+    /// a setter without `wr_mkey_configure`, one set twice, bad access).
+    #[error("mkey work request refused: {0}")]
+    BadMkeyWr(&'static str),
 }
 
 impl Qp {
@@ -312,15 +316,18 @@ impl Qp {
 /// and `wr_complete`).
 #[derive(Debug)]
 pub struct WrBatch<'q> {
-    qp: &'q mut Qp,
+    pub(crate) qp: &'q mut Qp,
     start_pc: u32,
-    wr_id: u64,
-    flags: u32,
+    pub(crate) wr_id: u64,
+    pub(crate) flags: u32,
     op: Option<SendOp>,
     ud: Option<(Ah, u32, u32)>,
     /// A DCI's target and stream (`mlx5dv_wr_set_dc_addr[_stream]`).
     dc: Option<crate::dc::DcAv>,
-    err: Option<PostError>,
+    pub(crate) err: Option<PostError>,
+    /// An mlx5dv mkey configuration waiting for its setters
+    /// ([`crate::mkey`]).
+    pub(crate) mkey: Option<crate::mkey::PendingMkey>,
 }
 
 impl Qp {
@@ -336,6 +343,7 @@ impl Qp {
             ud: None,
             dc: None,
             err: None,
+            mkey: None,
         }
     }
 }
@@ -350,6 +358,9 @@ impl WrBatch<'_> {
     }
 
     fn op(&mut self, op: SendOp) -> &mut Self {
+        if self.mkey.take().is_some() && self.err.is_none() {
+            self.err = Some(PostError::BadMkeyWr("mkey configuration missing setters"));
+        }
         self.op = Some(op);
         self
     }
@@ -494,7 +505,7 @@ impl WrBatch<'_> {
 
     /// `ibv_wr_complete`: one doorbell for the batch; or the first error
     /// (then nothing of the batch is posted).
-    pub fn complete(self) -> std::result::Result<(), PostError> {
+    pub fn complete(mut self) -> std::result::Result<(), PostError> {
         if self.qp.device_failed() {
             self.abort();
             return Err(PostError::DeviceFailed);
@@ -503,6 +514,9 @@ impl WrBatch<'_> {
             let s = self.qp.state();
             self.abort();
             return Err(PostError::BadState(s));
+        }
+        if self.mkey.is_some() && self.err.is_none() {
+            self.err = Some(PostError::BadMkeyWr("mkey configuration missing setters"));
         }
         if let Some(e) = self.err {
             self.abort();

@@ -242,3 +242,35 @@ fn indirect_chains_resolve_to_max_indirection_and_no_deeper() {
         }
     }
 }
+
+#[test]
+fn create_mkey_of_a_ksm_key_takes_its_entries_and_checks_the_entity_size() {
+    let (_f, mut a, mut b, _qa, _qb) = rc_pair(5);
+    // Two 8 KiB entries inline: key bytes 0x2000.. -> data 0x4_0000.
+    let ksm_key = |b: &mut Node, log: u64| {
+        let mut c = cmd_in(0x200, 0, create_mkey_in::SIZE_BYTES + 32);
+        create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, 2);
+        let m = &mut c[0x10..0x50];
+        mkc::ACCESS_MODE_1_0.set(m, u64::from(MKC_ACCESS_MODE_KSM & 3));
+        mkc::LR.set(m, 1);
+        mkc::LW.set(m, 1);
+        mkc::RW.set(m, 1);
+        mkc::QPN.set(m, 0xff_ffff);
+        mkc::MKEY_7_0.set(m, 0x22);
+        mkc::PD.set(m, u64::from(b.pd));
+        mkc::LEN.set(m, 0x4000);
+        mkc::LOG_PAGE_SIZE.set(m, log);
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, 2);
+        let at = create_mkey_in::SIZE_BYTES;
+        c[at..at + 16].copy_from_slice(&ksm(b.lkey, DATA_VA + 0x8_0000));
+        c[at + 16..at + 32].copy_from_slice(&ksm(b.lkey, DATA_VA + 0x4_0000));
+        b.d.exec(&c, 16)
+    };
+    let out = ksm_key(&mut b, 11);
+    assert_eq!(out[0], 0x3, "BAD_PARAMETER: entity size under 4 KiB");
+    let out = ksm_key(&mut b, 13);
+    assert_eq!(out[0], 0);
+    let k = be32(&out, 8) << 8 | 0x22;
+    let (d, s) = write_through(&mut a, &mut b, 0x2000 + 0x10, k, 32, 3);
+    assert_eq!((s, read(&b, 0x4_0010, 32)), (0, d));
+}
