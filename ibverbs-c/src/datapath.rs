@@ -24,9 +24,11 @@ pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
         PostError::DeviceFailed => libc::EIO,
-        PostError::BadState(_) | PostError::TooLarge | PostError::BadOp | PostError::BadBind(_) => {
-            libc::EINVAL
-        }
+        PostError::BadState(_)
+        | PostError::TooLarge
+        | PostError::BadOp
+        | PostError::BadBind(_)
+        | PostError::BadMkeyWr(_) => libc::EINVAL,
     }
 }
 

@@ -64,6 +64,16 @@ fn read_path(c: &[u8]) -> Path {
 }
 
 impl Firmware {
+    /// What the QP's CQEs carry in `srqn_uidx`: `qpc.user_index` where the
+    /// function reports `cqe_version` 1, else nothing (the SRQ number).
+    fn cqe_user_index(&self, c: &[u8]) -> Option<u32> {
+        (self.caps.get(
+            crate::profile::cap_type::GENERAL,
+            mlx5_hw::ifc::cmd_hca_cap::CQE_VERSION,
+        ) == 1)
+            .then(|| qpc::USER_INDEX.get(c) as u32)
+    }
+
     pub(super) fn create_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(
             input,
@@ -143,11 +153,7 @@ impl Firmware {
             }
             *g = Some(qpn);
         }
-        let cqe_uidx = (self.caps.get(
-            crate::profile::cap_type::GENERAL,
-            mlx5_hw::ifc::cmd_hca_cap::CQE_VERSION,
-        ) == 1)
-            .then(|| qpc::USER_INDEX.get(c) as u32);
+        let cqe_uidx = self.cqe_user_index(c);
         tracing::debug!(
             qpn,
             st = service,

@@ -86,6 +86,27 @@ struct Head {
     signaled: bool,
 }
 
+impl Head {
+    /// The head of WQE `w` at index `ci`; one that could not be read is
+    /// one signaled basic block.
+    fn of(w: Option<&Wqe>, ci: u16) -> Self {
+        match w {
+            Some(w) => Head {
+                index: w.index,
+                nbb: w.nbb,
+                opcode: w.opcode.to_raw(),
+                signaled: w.signaled,
+            },
+            None => Head {
+                index: ci,
+                nbb: 1,
+                opcode: 0,
+                signaled: true,
+            },
+        }
+    }
+}
+
 /// The RNR timer (IBTA table 45), in microseconds.
 pub(crate) fn rnr_timer_us(code: u8) -> u64 {
     const T: [u64; 32] = [
@@ -271,20 +292,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
             }
             Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
         };
-        let head = match &w {
-            Some(w) => Head {
-                index: w.index,
-                nbb: w.nbb,
-                opcode: w.opcode.to_raw(),
-                signaled: w.signaled,
-            },
-            None => Head {
-                index: ci,
-                nbb: 1,
-                opcode: 0,
-                signaled: true,
-            },
-        };
+        let head = Head::of(w.as_ref(), ci);
         // What this exchange acknowledged of the messages before it.
         let acked = sq.acked.take();
         if !sq.unacked.is_empty() && !settle(rdma, qp, &mut sq, mem, acked) {
