@@ -362,6 +362,13 @@ impl CapPages {
             // UMR variants (`relaxed_ordering_*_umr`) are later firmware's.
             self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_WRITE, 1);
             self.set_both(GENERAL, cmd_hca_cap::RELAXED_ORDERING_READ, 1);
+            if p == Profile::ConnectX7 {
+                // QUERY_QP reports which QPs' data is written in order
+                // (rdma-core's `qp_data_in_order`). The out-of-order
+                // placement caps (`dp_ordering_ooo_all_*`) are
+                // ConnectX-8's: no profile offers them.
+                self.set_both(GENERAL, cmd_hca_cap::QP_DATA_IN_ORDER, 1);
+            }
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }

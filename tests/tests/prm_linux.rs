@@ -813,6 +813,13 @@ const RDMA_CORE_FIELDS: &[(&str, &str)] = &[
     ("qpc", "dbr_umem_id"),
     ("create_mkey_in", "mkey_umem_id"),
     ("create_mkey_in", "mkey_umem_offset"),
+    ("cmd_hca_cap", "qp_data_in_order"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_ud"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_uc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_xrc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_dc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_rc"),
+    ("qpc", "data_in_order"),
 ];
 
 /// Whether bits `[off, off + width)` lie inside one reserved gap of `h`.

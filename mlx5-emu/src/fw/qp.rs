@@ -262,6 +262,11 @@ impl Firmware {
         qpc::LOG_RQ_SIZE.set(c, u64::from(qp.log_rq_size));
         qpc::LOG_RQ_STRIDE.set(c, u64::from(qp.log_rq_stride - 4));
         qpc::LOG_SQ_SIZE.set(c, u64::from(qp.log_sq_size));
+        // The model's transport places every message's data in order
+        // (one packet after another, no out-of-order placement), so a
+        // device that reports it (`qp_data_in_order`) says so of every
+        // QP (rdma-core asks only in RTS).
+        qpc::DATA_IN_ORDER.set(c, self.cap(cmd_hca_cap::QP_DATA_IN_ORDER));
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
         // A queue in a UMEM: the offset within its page.
