@@ -80,6 +80,7 @@ pub mod pagealloc;
 pub mod pd;
 pub mod qp;
 mod rq;
+pub mod scatter_cqe;
 pub mod shared;
 pub mod srq;
 pub mod uar;

@@ -168,6 +168,8 @@ impl Firmware {
                 counter_set: std::sync::atomic::AtomicU32::new(0),
                 sq: Mutex::new(Sq::default()),
                 rq: Mutex::new(Rq::default()),
+                cs_req: qpc::CS_REQ.get(c) as u8,
+                cs_res: qpc::CS_RES.get(c) as u8,
             }),
         );
         drop(t);
@@ -266,6 +268,8 @@ impl Firmware {
         // (one packet after another, no out-of-order placement), so a
         // device that reports it (`qp_data_in_order`) says so of every
         // QP (rdma-core asks only in RTS).
+        qpc::CS_REQ.set(c, u64::from(qp.cs_req));
+        qpc::CS_RES.set(c, u64::from(qp.cs_res));
         qpc::DATA_IN_ORDER.set(c, self.cap(cmd_hca_cap::QP_DATA_IN_ORDER));
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
