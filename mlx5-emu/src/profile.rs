@@ -342,7 +342,21 @@ impl CapPages {
         }
         self.set_both(DEV_MEM, device_mem_cap::MEMIC, 1);
         self.set_both(DEV_MEM, device_mem_cap::LOG_MIN_MEMIC_ALLOC_SIZE, 6);
-        self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, 0x20000);
+        // MEMIC: 128 KiB on ConnectX-5, 256 KiB later, at the top of BAR0
+        // (fw/memic.rs); allocations aligned up to 64 << 12 (256 KiB).
+        let memic = if p == Profile::ConnectX5 {
+            128 << 10
+        } else {
+            256 << 10
+        };
+        self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, memic);
+        self.set_both(DEV_MEM, device_mem_cap::MEMIC_BAR_SIZE, memic);
+        self.set_both(
+            DEV_MEM,
+            device_mem_cap::MEMIC_BAR_START_ADDR,
+            p.bar0_size() - memic,
+        );
+        self.set_both(DEV_MEM, device_mem_cap::LOG_MAX_MEMIC_ADDR_ALIGNMENT, 12);
         self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at

@@ -68,6 +68,7 @@ pub mod cq;
 mod dbrec;
 pub mod device;
 pub mod devx;
+pub mod dm;
 mod dma;
 pub mod eq;
 mod error;

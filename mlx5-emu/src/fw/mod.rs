@@ -15,6 +15,7 @@ mod general_obj;
 mod hca;
 mod issi;
 mod l2;
+pub(crate) mod memic;
 mod mkey;
 mod pages;
 mod pd;
@@ -197,6 +198,11 @@ pub(crate) mod synd {
     pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
     pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
     pub const MKEY_BAD_RELAXED_ORDERING: u32 = 0x3e00_0008;
+    pub const MEMIC_UNSUPPORTED: u32 = 0x5e00_0001;
+    pub const MEMIC_BAD_SIZE: u32 = 0x5e00_0002;
+    pub const MEMIC_BAD_RANGE: u32 = 0x5e00_0003;
+    pub const MEMIC_EXHAUSTED: u32 = 0x5e00_0004;
+    pub const MEMIC_UNKNOWN: u32 = 0x5e00_0005;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
@@ -360,6 +366,8 @@ pub(crate) struct Firmware {
     pub(crate) mac: u64,
     /// NODE_DESC: what firmware reports until the driver sets it.
     pub(crate) node_desc: [u8; reg::NODE_DESC_BYTES],
+    /// Device memory allocations (fw/memic.rs).
+    pub(crate) memic: memic::Memic,
 }
 
 impl Firmware {
@@ -400,6 +408,7 @@ impl Firmware {
             vport_mtu: 1500,
             mac: cfg.mac,
             node_desc: default_node_desc(cfg.profile),
+            memic: Default::default(),
         }
     }
 
@@ -459,6 +468,7 @@ impl Firmware {
             vport_mtu,
             mac,
             node_desc,
+            memic,
         } = self;
         format!(
             "{:?}",
@@ -469,6 +479,7 @@ impl Firmware {
                 (pages, extra_demand, page_requests, uars, eqs, eq_db_last),
                 (steering, eth, leaked, port, roce_en, vport_mtu, mac, node_desc),
                 devx,
+                memic,
             )
         )
     }
@@ -693,6 +704,8 @@ impl Firmware {
             O::QueryAdapter => self.query_adapter(input, outlen),
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
             O::AllocUar => self.alloc_uar(inner, input, outlen),
+            O::AllocMemic => self.alloc_memic(inner, input, outlen),
+            O::DeallocMemic => self.dealloc_memic(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
             O::CreateEq => self.create_eq(inner, input, outlen),
             O::DestroyEq => self.destroy_eq(input, outlen),
@@ -919,6 +932,8 @@ impl Firmware {
                 op,
                 O::AllocUar
                     | O::DeallocUar
+                    | O::AllocMemic
+                    | O::DeallocMemic
                     | O::CreateEq
                     | O::DestroyEq
                     | O::QueryEq

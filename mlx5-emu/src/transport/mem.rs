@@ -25,7 +25,9 @@ pub(crate) mod access {
     pub const A: u8 = 1 << 4;
 }
 
-pub(crate) use mlx5_hw::wqe::{MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA};
+pub(crate) use mlx5_hw::wqe::{
+    MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_MEMIC, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
+};
 
 /// One memory key.
 #[derive(Debug, Clone)]
@@ -177,8 +179,15 @@ impl Mkey {
         if self.access & need != need {
             return Err(KeyError::Access);
         }
-        let off = va.wrapping_sub(self.start);
-        if va < self.start || off > self.len || len > self.len - off {
+        // A MEMIC key is zero-based (mlx5_ib's reg_dm_mr: IB_ZERO_BASED):
+        // `va` is an offset into it, `start` the memory's BAR0 offset.
+        let base = if self.mode == MKC_ACCESS_MODE_MEMIC {
+            0
+        } else {
+            self.start
+        };
+        let off = va.wrapping_sub(base);
+        if va < base || off > self.len || len > self.len - off {
             return Err(KeyError::Bounds);
         }
         if len == 0 {
@@ -213,6 +222,9 @@ impl Mkey {
             MKC_ACCESS_MODE_KLMS => {
                 let ind = self.klm.as_ref().ok_or(KeyError::Invalid)?;
                 return ind.resolve(pd, need, off, len, out, depth);
+            }
+            MKC_ACCESS_MODE_MEMIC => {
+                push(out, crate::fw::memic::DEVMEM_IOVA + self.start + off, len)
             }
             _ => return Err(KeyError::Invalid),
         }
