@@ -70,6 +70,7 @@ pub mod device;
 pub mod devx;
 pub mod dm;
 mod dma;
+pub mod dmabuf;
 pub mod eq;
 mod error;
 pub mod health;
