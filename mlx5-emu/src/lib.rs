@@ -463,6 +463,18 @@ impl Device {
             }
         };
         let fw = fw::Firmware::new(&cfg);
+        // Device memory (MEMIC) is BAR0's own: the DMA engine reaches it
+        // at DEVMEM_IOVA + its BAR offset.
+        if let Some((start, len)) = fw.memic_window() {
+            if let Err(e) = bus.dma.map_device_memory(
+                fw::memic::DEVMEM_IOVA + start,
+                len,
+                bar.file().clone(),
+                start,
+            ) {
+                tracing::error!(error = %e, "MEMIC not reachable by DMA");
+            }
+        }
         let rdma = transport::Rdma::new(
             bus.dma.clone(),
             fw::RESD_LKEY,

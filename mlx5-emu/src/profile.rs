@@ -342,7 +342,21 @@ impl CapPages {
         }
         self.set_both(DEV_MEM, device_mem_cap::MEMIC, 1);
         self.set_both(DEV_MEM, device_mem_cap::LOG_MIN_MEMIC_ALLOC_SIZE, 6);
-        self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, 0x20000);
+        // MEMIC: 128 KiB on ConnectX-5, 256 KiB later, at the top of BAR0
+        // (fw/memic.rs); allocations aligned up to 64 << 12 (256 KiB).
+        let memic = if p == Profile::ConnectX5 {
+            128 << 10
+        } else {
+            256 << 10
+        };
+        self.set_both(DEV_MEM, device_mem_cap::MAX_MEMIC_SIZE, memic);
+        self.set_both(DEV_MEM, device_mem_cap::MEMIC_BAR_SIZE, memic);
+        self.set_both(
+            DEV_MEM,
+            device_mem_cap::MEMIC_BAR_START_ADDR,
+            p.bar0_size() - memic,
+        );
+        self.set_both(DEV_MEM, device_mem_cap::LOG_MAX_MEMIC_ADDR_ALIGNMENT, 12);
         self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
         self.raise_odp();
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
@@ -367,6 +381,13 @@ impl CapPages {
             // DCI streams (the model's bounds: 16 streams, up to 16 in error).
             self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS, 4);
             self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_ERRORED_STREAMS, 4);
+            if p == Profile::ConnectX7 {
+                // QUERY_QP reports which QPs' data is written in order
+                // (rdma-core's `qp_data_in_order`). The out-of-order
+                // placement caps (`dp_ordering_ooo_all_*`) are
+                // ConnectX-8's: no profile offers them.
+                self.set_both(GENERAL, cmd_hca_cap::QP_DATA_IN_ORDER, 1);
+            }
             if let Some(m) = self.max.get_mut(&GENERAL) {
                 cmd_hca_cap::LOG_MAX_QP.set(m, 0x18);
             }

@@ -124,6 +124,31 @@ pub const DCTC_STATE_DRAINED: u8 = 0x2;
 /// a RTS2RTS resets (rdma-core `MLX5_QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID`).
 pub const QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID: u64 = 1 << 0;
 
+/// `qpc.cs_res`: received SENDs up to 32 bytes land in the CQE
+/// (`MLX5_RES_SCAT_DATA32_CQE`, mlx5_ib.h).
+pub const RES_SCAT_DATA32_CQE: u8 = 0x1;
+/// `qpc.cs_res`: received SENDs up to 64 bytes land in the 128-byte CQE
+/// (`MLX5_RES_SCAT_DATA64_CQE`).
+pub const RES_SCAT_DATA64_CQE: u8 = 0x2;
+/// `qpc.cs_req`: READ responses and atomic results up to 32 bytes land
+/// in the CQE (`MLX5_REQ_SCAT_DATA32_CQE`).
+pub const REQ_SCAT_DATA32_CQE: u8 = 0x11;
+/// `qpc.cs_req`: up to 64 bytes, in the 128-byte CQE
+/// (`MLX5_REQ_SCAT_DATA64_CQE`).
+pub const REQ_SCAT_DATA64_CQE: u8 = 0x22;
+
+/// Bytes of a message that scatter to a CQE under `cs_res` (a
+/// `RES_SCAT_*` value) on a CQ of `cqe_bytes` (64 or 128) entries: 32
+/// in a 64-byte CQE, 64 in a 128-byte one only with DATA64; 0 for none.
+pub const fn res_scatter_limit(cs_res: u8, cqe_bytes: u64) -> u64 {
+    match cs_res {
+        RES_SCAT_DATA32_CQE => 32,
+        RES_SCAT_DATA64_CQE if cqe_bytes >= 128 => 64,
+        RES_SCAT_DATA64_CQE => 32,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -816,6 +816,13 @@ const RDMA_CORE_FIELDS: &[(&str, &str)] = &[
     // mlx5dv_dci_stream_id_reset: RTS2RTS with the QPC extension.
     ("rts2rts_qp_in", "qpc_ext"),
     ("rts2rts_qp_in", "opt_param_mask_95_32"),
+    ("cmd_hca_cap", "qp_data_in_order"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_ud"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_uc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_xrc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_dc"),
+    ("cmd_hca_cap", "dp_ordering_ooo_all_rc"),
+    ("qpc", "data_in_order"),
 ];
 
 /// Layouts only rdma-core's `mlx5_ifc.h` declares (Linux 6.12 never builds

@@ -110,3 +110,50 @@ fn a_raw_mkey_with_relaxed_ordering_the_caps_lack_is_a_bad_parameter() {
     let key = raw_mkey(&p6.a.ctx, p6.a.pd.pdn(), true, false).unwrap();
     assert!(key != 0);
 }
+
+use verbs::ordering::data_in_order as dio;
+
+/// `IBV_WR_RDMA_WRITE` and `IBV_WR_SEND` (libibverbs' numbers).
+const WR_RDMA_WRITE: u32 = 0;
+const WR_SEND: u32 = 2;
+
+#[test]
+fn data_in_order_is_reported_for_rts_qps_where_the_device_offers_it() {
+    let p = pair_profile(4096, Profile::ConnectX7, ALL);
+    assert!(p.a.ctx.hca().caps().gen().qp_data_in_order());
+    let fresh = create_qp(&p.a, QpType::Rc, cap(4));
+    assert_eq!(fresh.query_data_in_order(WR_SEND, 0), 0, "not in RTS");
+    assert_eq!(fresh.query_data_in_order(WR_SEND, dio::RETURN_CAPS), 0);
+    for t in [QpType::Rc, QpType::Uc] {
+        let (qa, _qb) = qp_pair(&p, t, cap(4));
+        for op in [WR_RDMA_WRITE, WR_SEND] {
+            assert_eq!(qa.query_data_in_order(op, 0), 1, "{t:?} op {op}");
+            assert_eq!(
+                qa.query_data_in_order(op, dio::RETURN_CAPS),
+                dio::WHOLE_MSG | dio::ALIGNED_128_BYTES,
+                "{t:?} op {op}"
+            );
+            assert_eq!(
+                qa.query_data_in_order(op, dio::RETURN_CAPS | dio::DEVICE_ONLY),
+                dio::WHOLE_MSG | dio::ALIGNED_128_BYTES
+            );
+        }
+        // A flag libibverbs does not know: 0.
+        assert_eq!(qa.query_data_in_order(WR_SEND, 1 << 2), 0);
+    }
+}
+
+#[test]
+fn data_in_order_is_0_where_the_device_does_not_offer_it() {
+    for profile in [Profile::ConnectX4Lx, Profile::ConnectX6] {
+        let p = pair_profile(4096, profile, ALL);
+        assert!(!p.a.ctx.hca().caps().gen().qp_data_in_order());
+        let (qa, _qb) = qp_pair(&p, QpType::Rc, cap(4));
+        assert_eq!(qa.query_data_in_order(WR_SEND, 0), 0, "{profile:?}");
+        assert_eq!(
+            qa.query_data_in_order(WR_SEND, dio::RETURN_CAPS),
+            0,
+            "{profile:?}"
+        );
+    }
+}

@@ -209,6 +209,19 @@ pub trait CqeFields {
             | (u64::from(self.u8_at(SIGNATURE)) << 8)
             | u64::from(self.u8_at(OP_OWN))
     }
+    /// The bytes the CQE carries in place of its buffer (scatter to CQE):
+    /// how many, or `None`. A copied CQE has only its own 64 bytes, so
+    /// only format 1 (32 bytes in the CQE).
+    fn inline_data(&self, out: &mut [u8; 64]) -> Option<usize> {
+        let format = (self.u8_at(OP_OWN) >> c::CQE_FORMAT_SHIFT) & c::CQE_FORMAT_MASK;
+        if format != c::CQE_FORMAT_INLINE_DATA32_SEG {
+            return None;
+        }
+        for (i, b) in out[..32].iter_mut().enumerate() {
+            *b = self.u8_at(i);
+        }
+        Some((self.be32_at(BYTE_CNT) as usize).min(32))
+    }
 }
 
 // The tail word's layout.
@@ -233,7 +246,24 @@ impl CqeFields for [u8; 64] {
 /// ordering, so its other fields are the device's), valid until the
 /// consumer index is published.
 #[derive(Debug, Clone, Copy)]
-pub struct RingCqe<'a>(DmaEntry<'a, { c::CQE_SIZE }>);
+pub struct RingCqe<'a>(DmaEntry<'a, { c::CQE_SIZE }>, DmaEntry<'a, { c::CQE_SIZE }>);
+
+impl RingCqe<'_> {
+    /// The bytes the CQE carries in place of its buffer (scatter to CQE)
+    /// into `out`: how many, or `None` when it carries none.
+    #[inline]
+    pub fn inline_data(&self, out: &mut [u8; 64]) -> Option<usize> {
+        let op_own = self.u8_at(OP_OWN);
+        let format = (op_own >> c::CQE_FORMAT_SHIFT) & c::CQE_FORMAT_MASK;
+        crate::scatter_cqe::inline_bytes(
+            format,
+            self.be32_at(BYTE_CNT),
+            || self.0.load_words::<8>(0).unwrap_or([0; 8]),
+            || self.1.load_words::<8>(0).unwrap_or([0; 8]),
+            out,
+        )
+    }
+}
 
 impl CqeFields for RingCqe<'_> {
     // The CQE lies inside the ring (checked when the ring was made) and the
@@ -255,6 +285,9 @@ impl CqeFields for RingCqe<'_> {
     fn tail(&self) -> u64 {
         self.0.load_u64_be(SOP_QPN).unwrap_or(0)
     }
+    fn inline_data(&self, out: &mut [u8; 64]) -> Option<usize> {
+        RingCqe::inline_data(self, out)
+    }
 }
 
 /// The polling side of a CQ: ring memory, consumer index, doorbell record
@@ -266,6 +299,9 @@ pub struct CqRing {
     ci: u32,
     /// `set_ci` (+0) and `arm` (+4).
     dbrec: DmaRing<8>,
+    /// 1 for 128-byte CQEs (two ring entries each, the CQE the second),
+    /// else 0.
+    shift: u8,
     cqn: u32,
     uar: Arc<Mmio>,
     uar_off: usize,
@@ -316,11 +352,21 @@ impl CqRing {
         Self {
             log_size: ring.entries().trailing_zeros() as u8,
             ring,
+            shift: 0,
             ci: 0,
             dbrec,
             cqn,
             uar,
             uar_off,
+        }
+    }
+
+    /// The ring holds 128-byte CQEs: two 64-byte entries each, the CQE in
+    /// the second.
+    pub(crate) fn set_cqe_128(&mut self) {
+        if self.shift == 0 {
+            self.shift = 1;
+            self.log_size -= 1;
         }
     }
 
@@ -334,7 +380,8 @@ impl CqRing {
     #[inline(always)]
     pub fn next_cqe(&mut self) -> Option<RingCqe<'_>> {
         let ci = self.ci;
-        let e = self.ring.entry(ci);
+        let idx = (ci << self.shift) | u32::from(self.shift);
+        let e = self.ring.entry(idx);
         let op_own = e.load_u8_acquire(OP_OWN).ok()?;
         if !c::cqe_is_sw_owned(op_own, ci, self.log_size) {
             return None;
@@ -346,7 +393,10 @@ impl CqRing {
         // acquire load alone orders only the inner shareable domain.
         vfio::mmio::dma_rmb();
         self.ci = ci.wrapping_add(1);
-        Some(RingCqe(e))
+        Some(RingCqe(
+            e,
+            self.ring.entry(idx.wrapping_sub(u32::from(self.shift))),
+        ))
     }
 
     /// Tells the device how far software got (doorbell record `set_ci`).
@@ -394,6 +444,14 @@ impl CqRing {
 /// completion needs the CQE's last 8 bytes alone.
 #[inline(always)]
 pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
+    cqe_to_wc_as::<true>(e, t, wc)
+}
+
+/// [`cqe_to_wc`]; with `COPY` false a receive whose data came in the CQE
+/// leaves the receive buffer alone (the caller takes the bytes from the
+/// CQE: [`Cq::poll_inline`]).
+#[inline(always)]
+fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
     let tail = e.tail();
     let op_own = tail as u8;
     let sop_qpn = (tail >> 32) as u32;
@@ -420,6 +478,9 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
             ..Wc::default()
         };
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST {
+        if op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT) != 0 {
+            return scattered_recv::<COPY>(e, t, op_own, qpn, wqe_counter, wc);
+        }
         let fr = e.be32_at(FLAGS_RQPN);
         let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
         // RESP_SEND_INV: the immediate field carries the invalidated rkey.
@@ -449,6 +510,48 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
     } else {
         error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
     }
+}
+
+/// A receive whose bytes came in the CQE (scatter to CQE, RC/UC): copied
+/// into the receive WQE's segments as libmlx5's `handle_responder` does
+/// (`COPY`), before the WQE's slot is freed; the CQE's `flags_rqpn` is
+/// data here, so no source QP or GRH flag.
+#[cold]
+#[inline(never)]
+fn scattered_recv<const COPY: bool>(
+    e: &impl CqeFields,
+    t: &WqTrack,
+    op_own: u8,
+    qpn: u32,
+    wqe_counter: u16,
+    wc: &mut Wc,
+) {
+    let opc = op_own >> c::CQE_OPCODE_SHIFT;
+    let byte_len = e.be32_at(BYTE_CNT);
+    let mut status = WcStatus::Success;
+    if COPY {
+        let mut data = [0u8; 64];
+        let n = e.inline_data(&mut data).unwrap_or(0);
+        status = match t.recv_view.get() {
+            Some(v) => v.copy_to_wqe(wqe_counter, &data[..n]),
+            // A QP that did not ask for it (or an SRQ's): nowhere to put
+            // the bytes.
+            None => WcStatus::GeneralErr,
+        };
+    }
+    let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
+    let inv = opc == CqeOpcode::RespSendInv.to_raw();
+    *wc = Wc {
+        wr_id: t.rq_complete(wqe_counter),
+        status,
+        opcode: WcOpcode::Recv,
+        byte_len,
+        imm_data: if imm || inv { e.be32_at(IMM) } else { 0 },
+        qp_num: qpn,
+        wc_flags: if imm { wc_flags::WITH_IMM } else { 0 }
+            | if inv { wc_flags::WITH_INV } else { 0 },
+        ..Wc::default()
+    };
 }
 
 // The responder opcodes, one range: RESP_WR_IMM, RESP_SEND, RESP_SEND_IMM,
@@ -518,6 +621,8 @@ pub(crate) struct CqShared {
     dbrec: Dbrec,
     uar: Option<Arc<Uar>>,
     pub(crate) cqe: u32,
+    /// Bytes per CQE (64 or 128).
+    pub(crate) cqe_bytes: usize,
 }
 
 impl std::fmt::Debug for CqShared {
@@ -578,8 +683,10 @@ impl Cq {
         cqe: u32,
         channel: Option<&CompChannel>,
         vector: Option<usize>,
+        cqe_bytes: usize,
     ) -> Result<Self> {
         let c = &ctx.ctx;
+        let per = cqe_bytes / c::CQE_SIZE;
         let max = c.hca.caps().max_cq_sz()?;
         if cqe == 0 || cqe >= max {
             return Err(Error::Invalid("CQ size out of range"));
@@ -589,21 +696,24 @@ impl Cq {
         let n = (cqe + 1).next_power_of_two();
         let log = n.trailing_zeros() as u8;
         let dma = c.hca.dma();
-        let region = dma.alloc_buf(n as usize * c::CQE_SIZE)?;
+        let region = dma.alloc_buf(n as usize * cqe_bytes)?;
         let dbrec = dma.alloc_dbrec()?;
         for i in 0..n as usize {
             region.write(
-                i * c::CQE_SIZE + OP_OWN,
+                i * cqe_bytes + cqe_bytes - c::CQE_SIZE + OP_OWN,
                 &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
             )?;
         }
         let mut ring = CqRing::from_rings(
-            region.ring(0, n)?,
+            region.ring(0, n * per as u32)?,
             dbrec.ring(0)?,
             0,
             c.hca.bar().clone(),
             0,
         );
+        if per == 2 {
+            ring.set_cqe_128();
+        }
         let uar = c.alloc_uar()?;
         ring.uar_off = uar.offset();
         let eqn = match c.comp_eqn(vector) {
@@ -619,7 +729,11 @@ impl Cq {
             let mut i = CreateCqIn::new_unchecked(&mut inb[..]);
             i.set_opcode(Opcode::CreateCq.to_raw());
             i.cq_context_mut()
-                .set_cqe_sz(c::CQE_STRIDE_64)
+                .set_cqe_sz(if per == 2 {
+                    c::CQE_STRIDE_128
+                } else {
+                    c::CQE_STRIDE_64
+                })
                 .set_log_cq_size(log)
                 .set_uar_page(uar.index())
                 .set_c_eqn_or_apu_element(u32::from(eqn))
@@ -646,6 +760,7 @@ impl Cq {
             dbrec,
             uar: Some(uar),
             cqe: n - 1,
+            cqe_bytes,
         });
         if let Some(ch) = channel {
             let ch = ch.inner.clone();
@@ -711,7 +826,41 @@ impl Cq {
             let Some(e) = self.ring.next_cqe() else {
                 break;
             };
-            complete(&mut self.cache, &self.shared, &e, &mut wc[n]);
+            complete::<true>(&mut self.cache, &self.shared, &e, &mut wc[n]);
+            n += 1;
+        }
+        if n > 0 {
+            self.ring.update_ci();
+        } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
+            return Err(e);
+        }
+        Ok(n)
+    }
+
+    /// [`poll`](Self::poll) that hands the bytes of receives scattered to
+    /// their CQE out in place (`inline[i]` for `wc[i]`; `len` 0 when the
+    /// completion had none) instead of copying them into the receive
+    /// buffer, which stays untouched. `inline` shorter than `wc` polls
+    /// only as many.
+    pub fn poll_inline(
+        &mut self,
+        wc: &mut [Wc],
+        inline: &mut [crate::scatter_cqe::InlineRecv],
+    ) -> Result<usize> {
+        let g = self.shared.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            self.cache = None;
+            self.gen = g;
+        }
+        let max = wc.len().min(inline.len());
+        let mut n = 0;
+        while n < max {
+            let Some(e) = self.ring.next_cqe() else {
+                break;
+            };
+            let d = &mut inline[n];
+            d.len = e.inline_data(&mut d.data).unwrap_or(0) as u8;
+            complete::<false>(&mut self.cache, &self.shared, &e, &mut wc[n]);
             n += 1;
         }
         if n > 0 {
@@ -757,7 +906,7 @@ fn track<'c>(
 
 /// One completion of a CQ that QPs share: finds its QP, then decodes.
 #[inline(always)]
-fn complete(
+fn complete<const COPY: bool>(
     cache: &mut Option<(u32, Arc<WqTrack>)>,
     shared: &CqShared,
     e: &impl CqeFields,
@@ -765,7 +914,7 @@ fn complete(
 ) {
     let qpn = e.be32_at(SOP_QPN) & c::CQE_QPN_MASK;
     match track(cache, shared, qpn) {
-        Some(t) => cqe_to_wc(e, t, wc),
+        Some(t) => cqe_to_wc_as::<COPY>(e, t, wc),
         None => {
             tracing::warn!("CQE for QP {qpn:#x}, which is not on CQ {:#x}", shared.cqn);
             *wc = Wc {

@@ -601,7 +601,23 @@ impl Context {
         channel: Option<&crate::channel::CompChannel>,
         vector: Option<usize>,
     ) -> Result<crate::cq::Cq> {
-        crate::cq::Cq::create(self, cqe, channel, vector)
+        crate::cq::Cq::create(self, cqe, channel, vector, mlx5_hw::cqe::CQE_SIZE)
+    }
+
+    /// `ibv_create_cq_ex` with `cqe_size` 64 or 128 (mlx5dv's
+    /// `MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE`): 128-byte CQEs carry up to 64
+    /// scattered bytes (`crate::scatter_cqe`).
+    pub fn create_cq_sized(
+        &self,
+        cqe: u32,
+        channel: Option<&crate::channel::CompChannel>,
+        vector: Option<usize>,
+        cqe_size: usize,
+    ) -> Result<crate::cq::Cq> {
+        if cqe_size != 64 && cqe_size != 128 {
+            return Err(Error::Invalid("CQE size other than 64 or 128"));
+        }
+        crate::cq::Cq::create(self, cqe, channel, vector, cqe_size)
     }
 
     /// `ibv_close_device`: closes now if no object is left (else the HCA

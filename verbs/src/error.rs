@@ -113,6 +113,10 @@ pub enum Error {
         /// The context's `num_comp_vectors`.
         count: usize,
     },
+    /// An access outside the object's memory (verbs' EFAULT, as
+    /// `ibv_memcpy_to_dm` past the device memory).
+    #[error("outside the memory: {0}")]
+    Fault(&'static str),
     /// The object is still in use by others (verbs' EBUSY).
     #[error("busy: {0}")]
     Busy(&'static str),
@@ -155,6 +159,7 @@ impl Error {
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) | Error::CompVector { .. } => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
+            Error::Fault(_) => 14, // EFAULT
             Error::QueueFull(_) | Error::PageBudget { .. } => status::ENOMEM,
             Error::Closed => status::EIO,
             Error::Open(_) => 19, // ENODEV

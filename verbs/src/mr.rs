@@ -119,6 +119,9 @@ impl Sge {
 pub(crate) enum Backing {
     Buffer(#[allow(dead_code)] Arc<DmaBuffer>),
     Host,
+    /// A dma-buf mapped into the process (`crate::dmabuf`): mapped for DMA
+    /// by address, the mapping kept while the MR lives.
+    DmaBuf(#[allow(dead_code)] Arc<crate::dmabuf::DmaBufMap>),
 }
 
 #[derive(Debug)]
@@ -168,9 +171,12 @@ impl Placement {
         let mapped = match &m.backing {
             Backing::Buffer(b) => dma.func.dma_map(map_iova, b),
             // SAFETY: `reg_mr_raw`'s caller vouches for the memory until
-            // the MR is gone; the unmap happens in `Placement::unmap`,
-            // from `MrInner::drop` or a re-registration.
-            Backing::Host => unsafe { dma.func.dma_map_host(map_iova, m.start, m.len) },
+            // the MR is gone (a dma-buf's mapping is held by the MR); the
+            // unmap happens in `Placement::unmap`, from `MrInner::drop` or
+            // a re-registration.
+            Backing::Host | Backing::DmaBuf(_) => unsafe {
+                dma.func.dma_map_host(map_iova, m.start, m.len)
+            },
         };
         if let Err(e) = mapped {
             dma.free_iova(res, l.res_len);
@@ -258,6 +264,17 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
+    /// `len` bytes of process memory at `start` that a dma-buf mapping
+    /// `map` holds.
+    pub(crate) fn of_dmabuf(start: u64, len: u64, map: Arc<crate::dmabuf::DmaBufMap>) -> Self {
+        Self {
+            start,
+            len,
+            backing: Backing::DmaBuf(map),
+            buf_offset: 0,
+        }
+    }
+
     /// `len` bytes of `buf` from `offset`: their address, and the mapping
     /// of the whole buffer (a [`DmaBuffer`] maps as one piece).
     pub(crate) fn of_buffer(
@@ -557,7 +574,7 @@ impl Mr {
     pub fn buffer(&self) -> Option<(&Arc<DmaBuffer>, usize)> {
         match &self.inner.backing {
             Backing::Buffer(b) => Some((b, self.inner.buf_offset)),
-            Backing::Host => None,
+            Backing::Host | Backing::DmaBuf(_) => None,
         }
     }
 

@@ -69,7 +69,7 @@ pub enum QpType {
 
 impl QpType {
     /// qpc `st` (`MLX5_QPC_ST_*`).
-    fn st(self) -> u8 {
+    pub(crate) fn st(self) -> u8 {
         match self {
             QpType::Rc => QPC_ST_RC,
             QpType::Uc => QPC_ST_UC,
@@ -460,6 +460,7 @@ fn create_qp_input(
     bufs: &QpBufs,
     srq: Option<&SrqShared>,
     st: u8,
+    cs: (u8, u8),
 ) -> Vec<u8> {
     // The PAS array holds one entry (8 bytes) after the fixed part.
     let mut inb = vec![0u8; create_qp_in::SIZE_BYTES + std::mem::size_of::<u64>()];
@@ -474,6 +475,8 @@ fn create_qp_input(
         .set_log_sq_size(sizes.sq_cnt.trailing_zeros() as u8)
         .set_cqn_snd(a.send_cq.shared.cqn)
         .set_cqn_rcv(a.recv_cq.shared.cqn)
+        .set_cs_req(cs.0)
+        .set_cs_res(cs.1)
         .set_dbr_addr(bufs.dbrec.iova().0);
     match srq {
         Some(s) => {
@@ -552,23 +555,41 @@ impl Qp {
     /// [`create`](Self::create) with qpc `st` given: `QPC_ST_REG_UMR` for
     /// the driver's UMR QP (`crate::umr`), which posts like an RC QP.
     pub(crate) fn create_st(pd: &Arc<PdInner>, a: &QpInitAttr<'_>, st: u8) -> Result<Self> {
-        Self::create_tuned(pd, a, st, |_| {})
+        Self::create_tuned(pd, a, st, 0, |_| {})
     }
 
-    /// [`create_st`](Self::create_st), `tune` setting more of the QPC
-    /// (a DCI's stream fields: `crate::dc`).
+    /// [`create_st`](Self::create_st) with `mlx5dv_qp_create_flags`
+    /// ([`crate::scatter_cqe::dv_flags`]).
+    pub(crate) fn create_flags(
+        pd: &Arc<PdInner>,
+        a: &QpInitAttr<'_>,
+        st: u8,
+        flags: u32,
+    ) -> Result<Self> {
+        Self::create_tuned(pd, a, st, flags, |_| {})
+    }
+
+    /// [`create_flags`](Self::create_flags), `tune` setting more of the
+    /// QPC (a DCI's stream fields: `crate::dc`).
     pub(crate) fn create_tuned(
         pd: &Arc<PdInner>,
         a: &QpInitAttr<'_>,
         st: u8,
+        flags: u32,
         tune: impl FnOnce(&mut [u8]),
     ) -> Result<Self> {
         let ctx = &pd.ctx;
+        let cs = crate::scatter_cqe::qpc_cs(
+            a.qp_type,
+            a.recv_cq.shared.cqe_bytes,
+            a.srq.is_some(),
+            flags,
+        );
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
         let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());
-        let mut inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st);
+        let mut inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st, cs);
         tune(&mut inb[create_qp_in::QPC.off / 8..]);
         let qpn = match ctx.hca.cmd().exec(&inb, create_qp_out::SIZE_BYTES) {
             Ok(out) => CreateQpOut::new_unchecked(&out[..]).qpn(),
@@ -586,6 +607,29 @@ impl Qp {
                 return Err(e);
             }
         };
+        if cs.1 != 0 && sizes.rq_cnt > 0 {
+            let per_wqe = (sizes.rq_stride / DATA_SIZE) as u32;
+            let view = vfio::DmaRing::new(
+                bufs.region.buf().clone(),
+                bufs.region.offset(),
+                sizes.rq_cnt * per_wqe,
+            )
+            .map(|segs| crate::scatter_cqe::RecvView {
+                segs,
+                log_segs: per_wqe.trailing_zeros(),
+                mask: sizes.rq_cnt - 1,
+            });
+            match view {
+                Ok(v) => {
+                    let _ = track.recv_view.set(v);
+                }
+                Err(e) => {
+                    destroy_qp_cmd(ctx, qpn);
+                    ctx.release_bfreg(bufs.bfreg);
+                    return Err(e.into());
+                }
+            }
+        }
         a.send_cq.shared.attach(qpn, track.clone());
         a.recv_cq.shared.attach(qpn, track);
         ctx.odp.qp_created(

@@ -54,6 +54,9 @@ pub struct WqTrack {
     pub(crate) rq_tail: AtomicU32,
     rq_mask: u32,
     srq: Option<Arc<SrqShared>>,
+    /// The receive ring read back by the poller, set when the QP asked
+    /// for scatter to CQE (`crate::scatter_cqe`).
+    pub(crate) recv_view: std::sync::OnceLock<crate::scatter_cqe::RecvView>,
 }
 
 impl WqTrack {
@@ -79,6 +82,7 @@ impl WqTrack {
             rq_tail: AtomicU32::new(0),
             rq_mask: rq_cnt.max(1) - 1,
             srq,
+            recv_view: std::sync::OnceLock::new(),
         })
     }
 

@@ -104,6 +104,9 @@ pub trait DmaByMessage: Send + Sync + std::fmt::Debug {
 pub struct DmaSpace {
     mem: RwLock<Arc<GuestMemoryMmap>>,
     maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
+    /// The device's own memory in the space ([`DmaSpace::map_device_memory`]):
+    /// not the driver's mappings, kept across [`DmaSpace::clear`].
+    device: Mutex<Vec<Arc<GuestRegionMmap>>>,
     /// Unmapped windows whose regions a snapshot may still hold.
     retired: Mutex<Vec<Backing>>,
     /// The regions of `mem` by IOVA, so that many can go in one rebuild
@@ -511,11 +514,60 @@ impl DmaSpace {
     }
 
     /// Unmaps everything (the owner let go of the function).
+    /// Places `len` bytes of the device's own memory (`file` from
+    /// `file_offset`: a model's BAR memory, say) at `iova`, an address the
+    /// driver's IOVA ranges do not reach, so the device's DMA engine reaches
+    /// it as it reaches host memory (on-device memory such as mlx5's
+    /// MEMIC). Not a driver mapping: [`mappings`](Self::mappings) does not
+    /// count it and [`clear`](Self::clear) keeps it.
+    pub fn map_device_memory(
+        &self,
+        iova: u64,
+        len: u64,
+        file: Arc<std::fs::File>,
+        file_offset: u64,
+    ) -> Result<()> {
+        let size = region_size(iova, len)?;
+        let region = MmapRegion::<()>::from_file(FileOffset::from_arc(file, file_offset), size)
+            .map_err(|e| Error::Os {
+                op: "mmap(device memory)",
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        let region = Arc::new(GuestRegionMmap::new(region, GuestAddress(iova)).ok_or(
+            Error::Iova {
+                iova,
+                len,
+                why: "does not fit the address space",
+            },
+        )?);
+        let _maps = self.lock_maps();
+        let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+        let next = mem.insert_region(region.clone()).map_err(|_| Error::Iova {
+            iova,
+            len,
+            why: "overlaps an existing mapping",
+        })?;
+        *mem = Arc::new(next);
+        self.device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(region);
+        Ok(())
+    }
+
+    /// Unmaps everything (the owner let go of the function); the device's
+    /// own memory stays.
     pub fn clear(&self) {
         let mut maps = self.lock_maps();
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        *mem = Arc::new(GuestMemoryMmap::default());
+        let mut fresh = GuestMemoryMmap::default();
+        for r in self.device.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let Ok(next) = fresh.insert_region(r.clone()) {
+                fresh = next;
+            }
+        }
+        *mem = Arc::new(fresh);
         drop(mem);
         regions.clear();
         drop(regions);

@@ -146,6 +146,7 @@ impl Firmware {
         self.steering = Default::default();
         self.eth = Default::default();
         self.devx = Default::default();
+        self.memic.clear();
         self.eqs.clear();
         self.uars.clear();
         self.eq_db_last.clear();

@@ -16,7 +16,7 @@ use mlx5_hw::wqe::{mkc_max_log_page_size, MKC_MIN_LOG_PAGE_SIZE, MTT_PRESENT};
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::mem::{
     access, klm_entry, Indirect, Mkey, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM,
-    MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
+    MKC_ACCESS_MODE_MEMIC, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
 };
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
@@ -39,10 +39,16 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::MKEY_BAD_PD));
         }
         let mode = (mkc::ACCESS_MODE_4_2.get(c) << 2 | mkc::ACCESS_MODE_1_0.get(c)) as u8;
-        if !matches!(
-            mode,
-            MKC_ACCESS_MODE_PA | MKC_ACCESS_MODE_MTT | MKC_ACCESS_MODE_KLMS | MKC_ACCESS_MODE_KSM
-        ) {
+        let memic = mode == MKC_ACCESS_MODE_MEMIC && self.memic_window().is_some();
+        if !memic
+            && !matches!(
+                mode,
+                MKC_ACCESS_MODE_PA
+                    | MKC_ACCESS_MODE_MTT
+                    | MKC_ACCESS_MODE_KLMS
+                    | MKC_ACCESS_MODE_KSM
+            )
+        {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_ACCESS_MODE));
         }
         let mut acc = 0;
@@ -87,6 +93,12 @@ impl Firmware {
             mtt = m;
             log_page = lp;
             umem_id = umem;
+        } else if memic {
+            // Device memory: inside one allocation (a key past it would
+            // reach the next one's bytes, or no memory at all).
+            if len == u64::MAX || len == 0 || !self.memic_covers(start, len) {
+                return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
+            }
         } else if len != u64::MAX && start.checked_add(len).is_none() {
             return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
         }

@@ -18,6 +18,7 @@ mod hca;
 mod issi;
 mod l2;
 mod mad;
+pub(crate) mod memic;
 mod mkey;
 mod odp;
 mod pages;
@@ -203,6 +204,11 @@ pub(crate) mod synd {
     pub const MKEY_EXHAUSTED: u32 = 0x3e00_0006;
     pub const MKEY_UNKNOWN: u32 = 0x3e00_0007;
     pub const MKEY_BAD_RELAXED_ORDERING: u32 = 0x3e00_0008;
+    pub const MEMIC_UNSUPPORTED: u32 = 0x5e00_0001;
+    pub const MEMIC_BAD_SIZE: u32 = 0x5e00_0002;
+    pub const MEMIC_BAD_RANGE: u32 = 0x5e00_0003;
+    pub const MEMIC_EXHAUSTED: u32 = 0x5e00_0004;
+    pub const MEMIC_UNKNOWN: u32 = 0x5e00_0005;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
@@ -376,6 +382,8 @@ pub(crate) struct Firmware {
     pub(crate) mac: u64,
     /// NODE_DESC: what firmware reports until the driver sets it.
     pub(crate) node_desc: [u8; reg::NODE_DESC_BYTES],
+    /// Device memory allocations (fw/memic.rs).
+    pub(crate) memic: memic::Memic,
 }
 
 impl Firmware {
@@ -417,6 +425,7 @@ impl Firmware {
             vport_mtu: 1500,
             mac: cfg.mac,
             node_desc: default_node_desc(cfg.profile),
+            memic: Default::default(),
         }
     }
 
@@ -477,6 +486,7 @@ impl Firmware {
             vport_mtu,
             mac,
             node_desc,
+            memic,
         } = self;
         format!(
             "{:?}",
@@ -488,6 +498,7 @@ impl Firmware {
                 (steering, eth, leaked, port, roce_en, vport_mtu, mac, node_desc),
                 devx,
                 dctns,
+                memic,
             )
         )
     }
@@ -724,6 +735,8 @@ impl Firmware {
             O::QueryAdapter => self.query_adapter(input, outlen),
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),
             O::AllocUar => self.alloc_uar(inner, input, outlen),
+            O::AllocMemic => self.alloc_memic(inner, input, outlen),
+            O::DeallocMemic => self.dealloc_memic(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
             O::CreateEq => self.create_eq_odp(inner, input, outlen),
             O::DestroyEq => self.destroy_eq_odp(inner, input, outlen),
@@ -959,6 +972,8 @@ impl Firmware {
                 op,
                 O::AllocUar
                     | O::DeallocUar
+                    | O::AllocMemic
+                    | O::DeallocMemic
                     | O::CreateEq
                     | O::DestroyEq
                     | O::QueryEq

@@ -188,6 +188,8 @@ impl Firmware {
                 dct_conn: false,
                 log_dci_streams,
                 log_dci_errored,
+                cs_req: qpc::CS_REQ.get(c) as u8,
+                cs_res: qpc::CS_RES.get(c) as u8,
             }),
         );
         drop(t);
@@ -283,6 +285,13 @@ impl Firmware {
         qpc::LOG_RQ_SIZE.set(c, u64::from(qp.log_rq_size));
         qpc::LOG_RQ_STRIDE.set(c, u64::from(qp.log_rq_stride - 4));
         qpc::LOG_SQ_SIZE.set(c, u64::from(qp.log_sq_size));
+        // The model's transport places every message's data in order
+        // (one packet after another, no out-of-order placement), so a
+        // device that reports it (`qp_data_in_order`) says so of every
+        // QP (rdma-core asks only in RTS).
+        qpc::CS_REQ.set(c, u64::from(qp.cs_req));
+        qpc::CS_RES.set(c, u64::from(qp.cs_res));
+        qpc::DATA_IN_ORDER.set(c, self.cap(cmd_hca_cap::QP_DATA_IN_ORDER));
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));
         // A queue in a UMEM: the offset within its page.

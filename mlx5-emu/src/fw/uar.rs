@@ -81,8 +81,12 @@ impl UarSet {
 }
 
 impl Firmware {
+    /// UAR pages end where the MEMIC window starts (BAR0's top).
     fn uar_limit(&self) -> u32 {
-        (self.profile.bar0_size() >> 12) as u32
+        let end = self
+            .memic_window()
+            .map_or(self.profile.bar0_size(), |(start, _)| start);
+        (end.min(self.profile.bar0_size()) >> 12) as u32
     }
 
     pub(super) fn alloc_uar(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

@@ -81,6 +81,19 @@ pub(crate) struct Completion {
     pub solicited: bool,
     /// l4_l3_hdr_type byte (RoCE L3 type of a UD receive).
     pub l3: u8,
+    /// Data scattered to the CQE instead of the buffer (qpc `cs_res`).
+    pub inline: Option<InlineScatter>,
+}
+
+/// Up to 64 bytes of a message written into its CQE: 32 into the CQE's
+/// first 32 bytes (CQE format 1, `MLX5_INLINE_SCATTER_32`), or 64 into
+/// the first half of a 128-byte entry (format 2,
+/// `MLX5_INLINE_SCATTER_64`), as rdma-core's `handle_responder` reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InlineScatter {
+    pub data: [u8; 64],
+    /// Bytes valid in `data`.
+    pub len: u8,
 }
 
 impl Completion {
@@ -109,6 +122,15 @@ impl Cq {
 
     fn entries(&self) -> u32 {
         1 << self.log_size
+    }
+
+    /// A CQE write faulted: the CQ is in error, with its event; false.
+    fn faulted(&self, rdma: &Rdma, mut st: std::sync::MutexGuard<'_, CqState>) -> bool {
+        st.error = true;
+        drop(st);
+        tracing::warn!(cqn = self.cqn, "CQE write faulted");
+        self.cq_error(rdma, CQ_ERROR_ACCESS_VIOLATION);
+        false
     }
 
     /// Writes one CQE; false if the CQ overran (or is in error).
@@ -161,7 +183,22 @@ impl Cq {
             }
         };
         e.wqe_counter.set(c.wqe_counter);
+        let format = match &c.inline {
+            Some(s) if s.len > 32 && self.stride >= 128 => {
+                // The entry's first 64 bytes, before the CQE itself.
+                if mem::write(mem, at - 64, &s.data).is_err() {
+                    return self.faulted(rdma, st);
+                }
+                cqe::CQE_FORMAT_INLINE_DATA64_SEG
+            }
+            Some(s) => {
+                e.as_mut_bytes()[..32].copy_from_slice(&s.data[..32]);
+                cqe::CQE_FORMAT_INLINE_DATA32_SEG
+            }
+            None => cqe::CQE_FORMAT_NO_INLINE_DATA,
+        };
         let op_own = opcode << cqe::CQE_OPCODE_SHIFT
+            | format << cqe::CQE_FORMAT_SHIFT
             | if c.solicited { cqe::CQE_SE_MASK } else { 0 }
             | owner;
         // Everything but op_own, then op_own (the owner bit) last.
@@ -169,11 +206,7 @@ impl Cq {
         if mem::write(mem, at, body).is_err()
             || mem::store_u8_release(mem, at + OP_OWN_AT, op_own).is_err()
         {
-            st.error = true;
-            drop(st);
-            tracing::warn!(cqn = self.cqn, "CQE write faulted");
-            self.cq_error(rdma, CQ_ERROR_ACCESS_VIOLATION);
-            return false;
+            return self.faulted(rdma, st);
         }
         st.pi = st.pi.wrapping_add(1);
         rdma.counters

@@ -116,6 +116,9 @@ impl Dct {
             sq: Mutex::new(Sq::default()),
             rq: Mutex::new(rq),
             dct_conn: true,
+            // Scatter to CQE is not modelled for DC targets.
+            cs_req: 0,
+            cs_res: 0,
             log_dci_streams: 0,
             log_dci_errored: 0,
         })

@@ -26,7 +26,8 @@ pub(crate) mod access {
 }
 
 pub(crate) use mlx5_hw::wqe::{
-    MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT, MKC_ACCESS_MODE_PA,
+    MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MEMIC, MKC_ACCESS_MODE_MTT,
+    MKC_ACCESS_MODE_PA,
 };
 use mlx5_hw::wqe::{MTT_RD_EN, MTT_WR_EN};
 
@@ -244,8 +245,15 @@ impl Mkey {
         if self.access & need != need {
             return Err(KeyError::Access);
         }
-        let off = va.wrapping_sub(self.start);
-        if va < self.start || off > self.len || len > self.len - off {
+        // A MEMIC key is zero-based (mlx5_ib's reg_dm_mr: IB_ZERO_BASED):
+        // `va` is an offset into it, `start` the memory's BAR0 offset.
+        let base = if self.mode == MKC_ACCESS_MODE_MEMIC {
+            0
+        } else {
+            self.start
+        };
+        let off = va.wrapping_sub(base);
+        if va < base || off > self.len || len > self.len - off {
             return Err(KeyError::Bounds);
         }
         if len == 0 {
@@ -284,6 +292,9 @@ impl Mkey {
                 let ind = self.klm.as_ref().ok_or(KeyError::Invalid)?;
                 let r = Reach { pd, need, depth };
                 return ind.resolve_fixed(self.log_page, r, off, len, out);
+            }
+            MKC_ACCESS_MODE_MEMIC => {
+                push(out, crate::fw::memic::DEVMEM_IOVA + self.start + off, len)
             }
             _ => return Err(KeyError::Invalid),
         }

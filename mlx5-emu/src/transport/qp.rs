@@ -206,6 +206,8 @@ pub(crate) struct Rq {
     pub ci: u16,
     /// The SEND being received (valid while `send_on`).
     pub send: Recv,
+    /// Its bytes, when they go to the CQE (qpc `cs_res`).
+    pub send_inline: Option<super::cq::InlineScatter>,
     pub send_on: bool,
     /// The RDMA WRITE being received (valid while `write_on`).
     pub write: Recv,
@@ -261,6 +263,10 @@ pub(crate) struct Qp {
     /// `log_num_dci_errored_streams`.
     pub log_dci_streams: u8,
     pub log_dci_errored: u8,
+    /// qpc `cs_req` / `cs_res`: scatter of read responses / received
+    /// SENDs to the CQE (`mlx5_hw::qp::REQ_SCAT_*`, `RES_SCAT_*`).
+    pub cs_req: u8,
+    pub cs_res: u8,
 }
 
 impl Qp {

@@ -25,7 +25,7 @@ use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::event::EventType;
 use vm_memory::GuestMemoryMmap;
 
-use super::cq::Completion;
+use super::cq::{Completion, InlineScatter};
 use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, Reth, RoceAddr, Service};
 use super::qp::{self, Qp, RecvError, Rq};
@@ -270,6 +270,25 @@ fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap) -> Result<(), 
         Err(RecvError::Fault(w)) => Err(Some(Fatal::Protection(w, vendor::DMA_FAULT))),
         Err(RecvError::PageFault(w)) => Err(Some(Fatal::PageFault(w))),
     }
+}
+
+/// The bytes of a one-packet SEND that go to its CQE instead of the
+/// receive buffer: RC and UC QPs whose `cs_res` asks for it, up to 32
+/// bytes (64 with `RES_SCAT_DATA64_CQE` on a 128-byte-CQE CQ), as
+/// ConnectX scatters small messages (PRM "Scatter to CQE"). The receive
+/// WQE is consumed all the same; the driver copies the bytes out.
+fn scatter_to_cqe(qp: &Qp, payload: &Payload<'_>) -> Option<InlineScatter> {
+    let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, qp.rcq.stride);
+    let len = payload.len();
+    if len > limit || !(qp.st == qp::st::RC || qp.st == qp::st::UC) {
+        return None;
+    }
+    let mut s = InlineScatter {
+        data: [0; 64],
+        len: len as u8,
+    };
+    payload.read(&mut s.data[..len as usize]).ok()?;
+    Some(s)
 }
 
 fn resp_completion(qp: &Qp, rq: &Rq, opcode: CqeOpcode, h: &Headers, src_qp: u32) -> Completion {
@@ -569,10 +588,16 @@ fn rc_send(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused>
     if rq.send.off + len > rq.send.cap {
         return Err(Fatal::Length(wqe).into());
     }
-    if r.pkt
-        .payload
-        .copy_to_hinted(r.dmem, &rq.send.ext, rq.send.off)
-        .is_err()
+    rq.send_inline = if first && last {
+        scatter_to_cqe(r.qp, &r.pkt.payload)
+    } else {
+        None
+    };
+    if rq.send_inline.is_none()
+        && r.pkt
+            .payload
+            .copy_to_hinted(r.dmem, &rq.send.ext, rq.send.off)
+            .is_err()
     {
         return Err(Fatal::Protection(wqe, vendor::DMA_FAULT).into());
     }
@@ -600,7 +625,8 @@ fn send_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) {
         op::SEND_LAST_INV | op::SEND_ONLY_INV => CqeOpcode::RespSendInv,
         _ => CqeOpcode::RespSend,
     };
-    let c = resp_completion(qp, rq, opcode, r.h, r.remote);
+    let mut c = resp_completion(qp, rq, opcode, r.h, r.remote);
+    c.inline = rq.send_inline.take();
     rq.send_on = false;
     rq.msn = psn_add(rq.msn, 1);
     rdma.counters
@@ -1112,7 +1138,12 @@ fn uc_send(
         fatal(rdma, qp, rq, mem, Fatal::Length(w));
         return;
     }
-    if pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
+    let inline = if first && last {
+        scatter_to_cqe(qp, &pkt.payload)
+    } else {
+        None
+    };
+    if inline.is_none() && pkt.payload.copy_to(mem, &rq.send.ext, rq.send.off).is_err() {
         let w = rq.send.wqe;
         fatal(rdma, qp, rq, mem, Fatal::Protection(w, vendor::DMA_FAULT));
         return;
@@ -1124,7 +1155,8 @@ fn uc_send(
         } else {
             CqeOpcode::RespSend
         };
-        let c = resp_completion(qp, rq, opcode, h, remote);
+        let mut c = resp_completion(qp, rq, opcode, h, remote);
+        c.inline = inline;
         rq.send_on = false;
         rdma.counters
             .messages_received

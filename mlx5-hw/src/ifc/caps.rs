@@ -45,6 +45,8 @@ pub mod cmd_hca_cap {
     pub const EVENT_ON_VHCA_STATE_INVALID: BitField = BitField::new(0x27, 0x1);
     /// Place of `vhca_id`: bit 0x30, 0x10 bits.
     pub const VHCA_ID: BitField = BitField::new(0x30, 0x10);
+    /// Place of `qp_data_in_order`: bit 0x62, 0x1 bits.
+    pub const QP_DATA_IN_ORDER: BitField = BitField::new(0x62, 0x1);
     /// Place of `log_max_srq_sz`: bit 0x80, 0x8 bits.
     pub const LOG_MAX_SRQ_SZ: BitField = BitField::new(0x80, 0x8);
     /// Place of `log_max_qp_sz`: bit 0x88, 0x8 bits.
@@ -403,6 +405,16 @@ pub mod cmd_hca_cap {
     pub const RELAXED_ORDERING_READ: BitField = BitField::new(0x32a, 0x1);
     /// Place of `log_max_pd`: bit 0x32b, 0x5 bits.
     pub const LOG_MAX_PD: BitField = BitField::new(0x32b, 0x5);
+    /// Place of `dp_ordering_ooo_all_ud`: bit 0x330, 0x1 bits.
+    pub const DP_ORDERING_OOO_ALL_UD: BitField = BitField::new(0x330, 0x1);
+    /// Place of `dp_ordering_ooo_all_uc`: bit 0x331, 0x1 bits.
+    pub const DP_ORDERING_OOO_ALL_UC: BitField = BitField::new(0x331, 0x1);
+    /// Place of `dp_ordering_ooo_all_xrc`: bit 0x332, 0x1 bits.
+    pub const DP_ORDERING_OOO_ALL_XRC: BitField = BitField::new(0x332, 0x1);
+    /// Place of `dp_ordering_ooo_all_dc`: bit 0x333, 0x1 bits.
+    pub const DP_ORDERING_OOO_ALL_DC: BitField = BitField::new(0x333, 0x1);
+    /// Place of `dp_ordering_ooo_all_rc`: bit 0x334, 0x1 bits.
+    pub const DP_ORDERING_OOO_ALL_RC: BitField = BitField::new(0x334, 0x1);
     /// Place of `pcie_reset_using_hotreset_method`: bit 0x335, 0x1 bits.
     pub const PCIE_RESET_USING_HOTRESET_METHOD: BitField = BitField::new(0x335, 0x1);
     /// Place of `pci_sync_for_fw_update_with_driver_unload`: bit 0x336, 0x1 bits.
@@ -674,7 +686,10 @@ pub mod cmd_hca_cap {
             FieldInfo { name: "event_on_vhca_state_invalid", bit_off: 0x27, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_28", bit_off: 0x28, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "vhca_id", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "qp_data_in_order", bit_off: 0x62, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_63", bit_off: 0x63, width: 0x1d, ty: FieldType::Bits },
             FieldInfo { name: "log_max_srq_sz", bit_off: 0x80, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "log_max_qp_sz", bit_off: 0x88, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "event_cap", bit_off: 0x90, width: 0x1, ty: FieldType::Bits },
@@ -911,7 +926,11 @@ pub mod cmd_hca_cap {
             FieldInfo { name: "reserved_at_328", bit_off: 0x328, width: 0x2, ty: FieldType::Bits },
             FieldInfo { name: "relaxed_ordering_read", bit_off: 0x32a, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "log_max_pd", bit_off: 0x32b, width: 0x5, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_330", bit_off: 0x330, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "dp_ordering_ooo_all_ud", bit_off: 0x330, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "dp_ordering_ooo_all_uc", bit_off: 0x331, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "dp_ordering_ooo_all_xrc", bit_off: 0x332, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "dp_ordering_ooo_all_dc", bit_off: 0x333, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "dp_ordering_ooo_all_rc", bit_off: 0x334, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "pcie_reset_using_hotreset_method", bit_off: 0x335, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "pci_sync_for_fw_update_with_driver_unload", bit_off: 0x336, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "vnic_env_cnt_steering_fail", bit_off: 0x337, width: 0x1, ty: FieldType::Bits },
@@ -1165,6 +1184,10 @@ impl<T: AsRef<[u8]>> CmdHcaCap<T> {
     /// `vhca_id`: 16 bits at bit 0x30.
     pub fn vhca_id(&self) -> u16 {
         get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `qp_data_in_order`: 1 bits at bit 0x62.
+    pub fn qp_data_in_order(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x62, 1) != 0
     }
     /// `log_max_srq_sz`: 8 bits at bit 0x80.
     pub fn log_max_srq_sz(&self) -> u8 {
@@ -1882,6 +1905,26 @@ impl<T: AsRef<[u8]>> CmdHcaCap<T> {
     pub fn log_max_pd(&self) -> u8 {
         get_bits(self.buf.as_ref(), 0x32b, 5) as u8
     }
+    /// `dp_ordering_ooo_all_ud`: 1 bits at bit 0x330.
+    pub fn dp_ordering_ooo_all_ud(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x330, 1) != 0
+    }
+    /// `dp_ordering_ooo_all_uc`: 1 bits at bit 0x331.
+    pub fn dp_ordering_ooo_all_uc(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x331, 1) != 0
+    }
+    /// `dp_ordering_ooo_all_xrc`: 1 bits at bit 0x332.
+    pub fn dp_ordering_ooo_all_xrc(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x332, 1) != 0
+    }
+    /// `dp_ordering_ooo_all_dc`: 1 bits at bit 0x333.
+    pub fn dp_ordering_ooo_all_dc(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x333, 1) != 0
+    }
+    /// `dp_ordering_ooo_all_rc`: 1 bits at bit 0x334.
+    pub fn dp_ordering_ooo_all_rc(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x334, 1) != 0
+    }
     /// `pcie_reset_using_hotreset_method`: 1 bits at bit 0x335.
     pub fn pcie_reset_using_hotreset_method(&self) -> bool {
         get_bits(self.buf.as_ref(), 0x335, 1) != 0
@@ -2443,6 +2486,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CmdHcaCap<T> {
     /// Sets `vhca_id` (16 bits at bit 0x30).
     pub fn set_vhca_id(&mut self, value: u16) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `qp_data_in_order` (1 bits at bit 0x62).
+    pub fn set_qp_data_in_order(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x62, 1, u64::from(value));
         self
     }
     /// Sets `log_max_srq_sz` (8 bits at bit 0x80).
@@ -3338,6 +3386,31 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CmdHcaCap<T> {
     /// Sets `log_max_pd` (5 bits at bit 0x32b).
     pub fn set_log_max_pd(&mut self, value: u8) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x32b, 5, u64::from(value));
+        self
+    }
+    /// Sets `dp_ordering_ooo_all_ud` (1 bits at bit 0x330).
+    pub fn set_dp_ordering_ooo_all_ud(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x330, 1, u64::from(value));
+        self
+    }
+    /// Sets `dp_ordering_ooo_all_uc` (1 bits at bit 0x331).
+    pub fn set_dp_ordering_ooo_all_uc(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x331, 1, u64::from(value));
+        self
+    }
+    /// Sets `dp_ordering_ooo_all_xrc` (1 bits at bit 0x332).
+    pub fn set_dp_ordering_ooo_all_xrc(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x332, 1, u64::from(value));
+        self
+    }
+    /// Sets `dp_ordering_ooo_all_dc` (1 bits at bit 0x333).
+    pub fn set_dp_ordering_ooo_all_dc(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x333, 1, u64::from(value));
+        self
+    }
+    /// Sets `dp_ordering_ooo_all_rc` (1 bits at bit 0x334).
+    pub fn set_dp_ordering_ooo_all_rc(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x334, 1, u64::from(value));
         self
     }
     /// Sets `pcie_reset_using_hotreset_method` (1 bits at bit 0x335).

@@ -36,6 +36,8 @@ pub use hca::*;
 #[rustfmt::skip]
 mod mad;
 pub use mad::*;
+mod memic;
+pub use memic::*;
 #[rustfmt::skip]
 mod mkey;
 pub use mkey::*;
@@ -91,6 +93,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &ads::INFO,
     &alloc_flow_counter_in::INFO,
     &alloc_flow_counter_out::INFO,
+    &alloc_memic_in::INFO,
+    &alloc_memic_out::INFO,
     &alloc_pd_in::INFO,
     &alloc_pd_out::INFO,
     &alloc_q_counter_in::INFO,
@@ -155,6 +159,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &dctc::INFO,
     &dealloc_flow_counter_in::INFO,
     &dealloc_flow_counter_out::INFO,
+    &dealloc_memic_in::INFO,
+    &dealloc_memic_out::INFO,
     &dealloc_pd_in::INFO,
     &dealloc_pd_out::INFO,
     &dealloc_q_counter_in::INFO,

@@ -437,6 +437,8 @@ pub mod qpc {
     pub const RETRY_MODE: BitField = BitField::new(0x56, 0x2);
     /// Place of `ts_format`: bit 0x58, 0x2 bits.
     pub const TS_FORMAT: BitField = BitField::new(0x58, 0x2);
+    /// Place of `data_in_order`: bit 0x5a, 0x1 bits.
+    pub const DATA_IN_ORDER: BitField = BitField::new(0x5a, 0x1);
     /// Place of `rlky`: bit 0x5b, 0x1 bits.
     pub const RLKY: BitField = BitField::new(0x5b, 0x1);
     /// Place of `ulp_stateless_offload_mode`: bit 0x5c, 0x4 bits.
@@ -575,7 +577,7 @@ pub mod qpc {
             FieldInfo { name: "reserved_at_55", bit_off: 0x55, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "retry_mode", bit_off: 0x56, width: 0x2, ty: FieldType::Bits },
             FieldInfo { name: "ts_format", bit_off: 0x58, width: 0x2, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_5a", bit_off: 0x5a, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "data_in_order", bit_off: 0x5a, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "rlky", bit_off: 0x5b, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "ulp_stateless_offload_mode", bit_off: 0x5c, width: 0x4, ty: FieldType::Bits },
             FieldInfo { name: "counter_set_id", bit_off: 0x60, width: 0x8, ty: FieldType::Bits },
@@ -770,6 +772,10 @@ impl<T: AsRef<[u8]>> Qpc<T> {
     /// `ts_format`: 2 bits at bit 0x58.
     pub fn ts_format(&self) -> u8 {
         get_bits(self.buf.as_ref(), 0x58, 2) as u8
+    }
+    /// `data_in_order`: 1 bits at bit 0x5a.
+    pub fn data_in_order(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x5a, 1) != 0
     }
     /// `rlky`: 1 bits at bit 0x5b.
     pub fn rlky(&self) -> bool {
@@ -1090,6 +1096,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Qpc<T> {
     /// Sets `ts_format` (2 bits at bit 0x58).
     pub fn set_ts_format(&mut self, value: u8) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x58, 2, u64::from(value));
+        self
+    }
+    /// Sets `data_in_order` (1 bits at bit 0x5a).
+    pub fn set_data_in_order(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x5a, 1, u64::from(value));
         self
     }
     /// Sets `rlky` (1 bits at bit 0x5b).

@@ -1,0 +1,175 @@
+//! Scatter to CQE (inline receive): small received SENDs land in their
+//! CQE rather than the receive buffer, and the poller copies them out.
+//!
+//! What it follows:
+//! - which QPs ask (mlx5_ib `create_qp_common`, Linux 6.12 `qp.c`): RC and
+//!   UC QPs set qpc `cs_res` when the user allows scatter to CQE
+//!   (`MLX5_QP_FLAG_SCATTER_CQE`, which libmlx5 sets unless
+//!   `MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE` or `MLX5_SCATTER_TO_CQE=0`),
+//!   `RES_SCAT_DATA64_CQE` when the receive CQ has 128-byte CQEs, else
+//!   `RES_SCAT_DATA32_CQE`; SRQ QPs here do not (left);
+//! - where the bytes are (rdma-core `providers/mlx5/cq.c`,
+//!   `handle_responder`): CQE format 1 (`MLX5_INLINE_SCATTER_32`) in the
+//!   first 32 bytes of the 64-byte CQE, format 2 (`MLX5_INLINE_SCATTER_64`)
+//!   in the 64 bytes before it, the first half of a 128-byte entry;
+//! - the copy (`mlx5_copy_to_recv_wqe`): into the receive WQE's data
+//!   segments in order, read back from the ring, up to a segment with
+//!   `MLX5_INVALID_LKEY`; more bytes than the segments hold is
+//!   `IBV_WC_LOC_LEN_ERR`. [`crate::cq::Cq::poll_inline`] hands the bytes
+//!   out in place instead and leaves the receive buffer alone.
+//!
+//! Requester scatter (`cs_req`: READ responses and atomic results in the
+//! CQE) is not asked for yet (qpc `cs_req` stays 0).
+#![allow(unsafe_code)] // The copy into the receive buffer: memory the posted SGE names.
+
+use mlx5_hw::cqe::{CQE_FORMAT_INLINE_DATA32_SEG, CQE_FORMAT_INLINE_DATA64_SEG};
+use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
+use vfio::DmaRing;
+
+use crate::cq::WcStatus;
+use crate::qp::QpType;
+use crate::wqe::DATA_SIZE;
+
+/// `mlx5dv_qp_create_flags` that concern scatter to CQE (rdma-core's
+/// values).
+pub mod dv_flags {
+    /// `MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE`: received data always goes
+    /// to the receive buffer.
+    pub const DISABLE_SCATTER_TO_CQE: u32 = 1 << 3;
+    /// `MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE`: allow it on the requester
+    /// even when not every send is signaled (no effect yet: `cs_req` is
+    /// not asked for).
+    pub const ALLOW_SCATTER_TO_CQE: u32 = 1 << 4;
+}
+
+/// The `(cs_req, cs_res)` a QP of `qp_type` asks for, receive CQEs of
+/// `rcqe_bytes`, with an SRQ or not, under create flags `flags`.
+pub(crate) fn qpc_cs(qp_type: QpType, rcqe_bytes: usize, srq: bool, flags: u32) -> (u8, u8) {
+    use mlx5_hw::qp::{RES_SCAT_DATA32_CQE, RES_SCAT_DATA64_CQE};
+    if flags & dv_flags::DISABLE_SCATTER_TO_CQE != 0
+        || srq
+        || !matches!(qp_type, QpType::Rc | QpType::Uc)
+    {
+        return (0, 0);
+    }
+    let res = if rcqe_bytes == 128 {
+        RES_SCAT_DATA64_CQE
+    } else {
+        RES_SCAT_DATA32_CQE
+    };
+    (0, res)
+}
+
+/// A QP's receive ring as the poller reads it back (a view of the same
+/// memory the [`crate::rq::RecvRing`] writes).
+#[derive(Debug)]
+pub(crate) struct RecvView {
+    pub(crate) segs: DmaRing<DATA_SIZE>,
+    pub(crate) log_segs: u32,
+    pub(crate) mask: u32,
+}
+
+/// Received bytes handed out in place ([`crate::cq::Cq::poll_inline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineRecv {
+    /// The bytes (the first `len` are valid).
+    pub data: [u8; 64],
+    /// How many bytes came in the CQE; 0 when the completion had none
+    /// (its data, if any, is in the receive buffer).
+    pub len: u8,
+}
+
+impl Default for InlineRecv {
+    fn default() -> Self {
+        Self {
+            data: [0; 64],
+            len: 0,
+        }
+    }
+}
+
+/// The bytes a CQE of format `format` carries (`byte_len` of them, at
+/// most 32 or 64) into `out`: how many, or `None` for a format without
+/// data. `first`: the 64-byte CQE's bytes (format 1), `before`: the 64
+/// bytes before it (format 2).
+pub(crate) fn inline_bytes(
+    format: u8,
+    byte_len: u32,
+    first: impl FnOnce() -> [u64; 8],
+    before: impl FnOnce() -> [u64; 8],
+    out: &mut [u8; 64],
+) -> Option<usize> {
+    let (words, max) = match format {
+        CQE_FORMAT_INLINE_DATA32_SEG => (first(), 32),
+        CQE_FORMAT_INLINE_DATA64_SEG => (before(), 64),
+        _ => return None,
+    };
+    for (i, w) in words.iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_ne_bytes());
+    }
+    Some((byte_len as usize).min(max))
+}
+
+impl RecvView {
+    /// Copies `data` into the data segments of receive WQE `wqe_counter`,
+    /// as libmlx5's `mlx5_copy_to_recv_wqe`: success, or
+    /// `IBV_WC_LOC_LEN_ERR` when the segments hold less.
+    pub(crate) fn copy_to_wqe(&self, wqe_counter: u16, data: &[u8]) -> WcStatus {
+        let base = (u32::from(wqe_counter) & self.mask) << self.log_segs;
+        let mut left = data;
+        for i in 0..(1u32 << self.log_segs) {
+            if left.is_empty() {
+                break;
+            }
+            let Ok([bc_lkey, addr]) = self.segs.load_words::<2>(base.wrapping_add(i), 0) else {
+                break;
+            };
+            let bc_lkey = u64::from_be(bc_lkey);
+            let addr = u64::from_be(addr);
+            if bc_lkey as u32 == TERMINATE_SCATTER_LIST_LKEY {
+                break;
+            }
+            let n = left.len().min((bc_lkey >> 32) as usize);
+            let p = addr as *mut u8;
+            for (j, b) in left[..n].iter().enumerate() {
+                // SAFETY: `addr .. addr + n` lies in the segment the user
+                // posted for this receive: memory of a live MR (`Mr::sge`)
+                // or vouched for by `Sge::new_unchecked`, which the device
+                // may write until this WR completes, which is now; a
+                // volatile byte, since the memory is the device's too.
+                unsafe { p.wrapping_add(j).write_volatile(*b) };
+            }
+            left = &left[n..];
+        }
+        if left.is_empty() {
+            WcStatus::Success
+        } else {
+            WcStatus::LocLenErr
+        }
+    }
+}
+
+impl crate::pd::Pd {
+    /// `mlx5dv_create_qp` with `create_flags` ([`dv_flags`]):
+    /// `DISABLE_SCATTER_TO_CQE` keeps every received byte in the receive
+    /// buffer.
+    pub fn create_qp_dv(
+        &self,
+        attr: &crate::qp::QpInitAttr<'_>,
+        create_flags: u32,
+    ) -> crate::Result<crate::qp::Qp> {
+        if create_flags & !(dv_flags::DISABLE_SCATTER_TO_CQE | dv_flags::ALLOW_SCATTER_TO_CQE) != 0
+        {
+            return Err(crate::Error::Invalid("unsupported mlx5dv QP create flags"));
+        }
+        if create_flags & dv_flags::DISABLE_SCATTER_TO_CQE != 0
+            && create_flags & dv_flags::ALLOW_SCATTER_TO_CQE != 0
+        {
+            // libmlx5 refuses both at once (EINVAL).
+            return Err(crate::Error::Invalid(
+                "DISABLE and ALLOW_SCATTER_TO_CQE together",
+            ));
+        }
+        crate::qp::Qp::create_flags(&self.inner, attr, attr.qp_type.st(), create_flags)
+    }
+}
