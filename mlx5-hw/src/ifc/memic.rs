@@ -40,66 +40,16 @@ pub mod alloc_memic_in {
         size_bits: 0x100,
         doc: "ALLOC_MEMIC input: `memic_size` bytes inside `range_start_addr ..",
         fields: &[
-            FieldInfo {
-                name: "opcode",
-                bit_off: 0x0,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_10",
-                bit_off: 0x10,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_20",
-                bit_off: 0x20,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "op_mod",
-                bit_off: 0x30,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_30",
-                bit_off: 0x40,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_40",
-                bit_off: 0x60,
-                width: 0x18,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "log_memic_addr_alignment",
-                bit_off: 0x78,
-                width: 0x8,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "range_start_addr",
-                bit_off: 0x80,
-                width: 0x40,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "range_size",
-                bit_off: 0xc0,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "memic_size",
-                bit_off: 0xe0,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_30", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x60, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "log_memic_addr_alignment", bit_off: 0x78, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "range_start_addr", bit_off: 0x80, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "range_size", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "memic_size", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
         ],
     };
 }
@@ -120,11 +70,7 @@ impl<T: AsRef<[u8]>> AllocMemicIn<T> {
     }
     /// Wraps `buf` if it holds the whole layout (32 bytes).
     pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
-        LayoutError::check(
-            "alloc_memic_in",
-            alloc_memic_in::SIZE_BYTES,
-            buf.as_ref().len(),
-        )?;
+        LayoutError::check("alloc_memic_in", alloc_memic_in::SIZE_BYTES, buf.as_ref().len())?;
         Ok(Self { buf })
     }
     /// The underlying buffer.
@@ -220,30 +166,10 @@ pub mod alloc_memic_out {
         size_bits: 0x80,
         doc: "ALLOC_MEMIC output: the allocation's BAR0 offset.",
         fields: &[
-            FieldInfo {
-                name: "status",
-                bit_off: 0x0,
-                width: 0x8,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_8",
-                bit_off: 0x8,
-                width: 0x18,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "syndrome",
-                bit_off: 0x20,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "memic_start_addr",
-                bit_off: 0x40,
-                width: 0x40,
-                ty: FieldType::Bits,
-            },
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "memic_start_addr", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
         ],
     };
 }
@@ -263,11 +189,7 @@ impl<T: AsRef<[u8]>> AllocMemicOut<T> {
     }
     /// Wraps `buf` if it holds the whole layout (16 bytes).
     pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
-        LayoutError::check(
-            "alloc_memic_out",
-            alloc_memic_out::SIZE_BYTES,
-            buf.as_ref().len(),
-        )?;
+        LayoutError::check("alloc_memic_out", alloc_memic_out::SIZE_BYTES, buf.as_ref().len())?;
         Ok(Self { buf })
     }
     /// The underlying buffer.
@@ -338,54 +260,14 @@ pub mod dealloc_memic_in {
         size_bits: 0x100,
         doc: "DEALLOC_MEMIC input.",
         fields: &[
-            FieldInfo {
-                name: "opcode",
-                bit_off: 0x0,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_10",
-                bit_off: 0x10,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_20",
-                bit_off: 0x20,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "op_mod",
-                bit_off: 0x30,
-                width: 0x10,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_40",
-                bit_off: 0x40,
-                width: 0x40,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "memic_start_addr",
-                bit_off: 0x80,
-                width: 0x40,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "memic_size",
-                bit_off: 0xc0,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_e0",
-                bit_off: 0xe0,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "memic_start_addr", bit_off: 0x80, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "memic_size", bit_off: 0xc0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_e0", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
         ],
     };
 }
@@ -405,11 +287,7 @@ impl<T: AsRef<[u8]>> DeallocMemicIn<T> {
     }
     /// Wraps `buf` if it holds the whole layout (32 bytes).
     pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
-        LayoutError::check(
-            "dealloc_memic_in",
-            dealloc_memic_in::SIZE_BYTES,
-            buf.as_ref().len(),
-        )?;
+        LayoutError::check("dealloc_memic_in", dealloc_memic_in::SIZE_BYTES, buf.as_ref().len())?;
         Ok(Self { buf })
     }
     /// The underlying buffer.
@@ -485,30 +363,10 @@ pub mod dealloc_memic_out {
         size_bits: 0x80,
         doc: "DEALLOC_MEMIC output.",
         fields: &[
-            FieldInfo {
-                name: "status",
-                bit_off: 0x0,
-                width: 0x8,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_8",
-                bit_off: 0x8,
-                width: 0x18,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "syndrome",
-                bit_off: 0x20,
-                width: 0x20,
-                ty: FieldType::Bits,
-            },
-            FieldInfo {
-                name: "reserved_at_40",
-                bit_off: 0x40,
-                width: 0x40,
-                ty: FieldType::Bits,
-            },
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
         ],
     };
 }
@@ -528,11 +386,7 @@ impl<T: AsRef<[u8]>> DeallocMemicOut<T> {
     }
     /// Wraps `buf` if it holds the whole layout (16 bytes).
     pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
-        LayoutError::check(
-            "dealloc_memic_out",
-            dealloc_memic_out::SIZE_BYTES,
-            buf.as_ref().len(),
-        )?;
+        LayoutError::check("dealloc_memic_out", dealloc_memic_out::SIZE_BYTES, buf.as_ref().len())?;
         Ok(Self { buf })
     }
     /// The underlying buffer.

@@ -36,6 +36,7 @@ pub use hca::*;
 #[rustfmt::skip]
 mod mad;
 pub use mad::*;
+#[rustfmt::skip]
 mod memic;
 pub use memic::*;
 #[rustfmt::skip]
