@@ -119,7 +119,7 @@ impl RecvRig {
         let fabric = Fabric::cabled(2, Profile::ConnectX5);
         let f = |i| fabric.function(i).expect("function");
         let (fa, fb) = (f(0), f(1));
-        let a = side(fa.clone() as Arc<dyn PciFunction>);
+        let mut a = side(fa.clone() as Arc<dyn PciFunction>);
         let mut b = side(fb.clone() as Arc<dyn PciFunction>);
         let (mut qa, mut qb) = (qp(&a, 0), qp(&b, flags));
         let (na, nb) = (qa.qp_num(), qb.qp_num());
@@ -163,9 +163,9 @@ impl RecvRig {
             assert!(Instant::now() < deadline, "the model wrote no CQEs");
             std::thread::yield_now();
         }
+        let iova = cq_iova(&b.ctx, b.cq.cqn());
         fa.model().shutdown();
         fb.model().shutdown();
-        let iova = cq_iova(&b.ctx, b.cq.cqn());
         let mem = fb.bus().dma.memory();
         // Polled once: the CQEs are known good receives.
         let mut wc = [Wc::default(); 16];
@@ -256,6 +256,10 @@ fn scatter_to_cqe(c: &mut Criterion) {
         })
     });
     g.finish();
+    // The models are stopped: closing would wait out every command's
+    // timeout. Leaked, as `benches::ApiRig` is.
+    std::mem::forget(buffer);
+    std::mem::forget(cqe);
 }
 
 /// One signaled WRITE of `sge` to `(raddr, rkey)`, its completion polled.
