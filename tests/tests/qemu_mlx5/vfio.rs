@@ -36,6 +36,7 @@ fn build_bins() -> Result<Vec<PathBuf>, String> {
         .args([
             "build",
             "-q",
+            "--release",
             "-p",
             "tools",
             "--bin",
