@@ -18,8 +18,15 @@ if [[ -f "$stamp" ]] && [[ -f "$(cat "$stamp")/tests/run_tests.py" ]]; then
     cat "$stamp"
     exit 0
 fi
-printf 'deb-src http://deb.debian.org/debian %s main\ndeb-src http://deb.debian.org/debian trixie main\n' \
-    "$VERSION_CODENAME" >"$cache/apt/sources.list"
+# The Debian mirror this machine's apt already uses (its first URI).
+mirror="$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)"
+[[ -n "$mirror" ]] || mirror="$(awk '$1 == "deb" { print $2; exit }' /etc/apt/sources.list 2>/dev/null)"
+if [[ -z "$mirror" ]]; then
+    echo "rdma-core-tests: no apt mirror configured on this machine" >&2
+    exit 1
+fi
+printf 'deb-src %s %s main\ndeb-src %s trixie main\n' \
+    "$mirror" "$VERSION_CODENAME" "$mirror" >"$cache/apt/sources.list"
 opts=(-o "Dir::Etc::SourceList=$cache/apt/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
       -o "Dir::State::Lists=$cache/apt/lists" -o "Debug::NoLocking=1")
 apt-get "${opts[@]}" update -qq >&2
