@@ -138,16 +138,7 @@ fn queues_at_the_default_fd_limit(n: usize) {
     assert_eq!(mem, mem0, "every queue's memory came back");
     assert_eq!(mem.quarantined_bytes, 0);
     assert_eq!(func.dma_mappings(), maps0, "every chunk unmapped");
-    // Known problem (found 2026-11-27 after the session-7 merges, not yet
-    // diagnosed): two memfds of unmapped chunks stay open afterwards, held,
-    // it seems, by the model's last DMA-memory snapshot (its regions keep
-    // their files). The driver's own count is checked exactly above
-    // (memory, mappings); the fds may exceed the start by those two only.
-    let fds = open_fds();
-    assert!(
-        fds <= fds0 + 2,
-        "every chunk's fd closed but the model snapshot's two: {fds0} -> {fds}"
-    );
+    assert_eq!(open_fds(), fds0, "every chunk's fd closed");
     drop(pd);
     drop(ctx);
     assert_eq!(func.dma_mappings(), 0, "nothing mapped after close");

@@ -935,6 +935,7 @@ impl Qp {
             self.region.device_may_still_use();
             self.dbrec.device_may_still_use();
         }
+        self.ctx.odp.qp_gone(self.qpn);
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(b) = self.bfreg.take() {
