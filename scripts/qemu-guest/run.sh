@@ -17,7 +17,9 @@
 # target/debug/mlx5-emu beside this script's repo; `served`: the caller
 # already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
 # does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
-# (seconds, default 900), RUST_LOG.
+# (seconds, default 900), RUST_LOG, MLX5_QEMU_FUNCTIONS (2, the default, or
+# 0: no model function in the guest, nothing served), MLX5_QEMU_NET (more
+# QEMU arguments, e.g. the NICs of the rxe guest, tests/tests/qemu_rxe.rs).
 #
 # QEMU runs from the guest root (chroot, in a mount namespace of its own, so
 # nothing stays mounted): q35 under TCG, 2 GiB of guest RAM as a shared memfd
@@ -33,6 +35,7 @@ out="${2:-$(mktemp -d /tmp/mlx5-qemu-run.XXXXXX)}"
 emu="${MLX5_EMU:-$repo/target/debug/mlx5-emu}"
 profile="${MLX5_EMU_PROFILE:-cx4lx}"
 tmo="${MLX5_QEMU_TIMEOUT:-900}"
+functions="${MLX5_QEMU_FUNCTIONS:-2}"
 
 guest="$("$here/build.sh" --path)"
 if [[ ! -f "$guest/initrd.gz" ]]; then
@@ -52,7 +55,9 @@ cp "$here"/guest/*.py "$out/"
 cp "$guest/initrd.gz" "$out/initrd.gz"
 chmod +x "$out/init.sh"
 
-if [[ "$emu" != served ]]; then
+if [[ "$functions" == 0 ]]; then
+    :
+elif [[ "$emu" != served ]]; then
     rm -f "$out"/cx.sock "$out"/cx.sock.1
     RUST_LOG="${RUST_LOG:-info}" "$emu" serve --socket "$out/cx.sock" --profile "$profile" --trap-control-pages \
         --functions 2 >"$out/emu.log" 2>&1 &
@@ -63,7 +68,7 @@ if [[ "$emu" != served ]]; then
         sleep 0.05
     done
 fi
-if [[ ! -S "$out/cx.sock.1" ]]; then
+if [[ "$functions" != 0 && ! -S "$out/cx.sock.1" ]]; then
     echo "run.sh: nothing listens on $out/cx.sock.1; see $out/emu.log" >&2
     exit 1
 fi
@@ -77,11 +82,18 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
     iommu_args="intel_iommu=on iommu=pt"
 fi
 
+pci_dev=""
+if [[ "$functions" != 0 ]]; then
+    pci_dev='-device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2
+        -device {"driver":"vfio-user-pci","bus":"rp1","socket":{"path":"/guest/cx.sock","type":"unix"}}
+        -device {"driver":"vfio-user-pci","bus":"rp2","socket":{"path":"/guest/cx.sock.1","type":"unix"}}'
+fi
+
 kv="$(cat "$guest/kernel-version")"
 # The run directory appears in the guest root as /guest (script, sockets).
 set +e
 timeout "$tmo" unshare --mount --propagation private -- bash -euc '
-    root=$1; out=$2; kv=$3; iommu_dev=$4; iommu_args=$5
+    root=$1; out=$2; kv=$3; iommu_dev=$4; iommu_args=$5; pci_dev=$6; net=$7
     mount --bind "$out" "$root/guest"
     for m in dev proc sys; do mount --bind /$m "$root/$m"; done
     exec chroot "$root" qemu-system-x86_64 \
@@ -90,10 +102,8 @@ timeout "$tmo" unshare --mount --propagation private -- bash -euc '
         -kernel /boot/vmlinuz-$kv -initrd /guest/initrd.gz \
         -append "console=ttyS0 loglevel=7 panic=-1 $iommu_args" $iommu_dev \
         -virtfs local,path=/,mount_tag=root,security_model=none,readonly=on \
-        -device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2 \
-        -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp1\",\"socket\":{\"path\":\"/guest/cx.sock\",\"type\":\"unix\"}}" \
-        -device "{\"driver\":\"vfio-user-pci\",\"bus\":\"rp2\",\"socket\":{\"path\":\"/guest/cx.sock.1\",\"type\":\"unix\"}}"
-' run "$guest/root" "$out" "$kv" "$iommu_dev" "$iommu_args" </dev/null >"$out/console.log" 2>&1
+        $pci_dev $net
+' run "$guest/root" "$out" "$kv" "$iommu_dev" "$iommu_args" "$pci_dev" "${MLX5_QEMU_NET:-}" </dev/null >"$out/console.log" 2>&1
 rc=$?
 set -e
 echo "$rc" >"$out/qemu.rc"

@@ -2,7 +2,9 @@
 pub mod backend;
 pub mod function_contract;
 pub mod hugepages;
+pub mod qemu_guest;
 pub mod replay;
+pub mod tally;
 pub mod wait;
 
 /// The real ConnectX-4 firmware trace the repo carries, parsed:
