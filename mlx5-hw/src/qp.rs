@@ -149,6 +149,19 @@ pub const fn res_scatter_limit(cs_res: u8, cqe_bytes: u64) -> u64 {
     }
 }
 
+/// Bytes of a READ response or atomic result that scatter to the
+/// requester's CQE under `cs_req` (a `REQ_SCAT_*` value) on a send CQ of
+/// `cqe_bytes` (64 or 128) entries: 32, or 64 in a 128-byte CQE with
+/// DATA64; 0 for none.
+pub const fn req_scatter_limit(cs_req: u8, cqe_bytes: u64) -> u64 {
+    match cs_req {
+        REQ_SCAT_DATA32_CQE => 32,
+        REQ_SCAT_DATA64_CQE if cqe_bytes >= 128 => 64,
+        REQ_SCAT_DATA64_CQE => 32,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

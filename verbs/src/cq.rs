@@ -468,7 +468,11 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) 
             // What the posting recorded, as libmlx5's `handle_good_req`.
             (WcOpcode::from_umr_slot(t.sq_wc_op(wqe_counter)), 0)
         } else {
-            req_opcode(e, s_op)
+            let r = req_opcode(e, s_op);
+            if op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT) != 0 {
+                return scattered_req::<COPY>(e, t, r, qpn, wqe_counter, wc);
+            }
+            r
         };
         *wc = Wc {
             wr_id: t.sq_complete(wqe_counter),
@@ -510,6 +514,39 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) 
     } else {
         error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
     }
+}
+
+/// A READ or an atomic whose response came in the CQE (requester scatter
+/// to CQE): copied into the send WQE's data segments as libmlx5's
+/// `handle_good_req` does (`COPY`), before the WQE's slot is freed.
+#[cold]
+#[inline(never)]
+fn scattered_req<const COPY: bool>(
+    e: &impl CqeFields,
+    t: &WqTrack,
+    (opcode, byte_len): (WcOpcode, u32),
+    qpn: u32,
+    wqe_counter: u16,
+    wc: &mut Wc,
+) {
+    let mut status = WcStatus::Success;
+    if COPY {
+        let mut data = [0u8; 64];
+        let n = e.inline_data(&mut data).unwrap_or(0).min(byte_len as usize);
+        status = match t.send_view.get() {
+            Some(v) => v.copy_to_wqe(wqe_counter, &data[..n]),
+            // A QP that did not ask for it: nowhere to put the bytes.
+            None => WcStatus::GeneralErr,
+        };
+    }
+    *wc = Wc {
+        wr_id: t.sq_complete(wqe_counter),
+        status,
+        opcode,
+        byte_len,
+        qp_num: qpn,
+        ..Wc::default()
+    };
 }
 
 /// A receive whose bytes came in the CQE (scatter to CQE, RC/UC): copied
@@ -837,10 +874,10 @@ impl Cq {
         Ok(n)
     }
 
-    /// [`poll`](Self::poll) that hands the bytes of receives scattered to
-    /// their CQE out in place (`inline[i]` for `wc[i]`; `len` 0 when the
-    /// completion had none) instead of copying them into the receive
-    /// buffer, which stays untouched. `inline` shorter than `wc` polls
+    /// [`poll`](Self::poll) that hands the bytes scattered to a CQE out in
+    /// place (`inline[i]` for `wc[i]`; `len` 0 when the completion had
+    /// none) instead of copying them into the receive buffer, or the READ's
+    /// or atomic's local buffer (requester scatter), which stay untouched. `inline` shorter than `wc` polls
     /// only as many.
     pub fn poll_inline(
         &mut self,

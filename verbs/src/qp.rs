@@ -496,6 +496,38 @@ fn create_qp_input(
     inb
 }
 
+/// The views of the rings the poller reads back for scatter to CQE
+/// (`crate::scatter_cqe`): the receive ring when the QP asked for
+/// `cs_res`, the send ring for `cs_req`.
+fn scatter_views(sizes: &QpSizes, bufs: &QpBufs, track: &WqTrack, cs: (u8, u8)) -> Result<()> {
+    if cs.1 != 0 && sizes.rq_cnt > 0 {
+        let per_wqe = (sizes.rq_stride / DATA_SIZE) as u32;
+        let segs = vfio::DmaRing::new(
+            bufs.region.buf().clone(),
+            bufs.region.offset(),
+            sizes.rq_cnt * per_wqe,
+        )?;
+        let _ = track.recv_view.set(crate::scatter_cqe::RecvView {
+            segs,
+            log_segs: per_wqe.trailing_zeros(),
+            mask: sizes.rq_cnt - 1,
+        });
+    }
+    if cs.0 != 0 {
+        let per_bb = (BB / DATA_SIZE) as u32;
+        let segs = vfio::DmaRing::new(
+            bufs.region.buf().clone(),
+            bufs.region.offset() + sizes.sq_base(),
+            sizes.sq_cnt * per_bb,
+        )?;
+        let _ = track.send_view.set(crate::scatter_cqe::SendView {
+            segs,
+            log_per_bb: per_bb.trailing_zeros(),
+        });
+    }
+    Ok(())
+}
+
 /// The send ring and (without an SRQ) the receive ring of QP `track.qpn()`
 /// over `bufs`: the SQ after the RQ, the counters at `MLX5_SND_DBR` and
 /// `MLX5_RCV_DBR` of the doorbell record, doorbells on the UAR's first
@@ -579,12 +611,15 @@ impl Qp {
         tune: impl FnOnce(&mut [u8]),
     ) -> Result<Self> {
         let ctx = &pd.ctx;
-        let cs = crate::scatter_cqe::qpc_cs(
-            a.qp_type,
-            a.recv_cq.shared.cqe_bytes,
-            a.srq.is_some(),
+        let cs = crate::scatter_cqe::qpc_cs(crate::scatter_cqe::CsAsk {
+            qp_type: a.qp_type,
+            st,
+            scqe_bytes: a.send_cq.shared.cqe_bytes,
+            rcqe_bytes: a.recv_cq.shared.cqe_bytes,
+            srq: a.srq.is_some(),
+            sq_sig_all: a.sq_sig_all,
             flags,
-        );
+        });
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
         let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
@@ -607,28 +642,10 @@ impl Qp {
                 return Err(e);
             }
         };
-        if cs.1 != 0 && sizes.rq_cnt > 0 {
-            let per_wqe = (sizes.rq_stride / DATA_SIZE) as u32;
-            let view = vfio::DmaRing::new(
-                bufs.region.buf().clone(),
-                bufs.region.offset(),
-                sizes.rq_cnt * per_wqe,
-            )
-            .map(|segs| crate::scatter_cqe::RecvView {
-                segs,
-                log_segs: per_wqe.trailing_zeros(),
-                mask: sizes.rq_cnt - 1,
-            });
-            match view {
-                Ok(v) => {
-                    let _ = track.recv_view.set(v);
-                }
-                Err(e) => {
-                    destroy_qp_cmd(ctx, qpn);
-                    ctx.release_bfreg(bufs.bfreg);
-                    return Err(e.into());
-                }
-            }
+        if let Err(e) = scatter_views(&sizes, &bufs, &track, cs) {
+            destroy_qp_cmd(ctx, qpn);
+            ctx.release_bfreg(bufs.bfreg);
+            return Err(e);
         }
         a.send_cq.shared.attach(qpn, track.clone());
         a.recv_cq.shared.attach(qpn, track);

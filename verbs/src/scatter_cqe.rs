@@ -18,8 +18,16 @@
 //!   `IBV_WC_LOC_LEN_ERR`. [`crate::cq::Cq::poll_inline`] hands the bytes
 //!   out in place instead and leaves the receive buffer alone.
 //!
-//! Requester scatter (`cs_req`: READ responses and atomic results in the
-//! CQE) is not asked for yet (qpc `cs_req` stays 0).
+//! - the requester side (mlx5_ib `configure_requester_scat_cqe`): RC QPs
+//!   whose sends are all signaled, or created with
+//!   `MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE`, set qpc `cs_req`
+//!   (`REQ_SCAT_DATA64_CQE` when the send CQ has 128-byte CQEs, else
+//!   `REQ_SCAT_DATA32_CQE`): READ responses and atomic results that fit
+//!   come in the CQE, and the poller copies them into the send WQE's data
+//!   segments, read back from the send queue (`mlx5_copy_to_send_wqe`:
+//!   after the control and remote-address segments, and the atomic
+//!   segment for atomics, as many as the control segment's DS count
+//!   says, wrapping at the queue's end).
 #![allow(unsafe_code)] // The copy into the receive buffer: memory the posted SGE names.
 
 use mlx5_hw::cqe::{CQE_FORMAT_INLINE_DATA32_SEG, CQE_FORMAT_INLINE_DATA64_SEG};
@@ -37,27 +45,117 @@ pub mod dv_flags {
     /// to the receive buffer.
     pub const DISABLE_SCATTER_TO_CQE: u32 = 1 << 3;
     /// `MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE`: allow it on the requester
-    /// even when not every send is signaled (no effect yet: `cs_req` is
-    /// not asked for).
+    /// even when not every send is signaled (the device scatters only
+    /// the responses of signaled WQEs).
     pub const ALLOW_SCATTER_TO_CQE: u32 = 1 << 4;
 }
 
-/// The `(cs_req, cs_res)` a QP of `qp_type` asks for, receive CQEs of
-/// `rcqe_bytes`, with an SRQ or not, under create flags `flags`.
-pub(crate) fn qpc_cs(qp_type: QpType, rcqe_bytes: usize, srq: bool, flags: u32) -> (u8, u8) {
-    use mlx5_hw::qp::{RES_SCAT_DATA32_CQE, RES_SCAT_DATA64_CQE};
-    if flags & dv_flags::DISABLE_SCATTER_TO_CQE != 0
-        || srq
-        || !matches!(qp_type, QpType::Rc | QpType::Uc)
+/// What a QP's creation says about scatter to CQE.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CsAsk {
+    pub(crate) qp_type: QpType,
+    /// The QPC's transport service: a DCI (`QPC_ST_DCI`, created as an RC
+    /// QP here) asks for neither (its WQEs carry an address vector that
+    /// `mlx5_copy_to_send_wqe` does not skip; libmlx5 refuses it too).
+    pub(crate) st: u8,
+    /// Bytes per CQE of the send CQ and of the receive CQ.
+    pub(crate) scqe_bytes: usize,
+    pub(crate) rcqe_bytes: usize,
+    pub(crate) srq: bool,
+    pub(crate) sq_sig_all: bool,
+    /// `mlx5dv_qp_create_flags` ([`dv_flags`]).
+    pub(crate) flags: u32,
+}
+
+/// The `(cs_req, cs_res)` a QP asks for, as mlx5_ib sets them.
+pub(crate) fn qpc_cs(a: CsAsk) -> (u8, u8) {
+    use mlx5_hw::qp::{
+        REQ_SCAT_DATA32_CQE, REQ_SCAT_DATA64_CQE, RES_SCAT_DATA32_CQE, RES_SCAT_DATA64_CQE,
+    };
+    if a.flags & dv_flags::DISABLE_SCATTER_TO_CQE != 0
+        || !matches!(a.qp_type, QpType::Rc | QpType::Uc)
+        || a.st == mlx5_hw::qp::QPC_ST_DCI
     {
         return (0, 0);
     }
-    let res = if rcqe_bytes == 128 {
-        RES_SCAT_DATA64_CQE
-    } else {
-        RES_SCAT_DATA32_CQE
+    let req = match (
+        a.qp_type,
+        a.sq_sig_all || a.flags & dv_flags::ALLOW_SCATTER_TO_CQE != 0,
+    ) {
+        (QpType::Rc, true) if a.scqe_bytes == 128 => REQ_SCAT_DATA64_CQE,
+        (QpType::Rc, true) => REQ_SCAT_DATA32_CQE,
+        _ => 0,
     };
-    (0, res)
+    let res = match (a.srq, a.rcqe_bytes) {
+        (true, _) => 0,
+        (false, 128) => RES_SCAT_DATA64_CQE,
+        (false, _) => RES_SCAT_DATA32_CQE,
+    };
+    (req, res)
+}
+
+/// A QP's send queue as the poller reads it back, in 16-byte segments
+/// (a view of the same memory the [`crate::wqe::SendRing`] writes).
+#[derive(Debug)]
+pub(crate) struct SendView {
+    pub(crate) segs: DmaRing<DATA_SIZE>,
+    /// Segments per basic block, as a shift (64-byte blocks: 2).
+    pub(crate) log_per_bb: u32,
+}
+
+impl SendView {
+    /// Copies `data` (a READ response or an atomic result that came in the
+    /// CQE) into the data segments of send WQE `wqe_counter`, as libmlx5's
+    /// `mlx5_copy_to_send_wqe`: success, `IBV_WC_LOC_LEN_ERR` when the
+    /// segments hold less, `IBV_WC_GENERAL_ERR` for a WQE that is neither
+    /// a READ nor an atomic.
+    pub(crate) fn copy_to_wqe(&self, wqe_counter: u16, data: &[u8]) -> WcStatus {
+        use mlx5_hw::ifc::{wqe_atomic_seg, wqe_ctrl_seg, wqe_raddr_seg};
+        use mlx5_hw::wqe::{WqeOpcode, WQE_CTRL_DS_MASK, WQE_CTRL_OPCODE_MASK};
+        let first = u32::from(wqe_counter) << self.log_per_bb;
+        let Ok([opmod_idx_opcode_qpn_ds, _]) = self.segs.load_words::<2>(first, 0) else {
+            return WcStatus::GeneralErr;
+        };
+        // The control segment's first two big-endian words.
+        let ctrl = u64::from_be(opmod_idx_opcode_qpn_ds);
+        let opcode = ((ctrl >> 32) as u32 & WQE_CTRL_OPCODE_MASK) as u8;
+        let ds = ctrl as u32 & WQE_CTRL_DS_MASK;
+        // Past the control and remote-address segments, and the atomic one.
+        let segs = |bytes: usize| (bytes / DATA_SIZE) as u32;
+        let skip = match WqeOpcode::from_raw(opcode) {
+            WqeOpcode::RdmaRead => segs(wqe_ctrl_seg::SIZE_BYTES + wqe_raddr_seg::SIZE_BYTES),
+            WqeOpcode::AtomicCs | WqeOpcode::AtomicFa => segs(
+                wqe_ctrl_seg::SIZE_BYTES + wqe_raddr_seg::SIZE_BYTES + wqe_atomic_seg::SIZE_BYTES,
+            ),
+            _ => return WcStatus::GeneralErr,
+        };
+        let mut left = data;
+        for i in skip..ds {
+            if left.is_empty() {
+                break;
+            }
+            let Ok([bc_lkey, addr]) = self.segs.load_words::<2>(first.wrapping_add(i), 0) else {
+                break;
+            };
+            let bc_lkey = u64::from_be(bc_lkey);
+            let n = left.len().min((bc_lkey >> 32) as usize);
+            let p = u64::from_be(addr) as *mut u8;
+            for (j, b) in left[..n].iter().enumerate() {
+                // SAFETY: `addr .. addr + n` lies in the segment the user
+                // posted for this READ or atomic: memory of a live MR
+                // (`Mr::sge`) or vouched for by `Sge::new_unchecked`, which
+                // the device may write until this WR completes, which is
+                // now; a volatile byte, since the memory is the device's too.
+                unsafe { p.wrapping_add(j).write_volatile(*b) };
+            }
+            left = &left[n..];
+        }
+        if left.is_empty() {
+            WcStatus::Success
+        } else {
+            WcStatus::LocLenErr
+        }
+    }
 }
 
 /// A QP's receive ring as the poller reads it back (a view of the same

@@ -57,6 +57,9 @@ pub struct WqTrack {
     /// The receive ring read back by the poller, set when the QP asked
     /// for scatter to CQE (`crate::scatter_cqe`).
     pub(crate) recv_view: std::sync::OnceLock<crate::scatter_cqe::RecvView>,
+    /// The send ring read back by the poller, set when the QP asked for
+    /// requester scatter to CQE.
+    pub(crate) send_view: std::sync::OnceLock<crate::scatter_cqe::SendView>,
 }
 
 impl WqTrack {
@@ -83,6 +86,7 @@ impl WqTrack {
             rq_mask: rq_cnt.max(1) - 1,
             srq,
             recv_view: std::sync::OnceLock::new(),
+            send_view: std::sync::OnceLock::new(),
         })
     }
 

@@ -133,6 +133,10 @@ pub(crate) struct Sq {
     pub tally: Tally,
     /// A DCI's connection and streams.
     pub dc: super::dc::DciState,
+    /// The bytes of the READ response or atomic result just answered that
+    /// go to its CQE instead of the local buffer (qpc `cs_req`), taken by
+    /// its completion.
+    pub cqe_data: Option<super::cq::InlineScatter>,
 }
 
 /// Packets and bytes sent to the peer, and messages completed, not yet in

@@ -28,7 +28,7 @@ use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 use zerocopy::FromBytes;
 
-use super::cq::Completion;
+use super::cq::{Completion, InlineScatter};
 use super::dc::{self, DcLink, Target};
 use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, AtomicEth, Bth, Deth, Headers, Reth, RoceAddr};
@@ -389,6 +389,7 @@ fn finish(
         }
         Outcome::Error(synd, v) => {
             flush_tally(rdma, sq);
+            sq.cqe_data = None;
             sq.ci = head.index.wrapping_add(head.nbb);
             let c = Completion {
                 opcode: CqeOpcode::ReqErr.to_raw(),
@@ -429,6 +430,7 @@ fn complete(
     sq.retries_left = sq.retry_count;
     sq.rnr_left = sq.rnr_retry;
     sq.tally.messages.set(sq.tally.messages.get() + 1);
+    let inline = sq.cqe_data.take();
     if head.signaled {
         flush_tally(rdma, sq);
         let c = Completion {
@@ -438,6 +440,7 @@ fn complete(
             wqe_counter: head.index,
             s_wqe_opcode: head.opcode,
             byte_cnt: bytes,
+            inline,
             ..Completion::default()
         };
         if !qp.scq.push(rdma, mem, &c) {
@@ -1042,6 +1045,9 @@ struct Answer {
     /// the READ is sent again.
     read_next: Option<u32>,
     read_gap: bool,
+    /// The message's response data goes to its CQE (qpc `cs_req`), not
+    /// to the local buffer.
+    scatter: Option<InlineScatter>,
 }
 
 impl Answer {
@@ -1099,7 +1105,11 @@ fn note(
             }
             ans.read_next = Some((psn + 1) & 0xff_ffff);
             let off = u64::from(psn.wrapping_sub(first_psn) & 0xff_ffff) * mtu;
-            if r.payload.copy_to(mem, ext, off).is_err() {
+            let landed = match ans.scatter.as_mut() {
+                Some(s) => scatter_response(s, &r.payload, off),
+                None => r.payload.copy_to(mem, ext, off).is_ok(),
+            };
+            if !landed {
                 ans.fault = true;
             }
             if matches!(o, op::READ_RESPONSE_LAST | op::READ_RESPONSE_ONLY) {
@@ -1107,14 +1117,51 @@ fn note(
             }
         }
         op::ATOMIC_ACKNOWLEDGE => {
-            let orig = h.atomic_ack.unwrap_or_default();
-            if mem::write_bytes(mem, ext, 0, &orig.to_be_bytes()).is_err() {
+            let orig = h.atomic_ack.unwrap_or_default().to_be_bytes();
+            let landed = match ans.scatter.as_mut() {
+                Some(s) => {
+                    s.data[..8].copy_from_slice(&orig);
+                    true
+                }
+                None => mem::write_bytes(mem, ext, 0, &orig).is_ok(),
+            };
+            if !landed {
                 ans.fault = true;
             }
             ans.ack(psn);
         }
         _ => {}
     }
+}
+
+/// Copies a READ response's payload, `off` bytes into the message, into
+/// the CQE's bytes; false if it does not fit (the message was measured
+/// to fit, so a peer that sent more).
+fn scatter_response(s: &mut InlineScatter, payload: &Payload<'_>, off: u64) -> bool {
+    let (off, n) = (off as usize, payload.len() as usize);
+    if off + n > usize::from(s.len) {
+        return false;
+    }
+    payload.read(&mut s.data[off..off + n]).is_ok()
+}
+
+/// Whether the response data of READ or atomic `w` goes to its CQE
+/// (PRM "Scatter to CQE", requester side): the QP asks for it (`cs_req`,
+/// which Linux sets only for QPs whose sends are all signaled or that
+/// allow it), the WQE is signaled (only a CQE can carry the bytes) and
+/// they fit the send CQ's entry.
+fn requester_scatter(qp: &Qp, w: &Wqe) -> Option<InlineScatter> {
+    use WqeOpcode as W;
+    let len = match w.opcode {
+        W::RdmaRead => w.len,
+        W::AtomicCs | W::AtomicFa => 8,
+        _ => return None,
+    };
+    let limit = mlx5_hw::qp::req_scatter_limit(qp.cs_req, qp.scq.stride);
+    (w.signaled && len > 0 && len <= limit).then_some(InlineScatter {
+        data: [0; 64],
+        len: len as u8,
+    })
 }
 
 /// The memories of one burst, with their region hints: this function's,
@@ -1167,7 +1214,10 @@ fn connected(
         npkts,
         mtu,
     };
-    let mut ans = Answer::default();
+    let mut ans = Answer {
+        scatter: requester_scatter(qp, w),
+        ..Answer::default()
+    };
     let has_peer = sq.peer.is_some();
     if let Some(mut link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {
         link.dc = (qp.st == qp::st::DCI)
@@ -1193,7 +1243,11 @@ fn connected(
         return Outcome::Done(w.len as u32);
     }
     sq.acked = ans.acked;
-    rc_outcome(rdma, qp, sq, w, s, &ans, has_peer)
+    let o = rc_outcome(rdma, qp, sq, w, s, &ans, has_peer);
+    if matches!(o, Outcome::Done(_)) {
+        sq.cqe_data = ans.scatter;
+    }
+    o
 }
 
 /// The peer of the connection: found again (address path, route, remote
