@@ -1042,9 +1042,19 @@ struct Answer {
     /// the READ is sent again.
     read_next: Option<u32>,
     read_gap: bool,
+    /// An atomic's original value lands in host byte order
+    /// ([`Rdma::host_endian_atomics`]), not network order.
+    host_atomics: bool,
 }
 
 impl Answer {
+    fn new(rdma: &Rdma) -> Self {
+        Self {
+            host_atomics: rdma.host_endian_atomics.load(Ordering::Acquire),
+            ..Self::default()
+        }
+    }
+
     fn ack(&mut self, psn: u32) {
         if self.acked.is_none_or(|a| psn_le(a, psn)) {
             self.acked = Some(psn);
@@ -1108,7 +1118,12 @@ fn note(
         }
         op::ATOMIC_ACKNOWLEDGE => {
             let orig = h.atomic_ack.unwrap_or_default();
-            if mem::write_bytes(mem, ext, 0, &orig.to_be_bytes()).is_err() {
+            let bytes = if ans.host_atomics {
+                orig.to_le_bytes()
+            } else {
+                orig.to_be_bytes()
+            };
+            if mem::write_bytes(mem, ext, 0, &bytes).is_err() {
                 ans.fault = true;
             }
             ans.ack(psn);
@@ -1167,7 +1182,7 @@ fn connected(
         npkts,
         mtu,
     };
-    let mut ans = Answer::default();
+    let mut ans = Answer::new(rdma);
     let has_peer = sq.peer.is_some();
     if let Some(mut link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {
         link.dc = (qp.st == qp::st::DCI)
