@@ -116,6 +116,7 @@ impl Firmware {
             mtu,
             min_rnr_nak: dctc::MIN_RNR_NAK.get(c) as u8,
             counter_set,
+            cqe_uidx: self.dct_cqe_uidx(c),
             ctx: c.to_vec(),
             state: AtomicU8::new(DCTC_STATE_ACTIVE),
             violations: AtomicU32::new(0),
@@ -192,6 +193,12 @@ impl Firmware {
         Ok(vec![0; 0x10])
     }
 
+    /// What a DCT's receive CQEs carry in `srqn_uidx`: its user index
+    /// under cqe_version 1 (as for QPs), else the SRQ number (`None`).
+    fn dct_cqe_uidx(&self, c: &[u8]) -> Option<u32> {
+        (self.cap(cmd_hca_cap::CQE_VERSION) == 1).then(|| dctc::USER_INDEX.get(c) as u32)
+    }
+
     /// A new QP's DCI stream fields: only on a DCI, within
     /// `log_max_dci_stream_channels` / `log_max_dci_errored_streams`. More
     /// errored streams than streams is taken (rdma-core's test_mlx5_dc
@@ -248,6 +255,20 @@ mod tests {
     use super::st;
     use crate::fw::Firmware;
     use crate::{DeviceConfig, Profile};
+
+    #[test]
+    fn a_dct_reports_its_user_index_under_cqe_version_1() {
+        use mlx5_hw::ifc::{cmd_hca_cap, dctc};
+        let mut fw = Firmware::new(&DeviceConfig::for_profile(Profile::ConnectX7));
+        let mut c = vec![0u8; dctc::SIZE_BYTES];
+        dctc::USER_INDEX.set(&mut c, 0x42);
+        let general = crate::profile::cap_type::GENERAL;
+        for (v, want) in [(0, None), (1, Some(0x42))] {
+            let page = fw.caps.cur.get_mut(&general).unwrap();
+            cmd_hca_cap::CQE_VERSION.set(page, v);
+            assert_eq!(fw.dct_cqe_uidx(&c), want);
+        }
+    }
 
     #[test]
     fn dci_stream_bounds_are_the_caps_only() {
