@@ -398,6 +398,9 @@ impl Inner {
         lock(&self.pci).reset_function();
         fw.power_on(&self.bar, &self.cfg);
         self.rdma.reset();
+        self.rdma
+            .host_endian_atomics
+            .store(false, Ordering::Release);
         // How the previous owner rang the command doorbell is its own: the
         // next one may map the BAR and ring through shared memory.
         lock(&self.trapped_doorbells).clear();

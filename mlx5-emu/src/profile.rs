@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use mlx5_hw::bits::BitField;
-use mlx5_hw::ifc::{cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap, roce_cap};
+use mlx5_hw::ifc::{
+    atomic_caps, cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap, roce_cap,
+};
 
 /// The ConnectX-4 capability pages and QUERY_ADAPTER block, from the trace.
 const CX4_DATA: &str = include_str!("../profiles/connectx4-caps.txt");
@@ -358,6 +360,19 @@ impl CapPages {
         );
         self.set_both(DEV_MEM, device_mem_cap::LOG_MAX_MEMIC_ADDR_ALIGNMENT, 12);
         self.set_both(GENERAL_2, cmd_hca_cap_2::SW_VHCA_ID_VALID, 0);
+        // 8-byte atomics in host byte order on request (ConnectX-5 and
+        // later; 14.12 of the trace offers network order only): the driver
+        // may set atomic_req_8B_endianness_mode up to 1 (Linux's
+        // handle_hca_cap_atomic does, and mlx5_ib then reports ATOMIC_HCA).
+        self.set_both(
+            ATOMIC,
+            atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1,
+            1,
+        );
+        if let Some(m) = self.max.get_mut(&ATOMIC) {
+            atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE
+                .set(m, mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS);
+        }
         self.raise_odp();
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at

@@ -237,6 +237,12 @@ impl Drv {
 
     /// The kernel's bring-up up to INIT_HCA.
     fn bring_up(&mut self) {
+        self.bring_up_as(|_| {});
+    }
+
+    /// [`Drv::bring_up`], with `before_init` run after the pages are
+    /// given and before INIT_HCA (where a driver sets caps).
+    fn bring_up_as(&mut self, before_init: impl FnOnce(&mut Self)) {
         self.open();
         self.ok(&cmd_in(0x104, 0, 16), 16);
         let issi = self.ok(&cmd_in(0x10a, 0, 16), 0x70);
@@ -251,6 +257,7 @@ impl Drv {
         let init = self.query_pages(2);
         assert_eq!(init, profile.init_pages());
         assert_eq!(self.give_pages(init as usize)[0], 0);
+        before_init(self);
         self.ok(&cmd_in(0x102, 0, 16), 16);
     }
 }

@@ -5,12 +5,16 @@
 //! changes must fit what max allows (a one-bit field may be set only where
 //! max has it; a wider field may not exceed max), else bad parameter.
 
-use mlx5_hw::ifc::{cmd_hca_cap, query_hca_cap_in, query_hca_cap_out, set_hca_cap_in};
+use std::sync::atomic::Ordering;
+
+use mlx5_hw::ifc::{atomic_caps, cmd_hca_cap, query_hca_cap_in, query_hca_cap_out, set_hca_cap_in};
+use mlx5_hw::init;
 use mlx5_hw::registry::{FieldType, LayoutInfo};
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, sized, synd, CmdResult, Firmware, HcaState};
 use crate::profile::{cap_type, CAP_PAGE_SIZE};
+use crate::Inner;
 
 /// Offset of the capability page in QUERY output and SET input.
 const CAP_OFF: usize = mlx5_hw::ifc::query_hca_cap_out::CAPABILITY.off / 8;
@@ -100,7 +104,7 @@ impl Firmware {
         Ok(out)
     }
 
-    pub(super) fn set_hca_cap(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn set_hca_cap(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(input, outlen, set_hca_cap_in::SIZE_BYTES, 0x10)?;
         if set_hca_cap_in::OTHER_FUNCTION.get(input) != 0 {
             return Err(fail(CmdStatus::BadParameter, synd::BAD_FUNCTION_ID));
@@ -127,11 +131,28 @@ impl Firmware {
             tracing::debug!(ty, field, "SET_HCA_CAP beyond max");
             return Err(fail(CmdStatus::BadParameter, synd::CAP_EXCEEDS_MAX));
         }
-        let mut page = new.to_vec();
+        let mut page = if ty == cap_type::ATOMIC {
+            // Of the atomic page firmware takes the requester endianness
+            // mode only; the rest is what the card does (Linux sends it
+            // zero: handle_hca_cap_atomic starts from an empty page).
+            let mode = atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE;
+            let mut p = cur.clone();
+            mode.set(&mut p, mode.get(new));
+            p
+        } else {
+            new.to_vec()
+        };
         // Reserved bits keep firmware's values.
         keep_reserved(info, cur, &mut page, 0);
         if ty == cap_type::GENERAL {
             self.checksums = cmd_hca_cap::CMDIF_CHECKSUM.get(&page) != 0;
+        }
+        if ty == cap_type::ATOMIC {
+            let mode = atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.get(&page);
+            inner.rdma.host_endian_atomics.store(
+                mode == init::ATOMIC_REQ_MODE_HOST_ENDIANNESS,
+                Ordering::Release,
+            );
         }
         self.caps.cur.insert(ty, page);
         Ok(vec![0; 0x10])

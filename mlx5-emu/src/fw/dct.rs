@@ -116,6 +116,7 @@ impl Firmware {
             mtu,
             min_rnr_nak: dctc::MIN_RNR_NAK.get(c) as u8,
             counter_set,
+            cqe_uidx: self.dct_cqe_uidx(c),
             ctx: c.to_vec(),
             state: AtomicU8::new(DCTC_STATE_ACTIVE),
             violations: AtomicU32::new(0),
@@ -192,9 +193,17 @@ impl Firmware {
         Ok(vec![0; 0x10])
     }
 
+    /// What a DCT's receive CQEs carry in `srqn_uidx`: its user index
+    /// under cqe_version 1 (as for QPs), else the SRQ number (`None`).
+    fn dct_cqe_uidx(&self, c: &[u8]) -> Option<u32> {
+        (self.cap(cmd_hca_cap::CQE_VERSION) == 1).then(|| dctc::USER_INDEX.get(c) as u32)
+    }
+
     /// A new QP's DCI stream fields: only on a DCI, within
-    /// `log_max_dci_stream_channels` / `log_max_dci_errored_streams`, no
-    /// more errored streams than streams.
+    /// `log_max_dci_stream_channels` / `log_max_dci_errored_streams`. More
+    /// errored streams than streams is taken (rdma-core's test_mlx5_dc
+    /// creates a DCI of 2^2 streams and 2^3 errored ones on the card; the
+    /// DCI then never leaves RTS for its streams' errors).
     pub(super) fn dci_streams(&self, service: u8, c: &[u8]) -> Result<(u8, u8), Fail> {
         let streams = qpc::LOG_NUM_DCI_STREAM_CHANNELS.get(c);
         let errored = qpc::LOG_NUM_DCI_ERRORED_STREAMS.get(c);
@@ -206,7 +215,6 @@ impl Firmware {
         }
         if streams > self.cap(cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS)
             || errored > self.cap(cmd_hca_cap::LOG_MAX_DCI_ERRORED_STREAMS)
-            || errored > streams
         {
             return Err(fail(CmdStatus::BadParameter, synd::DCI_BAD_STREAMS));
         }
@@ -238,4 +246,42 @@ pub(super) fn dci_stream_reset(qp: &Qp, input: &[u8], sq: &mut Sq) -> Result<(),
     sq.dc.errored.remove(&id);
     tracing::debug!(qpn = qp.qpn, stream = id, "DCI stream reset");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx5_hw::ifc::qpc;
+
+    use super::st;
+    use crate::fw::Firmware;
+    use crate::{DeviceConfig, Profile};
+
+    #[test]
+    fn a_dct_reports_its_user_index_under_cqe_version_1() {
+        use mlx5_hw::ifc::{cmd_hca_cap, dctc};
+        let mut fw = Firmware::new(&DeviceConfig::for_profile(Profile::ConnectX7));
+        let mut c = vec![0u8; dctc::SIZE_BYTES];
+        dctc::USER_INDEX.set(&mut c, 0x42);
+        let general = crate::profile::cap_type::GENERAL;
+        for (v, want) in [(0, None), (1, Some(0x42))] {
+            let page = fw.caps.cur.get_mut(&general).unwrap();
+            cmd_hca_cap::CQE_VERSION.set(page, v);
+            assert_eq!(fw.dct_cqe_uidx(&c), want);
+        }
+    }
+
+    #[test]
+    fn dci_stream_bounds_are_the_caps_only() {
+        let fw = Firmware::new(&DeviceConfig::for_profile(Profile::ConnectX7));
+        let mut c = vec![0u8; qpc::SIZE_BYTES];
+        // 2^2 streams, 2^3 errored (rdma-core's second DCI): taken.
+        qpc::LOG_NUM_DCI_STREAM_CHANNELS.set(&mut c, 2);
+        qpc::LOG_NUM_DCI_ERRORED_STREAMS.set(&mut c, 3);
+        assert_eq!(fw.dci_streams(st::DCI, &c).unwrap(), (2, 3));
+        // Past the caps (2^4 each on this profile), or on an RC QP: refused.
+        qpc::LOG_NUM_DCI_ERRORED_STREAMS.set(&mut c, 5);
+        assert!(fw.dci_streams(st::DCI, &c).is_err());
+        qpc::LOG_NUM_DCI_ERRORED_STREAMS.set(&mut c, 0);
+        assert!(fw.dci_streams(st::RC, &c).is_err());
+    }
 }

@@ -44,6 +44,15 @@ impl Firmware {
         })
     }
 
+    /// Whether a memory key of the MEMIC access mode may span `[start,
+    /// start + len)`: inside one live allocation (a key past it would reach
+    /// the next one's bytes, or no memory at all); a key of length 0
+    /// reaches nothing and is taken anywhere (rdma-core's
+    /// test_create_dm_mr registers one on the card).
+    pub(crate) fn memic_key_fits(&self, start: u64, len: u64) -> bool {
+        len == 0 || (len != u64::MAX && self.memic_covers(start, len))
+    }
+
     /// Whether `[start, start + len)` lies inside one live allocation.
     pub(crate) fn memic_covers(&self, start: u64, len: u64) -> bool {
         self.memic
@@ -129,5 +138,23 @@ impl Firmware {
         }
         self.memic.remove(&start);
         Ok(vec![0u8; dealloc_memic_out::SIZE_BYTES])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::fw::Firmware;
+    use crate::{DeviceConfig, Profile};
+
+    #[test]
+    fn a_memic_key_fits_one_allocation_or_reaches_nothing() {
+        let mut fw = Firmware::new(&DeviceConfig::for_profile(Profile::ConnectX7));
+        fw.memic.insert(0x3fc_0000, 64);
+        assert!(fw.memic_key_fits(0x3fc_0000, 64));
+        assert!(fw.memic_key_fits(0x3fc_0010, 0));
+        assert!(fw.memic_key_fits(0x1000, 0));
+        assert!(!fw.memic_key_fits(0x3fc_0000, 65));
+        assert!(!fw.memic_key_fits(0x3fc_0000, u64::MAX));
+        assert!(!fw.memic_key_fits(0x1000, 4));
     }
 }

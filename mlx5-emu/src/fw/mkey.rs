@@ -94,9 +94,8 @@ impl Firmware {
             log_page = lp;
             umem_id = umem;
         } else if memic {
-            // Device memory: inside one allocation (a key past it would
-            // reach the next one's bytes, or no memory at all).
-            if len == u64::MAX || len == 0 || !self.memic_covers(start, len) {
+            // Device memory: inside one allocation, or of length 0.
+            if !self.memic_key_fits(start, len) {
                 return Err(fail(CmdStatus::BadParameter, synd::MKEY_BAD_RANGE));
             }
         } else if len != u64::MAX && start.checked_add(len).is_none() {

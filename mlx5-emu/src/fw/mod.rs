@@ -730,7 +730,7 @@ impl Firmware {
             O::QueryPages => self.query_pages(input, outlen),
             O::ManagePages => self.manage_pages(inner, input, outlen),
             O::QueryHcaCap => self.query_hca_cap(input, outlen),
-            O::SetHcaCap => self.set_hca_cap(input, outlen),
+            O::SetHcaCap => self.set_hca_cap(inner, input, outlen),
             O::AccessReg => self.access_reg(inner, input, outlen),
             O::QueryAdapter => self.query_adapter(input, outlen),
             O::QuerySpecialContexts => self.query_special_contexts(input, outlen),

@@ -1,7 +1,8 @@
 //! DevX user contexts (CREATE_UCTX / DESTROY_UCTX) and the `uid` every
 //! object command carries: an object created under a uid is modified,
-//! queried and destroyed only under it (uid 0 is the kernel's, the driver
-//! that owns the function); a command naming a uid that does not exist is a
+//! queried and destroyed only under it or under uid 0 (the kernel's, the
+//! driver that owns the function, which firmware trusts with every uid's
+//! objects, as Linux relies on); a command naming a uid that does not exist is a
 //! bad parameter. Ownership is kept here by object kind and number, beside
 //! the object tables, for the commands of [`owned`]; the UMEMs an object
 //! uses ([`Devx::uses`]) keep their UMEM from being destroyed.
@@ -26,6 +27,7 @@ use mlx5_hw::ifc::{
     xrc_srqc,
 };
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::qp::{QPC_ST_DCI, QPC_ST_XRC};
 use mlx5_hw::status::CmdStatus;
 
 use crate::transport::qp::rq_type;
@@ -222,8 +224,13 @@ fn refs(op: Opcode, input: &[u8]) -> Vec<(Kind, BitField)> {
                 (Kind::Cq, at(q, qpc::CQN_RCV)),
                 (Kind::Uar, at(q, qpc::UAR_PAGE)),
             ];
-            let rqt = at(q, qpc::RQ_TYPE);
-            if input.len() * 8 >= rqt.off + rqt.width && rqt.get(input) as u8 == rq_type::SRQ {
+            // The SRQ a QP receives on. A DCI or an XRC initiator has no
+            // receive side: Linux names its own default SRQ there for a
+            // user's (create_dci, rq_type SRQ), which firmware ignores.
+            let (rqt, stf) = (at(q, qpc::RQ_TYPE), at(q, qpc::ST));
+            let receives = input.len() * 8 >= rqt.off + rqt.width
+                && !matches!(stf.get(input) as u8, QPC_ST_DCI | QPC_ST_XRC);
+            if receives && rqt.get(input) as u8 == rq_type::SRQ {
                 v.push((Kind::Srq, at(q, qpc::SRQN_RMPN_XRQN)));
             }
             v
@@ -243,15 +250,20 @@ fn refs(op: Opcode, input: &[u8]) -> Vec<(Kind, BitField)> {
 }
 
 /// Whether an object owned by `owner` may be named by a command under
-/// `uid`: its own uid's, or a shared one (`MLX5_SHARED_RESOURCE_UID`).
+/// `uid`: its own uid's, or a shared one (`MLX5_SHARED_RESOURCE_UID`); uid
+/// 0, the function's own driver, names any (Linux's mlx5_ib registers a
+/// device-memory MR of a user PD with CREATE_MKEY under uid 0,
+/// `mlx5_ib_get_dm_mr`, and real firmware takes it).
 pub(super) fn may_use(owner: u16, uid: u16) -> bool {
-    owner == uid || owner == SHARED_RESOURCE_UID
+    uid == 0 || owner == uid || owner == SHARED_RESOURCE_UID
 }
 
 /// Whether a command under `uid` may modify, query or destroy an object
-/// owned by `owner`: its own, and uid 0 (the kernel) the shared ones.
+/// owned by `owner`: its own; uid 0 (the kernel) any (Linux's
+/// `mlx5_core_qp_query` sends QUERY_QP of a user's QP without its uid, and
+/// real firmware answers it).
 pub(super) fn may_manage(owner: u16, uid: u16) -> bool {
-    owner == uid || (owner == SHARED_RESOURCE_UID && uid == 0)
+    uid == 0 || owner == uid
 }
 
 /// DevX state: user contexts, UMEMs, owners.
@@ -398,5 +410,32 @@ impl Firmware {
         }
         self.devx.uctxs.remove(&uid);
         Ok(vec![0; 0x10])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx5_hw::bits::BitField;
+    use mlx5_hw::ifc::{create_qp_in, qpc};
+    use mlx5_hw::opcode::Opcode;
+    use mlx5_hw::qp::{QPC_ST_DCI, QPC_ST_RC, QPC_ST_XRC};
+
+    use super::{refs, Kind};
+    use crate::transport::qp::rq_type;
+
+    /// A DCI or XRC QP names no SRQ firmware checks; an RC QP on an SRQ does.
+    #[test]
+    fn only_a_receiving_qp_names_its_srq() {
+        let at = |f: BitField| BitField::new(create_qp_in::QPC.off + f.off, f.width);
+        let mut q = vec![0u8; create_qp_in::SIZE_BYTES];
+        at(qpc::RQ_TYPE).set(&mut q, u64::from(rq_type::SRQ));
+        at(qpc::SRQN_RMPN_XRQN).set(&mut q, 2);
+        for (st, srq) in [(QPC_ST_RC, true), (QPC_ST_DCI, false), (QPC_ST_XRC, false)] {
+            at(qpc::ST).set(&mut q, u64::from(st));
+            let named = refs(Opcode::CreateQp, &q)
+                .iter()
+                .any(|(k, _)| *k == Kind::Srq);
+            assert_eq!(named, srq, "st {st}");
+        }
     }
 }

@@ -69,9 +69,17 @@ fn gid_of(mac: u64) -> [u8; 16] {
 
 impl Node {
     fn new(f: Arc<vfio::emulated::EmulatedFunction<crate::Device>>) -> Self {
+        Self::new_as(f, |_| {})
+    }
+
+    /// [`Node::new`], `before_init` run on the driver before INIT_HCA.
+    fn new_as(
+        f: Arc<vfio::emulated::EmulatedFunction<crate::Device>>,
+        before_init: impl FnOnce(&mut Drv),
+    ) -> Self {
         let mac = f.model().config().mac;
         let mut d = Drv::on(f);
-        d.bring_up();
+        d.bring_up_as(before_init);
         let uar = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
         // Completion and async events (QP/CQ errors, SRQ limit).
         let mask = 1u64 | 1 << 0x04 | 1 << 0x05 | 1 << 0x10 | 1 << 0x11 | 1 << 0x14;
@@ -1285,4 +1293,100 @@ fn trapped_cq_doorbells_arm_only_the_cq_they_name() {
     until("CQ 1 armed", || st(cq1) == (Some(true), Some(word1)));
     super::settle(dev);
     assert_eq!(st(cq0), (Some(false), Some(word0)));
+}
+
+/// SET_HCA_CAP of the atomic caps with `atomic_req_8B_endianness_mode`
+/// `mode` and every other field zero (what Linux's handle_hca_cap_atomic
+/// sends); the command's status.
+fn set_atomic_mode(d: &mut Drv, mode: u64) -> u8 {
+    use mlx5_hw::ifc::atomic_caps;
+    let ty = crate::profile::cap_type::ATOMIC;
+    let mut s = cmd_in(0x109, ty << 1, 0x1010);
+    atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.set(&mut s[16..], mode);
+    d.exec(&s, 16)[0]
+}
+
+#[test]
+fn host_endian_atomics_where_the_driver_asks_and_the_card_offers() {
+    use mlx5_hw::ifc::atomic_caps;
+    use mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS as HOST;
+    // The traced ConnectX-4 Lx offers network order only: mode 1 refused.
+    let f = Fabric::cabled(1, Profile::ConnectX4Lx);
+    let mut refused = 0;
+    let _n = Node::new_as(f.function(0).unwrap(), |d| {
+        refused = set_atomic_mode(d, HOST);
+    });
+    assert_eq!(refused, mlx5_hw::status::CmdStatus::BadParameter.to_raw());
+    // ConnectX-5 and later offer host order; both drivers choose it.
+    let f = Fabric::cabled(2, Profile::ConnectX5);
+    let mut nodes = (0..2).map(|i| {
+        Node::new_as(f.function(i).unwrap(), |d| {
+            let ty = crate::profile::cap_type::ATOMIC;
+            let max = d.ok(&cmd_in(0x100, ty << 1, 16), 0x1010);
+            assert_eq!(
+                atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1.get(&max[16..]),
+                1
+            );
+            assert_eq!(set_atomic_mode(d, HOST), 0);
+            let cur = d.ok(&cmd_in(0x100, ty << 1 | 1, 16), 0x1010);
+            assert_eq!(
+                atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.get(&cur[16..]),
+                HOST
+            );
+            // What the card does stays (mlx5_ib reads it back for
+            // atomic_cap): compare-swap and fetch-add, 8-byte QP atomics.
+            assert_eq!(atomic_caps::ATOMIC_OPERATIONS.get(&cur[16..]), 0xf);
+            assert_eq!(atomic_caps::ATOMIC_SIZE_QP.get(&cur[16..]) & 8, 8);
+            assert_eq!(
+                atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1.get(&cur[16..]),
+                1
+            );
+        })
+    });
+    let (mut a, mut b) = (nodes.next().unwrap(), nodes.next().unwrap());
+    let (_f, mut qa, qb) = {
+        let (mut a2, mut b2) = (&mut a, &mut b);
+        for n in [&mut a2, &mut b2] {
+            n.create_cq();
+            n.create_cq();
+        }
+        let qa = a.create_qp(0, 0, 1, None);
+        let qb = b.create_qp(0, 0, 1, None);
+        let (ga, gb) = (a.gid, b.gid);
+        a.connect(&qa, gb, qb.qpn, 3, false);
+        b.connect(&qb, ga, qa.qpn, 3, false);
+        (f, qa, qb)
+    };
+    let _ = qb;
+    // COMPARE_SWAP on a little-endian 100: swapped to 500, little-endian;
+    // the original lands little-endian (the WQE's operands stay big-endian).
+    b.data.write(0x8_0000, &100u64.to_le_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&500u64.to_be_bytes());
+    segs.extend_from_slice(&100u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0000));
+    a.post_send(&mut qa, 0x11, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x38]), (0, 0x11));
+    assert_eq!(read(&a, 0x9_0000, 8), 100u64.to_le_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 500u64.to_le_bytes());
+    // FETCH_ADD carries across bytes as a little-endian number.
+    b.data.write(0x8_0000, &0xffu64.to_le_bytes()).unwrap();
+    let mut segs = raddr_seg(DATA_VA + 0x8_0000, b.lkey).to_vec();
+    segs.extend_from_slice(&1u64.to_be_bytes());
+    segs.extend_from_slice(&0u64.to_be_bytes());
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA + 0x9_0008));
+    a.post_send(&mut qa, 0x12, 0, &segs, true);
+    a.poll(0);
+    assert_eq!(read(&a, 0x9_0008, 8), 0xffu64.to_le_bytes());
+    assert_eq!(read(&b, 0x8_0000, 8), 0x100u64.to_le_bytes());
+    // A function reset returns to network order.
+    b.d.f.reset().unwrap();
+    assert!(!b
+        .d
+        .f
+        .model()
+        .rdma()
+        .host_endian_atomics
+        .load(std::sync::atomic::Ordering::Acquire));
 }

@@ -57,6 +57,10 @@ pub(crate) struct Dct {
     pub mtu: u32,
     pub min_rnr_nak: u8,
     pub counter_set: u32,
+    /// What its receive CQEs carry in `srqn_uidx`: `dctc.user_index` under
+    /// cqe_version 1 (libmlx5 finds the DCT, and through it the SRQ, by
+    /// it), else `None` (the SRQ number).
+    pub cqe_uidx: Option<u32>,
     /// The DCT context as CREATE_DCT gave it (QUERY_DCT returns it with the
     /// state and the violation count).
     pub ctx: Vec<u8>,
@@ -108,9 +112,7 @@ impl Dct {
             buf: qp::Buf::default(),
             dbr: 0,
             uar: 0,
-            // A DCT's CQEs carry the SRQ number (dctc.user_index under
-            // cqe_version 1 is not modelled yet).
-            cqe_uidx: None,
+            cqe_uidx: self.cqe_uidx,
             state: AtomicU8::new(qp::state::RTR),
             counter_set: AtomicU32::new(self.counter_set),
             sq: Mutex::new(Sq::default()),

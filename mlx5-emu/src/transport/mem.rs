@@ -683,11 +683,13 @@ pub(crate) fn store_u8_release(mem: &GuestMemoryMmap, iova: u64, v: u8) -> Resul
 }
 
 /// A 64-bit atomic on 8 aligned bytes at `iova`, big-endian in memory as
-/// the HCA does them: `op(old) -> Some(new)` stores `new` if the memory
-/// still holds `old`. Returns the original value.
+/// IBA specifies, or little-endian (`host`: the host byte order the driver
+/// chose, `atomic_req_8B_endianness_mode` 1): `op(old) -> Some(new)` stores
+/// `new` if the memory still holds `old`. Returns the original value.
 pub(crate) fn atomic64(
     mem: &GuestMemoryMmap,
     iova: u64,
+    host: bool,
     op: impl Fn(u64) -> u64,
 ) -> Result<u64, Fault> {
     let slice = mem
@@ -696,14 +698,22 @@ pub(crate) fn atomic64(
     let a = slice
         .get_atomic_ref::<std::sync::atomic::AtomicU64>(0)
         .map_err(|_| Fault { iova })?;
+    // Memory order <-> value: a byte swap either way (x86 hosts).
+    let from = |raw: u64| {
+        if host {
+            u64::from_le(raw)
+        } else {
+            u64::from_be(raw)
+        }
+    };
+    let to = |v: u64| if host { v.to_le() } else { v.to_be() };
     let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |raw| {
-        let old = u64::from_be(raw);
-        Some(op(old).to_be())
+        Some(to(op(from(raw))))
     });
     let raw = match r {
         Ok(v) | Err(v) => v,
     };
-    Ok(u64::from_be(raw))
+    Ok(from(raw))
 }
 
 #[cfg(test)]

@@ -246,6 +246,14 @@ pub(crate) struct Rdma {
     pub qp_floor: AtomicU32,
     /// Page faults raised and held (on-demand paging).
     pub odp: odp::Odp,
+    /// 8-byte atomics execute in host byte order (little-endian: the
+    /// model's hosts are x86): the current atomic caps'
+    /// `atomic_req_8B_endianness_mode` is 1, which a driver sets by
+    /// SET_HCA_CAP where `supported_atomic_req_8B_endianness_mode_1` offers
+    /// it (ConnectX-5 and later; Linux always does). Otherwise network
+    /// order, as IBA specifies. Set with the caps (fw/caps.rs), cleared at
+    /// function reset.
+    pub host_endian_atomics: AtomicBool,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -436,6 +444,7 @@ impl Rdma {
             cq_floor: AtomicU32::new(0),
             qp_floor: AtomicU32::new(0),
             odp: odp::Odp::default(),
+            host_endian_atomics: AtomicBool::new(false),
         })
     }
 

@@ -1048,9 +1048,19 @@ struct Answer {
     /// The message's response data goes to its CQE (qpc `cs_req`), not
     /// to the local buffer.
     scatter: Option<InlineScatter>,
+    /// An atomic's original value lands in host byte order
+    /// ([`Rdma::host_endian_atomics`]), not network order.
+    host_atomics: bool,
 }
 
 impl Answer {
+    fn new(rdma: &Rdma) -> Self {
+        Self {
+            host_atomics: rdma.host_endian_atomics.load(Ordering::Acquire),
+            ..Self::default()
+        }
+    }
+
     fn ack(&mut self, psn: u32) {
         if self.acked.is_none_or(|a| psn_le(a, psn)) {
             self.acked = Some(psn);
@@ -1117,13 +1127,18 @@ fn note(
             }
         }
         op::ATOMIC_ACKNOWLEDGE => {
-            let orig = h.atomic_ack.unwrap_or_default().to_be_bytes();
+            let orig = h.atomic_ack.unwrap_or_default();
+            let bytes = if ans.host_atomics {
+                orig.to_le_bytes()
+            } else {
+                orig.to_be_bytes()
+            };
             let landed = match ans.scatter.as_mut() {
                 Some(s) => {
-                    s.data[..8].copy_from_slice(&orig);
+                    s.data[..8].copy_from_slice(&bytes);
                     true
                 }
-                None => mem::write_bytes(mem, ext, 0, &orig).is_ok(),
+                None => mem::write_bytes(mem, ext, 0, &bytes).is_ok(),
             };
             if !landed {
                 ans.fault = true;
@@ -1216,7 +1231,7 @@ fn connected(
     };
     let mut ans = Answer {
         scatter: requester_scatter(qp, w),
-        ..Answer::default()
+        ..Answer::new(rdma)
     };
     let has_peer = sq.peer.is_some();
     if let Some(mut link) = Link::new(rdma, qp.qpn, sq, mem, burst, s) {

@@ -894,7 +894,8 @@ fn rc_atomic(
         return Err(Fatal::Access.into());
     };
     let cs = o == op::COMPARE_SWAP;
-    let res = mem::atomic64(r.dmem.mem, iova, |old| {
+    let host = r.rdma.host_endian_atomics.load(Ordering::Acquire);
+    let res = mem::atomic64(r.dmem.mem, iova, host, |old| {
         if cs {
             if old == a.compare {
                 a.swap_add
