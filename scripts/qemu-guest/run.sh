@@ -17,7 +17,9 @@
 # target/debug/mlx5-emu beside this script's repo; `served`: the caller
 # already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
 # does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
-# (seconds, default 900), RUST_LOG.
+# (seconds, default 900), MLX5_QEMU_APPEND (more kernel command-line words:
+# NAME=VALUE ones reach the guest script's environment, e.g.
+# RDMA_SUITE_FILES=test_odp), RUST_LOG.
 #
 # QEMU runs from the guest root (chroot, in a mount namespace of its own, so
 # nothing stays mounted): q35 under TCG, 2 GiB of guest RAM as a shared memfd
@@ -76,6 +78,7 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
     iommu_dev="-device intel-iommu,intremap=on,caching-mode=on"
     iommu_args="intel_iommu=on iommu=pt"
 fi
+iommu_args="$iommu_args ${MLX5_QEMU_APPEND:-}"
 
 kv="$(cat "$guest/kernel-version")"
 # The run directory appears in the guest root as /guest (script, sockets).
