@@ -3,7 +3,8 @@
 # on the device model in QEMU (issue 17): a root file system with QEMU 11 (its
 # vfio-user-pci client) from trixie-backports, the trixie kernel (mlx5_core,
 # mlx5_ib, ib_uverbs as modules), rdma-core userspace, pyverbs, perftest,
-# rdmacm-utils, rdma-core's own tests/ (from the upstream tarball), and an
+# rdmacm-utils, scapy (rdma-core's DevX and steering tests build packets
+# with it), rdma-core's own tests/ (from the upstream tarball), and an
 # initrd whose init mounts that root read-only over 9p and runs the guest
 # script /guest/init.sh (see run.sh).
 #
@@ -92,7 +93,8 @@ in_root '
         qemu-system-x86 qemu-system-data seabios ipxe-qemu
     apt-get install -y -qq --no-install-recommends \
         linux-image-amd64 busybox-static kmod pciutils iproute2 \
-        rdma-core ibverbs-utils ibverbs-providers perftest python3-pyverbs rdmacm-utils
+        rdma-core ibverbs-utils ibverbs-providers perftest python3-pyverbs rdmacm-utils \
+        python3-scapy
     apt-get clean
 ' >"$build/apt.log" 2>&1 || {
     tail -30 "$build/apt.log" >&2

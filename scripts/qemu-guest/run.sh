@@ -17,8 +17,10 @@
 # target/debug/mlx5-emu beside this script's repo; `served`: the caller
 # already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
 # does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
-# (seconds, default 900), RUST_LOG, MLX5_QEMU_FUNCTIONS (2, the default, or
-# 0: no model function in the guest, nothing served), MLX5_QEMU_NET (more
+# (seconds, default 900), MLX5_QEMU_APPEND (more kernel command-line words:
+# NAME=VALUE ones reach the guest script's environment, e.g.
+# RDMA_SUITE_FILES=test_odp), RUST_LOG, MLX5_QEMU_FUNCTIONS (2, the default,
+# or 0: no model function in the guest, nothing served), MLX5_QEMU_NET (more
 # QEMU arguments, e.g. the NICs of the rxe guest, tests/tests/qemu_rxe.rs).
 #
 # QEMU runs from the guest root (chroot, in a mount namespace of its own, so
@@ -81,6 +83,7 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
     iommu_dev="-device intel-iommu,intremap=on,caching-mode=on"
     iommu_args="intel_iommu=on iommu=pt"
 fi
+iommu_args="$iommu_args ${MLX5_QEMU_APPEND:-}"
 
 pci_dev=""
 if [[ "$functions" != 0 ]]; then

@@ -8,20 +8,62 @@ so a host can compare them test by test (tests/tests/qemu_mlx5.rs, the
 ratchet). Arguments after RESULTS go to rdma-core's argument parser
 (--dev, --gid, ...). A test that runs past PER_TEST seconds is interrupted
 (SIGALRM raises in it) and recorded as ERROR, so one hang costs one test.
+RDMA_SUITE_FILES (comma-separated file names, e.g. test_mlx5_dc,test_odp)
+runs only those files' tests (for short runs while iterating).
+
+The tests run in a child process; one that kills it (a crash in libmlx5 or
+pyverbs on what the device answered) is recorded as ERROR with the signal,
+and a new child goes on with the tests after it, so a crash also costs one
+test only.
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
 import unittest
 from importlib.machinery import SourceFileLoader
 
-TESTS = '/opt/rdma-core/tests'
+TESTS = os.environ.get('RDMA_SUITE_TESTS', '/opt/rdma-core/tests')
 PER_TEST = int(os.environ.get('RDMA_SUITE_PER_TEST', '60'))
 
-results = open(sys.argv[1], 'w', buffering=1)
-sys.argv = [os.path.join(TESTS, 'run_tests.py')] + sys.argv[2:]
+
+def supervise(path, args):
+    """Runs workers until one ends by itself; records each crash."""
+    open(path, 'w').close()
+    start = time.monotonic()
+    crashed = set()
+    while True:
+        cur = path + '.cur'
+        if os.path.exists(cur):
+            os.unlink(cur)
+        rc = subprocess.call([sys.executable, __file__, '--worker', path] + args)
+        if rc >= 0 or not os.path.exists(cur):
+            break
+        with open(cur) as f:
+            test_id = f.read().strip()
+        if test_id in crashed:
+            # Outside a test (a class or module fixture): give up.
+            break
+        crashed.add(test_id)
+        with open(path, 'a') as f:
+            f.write(f'ERROR\t{test_id}\tthe test process died of signal {-rc} '
+                    f'({signal.Signals(-rc).name})\n')
+    with open(path) as f:
+        ran = sum(1 for line in f if not line.startswith('#'))
+    with open(path, 'a') as f:
+        f.write(f'# ran {ran} in {time.monotonic() - start:.0f}s\n')
+    return rc
+
+
+if sys.argv[1] != '--worker':
+    sys.exit(max(supervise(sys.argv[1], sys.argv[2:]), 0))
+results_path = sys.argv[2]
+with open(results_path) as f:
+    done = {line.split('\t')[1] for line in f if '\t' in line}
+results = open(results_path, 'a', buffering=1)
+sys.argv = [os.path.join(TESTS, 'run_tests.py')] + sys.argv[3:]
 sys.path.insert(0, TESTS)
 from args_parser import parser  # noqa: E402
 
@@ -59,6 +101,8 @@ class Result(unittest.TextTestResult):
         results.write(f'{status}\t{test.id()}\t{one_line(reason)}\n')
 
     def startTest(self, test):
+        with open(results_path + '.cur', 'w') as f:
+            f.write(test.id())
         self.t0 = time.monotonic()
         signal.alarm(PER_TEST)
         super().startTest(test)
@@ -98,8 +142,32 @@ class Result(unittest.TextTestResult):
             self.emit(subtest, 'FAIL' if bad else 'ERROR', why(err))
 
 
+def only(suite, files):
+    """The tests of `suite` whose file (the id's second part) is in files."""
+    out = unittest.TestSuite()
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            out.addTests(only(t, files))
+        elif t.id().split('.')[1] in files:
+            out.addTest(t)
+    return out
+
+
+def not_done(suite):
+    """The tests of `suite` an earlier (crashed) worker did not finish."""
+    out = unittest.TestSuite()
+    for t in suite:
+        if isinstance(t, unittest.TestSuite):
+            out.addTests(not_done(t))
+        elif t.id() not in done:
+            out.addTest(t)
+    return out
+
+
 suite = unittest.TestLoader().loadTestsFromModule(tests)
+if os.environ.get('RDMA_SUITE_FILES'):
+    suite = only(suite, set(os.environ['RDMA_SUITE_FILES'].split(',')))
+suite = not_done(suite)
 runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=1, resultclass=Result)
-start = time.monotonic()
-res = runner.run(suite)
-results.write(f'# ran {res.testsRun} in {time.monotonic() - start:.0f}s\n')
+runner.run(suite)
+os.unlink(results_path + '.cur')

@@ -14,8 +14,35 @@ use std::path::PathBuf;
 
 use super::{repo, tagged, Tally};
 
-/// The suite's checks.
-pub const SUITE_CHECKS: &[&str] = &["rdma_core_suite_runs_whole", "rdma_core_suite_ratchet"];
+/// One run of the suite: on which device it ran, its checks, its ratchet.
+pub struct SuiteRun {
+    /// The profile of the functions (for the ratchet's header).
+    pub profile: &'static str,
+    /// The ratchet file, under the repo.
+    pub ratchet: &'static str,
+    /// Its checks: the suite ran whole; the ratchet holds.
+    pub checks: &'static [&'static str; 2],
+}
+
+/// The suite on the ConnectX-4 Lx pair (the first boot).
+pub const CX4LX: SuiteRun = SuiteRun {
+    profile: "cx4lx (ConnectX-4 Lx, the traced firmware 14.12)",
+    ratchet: "tests/data/rdma-core-ratchet.txt",
+    checks: &["rdma_core_suite_runs_whole", "rdma_core_suite_ratchet"],
+};
+
+/// The suite on the ConnectX-7 pair (the feature-rich boot).
+pub const CX7: SuiteRun = SuiteRun {
+    profile: "cx7 (ConnectX-7, firmware 28.39)",
+    ratchet: "tests/data/rdma-core-ratchet-cx7.txt",
+    checks: &[
+        "cx7/rdma_core_suite_runs_whole",
+        "cx7/rdma_core_suite_ratchet",
+    ],
+};
+
+/// The first boot's suite checks.
+pub const SUITE_CHECKS: &[&str] = CX4LX.checks;
 
 /// One test's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +97,8 @@ fn file_of(id: &str) -> &str {
     id.split('.').nth(1).unwrap_or(id)
 }
 
-fn ratchet_path() -> PathBuf {
-    repo().join("tests/data/rdma-core-ratchet.txt")
+fn ratchet_path(run: &SuiteRun) -> PathBuf {
+    repo().join(run.ratchet)
 }
 
 /// Per file: (ok, failed or errored, skipped).
@@ -120,9 +147,14 @@ pub fn regressions(
 }
 
 /// The ratchet file's text for `now`, the causes of `was` carried over.
-pub fn render(now: &BTreeMap<String, Outcome>, was: &BTreeMap<String, Outcome>) -> String {
-    let mut s = String::from(
+pub fn render(
+    now: &BTreeMap<String, Outcome>,
+    was: &BTreeMap<String, Outcome>,
+    profile: &str,
+) -> String {
+    let mut s = format!(
         "# rdma-core's tests/ (python3-pyverbs, trixie) on the device model in the QEMU guest,\n\
+         # profile {profile},\n\
          # --dev mlx5_0 --gid 1 (RoCE v2), written by `MLX5_QEMU_RATCHET_WRITE=1 cargo test -p tests\n\
          # --test qemu_mlx5`. status TAB test id TAB reason [TAB cause: why it does not pass].\n\
          # qemu_mlx5 fails when a test recorded ok does not pass, or a file with no failure\n\
@@ -159,18 +191,21 @@ pub fn render(now: &BTreeMap<String, Outcome>, was: &BTreeMap<String, Outcome>) 
 }
 
 /// The suite's checks from the guest's console.
-pub fn judge(t: &mut Tally, console: &str, log: &str) {
+pub fn judge(t: &mut Tally, console: &str, log: &str, run: &SuiteRun) {
     let lines = tagged(console, "suite: ");
     let ran = lines.iter().find_map(|l| l.strip_prefix("# ran "));
     let now = parse(&lines);
     let files = per_file(&now);
     for (f, (ok, bad, skip)) in &files {
-        println!("qemu_mlx5: rdma-core {f}: {ok} ok, {bad} failed, {skip} skipped");
+        println!(
+            "qemu_mlx5: rdma-core {f} on {}: {ok} ok, {bad} failed, {skip} skipped",
+            run.profile
+        );
     }
     let total = now.len();
     let finished = tagged(console, "suite rc=");
     t.check(
-        "rdma_core_suite_runs_whole",
+        run.checks[0],
         match ran {
             Some(r) if finished.first().is_some_and(|l| l.starts_with("0 ")) && total >= 300 => {
                 println!("qemu_mlx5: rdma-core suite: ran {r}");
@@ -183,11 +218,11 @@ pub fn judge(t: &mut Tally, console: &str, log: &str) {
             )),
         },
     );
-    let path = ratchet_path();
+    let path = ratchet_path(run);
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let was = parse(&text.lines().collect::<Vec<_>>());
     if std::env::var("MLX5_QEMU_RATCHET_WRITE").is_ok_and(|v| v == "1") && ran.is_some() {
-        match std::fs::write(&path, render(&now, &was)) {
+        match std::fs::write(&path, render(&now, &was, run.profile)) {
             Ok(()) => println!("qemu_mlx5: wrote {}", path.display()),
             Err(e) => println!("qemu_mlx5: writing {}: {e}", path.display()),
         }
@@ -205,7 +240,7 @@ pub fn judge(t: &mut Tally, console: &str, log: &str) {
     }
     let bad = regressions(&was, &now);
     t.check(
-        "rdma_core_suite_ratchet",
+        run.checks[1],
         if was.is_empty() {
             Err(format!("no ratchet at {}", path.display()))
         } else if bad.is_empty() {
@@ -247,7 +282,7 @@ pub fn self_check() -> Result<(), String> {
             "expected 3 regressions (a failed, c not run, n new), got {r:?}"
         ));
     }
-    let text = render(&same, &was);
+    let text = render(&same, &was, "test");
     if !text.contains("ERROR\ttests.test_cq.CQ.r\tE\tcause: model")
         || !text.contains("FAIL\ttests.test_cq.CQ.new\tx\tcause: ?")
     {

@@ -69,6 +69,7 @@ pub fn vfio_boot(t: &mut Tally, dir: &Path) {
                 script: "vfio.sh",
                 iommu: true,
                 bins: &bins,
+                profile: mlx5_emu::Profile::ConnectX4Lx,
             },
         )
     });

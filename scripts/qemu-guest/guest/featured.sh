@@ -1,0 +1,99 @@
+#!/bin/sh
+# Runs in the guest (as init) when the two cabled functions are a
+# feature-rich profile (ConnectX-7: DC, DevX, ODP, device memory,
+# host-endian atomics; run.sh with MLX5_EMU_PROFILE, or qemu_mlx5's second
+# boot): what the ConnectX-4 Lx boot (smoke.sh) cannot judge. Brings both
+# ports up as smoke.sh does, prints ibv_devinfo -v's lines the host checks,
+# runs perftest ib_atomic_bw and ib_write_bw -c DC (DCI on mlx5_1, DCT on
+# mlx5_0) between the functions, then rdma-core's whole suite on mlx5_0
+# (RDMA_SUITE_FILES, from the kernel command line, narrows it). Every line
+# the host checks starts with "=== ".
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
+echo "=== up $(uname -r) $(cut -d' ' -f1 /proc/uptime)"
+modprobe mlx5_core
+modprobe mlx5_ib
+modprobe ib_uverbs
+i=0
+while [ "$(ls /sys/class/infiniband 2>/dev/null | wc -l)" -lt 2 ] && [ $i -lt 600 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+echo "=== ib devices: $(ls /sys/class/infiniband 2>/dev/null | tr '\n' ' ')"
+echo "=== probed at $(cut -d' ' -f1 /proc/uptime)"
+netdevs=$(ls /sys/bus/pci/drivers/mlx5_core/*/net 2>/dev/null | grep -v ':$' | grep -v '^$' | tr '\n' ' ')
+echo "=== netdevs: $netdevs"
+(
+    for n in $netdevs; do
+        ip link set dev "$n" up
+    done
+    zero=0000:0000:0000:0000:0000:0000:0000:0000
+    i=0
+    while [ $i -lt 60 ]; do
+        ok=1
+        for d in /sys/class/infiniband/mlx5_*; do
+            read -r state <"$d/ports/1/state" || state=
+            read -r gid <"$d/ports/1/gids/0" || gid=$zero
+            case "$state" in *ACTIVE*) ;; *) ok=0 ;; esac
+            [ "$gid" = "$zero" ] && ok=0
+        done
+        [ $ok = 1 ] && break
+        sleep 0.5
+        i=$((i + 1))
+    done
+    for d in /sys/class/infiniband/mlx5_*; do
+        read -r state <"$d/ports/1/state"
+        echo "=== port $(basename "$d"): $state"
+    done
+    : >/tmp/eth.done
+) &
+i=0
+while [ ! -e /tmp/eth.done ] && [ $i -lt 80 ]; do
+    sleep 0.5
+    i=$((i + 1))
+done
+[ -e /tmp/eth.done ] || echo "=== netdev bring-up still blocked after 40 s"
+for d in mlx5_0 mlx5_1; do
+    timeout 60 ibv_devinfo -v -d $d >/tmp/devinfo.$d 2>&1
+    echo "=== devinfo -v $d rc=$?"
+    grep -E 'hca_id|fw_ver|vendor_part_id|atomic_cap|state:|link_layer|GID\[ *[01]\]' \
+        /tmp/devinfo.$d | sed "s/^/=== devinfo -v $d: /"
+done
+ip link set lo up
+ip -6 neigh replace fe80::268a:7ff:fea0:2 lladdr 24:8a:07:a0:00:02 dev eth0 nud permanent
+ip -6 neigh replace fe80::268a:7ff:fea0:1 lladdr 24:8a:07:a0:00:01 dev eth1 nud permanent
+# perftest as in smoke.sh: server on mlx5_0, client on mlx5_1, RoCE v2.
+port=18700
+perf() {
+    name=$1
+    shift
+    port=$((port + 1))
+    timeout 120 "$@" -d mlx5_0 -x 1 -F -p $port >/tmp/psrv.$name 2>&1 &
+    sleep 1
+    j=0
+    while [ $j -lt 20 ]; do
+        timeout 120 "$@" -d mlx5_1 -x 1 -F -p $port 127.0.0.1 >/tmp/pcli.$name 2>&1
+        rc=$?
+        grep -q "Couldn't connect\|Unable to init the socket" /tmp/pcli.$name || break
+        sleep 0.5
+        j=$((j + 1))
+    done
+    wait $!
+    echo "=== perf $name client rc=$rc server rc=$?"
+    sed "s/^/=== perf $name server: /" /tmp/psrv.$name
+    sed "s/^/=== perf $name client: /" /tmp/pcli.$name
+}
+perf atomic_bw ib_atomic_bw -n 100
+perf dc_write_bw ib_write_bw -c DC -s 65536 -n 100
+dmesg -n 1
+echo "=== suite start $(cut -d' ' -f1 /proc/uptime)"
+PYTHONDONTWRITEBYTECODE=1 HOME=/tmp timeout 1500 python3 /guest/rdma_suite.py /tmp/suite.txt \
+    --dev mlx5_0 --gid 1 >/tmp/suite.log 2>&1
+echo "=== suite rc=$? end $(cut -d' ' -f1 /proc/uptime)"
+sed 's/^/=== suite: /' /tmp/suite.txt
+tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
+echo "=== dmesg mlx5"
+dmesg | grep -i mlx5
+echo "=== done"
+echo o >/proc/sysrq-trigger

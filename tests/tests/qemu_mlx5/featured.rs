@@ -1,0 +1,139 @@
+//! The feature-rich boot of `qemu_mlx5`: the same guest with two cabled
+//! ConnectX-7 functions (firmware 28.39: DC, DevX, ODP, device memory,
+//! host-endian atomics, all of which the ConnectX-4 Lx of the first boot
+//! lacks), running `scripts/qemu-guest/guest/featured.sh`: Linux's
+//! mlx5_core and mlx5_ib on those caps, perftest `ib_atomic_bw` and
+//! `ib_write_bw -c DC` between the functions, and rdma-core's whole suite
+//! held to its own ratchet (`tests/data/rdma-core-ratchet-cx7.txt`), so
+//! test_mlx5_dc, test_mlx5_devx, test_odp, test_mlx5_mkey, the device-memory
+//! and atomic tests run against the model instead of skipping.
+//!
+//! A boot of its own rather than four functions in one: the first boot's
+//! checks (the traced firmware's) stay exactly as they were, each pair is
+//! `mlx5_0`/`mlx5_1` and `eth0`/`eth1` in its guest, and the price is one
+//! more kernel boot and probe (measured in docs/MEASUREMENTS.md).
+
+use std::path::Path;
+
+use mlx5_emu::Profile;
+
+use super::{perftest_verdict, print_mlx5_lines, run_guest, suite, tagged, Boot, Tally};
+
+/// Every check of the feature-rich boot, in order (the suite's two last).
+pub const CX7_CHECKS: &[&str] = &[
+    "cx7/guest_boots",
+    "cx7/mlx5_core_probes_both_functions",
+    "cx7/no_command_timeout_or_recovery",
+    "cx7/ports_active",
+    "cx7/ibv_devinfo_offers_atomics",
+    "perftest_ib_atomic_bw",
+    "cx7/perftest_ib_write_bw_dc",
+    "cx7/rdma_core_suite_runs_whole",
+    "cx7/rdma_core_suite_ratchet",
+];
+
+/// The firmware version Linux prints for the ConnectX-7 profile.
+const FW: &str = "28.39.1002";
+
+/// Boots the ConnectX-7 guest in `dir` and tallies its checks.
+pub fn featured_boot(t: &mut Tally, dir: &Path) {
+    let _ = std::fs::create_dir_all(dir);
+    let boot = Boot {
+        script: "featured.sh",
+        iommu: false,
+        bins: &[],
+        profile: Profile::ConnectX7,
+    };
+    let console = match run_guest(dir, &boot) {
+        Ok(c) => c,
+        Err(why) => {
+            for c in CX7_CHECKS {
+                t.check(c, Err(why.clone()));
+            }
+            return;
+        }
+    };
+    print_mlx5_lines(&console);
+    let log = format!("see {}", dir.join("console.log").display());
+    judge(t, &console, &log);
+    suite::judge(t, &console, &log, &suite::CX7);
+}
+
+fn judge(t: &mut Tally, console: &str, log: &str) {
+    let has = |s: &str| console.contains(s);
+    let up = tagged(console, "up ");
+    let probed = tagged(console, "probed at ");
+    if let (Some(u), Some(p)) = (up.first(), probed.first()) {
+        println!("qemu_mlx5: cx7 boot: script at {u}, both IB devices at {p} s (guest uptime)");
+    }
+    t.check(
+        "cx7/guest_boots",
+        if up.is_empty() {
+            Err(format!("the guest script never ran; {log}"))
+        } else {
+            Ok(())
+        },
+    );
+    let missing: Vec<&str> = ["0000:01:00.0", "0000:02:00.0"]
+        .into_iter()
+        .filter(|f| !has(&format!("mlx5_core {f}: firmware version: {FW}")))
+        .collect();
+    t.check(
+        "cx7/mlx5_core_probes_both_functions",
+        if missing.is_empty() && has("=== ib devices: mlx5_0 mlx5_1") {
+            Ok(())
+        } else {
+            Err(format!(
+                "no {FW} firmware line for {missing:?} or not both IB devices; {log}"
+            ))
+        },
+    );
+    let stalls: Vec<&str> = console
+        .lines()
+        .filter(|l| l.contains("mlx5") && (l.contains("Recovered") || l.contains("timeout")))
+        .collect();
+    t.check(
+        "cx7/no_command_timeout_or_recovery",
+        if stalls.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{stalls:?}"))
+        },
+    );
+    let ports = tagged(console, "port ");
+    let active = ports.iter().filter(|l| l.ends_with("4: ACTIVE")).count();
+    t.check(
+        "cx7/ports_active",
+        if active == 2 {
+            Ok(())
+        } else {
+            Err(format!("{ports:?}; {log}"))
+        },
+    );
+    let atomics: Vec<&str> = ["mlx5_0", "mlx5_1"]
+        .into_iter()
+        .filter(|d| {
+            !tagged(console, &format!("devinfo -v {d}: "))
+                .iter()
+                .any(|l| l.contains("atomic_cap:") && l.contains("ATOMIC_HCA"))
+        })
+        .collect();
+    t.check(
+        "cx7/ibv_devinfo_offers_atomics",
+        if atomics.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("no atomic_cap ATOMIC_HCA on {atomics:?}; {log}"))
+        },
+    );
+    for (tag, check) in [
+        ("atomic_bw", "perftest_ib_atomic_bw"),
+        ("dc_write_bw", "cx7/perftest_ib_write_bw_dc"),
+    ] {
+        let lines = tagged(console, &format!("perf {tag} "));
+        t.check(
+            check,
+            perftest_verdict(&lines, 1, 4).map_err(|e| format!("{e}: {lines:?}; {log}")),
+        );
+    }
+}
