@@ -3,6 +3,7 @@ pub mod backend;
 pub mod function_contract;
 pub mod hugepages;
 pub mod replay;
+pub mod usermem_rdma;
 pub mod wait;
 
 /// The real ConnectX-4 firmware trace the repo carries, parsed:
