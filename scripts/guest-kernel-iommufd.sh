@@ -11,12 +11,20 @@
 # interfaces, no-IOMMU mode, iommufd. Takes ~15 minutes on 2 cores; runs
 # under `nice`. Needs: gcc make flex bison bc libelf-dev libssl-dev and
 # linux-source-6.12 (installed here when run as root on Debian).
+#
+# The image is cached by content: the key hashes this script (its
+# configuration) and the linux-source-6.12 package's version, so a changed
+# configuration or a source update builds a new image, and an unchanged one
+# is never rebuilt (scripts/test-all.sh builds it only when asked,
+# MLX5_BUILD_GUEST_KERNEL=1; kernel_vfio uses it whenever it is cached).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=guest-cache.sh
 . "$here/guest-cache.sh"
 
-out="$GUEST_CACHE/iommufd-kernel"
+src_version="$(dpkg-query -W -f '${Version}' linux-source-6.12 2>/dev/null || echo none)"
+key="$( (cat "$0"; echo "$src_version") | sha256sum | cut -c1-16)"
+out="$GUEST_CACHE/iommufd-kernel-$key"
 image="$out/bzImage"
 if [ "${1:-}" = --path ]; then
     echo "$image"

@@ -67,7 +67,9 @@ if [ -x "$uml_kernel" ]; then
 fi
 
 # kernel_vfio boots a QEMU guest (q35, emulated Intel IOMMU, QEMU's edu
-# device) with Debian's 6.12 kernel and runs the kernel VFIO backend in it.
+# device) with Debian's 6.12 kernel and runs the kernel VFIO backend in it;
+# its RDMA boots (two model functions over vfio-user, reg_mr_raw of user
+# memory through the guest's VFIO) use the qemu_mlx5 root's QEMU (below).
 guest_pkgs=()
 command -v qemu-system-x86_64 >/dev/null || guest_pkgs+=(qemu-system-x86)
 command -v busybox >/dev/null || guest_pkgs+=(busybox-static)

@@ -21,7 +21,10 @@
 # NAME=VALUE ones reach the guest script's environment, e.g.
 # RDMA_SUITE_FILES=test_odp), RUST_LOG, MLX5_QEMU_FUNCTIONS (2, the default,
 # or 0: no model function in the guest, nothing served), MLX5_QEMU_NET (more
-# QEMU arguments, e.g. the NICs of the rxe guest, tests/tests/qemu_rxe.rs).
+# QEMU arguments, e.g. the NICs of the rxe guest, tests/tests/qemu_rxe.rs);
+# MLX5_QEMU_KERNEL and MLX5_QEMU_INITRD (host files: boot this kernel and
+# initramfs instead of the guest's own, the guest root serving only QEMU;
+# GUEST_SCRIPT is then `-`).
 #
 # QEMU runs from the guest root (chroot, in a mount namespace of its own, so
 # nothing stays mounted): q35 under TCG, 2 GiB of guest RAM as a shared memfd
@@ -51,11 +54,16 @@ fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
-cp "$script" "$out/init.sh"
+[[ "$script" == - ]] || cp "$script" "$out/init.sh"
 # The guest scripts' helpers (/guest/*.py in the guest).
 cp "$here"/guest/*.py "$out/"
-cp "$guest/initrd.gz" "$out/initrd.gz"
-chmod +x "$out/init.sh"
+cp "${MLX5_QEMU_INITRD:-$guest/initrd.gz}" "$out/initrd.gz"
+[[ "$script" == - ]] || chmod +x "$out/init.sh"
+kernel=/boot/vmlinuz-$(cat "$guest/kernel-version")
+if [[ -n "${MLX5_QEMU_KERNEL:-}" ]]; then
+    cp "$MLX5_QEMU_KERNEL" "$out/kernel"
+    kernel=/guest/kernel
+fi
 
 if [[ "$functions" == 0 ]]; then
     :
@@ -83,8 +91,6 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
     iommu_dev="-device intel-iommu,intremap=on,caching-mode=on"
     iommu_args="intel_iommu=on iommu=pt"
 fi
-iommu_args="$iommu_args ${MLX5_QEMU_APPEND:-}"
-
 pci_dev=""
 if [[ "$functions" != 0 ]]; then
     pci_dev='-device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2
@@ -92,21 +98,21 @@ if [[ "$functions" != 0 ]]; then
         -device {"driver":"vfio-user-pci","bus":"rp2","socket":{"path":"/guest/cx.sock.1","type":"unix"}}'
 fi
 
-kv="$(cat "$guest/kernel-version")"
+append="console=ttyS0 loglevel=7 panic=-1 $iommu_args ${MLX5_QEMU_APPEND:-}"
 # The run directory appears in the guest root as /guest (script, sockets).
 set +e
 timeout "$tmo" unshare --mount --propagation private -- bash -euc '
-    root=$1; out=$2; kv=$3; iommu_dev=$4; iommu_args=$5; pci_dev=$6; net=$7
+    root=$1; out=$2; kernel=$3; iommu_dev=$4; append=$5; pci_dev=$6; net=$7
     mount --bind "$out" "$root/guest"
     for m in dev proc sys; do mount --bind /$m "$root/$m"; done
     exec chroot "$root" qemu-system-x86_64 \
         -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot -nic none \
         -object memory-backend-memfd,id=mem,size=2G,share=on -machine memory-backend=mem \
-        -kernel /boot/vmlinuz-$kv -initrd /guest/initrd.gz \
-        -append "console=ttyS0 loglevel=7 panic=-1 $iommu_args" $iommu_dev \
+        -kernel "$kernel" -initrd /guest/initrd.gz \
+        -append "$append" $iommu_dev \
         -virtfs local,path=/,mount_tag=root,security_model=none,readonly=on \
         $pci_dev $net
-' run "$guest/root" "$out" "$kv" "$iommu_dev" "$iommu_args" "$pci_dev" "${MLX5_QEMU_NET:-}" </dev/null >"$out/console.log" 2>&1
+' run "$guest/root" "$out" "$kernel" "$iommu_dev" "$append" "$pci_dev" "${MLX5_QEMU_NET:-}" </dev/null >"$out/console.log" 2>&1
 rc=$?
 set -e
 echo "$rc" >"$out/qemu.rc"

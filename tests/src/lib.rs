@@ -5,6 +5,7 @@ pub mod hugepages;
 pub mod qemu_guest;
 pub mod replay;
 pub mod tally;
+pub mod usermem_rdma;
 pub mod wait;
 
 /// The real ConnectX-4 firmware trace the repo carries, parsed:

@@ -24,6 +24,9 @@
 //!
 //! Its own `main` (no libtest): every check is printed by name.
 
+#[path = "kernel_vfio/rdma.rs"]
+mod rdma;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -135,14 +138,28 @@ fn main() {
                     }
                 }
             }
+            rdma::not_run(&mut t, "rdma-group", &why);
+            rdma::not_run(&mut t, "rdma-cdev", &why);
         }
         Ok(p) => {
-            boot(&mut t, &p, "group", &p.debian_kernel, Some(&p.modules));
+            if asked(&mut t, "group", GUEST_CHECKS) {
+                boot(&mut t, &p, "group", &p.debian_kernel, Some(&p.modules));
+            }
+            if asked(&mut t, "rdma-group", rdma::RDMA_CHECKS) {
+                rdma::boot(&mut t, &p, "rdma-group", &p.debian_kernel, Some(&p.modules));
+            }
             let iommufd = cached_iommufd_kernel();
             match iommufd {
                 Some(k) => {
-                    boot(&mut t, &p, "cdev", &k, None);
-                    boot(&mut t, &p, "noiommu", &k, None);
+                    if asked(&mut t, "cdev", GUEST_CHECKS) {
+                        boot(&mut t, &p, "cdev", &k, None);
+                    }
+                    if asked(&mut t, "noiommu", NOIOMMU_CHECKS) {
+                        boot(&mut t, &p, "noiommu", &k, None);
+                    }
+                    if asked(&mut t, "rdma-cdev", rdma::RDMA_CHECKS) {
+                        rdma::boot(&mut t, &p, "rdma-cdev", &k, None);
+                    }
                 }
                 None => {
                     let why = format!(
@@ -156,6 +173,9 @@ fn main() {
                     }
                     for c in NOIOMMU_CHECKS {
                         t.skip(&format!("noiommu/{c}"), &why);
+                    }
+                    for c in rdma::RDMA_CHECKS {
+                        t.skip(&format!("rdma-cdev/{c}"), &why);
                     }
                 }
             }
@@ -174,6 +194,26 @@ fn main() {
     if t.failed > 0 {
         std::process::exit(1);
     }
+}
+
+/// Whether the run boots `path`: all of them, unless
+/// `MLX5_KERNEL_VFIO_PATHS` (comma-separated: group, rdma-group, cdev,
+/// noiommu, rdma-cdev) names others; a path left out has every check
+/// reported skipped, never passed.
+fn asked(t: &mut Tally, path: &str, checks: &[&str]) -> bool {
+    let Ok(only) = std::env::var("MLX5_KERNEL_VFIO_PATHS") else {
+        return true;
+    };
+    if only.split(',').any(|p| p.trim() == path) {
+        return true;
+    }
+    for c in checks {
+        t.skip(
+            &format!("{path}/{c}"),
+            &format!("not booted: MLX5_KERNEL_VFIO_PATHS={only}"),
+        );
+    }
+    false
 }
 
 struct Prepared {

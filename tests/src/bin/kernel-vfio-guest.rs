@@ -7,6 +7,13 @@
 //! check, `kvfio: check PATH/NAME: ok` or `... FAIL: why` or
 //! `... skipped: why`, then `kvfio: done`.
 //!
+//! `kernel-vfio-guest rdma group|cdev PCI_ADDRESS_0 PCI_ADDRESS_1`: the
+//! guest's two mlx5 functions (the device model, served to QEMU over
+//! vfio-user) owned by our driver through this kernel's VFIO, and
+//! `reg_mr_raw` of each kind of the program's own memory carrying RDMA
+//! between them, with the refusals (`tests::usermem_rdma`); its checks are
+//! reported under `rdma-group/` or `rdma-cdev/`.
+//!
 //! The edu device (QEMU `docs/specs/edu.rst`): BAR0 registers, little
 //! endian: 0x00 ID `0x010000ed`, 0x04 liveness (reads back inverted),
 //! 0x24 interrupt status, 0x64 interrupt acknowledge, 0x80/0x88/0x90 DMA
@@ -17,6 +24,9 @@
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "kernel-vfio-guest/rdma.rs"]
+mod rdma;
 
 use tests::function_contract;
 use vfio::kernel::{DmaAccess, Interface, KernelFunction, OpenOptions, PciAddress};
@@ -57,9 +67,9 @@ fn ensure(ok: bool, what: impl FnOnce() -> String) -> Check {
     }
 }
 
-struct Report {
-    path: &'static str,
-    failed: usize,
+pub(crate) struct Report {
+    pub(crate) path: &'static str,
+    pub(crate) failed: usize,
 }
 
 impl Report {
@@ -178,6 +188,10 @@ fn open(addr: PciAddress, interface: Interface) -> Result<KernelFunction, String
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("rdma") {
+        rdma::main(&args[2..]);
+        return;
+    }
     let (Some(addr), Some(path)) = (args.get(1), args.get(2)) else {
         println!("kvfio: usage: kernel-vfio-guest PCI_ADDRESS group|cdev");
         std::process::exit(2);
