@@ -160,6 +160,15 @@ fn lossy_reply(
 }
 
 impl Wire {
+    /// Every port on this fabric but `me`'s (where a raw frame goes).
+    pub(crate) fn peers(&self, me: &Rdma) -> Vec<Arc<Rdma>> {
+        rlock(&self.ports)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|r| !std::ptr::eq(Arc::as_ptr(r), me))
+            .collect()
+    }
+
     /// The port that answers to `gid`.
     pub(crate) fn find(&self, gid: &[u8; 16]) -> Option<Arc<Rdma>> {
         rlock(&self.ports)

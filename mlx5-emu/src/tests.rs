@@ -22,6 +22,7 @@ mod dp;
 mod eth;
 mod flow;
 mod ib;
+mod raw_eth;
 mod sizes;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

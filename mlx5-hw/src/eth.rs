@@ -71,3 +71,87 @@ pub const PPCNT_GRP_PHYSICAL_LAYER: u64 = 0x12;
 /// `ppcnt_reg.grp`: physical layer statistical counters
 /// (`MLX5_PHYSICAL_LAYER_STATISTICAL_GROUP`).
 pub const PPCNT_GRP_PHYSICAL_LAYER_STATISTICAL: u64 = 0x16;
+
+/// Flow table type of the NIC receive pipeline (`FS_FT_NIC_RX`).
+pub const FS_FT_NIC_RX: u8 = 0x0;
+
+/// `match_criteria_enable`: the outer L2-L4 headers (`MLX5_MATCH_OUTER_HEADERS`).
+pub const MATCH_OUTER_HEADERS: u8 = 1 << 0;
+/// `match_criteria_enable`: misc parameters (`MLX5_MATCH_MISC_PARAMETERS`).
+pub const MATCH_MISC_PARAMETERS: u8 = 1 << 1;
+/// `match_criteria_enable`: the inner (tunnelled) headers (`MLX5_MATCH_INNER_HEADERS`).
+pub const MATCH_INNER_HEADERS: u8 = 1 << 2;
+
+/// `flow_context.action`: allow (`MLX5_FLOW_CONTEXT_ACTION_ALLOW`).
+pub const FLOW_CONTEXT_ACTION_ALLOW: u64 = 0x1;
+/// `flow_context.action`: drop (`MLX5_FLOW_CONTEXT_ACTION_DROP`).
+pub const FLOW_CONTEXT_ACTION_DROP: u64 = 0x2;
+/// `flow_context.action`: forward to the destination list (`MLX5_FLOW_CONTEXT_ACTION_FWD_DEST`).
+pub const FLOW_CONTEXT_ACTION_FWD_DEST: u64 = 0x4;
+/// `flow_context.action`: count into the counter list (`MLX5_FLOW_CONTEXT_ACTION_COUNT`).
+pub const FLOW_CONTEXT_ACTION_COUNT: u64 = 0x8;
+
+/// `rx_hash_field_select.l3_prot_type`: IPv4 (`MLX5_L3_PROT_TYPE_IPV4`).
+pub const L3_PROT_TYPE_IPV4: u64 = 0;
+/// `rx_hash_field_select.l3_prot_type`: IPv6 (`MLX5_L3_PROT_TYPE_IPV6`).
+pub const L3_PROT_TYPE_IPV6: u64 = 1;
+/// `rx_hash_field_select.l4_prot_type`: TCP (`MLX5_L4_PROT_TYPE_TCP`).
+pub const L4_PROT_TYPE_TCP: u64 = 0;
+/// `rx_hash_field_select.l4_prot_type`: UDP (`MLX5_L4_PROT_TYPE_UDP`).
+pub const L4_PROT_TYPE_UDP: u64 = 1;
+/// `rx_hash_field_select.selected_fields`: source IP (`MLX5_HASH_FIELD_SEL_SRC_IP`).
+pub const HASH_FIELD_SEL_SRC_IP: u64 = 1 << 0;
+/// `selected_fields`: destination IP (`MLX5_HASH_FIELD_SEL_DST_IP`).
+pub const HASH_FIELD_SEL_DST_IP: u64 = 1 << 1;
+/// `selected_fields`: L4 source port (`MLX5_HASH_FIELD_SEL_L4_SPORT`).
+pub const HASH_FIELD_SEL_L4_SPORT: u64 = 1 << 2;
+/// `selected_fields`: L4 destination port (`MLX5_HASH_FIELD_SEL_L4_DPORT`).
+pub const HASH_FIELD_SEL_L4_DPORT: u64 = 1 << 3;
+/// `selected_fields`: IPsec SPI (`MLX5_HASH_FIELD_SEL_IPSEC_SPI`).
+pub const HASH_FIELD_SEL_IPSEC_SPI: u64 = 1 << 4;
+/// Bytes of `tirc.rx_hash_toeplitz_key`.
+pub const TOEPLITZ_KEY_LEN: usize = 40;
+
+/// `cqe64.hds_ip_ext`: the L2 header is good (`CQE_L2_OK`).
+pub const CQE_L2_OK: u8 = 1 << 0;
+/// `cqe64.hds_ip_ext`: the IP header checksum is good (`CQE_L3_OK`).
+pub const CQE_L3_OK: u8 = 1 << 1;
+/// `cqe64.hds_ip_ext`: the TCP/UDP checksum is good (`CQE_L4_OK`).
+pub const CQE_L4_OK: u8 = 1 << 2;
+/// `cqe64.l4_l3_hdr_type` bit 0: the frame had a VLAN tag (`cqe_has_vlan`).
+pub const CQE_VLAN_PRESENT: u8 = 1 << 0;
+/// Shift of the L3 header type in `cqe64.l4_l3_hdr_type` (bits 3:2, `get_cqe_l3_hdr_type`).
+pub const CQE_L3_HDR_TYPE_SHIFT: u8 = 2;
+/// Shift of the L4 header type in `cqe64.l4_l3_hdr_type` (bits 6:4, `get_cqe_l4_hdr_type`).
+pub const CQE_L4_HDR_TYPE_SHIFT: u8 = 4;
+/// L3 header type: none (`CQE_L3_HDR_TYPE_NONE`).
+pub const CQE_L3_HDR_TYPE_NONE: u8 = 0x0;
+/// L3 header type: IPv6 (`CQE_L3_HDR_TYPE_IPV6`).
+pub const CQE_L3_HDR_TYPE_IPV6: u8 = 0x1;
+/// L3 header type: IPv4 (`CQE_L3_HDR_TYPE_IPV4`).
+pub const CQE_L3_HDR_TYPE_IPV4: u8 = 0x2;
+/// L4 header type: none (`CQE_L4_HDR_TYPE_NONE`).
+pub const CQE_L4_HDR_TYPE_NONE: u8 = 0x0;
+/// L4 header type: TCP without ACK (`CQE_L4_HDR_TYPE_TCP_NO_ACK`).
+pub const CQE_L4_HDR_TYPE_TCP_NO_ACK: u8 = 0x1;
+/// L4 header type: UDP (`CQE_L4_HDR_TYPE_UDP`).
+pub const CQE_L4_HDR_TYPE_UDP: u8 = 0x2;
+/// L4 header type: TCP carrying an ACK and data (`CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA`).
+pub const CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA: u8 = 0x4;
+/// `cqe64.rss_hash_type`: the IP type bits 3:2 (`CQE_RSS_HTYPE_IP`; 1 IPv4, 2 IPv6).
+pub const CQE_RSS_HTYPE_IP: u8 = 0x0c;
+/// `cqe64.rss_hash_type`: the L4 type bits 7:6 (`CQE_RSS_HTYPE_L4`; 1 TCP, 2 UDP).
+pub const CQE_RSS_HTYPE_L4: u8 = 0xc0;
+/// `cqe64.rss_hash_type`: IPv4 in `CQE_RSS_HTYPE_IP`.
+pub const CQE_RSS_IPV4: u8 = 1 << 2;
+/// `cqe64.rss_hash_type`: IPv6 in `CQE_RSS_HTYPE_IP`.
+pub const CQE_RSS_IPV6: u8 = 2 << 2;
+/// `cqe64.rss_hash_type`: TCP in `CQE_RSS_HTYPE_L4`.
+pub const CQE_RSS_TCP: u8 = 1 << 6;
+/// `cqe64.rss_hash_type`: UDP in `CQE_RSS_HTYPE_L4`.
+pub const CQE_RSS_UDP: u8 = 2 << 6;
+
+/// `wqe_eth_seg.cs_flags`: compute the IPv4 header checksum (`MLX5_ETH_WQE_L3_CSUM`).
+pub const ETH_WQE_L3_CSUM: u8 = 1 << 6;
+/// `wqe_eth_seg.cs_flags`: compute the TCP/UDP checksum (`MLX5_ETH_WQE_L4_CSUM`).
+pub const ETH_WQE_L4_CSUM: u8 = 1 << 7;

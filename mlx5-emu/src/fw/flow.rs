@@ -30,8 +30,8 @@ use mlx5_hw::ifc::{
     create_flow_table_in, create_flow_table_out, dealloc_flow_counter_in, delete_fte_in,
     dest_format_struct, destroy_flow_group_in, destroy_flow_table_in, extended_dest_format,
     flow_context, flow_counter_list, flow_table_context, flow_table_nic_cap,
-    flow_table_prop_layout, modify_flow_table_in, query_flow_table_in, query_flow_table_out,
-    query_fte_in, query_fte_out, set_flow_table_root_in, set_fte_in,
+    flow_table_prop_layout, fte_match_param, modify_flow_table_in, query_flow_table_in,
+    query_flow_table_out, query_fte_in, query_fte_out, set_flow_table_root_in, set_fte_in,
 };
 use mlx5_hw::status::CmdStatus;
 
@@ -74,10 +74,14 @@ pub(crate) struct FlowTable {
 }
 
 /// One flow group: an inclusive index range of its table.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct FlowGroup {
     pub start: u32,
     pub end: u32,
+    /// `match_criteria_enable`: which parts of the match parameters count.
+    pub enable: u8,
+    /// `match_criteria` (an `fte_match_param` of masks), as written.
+    pub criteria: Vec<u8>,
 }
 
 /// One flow table entry, kept as the driver wrote it (QUERY_FTE returns
@@ -433,11 +437,28 @@ impl Firmware {
         if criteria_enable & 0x80 != 0 {
             return Err(fail(CmdStatus::BadParameter, synd::FG_BAD_CRITERIA));
         }
+        if ty == mlx5_hw::eth::FS_FT_NIC_RX
+            && criteria_enable & !crate::transport::steer::MATCHED != 0
+        {
+            // The NIC RX pipeline matches the outer and inner headers and
+            // the misc parameters; misc 2..5 (metadata, MPLS, ...) are not
+            // parsed.
+            return Err(fail(CmdStatus::BadParameter, synd::FG_BAD_CRITERIA));
+        }
+        let criteria = input[i::MATCH_CRITERIA.off / 8..][..fte_match_param::SIZE_BYTES].to_vec();
         self.steering.next_group = self.steering.next_group.wrapping_add(1).max(1) & 0xff_ffff;
         let gid = self.steering.next_group.max(1);
         let id = i::TABLE_ID.get(input) as u32;
         if let Some(t) = self.steering.tables.get_mut(&id) {
-            t.groups.insert(gid, FlowGroup { start, end });
+            t.groups.insert(
+                gid,
+                FlowGroup {
+                    start,
+                    end,
+                    enable: criteria_enable,
+                    criteria,
+                },
+            );
         }
         let mut out = vec![0u8; create_flow_group_out::SIZE_BYTES];
         create_flow_group_out::GROUP_ID.set(&mut out, u64::from(gid));
@@ -682,5 +703,40 @@ impl Firmware {
         }
         self.steering.counters.remove(&id);
         Ok(vec![0; 0x10])
+    }
+}
+
+impl Firmware {
+    /// QUERY_FLOW_COUNTER: packets and octets of `num_of_counters` (0: one)
+    /// counters from `flow_counter_id`, all in one allocated bulk, as the
+    /// data path counted them (`clear` zeroes them after the read).
+    pub(super) fn query_flow_counter(
+        &mut self,
+        inner: &crate::Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        use mlx5_hw::ifc::{
+            query_flow_counter_in as i, query_flow_counter_out as o, traffic_counter,
+        };
+        let id = i::FLOW_COUNTER_ID.get(input) as u32;
+        let n = (i::NUM_OF_COUNTERS.get(input) as u32).max(1);
+        let need = o::SIZE_BYTES + n as usize * traffic_counter::SIZE_BYTES;
+        sized(input, outlen, i::SIZE_BYTES, need)?;
+        if !(0..n).all(|k| self.steering.counter_alive(id + k)) {
+            return Err(fail(CmdStatus::BadResource, synd::FC_UNKNOWN));
+        }
+        let rx = &inner.rdma.eth_rx;
+        let mut out = vec![0u8; need];
+        for k in 0..n {
+            let [packets, octets] = rx.flow_count(id + k);
+            let at = o::SIZE_BYTES + k as usize * traffic_counter::SIZE_BYTES;
+            traffic_counter::PACKETS.set(&mut out[at..], packets);
+            traffic_counter::OCTETS.set(&mut out[at..], octets);
+        }
+        if i::CLEAR.get(input) != 0 {
+            rx.clear_flow_counts(id, n);
+        }
+        Ok(out)
     }
 }

@@ -11,8 +11,8 @@ pub(crate) mod cq;
 mod dct;
 mod dek;
 mod eq;
-mod eth;
-mod flow;
+pub(crate) mod eth;
+pub(crate) mod flow;
 mod general_obj;
 mod hca;
 mod issi;
@@ -700,7 +700,6 @@ impl Firmware {
     /// Runs one command's input; `Ok(output)` or the failing status.
     pub(crate) fn execute(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         let opcode = Opcode::from(be16(input, 0));
-        let op_mod = be16(input, 6);
         use Opcode as O;
         // Before ENABLE_HCA firmware only takes ENABLE_HCA.
         if matches!(self.hca, HcaState::Disabled | HcaState::FastTornDown)
@@ -818,8 +817,8 @@ impl Firmware {
         }
         if let Ok(out) = &r {
             self.devx_done(opcode, input, out);
+            crate::transport::steer::after(opcode, out, &self.steering, &self.eth, &inner.rdma);
         }
-        let _ = op_mod;
         r
     }
 
@@ -905,6 +904,7 @@ impl Firmware {
             O::DeleteL2TableEntry => self.delete_l2_table_entry(input, outlen),
             O::QueryVportCounter => self.query_vport_counter(inner, input, outlen),
             O::MadIfc => self.mad_ifc(inner, input, outlen),
+            O::QueryFlowCounter => self.query_flow_counter(inner, input, outlen),
             _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
         }
     }
@@ -959,6 +959,7 @@ impl Firmware {
                 | O::QueryFlowTableEntry
                 | O::AllocFlowCounter
                 | O::DeallocFlowCounter
+                | O::QueryFlowCounter
         )
     }
 

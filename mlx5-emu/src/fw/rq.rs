@@ -4,8 +4,10 @@
 //! cyclic, or striding where the card has it) or on an RMP, completes to a
 //! CQ and counts into a Q counter set; MODIFY_RQ moves its state and the
 //! fields its bitmask selects (vsd, scatter_fcs, counter_set_id). RQ
-//! numbers share the QP number space with SQs. Bookkeeping only: nothing
-//! is received into an RQ yet.
+//! numbers share the QP number space with SQs. An RQ on its own cyclic or
+//! linked-list ring is also a data-path queue ([`crate::transport::eth_rx`])
+//! that steering delivers frames into; striding RQs and RQs on an RMP are
+//! kept as objects only (nothing is received into them yet).
 
 use mlx5_hw::eth::{
     MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID, MODIFY_RQ_BITMASK_SCATTER_FCS, MODIFY_RQ_BITMASK_VSD,
@@ -20,8 +22,12 @@ use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, queue_transition, Obj};
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};
-use crate::transport::rlock;
+use crate::transport::eth_rx::{EthRq, RqRing};
+use crate::transport::qp::Buf;
+use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 impl Firmware {
     /// A Q counter set an RQ counts into: 0 (the default set) or one
@@ -61,9 +67,16 @@ impl Firmware {
         let at = i::CTX.off / 8;
         let c = &input[at..at + rqc::SIZE_BYTES];
         self.check_rqc(inner, c)?;
+        let mut pas = None;
         match rqc::MEM_RQ_TYPE.get(c) {
             RQC_MEM_RQ_TYPE_INLINE => {
-                self.check_wq(inner, input, at + rqc::WQ.off / 8, i::SIZE_BYTES, false)?;
+                pas = Some(self.check_wq(
+                    inner,
+                    input,
+                    at + rqc::WQ.off / 8,
+                    i::SIZE_BYTES,
+                    false,
+                )?);
             }
             RQC_MEM_RQ_TYPE_RMP => {
                 if !rlock(&inner.rdma.srqs).contains_key(&(rqc::RMPN.get(c) as u32)) {
@@ -75,6 +88,9 @@ impl Firmware {
         let rqn = self.free_queue_number(inner, synd::WQ_EXHAUSTED)?;
         tracing::debug!(rqn, cqn = rqc::CQN.get(c), "CREATE_RQ");
         self.eth.rqs.insert(rqn, Obj { ctx: c.to_vec() });
+        if let Some(rq) = pas.and_then(|pas| data_path_rq(inner, rqn, c, pas)) {
+            wlock(&inner.rdma.eth_rx.rqs).insert(rqn, Arc::new(rq));
+        }
         let mut out = vec![0u8; create_rq_out::SIZE_BYTES];
         create_rq_out::RQN.set(&mut out, u64::from(rqn));
         Ok(out)
@@ -100,6 +116,16 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::RQ_UNKNOWN));
         };
         rqc::STATE.set(&mut rq.ctx, next);
+        if let Some(q) = rlock(&inner.rdma.eth_rx.rqs).get(&rqn) {
+            if next == QUEUE_STATE_RST {
+                q.reset();
+            }
+            if bitmask & MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID != 0 {
+                let id = rqc::COUNTER_SET_ID.get(c) as u32;
+                q.counter_set.store(id, Ordering::Relaxed);
+            }
+            q.state.store(next as u8, Ordering::Release);
+        }
         for (bit, f) in [
             (MODIFY_RQ_BITMASK_VSD, rqc::VSD),
             (MODIFY_RQ_BITMASK_SCATTER_FCS, rqc::SCATTER_FCS),
@@ -136,6 +162,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResourceState, synd::RQ_IN_USE));
         }
         self.eth.rqs.remove(&rqn);
+        wlock(&inner.rdma.eth_rx.rqs).remove(&rqn);
         crate::transport::freed(&inner.rdma.qp_floor, rqn);
         Ok(vec![0; 0x10])
     }
@@ -149,4 +176,37 @@ impl Firmware {
         out[o::RQ_CONTEXT.off / 8..][..rqc::SIZE_BYTES].copy_from_slice(&rq.ctx);
         Ok(out)
     }
+}
+
+/// The data-path side of an RQ on its own non-striding ring (`c`: its
+/// context, `pas`: its pages); `None` for a striding one.
+fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthRq> {
+    use mlx5_hw::init::page_offset_bytes;
+    let w = &c[rqc::WQ.off / 8..];
+    let linked_list = match wq::WQ_TYPE.get(w) {
+        WQ_TYPE_LINKED_LIST => true,
+        WQ_TYPE_CYCLIC => false,
+        _ => return None,
+    };
+    let cq = rlock(&inner.rdma.cqs)
+        .get(&(rqc::CQN.get(c) as u32))
+        .cloned()?;
+    let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
+    Some(EthRq {
+        rqn,
+        cq,
+        pd: wq::PD.get(w) as u32,
+        log_size: wq::LOG_WQ_SZ.get(w) as u8,
+        log_stride: wq::LOG_WQ_STRIDE.get(w) as u8,
+        linked_list,
+        buf: Buf::new(
+            pas,
+            log_page,
+            page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page),
+        ),
+        dbr: wq::DBR_ADDR.get(w),
+        counter_set: AtomicU32::new(rqc::COUNTER_SET_ID.get(c) as u32),
+        state: AtomicU8::new(QUEUE_STATE_RST as u8),
+        ring: Mutex::new(RqRing::default()),
+    })
 }

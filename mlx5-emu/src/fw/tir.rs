@@ -69,6 +69,8 @@ impl Firmware {
                 if tirc::RX_HASH_FN.get(c) > RX_HASH_FN_TOEPLITZ {
                     return Err(fail(CmdStatus::BadParameter, synd::TIR_BAD_HASH));
                 }
+                crate::transport::rss::check_fields(c)
+                    .map_err(|()| fail(CmdStatus::BadParameter, synd::TIR_BAD_HASH))?;
             }
             _ => return Err(fail(CmdStatus::BadParameter, synd::TIR_BAD_DISP_TYPE)),
         }

@@ -23,26 +23,30 @@ use super::{be32, cmd_in, create_eq, Drv};
 const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();
 const BAD_RES: u8 = CmdStatus::BadResource.to_raw();
 const BUSY: u8 = CmdStatus::BadResourceState.to_raw();
-const RING_IOVA: u64 = 0x5000_0000;
-const DBR_IOVA: u64 = 0x7000_0000;
+pub(super) const RING_IOVA: u64 = 0x5000_0000;
+pub(super) const DBR_IOVA: u64 = 0x7000_0000;
 
 /// A brought-up function with a UAR, an EQ, a PD, a TD and a CQ, and the
 /// ring and doorbell pages its queues use.
-struct Eth {
-    d: Drv,
-    uar: u32,
-    pd: u32,
-    td: u32,
-    cqn: u32,
-    bufs: Vec<Arc<DmaBuffer>>,
+pub(super) struct Eth {
+    pub(super) d: Drv,
+    pub(super) uar: u32,
+    pub(super) pd: u32,
+    pub(super) td: u32,
+    pub(super) cqn: u32,
+    pub(super) bufs: Vec<Arc<DmaBuffer>>,
 }
 
-fn num(out: &[u8]) -> u32 {
+pub(super) fn num(out: &[u8]) -> u32 {
     be32(out, 8) & 0xff_ffff
 }
 
 fn setup() -> Eth {
-    let mut d = Drv::new();
+    setup_on(Drv::new())
+}
+
+/// [`setup`] on the function `d` drives (one of a fabric's).
+pub(super) fn setup_on(mut d: Drv) -> Eth {
     d.bring_up();
     let uar = num(&d.ok(&cmd_in(0x802, 0, 16), 16));
     let eqn = create_eq(&mut d, uar, 6, 1, 0);
@@ -81,7 +85,7 @@ fn set_wq(w: &mut [u8], pd: u32, uar: u32, log_stride: u64) {
 }
 
 impl Eth {
-    fn tis(&mut self, td: u32) -> Vec<u8> {
+    pub(super) fn tis(&mut self, td: u32) -> Vec<u8> {
         let mut c = cmd_in(0x912, 0, create_tis_in::SIZE_BYTES);
         tisc::TRANSPORT_DOMAIN
             .at(create_tis_in::CTX.off)
@@ -99,7 +103,7 @@ impl Eth {
         self.d.exec(&c, 16)
     }
 
-    fn sq(&mut self, tisn: u32, log_stride: u64) -> Vec<u8> {
+    pub(super) fn sq(&mut self, tisn: u32, log_stride: u64) -> Vec<u8> {
         let mut c = cmd_in(0x904, 0, create_sq_in::SIZE_BYTES + 8);
         let x = &mut c[create_sq_in::CTX.off / 8..];
         sqc::CQN.set(x, u64::from(self.cqn));
@@ -111,7 +115,7 @@ impl Eth {
     }
 
     /// An RQ table of `max` entries listing `rqs`.
-    fn rqt(&mut self, opcode: u16, rqtn: u32, max: u64, rqs: &[u32]) -> Vec<u8> {
+    pub(super) fn rqt(&mut self, opcode: u16, rqtn: u32, max: u64, rqs: &[u32]) -> Vec<u8> {
         let at = create_rqt_in::RQT_CONTEXT.off / 8;
         let mut c = cmd_in(opcode, 0, at + rqtc::SIZE_BYTES + rqs.len() * 4);
         modify_rqt_in::RQTN.set(&mut c, u64::from(rqtn));
@@ -128,7 +132,7 @@ impl Eth {
         self.d.exec(&c, 16)
     }
 
-    fn tir(&mut self, disp: u64, target: u32, hash: u64) -> Vec<u8> {
+    pub(super) fn tir(&mut self, disp: u64, target: u32, hash: u64) -> Vec<u8> {
         let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
         let x = &mut c[create_tir_in::CTX.off / 8..];
         tirc::TRANSPORT_DOMAIN.set(x, u64::from(self.td));
@@ -144,7 +148,7 @@ impl Eth {
 
     /// MODIFY_SQ (0x905) or MODIFY_RQ (0x909, the same layout) from `cur`
     /// to `next`.
-    fn modify(&mut self, opcode: u16, n: u32, cur: u64, next: u64) -> u8 {
+    pub(super) fn modify(&mut self, opcode: u16, n: u32, cur: u64, next: u64) -> u8 {
         let mut c = cmd_in(opcode, 0, modify_sq_in::SIZE_BYTES);
         modify_sq_in::SQ_STATE.set(&mut c, cur);
         modify_sq_in::SQN.set(&mut c, u64::from(n));
@@ -152,7 +156,7 @@ impl Eth {
         self.d.exec(&c, 16)[0]
     }
 
-    fn destroy(&mut self, opcode: u16, field: mlx5_hw::bits::BitField, n: u32) -> u8 {
+    pub(super) fn destroy(&mut self, opcode: u16, field: mlx5_hw::bits::BitField, n: u32) -> u8 {
         let mut c = cmd_in(opcode, 0, 16);
         field.set(&mut c, u64::from(n));
         self.d.exec(&c, 16)[0]
@@ -290,8 +294,8 @@ fn vxlan_ports_added_once_and_deleted_by_number() {
 }
 
 /// Where the SQ's ring is in the ring buffer (`Eth::sq`), and a data page.
-const SQ_RING: usize = 0x2000;
-const DATA: u64 = 0x10000;
+pub(super) const SQ_RING: usize = 0x2000;
+pub(super) const DATA: u64 = 0x10000;
 
 impl Eth {
     /// An MTT mkey over one page of the ring buffer at `DATA`, local read.
@@ -316,7 +320,7 @@ impl Eth {
 
     /// Writes a WQE of `segs` (after the control segment) at basic block
     /// `idx` of SQ `sqn`, moves the producer counter past it and rings.
-    fn post(&mut self, sqn: u32, idx: u16, opcode: u8, segs: &[u8], signaled: bool) {
+    pub(super) fn post(&mut self, sqn: u32, idx: u16, opcode: u8, segs: &[u8], signaled: bool) {
         let ds = 1 + segs.len() / 16;
         let mut w = vec![0u8; ds.div_ceil(4) * 64];
         w[0..4].copy_from_slice(&(u32::from(idx) << 8 | u32::from(opcode)).to_be_bytes());
@@ -340,7 +344,7 @@ impl Eth {
     }
 
     /// Waits for CQE `n` of the CQ (its op_own bytes were set invalid).
-    fn cqe(&self, n: usize) -> Vec<u8> {
+    pub(super) fn cqe(&self, n: usize) -> Vec<u8> {
         let ring = &self.bufs[0];
         super::until("a CQE", || {
             ring.load_u8_acquire(n * 64 + 63).unwrap() >> 4 != 0xf
@@ -350,7 +354,7 @@ impl Eth {
         b
     }
 
-    fn sq_state(&mut self, sqn: u32) -> u64 {
+    pub(super) fn sq_state(&mut self, sqn: u32) -> u64 {
         let mut q = cmd_in(0x907, 0, query_sq_in::SIZE_BYTES);
         query_sq_in::SQN.set(&mut q, u64::from(sqn));
         let out = self.d.ok(&q, query_sq_out::SIZE_BYTES);

@@ -83,6 +83,18 @@ pub(crate) struct Completion {
     pub l3: u8,
     /// Data scattered to the CQE instead of the buffer (qpc `cs_res`).
     pub inline: Option<InlineScatter>,
+    /// Ethernet receives (transport/eth_rx.rs): `hds_ip_ext` (checksums
+    /// good), `rss_hash_type`, `rss_hash_result`, `vlan_info`.
+    pub eth: Option<EthCqe>,
+}
+
+/// What an Ethernet receive CQE carries beyond a responder CQE's fields.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EthCqe {
+    pub hds_ip_ext: u8,
+    pub rss_hash_type: u8,
+    pub rss_hash_result: u32,
+    pub vlan_info: u16,
 }
 
 /// Up to 64 bytes of a message written into its CQE: 32 into the CQE's
@@ -179,6 +191,12 @@ impl Cq {
                 e.immediate.set(c.imm);
                 e.byte_cnt.set(c.byte_cnt);
                 e.sop_drop_qpn.set(sop_qpn);
+                if let Some(x) = c.eth {
+                    e.hds_ip_ext = x.hds_ip_ext;
+                    e.rss_hash_type = x.rss_hash_type;
+                    e.rss_hash_result.set(x.rss_hash_result);
+                    e.vlan_info.set(x.vlan_info);
+                }
                 c.opcode
             }
         };

@@ -11,8 +11,9 @@
 //! segment (inline L2 headers, then data segments under the local key)
 //! complete with a requester CQE naming the WQE's first basic block
 //! (`wqe_counter`) when they ask for one (`fm_ce_se`); the frame is
-//! counted as sent and leaves on the port, where no Ethernet receiver
-//! takes it yet (frames are dropped at the wire). A WQE that is malformed,
+//! counted as sent and leaves on the port to the functions cabled to it
+//! ([`super::eth_rx`]), its IPv4/TCP/UDP checksums filled in when
+//! `cs_flags` asks. A WQE that is malformed,
 //! of another opcode, or whose local key does not grant the read
 //! completes with an error CQE and moves the SQ to ERR; in ERR every
 //! posted WQE completes as flushed (mlx5e's recovery waits for that before
@@ -33,12 +34,16 @@ use super::cq::Completion;
 use super::mem::{self, access};
 use super::qp::Buf;
 use super::requester::{key_error, vendor};
-use super::{Cq, Rdma};
+use super::steer::{self, ETH_HLEN};
+use super::{eth_rx, Cq, Rdma};
 use crate::lock;
 
 /// Bytes of the inline header inside the Ethernet segment itself
 /// (`MLX5E_INL_HDR_START_SZ`, its `inline_hdr_start`).
 const INLINE_HDR_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
+/// Largest frame an SQ sends: a 9 KiB jumbo frame with its headers (the
+/// model's port takes no larger).
+const MAX_FRAME: u64 = 9216 + 64;
 
 /// One Ethernet send queue.
 #[derive(Debug)]
@@ -133,7 +138,7 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) ->
             continue;
         }
         let (nbb, head, outcome) = match read_wqe(sq, mem, at, pi, &mut wqe) {
-            Ok((nbb, len)) => (nbb, wqe, execute(rdma, sq, &wqe[..len])),
+            Ok((nbb, len)) => (nbb, wqe, execute(rdma, sq, mem, &wqe[..len])),
             Err(v) => (1, wqe, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
         };
         let fm = wqe_ctrl_seg::FM_CE_SE.get(&head) as u8 & 0x0c;
@@ -146,10 +151,6 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) ->
                 rdma.counters
                     .bytes_sent
                     .fetch_add(u64::from(bytes), Ordering::Relaxed);
-                if bytes != 0 {
-                    // No Ethernet receiver on the wire yet: the frame is lost there.
-                    rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                }
                 (fm == WQE_CTRL_CQ_UPDATE || fm == WQE_CTRL_CQ_UPDATE_AND_EQE).then_some(
                     Completion {
                         opcode: CqeOpcode::Req.to_raw(),
@@ -250,29 +251,33 @@ fn read_wqe(
 }
 
 /// Runs one WQE (`w`: its `ds` × 16 bytes).
-fn execute(rdma: &Rdma, sq: &EthSq, w: &[u8]) -> Outcome {
+fn execute(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
     match WqeOpcode::from(w[3]) {
         WqeOpcode::Nop => Outcome::Done(0),
-        WqeOpcode::Send => send(rdma, sq, w),
+        WqeOpcode::Send => send(rdma, sq, mem, w),
         _ => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
     }
 }
 
-/// A SEND: the Ethernet segment (its inline headers), then data segments
-/// whose bytes are read through their local keys.
-fn send(rdma: &Rdma, sq: &EthSq, w: &[u8]) -> Outcome {
+/// A SEND: the Ethernet segment (its inline headers, its checksum
+/// offloads), then data segments whose bytes are read through their local
+/// keys; the frame they make leaves on the port ([`eth_rx::transmit`]).
+/// A frame shorter than an Ethernet header is a length error.
+fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
     let ctrl = wqe_ctrl_seg::SIZE_BYTES;
     let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     };
     let ihs = wqe_eth_seg::INLINE_HDR_SZ.get(eth) as usize;
+    let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
     // The headers past the two bytes in the segment run on in 16-byte units.
     let data_at =
         ctrl + wqe_eth_seg::SIZE_BYTES + ihs.saturating_sub(INLINE_HDR_START).next_multiple_of(16);
     if data_at > w.len() {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    let mut bytes = ihs as u64;
+    let inl = ctrl + wqe_eth_seg::INLINE_HDR_START.off / 8;
+    let mut frame = w[inl..inl + ihs].to_vec();
     let mut ext = Vec::new();
     for d in w[data_at..].chunks_exact(wqe_data_seg::SIZE_BYTES) {
         let len = wqe_data_seg::BYTE_COUNT.get(d);
@@ -287,10 +292,21 @@ fn send(rdma: &Rdma, sq: &EthSq, w: &[u8]) -> Outcome {
         if let Err(e) = k.resolve(sq.pd, access::LR, wqe_data_seg::ADDR.get(d), len, &mut ext) {
             return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
         }
-        bytes += len;
+        if frame.len() as u64 + len > MAX_FRAME {
+            return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+        }
+        for x in &ext {
+            let at = frame.len();
+            frame.resize(at + x.len as usize, 0);
+            if mem::read(mem, x.iova, &mut frame[at..]).is_err() {
+                return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT);
+            }
+        }
     }
-    if bytes == 0 || bytes > u64::from(u32::MAX) {
+    if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    Outcome::Done(bytes as u32)
+    steer::offload_checksums(&mut frame, cs_flags);
+    eth_rx::transmit(rdma, &frame);
+    Outcome::Done(frame.len() as u32)
 }

@@ -38,6 +38,7 @@
 
 pub(crate) mod cq;
 pub(crate) mod dc;
+pub(crate) mod eth_rx;
 pub(crate) mod eth_sq;
 pub(crate) mod mem;
 pub(crate) mod odp;
@@ -45,6 +46,8 @@ pub mod packet;
 pub(crate) mod qp;
 pub(crate) mod requester;
 pub(crate) mod responder;
+pub(crate) mod rss;
+pub(crate) mod steer;
 pub(crate) mod umr;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -254,6 +257,8 @@ pub(crate) struct Rdma {
     /// order, as IBA specifies. Set with the caps (fw/caps.rs), cleared at
     /// function reset.
     pub host_endian_atomics: AtomicBool,
+    /// Raw Ethernet receive: RQs, NIC RX steering, flow counters.
+    pub eth_rx: eth_rx::EthRx,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -445,6 +450,7 @@ impl Rdma {
             qp_floor: AtomicU32::new(0),
             odp: odp::Odp::default(),
             host_endian_atomics: AtomicBool::new(false),
+            eth_rx: eth_rx::EthRx::default(),
         })
     }
 
@@ -486,6 +492,7 @@ impl Rdma {
         self.cq_floor.store(0, Ordering::Relaxed);
         self.qp_floor.store(0, Ordering::Relaxed);
         self.odp.reset();
+        self.eth_rx.reset();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();

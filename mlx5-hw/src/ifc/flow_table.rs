@@ -8384,3 +8384,214 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DeallocFlowCounterOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`QueryFlowCounterIn`] (`struct mlx5_ifc_query_flow_counter_in_bits`).
+pub mod query_flow_counter_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x100;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x20;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `clear`: bit 0xc0, 0x1 bits.
+    pub const CLEAR: BitField = BitField::new(0xc0, 0x1);
+    /// Place of `num_of_counters`: bit 0xd0, 0x10 bits.
+    pub const NUM_OF_COUNTERS: BitField = BitField::new(0xd0, 0x10);
+    /// Place of `flow_counter_id`: bit 0xe0, 0x20 bits.
+    pub const FLOW_COUNTER_ID: BitField = BitField::new(0xe0, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_flow_counter_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x100,
+        doc: "QUERY_FLOW_COUNTER input: `num_of_counters` counters from `flow_counter_id`.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x80, ty: FieldType::Bits },
+            FieldInfo { name: "clear", bit_off: 0xc0, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c1", bit_off: 0xc1, width: 0xf, ty: FieldType::Bits },
+            FieldInfo { name: "num_of_counters", bit_off: 0xd0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "flow_counter_id", bit_off: 0xe0, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_FLOW_COUNTER input: `num_of_counters` counters from `flow_counter_id`.
+///
+/// A view of `struct mlx5_ifc_query_flow_counter_in_bits` (256 bits, 32 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryFlowCounterIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryFlowCounterIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (32 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_flow_counter_in", query_flow_counter_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `clear`: 1 bits at bit 0xc0.
+    pub fn clear(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0xc0, 1) != 0
+    }
+    /// `num_of_counters`: 16 bits at bit 0xd0.
+    pub fn num_of_counters(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0xd0, 16) as u16
+    }
+    /// `flow_counter_id`: 32 bits at bit 0xe0.
+    pub fn flow_counter_id(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0xe0, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryFlowCounterIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `clear` (1 bits at bit 0xc0).
+    pub fn set_clear(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xc0, 1, u64::from(value));
+        self
+    }
+    /// Sets `num_of_counters` (16 bits at bit 0xd0).
+    pub fn set_num_of_counters(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xd0, 16, u64::from(value));
+        self
+    }
+    /// Sets `flow_counter_id` (32 bits at bit 0xe0).
+    pub fn set_flow_counter_id(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0xe0, 32, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryFlowCounterOut`] (`struct mlx5_ifc_query_flow_counter_out_bits`).
+pub mod query_flow_counter_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `flow_statistics`: bit 0x80, 0x0 bits.
+    pub const FLOW_STATISTICS: BitField = BitField::new(0x80, 0x0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_flow_counter_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "QUERY_FLOW_COUNTER output: packets and octets per counter.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "flow_statistics", bit_off: 0x80, width: 0x0, ty: FieldType::Array { elem_bits: 0x80, count: 0, elem: Some("traffic_counter") } },
+        ],
+    };
+}
+
+/// QUERY_FLOW_COUNTER output: packets and octets per counter.
+///
+/// A view of `struct mlx5_ifc_query_flow_counter_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryFlowCounterOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryFlowCounterOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_flow_counter_out", query_flow_counter_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `flow_statistics[index]` (`traffic_counter`, 16 bytes each from byte 0x10).
+    pub fn flow_statistics(&self, index: usize) -> TrafficCounter<&[u8]> {
+        TrafficCounter::new_unchecked(sub(self.buf.as_ref(), 0x10 + index * 0x10, 0x10))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryFlowCounterOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// `flow_statistics[index]`, for writing.
+    pub fn flow_statistics_mut(&mut self, index: usize) -> TrafficCounter<&mut [u8]> {
+        TrafficCounter::new_unchecked(sub_mut(self.buf.as_mut(), 0x10 + index * 0x10, 0x10))
+    }
+}

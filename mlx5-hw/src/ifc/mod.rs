@@ -362,6 +362,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &query_dct_out::INFO,
     &query_eq_in::INFO,
     &query_eq_out::INFO,
+    &query_flow_counter_in::INFO,
+    &query_flow_counter_out::INFO,
     &query_flow_table_in::INFO,
     &query_flow_table_out::INFO,
     &query_fte_in::INFO,

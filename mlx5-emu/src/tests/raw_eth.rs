@@ -1,0 +1,493 @@
+//! Raw Ethernet between two cabled functions, by hand-built commands and
+//! WQEs: function A sends frames on an SQ, function B's NIC RX flow table
+//! steers them (by UDP destination port) to TIRs and their RQs, or drops
+//! them, and counts; B's RQs complete with Ethernet receive CQEs. Then
+//! RSS over an RQ table, and the refusals.
+
+use std::sync::atomic::Ordering;
+
+use mlx5_hw::bits::BitField;
+use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::eth::{
+    CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK, CQE_L4_HDR_TYPE_SHIFT,
+    CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_RSS_IPV4, CQE_RSS_UDP, ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM,
+    FLOW_CONTEXT_ACTION_COUNT, FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST,
+    HASH_FIELD_SEL_DST_IP, HASH_FIELD_SEL_L4_DPORT, HASH_FIELD_SEL_L4_SPORT, HASH_FIELD_SEL_SRC_IP,
+    L4_PROT_TYPE_UDP, MATCH_OUTER_HEADERS, QUEUE_STATE_RDY, QUEUE_STATE_RST, RX_HASH_FN_TOEPLITZ,
+    TIRC_DISP_TYPE_DIRECT, TIRC_DISP_TYPE_INDIRECT, WQ_TYPE_CYCLIC,
+};
+use mlx5_hw::ifc::{
+    cmd_hca_cap, cqe64, create_flow_group_in, create_flow_group_out, create_flow_table_in,
+    create_flow_table_out, create_mkey_in, create_rq_in, create_tir_in, dest_format_struct,
+    flow_context, flow_counter_list, flow_table_context, flow_table_nic_cap,
+    flow_table_prop_layout, fte_match_param, fte_match_set_lyr_2_4 as l24, mkc,
+    query_flow_counter_in, query_flow_counter_out, rqc, rx_hash_field_select,
+    set_flow_table_root_in, set_fte_in, tirc, traffic_counter, wq, wqe_data_seg, wqe_eth_seg,
+};
+use mlx5_hw::status::CmdStatus;
+
+use super::eth::{num, setup_on, Eth, DATA, DBR_IOVA, RING_IOVA};
+use super::{cmd_in, Drv};
+use crate::{Fabric, Profile};
+
+const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();
+/// NIC RX flow tables (`FS_FT_NIC_RX`) as the commands' table_type.
+const NIC_RX: u64 = mlx5_hw::eth::FS_FT_NIC_RX as u64;
+/// Bytes of the headers A sends inline: Ethernet, IPv4, UDP.
+const HDRS: usize = 14 + 20 + 8;
+/// Bytes of each receive buffer.
+const RX_BUF: u64 = 256;
+/// Where B's RQ rings are (after the CQ and the SQ ring), and their
+/// doorbell records.
+const RQ_RING: [u64; 2] = [0x4000, 0x5000];
+const RQ_DBR: [u64; 2] = [128, 192];
+
+/// Two cabled functions, each with a UAR, EQ, PD, TD and CQ (the CQ's
+/// entries marked invalid).
+fn pair() -> (Fabric, Eth, Eth) {
+    let fab = Fabric::cabled(2, Profile::ConnectX4Lx);
+    let mut e = [0, 1].map(|i| setup_on(Drv::on(fab.function(i).unwrap())));
+    for x in &mut e {
+        for i in 0..64 {
+            x.bufs[0].write(i * 64 + 63, &[0xf0]).unwrap();
+        }
+    }
+    let [a, b] = e;
+    (fab, a, b)
+}
+
+impl Eth {
+    /// An MTT mkey over 64 KiB of the ring buffer from `DATA`, local read
+    /// and write.
+    fn rw_mkey(&mut self) -> u32 {
+        let pages = 16;
+        let mut c = cmd_in(0x200, 0, create_mkey_in::SIZE_BYTES + pages * 8);
+        let m = &mut c[create_mkey_in::MEMORY_KEY_MKEY_ENTRY.off / 8..];
+        mkc::ACCESS_MODE_1_0.set(m, mlx5_hw::wqe::MKC_ACCESS_MODE_MTT.into());
+        mkc::LR.set(m, 1);
+        mkc::LW.set(m, 1);
+        mkc::QPN.set(m, 0xff_ffff);
+        mkc::MKEY_7_0.set(m, 0x44);
+        mkc::PD.set(m, u64::from(self.pd));
+        mkc::START_ADDR.set(m, RING_IOVA + DATA);
+        mkc::LEN.set(m, pages as u64 * 4096);
+        mkc::LOG_PAGE_SIZE.set(m, 12);
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, pages as u64 / 2);
+        create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, pages as u64 / 2);
+        for p in 0..pages {
+            let at = create_mkey_in::SIZE_BYTES + p * 8;
+            let pa = RING_IOVA + DATA + p as u64 * 4096;
+            c[at..at + 8].copy_from_slice(&pa.to_be_bytes());
+        }
+        num(&self.d.ok(&c, 16)) << 8 | 0x44
+    }
+
+    /// RQ `i` (ring `RQ_RING[i]`), cyclic, 64 WQEs of one data segment, in
+    /// RDY.
+    fn ready_rq(&mut self, i: usize) -> u32 {
+        let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
+        let x = &mut c[create_rq_in::CTX.off / 8..];
+        rqc::CQN.set(x, u64::from(self.cqn));
+        let w = &mut x[rqc::WQ.off / 8..];
+        wq::WQ_TYPE.set(w, WQ_TYPE_CYCLIC);
+        wq::PD.set(w, u64::from(self.pd));
+        wq::DBR_ADDR.set(w, DBR_IOVA + RQ_DBR[i]);
+        wq::LOG_WQ_STRIDE.set(w, 4);
+        wq::LOG_WQ_SZ.set(w, 6);
+        let at = create_rq_in::SIZE_BYTES;
+        c[at..].copy_from_slice(&(RING_IOVA + RQ_RING[i]).to_be_bytes());
+        let rqn = num(&self.d.ok(&c, 16));
+        assert_eq!(self.modify(0x909, rqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+        rqn
+    }
+
+    /// Posts `n` receive WQEs on RQ `i`: buffers of [`RX_BUF`] bytes from
+    /// `DATA + 0x4000 * (i + 1)`; the producer counter to `n`.
+    fn post_recv(&mut self, i: usize, lkey: u32, n: u16) {
+        for k in 0..u64::from(n) {
+            let mut s = [0u8; 16];
+            wqe_data_seg::BYTE_COUNT.set(&mut s, RX_BUF);
+            wqe_data_seg::LKEY.set(&mut s, u64::from(lkey));
+            wqe_data_seg::ADDR.set(&mut s, rx_buf(i, k));
+            self.bufs[0]
+                .write((RQ_RING[i] + k * 16) as usize, &s)
+                .unwrap();
+        }
+        self.bufs[1]
+            .write_u32_be(RQ_DBR[i] as usize, u32::from(n))
+            .unwrap();
+    }
+
+    /// A direct TIR to `rqn`.
+    fn direct_tir(&mut self, rqn: u32) -> u32 {
+        num(&self.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0))
+    }
+
+    /// The NIC RX root table (level 0, 16 entries) with one group over
+    /// ethertype, IP protocol and UDP destination port.
+    fn udp_table(&mut self) -> (u32, u32) {
+        let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
+        create_flow_table_in::TABLE_TYPE.set(&mut c, NIC_RX);
+        flow_table_context::LOG_SIZE
+            .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
+            .set(&mut c, 4);
+        let out = self.d.ok(&c, create_flow_table_out::SIZE_BYTES);
+        let table = create_flow_table_out::TABLE_ID.get(&out) as u32;
+        let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
+        set_flow_table_root_in::TABLE_TYPE.set(&mut c, NIC_RX);
+        set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
+        self.d.ok(&c, 16);
+        let (s, group) = self.group(table, MATCH_OUTER_HEADERS.into());
+        assert_eq!(s, 0);
+        (table, group)
+    }
+
+    /// CREATE_FLOW_GROUP over indices 0..15 of `table`, its criteria
+    /// enabled by `enable`, masking ethertype, IP protocol and UDP dport.
+    fn group(&mut self, table: u32, enable: u64) -> (u8, u32) {
+        use create_flow_group_in as i;
+        let mut c = cmd_in(0x933, 0, i::SIZE_BYTES);
+        i::TABLE_TYPE.set(&mut c, NIC_RX);
+        i::TABLE_ID.set(&mut c, u64::from(table));
+        i::END_FLOW_INDEX.set(&mut c, 15);
+        i::MATCH_CRITERIA_ENABLE.set(&mut c, enable);
+        let o = i::MATCH_CRITERIA.off + fte_match_param::OUTER_HEADERS.off;
+        l24::ETHERTYPE.at(o).set(&mut c, 0xffff);
+        l24::IP_PROTOCOL.at(o).set(&mut c, 0xff);
+        l24::UDP_DPORT.at(o).set(&mut c, 0xffff);
+        let out = self.d.exec(&c, create_flow_group_out::SIZE_BYTES);
+        (out[0], create_flow_group_out::GROUP_ID.get(&out) as u32)
+    }
+
+    /// An FTE at `index` for IPv4/UDP to `dport`: forwarding to `tir`, or
+    /// dropping (`None`); counting into `counter` if any.
+    fn udp_rule(
+        &mut self,
+        t: (u32, u32),
+        index: u32,
+        dport: u16,
+        tir: Option<u32>,
+        counter: Option<u32>,
+    ) -> u8 {
+        use set_fte_in as i;
+        let fc = i::FLOW_CONTEXT.off;
+        let dests = (fc + flow_context::DESTINATION.off) / 8;
+        let mut c = cmd_in(0x936, 0, dests + 2 * dest_format_struct::SIZE_BYTES);
+        i::TABLE_TYPE.set(&mut c, NIC_RX);
+        i::TABLE_ID.set(&mut c, u64::from(t.0));
+        i::FLOW_INDEX.set(&mut c, u64::from(index));
+        let f = |b: BitField| b.at(fc);
+        f(flow_context::GROUP_ID).set(&mut c, u64::from(t.1));
+        let mut action = if tir.is_some() {
+            FLOW_CONTEXT_ACTION_FWD_DEST
+        } else {
+            FLOW_CONTEXT_ACTION_DROP
+        };
+        let mut at = dests;
+        if let Some(tirn) = tir {
+            f(flow_context::DESTINATION_LIST_SIZE).set(&mut c, 1);
+            dest_format_struct::DESTINATION_TYPE.set(&mut c[at..], 2);
+            dest_format_struct::DESTINATION_ID.set(&mut c[at..], u64::from(tirn));
+            at += dest_format_struct::SIZE_BYTES;
+        }
+        if let Some(id) = counter {
+            action |= FLOW_CONTEXT_ACTION_COUNT;
+            f(flow_context::FLOW_COUNTER_LIST_SIZE).set(&mut c, 1);
+            flow_counter_list::FLOW_COUNTER_ID.set(&mut c[at..], u64::from(id));
+        }
+        f(flow_context::ACTION).set(&mut c, action);
+        let o = fc + flow_context::MATCH_VALUE.off + fte_match_param::OUTER_HEADERS.off;
+        l24::ETHERTYPE.at(o).set(&mut c, 0x0800);
+        l24::IP_PROTOCOL.at(o).set(&mut c, 17);
+        l24::UDP_DPORT.at(o).set(&mut c, u64::from(dport));
+        self.d.exec(&c, 16)[0]
+    }
+
+    /// Flow counters on: 1024 of them, usable by NIC RX entries (what a
+    /// newer firmware than the ConnectX-4's advertises); one allocated.
+    fn counter(&mut self) -> u32 {
+        {
+            let mut fw = crate::lock(&self.d.f.model().inner.fw);
+            let g = fw.caps.cur.get_mut(&0).expect("general caps");
+            cmd_hca_cap::MAX_FLOW_COUNTER_15_0.set(g, 1024);
+            let ft = fw.caps.cur.get_mut(&7).expect("flow-table caps");
+            flow_table_prop_layout::FLOW_COUNTER
+                .at(flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.off)
+                .set(ft, 1);
+        }
+        use mlx5_hw::ifc::{alloc_flow_counter_in, alloc_flow_counter_out};
+        let c = cmd_in(0x939, 0, alloc_flow_counter_in::SIZE_BYTES);
+        let out = self.d.ok(&c, alloc_flow_counter_out::SIZE_BYTES);
+        alloc_flow_counter_out::FLOW_COUNTER_ID.get(&out) as u32
+    }
+
+    /// QUERY_FLOW_COUNTER: (packets, octets).
+    fn flow_count(&mut self, id: u32) -> (u64, u64) {
+        let mut c = cmd_in(0x93b, 0, query_flow_counter_in::SIZE_BYTES);
+        query_flow_counter_in::FLOW_COUNTER_ID.set(&mut c, u64::from(id));
+        let n = query_flow_counter_out::SIZE_BYTES + traffic_counter::SIZE_BYTES;
+        let out = self.d.ok(&c, n);
+        let s = &out[query_flow_counter_out::SIZE_BYTES..];
+        (
+            traffic_counter::PACKETS.get(s),
+            traffic_counter::OCTETS.get(s),
+        )
+    }
+
+    /// Sends on SQ `sqn` at WQE `idx` the frame of `hdrs` (inline) and
+    /// `len` payload bytes at `DATA + off` (under `lkey`), with the
+    /// checksum offloads.
+    fn send(&mut self, sqn: u32, idx: u16, hdrs: &[u8], lkey: u32, off: u64, len: u32) {
+        let inl = wqe_eth_seg::SIZE_BYTES + (hdrs.len() - 2).next_multiple_of(16);
+        let mut s = vec![0u8; inl + wqe_data_seg::SIZE_BYTES];
+        wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+        wqe_eth_seg::INLINE_HDR_SZ.set(&mut s, hdrs.len() as u64);
+        let start = wqe_eth_seg::INLINE_HDR_START.off / 8;
+        s[start..start + hdrs.len()].copy_from_slice(hdrs);
+        let d = &mut s[inl..];
+        wqe_data_seg::BYTE_COUNT.set(d, u64::from(len));
+        wqe_data_seg::LKEY.set(d, u64::from(lkey));
+        wqe_data_seg::ADDR.set(d, RING_IOVA + DATA + off);
+        self.post(sqn, idx, 0x0a, &s, true);
+    }
+
+    /// A TIS and an SQ in RDY.
+    fn ready_sq(&mut self) -> u32 {
+        let tisn = num(&self.tis(self.td));
+        let sqn = num(&self.sq(tisn, 6));
+        assert_eq!(self.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+        sqn
+    }
+}
+
+/// The IOVA of receive buffer `k` of RQ `i`.
+fn rx_buf(i: usize, k: u64) -> u64 {
+    RING_IOVA + DATA + 0x4000 * (i as u64 + 1) + k * RX_BUF
+}
+
+/// Ethernet + IPv4 + UDP headers from 10.0.0.1:`sport` to 10.0.0.2:`dport`
+/// for `payload` bytes, checksums left to the offload.
+fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
+    let mut h = vec![0u8; HDRS];
+    h[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
+    h[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
+    h[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut h[14..34];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((20 + 8 + payload) as u16).to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    let udp = &mut h[34..42];
+    udp[0..2].copy_from_slice(&sport.to_be_bytes());
+    udp[2..4].copy_from_slice(&dport.to_be_bytes());
+    udp[4..6].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    h
+}
+
+/// B's receive CQE `n`, checked as an Ethernet receive of IPv4/UDP with
+/// good checksums: its RQ number and byte count.
+fn rx_cqe(b: &Eth, n: usize) -> (u32, u32, Vec<u8>) {
+    let c = b.cqe(n);
+    assert_eq!(
+        c[63] >> 4,
+        CqeOpcode::RespSend.to_raw(),
+        "CQE {n}: {c:02x?}"
+    );
+    let types = cqe64::L4_L3_HDR_TYPE.get(&c) as u8;
+    assert_eq!(
+        types,
+        CQE_L4_HDR_TYPE_UDP << CQE_L4_HDR_TYPE_SHIFT
+            | CQE_L3_HDR_TYPE_IPV4 << CQE_L3_HDR_TYPE_SHIFT
+    );
+    let ok = cqe64::HDS_IP_EXT.get(&c) as u8;
+    assert_eq!(
+        ok & (CQE_L3_OK | CQE_L4_OK),
+        CQE_L3_OK | CQE_L4_OK,
+        "checksums"
+    );
+    let qpn = cqe64::SOP_DROP_QPN.get(&c) as u32 & 0xff_ffff;
+    (qpn, cqe64::BYTE_CNT.get(&c) as u32, c)
+}
+
+#[test]
+fn frames_cross_the_cable_steered_by_udp_port_dropped_and_counted() {
+    let (_fab, mut a, mut b) = pair();
+    // B: two RQs with 8 buffers each behind direct TIRs; port 1000 to the
+    // first, 2000 to the second, 3000 dropped; two counters.
+    let blkey = b.rw_mkey();
+    let rqs = [b.ready_rq(0), b.ready_rq(1)];
+    b.post_recv(0, blkey, 8);
+    b.post_recv(1, blkey, 8);
+    let tirs = rqs.map(|r| b.direct_tir(r));
+    let t = b.udp_table();
+    let (c_fwd, c_drop) = (b.counter(), b.counter());
+    assert_eq!(b.udp_rule(t, 0, 1000, Some(tirs[0]), Some(c_fwd)), 0);
+    assert_eq!(b.udp_rule(t, 1, 2000, Some(tirs[1]), None), 0);
+    assert_eq!(b.udp_rule(t, 2, 3000, None, Some(c_drop)), 0);
+    // A: payloads of 100 + k bytes, each byte its frame's number.
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let ports = [1000u16, 2000, 3000, 1000, 4000, 2000, 3000, 1000];
+    for (k, &dport) in ports.iter().enumerate() {
+        let len = 100 + k;
+        a.bufs[0]
+            .write(DATA as usize + k * 512, &vec![k as u8; len])
+            .unwrap();
+        let h = headers(5000 + k as u16, dport, len);
+        a.send(sqn, k as u16 * 2, &h, alkey, k as u64 * 512, len as u32);
+    }
+    // A completes all eight sends.
+    for k in 0..ports.len() {
+        let c = a.cqe(k);
+        assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "send {k}");
+    }
+    // B received frames 0, 1, 3, 5, 7, in order, each on its RQ, intact.
+    let mut next = [0u64; 2];
+    for (n, k) in [0usize, 1, 3, 5, 7].into_iter().enumerate() {
+        let (qpn, bytes, c) = rx_cqe(&b, n);
+        let q = usize::from(ports[k] == 2000);
+        assert_eq!(qpn, rqs[q], "frame {k} on its RQ");
+        let len = 100 + k;
+        assert_eq!(bytes as usize, HDRS + len);
+        assert_eq!(u64::from(u16::from_be_bytes([c[60], c[61]])), next[q]);
+        let mut got = vec![0u8; HDRS + len];
+        let at = rx_buf(q, next[q]) - RING_IOVA;
+        b.bufs[0].read(at as usize, &mut got).unwrap();
+        next[q] += 1;
+        assert_eq!(&got[HDRS..], &vec![k as u8; len][..], "frame {k} payload");
+        assert_eq!(
+            &got[34..36],
+            &(5000 + k as u16).to_be_bytes(),
+            "frame {k} sport"
+        );
+        assert_eq!(&got[..12], &headers(0, 0, 0)[..12], "MACs");
+    }
+    super::settle(b.d.f.model());
+    assert_eq!(
+        b.bufs[0].load_u8_acquire(5 * 64 + 63).unwrap() >> 4,
+        0xf,
+        "no sixth CQE"
+    );
+    // Counters: the forward rule saw 3 frames, the drop rule 2; the port
+    // took 8 and dropped 3 (two by rule, one missed every entry).
+    let octets = |ks: &[usize]| ks.iter().map(|k| (HDRS + 100 + k) as u64).sum::<u64>();
+    assert_eq!(b.flow_count(c_fwd), (3, octets(&[0, 3, 7])));
+    assert_eq!(b.flow_count(c_drop), (2, octets(&[2, 6])));
+    let rc = &b.d.f.model().inner.rdma.counters;
+    assert_eq!(rc.packets_received.load(Ordering::Relaxed), 8);
+    assert_eq!(rc.dropped.load(Ordering::Relaxed), 3);
+    let ac = &a.d.f.model().inner.rdma.counters;
+    assert_eq!(ac.packets_sent.load(Ordering::Relaxed), 8);
+}
+
+#[test]
+fn rss_spreads_by_toeplitz_over_the_rq_table() {
+    let (_fab, mut a, mut b) = pair();
+    let blkey = b.rw_mkey();
+    let rqs = [b.ready_rq(0), b.ready_rq(1)];
+    b.post_recv(0, blkey, 32);
+    b.post_recv(1, blkey, 32);
+    let rqtn = num(&b.rqt(0x916, 0, 2, &rqs));
+    let key: [u8; 40] = std::array::from_fn(|i| (i as u8).wrapping_mul(37) ^ 0x6d);
+    let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
+    let x = &mut c[create_tir_in::CTX.off / 8..];
+    tirc::TRANSPORT_DOMAIN.set(x, u64::from(b.td));
+    tirc::DISP_TYPE.set(x, TIRC_DISP_TYPE_INDIRECT);
+    tirc::INDIRECT_TABLE.set(x, u64::from(rqtn));
+    tirc::RX_HASH_FN.set(x, RX_HASH_FN_TOEPLITZ);
+    let k = tirc::RX_HASH_TOEPLITZ_KEY.off / 8;
+    x[k..k + 40].copy_from_slice(&key);
+    let s = tirc::RX_HASH_FIELD_SELECTOR_OUTER.off;
+    rx_hash_field_select::L4_PROT_TYPE
+        .at(s)
+        .set(x, L4_PROT_TYPE_UDP);
+    let fields = HASH_FIELD_SEL_SRC_IP
+        | HASH_FIELD_SEL_DST_IP
+        | HASH_FIELD_SEL_L4_SPORT
+        | HASH_FIELD_SEL_L4_DPORT;
+    rx_hash_field_select::SELECTED_FIELDS.at(s).set(x, fields);
+    let tirn = num(&b.d.ok(&c, 16));
+    let t = b.udp_table();
+    assert_eq!(b.udp_rule(t, 0, 7000, Some(tirn), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let n = 16u16;
+    for k in 0..n {
+        let h = headers(40000 + k * 7, 7000, 64);
+        a.send(sqn, k * 2, &h, alkey, 0, 64);
+    }
+    let mut seen = [0usize; 2];
+    for k in 0..n {
+        let (qpn, _, c) = rx_cqe(&b, usize::from(k));
+        let mut input = vec![10, 0, 0, 1, 10, 0, 0, 2];
+        input.extend_from_slice(&(40000 + k * 7).to_be_bytes());
+        input.extend_from_slice(&7000u16.to_be_bytes());
+        let h = crate::transport::rss::toeplitz(&key, &input);
+        assert_eq!(cqe64::RSS_HASH_RESULT.get(&c) as u32, h, "frame {k}");
+        assert_eq!(
+            cqe64::RSS_HASH_TYPE.get(&c) as u8,
+            CQE_RSS_IPV4 | CQE_RSS_UDP
+        );
+        let q = h as usize % 2;
+        assert_eq!(qpn, rqs[q], "frame {k} on the RQ its hash picks");
+        seen[q] += 1;
+    }
+    assert!(seen[0] > 0 && seen[1] > 0, "both RQs used: {seen:?}");
+}
+
+#[test]
+fn refusals_bad_hash_fields_unsupported_match_short_frame_small_buffer() {
+    let (_fab, mut a, mut b) = pair();
+    let blkey = b.rw_mkey();
+    let rq = b.ready_rq(0);
+    // A TIR hashing a field no selector knows, or ports with the SPI.
+    let rqtn = num(&b.rqt(0x916, 0, 1, &[rq]));
+    for fields in [
+        1u64 << 5,
+        HASH_FIELD_SEL_L4_DPORT | mlx5_hw::eth::HASH_FIELD_SEL_IPSEC_SPI,
+    ] {
+        let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
+        let x = &mut c[create_tir_in::CTX.off / 8..];
+        tirc::TRANSPORT_DOMAIN.set(x, u64::from(b.td));
+        tirc::DISP_TYPE.set(x, TIRC_DISP_TYPE_INDIRECT);
+        tirc::INDIRECT_TABLE.set(x, u64::from(rqtn));
+        tirc::RX_HASH_FN.set(x, RX_HASH_FN_TOEPLITZ);
+        rx_hash_field_select::SELECTED_FIELDS
+            .at(tirc::RX_HASH_FIELD_SELECTOR_OUTER.off)
+            .set(x, fields);
+        assert_eq!(b.d.exec(&c, 16)[0], BAD_PARAM, "fields {fields:#x}");
+    }
+    // A NIC RX group matching misc parameters 2 (metadata registers): not
+    // parsed, refused.
+    let t = b.udp_table();
+    assert_eq!(b.group(t.0, 1 << 3).0, BAD_PARAM);
+    // A frame shorter than an Ethernet header: an error CQE on A's SQ.
+    let tir = b.direct_tir(rq);
+    assert_eq!(b.udp_rule(t, 0, 9, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    a.send(sqn, 0, &[0xaa; 4], alkey, 0, 6);
+    let c = a.cqe(0);
+    assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw());
+    assert_eq!(c[55], CqeSyndrome::LocalLengthErr.to_raw());
+    assert_eq!(a.sq_state(sqn), mlx5_hw::eth::QUEUE_STATE_ERR);
+    // A frame longer than the receive buffer: an error CQE on B's RQ.
+    assert_eq!(
+        a.modify(0x905, sqn, mlx5_hw::eth::QUEUE_STATE_ERR, QUEUE_STATE_RST),
+        0
+    );
+    assert_eq!(a.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    b.post_recv(0, blkey, 1);
+    let h = headers(1, 9, 300);
+    a.send(sqn, 0, &h, alkey, 0, 300);
+    let c = b.cqe(0);
+    assert_eq!(c[63] >> 4, CqeOpcode::RespErr.to_raw());
+    assert_eq!(c[55], CqeSyndrome::LocalLengthErr.to_raw());
+    let rx = &b.d.f.model().inner.rdma.eth_rx;
+    let state = crate::transport::rlock(&rx.rqs)[&rq]
+        .state
+        .load(Ordering::Relaxed);
+    assert_eq!(u64::from(state), mlx5_hw::eth::QUEUE_STATE_ERR);
+}

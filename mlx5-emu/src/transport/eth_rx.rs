@@ -1,0 +1,327 @@
+//! Raw Ethernet on the port: frames an SQ sends ([`super::eth_sq`]) leave
+//! on the cable ([`transmit`]) to every other function cabled to it, and
+//! a function's port takes each one in ([`receive`]): NIC RX steering
+//! ([`super::steer`]) picks RQs, and each RQ scatters the frame into its
+//! next receive WQE and completes it with a responder CQE (byte count, L3
+//! and L4 header types, checksums good, VLAN, the RSS hash and its type).
+//!
+//! RoCE shares the port: RoCEv2 packets take the transport's own path by
+//! QP number ([`crate::fabric::transmit`]), raw frames this one; what the
+//! two carry is counted in the same port counters.
+//!
+//! An RQ ([`EthRq`], CREATE_RQ with its own ring, fw/rq.rs) is a cyclic
+//! ring or a linked list of receive WQEs (a linked list starts each WQE
+//! with the next-WQE segment and follows its `next_wqe_index`), its
+//! producer counter in the first word of its doorbell record
+//! (`MLX5_RCV_DBR`). A WQE is data segments, ended early by the
+//! terminating lkey. A frame that finds the RQ in another state than RDY
+//! is dropped; one that finds no WQE posted is dropped and counted as
+//! `out_of_buffer` in the RQ's Q counter set; one longer than the WQE's
+//! buffers, or whose key does not grant the local write, completes with
+//! an error CQE and moves the RQ to ERR.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
+use mlx5_hw::eth::{
+    CQE_L2_OK, CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
+    CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA, CQE_L4_HDR_TYPE_TCP_NO_ACK,
+    CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_RSS_IPV4, CQE_RSS_IPV6, CQE_RSS_TCP, CQE_RSS_UDP,
+    CQE_VLAN_PRESENT, QUEUE_STATE_RDY,
+};
+use mlx5_hw::ifc::wqe_data_seg;
+use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
+use vm_memory::GuestMemoryMmap;
+
+use super::cq::{Completion, EthCqe};
+use super::mem::{self, access};
+use super::qp::Buf;
+use super::requester::{key_error, vendor};
+use super::steer::{Delivery, Parsed, Plan, ETH_HLEN};
+use super::{rlock, Cq, Rdma, Table};
+use crate::lock;
+
+/// Bytes of the next-WQE segment a linked-list receive WQE starts with
+/// (`struct mlx5_wqe_srq_next_seg`).
+const NEXT_SEG: usize = mlx5_hw::ifc::wqe_srq_next_seg::SIZE_BYTES;
+
+/// A function's raw Ethernet receive side.
+#[derive(Debug, Default)]
+pub(crate) struct EthRx {
+    /// RQs with their own rings, by RQ number.
+    pub rqs: RwLock<Table<EthRq>>,
+    /// NIC RX steering as the last command left it.
+    pub plan: RwLock<Arc<Plan>>,
+    /// Flow counters: packets and octets, by counter id.
+    pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
+}
+
+impl EthRx {
+    /// Forgets everything (teardown, FLR).
+    pub(crate) fn reset(&self) {
+        super::wlock(&self.rqs).clear();
+        *super::wlock(&self.plan) = Arc::default();
+        lock(&self.flow_counts).clear();
+    }
+
+    /// Packets and octets counter `id` counted (0 when never).
+    pub(crate) fn flow_count(&self, id: u32) -> [u64; 2] {
+        lock(&self.flow_counts)
+            .get(&id)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Zeroes counters `id..id + n`.
+    pub(crate) fn clear_flow_counts(&self, id: u32, n: u32) {
+        lock(&self.flow_counts).retain(|k, _| !(id..id + n).contains(k));
+    }
+}
+
+/// One receive queue the data path fills.
+#[derive(Debug)]
+pub(crate) struct EthRq {
+    pub rqn: u32,
+    pub cq: Arc<Cq>,
+    /// The PD its data segments' keys must belong to (wq.pd).
+    pub pd: u32,
+    pub log_size: u8,
+    /// log2 of a WQE's bytes (wq.log_wq_stride).
+    pub log_stride: u8,
+    pub linked_list: bool,
+    pub buf: Buf,
+    pub dbr: u64,
+    /// The Q counter set it counts into (0: none readable).
+    pub counter_set: std::sync::atomic::AtomicU32,
+    /// `QUEUE_STATE_*`, moved by MODIFY_RQ and by an error CQE.
+    pub state: AtomicU8,
+    pub ring: Mutex<RqRing>,
+}
+
+/// Where an RQ's ring stands.
+#[derive(Debug, Default)]
+pub(crate) struct RqRing {
+    /// WQEs consumed (compared with the producer counter).
+    pub consumed: u16,
+    /// The index of the next WQE (a linked list follows its links).
+    pub head: u16,
+}
+
+impl EthRq {
+    /// Back to RST: the ring restarts at 0.
+    pub(crate) fn reset(&self) {
+        *lock(&self.ring) = RqRing::default();
+    }
+
+    /// Takes `frame` into the next WQE and completes it.
+    fn deliver(&self, rdma: &Rdma, mem: &GuestMemoryMmap, frame: &[u8], p: &Parsed, d: Delivery) {
+        if u64::from(self.state.load(Ordering::Acquire)) != QUEUE_STATE_RDY {
+            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut ring = lock(&self.ring);
+        let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
+        if pi == ring.consumed {
+            let id = self.counter_set.load(Ordering::Relaxed);
+            if let Some(s) = lock(&rdma.q_counters).get(&id) {
+                s.out_of_buffer.fetch_add(1, Ordering::Relaxed);
+            }
+            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let at = ring.head;
+        let c = match self.scatter(rdma, mem, at, frame) {
+            Ok(next) => {
+                ring.head = next;
+                Completion {
+                    opcode: CqeOpcode::RespSend.to_raw(),
+                    qpn: self.rqn,
+                    wqe_counter: at,
+                    byte_cnt: frame.len() as u32,
+                    l3: hdr_types(p),
+                    eth: Some(eth_cqe(p, d)),
+                    ..Completion::default()
+                }
+            }
+            Err((synd, vendor)) => {
+                tracing::debug!(rqn = self.rqn, at, vendor, "RQ WQE failed");
+                self.state
+                    .store(mlx5_hw::eth::QUEUE_STATE_ERR as u8, Ordering::Release);
+                rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+                Completion {
+                    opcode: CqeOpcode::RespErr.to_raw(),
+                    qpn: self.rqn,
+                    wqe_counter: at,
+                    error: Some((synd.to_raw(), vendor)),
+                    ..Completion::default()
+                }
+            }
+        };
+        ring.consumed = ring.consumed.wrapping_add(1);
+        drop(ring);
+        self.cq.push(rdma, mem, &c);
+    }
+
+    /// Scatters `frame` into WQE `at`; the index of the WQE after it.
+    fn scatter(
+        &self,
+        rdma: &Rdma,
+        mem: &GuestMemoryMmap,
+        at: u16,
+        frame: &[u8],
+    ) -> Result<u16, (CqeSyndrome, u8)> {
+        let mask = (1u32 << self.log_size) - 1;
+        let size = 1usize << self.log_stride;
+        let fault = (CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        let addr = self
+            .buf
+            .addr(u64::from(u32::from(at) & mask) << self.log_stride)
+            .ok_or(fault)?;
+        let mut wqe = vec![0u8; size];
+        mem::read(mem, addr, &mut wqe).map_err(|_| fault)?;
+        let (next, segs) = if self.linked_list {
+            let n = mlx5_hw::ifc::wqe_srq_next_seg::NEXT_WQE_INDEX.get(&wqe) as u16;
+            (n, wqe.get(NEXT_SEG..).unwrap_or_default())
+        } else {
+            (at.wrapping_add(1), &wqe[..])
+        };
+        let mut off = 0usize;
+        let mut ext = Vec::new();
+        for s in segs.chunks_exact(wqe_data_seg::SIZE_BYTES) {
+            let key = wqe_data_seg::LKEY.get(s) as u32;
+            if off == frame.len() || key == TERMINATE_SCATTER_LIST_LKEY {
+                break;
+            }
+            let n = (wqe_data_seg::BYTE_COUNT.get(s) as usize).min(frame.len() - off);
+            if n == 0 {
+                continue;
+            }
+            let k = rdma
+                .mkey(key)
+                .ok_or((CqeSyndrome::LocalProtErr, vendor::BAD_LKEY))?;
+            ext.clear();
+            k.resolve(
+                self.pd,
+                access::LW,
+                wqe_data_seg::ADDR.get(s),
+                n as u64,
+                &mut ext,
+            )
+            .map_err(|e| (CqeSyndrome::LocalProtErr, key_error(e)))?;
+            crate::fabric::Payload::Bytes(&frame[off..off + n])
+                .copy_to(mem, &ext, 0)
+                .map_err(|_| (CqeSyndrome::LocalProtErr, vendor::NO_ACCESS))?;
+            off += n;
+        }
+        if off < frame.len() {
+            return Err((CqeSyndrome::LocalLengthErr, vendor::LENGTH));
+        }
+        Ok(next)
+    }
+}
+
+/// The CQE's `l4_l3_hdr_type` byte for `p`.
+fn hdr_types(p: &Parsed) -> u8 {
+    let l3 = match p.flow.ipv6 {
+        Some(false) => CQE_L3_HDR_TYPE_IPV4,
+        Some(true) => CQE_L3_HDR_TYPE_IPV6,
+        None => 0,
+    };
+    let l4 = match p.flow.udp {
+        Some(true) => CQE_L4_HDR_TYPE_UDP,
+        Some(false) if p.tcp_ack => CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA,
+        Some(false) => CQE_L4_HDR_TYPE_TCP_NO_ACK,
+        None => 0,
+    };
+    l4 << CQE_L4_HDR_TYPE_SHIFT
+        | l3 << CQE_L3_HDR_TYPE_SHIFT
+        | if p.vlan.is_some() {
+            CQE_VLAN_PRESENT
+        } else {
+            0
+        }
+}
+
+/// The Ethernet part of the CQE: checksums, RSS, VLAN.
+fn eth_cqe(p: &Parsed, d: Delivery) -> EthCqe {
+    let ip = p.flow.ipv6.is_some();
+    let mut ok = CQE_L2_OK;
+    if ip && p.l3_ok {
+        ok |= CQE_L3_OK;
+    }
+    if p.flow.udp.is_some() && p.l4_ok {
+        ok |= CQE_L4_OK;
+    }
+    let mut ht = 0;
+    if d.hashed {
+        ht |= match p.flow.ipv6 {
+            Some(false) => CQE_RSS_IPV4,
+            Some(true) => CQE_RSS_IPV6,
+            None => 0,
+        };
+        ht |= match p.flow.udp {
+            Some(true) => CQE_RSS_UDP,
+            Some(false) => CQE_RSS_TCP,
+            None => 0,
+        };
+    }
+    EthCqe {
+        hds_ip_ext: ok,
+        rss_hash_type: ht,
+        rss_hash_result: d.hash,
+        vlan_info: p.vlan.unwrap_or(0),
+    }
+}
+
+/// Sends `frame` from `src`'s port onto its cable: every other function
+/// there takes it in. Not cabled: the frame is lost at the port.
+pub(crate) fn transmit(src: &Rdma, frame: &[u8]) {
+    let peers = crate::fabric::wire_of(src)
+        .map(|w| w.peers(src))
+        .unwrap_or_default();
+    if peers.is_empty() {
+        src.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    for dst in peers {
+        receive(&dst, frame);
+    }
+}
+
+/// `dst`'s port takes in `frame`: steering, then each RQ it picked.
+pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
+    let c = &dst.counters;
+    c.packets_received.fetch_add(1, Ordering::Relaxed);
+    c.bytes_received
+        .fetch_add(frame.len() as u64, Ordering::Relaxed);
+    if frame.len() < ETH_HLEN {
+        c.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let p = super::steer::parse(frame);
+    let plan = rlock(&dst.eth_rx.plan).clone();
+    let v = plan.steer(&p.img, &p.flow);
+    if !v.counters.is_empty() {
+        let mut fc = lock(&dst.eth_rx.flow_counts);
+        for id in &v.counters {
+            let e = fc.entry(*id).or_default();
+            e[0] += 1;
+            e[1] += frame.len() as u64;
+        }
+    }
+    if v.to.is_empty() {
+        c.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let mem = dst.dma.memory();
+    for d in v.to {
+        let rq = rlock(&dst.eth_rx.rqs).get(&d.rqn).cloned();
+        match rq {
+            Some(rq) => rq.deliver(dst, &mem, frame, &p, d),
+            None => {
+                c.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}

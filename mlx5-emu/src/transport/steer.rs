@@ -1,0 +1,510 @@
+//! NIC RX flow steering as packets meet it: the tables firmware keeps
+//! (fw/flow.rs) and the TIRs and RQ tables they forward to (fw/tir.rs,
+//! fw/rqt.rs), compiled into a [`Plan`] that firmware publishes after every
+//! command that changes them, so the data path reads one immutable
+//! snapshot per packet and never takes the firmware lock.
+//!
+//! A packet enters at the NIC RX root table. Its headers are written into
+//! an `fte_match_param` image, the very layout groups and entries use, so
+//! an entry matches when, in every part its group's `match_criteria_enable`
+//! names (outer headers, misc parameters, inner headers), the image masked
+//! by the group's criteria equals the entry's value masked the same way.
+//! Entries are tried in flow-index order; the first that matches decides:
+//! it counts into its counters, drops, or forwards to every destination it
+//! lists (a TIR: the packet goes to the TIR's RQ, or for an indirect TIR to
+//! the RQ its hash picks from the RQ table; a deeper table: the walk goes
+//! on there). No entry matching follows the table's miss path, and the
+//! default miss drops. Only outer L2-L4 headers are parsed (no tunnel): a
+//! packet's misc parameters and inner headers read as zero.
+
+use std::collections::HashMap;
+
+use mlx5_hw::eth::{
+    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_INNER_HEADERS,
+    MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
+};
+use mlx5_hw::ifc::{
+    flow_context, fte_match_param, fte_match_set_lyr_2_4 as l24, ipv4_layout, rq_num, rqtc, tirc,
+};
+
+use super::rss::{Flow, Hash};
+use crate::fw::eth::EthObjects;
+use crate::fw::flow::Steering;
+
+/// The parts of the match parameters the NIC RX pipeline matches.
+pub(crate) const MATCHED: u8 = MATCH_OUTER_HEADERS | MATCH_MISC_PARAMETERS | MATCH_INNER_HEADERS;
+/// Deepest chain of tables a packet walks (a loop ends here, dropped).
+const MAX_DEPTH: u8 = 16;
+
+/// One entry of a table, ready to match.
+#[derive(Debug)]
+struct Entry {
+    enable: u8,
+    mask: Vec<u8>,
+    value: Vec<u8>,
+    action: u64,
+    tables: Vec<u32>,
+    tirs: Vec<u32>,
+    counters: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// The miss table (`table_miss_action` forward), else the default (drop).
+    miss: Option<u32>,
+    /// Entries in flow-index order.
+    entries: Vec<Entry>,
+}
+
+/// Where a TIR delivers.
+#[derive(Debug)]
+enum Tir {
+    Direct(u32),
+    Indirect { rqs: Vec<u32>, hash: Hash },
+}
+
+/// The NIC RX pipeline as the last command left it.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    root: Option<u32>,
+    tables: HashMap<u32, Table>,
+    tirs: HashMap<u32, Tir>,
+}
+
+/// One copy of a packet for an RQ, with the hash that chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    pub rqn: u32,
+    /// The RSS hash (indirect TIRs), 0 otherwise.
+    pub hash: u32,
+    pub hashed: bool,
+}
+
+/// What steering decided for one packet.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict {
+    pub to: Vec<Delivery>,
+    /// Flow counters the matching entries count into.
+    pub counters: Vec<u32>,
+    /// An entry dropped it (else, with no delivery, a table missed).
+    pub dropped: bool,
+}
+
+impl Plan {
+    /// Compiles the function's NIC RX tables and its TIRs.
+    pub(crate) fn build(st: &Steering, eth: &EthObjects) -> Self {
+        let mut p = Plan {
+            root: st.roots.get(&FS_FT_NIC_RX).copied(),
+            ..Plan::default()
+        };
+        for (&id, t) in st.tables.iter().filter(|(_, t)| t.ty == FS_FT_NIC_RX) {
+            let mut table = Table {
+                miss: (t.miss_action == 1).then_some(t.miss_id),
+                entries: Vec::new(),
+            };
+            for f in t.ftes.values() {
+                let Some(g) = t.groups.get(&f.group) else {
+                    continue;
+                };
+                let v = flow_context::MATCH_VALUE.off / 8;
+                table.entries.push(Entry {
+                    enable: g.enable,
+                    mask: g.criteria.clone(),
+                    value: f.context[v..v + fte_match_param::SIZE_BYTES].to_vec(),
+                    action: flow_context::ACTION.get(&f.context),
+                    tables: f.tables.clone(),
+                    tirs: f.tirs.clone(),
+                    counters: f.counters.clone(),
+                });
+            }
+            p.tables.insert(id, table);
+        }
+        for (&n, t) in &eth.tirs {
+            let c = &t.ctx;
+            let tir = if tirc::DISP_TYPE.get(c) == TIRC_DISP_TYPE_DIRECT {
+                Tir::Direct(tirc::INLINE_RQN.get(c) as u32)
+            } else {
+                let rqt = tirc::INDIRECT_TABLE.get(c) as u32;
+                let rqs = eth.rqts.get(&rqt).map_or_else(Vec::new, |r| {
+                    let n = rqtc::RQT_ACTUAL_SIZE.get(&r.ctx) as usize;
+                    r.ctx[rqtc::SIZE_BYTES..]
+                        .chunks(rq_num::SIZE_BYTES)
+                        .take(n)
+                        .map(|e| rq_num::RQ_NUM.get(e) as u32)
+                        .collect()
+                });
+                Tir::Indirect {
+                    rqs,
+                    hash: Hash::of(c),
+                }
+            };
+            p.tirs.insert(n, tir);
+        }
+        p
+    }
+
+    /// Steers a packet whose match image is `img` and hash input `flow`.
+    pub(crate) fn steer(&self, img: &[u8], flow: &Flow) -> Verdict {
+        let mut v = Verdict::default();
+        let mut todo = Vec::new();
+        if let Some(r) = self.root {
+            todo.push((r, 0));
+        }
+        while let Some((id, depth)) = todo.pop() {
+            let Some(t) = self.tables.get(&id).filter(|_| depth < MAX_DEPTH) else {
+                continue;
+            };
+            let Some(e) = t.entries.iter().find(|e| matches(e, img)) else {
+                if let Some(m) = t.miss {
+                    todo.push((m, depth + 1));
+                }
+                continue;
+            };
+            v.counters.extend_from_slice(&e.counters);
+            if e.action & FLOW_CONTEXT_ACTION_DROP != 0 {
+                v.dropped = true;
+                continue;
+            }
+            if e.action & FLOW_CONTEXT_ACTION_FWD_DEST == 0 {
+                continue;
+            }
+            todo.extend(e.tables.iter().map(|&t| (t, depth + 1)));
+            for tirn in &e.tirs {
+                match self.tirs.get(tirn) {
+                    Some(Tir::Direct(rqn)) => v.to.push(Delivery {
+                        rqn: *rqn,
+                        hash: 0,
+                        hashed: false,
+                    }),
+                    Some(Tir::Indirect { rqs, hash }) if !rqs.is_empty() => {
+                        let h = hash.hash(flow);
+                        v.to.push(Delivery {
+                            rqn: rqs[h as usize % rqs.len()],
+                            hash: h,
+                            hashed: true,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        v
+    }
+}
+
+/// Whether entry `e` matches the packet image `img`.
+fn matches(e: &Entry, img: &[u8]) -> bool {
+    let parts = [
+        (MATCH_OUTER_HEADERS, fte_match_param::OUTER_HEADERS),
+        (MATCH_MISC_PARAMETERS, fte_match_param::MISC_PARAMETERS),
+        (MATCH_INNER_HEADERS, fte_match_param::INNER_HEADERS),
+    ];
+    parts
+        .iter()
+        .filter(|(bit, _)| e.enable & bit != 0)
+        .all(|(_, f)| {
+            let r = f.off / 8..(f.off + f.width) / 8;
+            img[r.clone()]
+                .iter()
+                .zip(&e.mask[r.clone()])
+                .zip(&e.value[r])
+                .all(|((p, m), v)| p & m == v & m)
+        })
+}
+
+/// A received frame, parsed as far as steering and the CQE need.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    /// The `fte_match_param` image of its headers.
+    pub img: Vec<u8>,
+    pub flow: Flow,
+    /// The frame carried an 802.1Q tag (its TCI).
+    pub vlan: Option<u16>,
+    /// IPv4 header checksum good (IPv6: true).
+    pub l3_ok: bool,
+    /// UDP/TCP checksum good (or none sent).
+    pub l4_ok: bool,
+    pub tcp_ack: bool,
+}
+
+/// Ethertypes and IP protocols the parser knows.
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+pub(crate) use super::packet::ETH_HLEN;
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// The one's-complement sum of `b` folded to 16 bits, from `sum`.
+pub(crate) fn csum_fold(b: &[u8], mut sum: u32) -> u16 {
+    for c in b.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Parses `f` (at least [`ETH_HLEN`] bytes).
+pub(crate) fn parse(f: &[u8]) -> Parsed {
+    let mut img = vec![0u8; fte_match_param::SIZE_BYTES];
+    let o = fte_match_param::OUTER_HEADERS.off;
+    let set = |img: &mut Vec<u8>, fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
+    set(
+        &mut img,
+        l24::DMAC_47_16,
+        u64::from(u32::from_be_bytes([f[0], f[1], f[2], f[3]])),
+    );
+    set(&mut img, l24::DMAC_15_0, u64::from(be16(f, 4)));
+    set(
+        &mut img,
+        l24::SMAC_47_16,
+        u64::from(u32::from_be_bytes([f[6], f[7], f[8], f[9]])),
+    );
+    set(&mut img, l24::SMAC_15_0, u64::from(be16(f, 10)));
+    let mut p = parsed_empty();
+    let mut ty = be16(f, 12);
+    let mut l3 = ETH_HLEN;
+    if ty == ETH_P_8021Q && f.len() >= ETH_HLEN + 4 {
+        let tci = be16(f, 14);
+        p.vlan = Some(tci);
+        set(&mut img, l24::CVLAN_TAG, 1);
+        set(&mut img, l24::FIRST_PRIO, u64::from(tci >> 13));
+        set(&mut img, l24::FIRST_CFI, u64::from(tci >> 12 & 1));
+        set(&mut img, l24::FIRST_VID, u64::from(tci & 0xfff));
+        ty = be16(f, 16);
+        l3 += 4;
+    }
+    set(&mut img, l24::ETHERTYPE, u64::from(ty));
+    let l4 = match ty {
+        ETH_P_IP => parse_ipv4(f, l3, &mut img, &mut p),
+        ETH_P_IPV6 => parse_ipv6(f, l3, &mut img, &mut p),
+        _ => None,
+    };
+    if let Some(l4) = l4 {
+        parse_l4(f, &l4, &mut img, &mut p);
+    }
+    p.img = img;
+    p
+}
+
+/// The IPv4 header at `at`: its fields into `img`; the L4 protocol, where
+/// its header starts and the pseudo-header sum, if it is not a fragment.
+fn parse_ipv4(f: &[u8], at: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+    let h = f.get(at..at + 20)?;
+    let ihl = usize::from(h[0] & 0xf) * 4;
+    let hdr = f.get(at..at + ihl.max(20))?;
+    let o = fte_match_param::OUTER_HEADERS.off;
+    let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
+    set(img, l24::IP_VERSION, 4);
+    set(img, l24::IPV4_IHL, u64::from(h[0] & 0xf));
+    set(img, l24::IP_DSCP, u64::from(h[1] >> 2));
+    set(img, l24::IP_ECN, u64::from(h[1] & 3));
+    let frag = be16(h, 6) & 0x3fff != 0;
+    set(img, l24::FRAG, u64::from(frag));
+    set(img, l24::TTL_HOPLIMIT, u64::from(h[8]));
+    set(img, l24::IP_PROTOCOL, u64::from(h[9]));
+    let src = ipv4_layout::IPV4.at(o + l24::SRC_IPV4_SRC_IPV6.off);
+    let dst = ipv4_layout::IPV4.at(o + l24::DST_IPV4_DST_IPV6.off);
+    src.set(
+        img,
+        u64::from(u32::from_be_bytes([h[12], h[13], h[14], h[15]])),
+    );
+    dst.set(
+        img,
+        u64::from(u32::from_be_bytes([h[16], h[17], h[18], h[19]])),
+    );
+    p.flow.ipv6 = Some(false);
+    p.flow.src_ip[12..].copy_from_slice(&h[12..16]);
+    p.flow.dst_ip[12..].copy_from_slice(&h[16..20]);
+    p.l3_ok = ihl >= 20 && csum_fold(hdr, 0) == 0xffff;
+    let total = usize::from(be16(h, 2));
+    let l4_len = total.checked_sub(ihl)?;
+    let pseudo = csum_fold(&h[12..20], 0);
+    let sum = u32::from(pseudo) + u32::from(h[9]) + l4_len as u32;
+    (!frag).then_some(L4At {
+        proto: h[9],
+        at: at + ihl,
+        end: at + ihl + l4_len,
+        pseudo: sum,
+    })
+}
+
+/// The IPv6 header at `at` (no extension headers are walked).
+fn parse_ipv6(f: &[u8], at: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+    let h = f.get(at..at + 40)?;
+    let o = fte_match_param::OUTER_HEADERS.off;
+    let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
+    set(img, l24::IP_VERSION, 6);
+    let tc = (be16(h, 0) >> 4) as u8;
+    set(img, l24::IP_DSCP, u64::from(tc >> 2));
+    set(img, l24::IP_ECN, u64::from(tc & 3));
+    set(img, l24::IP_PROTOCOL, u64::from(h[6]));
+    set(img, l24::TTL_HOPLIMIT, u64::from(h[7]));
+    let s = (o + l24::SRC_IPV4_SRC_IPV6.off) / 8;
+    img[s..s + 16].copy_from_slice(&h[8..24]);
+    let d = (o + l24::DST_IPV4_DST_IPV6.off) / 8;
+    img[d..d + 16].copy_from_slice(&h[24..40]);
+    p.flow.ipv6 = Some(true);
+    p.flow.src_ip.copy_from_slice(&h[8..24]);
+    p.flow.dst_ip.copy_from_slice(&h[24..40]);
+    p.l3_ok = true;
+    let len = u32::from(be16(h, 4));
+    let sum = u32::from(csum_fold(&h[8..40], 0)) + u32::from(h[6]) + len;
+    Some(L4At {
+        proto: h[6],
+        at: at + 40,
+        end: at + 40 + len as usize,
+        pseudo: sum,
+    })
+}
+
+/// Where an IP packet's L4 part is.
+struct L4At {
+    proto: u8,
+    at: usize,
+    /// Where the IP packet ends (its length field).
+    end: usize,
+    /// The pseudo-header's sum.
+    pseudo: u32,
+}
+
+/// The UDP or TCP header `l`.
+fn parse_l4(f: &[u8], l: &L4At, img: &mut [u8], p: &mut Parsed) {
+    let (proto, at, pseudo) = (l.proto, l.at, l.pseudo);
+    let body = f.get(at..l.end);
+    let o = fte_match_param::OUTER_HEADERS.off;
+    let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
+    let Some(h) = f.get(at..at + 8) else {
+        return;
+    };
+    let (sp, dp) = (be16(h, 0), be16(h, 2));
+    match proto {
+        IPPROTO_UDP => {
+            set(img, l24::UDP_SPORT, u64::from(sp));
+            set(img, l24::UDP_DPORT, u64::from(dp));
+            p.flow.udp = Some(true);
+            p.l4_ok = be16(h, 6) == 0 || body.is_some_and(|b| csum_fold(b, pseudo) == 0xffff);
+        }
+        IPPROTO_TCP => {
+            let Some(t) = f.get(at..at + 20) else {
+                return;
+            };
+            set(img, l24::TCP_SPORT, u64::from(sp));
+            set(img, l24::TCP_DPORT, u64::from(dp));
+            set(img, l24::TCP_FLAGS, u64::from(be16(t, 12) & 0x1ff));
+            p.flow.udp = Some(false);
+            p.tcp_ack = t[13] & 0x10 != 0;
+            p.l4_ok = body.is_some_and(|b| csum_fold(b, pseudo) == 0xffff);
+        }
+        _ => return,
+    }
+    p.flow.sport = sp;
+    p.flow.dport = dp;
+}
+
+/// Fills in the checksums an Ethernet segment's `cs_flags` asks for: the
+/// IPv4 header's (`MLX5_ETH_WQE_L3_CSUM`), the TCP or UDP one
+/// (`MLX5_ETH_WQE_L4_CSUM`). A frame that is not IP, or too short for the
+/// headers it claims, is sent as it is.
+pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8) {
+    use mlx5_hw::eth::{ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM};
+    if cs_flags & (ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM) == 0 || f.len() < ETH_HLEN {
+        return;
+    }
+    let (mut ty, mut l3) = (be16(f, 12), ETH_HLEN);
+    if ty == ETH_P_8021Q && f.len() >= ETH_HLEN + 4 {
+        ty = be16(f, 16);
+        l3 += 4;
+    }
+    let (mut img, mut p) = (vec![0u8; fte_match_param::SIZE_BYTES], parsed_empty());
+    let l4 = match ty {
+        ETH_P_IP => {
+            let ihl = usize::from(f.get(l3).copied().unwrap_or(0) & 0xf) * 4;
+            if cs_flags & ETH_WQE_L3_CSUM != 0 && ihl >= 20 && f.len() >= l3 + ihl {
+                f[l3 + 10..l3 + 12].fill(0);
+                let c = !csum_fold(&f[l3..l3 + ihl], 0);
+                f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+            }
+            parse_ipv4(f, l3, &mut img, &mut p)
+        }
+        ETH_P_IPV6 => parse_ipv6(f, l3, &mut img, &mut p),
+        _ => None,
+    };
+    let Some(l) = l4.filter(|_| cs_flags & ETH_WQE_L4_CSUM != 0) else {
+        return;
+    };
+    let at = match l.proto {
+        IPPROTO_UDP => l.at + 6,
+        IPPROTO_TCP => l.at + 16,
+        _ => return,
+    };
+    if l.end > f.len() || at + 2 > l.end {
+        return;
+    }
+    f[at..at + 2].fill(0);
+    let mut c = !csum_fold(&f[l.at..l.end], l.pseudo);
+    if c == 0 && l.proto == IPPROTO_UDP {
+        c = 0xffff;
+    }
+    f[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+fn parsed_empty() -> Parsed {
+    Parsed {
+        img: Vec::new(),
+        flow: Flow::default(),
+        vlan: None,
+        l3_ok: false,
+        l4_ok: false,
+        tcp_ack: false,
+    }
+}
+
+/// What a successful command `op` (its output `out`) changes here: the
+/// plan is built again when it touched what [`Plan::build`] reads; a new
+/// bulk of flow counters starts from zero.
+pub(crate) fn after(
+    op: mlx5_hw::opcode::Opcode,
+    out: &[u8],
+    st: &Steering,
+    eth: &EthObjects,
+    rdma: &super::Rdma,
+) {
+    if affects(op) {
+        *super::wlock(&rdma.eth_rx.plan) = std::sync::Arc::new(Plan::build(st, eth));
+    }
+    if op == mlx5_hw::opcode::Opcode::AllocFlowCounter {
+        let base = mlx5_hw::ifc::alloc_flow_counter_out::FLOW_COUNTER_ID.get(out) as u32;
+        let n = st.counters.get(&base).copied().unwrap_or(0);
+        crate::lock(&rdma.eth_rx.flow_counts).retain(|id, _| !(base..base + n).contains(id));
+    }
+}
+
+/// Whether a successful `op` changes what [`Plan::build`] reads (flow
+/// tables, groups, entries, roots, TIRs, RQ tables).
+fn affects(op: mlx5_hw::opcode::Opcode) -> bool {
+    use mlx5_hw::opcode::Opcode as O;
+    matches!(
+        op,
+        O::CreateFlowTable
+            | O::DestroyFlowTable
+            | O::ModifyFlowTable
+            | O::SetFlowTableRoot
+            | O::CreateFlowGroup
+            | O::DestroyFlowGroup
+            | O::SetFlowTableEntry
+            | O::DeleteFlowTableEntry
+            | O::CreateTir
+            | O::ModifyTir
+            | O::DestroyTir
+            | O::CreateRqt
+            | O::ModifyRqt
+            | O::DestroyRqt
+    )
+}
