@@ -40,6 +40,8 @@ use crate::qp::WqTrack;
 use crate::uar::Uar;
 use crate::{Error, Result};
 
+mod clean;
+
 /// `enum ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u32)]
@@ -660,6 +662,9 @@ pub(crate) struct CqShared {
     pub(crate) cqe: u32,
     /// Bytes per CQE (64 or 128).
     pub(crate) cqe_bytes: usize,
+    /// The ring as a QP's destroy or RESET reads it, and the cleanings
+    /// filed for the poller (`clean`).
+    peek: clean::CqPeek,
 }
 
 impl std::fmt::Debug for CqShared {
@@ -674,6 +679,14 @@ impl CqShared {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(qpn, t);
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// The CQEs of QP `qpn`, which the device took out of service, go
+    /// before the poller returns any of them (`clean`); a dropped receive
+    /// CQE gives its WQE back to `srq`.
+    pub(crate) fn clean(&self, qpn: u32, srq: Option<Arc<crate::srq::SrqShared>>) {
+        self.peek.request(qpn, srq);
         self.gen.fetch_add(1, Ordering::Release);
     }
 
@@ -798,6 +811,7 @@ impl Cq {
             uar: Some(uar),
             cqe: n - 1,
             cqe_bytes,
+            peek: clean::CqPeek::of(&ring),
         });
         if let Some(ch) = channel {
             let ch = ch.inner.clone();
@@ -855,18 +869,22 @@ impl Cq {
     pub fn poll(&mut self, wc: &mut [Wc]) -> Result<usize> {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
-            self.cache = None;
-            self.gen = g;
+            self.generation_changed(g);
         }
-        let mut n = 0;
+        let (mut n, mut taken) = (0, 0u32);
         while n < wc.len() {
             let Some(e) = self.ring.next_cqe() else {
                 break;
             };
-            complete::<true>(&mut self.cache, &self.shared, &e, &mut wc[n]);
-            n += 1;
+            taken += 1;
+            n += usize::from(complete::<true>(
+                &mut self.cache,
+                &self.shared,
+                &e,
+                &mut wc[n],
+            ));
         }
-        if n > 0 {
+        if taken > 0 {
             self.ring.update_ci();
         } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
             return Err(e);
@@ -877,8 +895,8 @@ impl Cq {
     /// [`poll`](Self::poll) that hands the bytes scattered to a CQE out in
     /// place (`inline[i]` for `wc[i]`; `len` 0 when the completion had
     /// none) instead of copying them into the receive buffer, or the READ's
-    /// or atomic's local buffer (requester scatter), which stay untouched. `inline` shorter than `wc` polls
-    /// only as many.
+    /// or atomic's local buffer (requester scatter), which stay untouched.
+    /// `inline` shorter than `wc` polls only as many.
     pub fn poll_inline(
         &mut self,
         wc: &mut [Wc],
@@ -886,26 +904,44 @@ impl Cq {
     ) -> Result<usize> {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
-            self.cache = None;
-            self.gen = g;
+            self.generation_changed(g);
         }
         let max = wc.len().min(inline.len());
-        let mut n = 0;
+        let (mut n, mut taken) = (0, 0u32);
         while n < max {
             let Some(e) = self.ring.next_cqe() else {
                 break;
             };
+            taken += 1;
             let d = &mut inline[n];
             d.len = e.inline_data(&mut d.data).unwrap_or(0) as u8;
-            complete::<false>(&mut self.cache, &self.shared, &e, &mut wc[n]);
-            n += 1;
+            n += usize::from(complete::<false>(
+                &mut self.cache,
+                &self.shared,
+                &e,
+                &mut wc[n],
+            ));
         }
-        if n > 0 {
+        if taken > 0 {
             self.ring.update_ci();
         } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
             return Err(e);
         }
         Ok(n)
+    }
+
+    /// The QPs on the CQ changed: the one-entry cache goes, and the
+    /// cleanings filed (a QP destroyed or reset) are carried out.
+    #[cold]
+    #[inline(never)]
+    fn generation_changed(&mut self, g: u64) {
+        self.cache = None;
+        self.gen = g;
+        let cleans = self.shared.peek.take();
+        if !cleans.is_empty() {
+            let n = self.ring.clean(&cleans);
+            tracing::debug!(cqn = self.shared.cqn, dropped = n, "CQ cleaned");
+        }
     }
 
     /// `ibv_destroy_cq`: now, or `Busy` while QPs use the CQ (it is then
@@ -948,17 +984,21 @@ fn complete<const COPY: bool>(
     shared: &CqShared,
     e: &impl CqeFields,
     wc: &mut Wc,
-) {
+) -> bool {
     let qpn = e.be32_at(SOP_QPN) & c::CQE_QPN_MASK;
     match track(cache, shared, qpn) {
-        Some(t) => cqe_to_wc_as::<COPY>(e, t, wc),
+        Some(t) => {
+            cqe_to_wc_as::<COPY>(e, t, wc);
+            true
+        }
         None => {
-            tracing::warn!("CQE for QP {qpn:#x}, which is not on CQ {:#x}", shared.cqn);
-            *wc = Wc {
-                qp_num: qpn,
-                status: WcStatus::GeneralErr,
-                ..Wc::default()
-            };
+            // A QP destroyed while the poll was under way (its CQEs are
+            // otherwise cleaned before the poll): nobody to report to.
+            tracing::debug!(
+                "CQE for QP {qpn:#x}, which is not on CQ {:#x}: dropped",
+                shared.cqn
+            );
+            false
         }
     }
 }

@@ -209,6 +209,8 @@ impl Dct {
             self.drain()?;
         }
         self.cmd(Opcode::DestroyDct, destroy_dct_out::SIZE_BYTES)?;
+        // Its receive CQEs still in the CQ go, their WQEs back to the SRQ.
+        self.cq.clean(self.dctn, Some(self._srq.clone()));
         self.cq.detach(self.dctn);
         Ok(())
     }

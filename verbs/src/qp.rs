@@ -793,10 +793,27 @@ impl Qp {
         Ok(())
     }
 
+    /// The device took the QP out of service (destroyed, or in RESET):
+    /// its CQEs still in its CQs go before the poller returns them, as
+    /// libmlx5's `mlx5_cq_clean` (`crate::cq`'s `clean`).
+    fn clean_cqs(&self) {
+        // A dropped receive CQE gives its WQE back to the SRQ (only
+        // receive CQEs do, so one request serves a CQ for both).
+        let srq = self._srq.clone();
+        if Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
+            self.send_cq.clean(self.qpn, srq);
+        } else {
+            self.send_cq.clean(self.qpn, None);
+            self.recv_cq.clean(self.qpn, srq);
+        }
+    }
+
     fn reset_rings(&mut self) {
         // After 2RST the device starts the queues at 0 again; both
         // doorbell-record counters go back to 0 (without a receive queue
-        // of its own the QP never writes the receive counter).
+        // of its own the QP never writes the receive counter). What the
+        // old queues completed leaves the CQs.
+        self.clean_cqs();
         self.sq.reset();
         if let Some(rq) = &mut self.rq {
             rq.reset();
@@ -953,6 +970,9 @@ impl Qp {
             self.dbrec.device_may_still_use();
         }
         self.ctx.odp.qp_gone(self.qpn);
+        if r.is_ok() {
+            self.clean_cqs();
+        }
         self.send_cq.detach(self.qpn);
         self.recv_cq.detach(self.qpn);
         if let Some(b) = self.bfreg.take() {
