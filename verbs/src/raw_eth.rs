@@ -407,6 +407,14 @@ impl RawPacketQp {
         Ok(n)
     }
 
+    /// Counts everything posted as completed without a completion
+    /// (benchmarks over a stopped device, as rdma-core's harness sets
+    /// `sq.tail = sq.head`). With a live device, WQEs it has not read yet
+    /// would be overwritten by the next burst.
+    pub fn tx_rewind(&mut self) {
+        self.sq_ci = self.sq_pc;
+    }
+
     /// Posts receive buffers (one per WQE, at most the ring's free room);
     /// one doorbell-record update. Returns how many were posted.
     pub fn post_rx(&mut self, bufs: &[Sge]) -> usize {
