@@ -155,3 +155,10 @@ pub const CQE_RSS_UDP: u8 = 2 << 6;
 pub const ETH_WQE_L3_CSUM: u8 = 1 << 6;
 /// `wqe_eth_seg.cs_flags`: compute the TCP/UDP checksum (`MLX5_ETH_WQE_L4_CSUM`).
 pub const ETH_WQE_L4_CSUM: u8 = 1 << 7;
+
+/// Inline header bytes an Ethernet send carries at least under the L2
+/// inline mode: the Ethernet header (`MLX5E_MIN_INLINE`, `ETH_HLEN`).
+pub const MIN_INLINE: usize = 14;
+
+/// `dest_format_struct.destination_type`: a TIR (`MLX5_IFC_FLOW_DESTINATION_TYPE_TIR`).
+pub const FLOW_DESTINATION_TYPE_TIR: u64 = 0x2;

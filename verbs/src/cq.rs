@@ -836,6 +836,12 @@ impl Cq {
         })
     }
 
+    /// The polling ring, for queues that read their CQEs themselves
+    /// ([`crate::raw_eth`]).
+    pub(crate) fn ring_mut(&mut self) -> &mut CqRing {
+        &mut self.ring
+    }
+
     /// The CQ number.
     pub fn cqn(&self) -> u32 {
         self.shared.cqn

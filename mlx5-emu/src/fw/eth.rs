@@ -3,8 +3,9 @@
 //! (fw/rq.rs) and the VXLAN UDP ports (fw/vxlan.rs). Firmware keeps each
 //! object's context as the driver gave it (QUERY_* returns it, with the
 //! state firmware moved) and checks every number it names against the
-//! other tables; the data path (WQEs on SQs and RQs, steering to TIRs) is
-//! not served yet.
+//! other tables; the data path runs WQEs on SQs
+//! ([`crate::transport::eth_sq`]) and receives into RQs on their own rings
+//! ([`crate::transport::eth_rx`]) what NIC RX steering sends to TIRs.
 
 use std::collections::BTreeMap;
 

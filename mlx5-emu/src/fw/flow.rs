@@ -19,8 +19,10 @@
 //! root must move first; the last table of a type may go, and the type's
 //! root falls back to the default, which is what Linux's fs_core relies
 //! on); a group that still has FTEs; a counter an FTE still counts into.
-//! The model keeps the bookkeeping only: no packet is matched against the
-//! tables (the data path delivers RoCE by QP number).
+//! NIC RX tables steer raw Ethernet frames
+//! ([`crate::transport::steer`], rebuilt after every command that changes
+//! them); RoCE is delivered by QP number, never through the tables.
+//! QUERY_FLOW_COUNTER reads what the data path counted.
 
 use std::collections::BTreeMap;
 

@@ -47,6 +47,9 @@ use crate::lock;
 /// (`struct mlx5_wqe_srq_next_seg`).
 const NEXT_SEG: usize = mlx5_hw::ifc::wqe_srq_next_seg::SIZE_BYTES;
 
+/// log2 of the largest receive WQE read (a page of data segments).
+const MAX_LOG_STRIDE: u8 = 12;
+
 /// A function's raw Ethernet receive side.
 #[derive(Debug, Default)]
 pub(crate) struct EthRx {
@@ -173,8 +176,12 @@ impl EthRq {
         frame: &[u8],
     ) -> Result<u16, (CqeSyndrome, u8)> {
         let mask = (1u32 << self.log_size) - 1;
-        let size = 1usize << self.log_stride;
         let fault = (CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        // A receive WQE is at most a page of data segments.
+        if self.log_stride > MAX_LOG_STRIDE {
+            return Err(fault);
+        }
+        let size = 1usize << self.log_stride;
         let addr = self
             .buf
             .addr(u64::from(u32::from(at) & mask) << self.log_stride)

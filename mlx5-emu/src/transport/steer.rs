@@ -35,6 +35,8 @@ use crate::fw::flow::Steering;
 pub(crate) const MATCHED: u8 = MATCH_OUTER_HEADERS | MATCH_MISC_PARAMETERS | MATCH_INNER_HEADERS;
 /// Deepest chain of tables a packet walks (a loop ends here, dropped).
 const MAX_DEPTH: u8 = 16;
+/// Most tables one packet visits.
+const MAX_VISITS: u32 = 256;
 
 /// One entry of a table, ready to match.
 #[derive(Debug)]
@@ -150,7 +152,14 @@ impl Plan {
         if let Some(r) = self.root {
             todo.push((r, 0));
         }
+        let mut visits = 0u32;
         while let Some((id, depth)) = todo.pop() {
+            // Forwarding to several tables at once could fan out without
+            // end: a packet visits a bounded number of tables.
+            visits += 1;
+            if visits > MAX_VISITS {
+                break;
+            }
             let Some(t) = self.tables.get(&id).filter(|_| depth < MAX_DEPTH) else {
                 continue;
             };

@@ -1,0 +1,285 @@
+//! Flow steering the verbs way (`ibv_create_flow`): rules over the
+//! Ethernet, IPv4 and UDP headers of received frames that forward to a raw
+//! packet QP ([`crate::raw_eth::RawPacketQp`], its TIR) or drop.
+//!
+//! [`FlowSteering`] owns the function's NIC RX root flow table. As Linux's
+//! fs_core does, a rule goes into a flow group whose match criteria are
+//! the rule's own mask: rules with the same fields share a group (16
+//! entries each, made on first use), and groups earlier in the table win
+//! (groups are tried in index order, so the first rule shape made has the
+//! highest priority).
+
+use mlx5_hw::eth::{
+    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_OUTER_HEADERS,
+};
+use mlx5_hw::ifc::{
+    create_flow_group_in, create_flow_group_out, create_flow_table_in, create_flow_table_out,
+    delete_fte_in, dest_format_struct, destroy_flow_group_in, destroy_flow_table_in, flow_context,
+    flow_table_context, fte_match_param, fte_match_set_lyr_2_4 as l24, general_obj_in_cmd_hdr,
+    ipv4_layout, set_flow_table_root_in, set_fte_in,
+};
+use mlx5_hw::opcode::Opcode;
+
+use crate::device::Context;
+use crate::raw_eth::RawPacketQp;
+use crate::{Error, Result};
+
+/// log2 of the root table's entries.
+const LOG_TABLE: u8 = 8;
+/// Entries per group.
+const GROUP: u32 = 16;
+/// `dest_format_struct.destination_type` of a TIR
+/// (`MLX5_IFC_FLOW_DESTINATION_TYPE_TIR`).
+const DEST_TIR: u64 = mlx5_hw::eth::FLOW_DESTINATION_TYPE_TIR;
+/// Output bytes of the commands that return only a status.
+const STATUS_OUT: usize = mlx5_hw::ifc::destroy_flow_table_out::SIZE_BYTES;
+
+/// What a rule matches (`ibv_flow_spec_eth`, `_ipv4`, `_tcp_udp`): each
+/// field set is matched exactly, the others are wildcards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowSpec {
+    /// Destination MAC.
+    pub dmac: Option<[u8; 6]>,
+    /// Ethertype (after any VLAN tag).
+    pub ethertype: Option<u16>,
+    /// IPv4 source address.
+    pub src_ipv4: Option<[u8; 4]>,
+    /// IPv4 destination address.
+    pub dst_ipv4: Option<[u8; 4]>,
+    /// IP protocol (17: UDP).
+    pub ip_protocol: Option<u8>,
+    /// UDP source port.
+    pub udp_sport: Option<u16>,
+    /// UDP destination port.
+    pub udp_dport: Option<u16>,
+}
+
+/// Where matching frames go.
+#[derive(Debug, Clone, Copy)]
+pub enum FlowAction<'a> {
+    /// To the QP's receive queue.
+    Queue(&'a RawPacketQp),
+    /// Nowhere (`IBV_FLOW_SPEC_ACTION_DROP`).
+    Drop,
+}
+
+/// A rule in the table: its flow index.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Flow {
+    index: u32,
+}
+
+/// One group: its mask and its index range's use.
+#[derive(Debug)]
+struct Group {
+    mask: Vec<u8>,
+    id: u32,
+    start: u32,
+    used: Vec<bool>,
+}
+
+/// The function's NIC RX root table and its groups.
+#[derive(Debug)]
+pub struct FlowSteering {
+    ctx: Context,
+    table: u32,
+    groups: Vec<Group>,
+}
+
+fn cmd(op: Opcode, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    general_obj_in_cmd_hdr::OPCODE.set(&mut v, u64::from(op.to_raw()));
+    v
+}
+
+impl FlowSpec {
+    /// The spec as (mask, value) `fte_match_param` images.
+    fn images(&self) -> (Vec<u8>, Vec<u8>) {
+        let mut m = vec![0u8; fte_match_param::SIZE_BYTES];
+        let mut v = m.clone();
+        let o = fte_match_param::OUTER_HEADERS.off;
+        let mut put = |f: mlx5_hw::bits::BitField, val: Option<u64>| {
+            if let Some(x) = val {
+                f.at(o).set(&mut m, u64::MAX >> (64 - f.width));
+                f.at(o).set(&mut v, x);
+            }
+        };
+        let mac = self.dmac.map(|d| {
+            let mut b = [0u8; 8];
+            b[2..].copy_from_slice(&d);
+            u64::from_be_bytes(b)
+        });
+        put(l24::DMAC_47_16, mac.map(|x| x >> 16));
+        put(l24::DMAC_15_0, mac.map(|x| x & 0xffff));
+        put(l24::ETHERTYPE, self.ethertype.map(u64::from));
+        put(l24::IP_PROTOCOL, self.ip_protocol.map(u64::from));
+        put(l24::UDP_SPORT, self.udp_sport.map(u64::from));
+        put(l24::UDP_DPORT, self.udp_dport.map(u64::from));
+        let ip = |a: Option<[u8; 4]>| a.map(|x| u64::from(u32::from_be_bytes(x)));
+        put(
+            ipv4_layout::IPV4.at(l24::SRC_IPV4_SRC_IPV6.off),
+            ip(self.src_ipv4),
+        );
+        put(
+            ipv4_layout::IPV4.at(l24::DST_IPV4_DST_IPV6.off),
+            ip(self.dst_ipv4),
+        );
+        (m, v)
+    }
+}
+
+impl Context {
+    /// A NIC RX flow table of 256 entries made the function's root: what
+    /// [`FlowSteering::create_flow`] adds rules to.
+    pub fn flow_steering(&self) -> Result<FlowSteering> {
+        let hca = &self.ctx.hca;
+        let mut i = cmd(Opcode::CreateFlowTable, create_flow_table_in::SIZE_BYTES);
+        create_flow_table_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+        flow_table_context::LOG_SIZE
+            .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
+            .set(&mut i, u64::from(LOG_TABLE));
+        let out = hca.cmd().exec(&i, create_flow_table_out::SIZE_BYTES)?;
+        let table = create_flow_table_out::TABLE_ID.get(&out) as u32;
+        let s = FlowSteering {
+            ctx: self.clone(),
+            table,
+            groups: Vec::new(),
+        };
+        let mut i = cmd(Opcode::SetFlowTableRoot, set_flow_table_root_in::SIZE_BYTES);
+        set_flow_table_root_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+        set_flow_table_root_in::TABLE_ID.set(&mut i, u64::from(table));
+        hca.cmd().exec(&i, STATUS_OUT)?;
+        Ok(s)
+    }
+}
+
+impl FlowSteering {
+    /// `ibv_create_flow`: a rule for `spec` doing `action`.
+    pub fn create_flow(&mut self, spec: &FlowSpec, action: FlowAction<'_>) -> Result<Flow> {
+        let (mask, value) = spec.images();
+        let g = self.group_for(&mask)?;
+        let group = &mut self.groups[g];
+        let Some(slot) = group.used.iter().position(|u| !u) else {
+            return Err(Error::Invalid("flow group full"));
+        };
+        let index = group.start + slot as u32;
+        let (gid, table) = (group.id, self.table);
+        let fc = set_fte_in::FLOW_CONTEXT.off;
+        let dests = (fc + flow_context::DESTINATION.off) / 8;
+        let mut i = cmd(
+            Opcode::SetFlowTableEntry,
+            dests + dest_format_struct::SIZE_BYTES,
+        );
+        set_fte_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+        set_fte_in::TABLE_ID.set(&mut i, u64::from(table));
+        set_fte_in::FLOW_INDEX.set(&mut i, u64::from(index));
+        flow_context::GROUP_ID.at(fc).set(&mut i, u64::from(gid));
+        match action {
+            FlowAction::Queue(qp) => {
+                flow_context::ACTION
+                    .at(fc)
+                    .set(&mut i, FLOW_CONTEXT_ACTION_FWD_DEST);
+                flow_context::DESTINATION_LIST_SIZE.at(fc).set(&mut i, 1);
+                dest_format_struct::DESTINATION_TYPE.set(&mut i[dests..], DEST_TIR);
+                dest_format_struct::DESTINATION_ID.set(&mut i[dests..], u64::from(qp.tirn()));
+            }
+            FlowAction::Drop => {
+                flow_context::ACTION
+                    .at(fc)
+                    .set(&mut i, FLOW_CONTEXT_ACTION_DROP);
+            }
+        }
+        let at = (fc + flow_context::MATCH_VALUE.off) / 8;
+        i[at..at + value.len()].copy_from_slice(&value);
+        self.ctx.ctx.hca.cmd().exec(&i, STATUS_OUT)?;
+        self.groups[g].used[slot] = true;
+        Ok(Flow { index })
+    }
+
+    /// `ibv_destroy_flow`.
+    pub fn destroy_flow(&mut self, f: Flow) -> Result<()> {
+        let mut i = cmd(Opcode::DeleteFlowTableEntry, delete_fte_in::SIZE_BYTES);
+        delete_fte_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+        delete_fte_in::TABLE_ID.set(&mut i, u64::from(self.table));
+        delete_fte_in::FLOW_INDEX.set(&mut i, u64::from(f.index));
+        self.ctx.ctx.hca.cmd().exec(&i, STATUS_OUT)?;
+        for g in &mut self.groups {
+            if (g.start..g.start + GROUP).contains(&f.index) {
+                g.used[(f.index - g.start) as usize] = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// The group whose criteria are `mask`, made if none is.
+    fn group_for(&mut self, mask: &[u8]) -> Result<usize> {
+        if let Some(g) = self.groups.iter().position(|g| g.mask == mask) {
+            return Ok(g);
+        }
+        let start = self.groups.len() as u32 * GROUP;
+        if start + GROUP > 1 << LOG_TABLE {
+            return Err(Error::Invalid("flow table full"));
+        }
+        let mut i = cmd(Opcode::CreateFlowGroup, create_flow_group_in::SIZE_BYTES);
+        create_flow_group_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+        create_flow_group_in::TABLE_ID.set(&mut i, u64::from(self.table));
+        create_flow_group_in::START_FLOW_INDEX.set(&mut i, u64::from(start));
+        create_flow_group_in::END_FLOW_INDEX.set(&mut i, u64::from(start + GROUP - 1));
+        create_flow_group_in::MATCH_CRITERIA_ENABLE.set(&mut i, u64::from(MATCH_OUTER_HEADERS));
+        let at = create_flow_group_in::MATCH_CRITERIA.off / 8;
+        i[at..at + mask.len()].copy_from_slice(mask);
+        let out = self
+            .ctx
+            .ctx
+            .hca
+            .cmd()
+            .exec(&i, create_flow_group_out::SIZE_BYTES)?;
+        self.groups.push(Group {
+            mask: mask.to_vec(),
+            id: create_flow_group_out::GROUP_ID.get(&out) as u32,
+            start,
+            used: vec![false; GROUP as usize],
+        });
+        Ok(self.groups.len() - 1)
+    }
+
+    /// Deletes every rule, group and the table (the root goes back to the
+    /// default).
+    pub fn destroy(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        let hca = &self.ctx.ctx.hca;
+        for g in std::mem::take(&mut self.groups) {
+            for (k, _) in g.used.iter().enumerate().filter(|(_, u)| **u) {
+                let mut i = cmd(Opcode::DeleteFlowTableEntry, delete_fte_in::SIZE_BYTES);
+                delete_fte_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+                delete_fte_in::TABLE_ID.set(&mut i, u64::from(self.table));
+                delete_fte_in::FLOW_INDEX.set(&mut i, u64::from(g.start + k as u32));
+                hca.cmd().exec(&i, STATUS_OUT)?;
+            }
+            let mut i = cmd(Opcode::DestroyFlowGroup, destroy_flow_group_in::SIZE_BYTES);
+            destroy_flow_group_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+            destroy_flow_group_in::TABLE_ID.set(&mut i, u64::from(self.table));
+            destroy_flow_group_in::GROUP_ID.set(&mut i, u64::from(g.id));
+            hca.cmd().exec(&i, STATUS_OUT)?;
+        }
+        if self.table != 0 {
+            let mut i = cmd(Opcode::DestroyFlowTable, destroy_flow_table_in::SIZE_BYTES);
+            destroy_flow_table_in::TABLE_TYPE.set(&mut i, u64::from(FS_FT_NIC_RX));
+            destroy_flow_table_in::TABLE_ID.set(&mut i, u64::from(self.table));
+            hca.cmd().exec(&i, STATUS_OUT)?;
+            self.table = 0;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FlowSteering {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            tracing::warn!(error = %e, "flow steering teardown");
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! Raw packet queues and a burst API for data planes (rdma-core's
+//! `IBV_QPT_RAW_PACKET` over mlx5, DPDK's mlx5 PMD): a [`RawPacketQp`] is
+//! what mlx5_ib makes underneath one: a transport domain, a TIS and an SQ
+//! that sends through it, an RQ and a direct TIR that delivers to it. Flow
+//! rules ([`crate::flow`]) steer received frames to the TIR.
+//!
+//! The data path takes bursts: [`RawPacketQp::tx_burst`] writes one send
+//! WQE per packet (control segment, Ethernet segment with the packet's
+//! headers inline and the checksum offloads, one data segment pointing at
+//! the payload where it lies: no copy of the payload), asks for one
+//! completion at the burst's end, and rings one doorbell;
+//! [`RawPacketQp::poll_tx`] frees the ring from those completions.
+//! [`RawPacketQp::post_rx`] posts receive buffers (one data segment each)
+//! with one doorbell-record update, and [`RawPacketQp::rx_burst`] turns
+//! receive CQEs into [`RxPkt`]s: length, the RQ slot, checksums good, L3
+//! and L4 types, RSS hash, VLAN. The send and receive CQs are polled
+//! through their rings only (they must be two CQs, owned by the caller,
+//! not shared with verbs QPs).
+
+use std::sync::Arc;
+
+use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
+use mlx5_hw::eth::{
+    CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
+    CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_WQE_L3_CSUM,
+    ETH_WQE_L4_CSUM, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST, TIRC_DISP_TYPE_DIRECT,
+    WQ_TYPE_CYCLIC,
+};
+use mlx5_hw::ifc::{
+    alloc_transport_domain_out, cqe64, create_rq_in, create_rq_out, create_sq_in, create_sq_out,
+    create_tir_in, create_tir_out, create_tis_in, create_tis_out, dealloc_transport_domain_in,
+    destroy_rq_in, destroy_sq_in, destroy_tir_in, destroy_tis_in, err_cqe,
+    general_obj_in_cmd_hdr as hdr, modify_rq_in, modify_sq_in, rqc, sqc, tirc, tisc, wq,
+    wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg,
+};
+use mlx5_hw::opcode::Opcode;
+use mlx5_hw::uar::BF_OFFSET;
+use mlx5_hw::wqe::{self as w, WqeOpcode};
+use vfio::mmio::{dma_wmb, wmb};
+
+use crate::buf::DmaSlice;
+use crate::cq::{Cq, CqeFields, WcStatus};
+use crate::dbrec::Dbrec;
+use crate::device::{Context, Ctx};
+use crate::mr::Sge;
+use crate::pd::Pd;
+use crate::uar::Uar;
+use crate::{Error, Result};
+
+/// Bytes of a send WQE basic block (`MLX5_SEND_WQE_BB`).
+const BB: usize = w::SEND_WQE_BB;
+/// Output bytes of a destroy command (status, syndrome, reserved).
+const DESTROY_OUT: usize = mlx5_hw::ifc::destroy_sq_out::SIZE_BYTES;
+/// Output bytes of MODIFY_SQ / MODIFY_RQ.
+const MODIFY_OUT: usize = mlx5_hw::ifc::modify_sq_out::SIZE_BYTES;
+/// Bytes of a receive WQE: one data segment.
+const RX_WQE: usize = wqe_data_seg::SIZE_BYTES;
+/// Headers that fit inline in a two-block WQE (control, Ethernet segment
+/// with its two header bytes, 48 more, one data segment).
+pub const MAX_INLINE_HEADERS: usize =
+    2 * BB - wqe_ctrl_seg::SIZE_BYTES - wqe_eth_seg::SIZE_BYTES - wqe_data_seg::SIZE_BYTES
+        + INLINE_START;
+/// Header bytes inside the Ethernet segment itself.
+const INLINE_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
+
+/// Ring sizes of a raw packet QP (log2).
+#[derive(Debug, Clone, Copy)]
+pub struct RawQpCap {
+    /// Send ring: 2^this 64-byte blocks (two per packet).
+    pub log_sq_bbs: u8,
+    /// Receive ring: 2^this buffers.
+    pub log_rq_wqes: u8,
+}
+
+/// One packet to send: `headers` go inline in the WQE (at least an
+/// Ethernet header), the payload is read where it lies through its key.
+#[derive(Debug, Clone, Copy)]
+pub struct TxPkt<'a> {
+    /// The headers, sent inline (Ethernet at least).
+    pub headers: &'a [u8],
+    /// The payload (empty: the headers are the whole frame).
+    pub payload: Option<Sge>,
+    /// Ask the device to fill the IPv4 and TCP/UDP checksums.
+    pub csum: bool,
+}
+
+/// One received packet, from its CQE.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RxPkt {
+    /// Bytes of the frame.
+    pub len: u32,
+    /// The receive slot it landed in (the order [`RawPacketQp::post_rx`]
+    /// posted the buffers, modulo the ring).
+    pub slot: u16,
+    /// IPv4 frame.
+    pub ipv4: bool,
+    /// IPv6 frame.
+    pub ipv6: bool,
+    /// UDP datagram.
+    pub udp: bool,
+    /// IP header checksum good.
+    pub l3_ok: bool,
+    /// TCP/UDP checksum good.
+    pub l4_ok: bool,
+    /// The RSS hash (indirect TIRs), 0 otherwise.
+    pub rss_hash: u32,
+    /// The VLAN tag's TCI, if the frame had one.
+    pub vlan: Option<u16>,
+    /// `None`: received; else the error the device reported.
+    pub error: Option<WcStatus>,
+}
+
+/// A raw packet QP: TD, TIS, SQ, RQ and a direct TIR.
+#[derive(Debug)]
+pub struct RawPacketQp {
+    ctx: Arc<Ctx>,
+    td: u32,
+    tisn: u32,
+    sqn: u32,
+    rqn: u32,
+    tirn: u32,
+    send_cqn: u32,
+    recv_cqn: u32,
+    sq: DmaSlice,
+    rq: DmaSlice,
+    /// Receive counter at +0, send counter at +4.
+    dbrec: Dbrec,
+    uar: Arc<Uar>,
+    log_sq: u8,
+    log_rq: u8,
+    /// Send: next block, first block not yet completed.
+    sq_pc: u16,
+    sq_ci: u16,
+    /// Per block: where the WQE that starts there ends (for completions).
+    ends: Vec<u16>,
+    /// Receive: buffers posted, buffers completed.
+    rq_pc: u16,
+    rq_ci: u16,
+}
+
+fn cmd(op: Opcode, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    hdr::OPCODE.set(&mut v, u64::from(op.to_raw()));
+    v
+}
+
+impl Context {
+    /// `ibv_create_qp(IBV_QPT_RAW_PACKET)`: the QP's objects, its queues
+    /// ready (SQ and RQ in RDY).
+    pub fn create_raw_packet_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cap: RawQpCap,
+    ) -> Result<RawPacketQp> {
+        if send_cq.cqn() == recv_cq.cqn() {
+            return Err(Error::Invalid("raw packet QP: one CQ for send and receive"));
+        }
+        if cap.log_sq_bbs < 1 || cap.log_sq_bbs > 15 || cap.log_rq_wqes > 15 {
+            return Err(Error::Invalid("raw packet QP: ring size"));
+        }
+        let c = self.ctx.clone();
+        let dma = c.hca.dma();
+        let sq = dma.alloc_buf(BB << cap.log_sq_bbs)?;
+        let rq = dma.alloc_buf(RX_WQE << cap.log_rq_wqes)?;
+        let dbrec = dma.alloc_dbrec()?;
+        dbrec.buf().write(dbrec.offset(), &[0; 8])?;
+        let uar = c.alloc_uar()?;
+        let out = c.hca.cmd().exec(
+            &cmd(
+                Opcode::AllocTransportDomain,
+                mlx5_hw::ifc::alloc_transport_domain_in::SIZE_BYTES,
+            ),
+            alloc_transport_domain_out::SIZE_BYTES,
+        );
+        let td = match out {
+            Ok(o) => alloc_transport_domain_out::TRANSPORT_DOMAIN.get(&o) as u32,
+            Err(e) => {
+                c.release_uar(uar);
+                return Err(e);
+            }
+        };
+        let mut qp = RawPacketQp {
+            ctx: c,
+            td,
+            tisn: 0,
+            sqn: 0,
+            rqn: 0,
+            tirn: 0,
+            send_cqn: send_cq.cqn(),
+            recv_cqn: recv_cq.cqn(),
+            sq,
+            rq,
+            dbrec,
+            uar,
+            log_sq: cap.log_sq_bbs,
+            log_rq: cap.log_rq_wqes,
+            sq_pc: 0,
+            sq_ci: 0,
+            ends: vec![0; 1 << cap.log_sq_bbs],
+            rq_pc: 0,
+            rq_ci: 0,
+        };
+        // On an error, Drop destroys what was made.
+        qp.make_objects(pd.pdn())?;
+        Ok(qp)
+    }
+}
+
+impl RawPacketQp {
+    /// TIS, SQ (to RDY), RQ (to RDY), TIR.
+    fn make_objects(&mut self, pdn: u32) -> Result<()> {
+        let hca = &self.ctx.hca;
+        let mut i = cmd(Opcode::CreateTis, create_tis_in::SIZE_BYTES);
+        tisc::TRANSPORT_DOMAIN
+            .at(create_tis_in::CTX.off)
+            .set(&mut i, u64::from(self.td));
+        let out = hca.cmd().exec(&i, create_tis_out::SIZE_BYTES)?;
+        self.tisn = create_tis_out::TISN.get(&out) as u32;
+        let mut i = cmd(Opcode::CreateSq, create_sq_in::SIZE_BYTES + 8);
+        let ctx = create_sq_in::CTX.off;
+        sqc::CQN.at(ctx).set(&mut i, u64::from(self.send_cqn));
+        sqc::TIS_LST_SZ.at(ctx).set(&mut i, 1);
+        sqc::TIS_NUM_0.at(ctx).set(&mut i, u64::from(self.tisn));
+        self.set_wq(&mut i, ctx + sqc::WQ.off, pdn, &self.sq, self.log_sq, BB);
+        wq::UAR_PAGE
+            .at(ctx + sqc::WQ.off)
+            .set(&mut i, u64::from(self.uar.index()));
+        wq::DBR_ADDR
+            .at(ctx + sqc::WQ.off)
+            .set(&mut i, self.dbrec.iova().0);
+        let out = hca.cmd().exec(&i, create_sq_out::SIZE_BYTES)?;
+        self.sqn = create_sq_out::SQN.get(&out) as u32;
+        let mut i = cmd(Opcode::ModifySq, modify_sq_in::SIZE_BYTES);
+        modify_sq_in::SQ_STATE.set(&mut i, QUEUE_STATE_RST);
+        modify_sq_in::SQN.set(&mut i, u64::from(self.sqn));
+        sqc::STATE
+            .at(modify_sq_in::CTX.off)
+            .set(&mut i, QUEUE_STATE_RDY);
+        hca.cmd().exec(&i, MODIFY_OUT)?;
+        let mut i = cmd(Opcode::CreateRq, create_rq_in::SIZE_BYTES + 8);
+        let ctx = create_rq_in::CTX.off;
+        rqc::CQN.at(ctx).set(&mut i, u64::from(self.recv_cqn));
+        self.set_wq(
+            &mut i,
+            ctx + rqc::WQ.off,
+            pdn,
+            &self.rq,
+            self.log_rq,
+            RX_WQE,
+        );
+        wq::DBR_ADDR
+            .at(ctx + rqc::WQ.off)
+            .set(&mut i, self.dbrec.iova().0);
+        let out = hca.cmd().exec(&i, create_rq_out::SIZE_BYTES)?;
+        self.rqn = create_rq_out::RQN.get(&out) as u32;
+        let mut i = cmd(Opcode::ModifyRq, modify_rq_in::SIZE_BYTES);
+        modify_rq_in::RQ_STATE.set(&mut i, QUEUE_STATE_RST);
+        modify_rq_in::RQN.set(&mut i, u64::from(self.rqn));
+        rqc::STATE
+            .at(modify_rq_in::CTX.off)
+            .set(&mut i, QUEUE_STATE_RDY);
+        hca.cmd().exec(&i, MODIFY_OUT)?;
+        let mut i = cmd(Opcode::CreateTir, create_tir_in::SIZE_BYTES);
+        let ctx = create_tir_in::CTX.off;
+        tirc::TRANSPORT_DOMAIN
+            .at(ctx)
+            .set(&mut i, u64::from(self.td));
+        tirc::DISP_TYPE.at(ctx).set(&mut i, TIRC_DISP_TYPE_DIRECT);
+        tirc::INLINE_RQN.at(ctx).set(&mut i, u64::from(self.rqn));
+        let out = hca.cmd().exec(&i, create_tir_out::SIZE_BYTES)?;
+        self.tirn = create_tir_out::TIRN.get(&out) as u32;
+        Ok(())
+    }
+
+    /// A cyclic `wq` at bit `at` of `i` over `buf` (one page list entry
+    /// after the input's fixed part).
+    fn set_wq(&self, i: &mut [u8], at: usize, pdn: u32, buf: &DmaSlice, log: u8, stride: usize) {
+        wq::WQ_TYPE.at(at).set(i, WQ_TYPE_CYCLIC);
+        wq::PD.at(at).set(i, u64::from(pdn));
+        wq::LOG_WQ_STRIDE
+            .at(at)
+            .set(i, u64::from(stride.trailing_zeros()));
+        wq::LOG_WQ_SZ.at(at).set(i, u64::from(log));
+        let log_page = buf.len().next_power_of_two().trailing_zeros().max(12) - 12;
+        wq::LOG_WQ_PG_SZ.at(at).set(i, u64::from(log_page));
+        let n = i.len();
+        i[n - 8..].copy_from_slice(&buf.iova().0.to_be_bytes());
+    }
+
+    /// The SQ number (what send CQEs name).
+    pub fn sqn(&self) -> u32 {
+        self.sqn
+    }
+
+    /// The RQ number (what receive CQEs name).
+    pub fn rqn(&self) -> u32 {
+        self.rqn
+    }
+
+    /// The TIR flow rules forward to.
+    pub fn tirn(&self) -> u32 {
+        self.tirn
+    }
+
+    /// Send blocks free.
+    fn sq_room(&self) -> u16 {
+        (1u16 << self.log_sq) - self.sq_pc.wrapping_sub(self.sq_ci)
+    }
+
+    /// Sends as many of `pkts` as the ring has room for (two blocks each):
+    /// one WQE each, the last asking for a completion, one doorbell.
+    /// Returns how many were posted; a packet whose headers are shorter
+    /// than an Ethernet header or longer than [`MAX_INLINE_HEADERS`] ends
+    /// the burst there.
+    pub fn tx_burst(&mut self, pkts: &[TxPkt<'_>]) -> usize {
+        let n = pkts.len().min(usize::from(self.sq_room() / 2));
+        let mut sent = 0;
+        let mut wqe = [0u8; 2 * BB];
+        for (k, p) in pkts[..n].iter().enumerate() {
+            if p.headers.len() < MIN_INLINE || p.headers.len() > MAX_INLINE_HEADERS {
+                break;
+            }
+            self.write_send(&mut wqe, p, k + 1 == n);
+            sent += 1;
+        }
+        if sent > 0 {
+            self.ring_sq();
+        }
+        sent
+    }
+
+    /// Writes one send WQE at the producer counter.
+    fn write_send(&mut self, wqe: &mut [u8; 2 * BB], p: &TxPkt<'_>, signal: bool) {
+        wqe.fill(0);
+        let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+        let eth = ctrl + wqe_eth_seg::SIZE_BYTES;
+        let ihs = p.headers.len();
+        let data = eth + (ihs - INLINE_START).next_multiple_of(16);
+        let ds = (data + wqe_data_seg::SIZE_BYTES) / 16;
+        let idx = self.sq_pc;
+        let op = w::opmod_idx_opcode(0, idx, WqeOpcode::Send);
+        wqe_ctrl_seg::OPMOD_IDX_OPCODE.set(&mut wqe[..], u64::from(op));
+        wqe_ctrl_seg::QPN_DS.set(&mut wqe[..], u64::from(self.sqn << 8 | ds as u32));
+        let fm = if signal { w::WQE_CTRL_CQ_UPDATE } else { 0 };
+        wqe_ctrl_seg::FM_CE_SE.set(&mut wqe[..], u64::from(fm));
+        let e = &mut wqe[ctrl..];
+        if p.csum {
+            wqe_eth_seg::CS_FLAGS.set(e, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+        }
+        wqe_eth_seg::INLINE_HDR_SZ.set(e, ihs as u64);
+        let at = wqe_eth_seg::INLINE_HDR_START.off / 8;
+        e[at..at + ihs].copy_from_slice(p.headers);
+        if let Some(s) = p.payload {
+            let d = &mut wqe[data..];
+            wqe_data_seg::BYTE_COUNT.set(d, u64::from(s.length));
+            wqe_data_seg::LKEY.set(d, u64::from(s.lkey));
+            wqe_data_seg::ADDR.set(d, s.addr);
+        }
+        let mask = (1u16 << self.log_sq) - 1;
+        for b in 0..2u16 {
+            let slot = usize::from(idx.wrapping_add(b) & mask);
+            let bytes = &wqe[usize::from(b) * BB..][..BB];
+            // The ring is ours and inside its buffer: the write fails only
+            // if the memory went away, and then the device never sees it.
+            let _ = self.sq.write(slot * BB, bytes);
+        }
+        self.sq_pc = idx.wrapping_add(2);
+        self.ends[usize::from(idx & mask)] = self.sq_pc;
+    }
+
+    /// The send doorbell: the record, then the last WQE's first 8 bytes at
+    /// the UAR's BlueFlame register.
+    fn ring_sq(&self) {
+        dma_wmb();
+        let rec = self.dbrec.buf();
+        let _ = rec.store_u32_be(self.dbrec.offset() + 4, u32::from(self.sq_pc));
+        wmb();
+        let mask = (1u16 << self.log_sq) - 1;
+        let last = usize::from(self.sq_pc.wrapping_sub(2) & mask);
+        let mut first = [0u8; 8];
+        let _ = self.sq.buf().read(self.sq.offset() + last * BB, &mut first);
+        let bar = self.ctx.hca.bar();
+        let _ = bar.write64_raw(self.uar.offset() + BF_OFFSET, first);
+    }
+
+    /// Reads the send CQ: each completion frees the ring up to the end of
+    /// the WQE it names. Returns the completions read, or the status of an
+    /// error CQE (the SQ is then in error).
+    pub fn poll_tx(&mut self, cq: &mut Cq) -> std::result::Result<usize, WcStatus> {
+        let mask = (1u16 << self.log_sq) - 1;
+        let mut n = 0;
+        let ring = cq.ring_mut();
+        while let Some(e) = ring.next_cqe() {
+            let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
+            if op != CqeOpcode::Req {
+                let s = e.u8_at(err_cqe::SYNDROME.off / 8);
+                ring.update_ci();
+                return Err(WcStatus::from_syndrome(CqeSyndrome::from_raw(s)));
+            }
+            let at = e.be16_at(cqe64::WQE_COUNTER.off / 8);
+            self.sq_ci = self.ends[usize::from(at & mask)];
+            n += 1;
+        }
+        ring.update_ci();
+        Ok(n)
+    }
+
+    /// Counts everything posted as completed without a completion
+    /// (benchmarks over a stopped device, as rdma-core's harness sets
+    /// `sq.tail = sq.head`). With a live device, WQEs it has not read yet
+    /// would be overwritten by the next burst.
+    pub fn tx_rewind(&mut self) {
+        self.sq_ci = self.sq_pc;
+    }
+
+    /// Posts receive buffers (one per WQE, at most the ring's free room);
+    /// one doorbell-record update. Returns how many were posted.
+    pub fn post_rx(&mut self, bufs: &[Sge]) -> usize {
+        let room = (1u16 << self.log_rq) - self.rq_pc.wrapping_sub(self.rq_ci);
+        let n = bufs.len().min(usize::from(room));
+        let mask = (1u16 << self.log_rq) - 1;
+        let mut seg = [0u8; RX_WQE];
+        for s in &bufs[..n] {
+            wqe_data_seg::BYTE_COUNT.set(&mut seg, u64::from(s.length));
+            wqe_data_seg::LKEY.set(&mut seg, u64::from(s.lkey));
+            wqe_data_seg::ADDR.set(&mut seg, s.addr);
+            let _ = self.rq.write(usize::from(self.rq_pc & mask) * RX_WQE, &seg);
+            self.rq_pc = self.rq_pc.wrapping_add(1);
+        }
+        if n > 0 {
+            dma_wmb();
+            let rec = self.dbrec.buf();
+            let _ = rec.store_u32_be(self.dbrec.offset(), u32::from(self.rq_pc));
+        }
+        n
+    }
+
+    /// Takes up to `out.len()` received packets from the receive CQ.
+    pub fn rx_burst(&mut self, cq: &mut Cq, out: &mut [RxPkt]) -> usize {
+        let mask = (1u16 << self.log_rq) - 1;
+        let ring = cq.ring_mut();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(e) = ring.next_cqe() else {
+                break;
+            };
+            let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
+            let slot = e.be16_at(cqe64::WQE_COUNTER.off / 8) & mask;
+            out[n] = if op == CqeOpcode::RespSend {
+                rx_pkt(&e, slot)
+            } else {
+                let s = e.u8_at(err_cqe::SYNDROME.off / 8);
+                RxPkt {
+                    slot,
+                    error: Some(WcStatus::from_syndrome(CqeSyndrome::from_raw(s))),
+                    ..RxPkt::default()
+                }
+            };
+            self.rq_ci = self.rq_ci.wrapping_add(1);
+            n += 1;
+        }
+        ring.update_ci();
+        n
+    }
+
+    /// Destroys TIR, RQ, SQ, TIS and the TD.
+    pub fn destroy(mut self) -> Result<()> {
+        self.teardown()
+    }
+
+    fn teardown(&mut self) -> Result<()> {
+        let hca = &self.ctx.hca;
+        let mut first = Ok(());
+        let steps: [(Opcode, mlx5_hw::bits::BitField, usize, &mut u32); 5] = [
+            (
+                Opcode::DestroyTir,
+                destroy_tir_in::TIRN,
+                destroy_tir_in::SIZE_BYTES,
+                &mut self.tirn,
+            ),
+            (
+                Opcode::DestroyRq,
+                destroy_rq_in::RQN,
+                destroy_rq_in::SIZE_BYTES,
+                &mut self.rqn,
+            ),
+            (
+                Opcode::DestroySq,
+                destroy_sq_in::SQN,
+                destroy_sq_in::SIZE_BYTES,
+                &mut self.sqn,
+            ),
+            (
+                Opcode::DestroyTis,
+                destroy_tis_in::TISN,
+                destroy_tis_in::SIZE_BYTES,
+                &mut self.tisn,
+            ),
+            (
+                Opcode::DeallocTransportDomain,
+                dealloc_transport_domain_in::TRANSPORT_DOMAIN,
+                dealloc_transport_domain_in::SIZE_BYTES,
+                &mut self.td,
+            ),
+        ];
+        for (op, f, len, n) in steps {
+            if *n == 0 {
+                continue;
+            }
+            let mut i = cmd(op, len);
+            f.set(&mut i, u64::from(*n));
+            let r = hca.cmd().exec(&i, DESTROY_OUT).map(|_| ());
+            *n = 0;
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+impl Drop for RawPacketQp {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            tracing::warn!(error = %e, "raw packet QP teardown");
+        }
+        self.ctx.release_uar(self.uar.clone());
+    }
+}
+
+/// The packet a receive CQE describes.
+fn rx_pkt(e: &impl CqeFields, slot: u16) -> RxPkt {
+    let types = e.u8_at(cqe64::L4_L3_HDR_TYPE.off / 8);
+    let ok = e.u8_at(cqe64::HDS_IP_EXT.off / 8);
+    let l3 = (types >> CQE_L3_HDR_TYPE_SHIFT) & 0x3;
+    let l4 = (types >> CQE_L4_HDR_TYPE_SHIFT) & 0x7;
+    RxPkt {
+        len: e.be32_at(cqe64::BYTE_CNT.off / 8),
+        slot,
+        ipv4: l3 == CQE_L3_HDR_TYPE_IPV4,
+        ipv6: l3 == CQE_L3_HDR_TYPE_IPV6,
+        udp: l4 == CQE_L4_HDR_TYPE_UDP,
+        l3_ok: ok & CQE_L3_OK != 0,
+        l4_ok: ok & CQE_L4_OK != 0,
+        rss_hash: e.be32_at(cqe64::RSS_HASH_RESULT.off / 8),
+        vlan: (types & CQE_VLAN_PRESENT != 0).then(|| e.be16_at(cqe64::VLAN_INFO.off / 8)),
+        error: None,
+    }
+}
