@@ -781,6 +781,15 @@ impl DeviceModel for Device {
         if index != 0 {
             return;
         }
+        if offset == initseg::CMD_DBELL as u64 && data.len() == 4 {
+            // Trapped mode before the shared copy changes: a worker pass
+            // between the two would otherwise take the copy's bit for a
+            // shared-memory doorbell and run every slot handed to HW,
+            // rung or not.
+            self.inner
+                .cmd_doorbell_trapped
+                .store(true, Ordering::Release);
+        }
         if let Err(e) = self.inner.bar.write(offset as usize, data) {
             tracing::warn!(offset, error = %e, "BAR0 write out of range");
             return;
@@ -796,9 +805,6 @@ impl DeviceModel for Device {
                 self.inner
                     .trapped_cmd_doorbell
                     .fetch_or(u32::from_be_bytes(word), Ordering::AcqRel);
-                self.inner
-                    .cmd_doorbell_trapped
-                    .store(true, Ordering::Release);
             }
             if offset >= u64::from(initseg::FIRST_UAR) << 12 {
                 let mut q = lock(&self.inner.trapped_doorbells);
