@@ -33,6 +33,7 @@ pub const RDMA_CHECKS: &[&str] = &[
     "reg_mr_raw_memfd_hugetlb_2m_rdma",
     "reg_mr_raw_hugetlbfs_file_rdma",
     "user_mappings_gone_after_dereg",
+    "memfd_and_hugetlb_by_map_file_or_by_address",
     "reg_mr_raw_unmapped_and_read_only_refused",
     "reg_mr_raw_memlock_named",
     "reg_mr_raw_mapping_limit_named",

@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::ioctl::{self, IommuDestroy, IommuIoasAlloc, IommuIoasIovaRanges, IommuIovaRange};
 use super::ioctl::{
@@ -27,6 +27,10 @@ pub struct Iommufd {
     /// The kernel answered IOMMU_IOAS_MAP_FILE with ENOTTY/EOPNOTSUPP
     /// (before 6.13, or a file it cannot map): map by address from then on.
     no_map_file: AtomicBool,
+    /// Mappings made by `IOMMU_IOAS_MAP_FILE`, and by address after the
+    /// kernel refused it.
+    by_file: AtomicU64,
+    fell_back: AtomicU64,
 }
 
 impl Iommufd {
@@ -67,6 +71,8 @@ impl Iommufd {
             iommufd,
             ioas: alloc.out_ioas_id,
             no_map_file: AtomicBool::new(false),
+            by_file: AtomicU64::new(0),
+            fell_back: AtomicU64::new(0),
         };
         let mut attach = VfioDeviceAttachIommufdPt {
             argsz: ioctl::size_of_u32::<VfioDeviceAttachIommufdPt>(),
@@ -147,6 +153,7 @@ impl Iommufd {
         access: DmaAccess,
     ) -> Result<bool> {
         if self.no_map_file.load(Ordering::Relaxed) {
+            self.fell_back.fetch_add(1, Ordering::Relaxed);
             return Ok(false);
         }
         let mut m = IommuIoasMapFile {
@@ -164,7 +171,10 @@ impl Iommufd {
             &mut m,
             "IOMMU_IOAS_MAP_FILE",
         ) {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.by_file.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
             Err(Error::Os { ref source, .. })
                 if matches!(
                     source.raw_os_error(),
@@ -175,10 +185,22 @@ impl Iommufd {
                     self.no_map_file.store(true, Ordering::Relaxed);
                 }
                 tracing::debug!("IOMMU_IOAS_MAP_FILE: {source}; mapping by address");
+                self.fell_back.fetch_add(1, Ordering::Relaxed);
                 Ok(false)
             }
             Err(e) => Err(map_error(e, iova, len, "the IOAS")),
         }
+    }
+
+    /// (mappings made by `IOMMU_IOAS_MAP_FILE`, file-backed mappings made
+    /// by address because the kernel refused it, whether it answered
+    /// ENOTTY: a kernel before 6.13).
+    pub(crate) fn map_file_stats(&self) -> (u64, u64, bool) {
+        (
+            self.by_file.load(Ordering::Relaxed),
+            self.fell_back.load(Ordering::Relaxed),
+            self.no_map_file.load(Ordering::Relaxed),
+        )
     }
 
     /// `IOMMU_IOAS_MAP` of `len` bytes at `vaddr` to the fixed `iova`.

@@ -315,6 +315,17 @@ impl KernelFunction {
         self.config_write(crate::pci::COMMAND, &cmd.to_le_bytes())
     }
 
+    /// iommufd only: how file-backed memory was mapped so far, as
+    /// (by `IOMMU_IOAS_MAP_FILE`, by address after the kernel refused it,
+    /// whether the kernel lacks the ioctl: ENOTTY, before Linux 6.13).
+    /// `None` on type1, which maps by address only.
+    pub fn map_file_stats(&self) -> Option<(u64, u64, bool)> {
+        match &self.iommu {
+            Iommu::Container(_) => None,
+            Iommu::Iommufd(f) => Some(f.map_file_stats()),
+        }
+    }
+
     /// Mappings the type1 IOMMU still allows (its `DMA_AVAIL`), where known.
     pub fn dma_mappings_left(&self) -> Result<Option<u32>> {
         match &self.iommu {

@@ -51,6 +51,36 @@ fn open(addr: PciAddress, interface: Interface) -> Result<(Arc<KernelFunction>, 
     Ok((f, ctx))
 }
 
+/// On iommufd, file-backed memory (the queues' memfds, the user's memfd
+/// and hugetlb pools) went by `IOMMU_IOAS_MAP_FILE` where the kernel has
+/// it (6.13 on) and by address, after one ENOTTY, where it does not.
+fn map_file(f: &KernelFunction) -> Result<(), String> {
+    let Some((by_file, by_addr, enotty)) = f.map_file_stats() else {
+        return Err("no iommufd statistics on a cdev function".into());
+    };
+    let uname = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!(
+        "kvfio:   kernel {}: {by_file} file-backed mappings by IOMMU_IOAS_MAP_FILE, {by_addr} by \
+         IOMMU_IOAS_MAP after {}",
+        uname.trim(),
+        if enotty { "ENOTTY" } else { "no refusal" }
+    );
+    let mut v = uname
+        .trim()
+        .split(['.', '-'])
+        .map(|x| x.parse::<u32>().unwrap_or(0));
+    let has = (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 13);
+    match (has, by_file, enotty) {
+        (true, 1.., false) => Ok(()),
+        (false, 0, true) if by_addr > 0 => Ok(()),
+        _ => Err(format!(
+            "kernel {} (MAP_FILE expected: {has}): {by_file} by file, {by_addr} by address, \
+             ENOTTY {enotty}",
+            uname.trim()
+        )),
+    }
+}
+
 fn run(rep: &mut Report, addrs: &[PciAddress], interface: Interface) {
     let [a0, a1] = addrs else {
         rep.record(
@@ -77,6 +107,14 @@ fn run(rep: &mut Report, addrs: &[PciAddress], interface: Interface) {
         rep.record(kind.name(), r);
     }
     let after = [f0.dma_mappings(), f1.dma_mappings()];
+    if interface == Interface::Cdev {
+        rep.record("memfd_and_hugetlb_by_map_file_or_by_address", map_file(&f0));
+    } else {
+        rep.skip(
+            "memfd_and_hugetlb_by_map_file_or_by_address",
+            "type1 maps by address only (VFIO_IOMMU_MAP_DMA)",
+        );
+    }
     rep.record(
         "user_mappings_gone_after_dereg",
         if before == after {
