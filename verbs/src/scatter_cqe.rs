@@ -129,32 +129,7 @@ impl SendView {
             ),
             _ => return WcStatus::GeneralErr,
         };
-        let mut left = data;
-        for i in skip..ds {
-            if left.is_empty() {
-                break;
-            }
-            let Ok([bc_lkey, addr]) = self.segs.load_words::<2>(first.wrapping_add(i), 0) else {
-                break;
-            };
-            let bc_lkey = u64::from_be(bc_lkey);
-            let n = left.len().min((bc_lkey >> 32) as usize);
-            let p = u64::from_be(addr) as *mut u8;
-            for (j, b) in left[..n].iter().enumerate() {
-                // SAFETY: `addr .. addr + n` lies in the segment the user
-                // posted for this READ or atomic: memory of a live MR
-                // (`Mr::sge`) or vouched for by `Sge::new_unchecked`, which
-                // the device may write until this WR completes, which is
-                // now; a volatile byte, since the memory is the device's too.
-                unsafe { p.wrapping_add(j).write_volatile(*b) };
-            }
-            left = &left[n..];
-        }
-        if left.is_empty() {
-            WcStatus::Success
-        } else {
-            WcStatus::LocLenErr
-        }
+        copy_to_segments(&self.segs, first, skip..ds, data)
     }
 }
 
@@ -214,36 +189,49 @@ impl RecvView {
     /// `IBV_WC_LOC_LEN_ERR` when the segments hold less.
     pub(crate) fn copy_to_wqe(&self, wqe_counter: u16, data: &[u8]) -> WcStatus {
         let base = (u32::from(wqe_counter) & self.mask) << self.log_segs;
-        let mut left = data;
-        for i in 0..(1u32 << self.log_segs) {
-            if left.is_empty() {
-                break;
-            }
-            let Ok([bc_lkey, addr]) = self.segs.load_words::<2>(base.wrapping_add(i), 0) else {
-                break;
-            };
-            let bc_lkey = u64::from_be(bc_lkey);
-            let addr = u64::from_be(addr);
-            if bc_lkey as u32 == TERMINATE_SCATTER_LIST_LKEY {
-                break;
-            }
-            let n = left.len().min((bc_lkey >> 32) as usize);
-            let p = addr as *mut u8;
-            for (j, b) in left[..n].iter().enumerate() {
-                // SAFETY: `addr .. addr + n` lies in the segment the user
-                // posted for this receive: memory of a live MR (`Mr::sge`)
-                // or vouched for by `Sge::new_unchecked`, which the device
-                // may write until this WR completes, which is now; a
-                // volatile byte, since the memory is the device's too.
-                unsafe { p.wrapping_add(j).write_volatile(*b) };
-            }
-            left = &left[n..];
-        }
+        copy_to_segments(&self.segs, base, 0..1u32 << self.log_segs, data)
+    }
+}
+
+/// Copies `data` into the data segments `range` after entry `first` of
+/// `segs` (a WQE's, read back from its ring, which it may wrap), in order,
+/// up to a segment with `MLX5_INVALID_LKEY`: success, or
+/// `IBV_WC_LOC_LEN_ERR` when the segments hold less (libmlx5's
+/// `copy_to_scat`).
+fn copy_to_segments(
+    segs: &DmaRing<DATA_SIZE>,
+    first: u32,
+    range: std::ops::Range<u32>,
+    data: &[u8],
+) -> WcStatus {
+    let mut left = data;
+    for i in range {
         if left.is_empty() {
-            WcStatus::Success
-        } else {
-            WcStatus::LocLenErr
+            break;
         }
+        let Ok([bc_lkey, addr]) = segs.load_words::<2>(first.wrapping_add(i), 0) else {
+            break;
+        };
+        let bc_lkey = u64::from_be(bc_lkey);
+        if bc_lkey as u32 == TERMINATE_SCATTER_LIST_LKEY {
+            break;
+        }
+        let n = left.len().min((bc_lkey >> 32) as usize);
+        let p = u64::from_be(addr) as *mut u8;
+        for (j, b) in left[..n].iter().enumerate() {
+            // SAFETY: `addr .. addr + n` lies in the segment the user posted
+            // for this WR (a receive, a READ or an atomic): memory of a live
+            // MR (`Mr::sge`) or vouched for by `Sge::new_unchecked`, which
+            // the device may write until this WR completes, which is now; a
+            // volatile byte, since the memory is the device's too.
+            unsafe { p.wrapping_add(j).write_volatile(*b) };
+        }
+        left = &left[n..];
+    }
+    if left.is_empty() {
+        WcStatus::Success
+    } else {
+        WcStatus::LocLenErr
     }
 }
 
