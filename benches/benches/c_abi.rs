@@ -7,8 +7,22 @@
 //! - `poll_empty`: `ibv_poll_cq(cq, 1, &wc)` / `Cq::poll` of an empty CQ;
 //! - `post_write`: one 64-byte RDMA WRITE posted (1023 a round, the last
 //!   signaled; the posts alone are timed);
+//! - `poll_1cqe`: `ibv_poll_cq(cq, 1, &wc)` / `Cq::poll` finding one
+//!   completion: 1023 signaled WRITEs posted, and once the last one's
+//!   bytes landed at B, their completions polled one per call (timed);
+//!   `poll_1cqe_empty_calls` counts the timed calls that found none (the
+//!   CQEs can trail the bytes), whose time, at `poll_empty`'s cost each,
+//!   is taken off;
 //! - `write_roundtrip`: one signaled WRITE posted and its completion
 //!   polled, back to back (the model's time dominates).
+//!
+//! Instruction counts: the timed loops are functions of their own, in C
+//! (`loop_poll_empty`, `loop_post`, `loop_poll_full`) and here
+//! (`c_abi::loop_*`), so callgrind collects them alone:
+//! `valgrind --tool=callgrind --toggle-collect='loop_post*' EXE 100000 4`
+//! on the C program, and on this bench's binary with
+//! `C_ABI_PROFILE=POLLS,ROUNDS` (the Rust side once, no C build) and
+//! `--toggle-collect='c_abi::loop_post*'`.
 //!
 //! The C side runs twice per round: as is, and with
 //! `MLX5_SINGLE_THREADED=1` (the QP and CQ locks not taken, libmlx5's
@@ -98,6 +112,62 @@ fn run_c(exe: &Path, lib: &Path, polls: u64, rounds: u64, single: bool) -> Vec<(
         .collect()
 }
 
+/// rdma-core's harness (`../shared/reference/rdma-core-bench/`, built by
+/// its `build.sh`): `RDMA_CORE_BENCH_HARNESS`, else its default cache path.
+fn rdma_core_harness() -> Option<PathBuf> {
+    let p = std::env::var_os("RDMA_CORE_BENCH_HARNESS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/rdma-core-bench/44.0-2/bin/harness"))
+        })?;
+    p.is_file().then_some(p)
+}
+
+/// libmlx5's `ibv_post_send` of one WRITE (doorbell only, as our posts on
+/// the model's UAR) and `ibv_poll_cq(cq, 1)` finding a CQE, default locks
+/// and `MLX5_SINGLE_THREADED`: (our case name, ns) pairs, C-side columns.
+fn run_rdma_core(h: &Path, ops: u64) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for (case, ours) in [
+        ("post_send_write_1_db", "post_write"),
+        ("poll_cq_1", "poll_1cqe"),
+    ] {
+        let o = Command::new(h)
+            .args([
+                "--ops",
+                &ops.to_string(),
+                "--rounds",
+                "3",
+                "--locks",
+                "both",
+            ])
+            .args(["--case", case])
+            .output()
+            .expect("running rdma-core's harness");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            // One JSON object a line: pick the exact case ("poll_cq_1"
+            // also matches "poll_cq_16") and its ns_per_op.
+            let field = |k: &str| {
+                let at = l.find(&format!("\"{k}\": "))? + k.len() + 4;
+                let v = &l[at..];
+                let end = v.find([',', '}'])?;
+                Some(v[..end].trim().trim_matches('"').to_string())
+            };
+            if field("case").as_deref() != Some(case) {
+                continue;
+            }
+            let locks = field("locks").unwrap_or_default();
+            let ns: f64 = field("ns_per_op")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN);
+            out.push((format!("{ours}/{locks}"), ns));
+        }
+    }
+    out
+}
+
 fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
     let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
     let ctx: Vec<Context> = (0..2)
@@ -138,57 +208,67 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
     let (q0, q1) = (qp[0].qp_num(), qp[1].qp_num());
     benches::connect(&mut qp[0], &ctx[1], q1);
     benches::connect(&mut qp[1], &ctx[0], q0);
-    let mut wc = [Wc::default(); 1];
     let mut out = Vec::new();
     let t0 = Instant::now();
-    for _ in 0..polls {
-        assert_eq!(cq[0].poll(&mut wc).unwrap(), 0);
-    }
+    loop_poll_empty(&mut cq[0], polls);
     out.push((
         "poll_empty".into(),
         t0.elapsed().as_nanos() as f64 / polls as f64,
     ));
-    let sge = [mr[0].sge(0, 64).unwrap()];
-    let op = SendOp::RdmaWrite {
-        raddr: mr[1].addr(),
-        rkey: mr[1].rkey(),
-    };
-    let mut wait = |cq: &mut verbs::cq::Cq| loop {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            assert_eq!(wc[0].status, WcStatus::Success);
-            break;
-        }
-    };
+    let sge = mr[0].sge(0, 64).unwrap();
+    let (raddr, rkey) = (mr[1].addr(), mr[1].rkey());
     let mut posting = 0f64;
     for _ in 0..rounds {
         let t0 = Instant::now();
-        for i in 0..SQ as u64 - 1 {
-            let wr = SendWr {
-                wr_id: i,
-                op,
-                payload: Payload::Sges(&sge),
-                flags: if i == SQ as u64 - 2 {
-                    send_flags::SIGNALED
-                } else {
-                    0
-                },
-                ud: None,
-            };
-            qp[0].post_send(std::slice::from_ref(&wr)).unwrap();
-        }
+        loop_post(&mut qp[0], &sge, raddr, rkey, u64::from(SQ) - 1);
         posting += t0.elapsed().as_nanos() as f64;
         wait(&mut cq[0]);
     }
     out.push((
         "post_write".into(),
-        posting / (rounds as f64 * (SQ - 1) as f64),
+        posting / (rounds as f64 * f64::from(SQ - 1)),
     ));
+    // SQ-1 signaled WRITEs, WR i from and to slot i; once the last one's
+    // bytes landed at B, their completions polled one per call (timed).
+    let mut polling = 0f64;
+    let mut empty = 0u64;
+    for r in 0..rounds {
+        let stamp = (r + 1) << 16;
+        for i in 0..u64::from(SQ) - 1 {
+            buf[0].write_u64_be(64 * i as usize, stamp + i).unwrap();
+            let s = mr[0].sge(64 * i, 64).unwrap();
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::RdmaWrite {
+                    raddr: raddr + 64 * i,
+                    rkey,
+                },
+                payload: Payload::Sges(std::slice::from_ref(&s)),
+                flags: send_flags::SIGNALED,
+                ud: None,
+            };
+            qp[0].post_send(std::slice::from_ref(&wr)).unwrap();
+        }
+        let last = u64::from(SQ) - 2;
+        // Until the last WRITE's bytes are at B.
+        while buf[1].read_u64_be(64 * last as usize).unwrap() != stamp + last {
+            std::thread::yield_now();
+        }
+        let t0 = Instant::now();
+        empty += loop_poll_full(&mut cq[0], u64::from(SQ) - 1);
+        polling += t0.elapsed().as_nanos() as f64;
+    }
+    out.push((
+        "poll_1cqe".into(),
+        polling / (rounds as f64 * f64::from(SQ - 1)),
+    ));
+    out.push(("poll_1cqe_empty_calls".into(), empty as f64));
     let t0 = Instant::now();
     for i in 0..rounds * 10 {
         let wr = SendWr {
             wr_id: i,
-            op,
-            payload: Payload::Sges(&sge),
+            op: SendOp::RdmaWrite { raddr, rkey },
+            payload: Payload::Sges(std::slice::from_ref(&sge)),
             flags: send_flags::SIGNALED,
             ud: None,
         };
@@ -202,6 +282,84 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
     out
 }
 
+fn wait(cq: &mut verbs::cq::Cq) {
+    let mut wc = [Wc::default(); 1];
+    loop {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            assert_eq!(wc[0].status, WcStatus::Success);
+            break;
+        }
+    }
+}
+
+// The timed loops, each its own function so that callgrind can collect
+// them alone (`--toggle-collect='c_abi::loop_*'`), as the C side's.
+
+#[inline(never)]
+fn loop_poll_empty(cq: &mut verbs::cq::Cq, n: u64) {
+    let mut wc = [Wc::default(); 1];
+    for _ in 0..n {
+        assert_eq!(cq.poll(&mut wc).unwrap(), 0);
+    }
+}
+
+/// `n` WRITEs, one `post_send` each, the last signaled.
+#[inline(never)]
+fn loop_post(qp: &mut verbs::qp::Qp, sge: &verbs::mr::Sge, raddr: u64, rkey: u32, n: u64) {
+    for i in 0..n {
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::RdmaWrite { raddr, rkey },
+            payload: Payload::Sges(std::slice::from_ref(sge)),
+            flags: if i == n - 1 { send_flags::SIGNALED } else { 0 },
+            ud: None,
+        };
+        qp.post_send(std::slice::from_ref(&wr)).unwrap();
+    }
+}
+
+/// Polls `n` completions one per call; the calls that found none.
+#[inline(never)]
+fn loop_poll_full(cq: &mut verbs::cq::Cq, n: u64) -> u64 {
+    let mut wc = [Wc::default(); 1];
+    let (mut got, mut empty) = (0u64, 0u64);
+    while got < n {
+        let k = cq.poll(&mut wc).unwrap() as u64;
+        assert!(k == 0 || wc[0].status == WcStatus::Success);
+        got += k;
+        empty += u64::from(k == 0);
+    }
+    empty
+}
+
+/// `poll_1cqe` less the time of the polls in it that found nothing (at
+/// `poll_empty`'s cost each): the CQEs can trail the last WRITE's bytes.
+fn net_of_empty(mut v: Vec<(String, f64)>, rounds: u64) -> Vec<(String, f64)> {
+    let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0.0, |(_, x)| *x);
+    let (empty, calls) = (get("poll_empty"), get("poll_1cqe_empty_calls"));
+    let cqes = rounds as f64 * f64::from(SQ - 1);
+    if let Some((_, t)) = v.iter_mut().find(|(n, _)| n == "poll_1cqe") {
+        *t -= calls * empty / cqes;
+    }
+    v
+}
+
+/// rdma-core's rows: medians over the interleaved runs.
+fn print_rdma_core(m: &[Vec<(String, f64)>], h: Option<&Path>) {
+    let Some(first) = m.first() else {
+        println!("rdma-core libmlx5: NOT RUN (no harness: run ../shared/reference/rdma-core-bench/build.sh, or set RDMA_CORE_BENCH_HARNESS)");
+        return;
+    };
+    println!(
+        "rdma-core libmlx5 ({}):",
+        h.map_or(String::new(), |p| p.display().to_string())
+    );
+    for (i, (name, _)) in first.iter().enumerate() {
+        let v = median(m.iter().map(|r| r[i].1).collect());
+        println!("  {name:<24} {v:>10.2} ns");
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -210,6 +368,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("c_abi: bench");
+        return;
+    }
+    // C_ABI_PROFILE=POLLS,ROUNDS: the Rust side once, no criterion and no
+    // C build (under callgrind: --toggle-collect='c_abi::loop_*').
+    if let Ok(p) = std::env::var("C_ABI_PROFILE") {
+        let mut it = p
+            .split(',')
+            .map(|v| v.parse::<u64>().expect("C_ABI_PROFILE=POLLS,ROUNDS"));
+        let (polls, rounds) = (it.next().unwrap_or(100_000), it.next().unwrap_or(4));
+        for (k, v) in run_rust(polls, rounds) {
+            println!("{k} {v:.2}");
+        }
         return;
     }
     // `cargo bench` passes --bench; `cargo test --all-targets` does not:
@@ -227,16 +397,30 @@ fn main() {
     } else {
         (10_000, 2)
     };
-    let (exe, lib) = build_c(bench);
+    // C_ABI_PREBUILT=DIR: DIR holds abi_post_poll and the library (a
+    // machine without cargo or cc).
+    let (exe, lib) = match std::env::var_os("C_ABI_PREBUILT") {
+        Some(d) => (Path::new(&d).join("abi_post_poll"), PathBuf::from(d)),
+        None => build_c(bench),
+    };
+    let harness = rdma_core_harness();
     let mut c: Vec<Vec<(String, f64)>> = Vec::new();
     let mut r: Vec<Vec<(String, f64)>> = Vec::new();
     let mut s: Vec<Vec<(String, f64)>> = Vec::new();
+    let mut m: Vec<Vec<(String, f64)>> = Vec::new();
     for _ in 0..runs {
-        // Interleaved, so load on the machine falls on both alike.
-        c.push(run_c(&exe, &lib, polls, rounds, false));
-        r.push(run_rust(polls, rounds));
-        s.push(run_c(&exe, &lib, polls, rounds, true));
+        // Interleaved, so load on the machine falls on all alike.
+        c.push(net_of_empty(
+            run_c(&exe, &lib, polls, rounds, false),
+            rounds,
+        ));
+        r.push(net_of_empty(run_rust(polls, rounds), rounds));
+        s.push(net_of_empty(run_c(&exe, &lib, polls, rounds, true), rounds));
+        if let Some(h) = &harness {
+            m.push(run_rdma_core(h, polls));
+        }
     }
+    print_rdma_core(&m, harness.as_deref());
     println!(
         "{:<16} {:>12} {:>14} {:>12} {:>8} {:>8}",
         "case", "C ABI ns", "C ABI 1-thr ns", "Rust ns", "ratio", "1-thr"
@@ -245,6 +429,11 @@ fn main() {
         let cm = median(c.iter().map(|v| v[i].1).collect());
         let sm = median(s.iter().map(|v| v[i].1).collect());
         let rm = median(r.iter().map(|v| v[i].1).collect());
+        if name.ends_with("_calls") {
+            // A count (polls that found nothing), not a time.
+            println!("{name:<16} {cm:>12} {sm:>14} {rm:>12}");
+            continue;
+        }
         println!(
             "{name:<16} {cm:>12.2} {sm:>14.2} {rm:>12.2} {:>8.2} {:>8.2}",
             cm / rm,

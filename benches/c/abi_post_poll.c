@@ -7,6 +7,8 @@
  * API and prints both.
  */
 #include <errno.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,14 +102,55 @@ static void wait_cqe(struct ibv_cq *cq)
 		die("completion");
 }
 
+/* The timed loops, each its own function so that callgrind can collect
+ * them alone (--toggle-collect=loop_*). */
+
+__attribute__((noinline)) static void loop_poll_empty(struct ibv_cq *cq, long n)
+{
+	struct ibv_wc wc;
+
+	for (long i = 0; i < n; i++)
+		if (ibv_poll_cq(cq, 1, &wc) != 0)
+			die("poll of an empty CQ");
+}
+
+/* n WRs of `wr`, one ibv_post_send each, the last signaled. */
+__attribute__((noinline)) static void loop_post(struct ibv_qp *qp, struct ibv_send_wr *wr, long n)
+{
+	struct ibv_send_wr *bad;
+
+	for (long i = 0; i < n; i++) {
+		wr->wr_id = i;
+		wr->send_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
+		if (ibv_post_send(qp, wr, &bad))
+			die("ibv_post_send");
+	}
+}
+
+/* Polls n completions one per call; the calls that found none. */
+__attribute__((noinline)) static long loop_poll_full(struct ibv_cq *cq, long n)
+{
+	struct ibv_wc wc;
+	long got = 0, empty = 0;
+
+	while (got < n) {
+		int k = ibv_poll_cq(cq, 1, &wc);
+
+		if (k < 0 || (k == 1 && wc.status != IBV_WC_SUCCESS))
+			die("completion");
+		got += k;
+		empty += !k;
+	}
+	return empty;
+}
+
 int main(int argc, char **argv)
 {
 	struct side a = { 0 }, b = { 0 };
 	struct ibv_device **list;
-	struct ibv_wc wc;
 	long polls = argc > 1 ? atol(argv[1]) : 2000000, rounds = argc > 2 ? atol(argv[2]) : 200;
 	double t0, t;
-	long i, r;
+	long i, r, empty;
 	int n;
 
 	if (mlx5u_set_devices("emu,emu") || !(list = ibv_get_device_list(&n)) || n != 2)
@@ -119,9 +162,7 @@ int main(int argc, char **argv)
 
 	/* An empty CQ: the poll path alone. */
 	t0 = now_ns();
-	for (i = 0; i < polls; i++)
-		if (ibv_poll_cq(a.cq, 1, &wc) != 0)
-			die("poll of an empty CQ");
+	loop_poll_empty(a.cq, polls);
 	printf("poll_empty %.2f\n", (now_ns() - t0) / polls);
 
 	/* SQ-1 unsignaled 64-byte RDMA WRITEs then one signaled: the post
@@ -133,18 +174,43 @@ int main(int argc, char **argv)
 	t = 0;
 	for (r = 0; r < rounds; r++) {
 		t0 = now_ns();
-		for (i = 0; i < SQ - 1; i++) {
-			wr.wr_id = i;
-			wr.send_flags = i == SQ - 2 ? IBV_SEND_SIGNALED : 0;
-			if (ibv_post_send(a.qp, &wr, &bad))
-				die("ibv_post_send");
-		}
+		loop_post(a.qp, &wr, SQ - 1);
 		t += now_ns() - t0;
 		wait_cqe(a.cq);
 	}
 	printf("post_write %.2f\n", t / (rounds * (double)(SQ - 1)));
 
+	/* SQ-1 signaled WRITEs, WR i from and to slot i; once the last one's
+	 * bytes landed at B, their completions polled one per call (timed;
+	 * the calls that found none are counted and their empty-poll cost
+	 * taken off). */
+	volatile uint64_t *last = (volatile uint64_t *)(b.buf + 64 * (SQ - 2));
+	t = 0;
+	empty = 0;
+	for (r = 0; r < rounds; r++) {
+		uint64_t stamp = (r + 1) << 16;
+
+		for (i = 0; i < SQ - 1; i++) {
+			*(uint64_t *)(a.buf + 64 * i) = stamp + i;
+			sge.addr = (uintptr_t)a.buf + 64 * i;
+			wr.wr.rdma.remote_addr = (uintptr_t)b.buf + 64 * i;
+			wr.wr_id = i;
+			wr.send_flags = IBV_SEND_SIGNALED;
+			if (ibv_post_send(a.qp, &wr, &bad))
+				die("ibv_post_send");
+		}
+		while (*last != stamp + SQ - 2)
+			sched_yield();
+		t0 = now_ns();
+		empty += loop_poll_full(a.cq, SQ - 1);
+		t += now_ns() - t0;
+	}
+	printf("poll_1cqe %.2f\n", t / (rounds * (double)(SQ - 1)));
+	printf("poll_1cqe_empty_calls %ld\n", empty);
+
 	/* One signaled WRITE and its completion, back to back. */
+	sge.addr = (uintptr_t)a.buf;
+	wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	t0 = now_ns();
 	for (i = 0; i < rounds * 10; i++) {

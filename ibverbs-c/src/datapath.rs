@@ -20,6 +20,11 @@ use crate::abi::*;
 use crate::objects::{ah_of, Cq, Srq};
 use crate::qp::Qp;
 
+/// `IBV_WR_RDMA_WRITE` (`enum ibv_wr_opcode`).
+const IBV_WR_RDMA_WRITE: c_int = 0;
+/// `IBV_SEND_INLINE` (`enum ibv_send_flags`).
+const IBV_SEND_INLINE: libc::c_uint = 8;
+
 pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
@@ -131,18 +136,55 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     })
 }
 
-/// Posts one C send WR (no doorbell).
+/// Writes one C send WR (no doorbell; the list's checks made).
 ///
 /// # Safety
 ///
 /// `w`'s SGE list and inline buffers are the caller's, as ibv_post_send
 /// requires.
+#[inline(always)]
 unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(), c_int> {
+    // The common WR, an RDMA WRITE of one SGE, straight to the WQE writer
+    // (the same WQE as through `SendWr`).
+    if w.opcode == IBV_WR_RDMA_WRITE
+        && w.num_sge == 1
+        && !w.sg_list.is_null()
+        && w.send_flags & IBV_SEND_INLINE == 0
+        && !ud
+    {
+        // SAFETY: one readable SGE (ibv_post_send's contract).
+        let s = unsafe { w.sg_list.read() };
+        // SAFETY: the rdma member is the one an RDMA WRITE uses.
+        let rdma = unsafe { w.wr.rdma };
+        // SAFETY: ibv_post_send's contract: the SGE lies in a live MR of
+        // that lkey until its WR completes.
+        let sge = unsafe { Sge::new_unchecked(s.addr, s.length, s.lkey) };
+        return q
+            .write_rdma_write(
+                w.wr_id,
+                &sge,
+                rdma.remote_addr,
+                rdma.rkey,
+                w.send_flags & 0x7,
+            )
+            .map_err(post_errno);
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { post_one_general(q, ud, w) }
+}
+
+/// [`post_one`] for any WR: through the driver's `SendWr`.
+///
+/// # Safety
+///
+/// As [`post_one`].
+#[inline(never)]
+unsafe fn post_one_general(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(), c_int> {
     let mut sg = [const { MaybeUninit::uninit() }; MAX_SGE];
     let mut buf = [const { MaybeUninit::uninit() }; MAX_INLINE];
     // SAFETY: forwarded from this function's contract.
     let s = unsafe { sges(w.sg_list, w.num_sge, &mut sg) }?;
-    let payload = if w.send_flags & 8 != 0 {
+    let payload = if w.send_flags & IBV_SEND_INLINE != 0 {
         // SAFETY: forwarded.
         Payload::Inline(unsafe { inline_bytes(s, &mut buf) }?)
     } else {
@@ -167,7 +209,7 @@ unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(
         flags: w.send_flags & 0x7,
         ud: dest,
     };
-    q.post_send_deferred(&wr).map_err(post_errno)
+    q.write_send(&wr).map_err(post_errno)
 }
 
 /// `ibv_post_send`.
@@ -192,6 +234,13 @@ pub(crate) unsafe extern "C" fn post_send(
     let mut g = q.qp.lock();
     let mut cur = wr;
     let mut r = 0;
+    // The device and state checks, once for the list (a post of no WR
+    // checks nothing, as before).
+    if !cur.is_null() {
+        if let Err(e) = g.send_ready() {
+            return fail(cur, post_errno(e));
+        }
+    }
     while !cur.is_null() {
         // SAFETY: the caller's WR list.
         let w = unsafe { &*cur };
@@ -284,6 +333,7 @@ unsafe fn walk_recv(
     0
 }
 
+#[inline(always)]
 fn to_ibv_wc(w: &Wc) -> ibv_wc {
     ibv_wc {
         wr_id: w.wr_id,
@@ -315,13 +365,16 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     // SAFETY: a CQ this library made (the data path's contract).
     let c = unsafe { &*(cq as *const Cq) };
+    if n == 0 {
+        return 0;
+    }
     let mut g = c.cq.lock();
-    // One completion asked for (the common case): a one-entry buffer.
-    let r = if n == 1 {
-        poll_into::<1>(&mut g, wc, 1)
-    } else {
-        poll_into::<8>(&mut g, wc, n as usize)
-    };
+    // Each completion converted straight into the caller's array.
+    let r = g.poll_with(n as usize, |i, w| {
+        let slot = wc.wrapping_add(i);
+        // SAFETY: the caller's array holds `n` entries and `i < n`.
+        unsafe { slot.write(to_ibv_wc(w)) };
+    });
     match r {
         Ok(got) => got as c_int,
         Err(e) => {
@@ -329,37 +382,6 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             -1
         }
     }
-}
-
-/// Polls up to `want` completions into the caller's `wc`, `N` at a time.
-#[inline(always)]
-fn poll_into<const N: usize>(
-    g: &mut verbs::cq::Cq,
-    wc: *mut ibv_wc,
-    want: usize,
-) -> Result<usize, verbs::Error> {
-    let mut got = 0usize;
-    let mut tmp = [Wc::default(); N];
-    while got < want {
-        let k = (want - got).min(N);
-        let m = match g.poll(&mut tmp[..k]) {
-            Ok(m) => m,
-            Err(e) if got == 0 => return Err(e),
-            Err(_) => break,
-        };
-        for (i, w) in tmp[..m].iter().enumerate() {
-            let e = to_ibv_wc(w);
-            // SAFETY: the caller's array holds `want` entries; got + i < want.
-            let slot = unsafe { wc.add(got + i) };
-            // SAFETY: as above: a writable entry of the caller's array.
-            unsafe { slot.write(e) };
-        }
-        got += m;
-        if m < k {
-            break;
-        }
-    }
-    Ok(got)
 }
 
 /// `ibv_req_notify_cq`.

@@ -569,6 +569,7 @@ impl Hca {
     }
 
     /// The command queue, for raw commands.
+    #[inline]
     pub fn cmd(&self) -> &Cmd {
         &self.cmd
     }

@@ -757,6 +757,7 @@ impl CmdQueue {
 impl Cmd {
     /// Whether the device was declared failed (health): one atomic load,
     /// cheap enough for the data path.
+    #[inline]
     pub fn is_failed(&self) -> bool {
         self.0.is_failed.load(Ordering::Acquire)
     }

@@ -377,6 +377,18 @@ impl CqRing {
         self.ci
     }
 
+    /// Whether the next CQE is software-owned ([`next_cqe`](Self::next_cqe)
+    /// would return it), without reading it.
+    #[inline(always)]
+    pub fn has_cqe(&self) -> bool {
+        let ci = self.ci;
+        let idx = (ci << self.shift) | u32::from(self.shift);
+        self.ring
+            .entry(idx)
+            .load_u8_acquire(OP_OWN)
+            .is_ok_and(|op_own| c::cqe_is_sw_owned(op_own, ci, self.log_size))
+    }
+
     /// The next software-owned CQE in place, advancing past it, or `None`.
     /// Its fields stay valid until [`update_ci`](Self::update_ci).
     #[inline(always)]
@@ -892,10 +904,60 @@ impl Cq {
         }
         if taken > 0 {
             self.ring.update_ci();
-        } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
-            return Err(e);
+        } else if self.shared.ctx.hca.cmd().is_failed() {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
         }
         Ok(n)
+    }
+
+    /// [`poll`](Self::poll) handing each completion, `i`-th of this call,
+    /// to `out(i, &wc)` instead of writing a slice of [`Wc`]: for a caller
+    /// that keeps completions in its own layout (the C library's
+    /// `ibv_wc`), with no buffer of `Wc` in between. At most `max`.
+    #[inline(always)]
+    pub fn poll_with(&mut self, max: usize, out: impl FnMut(usize, &Wc)) -> Result<usize> {
+        if max == 0 || !self.ring.has_cqe() {
+            // Empty: first and short, so that an empty poll costs little
+            // more than its two loads.
+            if self.shared.ctx.hca.cmd().is_failed() {
+                if let Some(e) = self.failure() {
+                    return Err(e);
+                }
+            }
+            return Ok(0);
+        }
+        Ok(self.poll_found(max, out))
+    }
+
+    /// [`poll_with`](Self::poll_with) once a CQE is there.
+    #[inline(always)]
+    fn poll_found(&mut self, max: usize, mut out: impl FnMut(usize, &Wc)) -> usize {
+        let g = self.shared.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            self.generation_changed(g);
+        }
+        let mut n = 0;
+        while n < max {
+            let Some(e) = self.ring.next_cqe() else {
+                break;
+            };
+            let mut wc = Wc::default();
+            if complete::<true>(&mut self.cache, &self.shared, &e, &mut wc) {
+                out(n, &wc);
+                n += 1;
+            }
+        }
+        self.ring.update_ci();
+        n
+    }
+
+    /// Why an empty poll fails once the device did (off the fast path).
+    #[cold]
+    #[inline(never)]
+    fn failure(&self) -> Option<crate::Error> {
+        self.shared.ctx.hca.cmd().failure()
     }
 
     /// [`poll`](Self::poll) that hands the bytes scattered to a CQE out in
@@ -930,8 +992,10 @@ impl Cq {
         }
         if taken > 0 {
             self.ring.update_ci();
-        } else if let Some(e) = self.shared.ctx.hca.cmd().failure() {
-            return Err(e);
+        } else if self.shared.ctx.hca.cmd().is_failed() {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
         }
         Ok(n)
     }

@@ -180,21 +180,9 @@ impl Qp {
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
-        if self.ctx.hca.cmd().is_failed() {
-            return Err((0, PostError::DeviceFailed));
-        }
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-            return Err((0, PostError::BadState(self.state)));
-        }
-        let max_inline = self.cap.max_inline_data as usize;
+        self.send_ready().map_err(|e| (0, e))?;
         for (i, wr) in wrs.iter().enumerate() {
-            if let Payload::Sges(s) = wr.payload {
-                if s.len() > self.cap.max_send_sge as usize {
-                    self.sq.ring();
-                    return Err((i, PostError::TooLarge));
-                }
-            }
-            if let Err(e) = self.sq.write_wr(wr, self.qp_type, max_inline) {
+            if let Err(e) = self.write_send(wr) {
                 self.sq.ring();
                 return Err((i, e));
             }
@@ -203,16 +191,24 @@ impl Qp {
         Ok(())
     }
 
-    /// One WR of an `ibv_post_send` list, written without its doorbell
-    /// (the C ABI's list walk, `ibv_send_wr.next`): the same checks as
-    /// [`Qp::post_send`]; [`Qp::ring_send`] rings once for all of them.
-    pub fn post_send_deferred(&mut self, wr: &SendWr<'_>) -> std::result::Result<(), PostError> {
+    /// The checks a post makes once per list, before its first WR: the
+    /// device alive, the QP in RTS or SQD.
+    #[inline]
+    pub fn send_ready(&self) -> std::result::Result<(), PostError> {
         if self.ctx.hca.cmd().is_failed() {
             return Err(PostError::DeviceFailed);
         }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return Err(PostError::BadState(self.state));
         }
+        Ok(())
+    }
+
+    /// One WR of a list after [`Qp::send_ready`], written without its
+    /// doorbell (the C ABI's walk of `ibv_send_wr.next`);
+    /// [`Qp::ring_send`] rings once for all of them.
+    #[inline]
+    pub fn write_send(&mut self, wr: &SendWr<'_>) -> std::result::Result<(), PostError> {
         if let Payload::Sges(s) = wr.payload {
             if s.len() > self.cap.max_send_sge as usize {
                 return Err(PostError::TooLarge);
@@ -222,7 +218,43 @@ impl Qp {
             .write_wr(wr, self.qp_type, self.cap.max_inline_data as usize)
     }
 
-    /// Rings the send doorbell for what [`Qp::post_send_deferred`] wrote.
+    /// A 1-SGE RDMA WRITE after [`Qp::send_ready`], without its doorbell:
+    /// the WQE [`Qp::write_send`] writes for the same WR, with no
+    /// [`SendWr`] built (the C ABI's fast path from `ibv_send_wr`). `sge`
+    /// of length 0 or a UD QP: [`Qp::write_send`].
+    #[inline]
+    pub fn write_rdma_write(
+        &mut self,
+        wr_id: u64,
+        sge: &Sge,
+        raddr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        let one = [*sge];
+        if sge.length == 0 || self.qp_type == QpType::Ud || self.cap.max_send_sge == 0 {
+            return self.write_send(&SendWr {
+                wr_id,
+                op: SendOp::RdmaWrite { raddr, rkey },
+                payload: Payload::Sges(&one),
+                flags,
+                ud: None,
+            });
+        }
+        self.sq.write_rdma_write(wr_id, raddr, rkey, sge, flags)
+    }
+
+    /// One WR of an `ibv_post_send` list, written without its doorbell:
+    /// [`Qp::send_ready`] then [`Qp::write_send`]; [`Qp::ring_send`]
+    /// rings once for all of them.
+    pub fn post_send_deferred(&mut self, wr: &SendWr<'_>) -> std::result::Result<(), PostError> {
+        self.send_ready()?;
+        self.write_send(wr)
+    }
+
+    /// Rings the send doorbell for what [`Qp::post_send_deferred`],
+    /// [`Qp::write_send`] and [`Qp::write_rdma_write`] wrote.
+    #[inline]
     pub fn ring_send(&mut self) {
         self.sq.ring();
     }
