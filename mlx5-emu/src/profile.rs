@@ -371,7 +371,7 @@ impl CapPages {
         );
         if let Some(m) = self.max.get_mut(&ATOMIC) {
             atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE
-                .set(m, mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS);
+                .set(m, u64::from(mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS));
         }
         self.raise_odp();
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
