@@ -371,7 +371,7 @@ impl CapPages {
         );
         if let Some(m) = self.max.get_mut(&ATOMIC) {
             atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE
-                .set(m, mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS);
+                .set(m, u64::from(mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS));
         }
         self.raise_odp();
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
@@ -396,6 +396,10 @@ impl CapPages {
             // DCI streams (the model's bounds: 16 streams, up to 16 in error).
             self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS, 4);
             self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DCI_ERRORED_STREAMS, 4);
+            // The QP context extension (RTS2RTS with qpc_ext: the DCI
+            // stream reset; libmlx5's mlx5dv_dci_stream_id_reset refuses
+            // with EOPNOTSUPP without it).
+            self.set_both(GENERAL, cmd_hca_cap::QPC_EXTENSION, 1);
             if p == Profile::ConnectX7 {
                 // QUERY_QP reports which QPs' data is written in order
                 // (rdma-core's `qp_data_in_order`). The out-of-order
@@ -468,6 +472,27 @@ mod tests {
             cap_type::ATOMIC,
         ] {
             assert!(c.cur.contains_key(&t) && c.max.contains_key(&t));
+        }
+    }
+
+    #[test]
+    fn qpc_extension_with_dci_streams() {
+        for (p, v) in [
+            (Profile::ConnectX4Lx, 0),
+            (Profile::ConnectX5, 0),
+            (Profile::ConnectX6, 1),
+            (Profile::ConnectX7, 1),
+        ] {
+            let c = p.caps();
+            assert_eq!(
+                c.get(cap_type::GENERAL, cmd_hca_cap::QPC_EXTENSION),
+                v,
+                "{p:?}"
+            );
+            assert_eq!(
+                c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_DCI_STREAM_CHANNELS) != 0,
+                v == 1
+            );
         }
     }
 

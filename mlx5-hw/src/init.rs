@@ -501,11 +501,11 @@ pub const HOST_ENDIANNESS_BIG: u8 = 0x80;
 
 /// `atomic_caps.atomic_req_8B_endianness_mode`: 8-byte atomics in network
 /// byte order (`MLX5_ATOMIC_REQ_MODE_BE`).
-pub const ATOMIC_REQ_MODE_BE: u64 = 0x0;
+pub const ATOMIC_REQ_MODE_BE: u8 = 0x0;
 /// `atomic_caps.atomic_req_8B_endianness_mode`: 8-byte atomics in host byte
 /// order (`MLX5_ATOMIC_REQ_MODE_HOST_ENDIANNESS`), offered where
 /// `supported_atomic_req_8B_endianness_mode_1` is set.
-pub const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u64 = 0x1;
+pub const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u8 = 0x1;
 
 prm_enum! {
     /// Access register id: ACCESS_REG's `register_id` (`MLX5_REG_*` of driver.h).

@@ -312,6 +312,9 @@ fn streams_with_one_target_failing() {
         statuses(&poll_n(&mut s[0].cq, 1)),
         vec![(99, WcStatus::Success)]
     );
+    // A stream not in error is not reset (BAD_PARAMETER), as on the card.
+    assert!(d.stream_id_reset(0).is_err(), "stream 0 is not in error");
+    assert!(d.stream_id_reset(1).is_err(), "stream 1 was reset already");
     // Two streams in error (2^1): the DCI goes to ERR.
     d.post_send(&[
         (tagged(200, &tg), DcAv::new(&ah_bad, bad.dctn(), 0, 2)),

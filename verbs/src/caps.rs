@@ -37,7 +37,7 @@ pub const CAP_PAGE_BYTES: usize = mlx5_hw::ifc::hca_cap_union::SIZE_BYTES;
 /// Byte offset of the capability in the QUERY_HCA_CAP outbox.
 const CAP_OFFSET: usize = mlx5_hw::ifc::query_hca_cap_out::CAPABILITY.off / 8;
 /// `atomic_req_8B_endianness_mode`: host endianness.
-pub const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u8 = 1;
+pub const ATOMIC_REQ_MODE_HOST_ENDIANNESS: u8 = mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS;
 /// The kernel's default profile: log_max_qp at most 18.
 pub const PROFILE_LOG_MAX_QP: u8 = 18;
 

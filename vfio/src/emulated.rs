@@ -500,8 +500,17 @@ impl DmaSpace {
         for (start, _) in &inside {
             regions.remove(start);
         }
-        let next = GuestMemoryMmap::from_arc_regions(regions.values().cloned().collect())
-            .unwrap_or_default();
+        // The device's own memory stays (a client's DMA_UNMAP to the top of
+        // the space, as QEMU sends at reset, must not take the MEMIC away).
+        let mut kept: Vec<Arc<GuestRegionMmap>> = regions.values().cloned().collect();
+        kept.extend(
+            self.device
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        let next = GuestMemoryMmap::from_arc_regions(kept).unwrap_or_default();
         *self.mem.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
         drop(regions);
         let gone: Vec<Backing> = inside
@@ -913,4 +922,34 @@ fn bounds(info: &RegionInfo, offset: u64, len: usize) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod device_memory_tests {
+    use std::sync::Arc;
+
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::DmaSpace;
+    use crate::DmaBuffer;
+
+    /// A client's unmap of everything above an address (QEMU's reset unmaps
+    /// to 2^64) leaves the device's own memory reachable, as clear() does.
+    #[test]
+    fn unmap_within_keeps_the_device_memory() {
+        let dma = DmaSpace::default();
+        let host = DmaBuffer::new(4096).unwrap();
+        dma.map_file(0x1000, 4096, host.file().clone(), 0).unwrap();
+        let dev = DmaBuffer::new(4096).unwrap();
+        dev.write(0, &[0x5a; 8]).unwrap();
+        let at = 1u64 << 56;
+        dma.map_device_memory(at, 4096, dev.file().clone(), 0)
+            .unwrap();
+        assert_eq!(dma.unmap_within(0x1000, u64::MAX - 0xfff).unwrap(), 4096);
+        let mem: Arc<_> = dma.memory();
+        let mut b = [0u8; 8];
+        mem.read_slice(&mut b, GuestAddress(at)).unwrap();
+        assert_eq!(b, [0x5a; 8]);
+        assert!(mem.read_slice(&mut b, GuestAddress(0x1000)).is_err());
+    }
 }

@@ -150,7 +150,7 @@ impl Firmware {
         if ty == cap_type::ATOMIC {
             let mode = atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.get(&page);
             inner.rdma.host_endian_atomics.store(
-                mode == init::ATOMIC_REQ_MODE_HOST_ENDIANNESS,
+                mode == u64::from(init::ATOMIC_REQ_MODE_HOST_ENDIANNESS),
                 Ordering::Release,
             );
         }

@@ -238,12 +238,17 @@ pub(super) fn dci_stream_reset(qp: &Qp, input: &[u8], sq: &mut Sq) -> Result<(),
     if qp.st != st::DCI || qp.log_dci_streams == 0 {
         return Err(fail(CmdStatus::BadParameter, synd::DCI_BAD_STREAMS));
     }
+    // A stream id names the channel the data path puts it on (its low
+    // log_num_dci_stream_channels bits, `dc::stream_of`): rdma-core's
+    // test_mlx5_dc posts and resets ids past the channel count. Only a
+    // channel in error is reset; resetting one that is not is refused
+    // (the same test expects that refusal).
     let at = rts2rts_qp_in::QPC_DATA_EXT.off / 8;
-    let id = qpc_ext::DCI_STREAM_CHANNEL_ID.get(&input[at..]) as u16;
-    if u32::from(id) >= 1u32 << qp.log_dci_streams {
+    let raw = qpc_ext::DCI_STREAM_CHANNEL_ID.get(&input[at..]) as u16;
+    let id = raw & ((1u16 << qp.log_dci_streams) - 1);
+    if !sq.dc.errored.remove(&id) {
         return Err(fail(CmdStatus::BadParameter, synd::DCI_BAD_STREAMS));
     }
-    sq.dc.errored.remove(&id);
     tracing::debug!(qpn = qp.qpn, stream = id, "DCI stream reset");
     Ok(())
 }

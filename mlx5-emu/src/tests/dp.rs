@@ -1309,12 +1309,12 @@ fn set_atomic_mode(d: &mut Drv, mode: u64) -> u8 {
 #[test]
 fn host_endian_atomics_where_the_driver_asks_and_the_card_offers() {
     use mlx5_hw::ifc::atomic_caps;
-    use mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS as HOST;
+    let host = u64::from(mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS);
     // The traced ConnectX-4 Lx offers network order only: mode 1 refused.
     let f = Fabric::cabled(1, Profile::ConnectX4Lx);
     let mut refused = 0;
     let _n = Node::new_as(f.function(0).unwrap(), |d| {
-        refused = set_atomic_mode(d, HOST);
+        refused = set_atomic_mode(d, host);
     });
     assert_eq!(refused, mlx5_hw::status::CmdStatus::BadParameter.to_raw());
     // ConnectX-5 and later offer host order; both drivers choose it.
@@ -1327,11 +1327,11 @@ fn host_endian_atomics_where_the_driver_asks_and_the_card_offers() {
                 atomic_caps::SUPPORTED_ATOMIC_REQ_8B_ENDIANNESS_MODE_1.get(&max[16..]),
                 1
             );
-            assert_eq!(set_atomic_mode(d, HOST), 0);
+            assert_eq!(set_atomic_mode(d, host), 0);
             let cur = d.ok(&cmd_in(0x100, ty << 1 | 1, 16), 0x1010);
             assert_eq!(
                 atomic_caps::ATOMIC_REQ_8B_ENDIANNESS_MODE.get(&cur[16..]),
-                HOST
+                host
             );
             // What the card does stays (mlx5_ib reads it back for
             // atomic_cap): compare-swap and fetch-add, 8-byte QP atomics.
