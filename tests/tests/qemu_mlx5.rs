@@ -75,83 +75,8 @@ const CHECKS: &[&str] = &[
     "perftest_ib_send_lat_s1024",
 ];
 
-#[derive(Default)]
-struct Tally {
-    passed: usize,
-    failed: usize,
-    skipped: usize,
-}
-
-impl Tally {
-    fn check(&mut self, name: &str, r: Result<(), String>) {
-        match r {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                self.passed += 1;
-            }
-            Err(why) => {
-                println!("test {name} ... FAILED: {why}");
-                self.failed += 1;
-            }
-        }
-    }
-    fn skip_all(&mut self, checks: &[&str], why: &str, required: bool) {
-        for c in checks {
-            if required {
-                self.check(c, Err(why.to_string()));
-            } else {
-                println!("test {c} ... skipped: {why}");
-                self.skipped += 1;
-            }
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
-}
-
-/// The cached guest, built now if missing and buildable.
-fn guest() -> Result<PathBuf, String> {
-    let script = repo().join("scripts/qemu-guest/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("--path")
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if path.join("initrd.gz").is_file() {
-        return Ok(path);
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(format!(
-            "no cached guest at {} and building it needs root (scripts/qemu-guest/build.sh)",
-            path.display()
-        ));
-    }
-    println!(
-        "qemu_mlx5: building the guest into {} (once)",
-        path.display()
-    );
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !out.status.success() || !path.join("initrd.gz").is_file() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(3).collect();
-        return Err(format!(
-            "no cached guest at {} and scripts/qemu-guest/build.sh failed ({}): {}",
-            path.display(),
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        ));
-    }
-    Ok(path)
-}
+use tests::qemu_guest::{cached_or_built as guest, repo};
+use tests::tally::Tally;
 
 /// One boot: the guest script, whether the machine has the emulated
 /// Intel IOMMU, the host binaries it gets as /guest/NAME, and the profile
@@ -243,17 +168,7 @@ fn main() {
             }
         }
     }
-    println!(
-        "\ntest result: {}. {} passed; {} failed; {} skipped; finished in {:.1}s",
-        if t.failed == 0 { "ok" } else { "FAILED" },
-        t.passed,
-        t.failed,
-        t.skipped,
-        start.elapsed().as_secs_f64()
-    );
-    if t.failed > 0 {
-        std::process::exit(1);
-    }
+    t.finish(start.elapsed().as_secs_f64());
 }
 
 /// The first boot: the ConnectX-4 Lx pair (the traced firmware), smoke.sh.
