@@ -393,16 +393,14 @@ impl Dci {
 
     /// `mlx5dv_dci_stream_id_reset`: stream `stream_id` is out of error
     /// (RTS2RTS, `qpc_ext`, `opt_param_mask_95_32` naming
-    /// `dci_stream_channel_id`).
+    /// `dci_stream_channel_id`). Any 16-bit id, as libmlx5 takes it: the
+    /// device maps it to its channel and refuses a channel not in error.
     pub fn stream_id_reset(&mut self, stream_id: u16) -> Result<()> {
-        let Some(s) = self.streams else {
+        if self.streams.is_none() {
             return Err(Error::Invalid("a DCI without streams"));
-        };
+        }
         if self.qp.state() != QpState::Rts {
             return Err(Error::Invalid("stream reset needs RTS"));
-        }
-        if u32::from(stream_id) >= 1u32 << s.log_num_concurent {
-            return Err(Error::Invalid("stream id beyond the DCI's streams"));
         }
         let mut inb = vec![0u8; rts2rts_qp_in::SIZE_BYTES];
         rts2rts_qp_in::OPCODE.set(&mut inb, Opcode::Rts2RtsQp.to_raw().into());
