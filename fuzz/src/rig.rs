@@ -106,7 +106,11 @@ impl Rig {
     /// back; the completed entry.
     pub fn exec_entry(&self, slot: u8, entry: &[u8; 64], doorbell: u32) -> [u8; 64] {
         let at = usize::from(slot % (1 << initseg::LOG_CMDQ_SIZE)) * 64;
-        let _ = self.cmdq.write(at, entry);
+        // Every field, then `status_own` alone (release), as a driver must:
+        // one copy of all 64 bytes may store the ownership byte twice, and
+        // the model's lost-doorbell scan could run the command in between.
+        let _ = self.cmdq.write(at, &entry[..0x3f]);
+        let _ = self.cmdq.store_u8_release(at + 0x3f, entry[0x3f]);
         wr(self.bar(), initseg::CMD_DBELL, doorbell | 1 << (at / 64));
         let t = Instant::now();
         while self.cmdq.load_u8_acquire(at + 0x3f).unwrap_or(0) & 1 != 0 {

@@ -182,7 +182,7 @@ impl Drv {
         tweak(&mut e);
         e[0x3f] = 1;
         let at = usize::from(slot) * 64;
-        self.cmdq.write(at, &e).unwrap();
+        write_entry(&self.cmdq, at, &e);
         wr(bar(self), initseg::CMD_DBELL, 1 << slot);
         until("the command to complete", || {
             self.cmdq.load_u8_acquire(at + 0x3f).unwrap() & 1 == 0
@@ -254,10 +254,24 @@ impl Drv {
         let profile = self.f.model().config().profile;
         let boot = self.query_pages(1);
         assert_eq!(boot, profile.boot_pages());
-        assert_eq!(self.give_pages(boot as usize)[0], 0);
+        let out = self.give_pages(boot as usize);
+        assert_eq!(
+            out[0],
+            0,
+            "boot pages: syndrome {:#x}, log {:x?}",
+            be32(&out, 4),
+            self.f.model().command_log()
+        );
         let init = self.query_pages(2);
         assert_eq!(init, profile.init_pages());
-        assert_eq!(self.give_pages(init as usize)[0], 0);
+        let out = self.give_pages(init as usize);
+        assert_eq!(
+            out[0],
+            0,
+            "init pages: syndrome {:#x}, log {:x?}",
+            be32(&out, 4),
+            self.f.model().command_log()
+        );
         before_init(self);
         self.ok(&cmd_in(0x102, 0, 16), 16);
     }
@@ -684,7 +698,17 @@ fn hand_over(d: &Drv, slot: u8, input: &[u8; 16], token: u8) {
     e[0x38..0x3c].copy_from_slice(&16u32.to_be_bytes());
     e[0x3c] = token;
     e[0x3f] = 1;
-    d.cmdq.write(usize::from(slot) * 64, &e).unwrap();
+    write_entry(&d.cmdq, usize::from(slot) * 64, &e);
+}
+
+/// Writes a command entry as a driver must: every field, then `status_own`
+/// alone with release ordering. One copy of all 64 bytes may store a byte
+/// twice (glibc's memcpy of 64 bytes with 64-byte vectors stores the whole
+/// entry twice): the model's lost-doorbell scan can run the command between
+/// the two stores, and the second store hands it to hardware again.
+fn write_entry(cmdq: &DmaBuffer, at: usize, e: &[u8; 64]) {
+    cmdq.write(at, &e[..0x3f]).unwrap();
+    cmdq.store_u8_release(at + 0x3f, e[0x3f]).unwrap();
 }
 
 fn owned_by_hw(d: &Drv, slot: u8) -> bool {
