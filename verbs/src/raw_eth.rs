@@ -37,6 +37,7 @@ use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::BF_OFFSET;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 use vfio::mmio::{dma_wmb, wmb};
+use vfio::DmaRing;
 
 use crate::buf::DmaSlice;
 use crate::cq::{Cq, CqeFields, WcStatus};
@@ -62,11 +63,29 @@ pub const MAX_INLINE_HEADERS: usize =
         + INLINE_START;
 /// Header bytes inside the Ethernet segment itself.
 const INLINE_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
+/// Headers that fit a one-block WQE: the two in the Ethernet segment and
+/// one 16-byte unit after it (mlx5e's usual 18: Ethernet with a VLAN tag).
+pub const ONE_BLOCK_INLINE_HEADERS: usize = INLINE_START + 16;
+
+// The one-block WQE is built as eight words: the offsets it assumes.
+const _: () = assert!(
+    MIN_INLINE >= INLINE_START + 8
+        && wqe_ctrl_seg::SIZE_BYTES == 16
+        && wqe_ctrl_seg::FM_CE_SE.off / 8 == 11
+        && wqe_eth_seg::SIZE_BYTES == 16
+        && wqe_eth_seg::CS_FLAGS.off / 8 == 4
+        && wqe_eth_seg::INLINE_HDR_SZ.off / 8 == 12
+        && wqe_eth_seg::INLINE_HDR_START.off / 8 == 14
+        && wqe_data_seg::BYTE_COUNT.off / 8 == 0
+        && wqe_data_seg::LKEY.off / 8 == 4
+        && wqe_data_seg::ADDR.off / 8 == 8
+);
 
 /// Ring sizes of a raw packet QP (log2).
 #[derive(Debug, Clone, Copy)]
 pub struct RawQpCap {
-    /// Send ring: 2^this 64-byte blocks (two per packet).
+    /// Send ring: 2^this 64-byte blocks (one per packet whose headers are
+    /// at most [`ONE_BLOCK_INLINE_HEADERS`] bytes, two for longer ones).
     pub log_sq_bbs: u8,
     /// Receive ring: 2^this buffers.
     pub log_rq_wqes: u8,
@@ -122,6 +141,8 @@ pub struct RawPacketQp {
     send_cqn: u32,
     recv_cqn: u32,
     sq: DmaSlice,
+    /// The send ring as 64-byte blocks (its bounds checked once).
+    sq_ring: DmaRing<BB>,
     rq: DmaSlice,
     /// Receive counter at +0, send counter at +4.
     dbrec: Dbrec,
@@ -131,6 +152,9 @@ pub struct RawPacketQp {
     /// Send: next block, first block not yet completed.
     sq_pc: u16,
     sq_ci: u16,
+    /// The first block of the last WQE written (the doorbell copies its
+    /// first 8 bytes).
+    sq_last: u16,
     /// Per block: where the WQE that starts there ends (for completions).
     ends: Vec<u16>,
     /// Receive: buffers posted, buffers completed.
@@ -163,6 +187,7 @@ impl Context {
         let c = self.ctx.clone();
         let dma = c.hca.dma();
         let sq = dma.alloc_buf(BB << cap.log_sq_bbs)?;
+        let sq_ring = DmaRing::new(sq.buf().clone(), sq.offset(), 1 << cap.log_sq_bbs)?;
         let rq = dma.alloc_buf(RX_WQE << cap.log_rq_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
@@ -191,6 +216,7 @@ impl Context {
             send_cqn: send_cq.cqn(),
             recv_cqn: recv_cq.cqn(),
             sq,
+            sq_ring,
             rq,
             dbrec,
             uar,
@@ -198,6 +224,7 @@ impl Context {
             log_rq: cap.log_rq_wqes,
             sq_pc: 0,
             sq_ci: 0,
+            sq_last: 0,
             ends: vec![0; 1 << cap.log_sq_bbs],
             rq_pc: 0,
             rq_ci: 0,
@@ -309,42 +336,112 @@ impl RawPacketQp {
         (1u16 << self.log_sq) - self.sq_pc.wrapping_sub(self.sq_ci)
     }
 
-    /// Sends as many of `pkts` as the ring has room for (two blocks each):
-    /// one WQE each, the last asking for a completion, one doorbell.
-    /// Returns how many were posted; a packet whose headers are shorter
-    /// than an Ethernet header or longer than [`MAX_INLINE_HEADERS`] ends
-    /// the burst there.
+    /// Sends as many of `pkts` as the ring has room for: one WQE each
+    /// (one block when the headers are at most
+    /// [`ONE_BLOCK_INLINE_HEADERS`] bytes, else two), the last asking for a
+    /// completion, one doorbell. Returns how many were posted; a packet
+    /// whose headers are shorter than an Ethernet header or longer than
+    /// [`MAX_INLINE_HEADERS`] ends the burst there.
     pub fn tx_burst(&mut self, pkts: &[TxPkt<'_>]) -> usize {
-        let n = pkts.len().min(usize::from(self.sq_room() / 2));
         let mut sent = 0;
-        let mut wqe = [0u8; 2 * BB];
-        for (k, p) in pkts[..n].iter().enumerate() {
-            if p.headers.len() < MIN_INLINE || p.headers.len() > MAX_INLINE_HEADERS {
+        for p in pkts {
+            let ihs = p.headers.len();
+            if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&ihs) {
                 break;
             }
-            self.write_send(&mut wqe, p, k + 1 == n);
+            let one = ihs <= ONE_BLOCK_INLINE_HEADERS;
+            if self.sq_room() < if one { 1 } else { 2 } {
+                break;
+            }
+            if one {
+                self.write_send_1bb(p);
+            } else {
+                self.write_send_2bb(p);
+            }
             sent += 1;
         }
         if sent > 0 {
+            // The burst's last WQE asks for the completion (control
+            // segment bytes 8..16: signature, reserved, fm_ce_se, imm).
+            let fm = u64::from_ne_bytes([0, 0, 0, w::WQE_CTRL_CQ_UPDATE, 0, 0, 0, 0]);
+            self.sq_ring
+                .store_words_at::<8, 1>(u32::from(self.sq_last), &[fm]);
             self.ring_sq();
         }
         sent
     }
 
-    /// Writes one send WQE at the producer counter.
-    fn write_send(&mut self, wqe: &mut [u8; 2 * BB], p: &TxPkt<'_>, signal: bool) {
-        wqe.fill(0);
+    /// The control segment's first word: opcode, index, SQ number, size.
+    fn ctrl_word(&self, idx: u16, ds: usize) -> u64 {
+        let op = w::opmod_idx_opcode(0, idx, WqeOpcode::Send);
+        (u64::from(op) << 32 | u64::from(self.sqn << 8 | ds as u32)).to_be()
+    }
+
+    /// Marks the WQE of `nbb` blocks written at the producer counter.
+    fn advance(&mut self, nbb: u16) {
+        let idx = self.sq_pc;
+        self.sq_last = idx;
+        self.sq_pc = idx.wrapping_add(nbb);
+        let mask = (1u16 << self.log_sq) - 1;
+        self.ends[usize::from(idx & mask)] = self.sq_pc;
+    }
+
+    /// One-block send WQE built as eight words in registers: control,
+    /// Ethernet segment with the first two header bytes, 16 more header
+    /// bytes, the payload's data segment.
+    fn write_send_1bb(&mut self, p: &TxPkt<'_>) {
+        let h = p.headers;
+        let ihs = h.len();
+        // Headers are 14..=18 bytes here: 2..10 always there, 10..18 padded
+        // with zeros when shorter (a fixed-size load in mlx5e's usual 18).
+        let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or_default());
+        let w4 = word(&h[INLINE_START..INLINE_START + 8]);
+        let w5 = match h.get(INLINE_START + 8..INLINE_START + 16) {
+            Some(b) => word(b),
+            None => {
+                let mut t = [0u8; 8];
+                t[..ihs - INLINE_START - 8].copy_from_slice(&h[INLINE_START + 8..]);
+                u64::from_ne_bytes(t)
+            }
+        };
+        let ds = 3 + usize::from(p.payload.is_some());
+        let cs = if p.csum {
+            ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM
+        } else {
+            0
+        };
+        let [sz_hi, sz_lo] = (ihs as u16).to_be_bytes();
+        let (bc_lkey, addr) = match p.payload {
+            Some(s) => (
+                (u64::from(s.length) << 32 | u64::from(s.lkey)).to_be(),
+                s.addr.to_be(),
+            ),
+            None => (0, 0),
+        };
+        let words = [
+            self.ctrl_word(self.sq_pc, ds),
+            0,
+            u64::from_ne_bytes([0, 0, 0, 0, cs, 0, 0, 0]),
+            u64::from_ne_bytes([0, 0, 0, 0, sz_hi, sz_lo, h[0], h[1]]),
+            w4,
+            w5,
+            bc_lkey,
+            addr,
+        ];
+        self.sq_ring
+            .store_words_at::<0, 8>(u32::from(self.sq_pc), &words);
+        self.advance(1);
+    }
+
+    /// Two-block send WQE (headers past [`ONE_BLOCK_INLINE_HEADERS`]):
+    /// built in a staging buffer through the segment views, then stored.
+    fn write_send_2bb(&mut self, p: &TxPkt<'_>) {
+        let mut wqe = [0u8; 2 * BB];
         let ctrl = wqe_ctrl_seg::SIZE_BYTES;
         let eth = ctrl + wqe_eth_seg::SIZE_BYTES;
         let ihs = p.headers.len();
         let data = eth + (ihs - INLINE_START).next_multiple_of(16);
         let ds = (data + wqe_data_seg::SIZE_BYTES) / 16;
-        let idx = self.sq_pc;
-        let op = w::opmod_idx_opcode(0, idx, WqeOpcode::Send);
-        wqe_ctrl_seg::OPMOD_IDX_OPCODE.set(&mut wqe[..], u64::from(op));
-        wqe_ctrl_seg::QPN_DS.set(&mut wqe[..], u64::from(self.sqn << 8 | ds as u32));
-        let fm = if signal { w::WQE_CTRL_CQ_UPDATE } else { 0 };
-        wqe_ctrl_seg::FM_CE_SE.set(&mut wqe[..], u64::from(fm));
         let e = &mut wqe[ctrl..];
         if p.csum {
             wqe_eth_seg::CS_FLAGS.set(e, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
@@ -358,16 +455,18 @@ impl RawPacketQp {
             wqe_data_seg::LKEY.set(d, u64::from(s.lkey));
             wqe_data_seg::ADDR.set(d, s.addr);
         }
-        let mask = (1u16 << self.log_sq) - 1;
-        for b in 0..2u16 {
-            let slot = usize::from(idx.wrapping_add(b) & mask);
-            let bytes = &wqe[usize::from(b) * BB..][..BB];
-            // The ring is ours and inside its buffer: the write fails only
-            // if the memory went away, and then the device never sees it.
-            let _ = self.sq.write(slot * BB, bytes);
+        let mut words = [0u64; 16];
+        for (w, b) in words.iter_mut().zip(wqe.chunks_exact(8)) {
+            *w = u64::from_ne_bytes(b.try_into().unwrap_or_default());
         }
-        self.sq_pc = idx.wrapping_add(2);
-        self.ends[usize::from(idx & mask)] = self.sq_pc;
+        words[0] = self.ctrl_word(self.sq_pc, ds);
+        let (a, b) = words.split_at(8);
+        let idx = u32::from(self.sq_pc);
+        self.sq_ring
+            .store_words_at::<0, 8>(idx, a.try_into().unwrap_or(&[0; 8]));
+        self.sq_ring
+            .store_words_at::<0, 8>(idx.wrapping_add(1), b.try_into().unwrap_or(&[0; 8]));
+        self.advance(2);
     }
 
     /// The send doorbell: the record, then the last WQE's first 8 bytes at
@@ -377,12 +476,9 @@ impl RawPacketQp {
         let rec = self.dbrec.buf();
         let _ = rec.store_u32_be(self.dbrec.offset() + 4, u32::from(self.sq_pc));
         wmb();
-        let mask = (1u16 << self.log_sq) - 1;
-        let last = usize::from(self.sq_pc.wrapping_sub(2) & mask);
-        let mut first = [0u8; 8];
-        let _ = self.sq.buf().read(self.sq.offset() + last * BB, &mut first);
+        let [first] = self.sq_ring.load_words_at::<0, 1>(u32::from(self.sq_last));
         let bar = self.ctx.hca.bar();
-        let _ = bar.write64_raw(self.uar.offset() + BF_OFFSET, first);
+        let _ = bar.write64_raw(self.uar.offset() + BF_OFFSET, first.to_ne_bytes());
     }
 
     /// Reads the send CQ: each completion frees the ring up to the end of
