@@ -52,6 +52,7 @@ fn raw_rig() -> &'static mut RawRig {
     let cap = RawQpCap {
         log_sq_bbs: 11,
         log_rq_wqes: 4,
+        strip_vlan: false,
     };
     let qp = ctx
         .create_raw_packet_qp(&pd, &tx, &rx, cap)

@@ -45,6 +45,7 @@ fn raw_qp(s: &Side) -> (RawPacketQp, Cq, Cq) {
         RawQpCap {
             log_sq_bbs: 8,
             log_rq_wqes: 6,
+            strip_vlan: false,
         },
     )
 }
@@ -166,6 +167,7 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
     let cap = RawQpCap {
         log_sq_bbs: 4,
         log_rq_wqes: 4,
+        strip_vlan: false,
     };
     assert!(p
         .a
@@ -202,6 +204,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
     let cap = RawQpCap {
         log_sq_bbs: 4,
         log_rq_wqes: 6,
+        strip_vlan: false,
     };
     let (mut qa, mut a_tx, _a_rx) = raw_qp_of(&p.a, cap);
     let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
@@ -275,4 +278,83 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
     steer.destroy().unwrap();
     qa.destroy().unwrap();
     qb.destroy().unwrap();
+}
+
+#[test]
+fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
+    // An 802.1Q-tagged frame (TCI 0x2064: priority 1, VLAN 100), its 18
+    // bytes of Ethernet and tag inline; to UDP port 1000 (a QP that
+    // strips) and 2000 (one that keeps the tag, as mlx5_ib's default).
+    const TCI: u16 = 0x2064;
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX4Lx, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let strip = RawQpCap {
+        log_sq_bbs: 8,
+        log_rq_wqes: 6,
+        strip_vlan: true,
+    };
+    let (mut qs, _s_tx, mut s_rx) = raw_qp_of(&p.b, strip);
+    let (mut qk, _k_tx, mut k_rx) = raw_qp(&p.b);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    for (q, dport) in [(&qs, 1000), (&qk, 2000)] {
+        let spec = FlowSpec {
+            ethertype: Some(0x0800),
+            ip_protocol: Some(17),
+            udp_dport: Some(dport),
+            ..FlowSpec::default()
+        };
+        steer.create_flow(&spec, FlowAction::Queue(q)).unwrap();
+    }
+    assert_eq!(qs.post_rx(&[p.b.mr.sge(0, RX_BUF as u32).unwrap()]), 1);
+    assert_eq!(
+        qk.post_rx(&[p.b.mr.sge(RX_BUF as u64, RX_BUF as u32).unwrap()]),
+        1
+    );
+    let tagged = |dport: u16| {
+        let untagged = headers(9, dport, 32);
+        let mut f = untagged[..12].to_vec();
+        f.extend_from_slice(&0x8100u16.to_be_bytes());
+        f.extend_from_slice(&TCI.to_be_bytes());
+        f.extend_from_slice(&untagged[12..]);
+        f.extend((0..32u8).map(|i| i ^ 0x5a));
+        (f, untagged)
+    };
+    let (f1, plain1) = tagged(1000);
+    let (f2, _) = tagged(2000);
+    p.a.buf.write(0, &f1).unwrap();
+    p.a.buf.write(2048, &f2).unwrap();
+    let sge = |f: &[u8], off: u64| Some(p.a.mr.sge(off + 18, (f.len() - 18) as u32).unwrap());
+    let pkts = [
+        TxPkt {
+            headers: &f1[..18],
+            payload: sge(&f1, 0),
+            csum: true,
+        },
+        TxPkt {
+            headers: &f2[..18],
+            payload: sge(&f2, 2048),
+            csum: true,
+        },
+    ];
+    assert_eq!(qa.tx_burst(&pkts), 2);
+    tx_done(&mut qa, &mut a_tx);
+    let s = rx_n(&mut qs, &mut s_rx, 1)[0];
+    assert_eq!(s.error, None);
+    assert_eq!(s.vlan, Some(TCI), "stripped into the CQE");
+    assert_eq!(s.len as usize, f1.len() - 4, "the tag left the frame");
+    let got = read(&p.b.buf, 0, s.len as usize);
+    assert_eq!(got[..24], plain1[..24]);
+    assert_eq!(got[42..], f1[46..]);
+    assert!(s.ipv4 && s.udp && s.l3_ok && s.l4_ok, "{s:?}");
+    let k = rx_n(&mut qk, &mut k_rx, 1)[0];
+    assert_eq!(k.error, None);
+    assert_eq!(k.vlan, None, "nothing stripped, nothing said");
+    assert_eq!(k.len as usize, f2.len());
+    let got = read(&p.b.buf, RX_BUF, k.len as usize);
+    assert_eq!(got[12..16], f2[12..16], "the tag is still in the frame");
+    assert_eq!(got[46..], f2[46..]);
+    steer.destroy().unwrap();
+    for q in [qa, qs, qk] {
+        q.destroy().unwrap();
+    }
 }

@@ -20,6 +20,8 @@ use crate::{Error, Result};
 pub enum CapType {
     /// General device capabilities.
     General = 0x0,
+    /// Ethernet offloads (`per_protocol_networking_offload_caps`).
+    EthernetOffloads = 0x1,
     /// On-demand paging.
     Odp = 0x2,
     /// Atomic operations.

@@ -31,7 +31,7 @@ use mlx5_hw::ifc::{
     create_tir_in, create_tir_out, create_tis_in, create_tis_out, dealloc_transport_domain_in,
     destroy_rq_in, destroy_sq_in, destroy_tir_in, destroy_tis_in, err_cqe,
     general_obj_in_cmd_hdr as hdr, modify_rq_in, modify_sq_in, rqc, sqc, tirc, tisc, wq,
-    wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg,
+    wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg, PerProtocolNetworkingOffloadCaps,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::BF_OFFSET;
@@ -40,6 +40,7 @@ use vfio::mmio::{dma_wmb, wmb};
 use vfio::DmaRing;
 
 use crate::buf::DmaSlice;
+use crate::caps::CapType;
 use crate::cq::{Cq, CqeFields, WcStatus};
 use crate::dbrec::Dbrec;
 use crate::device::{Context, Ctx};
@@ -89,6 +90,11 @@ pub struct RawQpCap {
     pub log_sq_bbs: u8,
     /// Receive ring: 2^this buffers.
     pub log_rq_wqes: u8,
+    /// Strip the C-VLAN tag of received frames into their completion
+    /// ([`RxPkt::vlan`]; rdma-core's `IBV_QP_CREATE_CVLAN_STRIPPING`);
+    /// refused where the device offers no VLAN offload (`vlan_cap`).
+    /// Without it the tag stays in the frame (mlx5_ib sets `vsd`).
+    pub strip_vlan: bool,
 }
 
 /// One packet to send: `headers` go inline in the WQE (at least an
@@ -123,7 +129,8 @@ pub struct RxPkt {
     pub l4_ok: bool,
     /// The RSS hash (indirect TIRs), 0 otherwise.
     pub rss_hash: u32,
-    /// The VLAN tag's TCI, if the frame had one.
+    /// The C-VLAN tag's TCI, when the device stripped it from the frame
+    /// ([`RawQpCap::strip_vlan`]).
     pub vlan: Option<u16>,
     /// `None`: received; else the error the device reported.
     pub error: Option<WcStatus>,
@@ -149,6 +156,8 @@ pub struct RawPacketQp {
     uar: Arc<Uar>,
     log_sq: u8,
     log_rq: u8,
+    /// The RQ strips C-VLAN tags (`rqc.vsd` clear).
+    strip_vlan: bool,
     /// Send: next block, first block not yet completed.
     sq_pc: u16,
     sq_ci: u16,
@@ -183,6 +192,11 @@ impl Context {
         }
         if cap.log_sq_bbs < 1 || cap.log_sq_bbs > 15 || cap.log_rq_wqes > 15 {
             return Err(Error::Invalid("raw packet QP: ring size"));
+        }
+        if cap.strip_vlan && !self.vlan_offload()? {
+            return Err(Error::NotSupported(
+                "raw packet QP: VLAN stripping (no vlan_cap)",
+            ));
         }
         let c = self.ctx.clone();
         let dma = c.hca.dma();
@@ -222,6 +236,7 @@ impl Context {
             uar,
             log_sq: cap.log_sq_bbs,
             log_rq: cap.log_rq_wqes,
+            strip_vlan: cap.strip_vlan,
             sq_pc: 0,
             sq_ci: 0,
             sq_last: 0,
@@ -232,6 +247,20 @@ impl Context {
         // On an error, Drop destroys what was made.
         qp.make_objects(pd.pdn())?;
         Ok(qp)
+    }
+}
+
+impl Context {
+    /// Whether the device strips VLAN tags on receive: `eth_net_offloads`
+    /// and the Ethernet offload caps' `vlan_cap` (as mlx5_ib checks before
+    /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
+    /// bring-up.
+    fn vlan_offload(&self) -> Result<bool> {
+        if !self.ctx.hca.caps().gen().eth_net_offloads() {
+            return Ok(false);
+        }
+        let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
+        Ok(PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]).vlan_cap())
     }
 }
 
@@ -269,6 +298,7 @@ impl RawPacketQp {
         let mut i = cmd(Opcode::CreateRq, create_rq_in::SIZE_BYTES + 8);
         let ctx = create_rq_in::CTX.off;
         rqc::CQN.at(ctx).set(&mut i, u64::from(self.recv_cqn));
+        rqc::VSD.at(ctx).set(&mut i, u64::from(!self.strip_vlan));
         self.set_wq(
             &mut i,
             ctx + rqc::WQ.off,

@@ -26,7 +26,7 @@ use crate::transport::eth_rx::{EthRq, RqRing};
 use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 impl Firmware {
@@ -124,6 +124,9 @@ impl Firmware {
                 let id = rqc::COUNTER_SET_ID.get(c) as u32;
                 q.counter_set.store(id, Ordering::Relaxed);
             }
+            if bitmask & MODIFY_RQ_BITMASK_VSD != 0 {
+                q.vsd.store(rqc::VSD.get(c) != 0, Ordering::Relaxed);
+            }
             q.state.store(next as u8, Ordering::Release);
         }
         for (bit, f) in [
@@ -206,6 +209,7 @@ fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthR
         ),
         dbr: wq::DBR_ADDR.get(w),
         counter_set: AtomicU32::new(rqc::COUNTER_SET_ID.get(c) as u32),
+        vsd: AtomicBool::new(rqc::VSD.get(c) != 0),
         state: AtomicU8::new(QUEUE_STATE_RST as u8),
         ring: Mutex::new(RqRing::default()),
     })

@@ -21,7 +21,7 @@
 //! an error CQE and moves the RQ to ERR.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
@@ -98,6 +98,12 @@ pub(crate) struct EthRq {
     pub dbr: u64,
     /// The Q counter set it counts into (0: none readable).
     pub counter_set: std::sync::atomic::AtomicU32,
+    /// VLAN stripping disabled (`rqc.vsd`): a tagged frame lands whole and
+    /// its CQE says nothing of the tag. Enabled (0, what the profiles'
+    /// `vlan_cap` offers): the C-VLAN tag leaves the frame and rides in
+    /// the CQE (`vlan_info`, the VLAN bit of `l4_l3_hdr_type`), the byte
+    /// count without it, as mlx5e's `cqe_has_vlan` expects.
+    pub vsd: AtomicBool,
     /// `QUEUE_STATE_*`, moved by MODIFY_RQ and by an error CQE.
     pub state: AtomicU8,
     pub ring: Mutex<RqRing>,
@@ -135,6 +141,14 @@ impl EthRq {
             return;
         }
         let at = ring.head;
+        let stripped;
+        let (frame, vlan) = match p.vlan {
+            Some(tci) if !self.vsd.load(Ordering::Relaxed) => {
+                stripped = strip_vlan(frame);
+                (&stripped[..], Some(tci))
+            }
+            _ => (frame, None),
+        };
         let c = match self.scatter(rdma, mem, at, frame) {
             Ok(next) => {
                 ring.head = next;
@@ -143,8 +157,8 @@ impl EthRq {
                     qpn: self.rqn,
                     wqe_counter: at,
                     byte_cnt: frame.len() as u32,
-                    l3: hdr_types(p),
-                    eth: Some(eth_cqe(p, d)),
+                    l3: hdr_types(p, vlan),
+                    eth: Some(eth_cqe(p, d, vlan)),
                     ..Completion::default()
                 }
             }
@@ -229,8 +243,20 @@ impl EthRq {
     }
 }
 
-/// The CQE's `l4_l3_hdr_type` byte for `p`.
-fn hdr_types(p: &Parsed) -> u8 {
+/// Bytes of the two MAC addresses; of an 802.1Q tag.
+const ETH_ALEN2: usize = 12;
+const VLAN_HLEN: usize = 4;
+
+/// `frame` without its 802.1Q tag (the 4 bytes after the MAC addresses).
+fn strip_vlan(frame: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(frame.len().saturating_sub(VLAN_HLEN));
+    f.extend_from_slice(&frame[..ETH_ALEN2]);
+    f.extend_from_slice(frame.get(ETH_ALEN2 + VLAN_HLEN..).unwrap_or_default());
+    f
+}
+
+/// The CQE's `l4_l3_hdr_type` byte for `p`; `vlan`: the tag stripped.
+fn hdr_types(p: &Parsed, vlan: Option<u16>) -> u8 {
     let l3 = match p.flow.ipv6 {
         Some(false) => CQE_L3_HDR_TYPE_IPV4,
         Some(true) => CQE_L3_HDR_TYPE_IPV6,
@@ -244,15 +270,11 @@ fn hdr_types(p: &Parsed) -> u8 {
     };
     l4 << CQE_L4_HDR_TYPE_SHIFT
         | l3 << CQE_L3_HDR_TYPE_SHIFT
-        | if p.vlan.is_some() {
-            CQE_VLAN_PRESENT
-        } else {
-            0
-        }
+        | if vlan.is_some() { CQE_VLAN_PRESENT } else { 0 }
 }
 
-/// The Ethernet part of the CQE: checksums, RSS, VLAN.
-fn eth_cqe(p: &Parsed, d: Delivery) -> EthCqe {
+/// The Ethernet part of the CQE: checksums, RSS, the VLAN tag stripped.
+fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
     let ip = p.flow.ipv6.is_some();
     let mut ok = CQE_L2_OK;
     if ip && p.l3_ok {
@@ -278,7 +300,7 @@ fn eth_cqe(p: &Parsed, d: Delivery) -> EthCqe {
         hds_ip_ext: ok,
         rss_hash_type: ht,
         rss_hash_result: d.hash,
-        vlan_info: p.vlan.unwrap_or(0),
+        vlan_info: vlan.unwrap_or(0),
     }
 }
 
