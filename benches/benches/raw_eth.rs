@@ -86,6 +86,7 @@ fn bench(c: &mut Criterion) {
             headers: &hdr[..inline],
             payload: raw.qp_sge(64 - inline),
             csum: true,
+            mss: 0,
         };
         let pkts = [pkt; 32];
         for per in [1usize, 8, 32] {

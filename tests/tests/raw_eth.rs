@@ -115,6 +115,7 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
             headers: &hdrs[k],
             payload: Some(p.a.mr.sge(k as u64 * 512, 100 + k as u32).unwrap()),
             csum: true,
+            mss: 0,
         })
         .collect();
     let doorbells = stats(&p.fabric, 0).doorbells;
@@ -179,6 +180,7 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
         headers: &[0u8; 10],
         payload: None,
         csum: false,
+        mss: 0,
     };
     assert_eq!(qa.tx_burst(&[short]), 0, "headers shorter than Ethernet's");
 }
@@ -243,6 +245,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
                             .unwrap(),
                     ),
                     csum: true,
+                    mss: 0,
                 }
             })
             .collect();
@@ -271,6 +274,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
         headers: &f,
         payload: None,
         csum: false,
+        mss: 0,
     };
     assert_eq!(qa.tx_burst(&[two; 12]), 8, "room for eight");
     assert_eq!(qa.tx_burst(&[two]), 0, "the ring is full");
@@ -329,11 +333,13 @@ fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
             headers: &f1[..18],
             payload: sge(&f1, 0),
             csum: true,
+            mss: 0,
         },
         TxPkt {
             headers: &f2[..18],
             payload: sge(&f2, 2048),
             csum: true,
+            mss: 0,
         },
     ];
     assert_eq!(qa.tx_burst(&pkts), 2);
@@ -357,4 +363,86 @@ fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
     for q in [qa, qs, qk] {
         q.destroy().unwrap();
     }
+}
+
+#[test]
+fn a_large_tcp_segment_leaves_cut_at_the_mss() {
+    // One TCP segment of 3000 payload bytes, MSS 1000: B takes three
+    // frames of 1054 bytes with consecutive IP ids and sequence numbers,
+    // PSH and FIN on the last only, checksums good; the port counts three.
+    const H: usize = 54;
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX4Lx, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let spec = FlowSpec {
+        ethertype: Some(0x0800),
+        ip_protocol: Some(6),
+        ..FlowSpec::default()
+    };
+    steer.create_flow(&spec, FlowAction::Queue(&qb)).unwrap();
+    let bufs: Vec<_> = (0..3u64)
+        .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())
+        .collect();
+    assert_eq!(qb.post_rx(&bufs), 3);
+    let mut h = headers(5555, 80, 0)[..34].to_vec();
+    h[16..18].copy_from_slice(&((20 + 20 + 3000) as u16).to_be_bytes());
+    h[18..20].copy_from_slice(&0x1234u16.to_be_bytes());
+    h[23] = 6;
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&5555u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[4..8].copy_from_slice(&0x1000_0000u32.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x19; // FIN, PSH, ACK
+    h.extend_from_slice(&tcp);
+    assert_eq!(h.len(), H);
+    let payload = fill(&p.a.buf, 0, 3000, 3);
+    let pkt = TxPkt {
+        headers: &h,
+        payload: Some(p.a.mr.sge(0, 3000).unwrap()),
+        csum: true,
+        mss: 1000,
+    };
+    let sent = stats(&p.fabric, 0).packets_sent;
+    assert_eq!(qa.tx_burst(&[pkt]), 1);
+    tx_done(&mut qa, &mut a_tx);
+    let got = rx_n(&mut qb, &mut b_rx, 3);
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.error, None, "frame {i}");
+        assert_eq!(r.len as usize, H + 1000, "frame {i}");
+        assert!(r.ipv4 && r.l3_ok && r.l4_ok && !r.udp, "frame {i}: {r:?}");
+        let f = read(&p.b.buf, i * RX_BUF, r.len as usize);
+        assert_eq!(u16::from_be_bytes([f[16], f[17]]), 1040, "total length");
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]), 0x1234 + i as u16, "id");
+        let seq = u32::from_be_bytes(f[38..42].try_into().unwrap());
+        assert_eq!(seq, 0x1000_0000 + 1000 * i as u32, "sequence");
+        assert_eq!(f[47] & 0x09 != 0, i == 2, "PSH/FIN on the last only");
+        assert_eq!(&f[H..], &payload[1000 * i..1000 * (i + 1)], "frame {i}");
+    }
+    assert_eq!(stats(&p.fabric, 0).packets_sent - sent, 3);
+    // An LSO of something that is not TCP: a length error, the SQ in error.
+    let udp = headers(1, 2, 10);
+    let bad = TxPkt {
+        headers: &udp,
+        payload: Some(p.a.mr.sge(0, 10).unwrap()),
+        csum: true,
+        mss: 4,
+    };
+    assert_eq!(qa.tx_burst(&[bad]), 1);
+    let give_up = Instant::now() + HANG_GUARD;
+    let err = loop {
+        match qa.poll_tx(&mut a_tx) {
+            Ok(0) => {
+                assert!(Instant::now() < give_up, "no completion");
+                std::thread::yield_now();
+            }
+            Ok(n) => panic!("{n} completions for a non-TCP LSO"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, verbs::cq::WcStatus::LocLenErr);
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    qb.destroy().unwrap();
 }

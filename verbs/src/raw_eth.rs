@@ -107,6 +107,11 @@ pub struct TxPkt<'a> {
     pub payload: Option<Sge>,
     /// Ask the device to fill the IPv4 and TCP/UDP checksums.
     pub csum: bool,
+    /// Large send offload (TSO): 0 for none; else the device cuts this TCP
+    /// segment into frames of at most `mss` payload bytes, each with a copy
+    /// of `headers` (which must then be the whole Ethernet, IP and TCP
+    /// headers) fixed up, checksums filled in (the LSO opcode).
+    pub mss: u16,
 }
 
 /// One received packet, from its CQE.
@@ -379,7 +384,7 @@ impl RawPacketQp {
             if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&ihs) {
                 break;
             }
-            let one = ihs <= ONE_BLOCK_INLINE_HEADERS;
+            let one = ihs <= ONE_BLOCK_INLINE_HEADERS && p.mss == 0;
             if self.sq_room() < if one { 1 } else { 2 } {
                 break;
             }
@@ -402,8 +407,8 @@ impl RawPacketQp {
     }
 
     /// The control segment's first word: opcode, index, SQ number, size.
-    fn ctrl_word(&self, idx: u16, ds: usize) -> u64 {
-        let op = w::opmod_idx_opcode(0, idx, WqeOpcode::Send);
+    fn ctrl_word(&self, idx: u16, ds: usize, opcode: WqeOpcode) -> u64 {
+        let op = w::opmod_idx_opcode(0, idx, opcode);
         (u64::from(op) << 32 | u64::from(self.sqn << 8 | ds as u32)).to_be()
     }
 
@@ -449,7 +454,7 @@ impl RawPacketQp {
             None => (0, 0),
         };
         let words = [
-            self.ctrl_word(self.sq_pc, ds),
+            self.ctrl_word(self.sq_pc, ds, WqeOpcode::Send),
             0,
             u64::from_ne_bytes([0, 0, 0, 0, cs, 0, 0, 0]),
             u64::from_ne_bytes([0, 0, 0, 0, sz_hi, sz_lo, h[0], h[1]]),
@@ -463,7 +468,8 @@ impl RawPacketQp {
         self.advance(1);
     }
 
-    /// Two-block send WQE (headers past [`ONE_BLOCK_INLINE_HEADERS`]):
+    /// Two-block send WQE (headers past [`ONE_BLOCK_INLINE_HEADERS`], or
+    /// LSO):
     /// built in a staging buffer through the segment views, then stored.
     fn write_send_2bb(&mut self, p: &TxPkt<'_>) {
         let mut wqe = [0u8; 2 * BB];
@@ -473,9 +479,15 @@ impl RawPacketQp {
         let data = eth + (ihs - INLINE_START).next_multiple_of(16);
         let ds = (data + wqe_data_seg::SIZE_BYTES) / 16;
         let e = &mut wqe[ctrl..];
-        if p.csum {
+        if p.csum || p.mss != 0 {
             wqe_eth_seg::CS_FLAGS.set(e, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
         }
+        wqe_eth_seg::MSS.set(e, u64::from(p.mss));
+        let opcode = if p.mss != 0 {
+            WqeOpcode::Lso
+        } else {
+            WqeOpcode::Send
+        };
         wqe_eth_seg::INLINE_HDR_SZ.set(e, ihs as u64);
         let at = wqe_eth_seg::INLINE_HDR_START.off / 8;
         e[at..at + ihs].copy_from_slice(p.headers);
@@ -489,7 +501,7 @@ impl RawPacketQp {
         for (w, b) in words.iter_mut().zip(wqe.chunks_exact(8)) {
             *w = u64::from_ne_bytes(b.try_into().unwrap_or_default());
         }
-        words[0] = self.ctrl_word(self.sq_pc, ds);
+        words[0] = self.ctrl_word(self.sq_pc, ds, opcode);
         let (a, b) = words.split_at(8);
         let idx = u32::from(self.sq_pc);
         self.sq_ring

@@ -13,7 +13,8 @@
 //! (`wqe_counter`) when they ask for one (`fm_ce_se`); the frame is
 //! counted as sent and leaves on the port to the functions cabled to it
 //! ([`super::eth_rx`]), its IPv4/TCP/UDP checksums filled in when
-//! `cs_flags` asks. A WQE that is malformed,
+//! `cs_flags` asks; an LSO WQE's TCP segment leaves cut at its MSS
+//! ([`super::lso`]). A WQE that is malformed,
 //! of another opcode, or whose local key does not grant the read
 //! completes with an error CQE and moves the SQ to ERR; in ERR every
 //! posted WQE completes as flushed (mlx5e's recovery waits for that before
@@ -44,6 +45,9 @@ const INLINE_HDR_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
 /// Largest frame an SQ sends: a 9 KiB jumbo frame with its headers (the
 /// model's port takes no larger).
 const MAX_FRAME: u64 = 9216 + 64;
+/// Largest segment an LSO WQE carries: 2^`max_lso_cap` (18 in the
+/// ConnectX-4 trace the profiles start from) and its headers.
+const MAX_LSO: u64 = (1 << 18) + 256;
 
 /// One Ethernet send queue.
 #[derive(Debug)]
@@ -78,8 +82,8 @@ pub(crate) struct Ring {
 
 /// What became of one WQE.
 enum Outcome {
-    /// Done: bytes sent (0 for a NOP).
-    Done(u32),
+    /// Done: bytes and frames sent (0 and 0 for a NOP).
+    Done(u32, u32),
     /// Failed: CQE syndrome and vendor syndrome.
     Error(CqeSyndrome, u8),
 }
@@ -144,10 +148,10 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) ->
         let fm = wqe_ctrl_seg::FM_CE_SE.get(&head) as u8 & 0x0c;
         let opcode = head[3];
         let c = match outcome {
-            Outcome::Done(bytes) => {
+            Outcome::Done(bytes, frames) => {
                 rdma.counters
                     .packets_sent
-                    .fetch_add(u64::from(bytes != 0), Ordering::Relaxed);
+                    .fetch_add(u64::from(frames), Ordering::Relaxed);
                 rdma.counters
                     .bytes_sent
                     .fetch_add(u64::from(bytes), Ordering::Relaxed);
@@ -253,8 +257,9 @@ fn read_wqe(
 /// Runs one WQE (`w`: its `ds` × 16 bytes).
 fn execute(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
     match WqeOpcode::from(w[3]) {
-        WqeOpcode::Nop => Outcome::Done(0),
-        WqeOpcode::Send => send(rdma, sq, mem, w),
+        WqeOpcode::Nop => Outcome::Done(0, 0),
+        WqeOpcode::Send => send(rdma, sq, mem, w, false),
+        WqeOpcode::Lso => send(rdma, sq, mem, w, true),
         _ => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
     }
 }
@@ -262,14 +267,17 @@ fn execute(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome 
 /// A SEND: the Ethernet segment (its inline headers, its checksum
 /// offloads), then data segments whose bytes are read through their local
 /// keys; the frame they make leaves on the port ([`eth_rx::transmit`]).
-/// A frame shorter than an Ethernet header is a length error.
-fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
+/// A frame shorter than an Ethernet header is a length error. `lso`: the
+/// LSO opcode, the frame cut at the segment's MSS first ([`lso`]).
+fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> Outcome {
     let ctrl = wqe_ctrl_seg::SIZE_BYTES;
     let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     };
     let ihs = wqe_eth_seg::INLINE_HDR_SZ.get(eth) as usize;
     let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
+    let mss = wqe_eth_seg::MSS.get(eth) as usize;
+    let limit = if lso { MAX_LSO } else { MAX_FRAME };
     // The headers past the two bytes in the segment run on in 16-byte units.
     let data_at =
         ctrl + wqe_eth_seg::SIZE_BYTES + ihs.saturating_sub(INLINE_HDR_START).next_multiple_of(16);
@@ -292,7 +300,7 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
         if let Err(e) = k.resolve(sq.pd, access::LR, wqe_data_seg::ADDR.get(d), len, &mut ext) {
             return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
         }
-        if frame.len() as u64 + len > MAX_FRAME {
+        if frame.len() as u64 + len > limit {
             return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
         }
         for x in &ext {
@@ -306,7 +314,22 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
     if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    steer::offload_checksums(&mut frame, cs_flags);
-    eth_rx::transmit(rdma, &frame);
-    Outcome::Done(frame.len() as u32)
+    if !lso {
+        steer::offload_checksums(&mut frame, cs_flags);
+        eth_rx::transmit(rdma, &frame);
+        return Outcome::Done(frame.len() as u32, 1);
+    }
+    let Some(frames) = super::lso::segment(&frame, mss) else {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    };
+    if frames.iter().any(|f| f.len() as u64 > MAX_FRAME) {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    let (mut bytes, n) = (0, frames.len() as u32);
+    for mut f in frames {
+        steer::offload_checksums(&mut f, cs_flags);
+        eth_rx::transmit(rdma, &f);
+        bytes += f.len() as u32;
+    }
+    Outcome::Done(bytes, n)
 }

@@ -40,6 +40,7 @@ pub(crate) mod cq;
 pub(crate) mod dc;
 pub(crate) mod eth_rx;
 pub(crate) mod eth_sq;
+pub(crate) mod lso;
 pub(crate) mod mem;
 pub(crate) mod odp;
 pub mod packet;

@@ -237,10 +237,10 @@ pub(crate) struct Parsed {
 }
 
 /// Ethertypes and IP protocols the parser knows.
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const IPPROTO_TCP: u8 = 6;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 pub(crate) use super::packet::ETH_HLEN;
 
