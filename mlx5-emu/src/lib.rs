@@ -398,6 +398,7 @@ impl Inner {
         lock(&self.pci).reset_function();
         fw.power_on(&self.bar, &self.cfg);
         self.rdma.reset();
+        *lock(&self.rdma.timer) = fw.timer();
         self.rdma
             .host_endian_atomics
             .store(false, Ordering::Release);
@@ -485,6 +486,7 @@ impl Device {
             cfg.trap_control_pages.then_some(initseg::FIRST_UAR),
             transport::UmrCaps::of(&profile.caps()),
         );
+        *lock(&rdma.timer) = fw.timer();
         let inner = Arc::new(Inner {
             rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),

@@ -446,3 +446,54 @@ fn a_large_tcp_segment_leaves_cut_at_the_mss() {
     qa.destroy().unwrap();
     qb.destroy().unwrap();
 }
+
+#[test]
+fn completions_carry_the_device_clock_that_read_clock_reads() {
+    // On a clock the test holds: two frames received 1 ms of model time
+    // apart are stamped device_frequency_khz cycles apart, and the init
+    // segment's internal timer reads what the later stamp says.
+    let clock = vfio::clock::ManualClock::new();
+    let p = verbs_common::pair_on(1 << 20, &clock);
+    let khz = u64::from(p.b.ctx.hca().caps().gen().device_frequency_khz());
+    assert!(khz > 0, "the profile reports its clock");
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let spec = FlowSpec {
+        ethertype: Some(0x0800),
+        ip_protocol: Some(17),
+        udp_dport: Some(1000),
+        ..FlowSpec::default()
+    };
+    steer.create_flow(&spec, FlowAction::Queue(&qb)).unwrap();
+    let bufs: Vec<_> = (0..2u64)
+        .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())
+        .collect();
+    assert_eq!(qb.post_rx(&bufs), 2);
+    let h = headers(1, 1000, 0);
+    let pkt = TxPkt {
+        headers: &h,
+        payload: None,
+        csum: true,
+        mss: 0,
+    };
+    let mut stamps = Vec::new();
+    for _ in 0..2 {
+        assert_eq!(qa.tx_burst(&[pkt]), 1);
+        tx_done(&mut qa, &mut a_tx);
+        let r = rx_n(&mut qb, &mut b_rx, 1)[0];
+        assert_eq!(r.error, None);
+        stamps.push(r.timestamp);
+        clock.advance(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(stamps[1] - stamps[0], khz, "1 ms of device cycles");
+    // The timer is written on the firmware's beat: wait for it to show
+    // the time now (one more millisecond), then it reads exactly that.
+    let now = stamps[1] + khz;
+    tests::wait::until("the internal timer to catch up", || {
+        p.b.ctx.read_clock().unwrap() == now
+    });
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    qb.destroy().unwrap();
+}

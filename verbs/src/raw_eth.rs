@@ -139,6 +139,10 @@ pub struct RxPkt {
     pub vlan: Option<u16>,
     /// `None`: received; else the error the device reported.
     pub error: Option<WcStatus>,
+    /// When the device completed it: its free-running clock, in cycles of
+    /// `device_frequency_khz` (the CQE's timestamp; [`Context::read_clock`]
+    /// reads the same clock).
+    pub timestamp: u64,
 }
 
 /// A raw packet QP: TD, TIS, SQ, RQ and a direct TIR.
@@ -256,6 +260,26 @@ impl Context {
 }
 
 impl Context {
+    /// The device's free-running clock (the init segment's internal timer,
+    /// in cycles of `device_frequency_khz`: what completions are stamped
+    /// with; rdma-core's `ibv_query_rt_values_ex` raw clock): the high
+    /// word read again after the low one, so a carry between the two reads
+    /// is never half seen.
+    pub fn read_clock(&self) -> Result<u64> {
+        use mlx5_hw::init::{ISEG_INTERNAL_TIMER_H as H, ISEG_INTERNAL_TIMER_L as L};
+        let bar = self.ctx.hca.bar();
+        for _ in 0..4 {
+            let hi = bar.read32_be(H)?;
+            let lo = bar.read32_be(L)?;
+            if bar.read32_be(H)? == hi {
+                return Ok(u64::from(hi) << 32 | u64::from(lo));
+            }
+        }
+        Err(Error::Fault(
+            "internal timer: the high word moves under every read",
+        ))
+    }
+
     /// Whether the device strips VLAN tags on receive: `eth_net_offloads`
     /// and the Ethernet offload caps' `vlan_cap` (as mlx5_ib checks before
     /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
@@ -685,5 +709,7 @@ fn rx_pkt(e: &impl CqeFields, slot: u16) -> RxPkt {
         rss_hash: e.be32_at(cqe64::RSS_HASH_RESULT.off / 8),
         vlan: (types & CQE_VLAN_PRESENT != 0).then(|| e.be16_at(cqe64::VLAN_INFO.off / 8)),
         error: None,
+        timestamp: u64::from(e.be32_at(cqe64::TIMESTAMP_H.off / 8)) << 32
+            | u64::from(e.be32_at(cqe64::TIMESTAMP_L.off / 8)),
     }
 }

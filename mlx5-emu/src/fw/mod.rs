@@ -515,6 +515,15 @@ impl Firmware {
         s.hca_state = self.hca;
     }
 
+    /// The internal timer's base: power-on and the device frequency (the
+    /// data path stamps CQEs with the same clock, [`crate::transport::Rdma::timer`]).
+    pub(crate) fn timer(&self) -> crate::transport::DeviceTimer {
+        crate::transport::DeviceTimer {
+            epoch: self.power_on_at,
+            khz: self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ),
+        }
+    }
+
     /// The HCA clock (the internal timer): nanoseconds since power-on.
     pub(crate) fn hca_clock_ns(&self) -> u64 {
         self.clock.now().duration_since(self.power_on_at).as_nanos() as u64
@@ -556,9 +565,7 @@ impl Firmware {
         self.last_tick = beat;
         self.health_counter = (self.health_counter + 1) & health::HEALTH_COUNTER_MASK;
         wr(bar, initseg::HEALTH_COUNTER, self.health_counter);
-        let ns = self.clock.now().duration_since(self.power_on_at).as_nanos();
-        let khz = self.cap(mlx5_hw::ifc::cmd_hca_cap::DEVICE_FREQUENCY_KHZ);
-        let ticks = (ns * u128::from(khz) / 1_000_000) as u64;
+        let ticks = self.timer().ticks(self.clock.now());
         wr(bar, initseg::INTERNAL_TIMER_H, (ticks >> 32) as u32);
         wr(bar, initseg::INTERNAL_TIMER_L, ticks as u32);
     }

@@ -190,6 +190,9 @@ impl Cq {
                 e.srqn.set(c.srqn & cqe::CQE_QPN_MASK);
                 e.immediate.set(c.imm);
                 e.byte_cnt.set(c.byte_cnt);
+                let ts = rdma.ticks();
+                e.timestamp_h.set((ts >> 32) as u32);
+                e.timestamp_l.set(ts as u32);
                 e.sop_drop_qpn.set(sop_qpn);
                 if let Some(x) = c.eth {
                     e.hds_ip_ext = x.hds_ip_ext;

@@ -200,6 +200,10 @@ pub(crate) struct Rdma {
     /// retries are due on it. The poll pace (how long a UAR page stays
     /// hot) stays on real time; the sweep counts passes.
     pub clock: SharedClock,
+    /// The HCA's free-running clock (the internal timer, in device clock
+    /// cycles), as firmware set it at power-on: every CQE carries its
+    /// reading (`timestamp_h`/`timestamp_l`).
+    pub timer: Mutex<DeviceTimer>,
     pub mkeys: RwLock<Table<Mkey>>,
     pub cqs: RwLock<Table<Cq>>,
     pub qps: RwLock<Table<Qp>>,
@@ -402,7 +406,28 @@ impl UmrCaps {
     }
 }
 
+/// The HCA's free-running clock: cycles of `device_frequency_khz` since
+/// power-on (or the last function-level reset).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceTimer {
+    pub epoch: std::time::Instant,
+    pub khz: u64,
+}
+
+impl DeviceTimer {
+    /// Cycles at `now`.
+    pub(crate) fn ticks(&self, now: std::time::Instant) -> u64 {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos();
+        (ns * u128::from(self.khz) / 1_000_000) as u64
+    }
+}
+
 impl Rdma {
+    /// The internal timer now (what a CQE is stamped with).
+    pub(crate) fn ticks(&self) -> u64 {
+        lock(&self.timer).ticks(self.clock.now())
+    }
+
     /// The data path; `trapped_uar`: the UAR page whose writes all arrive
     /// through [`Rdma::trapped_write`].
     pub(crate) fn new(
@@ -415,6 +440,10 @@ impl Rdma {
         Arc::new_cyclic(|me| Self {
             me: me.clone(),
             dma,
+            timer: Mutex::new(DeviceTimer {
+                epoch: clock.now(),
+                khz: 0,
+            }),
             clock,
             mkeys: RwLock::new(Table::default()),
             cqs: RwLock::new(Table::default()),
