@@ -336,6 +336,8 @@ pub(crate) struct Inner {
     /// The command doorbell has arrived as a trapped access: the register's
     /// copy in shared memory is then stale and no doorbell can be lost.
     pub(crate) cmd_doorbell_trapped: AtomicBool,
+    /// The MEMIC operation windows of BAR0 (fw/memic_op.rs), trapped.
+    pub(crate) memic_ops: Option<(u64, u64)>,
     /// Worker passes so far (Device::worker_passes).
     passes: AtomicU64,
     stop: AtomicBool,
@@ -486,8 +488,9 @@ impl Device {
             cfg.trap_control_pages.then_some(initseg::FIRST_UAR),
             transport::UmrCaps::of(&profile.caps()),
         );
-        *lock(&rdma.timer) = fw.timer();
+        let memic_ops = fw.memic_op_windows();
         let inner = Arc::new(Inner {
+            memic_ops,
             rdma,
             pci: Mutex::new(config::ConfigSpace::new(profile)),
             fw: Mutex::new(fw),
@@ -504,7 +507,11 @@ impl Device {
             bus,
             cfg,
         });
-        lock(&inner.fw).power_on(&inner.bar, &inner.cfg);
+        {
+            let mut fw = lock(&inner.fw);
+            fw.power_on(&inner.bar, &inner.cfg);
+            *lock(&inner.rdma.timer) = fw.timer();
+        }
         let dev = Self {
             inner,
             thread: Mutex::new(None),
@@ -764,7 +771,12 @@ impl DeviceModel for Device {
 
     fn region_info(&self, index: u32) -> Option<RegionInfo> {
         (index == 0).then(|| {
-            initseg::region_info(self.inner.cfg.profile, self.inner.cfg.trap_control_pages)
+            let mut info =
+                initseg::region_info(self.inner.cfg.profile, self.inner.cfg.trap_control_pages);
+            if let Some(hole) = self.inner.memic_ops {
+                info.mmap_areas = fw::memic_op::carve(&info.mmap_areas, hole);
+            }
+            info
         })
     }
 
@@ -774,6 +786,10 @@ impl DeviceModel for Device {
 
     fn region_read(&self, index: u32, offset: u64, buf: &mut [u8]) {
         buf.fill(0xff);
+        if index == 0 && self.inner.in_memic_op_windows(offset) {
+            self.inner.memic_op_load(offset, buf);
+            return;
+        }
         if index == 0 && self.inner.bar.read(offset as usize, buf).is_err() {
             buf.fill(0xff);
         }
@@ -781,6 +797,10 @@ impl DeviceModel for Device {
 
     fn region_write(&self, index: u32, offset: u64, data: &[u8]) {
         if index != 0 {
+            return;
+        }
+        if self.inner.in_memic_op_windows(offset) {
+            self.inner.memic_op_store(offset, data);
             return;
         }
         if offset == initseg::CMD_DBELL as u64 && data.len() == 4 {

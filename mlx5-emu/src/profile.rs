@@ -416,6 +416,22 @@ impl CapPages {
             let dek = 1u64 << mlx5_hw::devx::GENERAL_OBJECT_TYPES_ENCRYPTION_KEY;
             self.set_both(GENERAL, cmd_hca_cap::GENERAL_OBJ_TYPES, dek);
             self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_DEK, crate::fw::LOG_MAX_DEK);
+            // MEMIC atomics (MODIFY_MEMIC, fw/memic_op.rs): increment and
+            // test-and-set, 1-8 byte accesses (16-byte ones are the
+            // card's too, but no trapped MMIO access is that wide).
+            let ops = (1u64 << mlx5_hw::init::MEMIC_OP_ATOMIC_INCREMENT)
+                | (1u64 << mlx5_hw::init::MEMIC_OP_ATOMIC_TEST_AND_SET);
+            self.set_both(DEV_MEM, device_mem_cap::MEMIC_OPERATIONS, ops);
+            self.set_both(
+                DEV_MEM,
+                device_mem_cap::MEMIC_ATOMIC_INCREMENT_SIZE_SUP,
+                0xf,
+            );
+            self.set_both(
+                DEV_MEM,
+                device_mem_cap::MEMIC_ATOMIC_TEST_AND_SET_SIZE_SUP,
+                0xf,
+            );
         }
     }
 }

@@ -22,6 +22,7 @@ mod dp;
 mod eth;
 mod flow;
 mod ib;
+mod memic_ops;
 mod raw_eth;
 mod sizes;
 use vfio::{DmaBuffer, Iova, IrqKind, PciFunction};

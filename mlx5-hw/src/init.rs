@@ -494,6 +494,22 @@ pub const ACCESS_REG_OP_MOD_WRITE: u16 = 0x0;
 /// ACCESS_REG op_mod: read the register (`MLX5_ACCESS_REGISTER_IN_OP_MOD_READ`).
 pub const ACCESS_REG_OP_MOD_READ: u16 = 0x1;
 
+// ---------------------------------------------------------------------------
+// MODIFY_MEMIC (device-memory operations)
+// ---------------------------------------------------------------------------
+
+/// MODIFY_MEMIC op_mod: map an operation's address (`MLX5_MODIFY_MEMIC_OP_MOD_ALLOC`).
+pub const MODIFY_MEMIC_OP_MOD_ALLOC: u16 = 0x0;
+/// MODIFY_MEMIC op_mod: unmap it (`MLX5_MODIFY_MEMIC_OP_MOD_DEALLOC`).
+pub const MODIFY_MEMIC_OP_MOD_DEALLOC: u16 = 0x1;
+/// `memic_operation_type`: atomic increment, a store adds the stored value
+/// (rdma-core's test names it `MEMIC_ATOMIC_INCREMENT`; bit 0 of
+/// `memic_operations`).
+pub const MEMIC_OP_ATOMIC_INCREMENT: u8 = 0x0;
+/// `memic_operation_type`: atomic test-and-set, a load returns the value
+/// and leaves 1 (`MEMIC_ATOMIC_TEST_AND_SET`; bit 1 of `memic_operations`).
+pub const MEMIC_OP_ATOMIC_TEST_AND_SET: u8 = 0x1;
+
 /// HOST_ENDIANNESS register byte 0 for a little-endian host (`MLX5_SET_HOST_ENDIANNESS`).
 pub const HOST_ENDIANNESS_LITTLE: u8 = 0x00;
 /// HOST_ENDIANNESS register byte 0 for a big-endian host.

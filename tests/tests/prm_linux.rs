@@ -823,6 +823,10 @@ const RDMA_CORE_FIELDS: &[(&str, &str)] = &[
     ("cmd_hca_cap", "dp_ordering_ooo_all_dc"),
     ("cmd_hca_cap", "dp_ordering_ooo_all_rc"),
     ("qpc", "data_in_order"),
+    // Named by neither header: the bytes rdma-core's test_mlx5_dm_ops.py
+    // reads for the MEMIC atomics' access sizes.
+    ("device_mem_cap", "memic_atomic_increment_size_sup"),
+    ("device_mem_cap", "memic_atomic_test_and_set_size_sup"),
 ];
 
 /// Layouts only rdma-core's `mlx5_ifc.h` declares (Linux 6.12 never builds

@@ -181,3 +181,44 @@ fn the_device_has_what_its_caps_say_and_memory_comes_back() {
         Err(Error::NotSupported(_))
     ));
 }
+
+#[test]
+fn operation_addresses_increment_and_test_and_set_the_memory() {
+    use mlx5_hw::init::{MEMIC_OP_ATOMIC_INCREMENT as INC, MEMIC_OP_ATOMIC_TEST_AND_SET as TAS};
+    let p = pair_profile(4096, Profile::ConnectX7, ALL);
+    let dm = p.b.ctx.alloc_dm(128, 0).unwrap();
+    dm.memcpy_to_dm(0, &[0; 128]).unwrap();
+    let inc = dm.map_op_addr(INC).unwrap();
+    let tas = dm.map_op_addr(TAS).unwrap();
+    assert_ne!(inc.bar_offset(), tas.bar_offset());
+    // rdma-core's test_dm_atomic_ops, then wider accesses.
+    inc.store(0, &[1]).unwrap();
+    inc.store(0, &[1]).unwrap();
+    let mut b = [0u8; 1];
+    tas.load(0, &mut b).unwrap();
+    assert_eq!(b, [2]);
+    tas.load(0, &mut b).unwrap();
+    assert_eq!(b, [1]);
+    inc.store(8, &5u64.to_be_bytes()).unwrap();
+    inc.store(8, &6u64.to_be_bytes()).unwrap();
+    assert_eq!(dm_read(&dm, 8, 8), 11u64.to_be_bytes());
+    // Refused before the device sees them: past the memory, sizes the
+    // caps do not offer, unaligned.
+    assert!(matches!(inc.store(128, &[1]), Err(Error::Fault(_))));
+    assert!(matches!(inc.store(124, &[0; 8]), Err(Error::Fault(_))));
+    assert!(matches!(inc.store(0, &[0; 3]), Err(Error::Invalid(_))));
+    assert!(matches!(inc.store(0, &[0; 16]), Err(Error::Invalid(_))));
+    assert!(matches!(inc.store(2, &[0; 4]), Err(Error::Invalid(_))));
+    assert_eq!(dm_read(&dm, 0, 8), [1, 0, 0, 0, 0, 0, 0, 0]);
+    // Not offered: a type past the caps' bits, and any on ConnectX-5.
+    assert!(matches!(dm.map_op_addr(2), Err(Error::NotSupported(_))));
+    assert!(matches!(dm.map_op_addr(40), Err(Error::NotSupported(_))));
+    let cx5 = pair_profile(4096, Profile::ConnectX5, ALL);
+    let dm5 = cx5.a.ctx.alloc_dm(64, 0).unwrap();
+    assert!(matches!(dm5.map_op_addr(INC), Err(Error::NotSupported(_))));
+    // The memory stays while an operation address holds it.
+    let Err(Error::Busy(_)) = dm.free() else {
+        panic!("freed under its operation address")
+    };
+    drop((inc, tas));
+}

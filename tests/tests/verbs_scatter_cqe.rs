@@ -185,3 +185,65 @@ fn bad_create_flags_and_cqe_sizes_are_refused() {
         );
     }
 }
+
+#[test]
+fn srq_receives_scatter_too_and_are_copied_into_the_srq_wqe() {
+    let mut p = pair_profile(1 << 16, Profile::ConnectX5, ALL);
+    p.b.cq = p.b.ctx.create_cq_sized(256, None, None, 64).unwrap();
+    let srq = p.b.pd.create_srq(16, 2).unwrap();
+    let mut qa = create_qp(&p.a, QpType::Rc, cap(16));
+    let attr = QpInitAttr {
+        send_cq: &p.b.cq,
+        recv_cq: &p.b.cq,
+        srq: Some(&srq),
+        cap: cap(16),
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    };
+    let mut qb = p.b.pd.create_qp_dv(&attr, 0).unwrap();
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    connect(&mut qa, &p.a.ctx, &p.b.ctx, nb);
+    connect(&mut qb, &p.b.ctx, &p.a.ctx, na);
+    for (i, len) in [20usize, 32, 33, 32].into_iter().enumerate() {
+        p.b.buf.write(0, &[0xee; 4096]).unwrap();
+        // Two segments: 16 bytes at 100, the rest at 1000.
+        let sges = [p.b.mr.sge(100, 16).unwrap(), p.b.mr.sge(1000, 256).unwrap()];
+        srq.post_recv(&[RecvWr {
+            wr_id: 90 + i as u64,
+            sg_list: &sges,
+        }])
+        .unwrap();
+        let data = fill(&p.a.buf, 0, len, len as u8 + 1);
+        let sge = p.a.mr.sge(0, len as u32).unwrap();
+        qa.post_send(&[SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[sge]),
+            flags: sf::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+        assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+        if i == 3 {
+            // In place: from the CQE, the SRQ's buffer untouched.
+            let (wc, d) = poll_inline_one(&mut p.b.cq);
+            assert_eq!(
+                (wc.wr_id, wc.status, usize::from(d.len)),
+                (93, WcStatus::Success, len)
+            );
+            assert_eq!(&d.data[..len], &data[..]);
+            assert_eq!(read(&p.b.buf, 100, 16), vec![0xee; 16]);
+            continue;
+        }
+        // The copying poll (33 bytes never came in the CQE).
+        let wc = poll_n(&mut p.b.cq, 1)[0];
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (90 + i as u64, WcStatus::Success, len as u32),
+            "{len}"
+        );
+        assert_eq!(read(&p.b.buf, 100, 16), data[..16], "{len}");
+        assert_eq!(read(&p.b.buf, 1000, len - 16), data[16..], "{len}");
+        assert_eq!(read(&p.b.buf, 1000 + len - 16, 1), vec![0xee], "{len}");
+    }
+}

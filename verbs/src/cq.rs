@@ -583,12 +583,7 @@ fn scattered_recv<const COPY: bool>(
     if COPY {
         let mut data = [0u8; 64];
         let n = e.inline_data(&mut data).unwrap_or(0);
-        status = match t.recv_view.get() {
-            Some(v) => v.copy_to_wqe(wqe_counter, &data[..n]),
-            // A QP that did not ask for it (or an SRQ's): nowhere to put
-            // the bytes.
-            None => WcStatus::GeneralErr,
-        };
+        status = t.copy_scattered(wqe_counter, &data[..n]);
     }
     let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
     let inv = opc == CqeOpcode::RespSendInv.to_raw();

@@ -22,14 +22,28 @@
 //!   `MLX5_IB_DM_MEMIC_ALLOWED_ACCESS`, an mkey of access mode MEMIC whose
 //!   `start_addr` is the memory's BAR0 offset plus the offset asked for,
 //!   zero-based (work requests address it from 0), the range inside the
-//!   allocation as ib_core's `UVERBS_METHOD_REG_DM_MR` checks it.
+//!   allocation as ib_core's `UVERBS_METHOD_REG_DM_MR` checks it;
+//! - operation addresses as mlx5_ib's `MLX5_IB_METHOD_DM_MAP_OP_ADDR`
+//!   (`mlx5dv_dm_map_op_addr`): refused (NotSupported, Linux's
+//!   EOPNOTSUPP) unless `memic_operations` offers the type, MODIFY_MEMIC
+//!   op_mod ALLOC for the address, op_mod DEALLOC when the [`DmOp`] goes.
+//!   Loads and stores at the address are side effects, not memory: they
+//!   go through the function's region access (vfio-pci's pread/pwrite of
+//!   the BAR, vfio-user REGION_READ/WRITE, the model's trapped access),
+//!   one access each, as wide as asked (1, 2, 4 or 8 bytes where the caps'
+//!   size bits allow), aligned to its width and inside the allocation.
 
 use std::sync::Arc;
 
 use mlx5_hw::ifc::{alloc_memic_in, alloc_memic_out, dealloc_memic_in, dealloc_memic_out};
 use mlx5_hw::ifc::{create_mkey_in, create_mkey_out, destroy_mkey_in, destroy_mkey_out};
+use mlx5_hw::ifc::{modify_memic_in, modify_memic_out, ModifyMemicIn, ModifyMemicOut};
 use mlx5_hw::ifc::{AllocMemicIn, AllocMemicOut, CreateMkeyIn, CreateMkeyOut};
 use mlx5_hw::ifc::{DeallocMemicIn, DestroyMkeyIn};
+use mlx5_hw::init::{
+    MEMIC_OP_ATOMIC_INCREMENT, MEMIC_OP_ATOMIC_TEST_AND_SET, MODIFY_MEMIC_OP_MOD_ALLOC,
+    MODIFY_MEMIC_OP_MOD_DEALLOC,
+};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 use mlx5_hw::wqe::MKC_ACCESS_MODE_MEMIC;
@@ -189,7 +203,8 @@ impl Dm {
         Ok(())
     }
 
-    /// `ibv_free_dm`: refused (`Busy`) while MRs over it exist.
+    /// `ibv_free_dm`: refused (`Busy`) while MRs or operation addresses
+    /// ([`DmOp`]) over it exist.
     pub fn free(self) -> Result<()> {
         match Arc::try_unwrap(self.inner) {
             Ok(i) => {
@@ -198,8 +213,104 @@ impl Dm {
             }
             Err(inner) => {
                 std::mem::forget(Dm { inner });
-                Err(Error::Busy("MRs over the device memory exist"))
+                Err(Error::Busy(
+                    "MRs or operation addresses over the device memory exist",
+                ))
             }
+        }
+    }
+}
+
+impl Dm {
+    /// `mlx5dv_dm_map_op_addr`: the address where loads and stores perform
+    /// operation `op` (`MEMIC_OP_*`) on this memory.
+    pub fn map_op_addr(&self, op: u8) -> Result<DmOp> {
+        let c = &self.inner.ctx;
+        let caps = c.hca.caps();
+        let offered = caps.device_mem().map_or(0, |d| d.memic_operations());
+        if op >= 32 || offered >> op & 1 == 0 {
+            return Err(Error::NotSupported("device memory operation"));
+        }
+        let out = modify_memic(&self.inner, MODIFY_MEMIC_OP_MOD_ALLOC, op)?;
+        Ok(DmOp {
+            dm: self.inner.clone(),
+            op,
+            addr: ModifyMemicOut::new_unchecked(&out[..]).memic_operation_addr(),
+        })
+    }
+}
+
+fn modify_memic(dm: &DmInner, op_mod: u16, op: u8) -> Result<Vec<u8>> {
+    let mut inb = [0u8; modify_memic_in::SIZE_BYTES];
+    ModifyMemicIn::new_unchecked(&mut inb[..])
+        .set_opcode(Opcode::ModifyMemic.to_raw())
+        .set_op_mod(op_mod)
+        .set_memic_operation_type(op)
+        .set_memic_start_addr(dm.start);
+    dm.ctx.hca.cmd().exec(&inb, modify_memic_out::SIZE_BYTES)
+}
+
+/// An operation address of device memory ([`Dm::map_op_addr`]); unmapped
+/// (MODIFY_MEMIC DEALLOC) when dropped. Holds the memory.
+#[derive(Debug)]
+pub struct DmOp {
+    dm: Arc<DmInner>,
+    op: u8,
+    addr: u64,
+}
+
+impl DmOp {
+    /// The operation's BAR0 offset (for the memory's byte 0).
+    pub fn bar_offset(&self) -> u64 {
+        self.addr
+    }
+
+    /// Checks one access of `len` bytes at `offset`; its BAR0 offset.
+    fn at(&self, offset: u64, len: usize) -> Result<u64> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|e| e > self.dm.len)
+        {
+            return Err(Error::Fault("past the device memory"));
+        }
+        let caps = self.dm.ctx.hca.caps();
+        let sizes = caps.device_mem().map_or(0, |d| match self.op {
+            MEMIC_OP_ATOMIC_INCREMENT => d.memic_atomic_increment_size_sup(),
+            MEMIC_OP_ATOMIC_TEST_AND_SET => d.memic_atomic_test_and_set_size_sup(),
+            _ => 0xf,
+        });
+        if !len.is_power_of_two() || len > 8 || sizes >> len.trailing_zeros() & 1 == 0 {
+            return Err(Error::Invalid("device memory operation access size"));
+        }
+        if offset % len as u64 != 0 {
+            return Err(Error::Invalid("device memory operation access not aligned"));
+        }
+        Ok(self.addr + offset)
+    }
+
+    /// One store of `data` (1, 2, 4 or 8 bytes) at `offset` of the memory:
+    /// the operation's store (atomic increment: adds `data`).
+    pub fn store(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.at(offset, data.len())?;
+        Ok(self.dm.ctx.hca.function().region_write(0, at, data)?)
+    }
+
+    /// One load of `out.len()` bytes at `offset` of the memory: the
+    /// operation's load (test-and-set: the old bytes, 1 left there).
+    pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let at = self.at(offset, out.len())?;
+        Ok(self.dm.ctx.hca.function().region_read(0, at, out)?)
+    }
+}
+
+impl Drop for DmOp {
+    fn drop(&mut self) {
+        if let Err(e) = modify_memic(&self.dm, MODIFY_MEMIC_OP_MOD_DEALLOC, self.op) {
+            tracing::warn!(
+                "MODIFY_MEMIC unmap of op {} at {:#x}: {e}",
+                self.op,
+                self.dm.start
+            );
         }
     }
 }

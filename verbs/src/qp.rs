@@ -616,7 +616,6 @@ impl Qp {
             st,
             scqe_bytes: a.send_cq.shared.cqe_bytes,
             rcqe_bytes: a.recv_cq.shared.cqe_bytes,
-            srq: a.srq.is_some(),
             sq_sig_all: a.sq_sig_all,
             flags,
         });

@@ -7,14 +7,16 @@
 //!   (`MLX5_QP_FLAG_SCATTER_CQE`, which libmlx5 sets unless
 //!   `MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE` or `MLX5_SCATTER_TO_CQE=0`),
 //!   `RES_SCAT_DATA64_CQE` when the receive CQ has 128-byte CQEs, else
-//!   `RES_SCAT_DATA32_CQE`; SRQ QPs here do not (left);
+//!   `RES_SCAT_DATA32_CQE`, with or without an SRQ (Linux sets it for
+//!   both; libmlx5's `mlx5_copy_to_recv_srq` copies into the SRQ's WQE);
 //! - where the bytes are (rdma-core `providers/mlx5/cq.c`,
 //!   `handle_responder`): CQE format 1 (`MLX5_INLINE_SCATTER_32`) in the
 //!   first 32 bytes of the 64-byte CQE, format 2 (`MLX5_INLINE_SCATTER_64`)
 //!   in the 64 bytes before it, the first half of a 128-byte entry;
 //! - the copy (`mlx5_copy_to_recv_wqe`): into the receive WQE's data
 //!   segments in order, read back from the ring, up to a segment with
-//!   `MLX5_INVALID_LKEY`; more bytes than the segments hold is
+//!   `MLX5_INVALID_LKEY` (for an SRQ, the data segments after the WQE's
+//!   next segment); more bytes than the segments hold is
 //!   `IBV_WC_LOC_LEN_ERR`. [`crate::cq::Cq::poll_inline`] hands the bytes
 //!   out in place instead and leaves the receive buffer alone.
 //!
@@ -61,7 +63,6 @@ pub(crate) struct CsAsk {
     /// Bytes per CQE of the send CQ and of the receive CQ.
     pub(crate) scqe_bytes: usize,
     pub(crate) rcqe_bytes: usize,
-    pub(crate) srq: bool,
     pub(crate) sq_sig_all: bool,
     /// `mlx5dv_qp_create_flags` ([`dv_flags`]).
     pub(crate) flags: u32,
@@ -86,10 +87,9 @@ pub(crate) fn qpc_cs(a: CsAsk) -> (u8, u8) {
         (QpType::Rc, true) => REQ_SCAT_DATA32_CQE,
         _ => 0,
     };
-    let res = match (a.srq, a.rcqe_bytes) {
-        (true, _) => 0,
-        (false, 128) => RES_SCAT_DATA64_CQE,
-        (false, _) => RES_SCAT_DATA32_CQE,
+    let res = match a.rcqe_bytes {
+        128 => RES_SCAT_DATA64_CQE,
+        _ => RES_SCAT_DATA32_CQE,
     };
     (req, res)
 }
@@ -198,7 +198,7 @@ impl RecvView {
 /// up to a segment with `MLX5_INVALID_LKEY`: success, or
 /// `IBV_WC_LOC_LEN_ERR` when the segments hold less (libmlx5's
 /// `copy_to_scat`).
-fn copy_to_segments(
+pub(crate) fn copy_to_segments(
     segs: &DmaRing<DATA_SIZE>,
     first: u32,
     range: std::ops::Range<u32>,

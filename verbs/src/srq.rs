@@ -68,6 +68,20 @@ impl SrqShared {
         id
     }
 
+    /// Copies bytes that came in a CQE (scatter to CQE) into the data
+    /// segments of WQE `idx`, as libmlx5's `mlx5_copy_to_recv_srq`:
+    /// success, or `IBV_WC_LOC_LEN_ERR` when they hold less.
+    pub(crate) fn copy_to_wqe(&self, idx: u16, data: &[u8]) -> crate::cq::WcStatus {
+        let n = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wrid
+            .len() as u32;
+        let first = (u32::from(idx) & (n - 1)) << self.log_segs;
+        crate::scatter_cqe::copy_to_segments(&self.segs, first, 1..1 << self.log_segs, data)
+    }
+
     fn post(&self, wr: &RecvWr<'_>) -> std::result::Result<(), PostError> {
         if wr.sg_list.len() > self.max_sge {
             return Err(PostError::TooLarge);

@@ -119,6 +119,17 @@ impl WqTrack {
         self.sq[i].wc_op.load(Ordering::Relaxed)
     }
 
+    /// Copies received bytes that came in a CQE into receive WQE
+    /// `wqe_counter` (the QP's RQ, or its SRQ's), before it completes.
+    pub(crate) fn copy_scattered(&self, wqe_counter: u16, data: &[u8]) -> crate::cq::WcStatus {
+        match (self.recv_view.get(), &self.srq) {
+            (Some(v), _) => v.copy_to_wqe(wqe_counter, data),
+            (None, Some(s)) => s.copy_to_wqe(wqe_counter, data),
+            // A QP that did not ask for it: nowhere to put the bytes.
+            (None, None) => crate::cq::WcStatus::GeneralErr,
+        }
+    }
+
     /// A receive completion: its wr_id (in order, or by SRQ index).
     #[inline(always)]
     pub fn rq_complete(&self, wqe_counter: u16) -> u64 {

@@ -11,7 +11,7 @@
 //! the MEMIC access mode reach it through the same DMA engine as host
 //! memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mlx5_hw::ifc::{
     alloc_memic_in, alloc_memic_out, dealloc_memic_in, dealloc_memic_out, device_mem_cap,
@@ -26,11 +26,26 @@ use crate::Inner;
 /// IOVAs a driver maps).
 pub(crate) const DEVMEM_IOVA: u64 = 1 << 56;
 
-/// The live allocations: BAR0 offset -> size.
-pub(crate) type Memic = BTreeMap<u64, u64>;
+/// Device memory state.
+#[derive(Debug, Default)]
+pub(crate) struct Memic {
+    /// The live allocations: BAR0 offset -> size.
+    pub(crate) allocs: BTreeMap<u64, u64>,
+    /// The operation addresses mapped by MODIFY_MEMIC (fw/memic_op.rs):
+    /// (allocation's BAR0 offset, `memic_operation_type`).
+    pub(crate) ops: BTreeSet<(u64, u8)>,
+}
+
+impl Memic {
+    /// Forgets every allocation and mapping (teardown, FLR).
+    pub(crate) fn clear(&mut self) {
+        self.allocs.clear();
+        self.ops.clear();
+    }
+}
 
 impl Firmware {
-    fn dm_cap(&self, f: mlx5_hw::bits::BitField) -> u64 {
+    pub(super) fn dm_cap(&self, f: mlx5_hw::bits::BitField) -> u64 {
         self.caps.get(cap_type::DEV_MEM, f)
     }
 
@@ -56,6 +71,7 @@ impl Firmware {
     /// Whether `[start, start + len)` lies inside one live allocation.
     pub(crate) fn memic_covers(&self, start: u64, len: u64) -> bool {
         self.memic
+            .allocs
             .range(..=start)
             .next_back()
             .is_some_and(|(&s, &n)| start.checked_add(len).is_some_and(|e| e <= s + n))
@@ -89,7 +105,7 @@ impl Firmware {
         if r_start < win || r_end.is_none_or(|e| e > win + win_len) {
             return Err(fail(CmdStatus::BadParameter, synd::MEMIC_BAD_RANGE));
         }
-        let used: u64 = self.memic.values().sum();
+        let used: u64 = self.memic.allocs.values().sum();
         if used + size > self.dm_cap(device_mem_cap::MAX_MEMIC_SIZE) {
             return Err(fail(CmdStatus::NoResources, synd::MEMIC_EXHAUSTED));
         }
@@ -97,7 +113,7 @@ impl Firmware {
         let end = r_start + r_len;
         let mut at = r_start.next_multiple_of(align);
         // Lowest aligned spot of the range that overlaps no allocation.
-        for (&s, &n) in &self.memic {
+        for (&s, &n) in &self.memic.allocs {
             if at + size <= s || at >= end {
                 break;
             }
@@ -109,7 +125,7 @@ impl Firmware {
             return Err(fail(CmdStatus::NoResources, synd::MEMIC_EXHAUSTED));
         }
         let _ = inner.bar.fill(at as usize, size as usize, 0);
-        self.memic.insert(at, size);
+        self.memic.allocs.insert(at, size);
         tracing::debug!(start = format_args!("{at:#x}"), size, "ALLOC_MEMIC");
         let mut out = vec![0u8; alloc_memic_out::SIZE_BYTES];
         alloc_memic_out::MEMIC_START_ADDR.set(&mut out, at);
@@ -133,10 +149,12 @@ impl Firmware {
         }
         let start = dealloc_memic_in::MEMIC_START_ADDR.get(input);
         let size = dealloc_memic_in::MEMIC_SIZE.get(input);
-        if self.memic.get(&start) != Some(&size) {
+        if self.memic.allocs.get(&start) != Some(&size) {
             return Err(fail(CmdStatus::BadParameter, synd::MEMIC_UNKNOWN));
         }
-        self.memic.remove(&start);
+        self.memic.allocs.remove(&start);
+        // Operation addresses go with their memory (Linux unmaps them first).
+        self.memic.ops.retain(|&(s, _)| s != start);
         Ok(vec![0u8; dealloc_memic_out::SIZE_BYTES])
     }
 }
@@ -149,7 +167,7 @@ mod tests {
     #[test]
     fn a_memic_key_fits_one_allocation_or_reaches_nothing() {
         let mut fw = Firmware::new(&DeviceConfig::for_profile(Profile::ConnectX7));
-        fw.memic.insert(0x3fc_0000, 64);
+        fw.memic.allocs.insert(0x3fc_0000, 64);
         assert!(fw.memic_key_fits(0x3fc_0000, 64));
         assert!(fw.memic_key_fits(0x3fc_0010, 0));
         assert!(fw.memic_key_fits(0x1000, 0));

@@ -19,6 +19,7 @@ mod issi;
 mod l2;
 mod mad;
 pub(crate) mod memic;
+pub(crate) mod memic_op;
 mod mkey;
 mod odp;
 mod pages;
@@ -209,6 +210,9 @@ pub(crate) mod synd {
     pub const MEMIC_BAD_RANGE: u32 = 0x5e00_0003;
     pub const MEMIC_EXHAUSTED: u32 = 0x5e00_0004;
     pub const MEMIC_UNKNOWN: u32 = 0x5e00_0005;
+    pub const MEMIC_BAD_OP_MOD: u32 = 0x5e00_0006;
+    pub const MEMIC_BAD_OPERATION: u32 = 0x5e00_0007;
+    pub const MEMIC_OP_NOT_MAPPED: u32 = 0x5e00_0008;
     pub const CQ_BAD_SIZE: u32 = 0x0c90_0001;
     pub const CQ_BAD_CQE_SIZE: u32 = 0x0c90_0002;
     pub const CQ_BAD_UAR: u32 = 0x0c90_0003;
@@ -743,6 +747,7 @@ impl Firmware {
             O::AllocUar => self.alloc_uar(inner, input, outlen),
             O::AllocMemic => self.alloc_memic(inner, input, outlen),
             O::DeallocMemic => self.dealloc_memic(inner, input, outlen),
+            O::ModifyMemic => self.modify_memic(inner, input, outlen),
             O::DeallocUar => self.dealloc_uar(inner, input, outlen),
             O::CreateEq => self.create_eq_odp(inner, input, outlen),
             O::DestroyEq => self.destroy_eq_odp(inner, input, outlen),
@@ -982,6 +987,7 @@ impl Firmware {
                     | O::DeallocUar
                     | O::AllocMemic
                     | O::DeallocMemic
+                    | O::ModifyMemic
                     | O::CreateEq
                     | O::DestroyEq
                     | O::QueryEq

@@ -81,10 +81,12 @@ impl UarSet {
 }
 
 impl Firmware {
-    /// UAR pages end where the MEMIC window starts (BAR0's top).
+    /// UAR pages end where the MEMIC operation windows (fw/memic_op.rs)
+    /// or the MEMIC window start (BAR0's top).
     fn uar_limit(&self) -> u32 {
         let end = self
-            .memic_window()
+            .memic_op_windows()
+            .or(self.memic_window())
             .map_or(self.profile.bar0_size(), |(start, _)| start);
         (end.min(self.profile.bar0_size()) >> 12) as u32
     }

@@ -5251,8 +5251,12 @@ pub mod device_mem_cap {
     pub const SIZE_BYTES: usize = 0x100;
     /// Place of `memic`: bit 0x0, 0x1 bits.
     pub const MEMIC: BitField = BitField::new(0x0, 0x1);
+    /// Place of `memic_atomic_increment_size_sup`: bit 0x20, 0x8 bits.
+    pub const MEMIC_ATOMIC_INCREMENT_SIZE_SUP: BitField = BitField::new(0x20, 0x8);
     /// Place of `log_min_memic_alloc_size`: bit 0x2b, 0x5 bits.
     pub const LOG_MIN_MEMIC_ALLOC_SIZE: BitField = BitField::new(0x2b, 0x5);
+    /// Place of `memic_atomic_test_and_set_size_sup`: bit 0x30, 0x8 bits.
+    pub const MEMIC_ATOMIC_TEST_AND_SET_SIZE_SUP: BitField = BitField::new(0x30, 0x8);
     /// Place of `log_max_memic_addr_alignment`: bit 0x38, 0x8 bits.
     pub const LOG_MAX_MEMIC_ADDR_ALIGNMENT: BitField = BitField::new(0x38, 0x8);
     /// Place of `memic_bar_start_addr`: bit 0x40, 0x40 bits.
@@ -5290,9 +5294,10 @@ pub mod device_mem_cap {
         fields: &[
             FieldInfo { name: "memic", bit_off: 0x0, width: 0x1, ty: FieldType::Bits },
             FieldInfo { name: "reserved_at_1", bit_off: 0x1, width: 0x1f, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0xb, ty: FieldType::Bits },
+            FieldInfo { name: "memic_atomic_increment_size_sup", bit_off: 0x20, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_28", bit_off: 0x28, width: 0x3, ty: FieldType::Bits },
             FieldInfo { name: "log_min_memic_alloc_size", bit_off: 0x2b, width: 0x5, ty: FieldType::Bits },
-            FieldInfo { name: "reserved_at_30", bit_off: 0x30, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "memic_atomic_test_and_set_size_sup", bit_off: 0x30, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "log_max_memic_addr_alignment", bit_off: 0x38, width: 0x8, ty: FieldType::Bits },
             FieldInfo { name: "memic_bar_start_addr", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
             FieldInfo { name: "memic_bar_size", bit_off: 0x80, width: 0x20, ty: FieldType::Bits },
@@ -5347,9 +5352,17 @@ impl<T: AsRef<[u8]>> DeviceMemCap<T> {
     pub fn memic(&self) -> bool {
         get_bits(self.buf.as_ref(), 0x0, 1) != 0
     }
+    /// `memic_atomic_increment_size_sup`: 8 bits at bit 0x20.
+    pub fn memic_atomic_increment_size_sup(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x20, 8) as u8
+    }
     /// `log_min_memic_alloc_size`: 5 bits at bit 0x2b.
     pub fn log_min_memic_alloc_size(&self) -> u8 {
         get_bits(self.buf.as_ref(), 0x2b, 5) as u8
+    }
+    /// `memic_atomic_test_and_set_size_sup`: 8 bits at bit 0x30.
+    pub fn memic_atomic_test_and_set_size_sup(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x30, 8) as u8
     }
     /// `log_max_memic_addr_alignment`: 8 bits at bit 0x38.
     pub fn log_max_memic_addr_alignment(&self) -> u8 {
@@ -5419,9 +5432,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DeviceMemCap<T> {
         set_bits(self.buf.as_mut(), 0x0, 1, u64::from(value));
         self
     }
+    /// Sets `memic_atomic_increment_size_sup` (8 bits at bit 0x20).
+    pub fn set_memic_atomic_increment_size_sup(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 8, u64::from(value));
+        self
+    }
     /// Sets `log_min_memic_alloc_size` (5 bits at bit 0x2b).
     pub fn set_log_min_memic_alloc_size(&mut self, value: u8) -> &mut Self {
         set_bits(self.buf.as_mut(), 0x2b, 5, u64::from(value));
+        self
+    }
+    /// Sets `memic_atomic_test_and_set_size_sup` (8 bits at bit 0x30).
+    pub fn set_memic_atomic_test_and_set_size_sup(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 8, u64::from(value));
         self
     }
     /// Sets `log_max_memic_addr_alignment` (8 bits at bit 0x38).

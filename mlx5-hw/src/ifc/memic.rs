@@ -423,3 +423,220 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DeallocMemicOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`ModifyMemicIn`] (`struct mlx5_ifc_modify_memic_in_bits`).
+pub mod modify_memic_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x200;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x40;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `memic_operation_type`: bit 0x78, 0x8 bits.
+    pub const MEMIC_OPERATION_TYPE: BitField = BitField::new(0x78, 0x8);
+    /// Place of `memic_start_addr`: bit 0x80, 0x40 bits.
+    pub const MEMIC_START_ADDR: BitField = BitField::new(0x80, 0x40);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "modify_memic_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x200,
+        doc: "MODIFY_MEMIC input: maps (op_mod `MODIFY_MEMIC_OP_MOD_ALLOC`) or unmaps",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "memic_operation_type", bit_off: 0x78, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "memic_start_addr", bit_off: 0x80, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x140, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// MODIFY_MEMIC input: maps (op_mod `MODIFY_MEMIC_OP_MOD_ALLOC`) or unmaps
+/// (`MODIFY_MEMIC_OP_MOD_DEALLOC`) the address of one MEMIC operation
+/// (`memic_operation_type`, a bit of the device-memory caps'
+/// `memic_operations`) over the allocation at `memic_start_addr`.
+///
+/// A view of `struct mlx5_ifc_modify_memic_in_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyMemicIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ModifyMemicIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("modify_memic_in", modify_memic_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `memic_operation_type`: 8 bits at bit 0x78.
+    pub fn memic_operation_type(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x78, 8) as u8
+    }
+    /// `memic_start_addr`: 64 bits at bit 0x80.
+    pub fn memic_start_addr(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x80, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ModifyMemicIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `memic_operation_type` (8 bits at bit 0x78).
+    pub fn set_memic_operation_type(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x78, 8, u64::from(value));
+        self
+    }
+    /// Sets `memic_start_addr` (64 bits at bit 0x80).
+    pub fn set_memic_start_addr(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 64, value);
+        self
+    }
+}
+
+/// Constants and registry entry of [`ModifyMemicOut`] (`struct mlx5_ifc_modify_memic_out_bits`).
+pub mod modify_memic_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x200;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x40;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `memic_operation_addr`: bit 0x80, 0x40 bits.
+    pub const MEMIC_OPERATION_ADDR: BitField = BitField::new(0x80, 0x40);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "modify_memic_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x200,
+        doc: "MODIFY_MEMIC output: the BAR0 offset where a load or store performs",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "memic_operation_addr", bit_off: 0x80, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x140, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// MODIFY_MEMIC output: the BAR0 offset where a load or store performs
+/// the operation on the allocation's bytes.
+///
+/// A view of `struct mlx5_ifc_modify_memic_out_bits` (512 bits, 64 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyMemicOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ModifyMemicOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (64 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("modify_memic_out", modify_memic_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `memic_operation_addr`: 64 bits at bit 0x80.
+    pub fn memic_operation_addr(&self) -> u64 {
+        get_bits(self.buf.as_ref(), 0x80, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ModifyMemicOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// Sets `memic_operation_addr` (64 bits at bit 0x80).
+    pub fn set_memic_operation_addr(&mut self, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 64, value);
+        self
+    }
+}

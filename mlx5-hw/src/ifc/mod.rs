@@ -308,6 +308,8 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &modify_field_select_resize_field_select_auto::INFO,
     &modify_flow_table_in::INFO,
     &modify_flow_table_out::INFO,
+    &modify_memic_in::INFO,
+    &modify_memic_out::INFO,
     &modify_nic_vport_context_in::INFO,
     &modify_nic_vport_context_out::INFO,
     &modify_nic_vport_field_select::INFO,
