@@ -374,6 +374,12 @@ impl CapPages {
                 .set(m, u64::from(mlx5_hw::init::ATOMIC_REQ_MODE_HOST_ENDIANNESS));
         }
         self.raise_odp();
+        // Memory windows (`imaicl`; mlx5_ib offers alloc_mw, type 1 and
+        // 2B, only on it): 14.12 of the trace reports 0; ConnectX-5 and
+        // later firmware report it (`ibv_devinfo -v` under upstream
+        // mlx5_ib lists MEM_WINDOW and MEM_WINDOW_TYPE_2B on 16.x and
+        // 20.x).
+        self.set_both(GENERAL, cmd_hca_cap::IMAICL, 1);
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the
@@ -523,6 +529,20 @@ mod tests {
                 .get(cap_type::GENERAL, cmd_hca_cap::DCT),
             0
         );
+    }
+
+    #[test]
+    fn memory_windows_from_connectx5_on() {
+        // The trace's 14.12 reports imaicl 0 (max and current); mlx5_ib
+        // then offers no alloc_mw. Later firmware reports it.
+        for p in Profile::ALL {
+            let c = p.caps();
+            let want = u64::from(p != Profile::ConnectX4Lx);
+            for page in [&c.cur, &c.max] {
+                let g = &page[&cap_type::GENERAL];
+                assert_eq!(cmd_hca_cap::IMAICL.get(g), want, "{p:?}");
+            }
+        }
     }
 
     #[test]

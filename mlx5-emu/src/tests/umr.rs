@@ -337,3 +337,6 @@ mod linux_guest;
 
 #[path = "umr_layouts.rs"]
 mod umr_layouts;
+
+#[path = "umr_libmlx5.rs"]
+mod umr_libmlx5;

@@ -54,8 +54,10 @@ pub(crate) mod vendor {
     pub const UMR_BAD_FIELD: u8 = 0x76;
     /// The translation pointer's key refused the read.
     pub const UMR_XLT_KEY: u8 = 0x77;
-    /// `CHECK_QPN`: the key is not bound to the posting QP (a type-1
-    /// window, or a type-2 window of another QP).
+    /// `CHECK_QPN`: the key is bound to another QP than the posting one
+    /// (a type-2 window bound elsewhere). A key bound to no QP (`qpn`
+    /// 0xffffff: a free window, a type-1 window, an mlx5dv indirect key)
+    /// passes: libmlx5's LOCAL_INV is this UMR, on mlx5dv keys too.
     pub const UMR_QPN_CHECK: u8 = 0x78;
     /// Bind: an entry names no usable region (unknown key, key byte,
     /// free).
@@ -138,7 +140,7 @@ pub(crate) fn execute(
         }
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_FREE_CHECK));
     }
-    if flags & UMR_CHECK_QPN != 0 && old.qpn != qp.qpn {
+    if flags & UMR_CHECK_QPN != 0 && !old.usable_by(qp.qpn) {
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_QPN_CHECK));
     }
     if qp.st != qp::st::REG_UMR && old.pd != qp.pd {
