@@ -243,15 +243,12 @@ impl EthRq {
     }
 }
 
-/// Bytes of the two MAC addresses; of an 802.1Q tag.
-const ETH_ALEN2: usize = 12;
-const VLAN_HLEN: usize = 4;
-
 /// `frame` without its 802.1Q tag (the 4 bytes after the MAC addresses).
 fn strip_vlan(frame: &[u8]) -> Vec<u8> {
+    use super::packet::{ETH_ADDRS_LEN, VLAN_HLEN};
     let mut f = Vec::with_capacity(frame.len().saturating_sub(VLAN_HLEN));
-    f.extend_from_slice(&frame[..ETH_ALEN2]);
-    f.extend_from_slice(frame.get(ETH_ALEN2 + VLAN_HLEN..).unwrap_or_default());
+    f.extend_from_slice(&frame[..ETH_ADDRS_LEN]);
+    f.extend_from_slice(frame.get(ETH_ADDRS_LEN + VLAN_HLEN..).unwrap_or_default());
     f
 }
 

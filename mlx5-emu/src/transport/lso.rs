@@ -11,13 +11,8 @@
 //! of 0, or a frame whose headers do not parse is refused: the WQE
 //! completes with a length error.
 
+use super::packet::{IPV6_HLEN, TCP_HLEN, VLAN_HLEN};
 use super::steer::{ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP};
-
-/// Bytes of an 802.1Q tag; of an IPv6 header; of a TCP header without
-/// options.
-const VLAN_HLEN: usize = 4;
-const IPV6_HLEN: usize = 40;
-const TCP_HLEN: usize = 20;
 /// TCP flags cleared on all but the last frame (FIN, PSH) and on all but
 /// the first (CWR).
 const TCP_FIN: u8 = 0x01;
