@@ -704,9 +704,9 @@ fn hand_over(d: &Drv, slot: u8, input: &[u8; 16], token: u8) {
 
 /// Writes a command entry as a driver must: every field, then `status_own`
 /// alone with release ordering. One copy of all 64 bytes may store a byte
-/// twice (glibc's memcpy of 64 bytes with 64-byte vectors stores the whole
-/// entry twice): the model's lost-doorbell scan can run the command between
-/// the two stores, and the second store hands it to hardware again.
+/// twice (glibc's vector memcpy of exactly 64 bytes can, as seen here): the
+/// model's lost-doorbell scan can run the command between the two stores,
+/// and the second store hands it to hardware again.
 fn write_entry(cmdq: &DmaBuffer, at: usize, e: &[u8; 64]) {
     cmdq.write(at, &e[..0x3f]).unwrap();
     cmdq.store_u8_release(at + 0x3f, e[0x3f]).unwrap();
