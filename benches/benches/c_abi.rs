@@ -112,8 +112,8 @@ fn run_c(exe: &Path, lib: &Path, polls: u64, rounds: u64, single: bool) -> Vec<(
         .collect()
 }
 
-/// rdma-core's harness (`../shared/reference/rdma-core-bench/`, built by
-/// its `build.sh`): `RDMA_CORE_BENCH_HARNESS`, else its default cache path.
+/// rdma-core's harness (the reference rdma-core-bench harness, built
+/// outside the repo): `RDMA_CORE_BENCH_HARNESS`, else its default cache path.
 fn rdma_core_harness() -> Option<PathBuf> {
     let p = std::env::var_os("RDMA_CORE_BENCH_HARNESS")
         .map(PathBuf::from)
@@ -347,7 +347,7 @@ fn net_of_empty(mut v: Vec<(String, f64)>, rounds: u64) -> Vec<(String, f64)> {
 /// rdma-core's rows: medians over the interleaved runs.
 fn print_rdma_core(m: &[Vec<(String, f64)>], h: Option<&Path>) {
     let Some(first) = m.first() else {
-        println!("rdma-core libmlx5: NOT RUN (no harness: run ../shared/reference/rdma-core-bench/build.sh, or set RDMA_CORE_BENCH_HARNESS)");
+        println!("rdma-core libmlx5: NOT RUN (no harness: build rdma-core-bench and set RDMA_CORE_BENCH_HARNESS)");
         return;
     };
     println!(

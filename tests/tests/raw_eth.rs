@@ -38,6 +38,16 @@ fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
     h
 }
 
+/// A flow matching IPv4 UDP to `dport`.
+fn udp_to(dport: u16) -> FlowSpec {
+    FlowSpec {
+        ethertype: Some(0x0800),
+        ip_protocol: Some(17),
+        udp_dport: Some(dport),
+        ..FlowSpec::default()
+    }
+}
+
 /// A raw packet QP on side `s` with its own send and receive CQs.
 fn raw_qp(s: &Side) -> (RawPacketQp, Cq, Cq) {
     raw_qp_of(
@@ -88,12 +98,7 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
         assert_eq!(q.post_rx(&bufs), 16);
     }
     let mut steer = p.b.ctx.flow_steering().unwrap();
-    let udp = |dport| FlowSpec {
-        ethertype: Some(0x0800),
-        ip_protocol: Some(17),
-        udp_dport: Some(dport),
-        ..FlowSpec::default()
-    };
+    let udp = udp_to;
     steer
         .create_flow(&udp(1000), FlowAction::Queue(&q1))
         .unwrap();
@@ -120,11 +125,7 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
         .collect();
     let doorbells = stats(&p.fabric, 0).doorbells;
     assert_eq!(qa.tx_burst(&pkts), 12);
-    let give_up = Instant::now() + HANG_GUARD;
-    while qa.poll_tx(&mut a_tx).unwrap() == 0 {
-        assert!(Instant::now() < give_up, "no send completion");
-        std::thread::yield_now();
-    }
+    tx_done(&mut qa, &mut a_tx);
     // The model may have run the WQEs from its sweep of the doorbell
     // records before it saw the UAR doorbell: count after whole passes.
     settle(&p.fabric);
@@ -185,13 +186,9 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
     assert_eq!(qa.tx_burst(&[short]), 0, "headers shorter than Ethernet's");
 }
 
-/// Waits for the send completion of a burst (a hang guard only).
+/// Waits for the send completion of a burst.
 fn tx_done(qp: &mut RawPacketQp, cq: &mut Cq) {
-    let give_up = Instant::now() + HANG_GUARD;
-    while qp.poll_tx(cq).unwrap() == 0 {
-        assert!(Instant::now() < give_up, "no send completion");
-        std::thread::yield_now();
-    }
+    tests::wait::until("the send completion", || qp.poll_tx(cq).unwrap() > 0);
 }
 
 #[test]
@@ -211,12 +208,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
     let (mut qa, mut a_tx, _a_rx) = raw_qp_of(&p.a, cap);
     let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
     let mut steer = p.b.ctx.flow_steering().unwrap();
-    let spec = FlowSpec {
-        ethertype: Some(0x0800),
-        ip_protocol: Some(17),
-        udp_dport: Some(1000),
-        ..FlowSpec::default()
-    };
+    let spec = udp_to(1000);
     steer.create_flow(&spec, FlowAction::Queue(&qb)).unwrap();
     for round in 0..6usize {
         let bufs: Vec<_> = (0..10u64)
@@ -301,12 +293,7 @@ fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
     let (mut qk, _k_tx, mut k_rx) = raw_qp(&p.b);
     let mut steer = p.b.ctx.flow_steering().unwrap();
     for (q, dport) in [(&qs, 1000), (&qk, 2000)] {
-        let spec = FlowSpec {
-            ethertype: Some(0x0800),
-            ip_protocol: Some(17),
-            udp_dport: Some(dport),
-            ..FlowSpec::default()
-        };
+        let spec = udp_to(dport);
         steer.create_flow(&spec, FlowAction::Queue(q)).unwrap();
     }
     assert_eq!(qs.post_rx(&[p.b.mr.sge(0, RX_BUF as u32).unwrap()]), 1);
@@ -430,18 +417,16 @@ fn a_large_tcp_segment_leaves_cut_at_the_mss() {
         mss: 4,
     };
     assert_eq!(qa.tx_burst(&[bad]), 1);
-    let give_up = Instant::now() + HANG_GUARD;
-    let err = loop {
-        match qa.poll_tx(&mut a_tx) {
-            Ok(0) => {
-                assert!(Instant::now() < give_up, "no completion");
-                std::thread::yield_now();
-            }
-            Ok(n) => panic!("{n} completions for a non-TCP LSO"),
-            Err(e) => break e,
+    let mut err = None;
+    tests::wait::until("the LSO's completion", || match qa.poll_tx(&mut a_tx) {
+        Ok(0) => false,
+        Ok(n) => panic!("{n} completions for a non-TCP LSO"),
+        Err(e) => {
+            err = Some(e);
+            true
         }
-    };
-    assert_eq!(err, verbs::cq::WcStatus::LocLenErr);
+    });
+    assert_eq!(err, Some(verbs::cq::WcStatus::LocLenErr));
     steer.destroy().unwrap();
     qa.destroy().unwrap();
     qb.destroy().unwrap();
@@ -459,12 +444,7 @@ fn completions_carry_the_device_clock_that_read_clock_reads() {
     let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
     let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
     let mut steer = p.b.ctx.flow_steering().unwrap();
-    let spec = FlowSpec {
-        ethertype: Some(0x0800),
-        ip_protocol: Some(17),
-        udp_dport: Some(1000),
-        ..FlowSpec::default()
-    };
+    let spec = udp_to(1000);
     steer.create_flow(&spec, FlowAction::Queue(&qb)).unwrap();
     let bufs: Vec<_> = (0..2u64)
         .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())

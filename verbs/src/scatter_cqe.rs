@@ -219,11 +219,10 @@ pub(crate) fn copy_to_segments(
         let n = left.len().min((bc_lkey >> 32) as usize);
         let p = u64::from_be(addr) as *mut u8;
         for (j, b) in left[..n].iter().enumerate() {
-            // SAFETY: `addr .. addr + n` lies in the segment the user posted
-            // for this WR (a receive, a READ or an atomic): memory of a live
-            // MR (`Mr::sge`) or vouched for by `Sge::new_unchecked`, which
-            // the device may write until this WR completes, which is now; a
-            // volatile byte, since the memory is the device's too.
+            // The segment's memory is the device's too: volatile bytes.
+            // SAFETY: `addr .. addr + n` lies in the segment posted for this
+            // WR, memory of a live MR (`Mr::sge`) or vouched for by
+            // `Sge::new_unchecked`, writable until the WR completes (now).
             unsafe { p.wrapping_add(j).write_volatile(*b) };
         }
         left = &left[n..];
