@@ -65,25 +65,7 @@ ip -6 neigh replace fe80::268a:7ff:fea0:2 lladdr 24:8a:07:a0:00:02 dev eth0 nud 
 ip -6 neigh replace fe80::268a:7ff:fea0:1 lladdr 24:8a:07:a0:00:01 dev eth1 nud permanent
 # perftest as in smoke.sh: server on mlx5_0, client on mlx5_1, RoCE v2.
 port=18700
-perf() {
-    name=$1
-    shift
-    port=$((port + 1))
-    timeout 120 "$@" -d mlx5_0 -x 1 -F -p $port >/tmp/psrv.$name 2>&1 &
-    sleep 1
-    j=0
-    while [ $j -lt 20 ]; do
-        timeout 120 "$@" -d mlx5_1 -x 1 -F -p $port 127.0.0.1 >/tmp/pcli.$name 2>&1
-        rc=$?
-        grep -q "Couldn't connect\|Unable to init the socket" /tmp/pcli.$name || break
-        sleep 0.5
-        j=$((j + 1))
-    done
-    wait $!
-    echo "=== perf $name client rc=$rc server rc=$?"
-    sed "s/^/=== perf $name server: /" /tmp/psrv.$name
-    sed "s/^/=== perf $name client: /" /tmp/pcli.$name
-}
+. /guest/perftest.sh
 perf atomic_bw ib_atomic_bw -n 100
 perf dc_write_bw ib_write_bw -c DC -s 65536 -n 100
 dmesg -n 1

@@ -115,25 +115,7 @@ pingpong srq -n 10 -c
 # go on when the CPU frequency cannot be read (TCG). Its lines tagged.
 # Sizes and counts keep TCG's share short (the data moves in the model).
 port=18600
-perf() {
-    name=$1
-    shift
-    port=$((port + 1))
-    timeout 120 "$@" -d mlx5_0 -x 1 -F -p $port >/tmp/psrv.$name 2>&1 &
-    sleep 1
-    j=0
-    while [ $j -lt 20 ]; do
-        timeout 120 "$@" -d mlx5_1 -x 1 -F -p $port 127.0.0.1 >/tmp/pcli.$name 2>&1
-        rc=$?
-        grep -q "Couldn't connect\|Unable to init the socket" /tmp/pcli.$name || break
-        sleep 0.5
-        j=$((j + 1))
-    done
-    wait $!
-    echo "=== perf $name client rc=$rc server rc=$?"
-    sed "s/^/=== perf $name server: /" /tmp/psrv.$name
-    sed "s/^/=== perf $name client: /" /tmp/pcli.$name
-}
+. /guest/perftest.sh
 perf write_bw ib_write_bw -s 65536 -n 100
 perf read_bw ib_read_bw -q 4 -n 100
 perf send_bw ib_send_bw -a -n 10
