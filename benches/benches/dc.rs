@@ -295,6 +295,7 @@ fn dc_setup(fabric: &Fabric, a: &Side, b: &Side, n: usize) -> (Vec<Dct>, Vec<Ah>
                     ..AhAttr::default()
                 },
                 pkey_index: 0,
+                create_flags: 0,
             })
             .expect("dct")
         })

@@ -57,6 +57,11 @@ fn dci(s: &Side, streams: Option<DciStreams>, rnr_retry: u8) -> Dci {
 /// A DCT on `s` over a new SRQ with `recvs` receives of [`MSG`] bytes
 /// (each its own slot of the side's buffer, wr_id = slot).
 fn dct(s: &Side, key: u64, recvs: u32) -> (Dct, Srq) {
+    dct_flags(s, key, recvs, 0)
+}
+
+/// [`dct`] created with mlx5dv `create_flags`.
+fn dct_flags(s: &Side, key: u64, recvs: u32, create_flags: u32) -> (Dct, Srq) {
     let srq = s.pd.create_srq(512, 1).unwrap();
     post_recvs(s, &srq, 0, recvs);
     let d =
@@ -74,6 +79,7 @@ fn dct(s: &Side, key: u64, recvs: u32) -> (Dct, Srq) {
                 ..AhAttr::default()
             },
             pkey_index: 0,
+            create_flags,
         })
         .unwrap();
     (d, srq)
@@ -182,6 +188,73 @@ fn many_dcis_to_one_dct() {
         rw.len(),
         st.dc_bytes
     );
+}
+
+/// Scatter to CQE on a DC target (issue 22), as mlx5_ib's `create_dct`
+/// asks for it: a DCT whose CQ has 128-byte CQEs gets small SENDs in the
+/// CQE (handed out in place, or copied into the SRQ's WQE by the copying
+/// poll); one created with `DISABLE_SCATTER_TO_CQE`, or on a CQ of 64-byte
+/// CQEs, gets them in the SRQ's buffer.
+#[test]
+fn dct_scatters_small_sends_to_128_byte_cqes() {
+    use verbs::scatter_cqe::{dv_flags, InlineRecv};
+    let (_fabric, mut s) = dc_fabric(2);
+    let ah0 = ah(&s[1], &s[0]);
+    let mut d = dci(&s[1], None, 7);
+    for (cqe, flags, scattered) in [
+        (128, 0, true),
+        (128, dv_flags::DISABLE_SCATTER_TO_CQE, false),
+        (64, 0, false),
+    ] {
+        s[0].cq = s[0].ctx.create_cq_sized(256, None, None, cqe).unwrap();
+        s[0].buf.write(0, &[0xee; 2 * MSG]).unwrap();
+        let (t, _srq) = dct_flags(&s[0], KEY, 2, flags);
+        let tags = [tag(cqe as u32, 1), tag(flags, 2)];
+        for (i, tg) in tags.iter().enumerate() {
+            let av = DcAv::new(&ah0, t.dctn(), KEY, 0);
+            d.post_send(&[(tagged(i as u64, tg), av)]).unwrap();
+        }
+        assert!(poll_n(&mut s[1].cq, 2)
+            .iter()
+            .all(|w| w.status == WcStatus::Success));
+        // The first in place: from the CQE when scattered.
+        let mut wc = [Wc::default()];
+        let mut inl = [InlineRecv::default()];
+        tests::wait::until("the DCT's first receive", || {
+            s[0].cq.poll_inline(&mut wc, &mut inl).unwrap() == 1
+        });
+        let what = format!("{cqe}-byte CQEs, flags {flags:#x}");
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (0, WcStatus::Success),
+            "{what}"
+        );
+        assert_eq!(wc[0].qp_num, t.dctn(), "{what}");
+        if scattered {
+            assert_eq!(&inl[0].data[..usize::from(inl[0].len)], &tags[0], "{what}");
+            assert_eq!(
+                read(&s[0].buf, 0, 8),
+                vec![0xee; 8],
+                "{what}: buffer untouched"
+            );
+        } else {
+            assert_eq!(inl[0].len, 0, "{what}: nothing in the CQE");
+            assert_eq!(tag_in(&s[0], &wc[0]), (cqe as u32, 1), "{what}");
+        }
+        // The second through the copying poll: in the SRQ's slot either way.
+        let w = poll_n(&mut s[0].cq, 1)[0];
+        assert_eq!(
+            (w.wr_id, w.status, w.byte_len),
+            (1, WcStatus::Success, 8),
+            "{what}"
+        );
+        assert_eq!(tag_in(&s[0], &w), (flags, 2), "{what}");
+        assert_eq!(
+            read(&s[0].buf, MSG + 8, 1),
+            vec![0xee],
+            "{what}: nothing past it"
+        );
+    }
 }
 
 #[test]

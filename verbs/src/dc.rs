@@ -57,6 +57,11 @@ pub struct DctInitAttr<'a> {
     pub ah_attr: AhAttr,
     /// P_Key index.
     pub pkey_index: u16,
+    /// `mlx5dv_qp_create_flags` ([`crate::scatter_cqe::dv_flags`]): with
+    /// `DISABLE_SCATTER_TO_CQE` received SENDs always go to the SRQ's
+    /// buffer; without it, on a CQ of 128-byte CQEs, up to 64 bytes come
+    /// in the CQE (`crate::scatter_cqe`).
+    pub create_flags: u32,
 }
 
 /// What QUERY_DCT reports.
@@ -126,6 +131,8 @@ impl Pd {
             dctc::MY_ADDR_INDEX.set(c, a.ah_attr.sgid_index.into());
             dctc::HOP_LIMIT.set(c, a.ah_attr.hop_limit.max(1).into());
             dctc::ETH_PRIO.set(c, (a.ah_attr.sl & 7).into());
+            let cs_res = crate::scatter_cqe::dctc_cs_res(a.cq.shared.cqe_bytes, a.create_flags);
+            dctc::CS_RES.set(c, cs_res.into());
         }
         let out = ctx.hca.cmd().exec(&inb, create_dct_out::SIZE_BYTES)?;
         let dctn = create_dct_out::DCTN.get(&out) as u32;

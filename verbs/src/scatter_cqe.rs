@@ -20,6 +20,11 @@
 //!   `IBV_WC_LOC_LEN_ERR`. [`crate::cq::Cq::poll_inline`] hands the bytes
 //!   out in place instead and leaves the receive buffer alone.
 //!
+//! - a DC target (mlx5_ib `create_dct`): `dctc.cs_res` is
+//!   `RES_SCAT_DATA64_CQE` when its CQ has 128-byte CQEs and scatter to
+//!   CQE is allowed, else nothing (Linux 6.12 sets no DATA32 for a DCT);
+//!   its receives come from an SRQ, copied as for an RC QP's.
+//!
 //! - the requester side (mlx5_ib `configure_requester_scat_cqe`): RC QPs
 //!   whose sends are all signaled, or created with
 //!   `MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE`, set qpc `cs_req`
@@ -92,6 +97,16 @@ pub(crate) fn qpc_cs(a: CsAsk) -> (u8, u8) {
         _ => RES_SCAT_DATA32_CQE,
     };
     (req, res)
+}
+
+/// The `dctc.cs_res` a DCT asks for, as mlx5_ib's `create_dct` sets it:
+/// 64 bytes in a 128-byte CQE, nothing in a 64-byte one.
+pub(crate) fn dctc_cs_res(rcqe_bytes: usize, flags: u32) -> u8 {
+    if flags & dv_flags::DISABLE_SCATTER_TO_CQE == 0 && rcqe_bytes == 128 {
+        mlx5_hw::qp::RES_SCAT_DATA64_CQE
+    } else {
+        0
+    }
 }
 
 /// A QP's send queue as the poller reads it back, in 16-byte segments

@@ -116,6 +116,7 @@ impl Firmware {
             mtu,
             min_rnr_nak: dctc::MIN_RNR_NAK.get(c) as u8,
             counter_set,
+            cs_res: dctc::CS_RES.get(c) as u8,
             cqe_uidx: self.dct_cqe_uidx(c),
             ctx: c.to_vec(),
             state: AtomicU8::new(DCTC_STATE_ACTIVE),

@@ -57,6 +57,9 @@ pub(crate) struct Dct {
     pub mtu: u32,
     pub min_rnr_nak: u8,
     pub counter_set: u32,
+    /// `dctc.cs_res`: received SENDs that fit go to the CQE (scatter to
+    /// CQE, as an RC QP's `qpc.cs_res`).
+    pub cs_res: u8,
     /// What its receive CQEs carry in `srqn_uidx`: `dctc.user_index` under
     /// cqe_version 1 (libmlx5 finds the DCT, and through it the SRQ, by
     /// it), else `None` (the SRQ number).
@@ -118,9 +121,10 @@ impl Dct {
             sq: Mutex::new(Sq::default()),
             rq: Mutex::new(rq),
             dct_conn: true,
-            // Scatter to CQE is not modelled for DC targets.
+            // A target sends no requests; its receives scatter as the
+            // DCT context says.
             cs_req: 0,
-            cs_res: 0,
+            cs_res: self.cs_res,
             log_dci_streams: 0,
             log_dci_errored: 0,
         })

@@ -95,6 +95,7 @@ fn node(f: Arc<dyn PciFunction>, o: &Opts, mtu: u8, slots: u32) -> Result<Node, 
                 ..AhAttr::default()
             },
             pkey_index: 0,
+            create_flags: 0,
         })
         .map_err(e("create DCT"))?;
     let mut dci = pd

@@ -529,6 +529,7 @@ fn dc_res(
                     ..Default::default()
                 },
                 pkey_index: 0,
+                create_flags: 0,
             })
             .map_err(e("create DCT"))?;
         dcis.push(dci);
