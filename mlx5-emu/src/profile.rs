@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use mlx5_hw::bits::BitField;
 use mlx5_hw::ifc::{
-    atomic_caps, cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap, roce_cap,
+    atomic_caps, cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap,
+    per_protocol_networking_offload_caps as eth_cap, roce_cap,
 };
 
 /// The ConnectX-4 capability pages and QUERY_ADAPTER block, from the trace.
@@ -380,6 +381,12 @@ impl CapPages {
         // mlx5_ib lists MEM_WINDOW and MEM_WINDOW_TYPE_2B on 16.x and
         // 20.x).
         self.set_both(GENERAL, cmd_hca_cap::IMAICL, 1);
+        // VLAN insertion by the device from the Ethernet segment
+        // (`wqe_vlan_insert`): ConnectX-5 and later (mlx5e asks for it on
+        // a WQE without inline headers; 14.12 of the trace reports 0, and
+        // mlx5e then always inlines a tagged frame's L2 headers with the
+        // tag, MLX5E_SQ_STATE_VLAN_NEED_L2_INLINE).
+        self.set_both(ETHERNET_OFFLOADS, eth_cap::WQE_VLAN_INSERT, 1);
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the

@@ -156,6 +156,26 @@ pub const ETH_WQE_L3_CSUM: u8 = 1 << 6;
 /// `wqe_eth_seg.cs_flags`: compute the TCP/UDP checksum (`MLX5_ETH_WQE_L4_CSUM`).
 pub const ETH_WQE_L4_CSUM: u8 = 1 << 7;
 
+/// Bytes of the two MAC addresses an Ethernet header starts with (a VLAN
+/// tag is inserted, or stripped, after them).
+pub const ETH_ADDRS_LEN: usize = 12;
+/// Bytes of a VLAN tag: its protocol identifier and TCI.
+pub const VLAN_HLEN: usize = 4;
+/// Tag protocol identifier of an 802.1Q C-VLAN tag (`ETH_P_8021Q`).
+pub const ETH_P_8021Q: u16 = 0x8100;
+/// Tag protocol identifier of an 802.1ad S-VLAN tag (`ETH_P_8021AD`).
+pub const ETH_P_8021AD: u16 = 0x88a8;
+
+/// `wqe_eth_seg.insert.type` (the place of `inline_hdr.sz`, a union in
+/// `mlx5_wqe_eth_seg`): the device inserts the VLAN tag of
+/// `insert.vlan_tci` (the place of `inline_hdr.start`) after the MAC
+/// addresses; the WQE then carries no inline headers
+/// (`MLX5_ETH_WQE_INSERT_VLAN`; offered as `wqe_vlan_insert`).
+pub const ETH_WQE_INSERT_VLAN: u16 = 1 << 15;
+/// `wqe_eth_seg.insert.type`: the inserted tag is an S-VLAN (802.1ad)
+/// rather than a C-VLAN (802.1Q) (`MLX5_ETH_WQE_SVLAN`).
+pub const ETH_WQE_SVLAN: u16 = 1 << 0;
+
 /// Inline header bytes an Ethernet send carries at least under the L2
 /// inline mode: the Ethernet header (`MLX5E_MIN_INLINE`, `ETH_HLEN`).
 pub const MIN_INLINE: usize = 14;

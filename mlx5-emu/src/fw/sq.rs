@@ -13,8 +13,8 @@ use mlx5_hw::eth::{
     QUEUE_STATE_RST, WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
-    cmd_hca_cap, create_sq_in, create_sq_out, destroy_sq_in, modify_sq_in, query_sq_in,
-    query_sq_out, sqc, wq,
+    cmd_hca_cap, create_sq_in, create_sq_out, destroy_sq_in, modify_sq_in,
+    per_protocol_networking_offload_caps as eth_cap, query_sq_in, query_sq_out, sqc, wq,
 };
 use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
@@ -24,6 +24,7 @@ use super::{fail, sized, synd, CmdResult, Firmware};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::profile::cap_type;
 use crate::transport::eth_sq::{EthSq, Ring};
 use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
@@ -111,6 +112,10 @@ impl Firmware {
                 ),
                 dbr: wq::DBR_ADDR.get(w),
                 state: AtomicU8::new(QUEUE_STATE_RST as u8),
+                vlan_insert: self
+                    .caps
+                    .get(cap_type::ETHERNET_OFFLOADS, eth_cap::WQE_VLAN_INSERT)
+                    != 0,
                 ring: Mutex::new(Ring::default()),
             }),
         );

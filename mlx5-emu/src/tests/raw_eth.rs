@@ -45,7 +45,12 @@ const RQ_DBR: [u64; 2] = [128, 192];
 /// Two cabled functions, each with a UAR, EQ, PD, TD and CQ (the CQ's
 /// entries marked invalid).
 fn pair() -> (Fabric, Eth, Eth) {
-    let fab = Fabric::cabled(2, Profile::ConnectX4Lx);
+    pair_on(Profile::ConnectX4Lx)
+}
+
+/// [`pair`] of `p`.
+fn pair_on(p: Profile) -> (Fabric, Eth, Eth) {
+    let fab = Fabric::cabled(2, p);
     let mut e = [0, 1].map(|i| setup_on(Drv::on(fab.function(i).unwrap())));
     for x in &mut e {
         for i in 0..64 {
@@ -257,6 +262,29 @@ impl Eth {
         self.post(sqn, idx, 0x0a, &s, true);
     }
 
+    /// Sends on SQ `sqn` at WQE `idx` the `len` bytes at `DATA + off` as
+    /// the whole frame (no inline headers), asking the device to insert
+    /// the VLAN tag `insert` (`wqe_eth_seg.insert`: type, TCI).
+    fn send_insert(
+        &mut self,
+        sqn: u32,
+        idx: u16,
+        insert: (u16, u16),
+        lkey: u32,
+        off: u64,
+        len: u32,
+    ) {
+        let mut s = vec![0u8; wqe_eth_seg::SIZE_BYTES + wqe_data_seg::SIZE_BYTES];
+        wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+        wqe_eth_seg::INLINE_HDR_SZ.set(&mut s, u64::from(insert.0));
+        wqe_eth_seg::INLINE_HDR_START.set(&mut s, u64::from(insert.1));
+        let d = &mut s[wqe_eth_seg::SIZE_BYTES..];
+        wqe_data_seg::BYTE_COUNT.set(d, u64::from(len));
+        wqe_data_seg::LKEY.set(d, u64::from(lkey));
+        wqe_data_seg::ADDR.set(d, RING_IOVA + DATA + off);
+        self.post(sqn, idx, 0x0a, &s, true);
+    }
+
     /// A TIS and an SQ in RDY.
     fn ready_sq(&mut self) -> u32 {
         let tisn = num(&self.tis(self.td));
@@ -293,7 +321,8 @@ fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
 }
 
 /// B's receive CQE `n`, checked as an Ethernet receive of IPv4/UDP with
-/// good checksums: its RQ number and byte count.
+/// good checksums (a VLAN tag stripped or not): its RQ number and byte
+/// count.
 fn rx_cqe(b: &Eth, n: usize) -> (u32, u32, Vec<u8>) {
     let c = b.cqe(n);
     assert_eq!(
@@ -301,7 +330,7 @@ fn rx_cqe(b: &Eth, n: usize) -> (u32, u32, Vec<u8>) {
         CqeOpcode::RespSend.to_raw(),
         "CQE {n}: {c:02x?}"
     );
-    let types = cqe64::L4_L3_HDR_TYPE.get(&c) as u8;
+    let types = cqe64::L4_L3_HDR_TYPE.get(&c) as u8 & !mlx5_hw::eth::CQE_VLAN_PRESENT;
     assert_eq!(
         types,
         CQE_L4_HDR_TYPE_UDP << CQE_L4_HDR_TYPE_SHIFT
@@ -497,4 +526,54 @@ fn refusals_bad_hash_fields_unsupported_match_short_frame_small_buffer() {
         .state
         .load(Ordering::Relaxed);
     assert_eq!(u64::from(state), mlx5_hw::eth::QUEUE_STATE_ERR);
+}
+
+/// VLAN insertion by the device (`wqe_eth_seg.insert`, `wqe_vlan_insert`):
+/// on ConnectX-5 a frame sent with no inline headers gets the C-VLAN tag
+/// the segment names after its MAC addresses (B's RQ strips it into the
+/// CQE, so the frame arrives as sent and the CQE carries the TCI); on
+/// ConnectX-4 Lx, which does not offer it, those bytes are an inline
+/// header size far past the WQE: a local length error.
+#[test]
+fn vlan_insert_by_the_device_where_offered() {
+    use mlx5_hw::eth::{CQE_VLAN_PRESENT, ETH_WQE_INSERT_VLAN};
+    const TCI: u16 = 0x6123;
+    const LEN: usize = 64;
+    for p in [Profile::ConnectX5, Profile::ConnectX4Lx] {
+        let (_fab, mut a, mut b) = pair_on(p);
+        let blkey = b.rw_mkey();
+        let rq = b.ready_rq(0);
+        b.post_recv(0, blkey, 8);
+        let tir = b.direct_tir(rq);
+        let t = b.udp_table();
+        assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
+        let alkey = a.rw_mkey();
+        let sqn = a.ready_sq();
+        let mut frame = headers(5000, 1000, LEN);
+        frame.extend((0..LEN).map(|i| i as u8));
+        a.bufs[0].write(DATA as usize, &frame).unwrap();
+        let n = frame.len() as u32;
+        a.send_insert(sqn, 0, (ETH_WQE_INSERT_VLAN, TCI), alkey, 0, n);
+        let c = a.cqe(0);
+        if p == Profile::ConnectX4Lx {
+            assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw(), "{p:?}: {c:02x?}");
+            assert_eq!(c[55], CqeSyndrome::LocalLengthErr.to_raw(), "{p:?}");
+            continue;
+        }
+        assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "{p:?}: {c:02x?}");
+        let (qpn, bytes, c) = rx_cqe(&b, 0);
+        assert_eq!(
+            (qpn, bytes),
+            (rq, n),
+            "the tag stripped: its bytes not counted"
+        );
+        assert_ne!(cqe64::L4_L3_HDR_TYPE.get(&c) as u8 & CQE_VLAN_PRESENT, 0);
+        assert_eq!(cqe64::VLAN_INFO.get(&c) as u16, TCI);
+        let mut got = vec![0u8; frame.len()];
+        let at = rx_buf(0, 0) - RING_IOVA;
+        b.bufs[0].read(at as usize, &mut got).unwrap();
+        assert_eq!(got[42..], frame[42..], "payload");
+        assert_eq!(got[..12], frame[..12], "MACs");
+        assert_eq!(got[12..14], frame[12..14], "ethertype after the tag");
+    }
 }

@@ -13,7 +13,8 @@
 //! (`wqe_counter`) when they ask for one (`fm_ce_se`); the frame is
 //! counted as sent and leaves on the port to the functions cabled to it
 //! ([`super::eth_rx`]), its IPv4/TCP/UDP checksums filled in when
-//! `cs_flags` asks; an LSO WQE's TCP segment leaves cut at its MSS
+//! `cs_flags` asks, a VLAN tag inserted where the segment asks for it
+//! and the profile offers `wqe_vlan_insert`; an LSO WQE's TCP segment leaves cut at its MSS
 //! ([`super::lso`]). A WQE that is malformed,
 //! of another opcode, or whose local key does not grant the read
 //! completes with an error CQE and moves the SQ to ERR; in ERR every
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
-use mlx5_hw::eth::{QUEUE_STATE_ERR, QUEUE_STATE_RDY};
+use mlx5_hw::eth::{ETH_WQE_INSERT_VLAN, ETH_WQE_SVLAN, QUEUE_STATE_ERR, QUEUE_STATE_RDY};
 use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
 use mlx5_hw::wqe::{
     wqebbs_for_ds, WqeOpcode, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE,
@@ -33,9 +34,10 @@ use vm_memory::GuestMemoryMmap;
 
 use super::cq::Completion;
 use super::mem::{self, access};
+use super::packet::{ETH_ADDRS_LEN, VLAN_HLEN};
 use super::qp::Buf;
 use super::requester::{key_error, vendor};
-use super::steer::{self, ETH_HLEN};
+use super::steer::{self, ETH_HLEN, ETH_P_8021AD, ETH_P_8021Q};
 use super::{eth_rx, Cq, Rdma};
 use crate::lock;
 
@@ -64,6 +66,10 @@ pub(crate) struct EthSq {
     pub dbr: u64,
     /// `QUEUE_STATE_*`, moved by MODIFY_SQ and by an error CQE.
     pub state: AtomicU8,
+    /// The device inserts VLAN tags (`wqe_vlan_insert`): an Ethernet
+    /// segment whose `insert.type` has `ETH_WQE_INSERT_VLAN` is obeyed;
+    /// without it those bytes are an inline header size (too long).
+    pub vlan_insert: bool,
     /// Where the ring stands.
     pub ring: Mutex<Ring>,
 }
@@ -264,6 +270,25 @@ fn execute(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome 
     }
 }
 
+/// The Ethernet segment's inline header size, or, where the device
+/// inserts VLAN tags and `insert.type` asks for it, none and the 4-byte
+/// tag to insert after the MAC addresses (`mlx5_wqe_eth_seg`'s union).
+fn inline_or_insert(sq: &EthSq, eth: &[u8]) -> (usize, Option<[u8; VLAN_HLEN]>) {
+    let sz_or_type = wqe_eth_seg::INLINE_HDR_SZ.get(eth) as u16;
+    if !sq.vlan_insert || sz_or_type & ETH_WQE_INSERT_VLAN == 0 {
+        return (usize::from(sz_or_type), None);
+    }
+    let tpid = if sz_or_type & ETH_WQE_SVLAN != 0 {
+        ETH_P_8021AD
+    } else {
+        ETH_P_8021Q
+    };
+    let tci = wqe_eth_seg::INLINE_HDR_START.get(eth) as u16;
+    let [a, b] = tpid.to_be_bytes();
+    let [c, d] = tci.to_be_bytes();
+    (0, Some([a, b, c, d]))
+}
+
 /// A SEND: the Ethernet segment (its inline headers, its checksum
 /// offloads), then data segments whose bytes are read through their local
 /// keys; the frame they make leaves on the port ([`eth_rx::transmit`]).
@@ -274,7 +299,7 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> 
     let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     };
-    let ihs = wqe_eth_seg::INLINE_HDR_SZ.get(eth) as usize;
+    let (ihs, insert) = inline_or_insert(sq, eth);
     let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
     let mss = wqe_eth_seg::MSS.get(eth) as usize;
     let limit = if lso { MAX_LSO } else { MAX_FRAME };
@@ -313,6 +338,9 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> 
     }
     if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    if let Some(tag) = insert {
+        frame.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
     }
     if !lso {
         steer::offload_checksums(&mut frame, cs_flags);

@@ -21,10 +21,7 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 /// Bytes of the Ethernet header (no VLAN tag).
 pub const ETH_HLEN: usize = 14;
-/// Bytes of the two MAC addresses an Ethernet header starts with.
-pub const ETH_ADDRS_LEN: usize = 12;
-/// Bytes of an 802.1Q tag (after the MAC addresses).
-pub const VLAN_HLEN: usize = 4;
+pub use mlx5_hw::eth::{ETH_ADDRS_LEN, VLAN_HLEN};
 /// Bytes of a TCP header without options.
 pub const TCP_HLEN: usize = 20;
 /// Bytes of an IPv6 header; of an IPv4 header without options; of UDP.

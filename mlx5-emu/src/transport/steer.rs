@@ -239,7 +239,7 @@ pub(crate) struct Parsed {
 /// Ethertypes and IP protocols the parser knows.
 pub(crate) const ETH_P_IP: u16 = 0x0800;
 pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
-pub(crate) const ETH_P_8021Q: u16 = 0x8100;
+pub(crate) use mlx5_hw::eth::{ETH_P_8021AD, ETH_P_8021Q};
 pub(crate) const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
 pub(crate) use super::packet::ETH_HLEN;
