@@ -87,6 +87,7 @@ fn bench(c: &mut Criterion) {
             payload: raw.qp_sge(64 - inline),
             csum: true,
             mss: 0,
+            vlan: None,
         };
         let pkts = [pkt; 32];
         for per in [1usize, 8, 32] {

@@ -11,7 +11,9 @@ use tests::wait::HANG_GUARD;
 use verbs::cq::Cq;
 use verbs::flow::{FlowAction, FlowSpec};
 use verbs::mr::access;
-use verbs::raw_eth::{RawPacketQp, RawQpCap, RxPkt, TxPkt, ONE_BLOCK_INLINE_HEADERS};
+use verbs::raw_eth::{
+    RawPacketQp, RawQpCap, RxPkt, TxPkt, MAX_INLINE_HEADERS, ONE_BLOCK_INLINE_HEADERS,
+};
 use verbs_common::{fill, pair_profile, read, settle, stats, Side};
 
 /// Bytes of the headers sent inline: Ethernet, IPv4, UDP.
@@ -121,6 +123,7 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
             payload: Some(p.a.mr.sge(k as u64 * 512, 100 + k as u32).unwrap()),
             csum: true,
             mss: 0,
+            vlan: None,
         })
         .collect();
     let doorbells = stats(&p.fabric, 0).doorbells;
@@ -182,6 +185,7 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
         payload: None,
         csum: false,
         mss: 0,
+        vlan: None,
     };
     assert_eq!(qa.tx_burst(&[short]), 0, "headers shorter than Ethernet's");
 }
@@ -238,6 +242,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
                     ),
                     csum: true,
                     mss: 0,
+                    vlan: None,
                 }
             })
             .collect();
@@ -267,6 +272,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
         payload: None,
         csum: false,
         mss: 0,
+        vlan: None,
     };
     assert_eq!(qa.tx_burst(&[two; 12]), 8, "room for eight");
     assert_eq!(qa.tx_burst(&[two]), 0, "the ring is full");
@@ -277,7 +283,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
 }
 
 #[test]
-fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
+fn vlan_tags_inserted_by_the_driver_and_stripped_into_the_completion_only_where_asked() {
     // An 802.1Q-tagged frame (TCI 0x2064: priority 1, VLAN 100), its 18
     // bytes of Ethernet and tag inline; to UDP port 1000 (a QP that
     // strips) and 2000 (one that keeps the tag, as mlx5_ib's default).
@@ -321,12 +327,14 @@ fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
             payload: sge(&f1, 0),
             csum: true,
             mss: 0,
+            vlan: None,
         },
         TxPkt {
             headers: &f2[..18],
             payload: sge(&f2, 2048),
             csum: true,
             mss: 0,
+            vlan: None,
         },
     ];
     assert_eq!(qa.tx_burst(&pkts), 2);
@@ -346,6 +354,71 @@ fn vlan_tags_are_stripped_into_the_completion_only_where_asked() {
     let got = read(&p.b.buf, RX_BUF, k.len as usize);
     assert_eq!(got[12..16], f2[12..16], "the tag is still in the frame");
     assert_eq!(got[46..], f2[46..]);
+    // The same frames sent untagged with TxPkt::vlan: the driver inserts
+    // the tag into the inline headers (14 bytes + tag: a one-block WQE;
+    // 42 + tag: two blocks).
+    assert_eq!(
+        qs.post_rx(&[p.b.mr.sge(2 * RX_BUF as u64, RX_BUF as u32).unwrap()]),
+        1
+    );
+    assert_eq!(
+        qk.post_rx(&[p.b.mr.sge(3 * RX_BUF as u64, RX_BUF as u32).unwrap()]),
+        1
+    );
+    let mut plain2 = tagged(2000).1;
+    plain2.extend((0..32u8).map(|i| i ^ 0x5a));
+    let mut plain1 = plain1;
+    plain1.extend((0..32u8).map(|i| i ^ 0x5a));
+    p.a.buf.write(4096, &plain1).unwrap();
+    p.a.buf.write(6144, &plain2).unwrap();
+    let rest = |f: &[u8], off: u64, h: usize| {
+        Some(p.a.mr.sge(off + h as u64, (f.len() - h) as u32).unwrap())
+    };
+    let pkts = [
+        TxPkt {
+            headers: &plain1[..14],
+            payload: rest(&plain1, 4096, 14),
+            csum: true,
+            mss: 0,
+            vlan: Some(TCI),
+        },
+        TxPkt {
+            headers: &plain2[..42],
+            payload: rest(&plain2, 6144, 42),
+            csum: true,
+            mss: 0,
+            vlan: Some(TCI),
+        },
+    ];
+    assert_eq!(qa.tx_burst(&pkts), 2);
+    tx_done(&mut qa, &mut a_tx);
+    let s = rx_n(&mut qs, &mut s_rx, 1)[0];
+    assert_eq!(
+        (s.error, s.vlan),
+        (None, Some(TCI)),
+        "inserted, then stripped"
+    );
+    assert!(s.l3_ok && s.l4_ok, "{s:?}");
+    // As sent but for the checksums the device filled in.
+    let got = read(&p.b.buf, 2 * RX_BUF, s.len as usize);
+    assert_eq!(got.len(), plain1.len());
+    assert_eq!((&got[..24], &got[42..]), (&plain1[..24], &plain1[42..]));
+    let k = rx_n(&mut qk, &mut k_rx, 1)[0];
+    assert_eq!((k.error, k.vlan), (None, None));
+    assert!(k.l3_ok && k.l4_ok, "{k:?}");
+    let got = read(&p.b.buf, 3 * RX_BUF, k.len as usize);
+    assert_eq!(got.len(), f2.len(), "tagged as f2");
+    assert_eq!((&got[..28], &got[46..]), (&f2[..28], &f2[46..]));
+    // Headers that leave no room for the tag end the burst there.
+    let long = vec![0u8; MAX_INLINE_HEADERS];
+    let too_long = TxPkt {
+        headers: &long,
+        payload: None,
+        csum: false,
+        mss: 0,
+        vlan: Some(TCI),
+    };
+    assert_eq!(qa.tx_burst(&[too_long]), 0);
     steer.destroy().unwrap();
     for q in [qa, qs, qk] {
         q.destroy().unwrap();
@@ -390,6 +463,7 @@ fn a_large_tcp_segment_leaves_cut_at_the_mss() {
         payload: Some(p.a.mr.sge(0, 3000).unwrap()),
         csum: true,
         mss: 1000,
+        vlan: None,
     };
     let sent = stats(&p.fabric, 0).packets_sent;
     assert_eq!(qa.tx_burst(&[pkt]), 1);
@@ -415,6 +489,7 @@ fn a_large_tcp_segment_leaves_cut_at_the_mss() {
         payload: Some(p.a.mr.sge(0, 10).unwrap()),
         csum: true,
         mss: 4,
+        vlan: None,
     };
     assert_eq!(qa.tx_burst(&[bad]), 1);
     let mut err = None;
@@ -456,6 +531,7 @@ fn completions_carry_the_device_clock_that_read_clock_reads() {
         payload: None,
         csum: true,
         mss: 0,
+        vlan: None,
     };
     let mut stamps = Vec::new();
     for _ in 0..2 {

@@ -22,9 +22,9 @@ use std::sync::Arc;
 use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
 use mlx5_hw::eth::{
     CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
-    CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_WQE_L3_CSUM,
-    ETH_WQE_L4_CSUM, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST, TIRC_DISP_TYPE_DIRECT,
-    WQ_TYPE_CYCLIC,
+    CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_ADDRS_LEN,
+    ETH_P_8021Q, ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST,
+    TIRC_DISP_TYPE_DIRECT, VLAN_HLEN, WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
     alloc_transport_domain_out, cqe64, create_rq_in, create_rq_out, create_sq_in, create_sq_out,
@@ -112,6 +112,13 @@ pub struct TxPkt<'a> {
     /// of `headers` (which must then be the whole Ethernet, IP and TCP
     /// headers) fixed up, checksums filled in (the LSO opcode).
     pub mss: u16,
+    /// Send the frame with this 802.1Q (C-VLAN) tag, `headers` being
+    /// untagged: the tag goes into the inline headers after the MAC
+    /// addresses, as mlx5e and DPDK's mlx5 PMD insert it when they inline
+    /// L2 (the device's own insertion, `wqe_vlan_insert`, is for WQEs
+    /// without inline headers, which this path does not make). An
+    /// Ethernet header with its tag fits a one-block WQE.
+    pub vlan: Option<u16>,
 }
 
 /// One received packet, from its CQE.
@@ -293,6 +300,29 @@ impl Context {
     }
 }
 
+/// `p` with its headers tagged with the 802.1Q tag `tci` after the MAC
+/// addresses, built in `buf`; `None` when they would no longer fit inline.
+fn with_vlan_tag<'a>(
+    p: &TxPkt<'_>,
+    tci: u16,
+    buf: &'a mut [u8; MAX_INLINE_HEADERS],
+) -> Option<TxPkt<'a>> {
+    let (addrs, rest) = p.headers.split_at(ETH_ADDRS_LEN);
+    let n = p.headers.len() + VLAN_HLEN;
+    let out = buf.get_mut(..n)?;
+    out[..ETH_ADDRS_LEN].copy_from_slice(addrs);
+    out[ETH_ADDRS_LEN..ETH_ADDRS_LEN + 2].copy_from_slice(&ETH_P_8021Q.to_be_bytes());
+    out[ETH_ADDRS_LEN + 2..ETH_ADDRS_LEN + VLAN_HLEN].copy_from_slice(&tci.to_be_bytes());
+    out[ETH_ADDRS_LEN + VLAN_HLEN..].copy_from_slice(rest);
+    Some(TxPkt {
+        headers: out,
+        payload: p.payload,
+        csum: p.csum,
+        mss: p.mss,
+        vlan: None,
+    })
+}
+
 impl RawPacketQp {
     /// TIS, SQ (to RDY), RQ (to RDY), TIR.
     fn make_objects(&mut self, pdn: u32) -> Result<()> {
@@ -400,14 +430,30 @@ impl RawPacketQp {
     /// [`ONE_BLOCK_INLINE_HEADERS`] bytes, else two), the last asking for a
     /// completion, one doorbell. Returns how many were posted; a packet
     /// whose headers are shorter than an Ethernet header or longer than
-    /// [`MAX_INLINE_HEADERS`] ends the burst there.
+    /// [`MAX_INLINE_HEADERS`] (with its VLAN tag, [`TxPkt::vlan`]) ends the
+    /// burst there.
     pub fn tx_burst(&mut self, pkts: &[TxPkt<'_>]) -> usize {
         let mut sent = 0;
         for p in pkts {
-            let ihs = p.headers.len();
-            if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&ihs) {
+            if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&p.headers.len()) {
                 break;
             }
+            // A packet to tag: its headers copied with the tag (only then).
+            let (mut tagged, with_tag);
+            let p = match p.vlan {
+                None => p,
+                Some(tci) => {
+                    tagged = [0u8; MAX_INLINE_HEADERS];
+                    match with_vlan_tag(p, tci, &mut tagged) {
+                        Some(t) => {
+                            with_tag = t;
+                            &with_tag
+                        }
+                        None => break,
+                    }
+                }
+            };
+            let ihs = p.headers.len();
             let one = ihs <= ONE_BLOCK_INLINE_HEADERS && p.mss == 0;
             if self.sq_room() < if one { 1 } else { 2 } {
                 break;
