@@ -14,6 +14,7 @@ use verbs::mr::access;
 use verbs::raw_eth::{
     RawPacketQp, RawQpCap, RxPkt, TxPkt, MAX_INLINE_HEADERS, ONE_BLOCK_INLINE_HEADERS,
 };
+use verbs::rss::{rx_hash_fields as rh, RxHashConf, Wq, WqCap};
 use verbs_common::{fill, pair_profile, read, settle, stats, Side};
 
 /// Bytes of the headers sent inline: Ethernet, IPv4, UDP.
@@ -21,9 +22,15 @@ const HDRS: usize = 42;
 /// Bytes of each receive buffer.
 const RX_BUF: usize = 2048;
 
-/// Ethernet + IPv4 + UDP to 10.0.0.2:`dport` for `payload` bytes (the
-/// checksums are left to the device).
+/// Ethernet + IPv4 + UDP from 10.0.0.1:`sport` to 10.0.0.2:`dport` for
+/// `payload` bytes (the checksums are left to the device).
 fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
+    headers_between(([10, 0, 0, 1], sport), ([10, 0, 0, 2], dport), payload)
+}
+
+/// [`headers`] from `src` to `dst` (IPv4 address, UDP port).
+fn headers_between(src: ([u8; 4], u16), dst: ([u8; 4], u16), payload: usize) -> Vec<u8> {
+    let (sport, dport) = (src.1, dst.1);
     let mut h = vec![0u8; HDRS];
     h[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x02]);
     h[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x01]);
@@ -32,8 +39,8 @@ fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
     h[16..18].copy_from_slice(&((28 + payload) as u16).to_be_bytes());
     h[22] = 64;
     h[23] = 17;
-    h[26..30].copy_from_slice(&[10, 0, 0, 1]);
-    h[30..34].copy_from_slice(&[10, 0, 0, 2]);
+    h[26..30].copy_from_slice(&src.0);
+    h[30..34].copy_from_slice(&dst.0);
     h[34..36].copy_from_slice(&sport.to_be_bytes());
     h[36..38].copy_from_slice(&dport.to_be_bytes());
     h[38..40].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
@@ -552,4 +559,190 @@ fn completions_carry_the_device_clock_that_read_clock_reads() {
     steer.destroy().unwrap();
     qa.destroy().unwrap();
     qb.destroy().unwrap();
+}
+
+/// Microsoft's RSS verification suite ("Verifying the RSS Hash
+/// Calculation"): its key, and for each flow the source and destination
+/// (address, port) with the published hashes over the IPv4 addresses alone
+/// and with the ports too. An outside reference for the device's Toeplitz.
+const MS_RSS_KEY: [u8; 40] = [
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0,
+    0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
+    0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+];
+#[allow(clippy::type_complexity)]
+const MS_RSS_FLOWS: [(([u8; 4], u16), ([u8; 4], u16), u32, u32); 5] = [
+    (
+        ([66, 9, 149, 187], 2794),
+        ([161, 142, 100, 80], 1766),
+        0x323e_8fc2,
+        0x51cc_c178,
+    ),
+    (
+        ([199, 92, 111, 2], 14230),
+        ([65, 69, 140, 83], 4739),
+        0xd718_262a,
+        0xc626_b0ea,
+    ),
+    (
+        ([24, 19, 198, 95], 12898),
+        ([12, 22, 207, 184], 38024),
+        0xd2d0_a5de,
+        0x5c2b_394a,
+    ),
+    (
+        ([38, 27, 205, 30], 48228),
+        ([209, 142, 163, 6], 2217),
+        0x8298_9176,
+        0xafc7_327f,
+    ),
+    (
+        ([153, 39, 163, 191], 44251),
+        ([202, 188, 127, 2], 1303),
+        0x5d18_09c5,
+        0x10e8_28a2,
+    ),
+];
+
+/// RSS (issue 26): four receive work queues behind an indirection table,
+/// an RSS QP hashing with Microsoft's verification key, every UDP frame
+/// steered to it. Each of the suite's five flows lands on the queue its
+/// published hash picks (hash mod 4) with that hash in its completion:
+/// over the IPv4 addresses and UDP ports, then, with a new RSS QP, over
+/// the addresses alone.
+#[test]
+fn rss_spreads_frames_over_work_queues_by_the_published_toeplitz_hashes() {
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let cap = WqCap {
+        log_wqes: 4,
+        strip_vlan: false,
+    };
+    let mut cqs: Vec<Cq> = (0..4)
+        .map(|_| p.b.ctx.create_cq(64, None, None).unwrap())
+        .collect();
+    let mut wqs: Vec<Wq> = cqs
+        .iter()
+        .map(|cq| p.b.ctx.create_wq(&p.b.pd, cq, cap).unwrap())
+        .collect();
+    let table =
+        p.b.ctx
+            .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
+            .unwrap();
+    // Each WQ's buffers: 16 of RX_BUF bytes at (queue * 16 + k) * RX_BUF.
+    let slot = |q: usize, k: usize| ((q * 16 + k) * RX_BUF) as u64;
+    for (q, w) in wqs.iter_mut().enumerate() {
+        let bufs: Vec<_> = (0..16)
+            .map(|k| p.b.mr.sge(slot(q, k), RX_BUF as u32).unwrap())
+            .collect();
+        assert_eq!(w.post_rx(&bufs), 16);
+    }
+    let all_udp = FlowSpec {
+        ethertype: Some(0x0800),
+        ip_protocol: Some(17),
+        ..FlowSpec::default()
+    };
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let mut next = [0usize; 4];
+    let ports = rh::SRC_IPV4 | rh::DST_IPV4 | rh::SRC_PORT_UDP | rh::DST_PORT_UDP;
+    for (fields, with_ports) in [(ports, true), (rh::SRC_IPV4 | rh::DST_IPV4, false)] {
+        let conf = RxHashConf {
+            table: &table,
+            key: MS_RSS_KEY,
+            fields,
+        };
+        let rss = p.b.ctx.create_rss_qp(&conf).unwrap();
+        let flow = steer.create_flow(&all_udp, FlowAction::Rss(&rss)).unwrap();
+        for (i, (src, dst, h_ip, h_ports)) in MS_RSS_FLOWS.iter().enumerate() {
+            let mut f = headers_between(*src, *dst, 16);
+            f.extend([i as u8; 16]);
+            p.a.buf.write(i * 256, &f).unwrap();
+            let pkt = TxPkt {
+                headers: &f,
+                payload: None,
+                csum: true,
+                mss: 0,
+                vlan: None,
+            };
+            assert_eq!(qa.tx_burst(&[pkt]), 1);
+            tx_done(&mut qa, &mut a_tx);
+            let want = if with_ports { *h_ports } else { *h_ip };
+            let q = want as usize % 4;
+            let mut got = [RxPkt::default()];
+            tests::wait::until("the frame on the queue its hash picks", || {
+                wqs[q].rx_burst(&mut cqs[q], &mut got) == 1
+            });
+            let r = got[0];
+            assert_eq!(r.error, None, "flow {i}");
+            assert_eq!(r.rss_hash, want, "flow {i}: the published hash");
+            assert_eq!(usize::from(r.slot), next[q], "flow {i}");
+            let data = read(&p.b.buf, slot(q, next[q]) as usize + HDRS, 16);
+            assert_eq!(data, vec![i as u8; 16], "flow {i}: its payload");
+            next[q] += 1;
+        }
+        steer.destroy_flow(flow).unwrap();
+        rss.destroy().unwrap();
+    }
+    // Nothing went astray: every queue empty now.
+    settle(&p.fabric);
+    for (w, cq) in wqs.iter_mut().zip(cqs.iter_mut()) {
+        assert_eq!(w.rx_burst(cq, &mut [RxPkt::default()]), 0);
+    }
+    steer.destroy().unwrap();
+    table.destroy().unwrap();
+    for w in wqs {
+        w.destroy().unwrap();
+    }
+    qa.destroy().unwrap();
+}
+
+/// What an RSS QP and its table refuse, as mlx5_ib does: a table of other
+/// than 2^n queues, IPv4 with IPv6 fields, TCP with UDP fields, no fields
+/// over several queues (a one-queue table takes none), fields it does not
+/// know.
+#[test]
+fn rss_refusals() {
+    let p = pair_profile(1 << 16, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let cq = p.b.ctx.create_cq(64, None, None).unwrap();
+    let cap = WqCap {
+        log_wqes: 2,
+        strip_vlan: false,
+    };
+    let wqs: Vec<Wq> = (0..3)
+        .map(|_| p.b.ctx.create_wq(&p.b.pd, &cq, cap).unwrap())
+        .collect();
+    let three: Vec<&Wq> = wqs.iter().collect();
+    assert!(p.b.ctx.create_rwq_ind_table(&three).is_err(), "3 queues");
+    assert!(p.b.ctx.create_rwq_ind_table(&[]).is_err(), "none");
+    let two = p.b.ctx.create_rwq_ind_table(&three[..2]).unwrap();
+    let one = p.b.ctx.create_rwq_ind_table(&three[..1]).unwrap();
+    // Repeats are allowed (rdma-core's tables are 2^n WQ pointers).
+    let rep =
+        p.b.ctx
+            .create_rwq_ind_table(&[three[0], three[1], three[0], three[2]])
+            .unwrap();
+    let conf = |table, fields| RxHashConf {
+        table,
+        key: MS_RSS_KEY,
+        fields,
+    };
+    for (fields, what) in [
+        (rh::SRC_IPV4 | rh::DST_IPV6, "IPv4 with IPv6"),
+        (rh::SRC_PORT_TCP | rh::DST_PORT_UDP, "TCP with UDP"),
+        (0, "no fields over two queues"),
+        (1 << 8, "IPsec SPI"),
+        (1 << 31, "inner headers"),
+    ] {
+        let e = p.b.ctx.create_rss_qp(&conf(&two, fields));
+        assert!(e.is_err(), "{what}: {e:?}");
+    }
+    let none = p.b.ctx.create_rss_qp(&conf(&one, 0)).unwrap();
+    let v6 = rh::SRC_IPV6 | rh::DST_IPV6 | rh::SRC_PORT_TCP;
+    let tcp6 = p.b.ctx.create_rss_qp(&conf(&rep, v6)).unwrap();
+    for q in [none, tcp6] {
+        q.destroy().unwrap();
+    }
+    for t in [two, one, rep] {
+        t.destroy().unwrap();
+    }
 }

@@ -59,6 +59,8 @@ pub struct FlowSpec {
 pub enum FlowAction<'a> {
     /// To the QP's receive queue.
     Queue(&'a RawPacketQp),
+    /// Spread over the RSS QP's work queues by its hash.
+    Rss(&'a crate::rss::RssQp),
     /// Nowhere (`IBV_FLOW_SPEC_ACTION_DROP`).
     Drop,
 }
@@ -174,16 +176,21 @@ impl FlowSteering {
         set_fte_in::TABLE_ID.set(&mut i, u64::from(table));
         set_fte_in::FLOW_INDEX.set(&mut i, u64::from(index));
         flow_context::GROUP_ID.at(fc).set(&mut i, u64::from(gid));
-        match action {
-            FlowAction::Queue(qp) => {
+        let tir = match action {
+            FlowAction::Queue(qp) => Some(qp.tirn()),
+            FlowAction::Rss(qp) => Some(qp.tirn()),
+            FlowAction::Drop => None,
+        };
+        match tir {
+            Some(tirn) => {
                 flow_context::ACTION
                     .at(fc)
                     .set(&mut i, FLOW_CONTEXT_ACTION_FWD_DEST);
                 flow_context::DESTINATION_LIST_SIZE.at(fc).set(&mut i, 1);
                 dest_format_struct::DESTINATION_TYPE.set(&mut i[dests..], DEST_TIR);
-                dest_format_struct::DESTINATION_ID.set(&mut i[dests..], u64::from(qp.tirn()));
+                dest_format_struct::DESTINATION_ID.set(&mut i[dests..], u64::from(tirn));
             }
-            FlowAction::Drop => {
+            None => {
                 flow_context::ACTION
                     .at(fc)
                     .set(&mut i, FLOW_CONTEXT_ACTION_DROP);

@@ -88,6 +88,7 @@ pub mod pd;
 pub mod qp;
 pub mod raw_eth;
 mod rq;
+pub mod rss;
 pub mod scatter_cqe;
 pub mod shared;
 pub mod srq;

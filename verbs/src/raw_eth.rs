@@ -52,11 +52,11 @@ use crate::{Error, Result};
 /// Bytes of a send WQE basic block (`MLX5_SEND_WQE_BB`).
 const BB: usize = w::SEND_WQE_BB;
 /// Output bytes of a destroy command (status, syndrome, reserved).
-const DESTROY_OUT: usize = mlx5_hw::ifc::destroy_sq_out::SIZE_BYTES;
+pub(crate) const DESTROY_OUT: usize = mlx5_hw::ifc::destroy_sq_out::SIZE_BYTES;
 /// Output bytes of MODIFY_SQ / MODIFY_RQ.
 const MODIFY_OUT: usize = mlx5_hw::ifc::modify_sq_out::SIZE_BYTES;
 /// Bytes of a receive WQE: one data segment.
-const RX_WQE: usize = wqe_data_seg::SIZE_BYTES;
+pub(crate) const RX_WQE: usize = wqe_data_seg::SIZE_BYTES;
 /// Headers that fit inline in a two-block WQE (control, Ethernet segment
 /// with its two header bytes, 48 more, one data segment).
 pub const MAX_INLINE_HEADERS: usize =
@@ -166,12 +166,12 @@ pub struct RawPacketQp {
     sq: DmaSlice,
     /// The send ring as 64-byte blocks (its bounds checked once).
     sq_ring: DmaRing<BB>,
-    rq: DmaSlice,
+    /// The receive side (its counter at +0 of `dbrec`).
+    rx: RxRing,
     /// Receive counter at +0, send counter at +4.
     dbrec: Dbrec,
     uar: Arc<Uar>,
     log_sq: u8,
-    log_rq: u8,
     /// The RQ strips C-VLAN tags (`rqc.vsd` clear).
     strip_vlan: bool,
     /// Send: next block, first block not yet completed.
@@ -182,12 +182,9 @@ pub struct RawPacketQp {
     sq_last: u16,
     /// Per block: where the WQE that starts there ends (for completions).
     ends: Vec<u16>,
-    /// Receive: buffers posted, buffers completed.
-    rq_pc: u16,
-    rq_ci: u16,
 }
 
-fn cmd(op: Opcode, len: usize) -> Vec<u8> {
+pub(crate) fn cmd(op: Opcode, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     hdr::OPCODE.set(&mut v, u64::from(op.to_raw()));
     v
@@ -221,16 +218,10 @@ impl Context {
         let rq = dma.alloc_buf(RX_WQE << cap.log_rq_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
+        let rx = RxRing::new(rq, &dbrec, cap.log_rq_wqes);
         let uar = c.alloc_uar()?;
-        let out = c.hca.cmd().exec(
-            &cmd(
-                Opcode::AllocTransportDomain,
-                mlx5_hw::ifc::alloc_transport_domain_in::SIZE_BYTES,
-            ),
-            alloc_transport_domain_out::SIZE_BYTES,
-        );
-        let td = match out {
-            Ok(o) => alloc_transport_domain_out::TRANSPORT_DOMAIN.get(&o) as u32,
+        let td = match alloc_transport_domain(&c) {
+            Ok(td) => td,
             Err(e) => {
                 c.release_uar(uar);
                 return Err(e);
@@ -247,18 +238,15 @@ impl Context {
             recv_cqn: recv_cq.cqn(),
             sq,
             sq_ring,
-            rq,
+            rx,
             dbrec,
             uar,
             log_sq: cap.log_sq_bbs,
-            log_rq: cap.log_rq_wqes,
             strip_vlan: cap.strip_vlan,
             sq_pc: 0,
             sq_ci: 0,
             sq_last: 0,
             ends: vec![0; 1 << cap.log_sq_bbs],
-            rq_pc: 0,
-            rq_ci: 0,
         };
         // On an error, Drop destroys what was made.
         qp.make_objects(pd.pdn())?;
@@ -291,7 +279,7 @@ impl Context {
     /// and the Ethernet offload caps' `vlan_cap` (as mlx5_ib checks before
     /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
     /// bring-up.
-    fn vlan_offload(&self) -> Result<bool> {
+    pub(crate) fn vlan_offload(&self) -> Result<bool> {
         if !self.ctx.hca.caps().gen().eth_net_offloads() {
             return Ok(false);
         }
@@ -338,7 +326,7 @@ impl RawPacketQp {
         sqc::CQN.at(ctx).set(&mut i, u64::from(self.send_cqn));
         sqc::TIS_LST_SZ.at(ctx).set(&mut i, 1);
         sqc::TIS_NUM_0.at(ctx).set(&mut i, u64::from(self.tisn));
-        self.set_wq(&mut i, ctx + sqc::WQ.off, pdn, &self.sq, self.log_sq, BB);
+        set_wq(&mut i, ctx + sqc::WQ.off, pdn, &self.sq, self.log_sq, BB);
         wq::UAR_PAGE
             .at(ctx + sqc::WQ.off)
             .set(&mut i, u64::from(self.uar.index()));
@@ -354,30 +342,14 @@ impl RawPacketQp {
             .at(modify_sq_in::CTX.off)
             .set(&mut i, QUEUE_STATE_RDY);
         hca.cmd().exec(&i, MODIFY_OUT)?;
-        let mut i = cmd(Opcode::CreateRq, create_rq_in::SIZE_BYTES + 8);
-        let ctx = create_rq_in::CTX.off;
-        rqc::CQN.at(ctx).set(&mut i, u64::from(self.recv_cqn));
-        rqc::VSD.at(ctx).set(&mut i, u64::from(!self.strip_vlan));
-        self.set_wq(
-            &mut i,
-            ctx + rqc::WQ.off,
+        self.rqn = create_ready_rq(
+            &self.ctx,
             pdn,
-            &self.rq,
-            self.log_rq,
-            RX_WQE,
-        );
-        wq::DBR_ADDR
-            .at(ctx + rqc::WQ.off)
-            .set(&mut i, self.dbrec.iova().0);
-        let out = hca.cmd().exec(&i, create_rq_out::SIZE_BYTES)?;
-        self.rqn = create_rq_out::RQN.get(&out) as u32;
-        let mut i = cmd(Opcode::ModifyRq, modify_rq_in::SIZE_BYTES);
-        modify_rq_in::RQ_STATE.set(&mut i, QUEUE_STATE_RST);
-        modify_rq_in::RQN.set(&mut i, u64::from(self.rqn));
-        rqc::STATE
-            .at(modify_rq_in::CTX.off)
-            .set(&mut i, QUEUE_STATE_RDY);
-        hca.cmd().exec(&i, MODIFY_OUT)?;
+            self.recv_cqn,
+            self.strip_vlan,
+            &self.rx,
+            self.dbrec.iova(),
+        )?;
         let mut i = cmd(Opcode::CreateTir, create_tir_in::SIZE_BYTES);
         let ctx = create_tir_in::CTX.off;
         tirc::TRANSPORT_DOMAIN
@@ -388,21 +360,6 @@ impl RawPacketQp {
         let out = hca.cmd().exec(&i, create_tir_out::SIZE_BYTES)?;
         self.tirn = create_tir_out::TIRN.get(&out) as u32;
         Ok(())
-    }
-
-    /// A cyclic `wq` at bit `at` of `i` over `buf` (one page list entry
-    /// after the input's fixed part).
-    fn set_wq(&self, i: &mut [u8], at: usize, pdn: u32, buf: &DmaSlice, log: u8, stride: usize) {
-        wq::WQ_TYPE.at(at).set(i, WQ_TYPE_CYCLIC);
-        wq::PD.at(at).set(i, u64::from(pdn));
-        wq::LOG_WQ_STRIDE
-            .at(at)
-            .set(i, u64::from(stride.trailing_zeros()));
-        wq::LOG_WQ_SZ.at(at).set(i, u64::from(log));
-        let log_page = buf.len().next_power_of_two().trailing_zeros().max(12) - 12;
-        wq::LOG_WQ_PG_SZ.at(at).set(i, u64::from(log_page));
-        let n = i.len();
-        i[n - 8..].copy_from_slice(&buf.iova().0.to_be_bytes());
     }
 
     /// The SQ number (what send CQEs name).
@@ -626,51 +583,12 @@ impl RawPacketQp {
     /// Posts receive buffers (one per WQE, at most the ring's free room);
     /// one doorbell-record update. Returns how many were posted.
     pub fn post_rx(&mut self, bufs: &[Sge]) -> usize {
-        let room = (1u16 << self.log_rq) - self.rq_pc.wrapping_sub(self.rq_ci);
-        let n = bufs.len().min(usize::from(room));
-        let mask = (1u16 << self.log_rq) - 1;
-        let mut seg = [0u8; RX_WQE];
-        for s in &bufs[..n] {
-            wqe_data_seg::BYTE_COUNT.set(&mut seg, u64::from(s.length));
-            wqe_data_seg::LKEY.set(&mut seg, u64::from(s.lkey));
-            wqe_data_seg::ADDR.set(&mut seg, s.addr);
-            let _ = self.rq.write(usize::from(self.rq_pc & mask) * RX_WQE, &seg);
-            self.rq_pc = self.rq_pc.wrapping_add(1);
-        }
-        if n > 0 {
-            dma_wmb();
-            let rec = self.dbrec.buf();
-            let _ = rec.store_u32_be(self.dbrec.offset(), u32::from(self.rq_pc));
-        }
-        n
+        self.rx.post(bufs)
     }
 
     /// Takes up to `out.len()` received packets from the receive CQ.
     pub fn rx_burst(&mut self, cq: &mut Cq, out: &mut [RxPkt]) -> usize {
-        let mask = (1u16 << self.log_rq) - 1;
-        let ring = cq.ring_mut();
-        let mut n = 0;
-        while n < out.len() {
-            let Some(e) = ring.next_cqe() else {
-                break;
-            };
-            let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
-            let slot = e.be16_at(cqe64::WQE_COUNTER.off / 8) & mask;
-            out[n] = if op == CqeOpcode::RespSend {
-                rx_pkt(&e, slot)
-            } else {
-                let s = e.u8_at(err_cqe::SYNDROME.off / 8);
-                RxPkt {
-                    slot,
-                    error: Some(WcStatus::from_syndrome(CqeSyndrome::from_raw(s))),
-                    ..RxPkt::default()
-                }
-            };
-            self.rq_ci = self.rq_ci.wrapping_add(1);
-            n += 1;
-        }
-        ring.update_ci();
-        n
+        self.rx.burst(cq, out)
     }
 
     /// Destroys TIR, RQ, SQ, TIS and the TD.
@@ -679,7 +597,6 @@ impl RawPacketQp {
     }
 
     fn teardown(&mut self) -> Result<()> {
-        let hca = &self.ctx.hca;
         let mut first = Ok(());
         let steps: [(Opcode, mlx5_hw::bits::BitField, usize, &mut u32); 5] = [
             (
@@ -714,19 +631,172 @@ impl RawPacketQp {
             ),
         ];
         for (op, f, len, n) in steps {
-            if *n == 0 {
-                continue;
-            }
-            let mut i = cmd(op, len);
-            f.set(&mut i, u64::from(*n));
-            let r = hca.cmd().exec(&i, DESTROY_OUT).map(|_| ());
-            *n = 0;
+            let r = destroy_obj(&self.ctx, op, f, len, n);
             if first.is_ok() {
                 first = r;
             }
         }
         first
     }
+}
+
+/// A cyclic `wq` at bit `at` of `i` over `buf` (one page list entry
+/// after the input's fixed part).
+fn set_wq(i: &mut [u8], at: usize, pdn: u32, buf: &DmaSlice, log: u8, stride: usize) {
+    wq::WQ_TYPE.at(at).set(i, WQ_TYPE_CYCLIC);
+    wq::PD.at(at).set(i, u64::from(pdn));
+    wq::LOG_WQ_STRIDE
+        .at(at)
+        .set(i, u64::from(stride.trailing_zeros()));
+    wq::LOG_WQ_SZ.at(at).set(i, u64::from(log));
+    let log_page = buf.len().next_power_of_two().trailing_zeros().max(12) - 12;
+    wq::LOG_WQ_PG_SZ.at(at).set(i, u64::from(log_page));
+    let n = i.len();
+    i[n - 8..].copy_from_slice(&buf.iova().0.to_be_bytes());
+}
+
+/// The receive side of a cyclic Ethernet RQ (one data segment per WQE,
+/// its receive counter at +0 of a doorbell record): what a raw packet QP
+/// and a receive work queue ([`crate::rss::Wq`]) post to and poll.
+#[derive(Debug)]
+pub(crate) struct RxRing {
+    ring: DmaSlice,
+    /// The doorbell record's buffer and where the record starts in it.
+    rec: Arc<vfio::DmaBuffer>,
+    rec_off: usize,
+    log: u8,
+    /// Buffers posted, buffers completed.
+    pc: u16,
+    ci: u16,
+}
+
+impl RxRing {
+    /// `ring` of `2^log` WQEs, counted in `dbrec`.
+    pub(crate) fn new(ring: DmaSlice, dbrec: &Dbrec, log: u8) -> Self {
+        Self {
+            ring,
+            rec: dbrec.buf().clone(),
+            rec_off: dbrec.offset(),
+            log,
+            pc: 0,
+            ci: 0,
+        }
+    }
+
+    /// Posts receive buffers (one per WQE, at most the ring's free room);
+    /// one doorbell-record update. Returns how many were posted.
+    pub(crate) fn post(&mut self, bufs: &[Sge]) -> usize {
+        let room = (1u16 << self.log) - self.pc.wrapping_sub(self.ci);
+        let n = bufs.len().min(usize::from(room));
+        let mask = (1u16 << self.log) - 1;
+        let mut seg = [0u8; RX_WQE];
+        for s in &bufs[..n] {
+            wqe_data_seg::BYTE_COUNT.set(&mut seg, u64::from(s.length));
+            wqe_data_seg::LKEY.set(&mut seg, u64::from(s.lkey));
+            wqe_data_seg::ADDR.set(&mut seg, s.addr);
+            let _ = self.ring.write(usize::from(self.pc & mask) * RX_WQE, &seg);
+            self.pc = self.pc.wrapping_add(1);
+        }
+        if n > 0 {
+            dma_wmb();
+            let _ = self.rec.store_u32_be(self.rec_off, u32::from(self.pc));
+        }
+        n
+    }
+
+    /// Takes up to `out.len()` received packets from the receive CQ.
+    pub(crate) fn burst(&mut self, cq: &mut Cq, out: &mut [RxPkt]) -> usize {
+        let mask = (1u16 << self.log) - 1;
+        let ring = cq.ring_mut();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(e) = ring.next_cqe() else {
+                break;
+            };
+            let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
+            let slot = e.be16_at(cqe64::WQE_COUNTER.off / 8) & mask;
+            out[n] = if op == CqeOpcode::RespSend {
+                rx_pkt(&e, slot)
+            } else {
+                let s = e.u8_at(err_cqe::SYNDROME.off / 8);
+                RxPkt {
+                    slot,
+                    error: Some(WcStatus::from_syndrome(CqeSyndrome::from_raw(s))),
+                    ..RxPkt::default()
+                }
+            };
+            self.ci = self.ci.wrapping_add(1);
+            n += 1;
+        }
+        ring.update_ci();
+        n
+    }
+}
+
+/// CREATE_RQ (cyclic over `rx`'s ring, on CQ `cqn`, counted at `dbr`;
+/// `vsd` set unless it strips VLAN tags, as mlx5_ib does) and MODIFY_RQ
+/// RST->RDY: the RQ's number.
+pub(crate) fn create_ready_rq(
+    ctx: &Ctx,
+    pdn: u32,
+    cqn: u32,
+    strip_vlan: bool,
+    rx: &RxRing,
+    dbr: vfio::Iova,
+) -> Result<u32> {
+    let hca = &ctx.hca;
+    let mut i = cmd(Opcode::CreateRq, create_rq_in::SIZE_BYTES + 8);
+    let at = create_rq_in::CTX.off;
+    rqc::CQN.at(at).set(&mut i, u64::from(cqn));
+    rqc::VSD.at(at).set(&mut i, u64::from(!strip_vlan));
+    set_wq(&mut i, at + rqc::WQ.off, pdn, &rx.ring, rx.log, RX_WQE);
+    wq::DBR_ADDR.at(at + rqc::WQ.off).set(&mut i, dbr.0);
+    let out = hca.cmd().exec(&i, create_rq_out::SIZE_BYTES)?;
+    let rqn = create_rq_out::RQN.get(&out) as u32;
+    let mut i = cmd(Opcode::ModifyRq, modify_rq_in::SIZE_BYTES);
+    modify_rq_in::RQ_STATE.set(&mut i, QUEUE_STATE_RST);
+    modify_rq_in::RQN.set(&mut i, u64::from(rqn));
+    rqc::STATE
+        .at(modify_rq_in::CTX.off)
+        .set(&mut i, QUEUE_STATE_RDY);
+    if let Err(e) = hca.cmd().exec(&i, MODIFY_OUT) {
+        let (f, len) = (destroy_rq_in::RQN, destroy_rq_in::SIZE_BYTES);
+        if let Err(d) = destroy_obj(ctx, Opcode::DestroyRq, f, len, &mut rqn.clone()) {
+            tracing::warn!(rqn, error = %d, "DESTROY_RQ after a failed MODIFY_RQ");
+        }
+        return Err(e);
+    }
+    Ok(rqn)
+}
+
+/// ALLOC_TRANSPORT_DOMAIN: the TD a TIS or TIR is made in.
+pub(crate) fn alloc_transport_domain(ctx: &Ctx) -> Result<u32> {
+    let i = cmd(
+        Opcode::AllocTransportDomain,
+        mlx5_hw::ifc::alloc_transport_domain_in::SIZE_BYTES,
+    );
+    let o = ctx
+        .hca
+        .cmd()
+        .exec(&i, alloc_transport_domain_out::SIZE_BYTES)?;
+    Ok(alloc_transport_domain_out::TRANSPORT_DOMAIN.get(&o) as u32)
+}
+
+/// DESTROY_* (or DEALLOC_*) of object `*n` (its number at `field`) unless
+/// it is 0 (none, or destroyed already); `*n` is 0 afterwards either way.
+pub(crate) fn destroy_obj(
+    ctx: &Ctx,
+    op: Opcode,
+    field: mlx5_hw::bits::BitField,
+    len: usize,
+    n: &mut u32,
+) -> Result<()> {
+    if *n == 0 {
+        return Ok(());
+    }
+    let mut i = cmd(op, len);
+    field.set(&mut i, u64::from(std::mem::take(n)));
+    ctx.hca.cmd().exec(&i, DESTROY_OUT).map(|_| ())
 }
 
 impl Drop for RawPacketQp {
