@@ -162,10 +162,16 @@ fn lossy_reply(
 impl Wire {
     /// Every port on this fabric but `me`'s (where a raw frame goes).
     pub(crate) fn peers(&self, me: &Rdma) -> Vec<Arc<Rdma>> {
+        let mut p = self.ports();
+        p.retain(|r| !std::ptr::eq(Arc::as_ptr(r), me));
+        p
+    }
+
+    /// Every port on this fabric (where a raw frame from a link goes).
+    pub(crate) fn ports(&self) -> Vec<Arc<Rdma>> {
         rlock(&self.ports)
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|r| !std::ptr::eq(Arc::as_ptr(r), me))
             .collect()
     }
 

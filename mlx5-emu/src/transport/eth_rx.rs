@@ -302,16 +302,21 @@ fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
 }
 
 /// Sends `frame` from `src`'s port onto its cable: every other function
-/// there takes it in. Not cabled: the frame is lost at the port.
+/// there takes it in, and the link to another process carries it
+/// ([`crate::wire`]). Neither: the frame is lost at the port.
 pub(crate) fn transmit(src: &Rdma, frame: &[u8]) {
     let peers = crate::fabric::wire_of(src)
         .map(|w| w.peers(src))
         .unwrap_or_default();
-    if peers.is_empty() {
+    let link = crate::fabric::link_of(src);
+    if peers.is_empty() && link.is_none() {
         src.counters.dropped.fetch_add(1, Ordering::Relaxed);
     }
     for dst in peers {
         receive(&dst, frame);
+    }
+    if let Some(l) = link {
+        l.send_frame(frame.to_vec());
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! A [`Link`] joins a fabric ([`crate::Fabric::connect`]) and carries the
 //! frames of every packet whose destination GID no function of the fabric
-//! answers to. Frames are what [`packet::encode_frame`] writes (the same
+//! answers to, and every raw Ethernet frame a function sends (its SQs:
+//! raw packet QPs, mlx5e); a frame from the wire that is Ethernet but not
+//! RoCEv2 goes to every function's NIC receive ([`LinkStats::rx_raw`]). Frames are what [`packet::encode_frame`] writes (the same
 //! code path as the fabric's wire check) and what
 //! [`packet::decode_frame`] reads, in QEMU's netdev formats ([`sock`]):
 //! `dgram`, one frame per datagram, and `stream`, each frame after its
@@ -127,6 +129,9 @@ pub struct LinkStats {
     pub rx_stale: u64,
     /// Requests and responses handed to the transport.
     pub rx_delivered: u64,
+    /// Ethernet frames that are not RoCEv2, handed to every function's NIC
+    /// receive (flow steering, raw packet QPs, mlx5e's RQs).
+    pub rx_raw: u64,
     /// Responses a send queue gave up waiting for (real time).
     pub response_timeouts: u64,
     /// What the faults did to this end's frames.
@@ -156,6 +161,7 @@ struct Counts {
     rx_truncated: AtomicU64,
     rx_stale: AtomicU64,
     rx_delivered: AtomicU64,
+    rx_raw: AtomicU64,
     response_timeouts: AtomicU64,
 }
 
@@ -288,6 +294,7 @@ impl Link {
             rx_truncated: g(&c.rx_truncated),
             rx_stale: g(&c.rx_stale),
             rx_delivered: g(&c.rx_delivered),
+            rx_raw: g(&c.rx_raw),
             response_timeouts: g(&c.response_timeouts),
             faults: lock(&self.impair).counts,
         }
@@ -487,6 +494,11 @@ impl Link {
         }
         let fr = match packet::decode_frame(f) {
             Ok(fr) => fr,
+            // Ethernet, but not RoCEv2: the NICs' business.
+            Err(PacketError::NotRoce(_)) => {
+                self.receive_raw(f);
+                return;
+            }
             Err(e) => {
                 let c = match e {
                     PacketError::Icrc { .. } => &self.counts.rx_bad_icrc,
@@ -528,6 +540,16 @@ impl Link {
         crate::transport::responder::receive(&dst, &mem, None, true, None, &pkt, send);
         if fr.hdrs.bth.ack_req && fr.hdrs.bth.opcode & 0xe0 == svc::RC {
             crate::transport::responder::drained(&dst, &fr.addr, fr.hdrs.bth.dest_qp, send);
+        }
+    }
+
+    /// An Ethernet frame that is not RoCEv2 reaches every function's port,
+    /// as a raw frame sent inside the fabric reaches the others
+    /// ([`crate::transport::eth_rx`]).
+    fn receive_raw(&self, f: &[u8]) {
+        self.counts.rx_raw.fetch_add(1, Ordering::Relaxed);
+        for dst in self.wire.upgrade().map(|w| w.ports()).unwrap_or_default() {
+            crate::transport::eth_rx::receive(&dst, f);
         }
     }
 

@@ -331,6 +331,10 @@ pub fn counters_add_up(l: &Linked) {
             0,
             "{to:?}"
         );
-        assert_eq!(to.rx_delivered + to.rx_bad_icrc, to.rx_frames, "{to:?}");
+        assert_eq!(
+            to.rx_delivered + to.rx_raw + to.rx_bad_icrc,
+            to.rx_frames,
+            "{to:?}"
+        );
     }
 }

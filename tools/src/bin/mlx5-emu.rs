@@ -214,13 +214,14 @@ fn serve(
 /// The wire's counts in one line (what a test or a person reads at exit).
 fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
     format!(
-        "tx_frames {} tx_errors {} rx_frames {} rx_delivered {} rx_malformed {} rx_bad_icrc {} \
-         rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} response_timeouts {} \
-         lost {} duplicated {} reordered {} corrupted {} delayed {}",
+        "tx_frames {} tx_errors {} rx_frames {} rx_delivered {} rx_raw {} rx_malformed {} \
+         rx_bad_icrc {} rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} \
+         response_timeouts {} lost {} duplicated {} reordered {} corrupted {} delayed {}",
         s.tx_frames,
         s.tx_errors,
         s.rx_frames,
         s.rx_delivered,
+        s.rx_raw,
         s.rx_malformed,
         s.rx_bad_icrc,
         s.rx_unknown_gid,
