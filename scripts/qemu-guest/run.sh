@@ -91,11 +91,16 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
     iommu_dev="-device intel-iommu,intremap=on,caching-mode=on"
     iommu_args="intel_iommu=on iommu=pt"
 fi
+# x-msg-timeout: how long QEMU waits for the server's reply to a message
+# (5 s by default). With the IOMMU the guest's vfio-pci maps and unmaps
+# pages one message each, and on a loaded 2-core host (TCG, the suite
+# beside it) a reply once came after 5 s: QEMU then failed the DMA map
+# (EFAULT) and warned. 30 s still catches a server that stalls.
 pci_dev=""
 if [[ "$functions" != 0 ]]; then
     pci_dev='-device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2
-        -device {"driver":"vfio-user-pci","bus":"rp1","socket":{"path":"/guest/cx.sock","type":"unix"}}
-        -device {"driver":"vfio-user-pci","bus":"rp2","socket":{"path":"/guest/cx.sock.1","type":"unix"}}'
+        -device {"driver":"vfio-user-pci","bus":"rp1","x-msg-timeout":30000,"socket":{"path":"/guest/cx.sock","type":"unix"}}
+        -device {"driver":"vfio-user-pci","bus":"rp2","x-msg-timeout":30000,"socket":{"path":"/guest/cx.sock.1","type":"unix"}}'
 fi
 
 append="console=ttyS0 loglevel=7 panic=-1 $iommu_args ${MLX5_QEMU_APPEND:-}"

@@ -73,6 +73,8 @@ const CHECKS: &[&str] = &[
     "perftest_ib_atomic_bw_refused_by_cx4lx",
     "perftest_ib_write_lat",
     "perftest_ib_send_lat_s1024",
+    "mlx5e_udp_echo_between_functions",
+    "mlx5e_tcp_stream_between_functions",
 ];
 
 use tests::qemu_guest::{cached_or_built as guest, repo};
@@ -274,6 +276,7 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
     );
     judge_verbs(t, console, &log);
     judge_perftest(t, console, &log);
+    judge_eth_traffic(t, console, &log);
 }
 
 /// perftest between the two functions: (tag, check, rows expected, the
@@ -439,6 +442,39 @@ fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
             perftest_verdict(&lines, *rows, *col).map_err(|e| format!("{e}: {lines:?}; {log}")),
         );
     }
+}
+
+/// mlx5e's own data path between the two functions, the second netdev in
+/// a network namespace (`eth_traffic.py`): Linux's UDP stack echoed every
+/// datagram intact, its TCP stack carried the stream (mlx5e's large sends:
+/// the model's LSO) with the SHA-256 the receiver computed matching.
+fn judge_eth_traffic(t: &mut Tally, console: &str, log: &str) {
+    let lines = tagged(console, "eth ");
+    for l in &lines {
+        println!("qemu_mlx5: mlx5e traffic: {l}");
+    }
+    let udp = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("udp sizes "))
+        .map(|r| r.split_whitespace().collect::<Vec<_>>());
+    t.check(
+        "mlx5e_udp_echo_between_functions",
+        match udp.as_deref() {
+            Some([n, "echoed", "intact", m]) if n == m && *n != "0" => Ok(()),
+            _ => Err(format!("{lines:?}; {log}")),
+        },
+    );
+    let tcp = lines
+        .iter()
+        .any(|l| l.starts_with("tcp bytes ") && l.ends_with(" sha256 ok"));
+    t.check(
+        "mlx5e_tcp_stream_between_functions",
+        if tcp {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
+        },
+    );
 }
 
 /// `ibv_devinfo -v` per device and the libibverbs pingpongs between the

@@ -196,6 +196,10 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
         vlan: None,
     };
     assert_eq!(qa.tx_burst(&[short]), 0, "headers shorter than Ethernet's");
+    // Destroyed, a raw packet QP gives its UAR page back (DEALLOC_UAR).
+    let uars = stats(&p.fabric, 0).uars;
+    qa.destroy().unwrap();
+    assert_eq!(stats(&p.fabric, 0).uars, uars - 1, "the SQ's UAR freed");
 }
 
 /// Waits for the send completion of a burst.

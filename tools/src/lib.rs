@@ -11,4 +11,5 @@ pub mod health;
 pub mod layouts;
 pub mod list;
 pub mod perf;
+pub mod pkt;
 pub mod reset;

@@ -170,7 +170,9 @@ pub struct RawPacketQp {
     rx: RxRing,
     /// Receive counter at +0, send counter at +4.
     dbrec: Dbrec,
-    uar: Arc<Uar>,
+    /// The SQ's UAR page (given back on drop) and its BAR offset.
+    uar: Option<Arc<Uar>>,
+    uar_off: usize,
     log_sq: u8,
     /// The RQ strips C-VLAN tags (`rqc.vsd` clear).
     strip_vlan: bool,
@@ -240,7 +242,8 @@ impl Context {
             sq_ring,
             rx,
             dbrec,
-            uar,
+            uar_off: uar.offset(),
+            uar: Some(uar),
             log_sq: cap.log_sq_bbs,
             strip_vlan: cap.strip_vlan,
             sq_pc: 0,
@@ -327,9 +330,10 @@ impl RawPacketQp {
         sqc::TIS_LST_SZ.at(ctx).set(&mut i, 1);
         sqc::TIS_NUM_0.at(ctx).set(&mut i, u64::from(self.tisn));
         set_wq(&mut i, ctx + sqc::WQ.off, pdn, &self.sq, self.log_sq, BB);
-        wq::UAR_PAGE
-            .at(ctx + sqc::WQ.off)
-            .set(&mut i, u64::from(self.uar.index()));
+        wq::UAR_PAGE.at(ctx + sqc::WQ.off).set(
+            &mut i,
+            u64::from(self.uar.as_ref().map_or(0, |u| u.index())),
+        );
         wq::DBR_ADDR
             .at(ctx + sqc::WQ.off)
             .set(&mut i, self.dbrec.iova().0);
@@ -380,6 +384,12 @@ impl RawPacketQp {
     /// Send blocks free.
     fn sq_room(&self) -> u16 {
         (1u16 << self.log_sq) - self.sq_pc.wrapping_sub(self.sq_ci)
+    }
+
+    /// Send-ring blocks whose WQEs have not completed yet (0: every
+    /// payload posted so far has been read and its buffer may be reused).
+    pub fn tx_in_flight(&self) -> u16 {
+        self.sq_pc.wrapping_sub(self.sq_ci)
     }
 
     /// Sends as many of `pkts` as the ring has room for: one WQE each
@@ -547,7 +557,7 @@ impl RawPacketQp {
         wmb();
         let [first] = self.sq_ring.load_words_at::<0, 1>(u32::from(self.sq_last));
         let bar = self.ctx.hca.bar();
-        let _ = bar.write64_raw(self.uar.offset() + BF_OFFSET, first.to_ne_bytes());
+        let _ = bar.write64_raw(self.uar_off + BF_OFFSET, first.to_ne_bytes());
     }
 
     /// Reads the send CQ: each completion frees the ring up to the end of
@@ -804,7 +814,10 @@ impl Drop for RawPacketQp {
         if let Err(e) = self.teardown() {
             tracing::warn!(error = %e, "raw packet QP teardown");
         }
-        self.ctx.release_uar(self.uar.clone());
+        // The last reference, so that the pool deallocates the page.
+        if let Some(u) = self.uar.take() {
+            self.ctx.release_uar(u);
+        }
     }
 }
 

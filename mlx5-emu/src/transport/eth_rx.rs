@@ -343,6 +343,12 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
     }
     if v.to.is_empty() {
         c.dropped.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(
+            len = frame.len(),
+            dmac = ?&frame[..6],
+            ethertype = ?&frame[12..14],
+            "no steering rule took the frame: dropped"
+        );
         return;
     }
     let mem = dst.dma.memory();
@@ -352,6 +358,7 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
             Some(rq) => rq.deliver(dst, &mem, frame, &p, d),
             None => {
                 c.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(rqn = d.rqn, "steered to no RQ: dropped");
             }
         }
     }

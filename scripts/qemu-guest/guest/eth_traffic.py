@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Traffic between the two model functions through mlx5e (issue 26).
+
+Run in the guest with the second function's netdev in a network namespace
+of its own, so that the kernel sends between the two addresses over the
+cable: `eth_traffic.py server ADDR` there (in the background), then
+`eth_traffic.py client ADDR` here. Linux's IP, UDP and TCP stacks are the
+judges: the client sends UDP datagrams of every size from 1 to 1472 bytes
+in steps (one frame each) that the server echoes, and streams a TCP payload
+(large sends: mlx5e asks for LSO) whose SHA-256 the server sends back.
+Every line the host checks starts with "=== eth ".
+"""
+
+import hashlib
+import socket
+import sys
+
+UDP_PORT = 7000
+TCP_PORT = 7001
+TCP_BYTES = 1 << 20
+SIZES = list(range(1, 1473, 47)) + [1472]
+TIMEOUT = 60
+
+
+def payload(n, seed):
+    return bytes((seed * 7 + i * 13) & 0xFF for i in range(n))
+
+
+def server(addr):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((addr, UDP_PORT))
+    u.settimeout(TIMEOUT)
+    t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.bind((addr, TCP_PORT))
+    t.listen(1)
+    t.settimeout(TIMEOUT)
+    open("/tmp/eth.ready", "w").close()
+    try:
+        for _ in SIZES:
+            d, peer = u.recvfrom(65536)
+            u.sendto(d, peer)
+        c, _ = t.accept()
+        c.settimeout(TIMEOUT)
+        h = hashlib.sha256()
+        got = 0
+        while got < TCP_BYTES:
+            d = c.recv(65536)
+            if not d:
+                break
+            h.update(d)
+            got += len(d)
+        c.sendall(("%d %s\n" % (got, h.hexdigest())).encode())
+        c.close()
+    except OSError as e:
+        print("=== eth server error %s" % e, flush=True)
+
+
+def client(addr):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.settimeout(TIMEOUT)
+    intact = 0
+    for k, n in enumerate(SIZES):
+        p = payload(n, k)
+        u.sendto(p, (addr, UDP_PORT))
+        try:
+            d, _ = u.recvfrom(65536)
+        except OSError as e:
+            print("=== eth udp error size %d: %s" % (n, e), flush=True)
+            break
+        intact += d == p
+    print("=== eth udp sizes %d echoed intact %d" % (len(SIZES), intact), flush=True)
+    data = payload(TCP_BYTES, 99)
+    want = hashlib.sha256(data).hexdigest()
+    try:
+        t = socket.create_connection((addr, TCP_PORT), timeout=TIMEOUT)
+        t.sendall(data)
+        line = t.makefile().readline().split()
+        t.close()
+        ok = line == [str(TCP_BYTES), want]
+        print("=== eth tcp bytes %d sha256 %s" % (TCP_BYTES, "ok" if ok else "bad: %s" % line),
+              flush=True)
+    except OSError as e:
+        print("=== eth tcp error %s" % e, flush=True)
+
+
+if __name__ == "__main__":
+    {"server": server, "client": client}[sys.argv[1]](sys.argv[2])
