@@ -577,3 +577,65 @@ fn vlan_insert_by_the_device_where_offered() {
         assert_eq!(got[12..14], frame[12..14], "ethertype after the tag");
     }
 }
+
+/// An S-VLAN insert (`ETH_WQE_INSERT_VLAN | ETH_WQE_SVLAN`) on ConnectX-5:
+/// the frame leaves with an 802.1ad tag (TPID 0x88a8) and the TCI after its
+/// MAC addresses, the rest as sent; read off a link to a datagram socket,
+/// where the port's frames also go.
+#[test]
+fn svlan_insert_leaves_with_an_802_1ad_tag() {
+    use crate::wire::{LinkOptions, LinkSpec};
+    use mlx5_hw::eth::{ETH_WQE_INSERT_VLAN, ETH_WQE_SVLAN};
+    use std::os::unix::net::UnixDatagram;
+    const TCI: u16 = 0x2abc;
+    let dir = std::env::temp_dir();
+    let tag = format!("svlan-{}", std::process::id());
+    let (mine, theirs) = (dir.join(format!("{tag}.m")), dir.join(format!("{tag}.t")));
+    let _ = std::fs::remove_file(&theirs);
+    let peer = UnixDatagram::bind(&theirs).unwrap();
+    peer.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let (fab, mut a, _b) = pair_on(Profile::ConnectX5);
+    let spec = format!("dgram,local={},remote={}", mine.display(), theirs.display());
+    fab.connect(&LinkSpec::parse(&spec).unwrap(), &LinkOptions::default())
+        .unwrap();
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let mut frame = headers(5000, 1000, 32);
+    frame.extend([0x5a; 32]);
+    a.bufs[0].write(DATA as usize, &frame).unwrap();
+    let insert = (ETH_WQE_INSERT_VLAN | ETH_WQE_SVLAN, TCI);
+    a.send_insert(sqn, 0, insert, alkey, 0, frame.len() as u32);
+    let c = a.cqe(0);
+    assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "{c:02x?}");
+    let mut got = vec![0u8; 2048];
+    let n = peer.recv(&mut got).unwrap();
+    got.truncate(n);
+    assert_eq!(n, frame.len() + 4);
+    assert_eq!(got[..12], frame[..12], "MACs");
+    assert_eq!(got[12..16], [0x88, 0xa8, 0x2a, 0xbc], "802.1ad tag");
+    // After the tag, the frame as sent but for the checksums, which the
+    // device filled in over the untagged frame before inserting the tag.
+    let untagged: Vec<u8> = got[..12].iter().chain(&got[16..]).copied().collect();
+    assert_eq!(untagged[12..24], frame[12..24], "ethertype, IP header");
+    assert_eq!(untagged[26..40], frame[26..40], "addresses, ports");
+    assert_eq!(untagged[42..], frame[42..], "payload");
+    assert!(ipv4_csum_ok(&untagged[14..34]), "IP checksum filled in");
+    assert_ne!(untagged[40..42], [0, 0], "UDP checksum filled in");
+    drop(fab);
+    let _ = std::fs::remove_file(&theirs);
+    let _ = std::fs::remove_file(&mine);
+}
+
+/// Whether an IPv4 header's checksum is right (the ones' complement sum
+/// of its 16-bit words is 0xffff).
+fn ipv4_csum_ok(h: &[u8]) -> bool {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum == 0xffff
+}

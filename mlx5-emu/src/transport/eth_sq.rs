@@ -339,13 +339,19 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> 
     if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    if let Some(tag) = insert {
-        frame.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
-    }
+    // The device's own steps on each frame that leaves: checksums over the
+    // frame as posted, then the tag it inserts (so an S-VLAN tag, which
+    // its parser would not look past, hides nothing).
+    let leave = |f: &mut Vec<u8>| {
+        steer::offload_checksums(f, cs_flags);
+        if let Some(tag) = insert {
+            f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
+        }
+        eth_rx::transmit(rdma, f);
+        f.len() as u32
+    };
     if !lso {
-        steer::offload_checksums(&mut frame, cs_flags);
-        eth_rx::transmit(rdma, &frame);
-        return Outcome::Done(frame.len() as u32, 1);
+        return Outcome::Done(leave(&mut frame), 1);
     }
     let Some(frames) = super::lso::segment(&frame, mss) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
@@ -353,11 +359,7 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> 
     if frames.iter().any(|f| f.len() as u64 > MAX_FRAME) {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    let (mut bytes, n) = (0, frames.len() as u32);
-    for mut f in frames {
-        steer::offload_checksums(&mut f, cs_flags);
-        eth_rx::transmit(rdma, &f);
-        bytes += f.len() as u32;
-    }
+    let n = frames.len() as u32;
+    let bytes = frames.into_iter().map(|mut f| leave(&mut f)).sum();
     Outcome::Done(bytes, n)
 }
