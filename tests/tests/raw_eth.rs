@@ -849,3 +849,148 @@ fn send_across(
         assert_eq!(b[34..38], f[34..38], "to {dport}: frame {i}: ports");
     }
 }
+
+/// Flow specs beyond IPv4/UDP (issue 26): a TCP destination port, an IPv6
+/// destination with a UDP port, a C-VLAN ID and a source MAC each steer to
+/// a QP of their own; a frame no rule takes is dropped; a spec that asks
+/// for two of a kind is refused, as mlx5_ib's `parse_flow_attr`.
+#[test]
+fn flow_specs_match_tcp_ports_ipv6_vlan_and_source_mac() {
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let mut qs: Vec<(RawPacketQp, Cq, Cq)> = (0..4).map(|_| raw_qp(&p.b)).collect();
+    const V6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x26];
+    const SMAC: [u8; 6] = [0x02, 0, 0, 0, 0x0e, 0x0f];
+    let specs = [
+        FlowSpec {
+            tcp_dport: Some(80),
+            ..FlowSpec::default()
+        },
+        FlowSpec {
+            dst_ipv6: Some(V6),
+            udp_dport: Some(53),
+            ..FlowSpec::default()
+        },
+        FlowSpec {
+            vlan_id: Some(100),
+            ..FlowSpec::default()
+        },
+        FlowSpec {
+            smac: Some(SMAC),
+            ..FlowSpec::default()
+        },
+    ];
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    for (spec, (q, _, _)) in specs.iter().zip(&qs) {
+        steer.create_flow(spec, FlowAction::Queue(q)).unwrap();
+    }
+    for (i, (q, _, _)) in qs.iter_mut().enumerate() {
+        let b = p.b.mr.sge((i * RX_BUF) as u64, RX_BUF as u32).unwrap();
+        assert_eq!(q.post_rx(&[b]), 1);
+    }
+    // Frame k goes to QP k (and a fifth, TCP to port 81, to none).
+    let udp = headers(7, 9, 16);
+    let (tcp, tcp81) = (tcp_headers(80, 16), tcp_headers(81, 16));
+    let mut v6 = udp[..12].to_vec();
+    v6.extend(0x86ddu16.to_be_bytes());
+    v6.extend([0x60, 0, 0, 0, 0, 24, 17, 64]);
+    v6.extend([0xfd; 16]);
+    v6.extend(V6);
+    v6.extend([0, 7, 0, 53, 0, 24, 0, 0]);
+    let mut tagged = udp[..12].to_vec();
+    tagged.extend([0x81, 0x00, 0x00, 100]);
+    tagged.extend(&udp[12..]);
+    let mut from_m = udp.clone();
+    from_m[6..12].copy_from_slice(&SMAC);
+    let frames: Vec<Vec<u8>> = [tcp, v6, tagged, from_m, tcp81]
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut f)| {
+            f.extend([0x40 + k as u8; 16]);
+            f
+        })
+        .collect();
+    let pkts: Vec<TxPkt<'_>> = frames
+        .iter()
+        .map(|f| TxPkt {
+            headers: f,
+            payload: None,
+            csum: true,
+            mss: 0,
+            vlan: None,
+        })
+        .collect();
+    assert_eq!(qa.tx_burst(&pkts), frames.len());
+    tx_done(&mut qa, &mut a_tx);
+    for (k, (q, _, rx)) in qs.iter_mut().enumerate() {
+        let r = rx_n(q, rx, 1)[0];
+        assert_eq!(r.error, None, "frame {k}");
+        let got = read(&p.b.buf, k * RX_BUF, r.len as usize);
+        assert_eq!(got.len(), frames[k].len(), "frame {k} on QP {k}");
+        assert_eq!(got[got.len() - 16..], [0x40 + k as u8; 16], "frame {k}");
+    }
+    settle(&p.fabric);
+    for (k, (q, _, rx)) in qs.iter_mut().enumerate() {
+        assert_eq!(
+            q.rx_burst(rx, &mut [RxPkt::default()]),
+            0,
+            "QP {k}: nothing else"
+        );
+    }
+    // Two of a kind, or an ethertype or protocol against the fields.
+    for (bad, what) in [
+        (
+            FlowSpec {
+                src_ipv4: Some([1, 2, 3, 4]),
+                dst_ipv6: Some(V6),
+                ..FlowSpec::default()
+            },
+            "IPv4 and IPv6",
+        ),
+        (
+            FlowSpec {
+                udp_sport: Some(1),
+                tcp_dport: Some(2),
+                ..FlowSpec::default()
+            },
+            "TCP and UDP",
+        ),
+        (
+            FlowSpec {
+                ethertype: Some(0x0800),
+                src_ipv6: Some(V6),
+                ..FlowSpec::default()
+            },
+            "ethertype",
+        ),
+        (
+            FlowSpec {
+                ip_protocol: Some(17),
+                tcp_sport: Some(1),
+                ..FlowSpec::default()
+            },
+            "protocol",
+        ),
+    ] {
+        let e = steer.create_flow(&bad, FlowAction::Drop);
+        assert!(e.is_err(), "{what}: {e:?}");
+    }
+    steer.destroy().unwrap();
+    for (q, _, _) in qs {
+        q.destroy().unwrap();
+    }
+    qa.destroy().unwrap();
+}
+
+/// Ethernet + IPv4 + TCP (a 20-byte header, ACK and PSH) from port 7 to
+/// `dport` for `payload` bytes (the checksums are left to the device).
+fn tcp_headers(dport: u16, payload: usize) -> Vec<u8> {
+    let mut h = headers(7, dport, payload);
+    h.truncate(34);
+    h[23] = 6;
+    h[16..18].copy_from_slice(&((20 + 20 + payload) as u16).to_be_bytes());
+    h.extend(7u16.to_be_bytes());
+    h.extend(dport.to_be_bytes());
+    h.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+    h
+}

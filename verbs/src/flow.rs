@@ -1,6 +1,8 @@
 //! Flow steering the verbs way (`ibv_create_flow`): rules over the
-//! Ethernet, IPv4 and UDP headers of received frames that forward to a raw
-//! packet QP ([`crate::raw_eth::RawPacketQp`], its TIR) or drop.
+//! Ethernet (MACs, C-VLAN ID, ethertype), IPv4 or IPv6 and TCP or UDP
+//! headers of received frames that forward to a raw packet QP
+//! ([`crate::raw_eth::RawPacketQp`], its TIR), spread over an RSS QP's
+//! queues ([`crate::rss::RssQp`]), or drop.
 //!
 //! [`FlowSteering`] owns the function's NIC RX root flow table. As Linux's
 //! fs_core does, a rule goes into a flow group whose match criteria are
@@ -34,25 +36,48 @@ const DEST_TIR: u64 = mlx5_hw::eth::FLOW_DESTINATION_TYPE_TIR;
 /// Output bytes of the commands that return only a status.
 const STATUS_OUT: usize = mlx5_hw::ifc::destroy_flow_table_out::SIZE_BYTES;
 
-/// What a rule matches (`ibv_flow_spec_eth`, `_ipv4`, `_tcp_udp`): each
-/// field set is matched exactly, the others are wildcards.
+/// What a rule matches (`ibv_flow_spec_eth`, `_ipv4`, `_ipv6`,
+/// `_tcp_udp`): each field set is matched exactly, the others are
+/// wildcards. As mlx5_ib's `parse_flow_attr`, IPv4 or IPv6 addresses imply
+/// their ethertype and TCP or UDP ports their IP protocol; a spec that
+/// asks for two of a kind (IPv4 and IPv6, TCP and UDP, or an ethertype or
+/// protocol other than the one implied) is refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FlowSpec {
     /// Destination MAC.
     pub dmac: Option<[u8; 6]>,
+    /// Source MAC.
+    pub smac: Option<[u8; 6]>,
+    /// The C-VLAN ID of a tagged frame (a frame without the tag does not
+    /// match).
+    pub vlan_id: Option<u16>,
     /// Ethertype (after any VLAN tag).
     pub ethertype: Option<u16>,
     /// IPv4 source address.
     pub src_ipv4: Option<[u8; 4]>,
     /// IPv4 destination address.
     pub dst_ipv4: Option<[u8; 4]>,
-    /// IP protocol (17: UDP).
+    /// IPv6 source address.
+    pub src_ipv6: Option<[u8; 16]>,
+    /// IPv6 destination address.
+    pub dst_ipv6: Option<[u8; 16]>,
+    /// IP protocol (6: TCP, 17: UDP).
     pub ip_protocol: Option<u8>,
     /// UDP source port.
     pub udp_sport: Option<u16>,
     /// UDP destination port.
     pub udp_dport: Option<u16>,
+    /// TCP source port.
+    pub tcp_sport: Option<u16>,
+    /// TCP destination port.
+    pub tcp_dport: Option<u16>,
 }
+
+/// Ethertypes and IP protocols a spec's fields imply.
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 
 /// Where matching frames go.
 #[derive(Debug, Clone, Copy)]
@@ -95,8 +120,43 @@ fn cmd(op: Opcode, len: usize) -> Vec<u8> {
 }
 
 impl FlowSpec {
+    /// The ethertype and IP protocol to match: the spec's own, or those
+    /// its addresses and ports imply; an error when they disagree.
+    fn implied(&self) -> Result<(Option<u16>, Option<u8>)> {
+        let v4 = self.src_ipv4.is_some() || self.dst_ipv4.is_some();
+        let v6 = self.src_ipv6.is_some() || self.dst_ipv6.is_some();
+        let udp = self.udp_sport.is_some() || self.udp_dport.is_some();
+        let tcp = self.tcp_sport.is_some() || self.tcp_dport.is_some();
+        if v4 && v6 {
+            return Err(Error::Invalid("flow spec: IPv4 and IPv6 addresses"));
+        }
+        if udp && tcp {
+            return Err(Error::Invalid("flow spec: TCP and UDP ports"));
+        }
+        let ty = match (v4, v6) {
+            (true, _) => Some(ETH_P_IP),
+            (_, true) => Some(ETH_P_IPV6),
+            _ => None,
+        };
+        let proto = match (tcp, udp) {
+            (true, _) => Some(IPPROTO_TCP),
+            (_, true) => Some(IPPROTO_UDP),
+            _ => None,
+        };
+        let agree =
+            |own: Option<u64>, implied: Option<u64>| own.zip(implied).is_none_or(|(a, b)| a == b);
+        if !agree(self.ethertype.map(u64::from), ty.map(u64::from)) {
+            return Err(Error::Invalid("flow spec: ethertype against its addresses"));
+        }
+        if !agree(self.ip_protocol.map(u64::from), proto.map(u64::from)) {
+            return Err(Error::Invalid("flow spec: IP protocol against its ports"));
+        }
+        Ok((self.ethertype.or(ty), self.ip_protocol.or(proto)))
+    }
+
     /// The spec as (mask, value) `fte_match_param` images.
-    fn images(&self) -> (Vec<u8>, Vec<u8>) {
+    fn images(&self) -> Result<(Vec<u8>, Vec<u8>)> {
+        let (ethertype, ip_protocol) = self.implied()?;
         let mut m = vec![0u8; fte_match_param::SIZE_BYTES];
         let mut v = m.clone();
         let o = fte_match_param::OUTER_HEADERS.off;
@@ -106,17 +166,26 @@ impl FlowSpec {
                 f.at(o).set(&mut v, x);
             }
         };
-        let mac = self.dmac.map(|d| {
-            let mut b = [0u8; 8];
-            b[2..].copy_from_slice(&d);
-            u64::from_be_bytes(b)
-        });
-        put(l24::DMAC_47_16, mac.map(|x| x >> 16));
-        put(l24::DMAC_15_0, mac.map(|x| x & 0xffff));
-        put(l24::ETHERTYPE, self.ethertype.map(u64::from));
-        put(l24::IP_PROTOCOL, self.ip_protocol.map(u64::from));
+        let mac = |a: Option<[u8; 6]>| {
+            a.map(|d| {
+                let mut b = [0u8; 8];
+                b[2..].copy_from_slice(&d);
+                u64::from_be_bytes(b)
+            })
+        };
+        let (dmac, smac) = (mac(self.dmac), mac(self.smac));
+        put(l24::DMAC_47_16, dmac.map(|x| x >> 16));
+        put(l24::DMAC_15_0, dmac.map(|x| x & 0xffff));
+        put(l24::SMAC_47_16, smac.map(|x| x >> 16));
+        put(l24::SMAC_15_0, smac.map(|x| x & 0xffff));
+        put(l24::CVLAN_TAG, self.vlan_id.map(|_| 1));
+        put(l24::FIRST_VID, self.vlan_id.map(|id| u64::from(id & 0xfff)));
+        put(l24::ETHERTYPE, ethertype.map(u64::from));
+        put(l24::IP_PROTOCOL, ip_protocol.map(u64::from));
         put(l24::UDP_SPORT, self.udp_sport.map(u64::from));
         put(l24::UDP_DPORT, self.udp_dport.map(u64::from));
+        put(l24::TCP_SPORT, self.tcp_sport.map(u64::from));
+        put(l24::TCP_DPORT, self.tcp_dport.map(u64::from));
         let ip = |a: Option<[u8; 4]>| a.map(|x| u64::from(u32::from_be_bytes(x)));
         put(
             ipv4_layout::IPV4.at(l24::SRC_IPV4_SRC_IPV6.off),
@@ -126,7 +195,18 @@ impl FlowSpec {
             ipv4_layout::IPV4.at(l24::DST_IPV4_DST_IPV6.off),
             ip(self.dst_ipv4),
         );
-        (m, v)
+        // IPv6 addresses: the whole 128-bit fields, byte for byte.
+        for (f, a) in [
+            (l24::SRC_IPV4_SRC_IPV6, self.src_ipv6),
+            (l24::DST_IPV4_DST_IPV6, self.dst_ipv6),
+        ] {
+            if let Some(a) = a {
+                let at = (o + f.off) / 8;
+                m[at..at + a.len()].fill(0xff);
+                v[at..at + a.len()].copy_from_slice(&a);
+            }
+        }
+        Ok((m, v))
     }
 }
 
@@ -158,7 +238,7 @@ impl Context {
 impl FlowSteering {
     /// `ibv_create_flow`: a rule for `spec` doing `action`.
     pub fn create_flow(&mut self, spec: &FlowSpec, action: FlowAction<'_>) -> Result<Flow> {
-        let (mask, value) = spec.images();
+        let (mask, value) = spec.images()?;
         let g = self.group_for(&mask)?;
         let group = &mut self.groups[g];
         let Some(slot) = group.used.iter().position(|u| !u) else {
