@@ -88,7 +88,12 @@ const BOOT_CHECKS: &[&str] = &["guest_brings_up_rxe0_on_the_model_wire"];
 const WIRE_CHECKS: &[&str] = &[
     "model_wire_sees_no_bad_frame_from_rxe",
     "rxe_accepts_every_frame_the_model_sent",
+    "linux_udp_echoes_our_raw_packet_qp",
 ];
+
+/// Datagrams `mlx5-pkt udp-echo` sends (our driver's raw packet QP on the
+/// model) for the guest's Linux UDP stack to echo (issue 26).
+const ECHO_COUNT: u64 = 48;
 
 /// How long the whole guest may run (host time) before it is killed.
 const GUEST_DEADLINE: Duration = Duration::from_secs(1500);
@@ -128,6 +133,8 @@ fn build_host_side() -> Result<PathBuf, String> {
             "tools",
             "--bin",
             "mlx5-emu",
+            "--bin",
+            "mlx5-pkt",
         ])
         .output()
         .map_err(|e| format!("cargo build: {e}"))?;
@@ -249,7 +256,7 @@ fn model_env() -> String {
     a[1] = 0x80;
     a[8..].copy_from_slice(&eui);
     format!(
-        "MODEL_MAC={mac}\nMODEL_LL={}\n",
+        "MODEL_MAC={mac}\nMODEL_LL={}\nECHO_COUNT={ECHO_COUNT}\n",
         std::net::Ipv6Addr::from(a)
     )
 }
@@ -330,6 +337,35 @@ fn run_client(pair: &Pair, lib: &Path, dir: &Path, port: u16, guest: &mut Child)
     }
 }
 
+/// `mlx5-pkt udp-echo` on the model function, once the RDMA clients are
+/// done: datagrams from our driver's raw packet QP across the model's wire
+/// to the guest's UDP echo (`eth_traffic.py echo`), which waits for them.
+fn run_echo(dir: &Path) -> Output {
+    let n = ECHO_COUNT.to_string();
+    Command::new(target_dir().join("mlx5-pkt"))
+        .args(["udp-echo", "-n", &n, "-s", "1200", "--peer-mac", WIRE_MAC])
+        .args(["--peer-ip", "10.25.0.2", "--ip", "10.25.0.1", "-d"])
+        .arg(format!("vfio-user:{}", dir.join("cx.sock").display()))
+        .output()
+        .expect("running mlx5-pkt")
+}
+
+/// Every datagram came back intact (Linux's UDP stack took each, its
+/// checksums good, and sent it back), as both ends count.
+fn judge_echo(out: &Output, console: &str) -> Result<(), String> {
+    let text = text(out);
+    for l in text.lines() {
+        println!("udp-echo: {l}");
+    }
+    let want = format!("udp-echo: sent {ECHO_COUNT} echoed intact {ECHO_COUNT}");
+    let served = format!("=== eth echo served {ECHO_COUNT}");
+    if out.status.success() && text.contains(&want) && console.contains(&served) {
+        Ok(())
+    } else {
+        Err(format!("mlx5-pkt udp-echo ({}): {text}", out.status))
+    }
+}
+
 /// A line that reports what moved: the pingpongs' "N iters in" and
 /// "bytes in", perftest's result rows (they start with the size).
 fn is_result(l: &str) -> bool {
@@ -401,6 +437,7 @@ fn run(t: &mut Tally, lib: &Path, dir: &Path) -> Result<(), String> {
     for p in PAIRS {
         clients.push(run_client(p, lib, dir, port, &mut guest));
     }
+    let echo = run_echo(dir);
     tests::wait::until_state(
         "the guest powers off",
         || guest.try_wait().ok().flatten().is_some(),
@@ -432,6 +469,10 @@ fn run(t: &mut Tally, lib: &Path, dir: &Path) -> Result<(), String> {
     }
     t.check(WIRE_CHECKS[0], judge_wire(&wire));
     t.check(WIRE_CHECKS[1], judge_counts(&wire, &c));
+    t.check(
+        WIRE_CHECKS[2],
+        judge_echo(&echo, &c).map_err(|e| format!("{e}; {log}")),
+    );
     Ok(())
 }
 
@@ -458,7 +499,12 @@ fn judge_counts(wire: &str, console: &str) -> Result<(), String> {
             "rxe sent_pkts {sent:?} != model rx_delivered {delivered:?}; rxe: {rxe}; model: {wire}"
         ));
     }
-    let (tx, rcvd) = (count(wire, "tx_frames"), count(&rxe, "rcvd_pkts"));
+    // rxe counts RoCE packets; the raw frames the model sent (the UDP echo
+    // after rxe's counters were read) are not among them.
+    let tx = count(wire, "tx_frames")
+        .zip(count(wire, "tx_raw"))
+        .map(|(t, r)| t - r);
+    let rcvd = count(&rxe, "rcvd_pkts");
     let timeouts = count(wire, "response_timeouts").unwrap_or(0);
     let ok = match (tx, rcvd) {
         (Some(t), Some(r)) if timeouts == 0 => t == r,

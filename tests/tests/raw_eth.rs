@@ -791,6 +791,11 @@ fn raw_frames_cross_a_link_to_another_fabric_and_back() {
                 (N as u64, 0, 0),
                 "{k:?}: {s:?}"
             );
+            assert_eq!(
+                (s.tx_raw, s.tx_frames),
+                (N as u64, N as u64),
+                "{k:?}: {s:?}"
+            );
         }
         sa.destroy().unwrap();
         sb.destroy().unwrap();

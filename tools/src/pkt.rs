@@ -43,6 +43,10 @@ pub enum Mode {
     Io,
     /// Port 1 swaps the MAC addresses and sends it back.
     Macswap,
+    /// Port 0 alone sends UDP datagrams to a host beyond its cable
+    /// (`--peer-mac`, `--peer-ip`, UDP port 7000) that echoes them, one at
+    /// a time, and checks each echo (another stack judges the frames).
+    UdpEcho,
 }
 
 /// `mlx5-pkt`.
@@ -82,6 +86,15 @@ pub struct Cli {
     /// Longest run, in seconds.
     #[arg(short = 'D', long, default_value_t = 30)]
     pub duration: u64,
+    /// `udp-echo`: the echoing host's MAC.
+    #[arg(long)]
+    pub peer_mac: Option<String>,
+    /// `udp-echo`: the echoing host's IPv4 address.
+    #[arg(long)]
+    pub peer_ip: Option<std::net::Ipv4Addr>,
+    /// `udp-echo`: this port's IPv4 address.
+    #[arg(long, default_value = "10.25.0.1")]
+    pub ip: std::net::Ipv4Addr,
 }
 
 /// Parses `args` (without the program name) and runs them; the report
@@ -177,8 +190,8 @@ impl Port {
     }
 
     /// `queues` receive queues, all their buffers posted, behind an RSS
-    /// QP that every UDP frame to [`DPORT`] is steered to.
-    fn listen(&mut self, queues: usize, flows: u16) -> Result<(), String> {
+    /// QP that every UDP frame to `dport` is steered to.
+    fn listen(&mut self, queues: usize, flows: u16, dport: u16) -> Result<(), String> {
         let e = |what: &'static str| move |err: verbs::Error| format!("{what}: {err}");
         let cap = WqCap {
             log_wqes: LOG_RX,
@@ -214,7 +227,7 @@ impl Port {
         let spec = FlowSpec {
             ethertype: Some(0x0800),
             ip_protocol: Some(17),
-            udp_dport: Some(DPORT),
+            udp_dport: Some(dport),
             ..FlowSpec::default()
         };
         steer
@@ -252,21 +265,39 @@ const RSS_KEY: [u8; 40] = [
 /// Flow `f`'s frame of `size` bytes from port 0 to port 1 (UDP source
 /// port 10000 + f), its payload a pattern of the flow.
 fn template(f: u16, size: usize) -> Vec<u8> {
+    let ends = Ends {
+        macs: (MAC0, MAC1),
+        ips: ([198, 18, 0, 1], [198, 18, 0, 2]),
+        ports: (10_000 + f, DPORT),
+    };
+    udp_frame(&ends, size, f as u8)
+}
+
+/// The two ends of a UDP flow: (source, destination) each.
+struct Ends {
+    macs: ([u8; 6], [u8; 6]),
+    ips: ([u8; 4], [u8; 4]),
+    ports: (u16, u16),
+}
+
+/// An Ethernet + IPv4 + UDP frame of `size` bytes between `e`, its
+/// payload a pattern of `seed` (checksums left to the device).
+fn udp_frame(e: &Ends, size: usize, seed: u8) -> Vec<u8> {
     let mut h = vec![0u8; size];
-    h[0..6].copy_from_slice(&MAC1);
-    h[6..12].copy_from_slice(&MAC0);
+    h[0..6].copy_from_slice(&e.macs.1);
+    h[6..12].copy_from_slice(&e.macs.0);
     h[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     h[14] = 0x45;
     h[16..18].copy_from_slice(&((size - 14) as u16).to_be_bytes());
     h[22] = 64;
     h[23] = 17;
-    h[26..30].copy_from_slice(&[198, 18, 0, 1]);
-    h[30..34].copy_from_slice(&[198, 18, 0, 2]);
-    h[34..36].copy_from_slice(&(10_000 + f).to_be_bytes());
-    h[36..38].copy_from_slice(&DPORT.to_be_bytes());
+    h[26..30].copy_from_slice(&e.ips.0);
+    h[30..34].copy_from_slice(&e.ips.1);
+    h[34..36].copy_from_slice(&e.ports.0.to_be_bytes());
+    h[36..38].copy_from_slice(&e.ports.1.to_be_bytes());
     h[38..40].copy_from_slice(&((size - 34) as u16).to_be_bytes());
     for (i, b) in h[HDRS..].iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31) ^ f as u8;
+        *b = (i as u8).wrapping_mul(31) ^ seed;
     }
     h
 }
@@ -287,6 +318,9 @@ pub fn run(c: &Cli, out: &mut dyn Write) -> Result<(), String> {
         return Err(format!("{} queues: RSS wants a power of two", c.queues));
     }
     let dev = Dev::parse(c.dev.as_deref())?;
+    if c.mode == Mode::UdpEcho {
+        return udp_echo(c, dev, out);
+    }
     let (_fabric, f0, f1) = match (&dev, &c.peer) {
         (Dev::Emu(p), None) => {
             let fab = mlx5_emu::Fabric::cabled(2, *p);
@@ -305,10 +339,10 @@ pub fn run(c: &Cli, out: &mut dyn Write) -> Result<(), String> {
     let mut p0 = Port::open(f0, c)?;
     let mut p1 = Port::open(f1, c)?;
     if c.mode != Mode::Txonly {
-        p1.listen(c.queues, c.flows)?;
+        p1.listen(c.queues, c.flows, DPORT)?;
     }
     if matches!(c.mode, Mode::Io | Mode::Macswap) {
-        p0.listen(1, c.flows)?;
+        p0.listen(1, c.flows, DPORT)?;
     }
     for f in 0..c.flows {
         p0.buf
@@ -387,7 +421,7 @@ fn forward(c: &Cli, p0: &mut Port, p1: &mut Port, start: Instant) -> Result<f64,
             (seen, seen_at) = (received + returned, Instant::now());
         }
         let all = match c.mode {
-            Mode::Txonly => seq >= c.packets,
+            Mode::Txonly | Mode::UdpEcho => seq >= c.packets,
             Mode::Rxonly => received >= c.packets,
             Mode::Io | Mode::Macswap => returned >= c.packets,
         };
@@ -561,4 +595,124 @@ fn report(c: &Cli, p0: &Port, p1: &Port, secs: f64, out: &mut dyn Write) -> std:
         writeln!(out, "port 0 rx missed    {:>12} packets", p1.tx_frames - r)?;
     }
     writeln!(out, "bad frames: port 0 {} port 1 {}", p0.bad, p1.bad)
+}
+
+/// The UDP port `udp-echo` sends to, and the one it sends from.
+const ECHO_PORT: u16 = 7000;
+const ECHO_FROM: u16 = 9001;
+/// How long `udp-echo` waits for the echoing host to answer at all (it
+/// may still be starting), and then for each echo.
+const ECHO_FIRST_WAIT: Duration = Duration::from_secs(240);
+const ECHO_WAIT: Duration = Duration::from_secs(20);
+
+/// `udp-echo`: port 0 alone, datagrams of sizes cycling from 1 byte up to
+/// `--size` minus the headers, each sent and its echo waited for.
+fn udp_echo(c: &Cli, dev: Dev, out: &mut dyn Write) -> Result<(), String> {
+    let (Some(mac), Some(peer_ip)) = (&c.peer_mac, c.peer_ip) else {
+        return Err("udp-echo: --peer-mac and --peer-ip name the echoing host".into());
+    };
+    if c.peer.is_some() {
+        return Err("udp-echo: one port (-d), no --peer".into());
+    }
+    let peer_mac = parse_mac(mac)?;
+    let mut p = Port::open(dev.open()?, c)?;
+    p.listen(1, c.flows, ECHO_FROM)?;
+    let ends = Ends {
+        macs: (p.ctx.mac(), peer_mac),
+        ips: (c.ip.octets(), peer_ip.octets()),
+        ports: (ECHO_FROM, ECHO_PORT),
+    };
+    writeln!(
+        out,
+        "mlx5-pkt udp-echo: {} datagrams to {peer_ip}:{ECHO_PORT} ({mac}) from {}:{ECHO_FROM}",
+        c.packets, c.ip
+    )
+    .map_err(|e| e.to_string())?;
+    let max = c.size - HDRS;
+    let mut intact = 0u64;
+    for k in 0..c.packets {
+        let len = 1 + (k as usize * 97) % max;
+        let frame = udp_frame(&ends, HDRS + len, k as u8);
+        // The first datagram again every second until the host answers.
+        let (wait, again) = match k {
+            0 => (ECHO_FIRST_WAIT, Some(Duration::from_secs(1))),
+            _ => (ECHO_WAIT, None),
+        };
+        match echo_once(&mut p, c, &frame, wait, again)? {
+            Some(echo) if echo[HDRS..] == frame[HDRS..] => intact += 1,
+            Some(_) => {}
+            None => {
+                writeln!(out, "no echo of datagram {k} ({len} bytes)")
+                    .map_err(|e| e.to_string())?;
+                break;
+            }
+        }
+    }
+    writeln!(out, "udp-echo: sent {} echoed intact {intact}", c.packets)
+        .map_err(|e| e.to_string())?;
+    if let Some(s) = p.steer.take() {
+        s.destroy().map_err(|e| format!("flow steering: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Sends `frame` (again every `again`, if given) and waits at most `wait`
+/// for one datagram back; its frame, or `None`.
+fn echo_once(
+    p: &mut Port,
+    c: &Cli,
+    frame: &[u8],
+    wait: Duration,
+    again: Option<Duration>,
+) -> Result<Option<Vec<u8>>, String> {
+    let start = Instant::now();
+    let mut sent_at: Option<Instant> = None;
+    let mut got = [RxPkt::default()];
+    loop {
+        if sent_at.is_none_or(|t| again.is_some_and(|a| t.elapsed() >= a)) {
+            p.buf.write(0, frame).map_err(|e| format!("frame: {e}"))?;
+            drain(p)?;
+            let pkt = TxPkt {
+                headers: &frame[..HDRS],
+                payload: Some(
+                    p.mr.sge(HDRS as u64, (frame.len() - HDRS) as u32)
+                        .map_err(|e| format!("payload: {e}"))?,
+                ),
+                csum: true,
+                mss: 0,
+                vlan: None,
+            };
+            if p.qp.tx_burst(&[pkt]) != 1 {
+                return Err("udp-echo: the send ring is full".into());
+            }
+            sent_at = Some(Instant::now());
+        }
+        let (wq, cq) = &mut p.rx[0];
+        if wq.rx_burst(cq, &mut got) == 1 {
+            let r = got[0];
+            let at = rx_at(c.flows, 0, usize::from(r.slot));
+            let mut f = vec![0u8; r.len as usize];
+            let read = p.buf.read(at, &mut f).map_err(|e| format!("echo: {e}"));
+            let sge = p.rx_sge(c.flows, 0, usize::from(r.slot))?;
+            p.rx[0].0.post_rx(&[sge]);
+            read?;
+            if r.error.is_none() {
+                return Ok(Some(f));
+            }
+        }
+        if start.elapsed() >= wait {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let v: Vec<u8> = s
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("MAC {s:?}: {e}"))?;
+    v.try_into().map_err(|_| format!("MAC {s:?}: six bytes"))
 }

@@ -823,6 +823,19 @@ pub struct Frame {
     pub payload: std::ops::Range<usize>,
 }
 
+/// Whether `f` is a RoCEv2 frame by its headers alone (Ethernet, IPv4
+/// without options or IPv6, UDP to 4791), without decoding the rest: how
+/// the wire tells the raw frames it carries.
+pub fn is_roce_v2(f: &[u8]) -> bool {
+    let (proto, udp) = match f.get(12..14).map(|t| get16(t, 0)) {
+        Some(ETH_P_IP) if f.get(ETH_HLEN) == Some(&0x45) => (ETH_HLEN + 9, ETH_HLEN + IPV4_HLEN),
+        Some(ETH_P_IPV6) => (ETH_HLEN + 6, ETH_HLEN + IPV6_HLEN),
+        _ => return false,
+    };
+    f.get(proto) == Some(&17)
+        && f.get(udp + 2..udp + 4).map(|p| get16(p, 0)) == Some(ROCE_V2_UDP_PORT)
+}
+
 /// Decodes and checks one frame (lengths, UDP port 4791, ICRC).
 pub fn decode_frame(f: &[u8]) -> Result<Frame, PacketError> {
     let short = |need| PacketError::Truncated {
@@ -874,13 +887,17 @@ pub fn decode_frame(f: &[u8]) -> Result<Frame, PacketError> {
         _ => return Err(PacketError::NotRoce("ethertype")),
     };
     let l4 = ETH_HLEN + l3len;
+    // Another UDP port is another protocol's datagram, whatever its size
+    // (a one-byte one is shorter than any RoCE packet).
+    if let Some(udp) = f.get(l4..l4 + UDP_HLEN) {
+        if get16(udp, 2) != ROCE_V2_UDP_PORT {
+            return Err(PacketError::NotRoce("UDP destination port is not 4791"));
+        }
+    }
     if l4len < UDP_HLEN + BTH_LEN + ICRC_LEN || f.len() < l4 + l4len {
         return Err(short(l4 + l4len.max(UDP_HLEN + BTH_LEN + ICRC_LEN)));
     }
     let udp = &f[l4..l4 + UDP_HLEN];
-    if get16(udp, 2) != ROCE_V2_UDP_PORT {
-        return Err(PacketError::NotRoce("UDP destination port is not 4791"));
-    }
     a.udp_sport = get16(udp, 0);
     let end = l4 + l4len - ICRC_LEN;
     let carried = u32::from_le_bytes([f[end], f[end + 1], f[end + 2], f[end + 3]]);
@@ -1077,5 +1094,15 @@ mod tests {
         assert_eq!(&g[..20], &[0; 20]);
         assert_eq!(g[20], 0x45);
         assert_eq!(&g[32..36], &[10, 0, 0, 1]);
+        assert!(is_roce_v2(&out), "a RoCEv2 frame by its headers");
+        // The same frame to UDP port 7000, cut to a one-byte datagram:
+        // another protocol's, not a short RoCE packet.
+        let mut other = out[..ETH_HLEN + IPV4_HLEN + UDP_HLEN + 1].to_vec();
+        let udp = ETH_HLEN + IPV4_HLEN;
+        other[udp + 2..udp + 4].copy_from_slice(&7000u16.to_be_bytes());
+        other[ETH_HLEN + 2..ETH_HLEN + 4].copy_from_slice(&29u16.to_be_bytes());
+        assert!(!is_roce_v2(&other));
+        assert!(matches!(decode_frame(&other), Err(PacketError::NotRoce(_))));
+        assert!(!is_roce_v2(&out[..13]), "shorter than Ethernet");
     }
 }

@@ -110,6 +110,9 @@ impl Default for LinkOptions {
 pub struct LinkStats {
     /// Frames sent on the socket.
     pub tx_frames: u64,
+    /// Of `tx_frames`, those that are Ethernet but not RoCEv2 (the raw
+    /// frames of functions' SQs).
+    pub tx_raw: u64,
     /// Frames the socket refused (no peer connected, peer gone).
     pub tx_errors: u64,
     /// Frames received.
@@ -152,6 +155,7 @@ impl LinkStats {
 #[derive(Debug, Default)]
 struct Counts {
     tx_frames: AtomicU64,
+    tx_raw: AtomicU64,
     tx_errors: AtomicU64,
     rx_frames: AtomicU64,
     rx_malformed: AtomicU64,
@@ -285,6 +289,7 @@ impl Link {
         let c = &self.counts;
         LinkStats {
             tx_frames: g(&c.tx_frames),
+            tx_raw: g(&c.tx_raw),
             tx_errors: g(&c.tx_errors),
             rx_frames: g(&c.rx_frames),
             rx_malformed: g(&c.rx_malformed),
@@ -350,6 +355,9 @@ impl Link {
         match self.ep.send(f) {
             Ok(()) => {
                 self.counts.tx_frames.fetch_add(1, Ordering::Relaxed);
+                if !packet::is_roce_v2(f) {
+                    self.counts.tx_raw.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(e) => {
                 let n = self.counts.tx_errors.fetch_add(1, Ordering::Relaxed) + 1;

@@ -9,6 +9,11 @@ judges: the client sends UDP datagrams of every size from 1 to 1472 bytes
 in steps (one frame each) that the server echoes, and streams a TCP payload
 (large sends: mlx5e asks for LSO) whose SHA-256 the server sends back.
 Every line the host checks starts with "=== eth ".
+
+`eth_traffic.py echo ADDR COUNT` is the UDP echo alone, for a peer that is
+not Linux (tests/tests/qemu_rxe.rs: `mlx5-pkt udp-echo`, our driver's raw
+packet QP on the model, beyond the model's wire): COUNT datagrams echoed,
+or none for ECHO_IDLE seconds, then "=== eth echo served N".
 """
 
 import hashlib
@@ -56,6 +61,25 @@ def server(addr):
         print("=== eth server error %s" % e, flush=True)
 
 
+ECHO_IDLE = 300
+
+
+def echo(addr, count):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((addr, UDP_PORT))
+    u.settimeout(ECHO_IDLE)
+    print("=== eth echo ready", flush=True)
+    served = 0
+    try:
+        while served < int(count):
+            d, peer = u.recvfrom(65536)
+            u.sendto(d, peer)
+            served += 1
+    except OSError as e:
+        print("=== eth echo error %s" % e, flush=True)
+    print("=== eth echo served %d" % served, flush=True)
+
+
 def client(addr):
     u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     u.settimeout(TIMEOUT)
@@ -85,4 +109,4 @@ def client(addr):
 
 
 if __name__ == "__main__":
-    {"server": server, "client": client}[sys.argv[1]](sys.argv[2])
+    {"server": server, "client": client, "echo": echo}[sys.argv[1]](*sys.argv[2:])

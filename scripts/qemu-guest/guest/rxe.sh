@@ -76,5 +76,12 @@ serve read_bw ib_read_bw -d rxe0 -x 0 -F -n 200 -s 65536
 serve send_lat ib_send_lat -d rxe0 -x 0 -F -n 100 -s 1024
 serve atomic_bw ib_atomic_bw -d rxe0 -x 0 -F -n 200
 rdma statistic show link rxe0/1 2>&1 | sed 's/^/rxe_counters| /'
+# Then raw Ethernet: Linux's UDP stack echoes the datagrams our driver's raw
+# packet QP sends on the model (mlx5-pkt udp-echo, from 10.25.0.1 at the
+# model's MAC); checksums checked in software (the stream netdev offers the
+# guest no offload).
+ip addr add 10.25.0.2/24 dev "$wire"
+ip neigh replace 10.25.0.1 lladdr "$MODEL_MAC" dev "$wire" nud permanent
+PYTHONDONTWRITEBYTECODE=1 timeout 400 python3 /guest/eth_traffic.py echo 10.25.0.2 "$ECHO_COUNT"
 echo "=== end"
 echo o >/proc/sysrq-trigger

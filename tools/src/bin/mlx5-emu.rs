@@ -214,10 +214,11 @@ fn serve(
 /// The wire's counts in one line (what a test or a person reads at exit).
 fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
     format!(
-        "tx_frames {} tx_errors {} rx_frames {} rx_delivered {} rx_raw {} rx_malformed {} \
+        "tx_frames {} tx_raw {} tx_errors {} rx_frames {} rx_delivered {} rx_raw {} rx_malformed {} \
          rx_bad_icrc {} rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} \
          response_timeouts {} lost {} duplicated {} reordered {} corrupted {} delayed {}",
         s.tx_frames,
+        s.tx_raw,
         s.tx_errors,
         s.rx_frames,
         s.rx_delivered,
