@@ -70,6 +70,11 @@ fn bad_arguments_are_refused_with_a_reason() {
         (&["rxonly", "--peer", "emu"][..], "built-in model"),
         (&["rxonly", "-d", "vfio-user:/nonexistent"][..], "--peer"),
         (&["fastest"][..], "invalid value"),
+        (&["udp-echo"][..], "--peer-mac"),
+        (
+            &["udp-echo", "--peer-mac", "1:2:3", "--peer-ip", "10.0.0.1"][..],
+            "six bytes",
+        ),
     ] {
         let mut out = Vec::new();
         let e = main_with(args, &mut out).expect_err(&format!("{args:?} accepted"));
