@@ -68,13 +68,16 @@ pub(crate) fn known<T>(t: &BTreeMap<u32, T>, n: u32, synd: u32) -> Result<&T, Fa
     t.get(&n).ok_or(fail(CmdStatus::BadResource, synd))
 }
 
-/// The queue-state moves MODIFY_SQ and MODIFY_RQ take: RST->RDY, RDY->RDY,
-/// RDY->ERR, RDY->RST, ERR->RST and ERR->RDY (mlx5e's recovery).
+/// The queue-state moves MODIFY_SQ and MODIFY_RQ take: RST->RDY, RST->RST,
+/// RDY->RDY, RDY->ERR, RDY->RST, ERR->RST and ERR->RDY (mlx5e's recovery).
 pub(crate) fn queue_transition(cur: u64, next: u64) -> Result<(), Fail> {
     use mlx5_hw::eth::{QUEUE_STATE_ERR as ERR, QUEUE_STATE_RDY as RDY, QUEUE_STATE_RST as RST};
+    // RST to RST too: mlx5_ib moves a raw packet QP's SQ so at RST2INIT
+    // (`modify_raw_packet_qp`: the RQ to RDY, the SQ to RST), which the
+    // card accepts (rdma-core's test_flow runs on it).
     let ok = matches!(
         (cur, next),
-        (RST, RDY) | (RDY, RDY) | (RDY, ERR) | (RDY, RST) | (ERR, RST) | (ERR, RDY)
+        (RST, RDY) | (RST, RST) | (RDY, RDY) | (RDY, ERR) | (RDY, RST) | (ERR, RST) | (ERR, RDY)
     );
     if ok {
         Ok(())

@@ -227,6 +227,8 @@ fn tis_rq_rqt_tir_sq_as_mlx5e_makes_them_with_their_checks() {
         e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_ERR),
         BAD_PARAM
     );
+    // RST->RST is taken (mlx5_ib's raw packet QP RST2INIT asks for it).
+    assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RST), 0);
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_RDY, QUEUE_STATE_ERR), 0);
     assert_eq!(e.modify(0x905, sqn, QUEUE_STATE_ERR, QUEUE_STATE_RST), 0);
