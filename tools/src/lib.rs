@@ -13,3 +13,15 @@ pub mod list;
 pub mod perf;
 pub mod pkt;
 pub mod reset;
+
+/// Logs to stderr through `tracing`, filtered by `RUST_LOG` or else at
+/// `default` (`"warn"`, `"info"`): what every program here starts with.
+pub fn init_tracing(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -239,13 +239,7 @@ fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tools::init_tracing("info");
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Serve {

@@ -8,12 +8,7 @@ use clap::Parser;
 use tools::pkt::{run, Cli};
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    tools::init_tracing("warn");
     match run(&Cli::parse(), &mut std::io::stdout()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
