@@ -60,7 +60,7 @@ pub struct Cli {
     /// Forwarding mode.
     #[arg(value_enum)]
     pub mode: Mode,
-    /// Port 0, the generator: emu[:PROFILE] (the default: two cabled
+    /// Port 0, the generator: `emu[:PROFILE]` (the default: two cabled
     /// functions of the built-in model), a PCI address, vfio-user:PATH.
     #[arg(short = 'd', long)]
     pub dev: Option<String>,
