@@ -167,6 +167,11 @@ impl Wire {
         p
     }
 
+    /// The link to another process, if one is connected.
+    pub(crate) fn link(&self) -> Option<Arc<Link>> {
+        rlock(&self.link).clone()
+    }
+
     /// Every port on this fabric (where a raw frame from a link goes).
     pub(crate) fn ports(&self) -> Vec<Arc<Rdma>> {
         rlock(&self.ports)
@@ -210,7 +215,7 @@ pub(crate) struct Dest<'a, 'b> {
 
 /// The link to another process of the fabric `rdma` is cabled to.
 pub(crate) fn link_of(rdma: &Rdma) -> Option<Arc<Link>> {
-    wire_of(rdma).and_then(|w| rlock(&w.link).clone())
+    wire_of(rdma).and_then(|w| w.link())
 }
 
 /// The fabric `rdma` is cabled to.

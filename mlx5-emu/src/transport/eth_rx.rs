@@ -305,10 +305,9 @@ fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
 /// there takes it in, and the link to another process carries it
 /// ([`crate::wire`]). Neither: the frame is lost at the port.
 pub(crate) fn transmit(src: &Rdma, frame: &[u8]) {
-    let peers = crate::fabric::wire_of(src)
-        .map(|w| w.peers(src))
-        .unwrap_or_default();
-    let link = crate::fabric::link_of(src);
+    let wire = crate::fabric::wire_of(src);
+    let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
+    let link = wire.and_then(|w| w.link());
     if peers.is_empty() && link.is_none() {
         src.counters.dropped.fetch_add(1, Ordering::Relaxed);
     }

@@ -319,9 +319,16 @@ pub fn rc_rounds_on(a: &mut Side, b: &mut Side, qa: &mut Qp, qb: &mut Qp, rounds
 /// Once nothing is held or in flight, each end received what the other
 /// sent, and the bad frames it counted are the ones the other corrupted.
 pub fn counters_add_up(l: &Linked) {
+    // Quiet: every frame sent was taken, and each taken one is counted
+    // where it went (the receive thread counts a frame first, then its
+    // fate: a snapshot between the two would see one frame nowhere).
+    let placed = |s: &LinkStats| s.rx_delivered + s.rx_raw + s.rx_dropped();
     until("the links to go quiet", || {
         let (a, b) = l.stats();
-        a.rx_frames == b.tx_frames && b.rx_frames == a.tx_frames
+        a.rx_frames == b.tx_frames
+            && b.rx_frames == a.tx_frames
+            && placed(&a) == a.rx_frames
+            && placed(&b) == b.rx_frames
     });
     let (a, b) = l.stats();
     for (from, to) in [(a, b), (b, a)] {
