@@ -150,6 +150,7 @@ fn main() {
         Ok(_) => {
             let dir = std::env::temp_dir().join(format!("qemu_mlx5-{}", std::process::id()));
             let _ = std::fs::create_dir_all(&dir);
+            log_servers_to(&dir.join("servers.log"));
             let only = std::env::var("MLX5_QEMU_ONLY").ok();
             let boots = |b: &str| only.as_deref().is_none_or(|o| o == b);
             let why = format!("MLX5_QEMU_ONLY={}", only.as_deref().unwrap_or(""));
@@ -175,6 +176,23 @@ fn main() {
         }
     }
     t.finish(start.elapsed().as_secs_f64());
+}
+
+/// The in-process servers' and models' log goes to `path` (RUST_LOG,
+/// else info), kept with the consoles when a check fails.
+fn log_servers_to(path: &Path) {
+    match std::fs::File::create(path) {
+        Ok(f) => {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .try_init();
+        }
+        Err(e) => println!("no server log ({}): {e}", path.display()),
+    }
 }
 
 /// The first boot: the ConnectX-4 Lx pair (the traced firmware), smoke.sh.

@@ -488,7 +488,7 @@ impl Server {
             why
         });
         link.hang_up();
-        tracing::info!(path = %self.path.display(), "client gone ({why}); releasing the function");
+        tracing::info!(path = %self.path.display(), dma_maps = self.bus.dma.mappings(), "client gone ({why}); releasing the function");
         self.release();
     }
 
@@ -513,10 +513,15 @@ impl Drop for Server {
 /// What the reader hands the session: one receive.
 type Received = std::result::Result<Option<Message>, RecvError>;
 
+/// A message that waited this long for the session, or took the session
+/// this long to answer, is logged (a client such as QEMU waits for some
+/// replies holding its big lock, and gives up after its `x-msg-timeout`).
+const SLOW_MESSAGE: Duration = Duration::from_secs(1);
+
 /// Reads the client's messages until it goes (or the server stops): replies
 /// to the server's requests to their waiters, everything else to `tx`. An
 /// oversized message's body is skipped here, so the stream stays in step.
-fn read_loop(link: &Link, stop: &AtomicBool, tx: mpsc::Sender<Received>) {
+fn read_loop(link: &Link, stop: &AtomicBool, tx: mpsc::Sender<(Instant, Received)>) {
     let fds = [link.sock.as_raw_fd()];
     loop {
         if stop.load(Ordering::Acquire) {
@@ -526,28 +531,31 @@ fn read_loop(link: &Link, stop: &AtomicBool, tx: mpsc::Sender<Received>) {
             Ok(r) if !r[0] => continue,
             Ok(_) => {}
             Err(e) => {
-                let _ = tx.send(Err(RecvError::Io(e)));
+                let _ = tx.send((Instant::now(), Err(RecvError::Io(e))));
                 break;
             }
         }
         match socket::recv(&link.sock, MAX_MESSAGE) {
             Ok(Some(m)) if m.header.is_reply() => link.deliver(m),
             Err(RecvError::TooLong(h)) => {
-                if tx.send(Err(RecvError::TooLong(h))).is_err() {
+                if tx
+                    .send((Instant::now(), Err(RecvError::TooLong(h))))
+                    .is_err()
+                {
                     break;
                 }
                 if let Err(e) = socket::discard(&link.sock, h.payload_len()) {
-                    let _ = tx.send(Err(RecvError::Io(e)));
+                    let _ = tx.send((Instant::now(), Err(RecvError::Io(e))));
                     break;
                 }
             }
             r @ (Ok(Some(_)) | Err(RecvError::Short(_))) => {
-                if tx.send(r).is_err() {
+                if tx.send((Instant::now(), r)).is_err() {
                     break;
                 }
             }
             r @ (Ok(None) | Err(RecvError::Io(_))) => {
-                let _ = tx.send(r);
+                let _ = tx.send((Instant::now(), r));
                 break;
             }
         }
@@ -717,6 +725,23 @@ impl DmaByMessage for Link {
     }
 }
 
+/// Logs a message that waited `queued` behind others or took `handled` to
+/// answer, if either is [`SLOW_MESSAGE`] or more.
+fn slow(srv: &Server, what: Option<(u16, &'static str)>, queued: Duration, handled: Duration) {
+    if queued >= SLOW_MESSAGE || handled >= SLOW_MESSAGE {
+        let (id, cmd) = what.unwrap_or((0, "(none)"));
+        tracing::warn!(
+            path = %srv.path.display(),
+            id,
+            cmd,
+            queued_ms = queued.as_millis() as u64,
+            handled_ms = handled.as_millis() as u64,
+            dma_maps = srv.bus.dma.mappings(),
+            "slow vfio-user message"
+        );
+    }
+}
+
 struct Session<'a> {
     srv: &'a Server,
     link: Arc<Link>,
@@ -732,14 +757,21 @@ struct Session<'a> {
 impl Session<'_> {
     /// Serves the reader's messages until the client goes; returns why it
     /// ended.
-    fn run(&mut self, rx: &mpsc::Receiver<Received>) -> String {
+    fn run(&mut self, rx: &mpsc::Receiver<(Instant, Received)>) -> String {
         loop {
             if self.srv.stop.load(Ordering::Acquire) {
                 return "server stopping".into();
             }
             match rx.recv_timeout(STOP_POLL) {
-                Ok(r) => {
-                    if let Some(why) = self.received(r) {
+                Ok((read_at, r)) => {
+                    let what = match &r {
+                        Ok(Some(m)) => Some((m.header.id, m.header.command_name())),
+                        _ => None,
+                    };
+                    let taken = Instant::now();
+                    let why = self.received(r);
+                    slow(self.srv, what, taken - read_at, taken.elapsed());
+                    if let Some(why) = why {
                         return why;
                     }
                 }
