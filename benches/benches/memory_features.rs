@@ -36,8 +36,9 @@ use verbs::pd::Pd;
 use verbs::qp::{send_flags, Payload, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendOp, SendWr};
 use verbs::scatter_cqe::{dv_flags, InlineRecv};
 use vfio::emulated::DeviceModel;
+use vfio::IovaMemory;
 use vfio::{DmaBuffer, PciFunction};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// Receive CQEs per lap (B's CQ is this big).
 const RING: usize = 1024;
@@ -97,7 +98,7 @@ struct RecvRig {
     _a: Side,
     b: Side,
     _qps: (Qp, Qp),
-    ring: (Arc<GuestMemoryMmap>, u64),
+    ring: (Arc<IovaMemory>, u64),
 }
 
 fn cq_iova(ctx: &Context, cqn: u32) -> u64 {

@@ -21,8 +21,9 @@ use verbs::qp::{
 };
 use verbs::wr::{Payload, SendOp, SendWr};
 use vfio::emulated::DeviceModel;
+use vfio::IovaMemory;
 use vfio::{DmaBuffer, PciFunction};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// Entries of the rig's CQ (and blocks of its SQ): every one holds a CQE
 /// when a poll bench starts a lap.
@@ -56,7 +57,7 @@ pub struct ApiRig {
     pub qp: Qp,
     _qp_b: Qp,
     /// A's CQ ring, where the CQEs lie (host memory).
-    cq_ring: (Arc<GuestMemoryMmap>, u64),
+    cq_ring: (Arc<IovaMemory>, u64),
 }
 
 impl std::fmt::Debug for ApiRig {

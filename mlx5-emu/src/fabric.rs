@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use vfio::emulated::EmulatedFunction;
-use vm_memory::{GuestMemoryMmap, VolatileSlice};
+use vfio::IovaMemory;
+use vm_memory::VolatileSlice;
 
 use crate::transport::mem::{self, Extent, Hinted};
 use crate::transport::packet::{self, Headers, RoceAddr};
@@ -43,7 +44,7 @@ pub(crate) enum Payload<'a> {
     Slice(VolatileSlice<'a>),
     /// `len` bytes of `ext` in the sender's memory `mem`, from `skip`.
     Mem {
-        mem: &'a GuestMemoryMmap,
+        mem: &'a IovaMemory,
         ext: &'a [Extent],
         skip: u64,
         len: u64,
@@ -64,7 +65,7 @@ impl Payload<'_> {
     /// Copies the payload into `dst` extents of `dmem`, `dskip` bytes in.
     pub(crate) fn copy_to(
         &self,
-        dmem: &GuestMemoryMmap,
+        dmem: &IovaMemory,
         dst: &[Extent],
         dskip: u64,
     ) -> Result<(), mem::Fault> {
@@ -196,7 +197,7 @@ impl Wire {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dest<'a, 'b> {
     pub rdma: &'a Rdma,
-    pub mem: &'a GuestMemoryMmap,
+    pub mem: &'a IovaMemory,
     pub hint: Option<&'a Hinted<'b>>,
     pub wire: Option<&'a Wire>,
     pub qp: Option<&'a Arc<Qp>>,

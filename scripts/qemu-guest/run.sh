@@ -93,10 +93,10 @@ if [[ "${MLX5_QEMU_IOMMU:-0}" == 1 ]]; then
 fi
 # x-msg-timeout: how long QEMU waits for the server's reply to a message
 # (5 s by default). With the IOMMU the guest's vfio-pci maps and unmaps
-# pages one message each; on a loaded 2-core host (TCG, stress-ng and the
-# suite beside it) a DMA_MAP reply came after 5 s, and once after 30 s
-# (not yet diagnosed: QEMU then fails the map with EFAULT and warns, and
-# the IOMMU boot's check says so). Quiet runs have never waited that long.
+# pages one message each (13,000 mappings at once); each map once copied
+# every mapping (vm-memory's GuestMemoryMmap), and under stress-ng one
+# reply took 26 s. vfio::IovaMemory copies one chunk instead; 30 s stays
+# as headroom for a loaded 2-core host under TCG.
 pci_dev=""
 if [[ "$functions" != 0 ]]; then
     pci_dev='-device pcie-root-port,id=rp1,chassis=1 -device pcie-root-port,id=rp2,chassis=2

@@ -19,10 +19,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use vm_memory::mmap::MmapRegion;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestRegionMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::function::CONFIG_REGION;
+use crate::iova_memory::IovaMemory;
 use crate::{DmaBuffer, Error, Iova, IovaRange, IrqKind, Mmio, PciFunction, RegionInfo, Result};
 
 /// The device side of an emulated PCI function.
@@ -102,16 +103,15 @@ pub trait DmaByMessage: Send + Sync + std::fmt::Debug {
 /// regions its client shares by file descriptor ([`DmaSpace::map_file`]).
 #[derive(Debug, Default)]
 pub struct DmaSpace {
-    mem: RwLock<Arc<GuestMemoryMmap>>,
+    /// What the device reaches: every mapping's region and the device's
+    /// own memory. Locked after `maps`.
+    mem: RwLock<Arc<IovaMemory>>,
     maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
     /// The device's own memory in the space ([`DmaSpace::map_device_memory`]):
     /// not the driver's mappings, kept across [`DmaSpace::clear`].
     device: Mutex<Vec<Arc<GuestRegionMmap>>>,
     /// Unmapped windows whose regions a snapshot may still hold.
     retired: Mutex<Vec<Backing>>,
-    /// The regions of `mem` by IOVA, so that many can go in one rebuild
-    /// (`unmap_within`). Locked after `maps`, before `mem`.
-    regions: Mutex<BTreeMap<u64, Arc<GuestRegionMmap>>>,
 }
 
 impl DmaSpace {
@@ -225,11 +225,11 @@ impl DmaSpace {
     /// bulk takes it once per batch and copies between two spaces without
     /// a bounce buffer (`get_slice` + `copy_to_volatile_slice`). Later maps
     /// and unmaps do not change a snapshot already taken.
-    pub fn memory(&self) -> Arc<GuestMemoryMmap> {
+    pub fn memory(&self) -> Arc<IovaMemory> {
         self.snapshot()
     }
 
-    fn snapshot(&self) -> Arc<GuestMemoryMmap> {
+    fn snapshot(&self) -> Arc<IovaMemory> {
         match self.mem.read() {
             Ok(g) => g.clone(),
             Err(p) => p.into_inner().clone(),
@@ -405,15 +405,15 @@ impl DmaSpace {
         self.retire([]);
         let mut maps = self.lock_maps();
         Self::check_free(&maps, iova, len)?;
-        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let next = mem.insert_region(region.clone()).map_err(|_| Error::Iova {
-            iova,
-            len,
-            why: "overlaps an existing mapping",
-        })?;
-        *mem = Arc::new(next);
-        regions.insert(iova, region);
+        if mem.overlaps(iova, len) {
+            return Err(Error::Iova {
+                iova,
+                len,
+                why: "overlaps an existing mapping",
+            });
+        }
+        *mem = Arc::new(mem.with(region));
         maps.insert(iova, (len, keep));
         Ok(())
     }
@@ -435,22 +435,9 @@ impl DmaSpace {
                 })
             }
         }
-        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let next = match mem.remove_region(GuestAddress(iova), len) {
-            Ok((next, _)) => next,
-            Err(_) => {
-                return Err(Error::Iova {
-                    iova,
-                    len,
-                    why: "no mapping starts there with that length",
-                })
-            }
-        };
-        *mem = Arc::new(next);
+        *mem = Arc::new(mem.without([iova]));
         drop(mem);
-        regions.remove(&iova);
-        drop(regions);
         let gone = maps.remove(&iova).map(|(_, b)| b);
         drop(maps);
         self.retire(gone);
@@ -493,26 +480,13 @@ impl DmaSpace {
         if inside.is_empty() {
             return Ok(0);
         }
-        // One rebuild of the memory for all of them (a vIOMMU's switch
-        // back to passthrough unmaps tens of thousands of 4 KiB maps at
-        // once; one rebuild each would be quadratic).
-        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        for (start, _) in &inside {
-            regions.remove(start);
+        // Only the mappings go: the device's own memory stays (a client's
+        // DMA_UNMAP to the top of the space, as QEMU sends at reset, must
+        // not take the MEMIC away).
+        {
+            let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+            *mem = Arc::new(mem.without(inside.iter().map(|&(start, _)| start)));
         }
-        // The device's own memory stays (a client's DMA_UNMAP to the top of
-        // the space, as QEMU sends at reset, must not take the MEMIC away).
-        let mut kept: Vec<Arc<GuestRegionMmap>> = regions.values().cloned().collect();
-        kept.extend(
-            self.device
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .cloned(),
-        );
-        let next = GuestMemoryMmap::from_arc_regions(kept).unwrap_or_default();
-        *self.mem.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
-        drop(regions);
         let gone: Vec<Backing> = inside
             .iter()
             .filter_map(|(start, _)| maps.remove(start).map(|(_, b)| b))
@@ -549,14 +523,16 @@ impl DmaSpace {
                 why: "does not fit the address space",
             },
         )?);
-        let _maps = self.lock_maps();
+        let maps = self.lock_maps();
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let next = mem.insert_region(region.clone()).map_err(|_| Error::Iova {
-            iova,
-            len,
-            why: "overlaps an existing mapping",
-        })?;
-        *mem = Arc::new(next);
+        if mem.overlaps(iova, len) || Self::check_free(&maps, iova, len).is_err() {
+            return Err(Error::Iova {
+                iova,
+                len,
+                why: "overlaps an existing mapping",
+            });
+        }
+        *mem = Arc::new(mem.with(region.clone()));
         self.device
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -568,18 +544,15 @@ impl DmaSpace {
     /// own memory stays.
     pub fn clear(&self) {
         let mut maps = self.lock_maps();
-        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let mut fresh = GuestMemoryMmap::default();
-        for r in self.device.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            if let Ok(next) = fresh.insert_region(r.clone()) {
-                fresh = next;
-            }
-        }
+        let fresh = self
+            .device
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .fold(IovaMemory::default(), |m, r| m.with(r.clone()));
         *mem = Arc::new(fresh);
         drop(mem);
-        regions.clear();
-        drop(regions);
         let gone = std::mem::take(&mut *maps);
         drop(maps);
         self.retire(gone.into_values().map(|(_, b)| b));

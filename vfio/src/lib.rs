@@ -43,6 +43,7 @@ pub mod emulated;
 pub mod function;
 pub mod host_memory;
 pub mod iova;
+pub mod iova_memory;
 pub mod kernel;
 pub mod mmio;
 pub mod pci;
@@ -53,6 +54,7 @@ pub use dma_ring::DmaRing;
 pub use function::{Iova, IovaRange, IrqKind, PciFunction, RegionInfo};
 pub use host_memory::HostMemory;
 pub use iova::IovaAllocator;
+pub use iova_memory::IovaMemory;
 pub use mmio::{MemType, Mmio, MmioRing};
 
 /// Everything that can go wrong while owning a function.

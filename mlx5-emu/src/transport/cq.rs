@@ -11,7 +11,7 @@ use mlx5_hw::cqe::{self, CqeOpcode};
 use mlx5_hw::event::EventType;
 use mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK;
 use mlx5_hw::ifc::{Cqe64, EqeComp, EqeCqErr, ErrCqe};
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::mem;
@@ -146,7 +146,7 @@ impl Cq {
     }
 
     /// Writes one CQE; false if the CQ overran (or is in error).
-    pub(crate) fn push(&self, rdma: &Rdma, mem: &GuestMemoryMmap, c: &Completion) -> bool {
+    pub(crate) fn push(&self, rdma: &Rdma, mem: &IovaMemory, c: &Completion) -> bool {
         let mut st = lock(&self.st);
         if st.error {
             return false;
@@ -300,7 +300,7 @@ impl Cq {
 
     /// Reads the arm word of the doorbell record (a UAR arm overwritten by
     /// another before the worker saw it).
-    pub(crate) fn sweep_arm(&self, rdma: &Rdma, mem: &GuestMemoryMmap) {
+    pub(crate) fn sweep_arm(&self, rdma: &Rdma, mem: &IovaMemory) {
         let Ok(word) = mem::load_be32(mem, self.dbr + 4) else {
             return;
         };

@@ -33,7 +33,7 @@ use mlx5_hw::eth::{
 };
 use mlx5_hw::ifc::wqe_data_seg;
 use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 
 use super::cq::{Completion, EthCqe};
 use super::mem::{self, access};
@@ -125,7 +125,7 @@ impl EthRq {
     }
 
     /// Takes `frame` into the next WQE and completes it.
-    fn deliver(&self, rdma: &Rdma, mem: &GuestMemoryMmap, frame: &[u8], p: &Parsed, d: Delivery) {
+    fn deliver(&self, rdma: &Rdma, mem: &IovaMemory, frame: &[u8], p: &Parsed, d: Delivery) {
         if u64::from(self.state.load(Ordering::Acquire)) != QUEUE_STATE_RDY {
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -185,7 +185,7 @@ impl EthRq {
     fn scatter(
         &self,
         rdma: &Rdma,
-        mem: &GuestMemoryMmap,
+        mem: &IovaMemory,
         at: u16,
         frame: &[u8],
     ) -> Result<u16, (CqeSyndrome, u8)> {

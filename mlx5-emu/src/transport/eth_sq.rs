@@ -30,7 +30,7 @@ use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
 use mlx5_hw::wqe::{
     wqebbs_for_ds, WqeOpcode, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE,
 };
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 
 use super::cq::Completion;
 use super::mem::{self, access};
@@ -107,14 +107,14 @@ impl EthSq {
 
     /// Back to RST: the ring restarts at 0 and the doorbell record counts
     /// as stale until it moves or a doorbell rings.
-    pub(crate) fn reset(&self, mem: &GuestMemoryMmap) {
+    pub(crate) fn reset(&self, mem: &IovaMemory) {
         let mut r = lock(&self.ring);
         r.ci = 0;
         r.stale = self.pi(mem);
     }
 
     /// The producer counter in the doorbell record.
-    fn pi(&self, mem: &GuestMemoryMmap) -> Option<u16> {
+    fn pi(&self, mem: &IovaMemory) -> Option<u16> {
         mem::load_be32(mem, self.dbr + 4).ok().map(|v| v as u16)
     }
 }
@@ -122,7 +122,7 @@ impl EthSq {
 /// Executes (RDY) or flushes (ERR) what was posted on `sq`; true if any
 /// WQE was taken. `rung`: a doorbell of this SQ was seen (else the sweep
 /// reads the doorbell record for a lost one).
-pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) -> bool {
+pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, rung: bool) -> bool {
     let state = sq.state();
     if state != QUEUE_STATE_RDY && state != QUEUE_STATE_ERR {
         return false;
@@ -196,14 +196,7 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, rung: bool) ->
 }
 
 /// Completes the WQE at `at` as flushed; false when the CQ takes no more.
-fn flush_one(
-    rdma: &Rdma,
-    sq: &EthSq,
-    mem: &GuestMemoryMmap,
-    at: u16,
-    pi: u16,
-    ci: &mut u16,
-) -> bool {
+fn flush_one(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, at: u16, pi: u16, ci: &mut u16) -> bool {
     let mut b = [0u8; 16];
     let Some(addr) = sq.bb(at) else {
         return false;
@@ -235,7 +228,7 @@ fn flush_one(
 /// before the producer counter `pi`.
 fn read_wqe(
     sq: &EthSq,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     at: u16,
     pi: u16,
     buf: &mut [u8; SEND_WQE_MAX_SIZE],
@@ -261,7 +254,7 @@ fn read_wqe(
 }
 
 /// Runs one WQE (`w`: its `ds` × 16 bytes).
-fn execute(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8]) -> Outcome {
+fn execute(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
     match WqeOpcode::from(w[3]) {
         WqeOpcode::Nop => Outcome::Done(0, 0),
         WqeOpcode::Send => send(rdma, sq, mem, w, false),
@@ -294,7 +287,7 @@ fn inline_or_insert(sq: &EthSq, eth: &[u8]) -> (usize, Option<[u8; VLAN_HLEN]>) 
 /// keys; the frame they make leaves on the port ([`eth_rx::transmit`]).
 /// A frame shorter than an Ethernet header is a length error. `lso`: the
 /// LSO opcode, the frame cut at the segment's MSS first ([`lso`]).
-fn send(rdma: &Rdma, sq: &EthSq, mem: &GuestMemoryMmap, w: &[u8], lso: bool) -> Outcome {
+fn send(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8], lso: bool) -> Outcome {
     let ctrl = wqe_ctrl_seg::SIZE_BYTES;
     let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);

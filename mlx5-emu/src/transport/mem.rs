@@ -6,8 +6,9 @@
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
+use vfio::IovaMemory;
 use vm_memory::{
-    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap,
     MemoryRegionAddress, VolatileMemory, VolatileSlice,
 };
 
@@ -523,10 +524,10 @@ pub(crate) fn walk(
 /// Copies `len` bytes from `src` (extents in `smem`, from `sskip`) to `dst`
 /// (extents in `dmem`, from `dskip`), memory to memory.
 pub(crate) fn copy(
-    smem: &GuestMemoryMmap,
+    smem: &IovaMemory,
     src: &[Extent],
     sskip: u64,
-    dmem: &GuestMemoryMmap,
+    dmem: &IovaMemory,
     dst: &[Extent],
     dskip: u64,
     len: u64,
@@ -571,12 +572,12 @@ pub(crate) fn copy(
 /// through every mapping.
 #[derive(Debug)]
 pub(crate) struct Hinted<'a> {
-    pub mem: &'a GuestMemoryMmap,
+    pub mem: &'a IovaMemory,
     last: Cell<Option<&'a GuestRegionMmap>>,
 }
 
 impl<'a> Hinted<'a> {
-    pub(crate) fn new(mem: &'a GuestMemoryMmap) -> Self {
+    pub(crate) fn new(mem: &'a IovaMemory) -> Self {
         Self {
             mem,
             last: Cell::new(None),
@@ -625,7 +626,7 @@ pub(crate) fn write_slice(
 
 /// Copies bytes into extents.
 pub(crate) fn write_bytes(
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     dst: &[Extent],
     dskip: u64,
     data: &[u8],
@@ -641,7 +642,7 @@ pub(crate) fn write_bytes(
 
 /// Copies bytes out of extents.
 pub(crate) fn read_bytes(
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     src: &[Extent],
     sskip: u64,
     out: &mut [u8],
@@ -657,27 +658,27 @@ pub(crate) fn read_bytes(
 }
 
 /// Reads a big-endian u32 with acquire ordering (doorbell records).
-pub(crate) fn load_be32(mem: &GuestMemoryMmap, iova: u64) -> Result<u32, Fault> {
+pub(crate) fn load_be32(mem: &IovaMemory, iova: u64) -> Result<u32, Fault> {
     mem.load::<u32>(GuestAddress(iova), Ordering::Acquire)
         .map(u32::from_be)
         .map_err(|_| Fault { iova })
 }
 
 /// Reads `out.len()` bytes at `iova`.
-pub(crate) fn read(mem: &GuestMemoryMmap, iova: u64, out: &mut [u8]) -> Result<(), Fault> {
+pub(crate) fn read(mem: &IovaMemory, iova: u64, out: &mut [u8]) -> Result<(), Fault> {
     mem.read_slice(out, GuestAddress(iova))
         .map_err(|_| Fault { iova })
 }
 
 /// Writes `data` at `iova`.
-pub(crate) fn write(mem: &GuestMemoryMmap, iova: u64, data: &[u8]) -> Result<(), Fault> {
+pub(crate) fn write(mem: &IovaMemory, iova: u64, data: &[u8]) -> Result<(), Fault> {
     mem.write_slice(data, GuestAddress(iova))
         .map_err(|_| Fault { iova })
 }
 
 /// Stores one byte with release ordering: everything written before it
 /// (a CQE's body) is visible to whoever sees it (the owner bit).
-pub(crate) fn store_u8_release(mem: &GuestMemoryMmap, iova: u64, v: u8) -> Result<(), Fault> {
+pub(crate) fn store_u8_release(mem: &IovaMemory, iova: u64, v: u8) -> Result<(), Fault> {
     mem.store(v, GuestAddress(iova), Ordering::Release)
         .map_err(|_| Fault { iova })
 }
@@ -687,7 +688,7 @@ pub(crate) fn store_u8_release(mem: &GuestMemoryMmap, iova: u64, v: u8) -> Resul
 /// chose, `atomic_req_8B_endianness_mode` 1): `op(old) -> Some(new)` stores
 /// `new` if the memory still holds `old`. Returns the original value.
 pub(crate) fn atomic64(
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     iova: u64,
     host: bool,
     op: impl Fn(u64) -> u64,

@@ -930,7 +930,7 @@ impl Rdma {
     /// Reads one object's doorbell record again: a send queue's producer
     /// counter (for a doorbell overwritten before the worker saw it), a
     /// CQ's arm word. An object gone since the round started is skipped.
-    fn sweep_one(&self, s: Swept, mem: &vm_memory::GuestMemoryMmap) -> bool {
+    fn sweep_one(&self, s: Swept, mem: &vfio::IovaMemory) -> bool {
         match s {
             Swept::Qp(n) => {
                 let Some(qp) = self.qp(n) else {

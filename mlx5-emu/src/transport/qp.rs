@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 
 use super::mem::{self, access, Extent, Fault, KeyError};
 use super::packet::RoceAddr;
@@ -163,7 +163,7 @@ pub(crate) struct Peer {
     /// this function, a stand-in never delivered to).
     pub link: Option<Arc<crate::wire::Link>>,
     /// The remote function's memory, taken again at every burst.
-    pub mem: Arc<GuestMemoryMmap>,
+    pub mem: Arc<IovaMemory>,
     /// [`super::tables_gen`] when found: any table change (GIDs, QPs,
     /// the cabling) finds it again.
     pub gen: u64,
@@ -313,12 +313,12 @@ impl Qp {
     }
 
     /// The SQ producer counter in the doorbell record.
-    pub(crate) fn sq_pi(&self, mem: &GuestMemoryMmap) -> Result<u16, Fault> {
+    pub(crate) fn sq_pi(&self, mem: &IovaMemory) -> Result<u16, Fault> {
         mem::load_be32(mem, self.dbr + 4).map(|v| v as u16)
     }
 
     /// The RQ producer counter in the doorbell record.
-    pub(crate) fn rq_pi(&self, mem: &GuestMemoryMmap) -> Result<u16, Fault> {
+    pub(crate) fn rq_pi(&self, mem: &IovaMemory) -> Result<u16, Fault> {
         mem::load_be32(mem, self.dbr).map(|v| v as u16)
     }
 
@@ -378,7 +378,7 @@ const TERMINATE_LKEY: u32 = mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
 /// the total capacity.
 fn scatter(
     rdma: &Rdma,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     pd: u32,
     at: u64,
     n: usize,
@@ -436,7 +436,7 @@ impl Qp {
         &self,
         rdma: &Rdma,
         rq: &mut Rq,
-        mem: &GuestMemoryMmap,
+        mem: &IovaMemory,
         recv: &mut Recv,
     ) -> Result<(), RecvError> {
         if let Some(srq) = &self.srq {
@@ -474,7 +474,7 @@ impl Qp {
 }
 
 impl Srq {
-    fn take(&self, rdma: &Rdma, mem: &GuestMemoryMmap, recv: &mut Recv) -> Result<(), RecvError> {
+    fn take(&self, rdma: &Rdma, mem: &IovaMemory, recv: &mut Recv) -> Result<(), RecvError> {
         let mut st = lock(&self.st);
         if st.error {
             return Err(RecvError::Empty);

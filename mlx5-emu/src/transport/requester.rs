@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::ifc::{wqe_datagram_seg, WqeDatagramSeg};
 use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+use vfio::IovaMemory;
+use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 use zerocopy::FromBytes;
 
 use super::cq::{Completion, InlineScatter};
@@ -179,7 +180,7 @@ fn be64(b: &[u8], at: usize) -> u64 {
 }
 
 /// Runs what a QP's send side has to do; true if it did something.
-pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
+pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
     match qp.state() {
         state::RTS => execute(rdma, qp, mem),
         state::ERR => {
@@ -196,7 +197,7 @@ pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
 /// messages sent and not yet acknowledged; `None` while its retry timer
 /// runs, and for an idle queue (thousands of them in a sweep), before
 /// anything of a burst is set up.
-fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap) -> Option<u16> {
+fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory) -> Option<u16> {
     if let Some(r) = sq.retry {
         if rdma.clock.now() < r.at {
             rdma.timer(qp.qpn, r.at);
@@ -212,7 +213,7 @@ fn work(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap) -> Option<u16>
     (sq.ci != pi || !sq.unacked.is_empty()).then_some(pi)
 }
 
-fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &GuestMemoryMmap) -> bool {
+fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
     let mut sq = lock(&qp.sq);
     let Some(pi) = work(rdma, qp, &mut sq, mem) else {
         return false;
@@ -356,7 +357,7 @@ fn finish(
     rdma: &Rdma,
     qp: &Arc<Qp>,
     sq: &mut Sq,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     head: Head,
     outcome: Outcome,
 ) -> bool {
@@ -423,7 +424,7 @@ fn complete(
     rdma: &Rdma,
     qp: &Arc<Qp>,
     sq: &mut Sq,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     head: Head,
     bytes: u32,
 ) -> bool {
@@ -479,13 +480,7 @@ fn flush_tally(rdma: &Rdma, sq: &Sq) {
 
 /// Completes, in order, the unacknowledged messages up to PSN `acked`;
 /// false if the CQ overran (the rest are then left for the flush).
-fn settle(
-    rdma: &Rdma,
-    qp: &Arc<Qp>,
-    sq: &mut Sq,
-    mem: &GuestMemoryMmap,
-    acked: Option<u32>,
-) -> bool {
+fn settle(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &IovaMemory, acked: Option<u32>) -> bool {
     let Some(p) = acked else {
         return true;
     };
@@ -514,7 +509,7 @@ fn settle(
 
 /// Asks the responder for the ACK it holds back and completes what it
 /// acknowledges; true if nothing is left unacknowledged.
-fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool {
+fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &IovaMemory) -> bool {
     let mut ans = Answer::default();
     if let Some(p) = &sq.peer {
         let reply = &mut |r: &Packet<'_>| note(&mut ans, r, 0, 0, mem, &[]);
@@ -547,7 +542,7 @@ fn drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap) -> bool 
 /// message still unacknowledged, which then meets the NAK's outcome as it
 /// would have on its own (go back now, after the RNR timer, or an error
 /// CQE); nothing to do without one (the caller's ACK timeout follows).
-fn nak_at_drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, ans: &Answer) {
+fn nak_at_drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &IovaMemory, ans: &Answer) {
     let Some(u) = sq.unacked.front().copied() else {
         return;
     };
@@ -575,7 +570,7 @@ fn nak_at_drain(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, a
 /// Nobody acknowledged the oldest unacknowledged message (or a PSN
 /// sequence NAK named it): the send queue goes back to it, after the ACK
 /// timeout (or at `at`, a timer already counted).
-fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Option<Instant>) {
+fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &IovaMemory, at: Option<Instant>) {
     let Some(u) = sq.unacked.front().copied() else {
         return;
     };
@@ -602,7 +597,7 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &GuestMemoryMmap, at: Opt
 /// Reads basic block `i` of the send queue (`sqs`: the whole queue).
 fn read_bb(
     qp: &Qp,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     sqs: Option<&VolatileSlice<'_>>,
     i: u16,
     out: &mut [u8],
@@ -623,7 +618,7 @@ fn read_bb(
 /// it, or its ds count is garbage) is malformed.
 fn read_wqe(
     qp: &Qp,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     sqs: Option<&VolatileSlice<'_>>,
     ci: u16,
     pi: u16,
@@ -684,7 +679,7 @@ fn run_wqe(
     rdma: &Rdma,
     qp: &Arc<Qp>,
     sq: &mut Sq,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     burst: &Burst<'_>,
     w: &Wqe,
     buf: &[u8],
@@ -925,7 +920,7 @@ struct AddrIn {
     udp_sport: u16,
 }
 
-fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) -> Outcome {
+fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory, w: &Wqe) -> Outcome {
     let Some(av) = w.av else {
         return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
     };
@@ -1013,7 +1008,7 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &GuestMemoryMmap, w: &Wqe) ->
     Outcome::Done(w.len as u32)
 }
 
-fn payload<'a>(sq: &'a Sq, mem: &'a GuestMemoryMmap, skip: u64, len: u64) -> Payload<'a> {
+fn payload<'a>(sq: &'a Sq, mem: &'a IovaMemory, skip: u64, len: u64) -> Payload<'a> {
     if len == 0 {
         return Payload::None;
     }
@@ -1076,7 +1071,7 @@ fn note(
     r: &Packet<'_>,
     first_psn: u32,
     mtu: u64,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     ext: &[Extent],
 ) {
     let h = r.hdr;
@@ -1183,7 +1178,7 @@ fn requester_scatter(qp: &Qp, w: &Wqe) -> Option<InlineScatter> {
 /// and the peer's as the burst began.
 struct Burst<'a> {
     src: &'a Hinted<'a>,
-    dst: Option<(&'a Hinted<'a>, &'a Arc<GuestMemoryMmap>)>,
+    dst: Option<(&'a Hinted<'a>, &'a Arc<IovaMemory>)>,
 }
 
 /// A message's place in the PSN space: its first and last PSN, its
@@ -1204,7 +1199,7 @@ fn connected(
     rdma: &Rdma,
     qp: &Qp,
     sq: &mut Sq,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     burst: &Burst<'_>,
     w: &Wqe,
 ) -> Outcome {
@@ -1311,7 +1306,7 @@ struct Link<'a, 'b> {
     rdma: &'a Rdma,
     dst: Dest<'a, 'b>,
     addr: RoceAddr,
-    mem: &'a GuestMemoryMmap,
+    mem: &'a IovaMemory,
     ext: &'a [Extent],
     span: Span,
     /// A DCI's connection: its packets are DC requests.
@@ -1324,7 +1319,7 @@ impl<'a, 'b> Link<'a, 'b> {
         rdma: &'a Rdma,
         qpn: u32,
         sq: &'a Sq,
-        mem: &'a GuestMemoryMmap,
+        mem: &'a IovaMemory,
         burst: &'a Burst<'b>,
         span: Span,
     ) -> Option<Self> {
@@ -1621,7 +1616,7 @@ fn go_back(sq: &mut Sq, first_psn: u32, at: Instant) -> Outcome {
 }
 
 /// Completes every posted send WQE as flushed.
-fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
+fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &IovaMemory) -> bool {
     let mut sq = lock(&qp.sq);
     let Ok(pi) = qp.sq_pi(mem) else {
         return false;
@@ -1659,7 +1654,7 @@ fn flush_sq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
 }
 
 /// Completes every posted receive WQE (not an SRQ's) as flushed.
-fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap) -> bool {
+fn flush_rq(rdma: &Rdma, qp: &Qp, mem: &IovaMemory) -> bool {
     if qp.srq.is_some() || qp.rq_type != qp::rq_type::REGULAR {
         return false;
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::event::EventType;
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 
 use super::cq::{Completion, InlineScatter};
 use super::mem::{self, access, Extent, Hinted, KeyError};
@@ -43,7 +43,7 @@ pub(crate) const ACK_COALESCE: u32 = 64;
 /// function by the destination GID since the GID table last changed.
 pub(crate) fn receive(
     rdma: &Rdma,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     dhint: Option<&Hinted<'_>>,
     routed: bool,
     hint: Option<&Arc<Qp>>,
@@ -198,7 +198,7 @@ enum Fatal {
     PageFault(u16),
 }
 
-fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> u8 {
+fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory, f: Fatal) -> u8 {
     let (code, cqe) = match f {
         // A DCT's connection ends without an event (the DCT goes on).
         Fatal::Access => {
@@ -235,7 +235,7 @@ fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap, f: Fatal) -> 
     code
 }
 
-fn recv_error(rdma: &Rdma, qp: &Qp, mem: &GuestMemoryMmap, wqe: u16, synd: CqeSyndrome, v: u8) {
+fn recv_error(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, wqe: u16, synd: CqeSyndrome, v: u8) {
     let c = Completion {
         opcode: CqeOpcode::RespErr.to_raw(),
         qpn: qp.qpn,
@@ -259,7 +259,7 @@ fn key_vendor(e: KeyError) -> u8 {
 }
 
 /// Takes a receive WQE into `rq.send`; `Err(None)` when none is posted.
-fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &GuestMemoryMmap) -> Result<(), Option<Fatal>> {
+fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory) -> Result<(), Option<Fatal>> {
     let mut r = std::mem::take(&mut rq.send);
     let res = qp.take_recv(rdma, rq, mem, &mut r);
     rq.send = r;
@@ -1050,7 +1050,7 @@ fn invalidate(rdma: &Rdma, qp: &Qp, key: u32) -> bool {
     true
 }
 
-fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemoryMmap) {
+fn uc(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &IovaMemory) {
     let mut rq = lock(&qp.rq);
     let o = h.bth.opcode & 0x1f;
     let first = matches!(
@@ -1112,7 +1112,7 @@ fn uc_send(
     rq: &mut Rq,
     h: &Headers,
     pkt: &Packet<'_>,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     k: UcPkt,
 ) {
     let UcPkt { first, last, imm } = k;
@@ -1175,7 +1175,7 @@ fn uc_write(
     rq: &mut Rq,
     h: &Headers,
     pkt: &Packet<'_>,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     k: UcPkt,
 ) {
     let UcPkt { first, last, imm } = k;
@@ -1243,7 +1243,7 @@ fn uc_write(
     }
 }
 
-fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &GuestMemoryMmap) {
+fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &IovaMemory) {
     let mut rq = lock(&qp.rq);
     let Some(d) = h.deth else {
         return;

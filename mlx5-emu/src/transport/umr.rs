@@ -29,7 +29,7 @@ use mlx5_hw::wqe::{
     MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE,
     UMR_CHECK_NOT_FREE, UMR_CHECK_QPN, UMR_INLINE, UMR_REPEAT_BLOCK_OP, UMR_TRANSLATION_OFFSET_EN,
 };
-use vm_memory::GuestMemoryMmap;
+use vfio::IovaMemory;
 use zerocopy::FromBytes;
 
 use super::mem::{self, access, klm_entry, Mkey, QPN_ANY};
@@ -88,7 +88,7 @@ fn malformed() -> Refusal {
 pub(crate) fn execute(
     rdma: &Rdma,
     qp: &Arc<Qp>,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     mkey: u32,
     buf: &[u8],
     end: usize,
@@ -282,7 +282,7 @@ fn check_bind(rdma: &Rdma, k: &Mkey) -> Result<(), Refusal> {
 fn read_pointed(
     rdma: &Rdma,
     qp: &Qp,
-    mem: &GuestMemoryMmap,
+    mem: &IovaMemory,
     wqe: &[u8],
     bytes: usize,
 ) -> Result<Vec<u8>, Refusal> {
