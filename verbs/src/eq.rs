@@ -570,15 +570,17 @@ impl EventLoop {
 
     /// Stops the thread, detaches the eventfds; the EQ buffers are unmapped
     /// when the last reference goes.
+    /// Once: `Drop` after an explicit stop does nothing (a second detach
+    /// is EINVAL from vfio-pci, whose MSI-X is off by then).
     pub(crate) fn stop(&mut self) {
+        let Some(t) = self.thread.take() else {
+            return;
+        };
         self.running.store(false, Ordering::Release);
         let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
-            if t.join().is_err() {
-                tracing::error!("event thread panicked");
-            }
+        if t.join().is_err() {
+            tracing::error!("event thread panicked");
         }
-
         if let Err(e) = self.func.set_irqs(vfio::IrqKind::MsiX, 0, &[]) {
             tracing::warn!("detaching MSI-X eventfds: {e}");
         }

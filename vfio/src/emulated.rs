@@ -802,6 +802,14 @@ impl<M: DeviceModel> PciFunction for EmulatedFunction<M> {
                 count,
             });
         }
+        if fds.is_empty() && self.bus.irqs.attached_of(kind) == 0 {
+            // vfio-pci's vfio_pci_set_msi_trigger: disabling an index that
+            // is not enabled is EINVAL (a second detach, say).
+            return Err(Error::Os {
+                op: "VFIO_DEVICE_SET_IRQS (disable an index not enabled)",
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            });
+        }
         self.bus.irqs.set(kind, start, fds)?;
         if kind == IrqKind::MsiX {
             // vfio-pci enables MSI-X in the function's config space when

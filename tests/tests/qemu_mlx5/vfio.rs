@@ -169,19 +169,9 @@ fn judge_tools(t: &mut Tally, console: &str, log: &str) {
             Err(format!("{reset:?}; {log}"))
         },
     );
-    // One known warning is let through, printed: our driver's MSI-X
-    // detach at close is refused by the guest's vfio-pci (EINVAL; named in
-    // docs/ARCHITECTURE.md, not yet fixed). Any other error line fails.
-    let lines: Vec<&str> = tagged(console, "perf vfio_both ")
-        .into_iter()
-        .filter(|l| {
-            let known = l.contains("detaching MSI-X eventfds: VFIO_DEVICE_SET_IRQS");
-            if known {
-                println!("qemu_mlx5: known warning: {l}");
-            }
-            !known
-        })
-        .collect();
+    // Any error line fails it (our driver's MSI-X detach at close once
+    // logged vfio-pci's EINVAL here: the event loop detached twice).
+    let lines = tagged(console, "perf vfio_both ");
     t.check(
         "vfio/mlx5_perf_write_bw_both_functions",
         super::perftest_verdict(&lines, 1, 4).map_err(|e| format!("{e}: {lines:?}; {log}")),
