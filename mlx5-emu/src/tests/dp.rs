@@ -690,6 +690,43 @@ fn rc_coalesced_acks_complete_every_wqe_in_order() {
     }
 }
 
+/// A SEND that completes a receive is acknowledged when its CQE is
+/// written, not at the burst's end: a consumer may destroy the QP on
+/// seeing the CQE (ibv_rc_pingpong's client after its last receive), and
+/// an ACK still owed then would never go (the requester retries into
+/// RETRY_EXC_ERR). WRITEs in the same burst still share one ACK.
+#[test]
+fn rc_sends_are_acknowledged_with_their_receive_cqes() {
+    let (_f, mut a, mut b, mut qa, mut qb) = rc_pair(5);
+    for i in 0..6u64 {
+        b.post_recv(&mut qb, DATA_VA + 0x1_0000 + i * 0x100, 0x100);
+    }
+    let mut ctrl = [0u8; 8];
+    for i in 0..6u64 {
+        ctrl = a
+            .write_send(
+                &mut qa,
+                0x0a,
+                0,
+                &data_seg(64, a.lkey, DATA_VA + i * 64),
+                true,
+            )
+            .1;
+    }
+    a.ring(&qa, &ctrl);
+    for _ in 0..6 {
+        assert_eq!(opcode(&a.poll(0)), 0);
+        assert_eq!(opcode(&b.poll(1)), 2);
+    }
+    let s = a.d.f.model().stats();
+    assert_eq!((s.messages_sent, s.acks), (6, 6), "{s:?}");
+    write_burst(&mut a, &b, &mut qa, 10, None);
+    for _ in 0..10 {
+        assert_eq!(opcode(&a.poll(0)), 0);
+    }
+    assert_eq!(a.d.f.model().stats().acks, 7);
+}
+
 #[test]
 fn rc_nak_in_a_coalesced_run() {
     let (_f, mut a, b, mut qa, _qb) = rc_pair(5);

@@ -8,8 +8,9 @@
 //! packets, atomics executed on 8 aligned bytes and answered with the
 //! original value. ACKs are coalesced as ConnectX does: a packet that asks
 //! for one (AckReq) leaves it owed, and one ACK for the latest PSN goes
-//! out when the requester's burst ends ([`drained`]) or after
-//! [`ACK_COALESCE`] owed ones; NAKs, read responses and atomic
+//! out when the requester's burst ends ([`drained`]), after
+//! [`ACK_COALESCE`] owed ones, or at once when the packet completed a
+//! receive (its consumer may destroy the QP on seeing the CQE); NAKs, read responses and atomic
 //! acknowledgements go out at once (each acknowledges every earlier
 //! packet). An error NAKs the requester
 //! and moves this QP to ERR as hardware does: a remote access or invalid
@@ -325,6 +326,12 @@ enum Accepted {
     /// Executed: the expected PSN moves on and an ACK is owed if the
     /// packet asked for one (coalesced).
     Ack,
+    /// Executed and a receive CQE written: the ACK it asked for goes out
+    /// now with every owed one. The consumer may see the CQE and destroy
+    /// the QP at once (ibv_rc_pingpong's client after its last receive);
+    /// an ACK still held back would then never go, and the requester
+    /// would retry into RETRY_EXC_ERR.
+    Completed,
     /// Answered already (a read response, an atomic acknowledgement),
     /// the expected PSN moved past it.
     Answered,
@@ -423,7 +430,8 @@ pub(crate) fn rc(
         _ => Err(Refused::Fatal(Fatal::Invalid)),
     };
     match done {
-        Ok(Accepted::Ack) => ack(&r, &mut rq, reply),
+        Ok(Accepted::Ack) => ack(&r, &mut rq, reply, false),
+        Ok(Accepted::Completed) => ack(&r, &mut rq, reply, true),
         Ok(Accepted::Answered) => {}
         Err(f) => refuse(&r, &mut rq, f, reply),
     }
@@ -475,14 +483,14 @@ fn duplicate(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>
 
 /// A request executed: the expected PSN moves on; if it asked for an ACK,
 /// one is owed until the requester's burst ends, or sent now once
-/// [`ACK_COALESCE`] are owed.
-fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>)) {
+/// [`ACK_COALESCE`] are owed or the request `completed` a receive.
+fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), completed: bool) {
     rq.epsn = psn_add(r.psn, 1);
     if !r.h.bth.ack_req {
         return;
     }
     rq.ack_owed += 1;
-    if rq.ack_owed >= ACK_COALESCE {
+    if rq.ack_owed >= ACK_COALESCE || completed {
         rq.ack_owed = 0;
         let ack = aeth::ACK | aeth::CREDITS_INVALID;
         respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
@@ -611,6 +619,7 @@ fn rc_send(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused>
     }
     if last {
         send_complete(r, rq, o);
+        return Ok(Accepted::Completed);
     }
     Ok(Accepted::Ack)
 }
@@ -674,6 +683,9 @@ fn rc_write(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused
     rq.write.off += len;
     if last {
         write_complete(r, rq, imm);
+        if imm {
+            return Ok(Accepted::Completed);
+        }
     }
     Ok(Accepted::Ack)
 }
