@@ -51,3 +51,18 @@ fn post_lists_that_fit_the_iterations_run() {
         assert!(text.contains("#bytes"), "{}: {text}", args.join(" "));
     }
 }
+
+/// `--use_udmabuf`: the buffers registered as a dma-buf. Where the host
+/// has no udmabuf (the suite's hosts) the refusal names what is missing;
+/// where it has one, the run completes through the dma-buf MRs (the QEMU
+/// guest's kernel has one: qemu_mlx5's VFIO boot runs it there).
+#[test]
+fn use_udmabuf_runs_or_names_the_missing_exporter() {
+    let args = &["write_bw", "--use_udmabuf", "-s", "4096", "-n", "50"];
+    if std::path::Path::new("/dev/udmabuf").exists() {
+        let text = runs(args);
+        assert!(text.contains("#bytes"), "{text}");
+    } else {
+        refused(args, "no /dev/udmabuf");
+    }
+}

@@ -322,7 +322,7 @@ const UNTIMED: &str = "Correlation coefficient";
 /// The result rows of one perftest side's output (the lines after its
 /// `#bytes` header whose every field is a number, a note cut off where one
 /// ends the line) and how many [`UNTIMED`] notes the side printed.
-fn perftest_rows(lines: &[&str]) -> (Vec<Vec<f64>>, usize) {
+pub(crate) fn perftest_rows(lines: &[&str]) -> (Vec<Vec<f64>>, usize) {
     let notes = lines.iter().filter(|l| l.contains(UNTIMED)).count();
     let Some(head) = lines
         .iter()

@@ -8,11 +8,12 @@
 //! module to load): it is `#[ignore]`d, so the count says it did not run,
 //! and `cargo test --test verbs_dmabuf -- --ignored` runs it where the
 //! device exists (it fails saying NOT RUN where it does not). The QEMU
-//! guest's Debian 6.12 kernel has `CONFIG_UDMABUF=y`.
+//! guest's Debian 6.12 kernel has `CONFIG_UDMABUF=y`: qemu_mlx5's VFIO boot
+//! runs `mlx5-perf --use_udmabuf` there (the same import, end to end).
 
 mod verbs_common;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use mlx5_emu::Profile;
 use verbs::cq::WcStatus;
@@ -44,68 +45,24 @@ fn bad_fds_and_fds_that_are_not_dma_bufs_are_refused() {
     assert!(matches!(dmabuf_info(f.as_raw_fd()), Err(Error::Invalid(_))));
 }
 
-/// `UDMABUF_CREATE` (`_IOW('u', 0x42, struct udmabuf_create)`).
-const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
-
-#[repr(C)]
-struct UdmabufCreate {
-    memfd: u32,
-    flags: u32,
-    offset: u64,
-    size: u64,
-}
-
-/// A udmabuf of `size` bytes over a fresh memfd, or why not.
-fn udmabuf(size: u64) -> Result<OwnedFd, String> {
+/// A udmabuf of `size` bytes over a fresh memfd (kept alive beside it),
+/// or why not.
+fn udmabuf(size: u64) -> Result<(OwnedFd, std::sync::Arc<vfio::DmaBuffer>), String> {
     if !std::path::Path::new("/dev/udmabuf").exists() {
         let _ = std::process::Command::new("modprobe")
             .arg("udmabuf")
             .status();
     }
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/udmabuf")
-        .map_err(|e| format!("/dev/udmabuf: {e}"))?;
-    // SAFETY: a NUL-terminated name; the fd is owned at once.
-    let mfd = unsafe { libc::memfd_create(c"udmabuf-test".as_ptr(), libc::MFD_ALLOW_SEALING) };
-    if mfd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: `mfd` was just created and is ours.
-    let mfd = unsafe { OwnedFd::from_raw_fd(mfd) };
-    // SAFETY: a plain syscall on an fd we own.
-    let sized = unsafe { libc::ftruncate(mfd.as_raw_fd(), size as libc::off_t) } == 0;
-    // SAFETY: as above.
-    let sealed =
-        unsafe { libc::fcntl(mfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0;
-    let ok = sized && sealed;
-    if !ok {
-        return Err(format!("memfd set-up: {}", std::io::Error::last_os_error()));
-    }
-    let c = UdmabufCreate {
-        memfd: mfd.as_raw_fd() as u32,
-        flags: 1, // UDMABUF_FLAGS_CLOEXEC
-        offset: 0,
-        size,
-    };
-    // SAFETY: the ioctl reads `c`, which lives across the call.
-    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE, &c) };
-    if fd < 0 {
-        return Err(format!(
-            "UDMABUF_CREATE: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: the ioctl returned a new descriptor, ours.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let mem = vfio::DmaBuffer::new(size as usize).map_err(|e| format!("memfd: {e}"))?;
+    let fd = verbs::dmabuf::udmabuf(mem.file().as_fd(), 0, size).map_err(|e| e.to_string())?;
+    Ok((fd, mem))
 }
 
 #[test]
 #[ignore = "needs /dev/udmabuf (none on the suite's hosts): run with --ignored where it exists"]
 fn a_udmabuf_takes_rdma_writes_at_its_iova_and_ranges_past_it_are_refused() {
-    let buf = match udmabuf(64 << 10) {
-        Ok(fd) => fd,
+    let (buf, _mem) = match udmabuf(64 << 10) {
+        Ok(b) => b,
         Err(why) => panic!(
             "NOT RUN: no udmabuf on this host ({why}); the guest kernel has CONFIG_UDMABUF=y"
         ),

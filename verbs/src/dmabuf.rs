@@ -29,7 +29,7 @@
 //! bounds `offset + length`); a bad fd is `Error::Os` (EBADF).
 #![allow(unsafe_code)] // mmap of the dma-buf and its munmap.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::Arc;
 
 use crate::mr::{check_access, Mapping, Mr};
@@ -77,6 +77,82 @@ pub fn dmabuf_info(fd: RawFd) -> Result<DmaBufInfo> {
         .parse()
         .map_err(|_| Error::Invalid("dma-buf size unreadable"))?;
     Ok(DmaBufInfo { size, exporter })
+}
+
+/// `UDMABUF_CREATE` (`_IOW('u', 0x42, struct udmabuf_create)`, Linux's
+/// `include/uapi/linux/udmabuf.h`).
+const UDMABUF_CREATE: libc::c_ulong = 0x4018_7542;
+/// `UDMABUF_FLAGS_CLOEXEC`.
+const UDMABUF_FLAGS_CLOEXEC: u32 = 0x01;
+
+/// `struct udmabuf_create`.
+#[repr(C)]
+struct UdmabufCreate {
+    memfd: u32,
+    flags: u32,
+    offset: u64,
+    size: u64,
+}
+
+/// A dma-buf over `size` bytes of `memfd` from `offset`, exported by
+/// Linux's udmabuf (`/dev/udmabuf`): the stand-in for a GPU's buffer where
+/// there is none, as tools and tests use it. The memfd must have been
+/// created with `MFD_ALLOW_SEALING` (a [`vfio::DmaBuffer`]'s is); it is
+/// sealed against shrinking here, as udmabuf requires. Without the
+/// device (`CONFIG_UDMABUF`, `modprobe udmabuf`) the refusal is
+/// `Error::NotSupported`.
+pub fn udmabuf(memfd: std::os::fd::BorrowedFd<'_>, offset: u64, size: u64) -> Result<OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let dev = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/udmabuf")
+    {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::NotSupported(
+                "no /dev/udmabuf (a kernel with CONFIG_UDMABUF; modprobe udmabuf)",
+            ))
+        }
+        Err(e) => {
+            return Err(Error::Os {
+                op: "open /dev/udmabuf",
+                source: e,
+            })
+        }
+    };
+    // A memfd sealed already (a DmaBuffer's: shrink, grow and the seal
+    // itself) refuses more seals, and needs none.
+    let raw = memfd.as_raw_fd();
+    // SAFETY: F_GET_SEALS on a descriptor the caller lends; no memory.
+    let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
+    let mut sealed = seals >= 0 && seals & libc::F_SEAL_SHRINK != 0;
+    if !sealed && seals >= 0 {
+        // SAFETY: F_ADD_SEALS on the same descriptor; no memory.
+        sealed = unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0;
+    }
+    if !sealed {
+        return Err(Error::Os {
+            op: "F_ADD_SEALS F_SEAL_SHRINK (udmabuf needs a sealed memfd)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let c = UdmabufCreate {
+        memfd: raw as u32,
+        flags: UDMABUF_FLAGS_CLOEXEC,
+        offset,
+        size,
+    };
+    // SAFETY: the ioctl reads `c`, which lives across the call.
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE, &c) };
+    if fd < 0 {
+        return Err(Error::Os {
+            op: "UDMABUF_CREATE",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: the ioctl returned a new descriptor, owned from here on.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// A range of a dma-buf mapped into the process; unmapped on drop.

@@ -28,6 +28,8 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/ibv_devinfo_offers_atomics",
     "perftest_ib_atomic_bw",
     "cx7/perftest_ib_write_bw_dc",
+    "cx7/mlx5_ib_dmabuf_mr_takes_rdma_write_and_read",
+    "cx7/mlx5_ib_dmabuf_mr_refusals",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -136,4 +138,38 @@ fn judge(t: &mut Tally, console: &str, log: &str) {
             perftest_verdict(&lines, 1, 4).map_err(|e| format!("{e}: {lines:?}; {log}")),
         );
     }
+    judge_dmabuf(t, console, log);
+}
+
+/// `dmabuf.py`: a udmabuf registered through mlx5_ib (`ibv_reg_dmabuf_mr`)
+/// takes an RDMA WRITE (the memfd behind it holds the bytes) and answers
+/// an RDMA READ (with bytes rewritten through the memfd); a range past the
+/// dma-buf, a memfd that is not one and a closed fd are refused.
+fn judge_dmabuf(t: &mut Tally, console: &str, log: &str) {
+    let lines = tagged(console, "dmabuf ");
+    let has = |s: &str| lines.iter().any(|l| l.starts_with(s));
+    let traffic = lines.first() == Some(&"rc=0")
+        && has("reg ok rkey")
+        && has("write status 0 landed ok")
+        && has("read status 0 returned ok")
+        && has("done");
+    t.check(
+        "cx7/mlx5_ib_dmabuf_mr_takes_rdma_write_and_read",
+        if traffic {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
+        },
+    );
+    let refused = ["past-end", "not-a-dmabuf", "closed-fd"]
+        .iter()
+        .all(|w| has(&format!("refused {w} ok:")));
+    t.check(
+        "cx7/mlx5_ib_dmabuf_mr_refusals",
+        if refused {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
+        },
+    );
 }

@@ -20,7 +20,9 @@ pub const VFIO_CHECKS: &[&str] = &[
     "vfio/devinfo_fields_agree_with_ibv_devinfo",
     "vfio/mlx5_trace",
     "vfio/mlx5_reset",
+    "vfio/udmabuf_write_bw_on_the_model",
     "vfio/mlx5_perf_write_bw_both_functions",
+    "vfio/udmabuf_refused_through_vfio_type1",
 ];
 
 /// The function the guest hands to vfio-pci.
@@ -169,12 +171,54 @@ fn judge_tools(t: &mut Tally, console: &str, log: &str) {
             Err(format!("{reset:?}; {log}"))
         },
     );
+    judge_udmabuf_emu(t, console, log);
     // Any error line fails it (our driver's MSI-X detach at close once
     // logged vfio-pci's EINVAL here: the event loop detached twice).
     let lines = tagged(console, "perf vfio_both ");
     t.check(
         "vfio/mlx5_perf_write_bw_both_functions",
         super::perftest_verdict(&lines, 1, 4).map_err(|e| format!("{e}: {lines:?}; {log}")),
+    );
+    judge_udmabuf_vfio(t, console, log);
+}
+
+/// `mlx5-perf --use_udmabuf` in the guest (whose kernel has udmabuf) on
+/// the in-process model: the write_bw completes through dma-buf MRs.
+fn judge_udmabuf_emu(t: &mut Tally, console: &str, log: &str) {
+    let emu = tagged(console, "udmabuf emu");
+    let rows: Vec<&str> = emu.iter().filter_map(|l| l.strip_prefix(": ")).collect();
+    let (got, _) = super::perftest_rows(&rows);
+    let bad = rows.iter().find(|l| {
+        let l = l.to_ascii_lowercase();
+        l.contains("error") || l.contains("fail")
+    });
+    t.check(
+        "vfio/udmabuf_write_bw_on_the_model",
+        match (emu.first(), bad, got.as_slice()) {
+            (Some(&" rc=0"), None, [row]) if row.get(3).is_some_and(|v| *v > 0.0) => Ok(()),
+            _ => Err(format!("{emu:?}; {log}")),
+        },
+    );
+}
+
+/// The same flag on a function the guest's VFIO type1 owns: the
+/// registration is refused with the reason (type1 maps no `VM_PFNMAP`
+/// RAM), and the server exits (no timeout).
+fn judge_udmabuf_vfio(t: &mut Tally, console: &str, log: &str) {
+    let vf = tagged(console, "udmabuf vfio");
+    let refused = vf
+        .first()
+        .is_some_and(|l| l.starts_with(" rc=") && *l != " rc=0" && *l != " rc=124")
+        && vf
+            .iter()
+            .any(|l| l.contains("ibv_reg_dmabuf_mr") && l.contains("VM_PFNMAP"));
+    t.check(
+        "vfio/udmabuf_refused_through_vfio_type1",
+        if refused {
+            Ok(())
+        } else {
+            Err(format!("{vf:?}; {log}"))
+        },
     );
 }
 

@@ -206,6 +206,11 @@ pub struct Flags {
     /// Back the buffers with huge pages.
     #[arg(long = "use_hugepages")]
     pub hugepages: bool,
+    /// Register the buffers as a dma-buf (udmabuf over their memfd,
+    /// `ibv_reg_dmabuf_mr`), as perftest's `--use_*_dmabuf` do with a
+    /// GPU's memory.
+    #[arg(long = "use_udmabuf")]
+    pub udmabuf: bool,
     /// The server to connect to (absent: be the server).
     pub host: Option<String>,
 }

@@ -3,6 +3,7 @@
 //! a region per QP, the QPs, and the RESET -> INIT -> RTR -> RTS moves
 //! towards the peer's addresses.
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -162,9 +163,16 @@ impl Side {
             | access::REMOTE_WRITE
             | access::REMOTE_READ
             | access::REMOTE_ATOMIC;
-        let mr = pd
-            .reg_mr_buffer(&buf, 0, len, acc)
-            .map_err(e("ibv_reg_mr"))?;
+        let mr = if p.flags.udmabuf {
+            let fd =
+                verbs::dmabuf::udmabuf(buf.file().as_fd(), 0, len as u64).map_err(e("udmabuf"))?;
+            // perftest's iova for a dma-buf: the buffer's address.
+            pd.reg_dmabuf_mr(0, len as u64, buf.host_addr(), fd.as_raw_fd(), acc)
+                .map_err(e("ibv_reg_dmabuf_mr"))?
+        } else {
+            pd.reg_mr_buffer(&buf, 0, len, acc)
+                .map_err(e("ibv_reg_mr"))?
+        };
         let qp_type = match p.flags.conn {
             Conn::Rc => QpType::Rc,
             Conn::Uc => QpType::Uc,
