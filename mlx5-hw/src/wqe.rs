@@ -93,6 +93,15 @@ pub const UMR_INLINE: u8 = 1 << 7;
 pub const UMR_REPEAT_BLOCK_OP: u32 = 0x400;
 /// UMR translation entries are aligned to this many bytes (`MLX5_UMR_FLEX_ALIGNMENT`).
 pub const UMR_FLEX_ALIGNMENT: usize = 0x40;
+/// The unit of a UMR's translation offset (`xlt_offset` and
+/// `xlt_offset_47_16` of the UMR control segment) and of its
+/// `xlt_octowords`: 16 bytes (`MLX5_IB_UMR_OCTOWORD`). Linux writes entry
+/// `idx` at `idx * entry bytes / 16` (`mlx5r_umr_update_offset`): MTT
+/// entry `2n` is at offset `n`, KLM/KSM entry `n` at `n`.
+pub const UMR_OCTOWORD: u64 = 16;
+/// Bytes of one MTT entry (`struct mlx5_mtt`: the page address with
+/// `rd_en`/`wr_en` in bits 1:0).
+pub const MTT_ENTRY_BYTES: u64 = 8;
 
 /// UMR `mkey_mask`: length (`MLX5_MKEY_MASK_LEN`).
 pub const MKEY_MASK_LEN: u64 = 1 << 0;

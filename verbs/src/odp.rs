@@ -55,7 +55,10 @@ use mlx5_hw::ifc::{
     CreateMkeyOut, DestroyMkeyIn, EqePageFaultRdma, EqePageFaultWqe,
 };
 use mlx5_hw::opcode::Opcode;
-use mlx5_hw::wqe::{MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT, MTT_PRESENT};
+use mlx5_hw::wqe::{
+    MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT, MTT_ENTRY_BYTES, MTT_PRESENT, UMR_FLEX_ALIGNMENT,
+    UMR_OCTOWORD,
+};
 use vfio::{DmaBuffer, Iova};
 use zerocopy::FromBytes;
 
@@ -458,6 +461,39 @@ struct Space {
     runs: BTreeMap<u64, Run>,
 }
 
+/// MTT entries a translation write covers at least, and aligns to: 64
+/// bytes (`MLX5_UMR_MTT_NUM_ENTRIES_ALIGNMENT`, as `mlx5r_umr_update_xlt`
+/// widens a write to it with the neighbours' current entries).
+const XLT_ALIGN_ENTRIES: u64 = (UMR_FLEX_ALIGNMENT as u64) / MTT_ENTRY_BYTES;
+
+impl Space {
+    /// The MTT entry of page `p` as the runs have it (present with its
+    /// IOVA, or 0).
+    fn entry(&self, p: u64) -> u64 {
+        match self.runs.range(..=p).next_back() {
+            Some((&f, r)) if p < f + r.pages => (r.iova.0 + (p - f) * ODP_PAGE) | MTT_PRESENT,
+            _ => 0,
+        }
+    }
+
+    /// Pages `first .. first + n` written as `new(p)` into the key, widened
+    /// to [`XLT_ALIGN_ENTRIES`] with the other pages' current entries.
+    fn write(&self, umr: &UmrEngine, first: u64, n: u64, new: impl Fn(u64) -> u64) -> Result<()> {
+        let a0 = first - first % XLT_ALIGN_ENTRIES;
+        let a1 = (first + n).next_multiple_of(XLT_ALIGN_ENTRIES);
+        let words: Vec<u64> = (a0..a1)
+            .map(|p| {
+                if (first..first + n).contains(&p) {
+                    new(p)
+                } else {
+                    self.entry(p)
+                }
+            })
+            .collect();
+        umr.write_xlt(self.mkey, a0, &words, 1)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MapWhy {
     Fault,
@@ -585,9 +621,11 @@ impl Pd {
 /// CREATE_MKEY of a free MTT key with room for `entries` (UMR-enabled,
 /// `pg_access`: its entries' present bits count), as the mkey cache makes.
 fn create_free_mtt(pd: &PdInner, entries: u64) -> Result<u32> {
-    // One entry more: a UMR pads an odd count to a whole octoword.
-    let octs = u32::try_from((entries + 1).div_ceil(2))
-        .map_err(|_| Error::Invalid("ODP region too large"))?;
+    // Room in whole 64-byte units: a write widened to them (Space::write)
+    // fits at the end too.
+    let octs =
+        u32::try_from(entries.next_multiple_of(XLT_ALIGN_ENTRIES) * MTT_ENTRY_BYTES / UMR_OCTOWORD)
+            .map_err(|_| Error::Invalid("ODP region too large"))?;
     let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES];
     {
         let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
@@ -897,10 +935,8 @@ impl OdpMrInner {
             dma.free_iova(iova, bytes);
             return Err(e.into());
         }
-        let entries: Vec<u64> = (0..n)
-            .map(|i| (iova.0 + i * ODP_PAGE) | MTT_PRESENT)
-            .collect();
-        if let Err(e) = self.engine.umr.write_xlt(s.mkey, first, &entries, 1) {
+        let present = |p: u64| (iova.0 + (p - first) * ODP_PAGE) | MTT_PRESENT;
+        if let Err(e) = s.write(&self.engine.umr, first, n, present) {
             let _ = dma.func.dma_unmap(iova, bytes);
             dma.free_iova(iova, bytes);
             return Err(e);
@@ -941,8 +977,7 @@ impl OdpMrInner {
         let Some(r) = s.runs.get(&first).copied() else {
             return Ok(0);
         };
-        let zeros = vec![0u64; r.pages as usize];
-        self.engine.umr.write_xlt(s.mkey, first, &zeros, 1)?;
+        s.write(&self.engine.umr, first, r.pages, |_| 0)?;
         s.runs.remove(&first);
         let ctx = &self.pd.ctx;
         let dma = ctx.hca.dma();

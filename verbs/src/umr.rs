@@ -322,26 +322,39 @@ impl UmrEngine {
     }
 
     /// Writes translation words `words` (MTT entries, or two words per
-    /// KLM/KSM entry: `per_entry`) into `mkey` from entry `offset` on
+    /// KLM/KSM entry: `per_entry`) into `mkey` from entry `entry` on
     /// (`MLX5_UMR_TRANSLATION_OFFSET_EN`), nothing else of the key
     /// changing, in UMRs of at most [`UMR_INLINE_MTT_MAX`] words: what
     /// on-demand paging maps and invalidates pages with
-    /// (`mlx5r_umr_update_xlt`).
+    /// (`mlx5r_umr_update_xlt`). The control segment names the place in
+    /// octowords ([`w::UMR_OCTOWORD`]: MTT entry `2n` is offset `n`), so an
+    /// MTT write starts at an even entry (callers align to 8, 64 bytes, as
+    /// Linux does); an odd one is refused.
     pub(crate) fn write_xlt(
         &self,
         mkey: u32,
-        offset: u64,
+        entry: u64,
         words: &[u64],
         per_entry: usize,
     ) -> Result<()> {
-        let step = UMR_INLINE_MTT_MAX - UMR_INLINE_MTT_MAX % per_entry.max(1);
+        let per_entry = per_entry.max(1);
+        let entry_bytes = w::MTT_ENTRY_BYTES * per_entry as u64;
+        let step = UMR_INLINE_MTT_MAX - UMR_INLINE_MTT_MAX % per_entry;
         for (i, c) in words.chunks(step).enumerate() {
-            let at = offset + (i * step / per_entry.max(1)) as u64;
-            self.post_at(&UmrWr::new(mkey), c, Some(at))?;
+            let at = entry + (i * step / per_entry) as u64;
+            let bytes = at * entry_bytes;
+            if bytes % w::UMR_OCTOWORD != 0 {
+                return Err(Error::Invalid(
+                    "UMR translation offset not on an octoword (an odd MTT entry)",
+                ));
+            }
+            self.post_at(&UmrWr::new(mkey), c, Some(bytes / w::UMR_OCTOWORD))?;
         }
         Ok(())
     }
 
+    /// Posts `wr` with `mtt` inline, at translation offset `offset` (in
+    /// octowords) when given, and waits for its completion.
     fn post_at(&self, wr: &UmrWr, mtt: &[u64], offset: Option<u64>) -> Result<()> {
         if mtt.len() > UMR_INLINE_MTT_MAX {
             return Err(Error::Invalid("UMR translation over the inline limit"));

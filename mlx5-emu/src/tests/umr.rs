@@ -144,30 +144,39 @@ fn umr_on_the_umr_qp_enables_an_mtt_key_that_then_carries_writes() {
     a.post_send(&mut qa, 0x08, 0, &w, true);
     assert_eq!(a.poll(0)[0x37], 0x13, "remote access error");
 
-    // Translation update at entry 1 only (offset), the rest kept: page 1
-    // of the key now lands in data page 0x22.
+    // Translation update at octoword 1 (the offset's unit: 16 bytes, MTT
+    // entries 2 and 3, as Linux's mlx5r_umr_update_offset computes it),
+    // the key grown to 4 pages, entries 0 and 1 kept: page 2 of the key
+    // lands in data page 0x22, page 3 in 0x23.
     let mut qu2 = umr_qp(&mut b);
+    let grown = mkey_seg(&b, 0x33, va, 0x4000, 0b01111, false);
     let segs = umr_segs(
         UMR_INLINE | UMR_CHECK_FREE | UMR_TRANSLATION_OFFSET_EN,
         1,
         1,
-        0,
-        &[0; 64],
-        &mtt(&[DATA_IOVA + 0x2_2000, 0]),
+        MKEY_MASK_LEN,
+        &grown,
+        &mtt(&[DATA_IOVA + 0x2_2000, DATA_IOVA + 0x2_3000]),
     );
     b.post_send(&mut qu2, UMR, rkey, &segs, true);
     assert_eq!(outcome(&mut b), (0, 0));
-    let mut w = raddr_seg(va + 0x1000, rkey).to_vec();
-    let d = fill(&a, 0, 16, 9);
-    w.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
     // qa is in error after the refused WRITE: a fresh pair of QPs.
     let (mut qa3, qb3) = (a.create_qp(0, 0, 1, None), b.create_qp(0, 0, 1, None));
     let (ga, gb) = (a.gid, b.gid);
     a.connect(&qa3, gb, qb3.qpn, 5, false);
     b.connect(&qb3, ga, qa3.qpn, 5, false);
-    a.post_send(&mut qa3, 0x08, 0, &w, true);
-    assert_eq!(opcode(&a.poll(0)), 0);
-    assert_eq!(read(&b, 0x2_2000, 16), d);
+    for (page, data_page, seed) in [
+        (2u64, 0x2_2000usize, 9u8),
+        (3, 0x2_3000, 10),
+        (0, 0x2_1000, 11),
+    ] {
+        let mut w = raddr_seg(va + page * 0x1000, rkey).to_vec();
+        let d = fill(&a, 0, 16, seed);
+        w.extend_from_slice(&data_seg(16, a.lkey, DATA_VA));
+        a.post_send(&mut qa3, 0x08, 0, &w, true);
+        assert_eq!(opcode(&a.poll(0)), 0, "page {page}");
+        assert_eq!(read(&b, data_page, 16), d, "page {page}");
+    }
 }
 
 /// What, on which key, the WQE's segments, the (CQE opcode, syndrome).

@@ -26,8 +26,9 @@ use mlx5_hw::wqe::{
     mkc_max_log_page_size, MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM, MKC_ACCESS_MODE_MTT,
     MKC_MIN_LOG_PAGE_SIZE, MKEY_MASK_A, MKEY_MASK_EN_RINVAL, MKEY_MASK_FREE, MKEY_MASK_KEY,
     MKEY_MASK_LEN, MKEY_MASK_LR, MKEY_MASK_LW, MKEY_MASK_PAGE_SIZE, MKEY_MASK_PAGE_SIZE_5,
-    MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, UMR_CHECK_FREE,
-    UMR_CHECK_NOT_FREE, UMR_CHECK_QPN, UMR_INLINE, UMR_REPEAT_BLOCK_OP, UMR_TRANSLATION_OFFSET_EN,
+    MKEY_MASK_PD, MKEY_MASK_QPN, MKEY_MASK_RR, MKEY_MASK_RW, MKEY_MASK_START_ADDR, MTT_ENTRY_BYTES,
+    UMR_CHECK_FREE, UMR_CHECK_NOT_FREE, UMR_CHECK_QPN, UMR_INLINE, UMR_OCTOWORD,
+    UMR_REPEAT_BLOCK_OP, UMR_TRANSLATION_OFFSET_EN,
 };
 use vfio::IovaMemory;
 use zerocopy::FromBytes;
@@ -319,14 +320,23 @@ fn read_pointed(
     Ok(out)
 }
 
-/// Writes the translation entries `xlt` at entry `offset` of the key: 8
-/// bytes per MTT entry (the page address and, in bits 1:0, `wr_en` and
-/// `rd_en`: an entry without them is not present), 16 per KLM or KSM
-/// (a KSM entry keeps its place: entry `i` covers the `i`-th
-/// 2^log_page_size bytes).
+/// Writes the translation entries `xlt` at translation offset `offset`
+/// (in octowords, [`UMR_OCTOWORD`]) of the key: 8 bytes per MTT entry (the
+/// page address and, in bits 1:0, `wr_en` and `rd_en`: an entry without
+/// them is not present; entry `2 * offset` first), 16 per KLM or KSM
+/// (entry `offset` first; a KSM entry keeps its place: entry `i` covers
+/// the `i`-th 2^log_page_size bytes).
 fn update_translation(rdma: &Rdma, k: &mut Mkey, offset: u64, xlt: &[u8]) -> Result<(), Refusal> {
     let range = (CqeSyndrome::LocalQpOpErr, vendor::UMR_XLT_RANGE);
-    let off = usize::try_from(offset).map_err(|_| range)?;
+    let entry_bytes = if k.mode == MKC_ACCESS_MODE_MTT {
+        MTT_ENTRY_BYTES
+    } else {
+        klm::SIZE_BYTES as u64
+    };
+    let off = offset
+        .checked_mul(UMR_OCTOWORD / entry_bytes)
+        .and_then(|o| usize::try_from(o).ok())
+        .ok_or(range)?;
     match k.mode {
         MKC_ACCESS_MODE_MTT => {
             let n = xlt.len() / 8;
