@@ -10,6 +10,22 @@
 # write_bw runs between the two, both ours. Every line the host checks
 # starts with "=== ".
 mount -t tmpfs tmp /tmp
+# client OUT ARGS...: mlx5-perf as a client (ARGS) with its output in OUT,
+# run again while the server is not listening yet (at most 40 tries);
+# returns the last run's status.
+client() {
+    out=$1
+    shift
+    j=0
+    while [ $j -lt 40 ]; do
+        timeout 300 /guest/mlx5-perf "$@" >"$out" 2>&1
+        rc=$?
+        grep -qi "refused\|couldn't connect" "$out" || return $rc
+        sleep 0.5
+        j=$((j + 1))
+    done
+    return $rc
+}
 mount -t tmpfs run /run
 echo "=== up $(uname -r)"
 modprobe mlx5_core
@@ -83,14 +99,8 @@ echo "$fn0" >/sys/bus/pci/drivers_probe
 echo "=== vfio-pci $fn0: driver=$(basename "$(readlink /sys/bus/pci/devices/$fn0/driver)")"
 timeout 300 /guest/mlx5-perf write_bw -d $fn0 -x 0 -s 65536 -n 100 >/tmp/s.wbw 2>&1 &
 sleep 1
-j=0
-while [ $j -lt 40 ]; do
-    timeout 300 /guest/mlx5-perf write_bw -d $fn -x 0 -s 65536 -n 100 127.0.0.1 >/tmp/c.wbw 2>&1
-    rc=$?
-    grep -qi "refused\|couldn't connect" /tmp/c.wbw || break
-    sleep 0.5
-    j=$((j + 1))
-done
+client /tmp/c.wbw write_bw -d $fn -x 0 -s 65536 -n 100 127.0.0.1
+rc=$?
 wait $!
 echo "=== perf vfio_both client rc=$rc server rc=$?"
 sed "s/^/=== perf vfio_both server: /" /tmp/s.wbw
@@ -102,13 +112,7 @@ sed "s/^/=== perf vfio_both client: /" /tmp/c.wbw
 # the server gets as far as ibv_reg_dmabuf_mr).
 timeout 120 /guest/mlx5-perf write_bw -d $fn0 -x 0 --use_udmabuf -s 4096 -n 10 -p 18601 >/tmp/uv.wbw 2>&1 &
 sleep 1
-j=0
-while [ $j -lt 40 ]; do
-    timeout 120 /guest/mlx5-perf write_bw -d $fn -x 0 -s 4096 -n 10 -p 18601 127.0.0.1 >/tmp/uc.wbw 2>&1
-    grep -qi "refused\|couldn't connect" /tmp/uc.wbw || break
-    sleep 0.5
-    j=$((j + 1))
-done
+client /tmp/uc.wbw write_bw -d $fn -x 0 -s 4096 -n 10 -p 18601 127.0.0.1
 wait $!
 echo "=== udmabuf vfio rc=$?"
 sed 's/^/=== udmabuf vfio: /' /tmp/uv.wbw
