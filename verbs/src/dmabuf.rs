@@ -114,12 +114,7 @@ pub fn udmabuf(memfd: std::os::fd::BorrowedFd<'_>, offset: u64, size: u64) -> Re
                 "no /dev/udmabuf (a kernel with CONFIG_UDMABUF; modprobe udmabuf)",
             ))
         }
-        Err(e) => {
-            return Err(Error::Os {
-                op: "open /dev/udmabuf",
-                source: e,
-            })
-        }
+        Err(e) => return Err(Error::os("open /dev/udmabuf", e)),
     };
     // A memfd sealed already (a DmaBuffer's: shrink, grow and the seal
     // itself) refuses more seals, and needs none.
@@ -132,10 +127,10 @@ pub fn udmabuf(memfd: std::os::fd::BorrowedFd<'_>, offset: u64, size: u64) -> Re
         sealed = unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } == 0;
     }
     if !sealed {
-        return Err(Error::Os {
-            op: "F_ADD_SEALS F_SEAL_SHRINK (udmabuf needs a sealed memfd)",
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(Error::os(
+            "F_ADD_SEALS F_SEAL_SHRINK (udmabuf needs a sealed memfd)",
+            std::io::Error::last_os_error(),
+        ));
     }
     let c = UdmabufCreate {
         memfd: raw as u32,
@@ -146,10 +141,7 @@ pub fn udmabuf(memfd: std::os::fd::BorrowedFd<'_>, offset: u64, size: u64) -> Re
     // SAFETY: the ioctl reads `c`, which lives across the call.
     let fd = unsafe { libc::ioctl(dev.as_raw_fd(), UDMABUF_CREATE, &c) };
     if fd < 0 {
-        return Err(Error::Os {
-            op: "UDMABUF_CREATE",
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(Error::os("UDMABUF_CREATE", std::io::Error::last_os_error()));
     }
     // SAFETY: the ioctl returned a new descriptor, owned from here on.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

