@@ -192,7 +192,7 @@ fn type2_window_invalidated_by_send_with_invalidate() {
         "{wc:?}"
     );
     assert_eq!(wc.wc_flags & wc_flags::WITH_IMM, 0);
-    assert_eq!((wc.imm_data, wc.byte_len), (rkey, 16));
+    assert_eq!((wc.invalidated_rkey(), wc.byte_len), (Some(rkey), 16));
     assert_eq!(
         write(&mut p, &mut qa, raddr, rkey, 2),
         WcStatus::RemAccessErr

@@ -105,7 +105,7 @@ fn rc_send_and_send_imm_complete_on_both_sides() {
     assert_eq!(rw[1].byte_len, 300);
     assert_eq!(rw[1].opcode, WcOpcode::Recv);
     assert_eq!(rw[1].wc_flags & wc_flags::WITH_IMM, wc_flags::WITH_IMM);
-    assert_eq!(rw[1].imm_data, 0xdead_beef);
+    assert_eq!(rw[1].imm(), Some(0xdead_beef));
     assert_eq!(read(&p.b.buf, 0, 700), d0);
     assert_eq!(read(&p.b.buf, 1024, 300), d1);
 }
@@ -183,7 +183,7 @@ fn rc_write_with_imm_consumes_a_receive() {
     assert_eq!(rw[0].status, WcStatus::Success);
     assert_eq!(rw[0].opcode, WcOpcode::RecvRdmaWithImm);
     assert_eq!(rw[0].byte_len, 2000);
-    assert_eq!(rw[0].imm_data, 0x0102_0304);
+    assert_eq!(rw[0].imm(), Some(0x0102_0304));
     assert_eq!(rw[0].wc_flags & wc_flags::WITH_IMM, wc_flags::WITH_IMM);
     assert_eq!(read(&p.b.buf, 4096, 2000), d);
     assert_eq!(
@@ -362,12 +362,12 @@ fn rc_wr_batch_api_posts_every_opcode() {
     let rw = poll_n(&mut p.b.cq, 3);
     assert_eq!(
         rw.iter()
-            .map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm_data))
+            .map(|w| (w.wr_id, w.opcode, w.byte_len, w.imm()))
             .collect::<Vec<_>>(),
         vec![
-            (1, WcOpcode::Recv, 64, 0),
-            (2, WcOpcode::Recv, 2, 0x55),
-            (3, WcOpcode::RecvRdmaWithImm, 128, 0x66),
+            (1, WcOpcode::Recv, 64, None),
+            (2, WcOpcode::Recv, 2, Some(0x55)),
+            (3, WcOpcode::RecvRdmaWithImm, 128, Some(0x66)),
         ]
     );
     let s64 = read(&p.a.buf, 0, 64);

@@ -82,13 +82,19 @@ fn uc_send_write_and_write_imm() {
                 w.wr_id,
                 w.opcode,
                 w.byte_len,
-                w.imm_data,
+                w.imm(),
                 w.wc_flags & wc_flags::WITH_IMM
             ))
             .collect::<Vec<_>>(),
         vec![
-            (1, WcOpcode::Recv, 500, 7, wc_flags::WITH_IMM),
-            (2, WcOpcode::RecvRdmaWithImm, 3000, 8, wc_flags::WITH_IMM),
+            (1, WcOpcode::Recv, 500, Some(7), wc_flags::WITH_IMM),
+            (
+                2,
+                WcOpcode::RecvRdmaWithImm,
+                3000,
+                Some(8),
+                wc_flags::WITH_IMM
+            ),
         ]
     );
     assert_eq!(read(&p.b.buf, 0, 500), d[..500].to_vec());
@@ -213,7 +219,7 @@ fn ud_send_carries_grh_src_qp_and_qkey() {
     assert_eq!(w.byte_len, (GRH + 1000) as u32, "GRH counted");
     assert_eq!(w.src_qp, qa.qp_num());
     assert_eq!(w.qp_num, qb.qp_num());
-    assert_eq!(w.imm_data, 0x4242);
+    assert_eq!(w.imm(), Some(0x4242));
     assert_eq!(w.wc_flags & wc_flags::GRH, wc_flags::GRH);
     assert_eq!(w.wc_flags & wc_flags::WITH_IMM, wc_flags::WITH_IMM);
     assert_eq!(read(&p.b.buf, GRH, 1000), d, "payload after the GRH");

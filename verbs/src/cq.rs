@@ -20,6 +20,7 @@
 //! through [`Cq::into_shared`] ([`crate::shared::SharedCq`]).
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -152,8 +153,12 @@ pub mod wc_flags {
     pub const WITH_INV: u32 = 8;
 }
 
-/// A work completion (`struct ibv_wc`).
+/// A work completion: `struct ibv_wc`, field for field and byte for byte
+/// (`#[repr(C)]`, as `infiniband/verbs.h` lays it out), so that a poll
+/// writes completions straight into a C caller's `ibv_wc` array
+/// ([`WcSlot`]; the C library's `ibv_poll_cq`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Wc {
     /// The work request's id.
     pub wr_id: u64,
@@ -165,8 +170,10 @@ pub struct Wc {
     pub vendor_err: u32,
     /// Bytes received (responder), or read/atomic result length.
     pub byte_len: u32,
-    /// Immediate data, host order (verbs keeps it in network order); with
-    /// [`wc_flags::WITH_INV`] the invalidated rkey (verbs' union).
+    /// With [`wc_flags::WITH_IMM`] the immediate data in network order,
+    /// as verbs keeps it ([`Wc::imm`] gives it in host order); with
+    /// [`wc_flags::WITH_INV`] the invalidated rkey, host order (verbs'
+    /// union of `imm_data` and `invalidated_rkey`).
     pub imm_data: u32,
     /// The local QP number.
     pub qp_num: u32,
@@ -174,8 +181,51 @@ pub struct Wc {
     pub src_qp: u32,
     /// `IBV_WC_*` flags.
     pub wc_flags: u32,
+    /// P_Key index (InfiniBand GSI receives; 0 on RoCE, as mlx5 reports).
+    pub pkey_index: u16,
+    /// Source LID (InfiniBand; 0 on RoCE).
+    pub slid: u16,
     /// Service level.
     pub sl: u8,
+    /// DLID path bits (InfiniBand; 0 on RoCE).
+    pub dlid_path_bits: u8,
+}
+
+impl Wc {
+    /// The immediate data in host order, if the completion carries one.
+    pub fn imm(&self) -> Option<u32> {
+        (self.wc_flags & wc_flags::WITH_IMM != 0).then(|| u32::from_be(self.imm_data))
+    }
+
+    /// The rkey a SEND with Invalidate invalidated, if this is one.
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        (self.wc_flags & wc_flags::WITH_INV != 0).then_some(self.imm_data)
+    }
+}
+
+/// Where a poll puts a completion: a [`Wc`] the caller holds, or memory
+/// laid out as one that need not be initialised (`MaybeUninit<Wc>`: the
+/// C library polls into the caller's `ibv_wc` array as these, with no
+/// copy in between).
+pub trait WcSlot {
+    /// Stores `wc` here.
+    fn put(&mut self, wc: Wc);
+}
+
+impl WcSlot for Wc {
+    #[inline(always)]
+    fn put(&mut self, wc: Wc) {
+        *self = wc;
+    }
+}
+
+impl WcSlot for MaybeUninit<Wc> {
+    #[inline(always)]
+    fn put(&mut self, wc: Wc) {
+        // An assignment, not `write`: stored field by field, as into a
+        // `Wc`, where `write` built the value aside and copied it.
+        *self = MaybeUninit::new(wc);
+    }
 }
 
 /// `CQ_DB_REQ_NOT`: next completion; `CQ_DB_REQ_NOT_SOL`: next solicited.
@@ -425,7 +475,7 @@ impl CqRing {
     /// Polls CQEs of the one QP `t` tracks into `wc` (driver-alone use:
     /// no QP lookup); updates the doorbell record once.
     #[inline(always)]
-    pub fn poll_one_qp(&mut self, t: &WqTrack, wc: &mut [Wc]) -> usize {
+    pub fn poll_one_qp<S: WcSlot>(&mut self, t: &WqTrack, wc: &mut [S]) -> usize {
         let mut n = 0;
         while n < wc.len() {
             let Some(e) = self.next_cqe() else {
@@ -457,7 +507,7 @@ impl CqRing {
 /// queue space freed), reading only the fields its opcode has: a requester
 /// completion needs the CQE's last 8 bytes alone.
 #[inline(always)]
-pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
+pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut impl WcSlot) {
     cqe_to_wc_as::<true>(e, t, wc)
 }
 
@@ -465,7 +515,7 @@ pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
 /// leaves the receive buffer alone (the caller takes the bytes from the
 /// CQE: [`Cq::poll_inline`]).
 #[inline(always)]
-fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) {
+fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut impl WcSlot) {
     let tail = e.tail();
     let op_own = tail as u8;
     let sop_qpn = (tail >> 32) as u32;
@@ -488,13 +538,13 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) 
             }
             r
         };
-        *wc = Wc {
+        wc.put(Wc {
             wr_id: t.sq_complete(wqe_counter),
             opcode,
             byte_len,
             qp_num: qpn,
             ..Wc::default()
-        };
+        });
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST {
         if op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT) != 0 {
             return scattered_recv::<COPY>(e, t, op_own, qpn, wqe_counter, wc);
@@ -509,7 +559,7 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) 
         } else {
             0
         };
-        *wc = Wc {
+        wc.put(Wc {
             wr_id: t.rq_complete(wqe_counter),
             opcode: if opc == CqeOpcode::RespWrImm.to_raw() {
                 WcOpcode::RecvRdmaWithImm
@@ -517,14 +567,20 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut Wc) 
                 WcOpcode::Recv
             },
             byte_len: e.be32_at(BYTE_CNT),
-            imm_data: if imm || inv { e.be32_at(IMM) } else { 0 },
+            imm_data: if imm {
+                e.be32_at(IMM).to_be()
+            } else if inv {
+                e.be32_at(IMM)
+            } else {
+                0
+            },
             qp_num: qpn,
             src_qp: fr & c::CQE_QPN_MASK,
             wc_flags: grh
                 | if imm { wc_flags::WITH_IMM } else { 0 }
                 | if inv { wc_flags::WITH_INV } else { 0 },
             ..Wc::default()
-        };
+        });
     } else {
         error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
     }
@@ -541,7 +597,7 @@ fn scattered_req<const COPY: bool>(
     (opcode, byte_len): (WcOpcode, u32),
     qpn: u32,
     wqe_counter: u16,
-    wc: &mut Wc,
+    wc: &mut impl WcSlot,
 ) {
     let mut status = WcStatus::Success;
     if COPY {
@@ -553,14 +609,14 @@ fn scattered_req<const COPY: bool>(
             None => WcStatus::GeneralErr,
         };
     }
-    *wc = Wc {
+    wc.put(Wc {
         wr_id: t.sq_complete(wqe_counter),
         status,
         opcode,
         byte_len,
         qp_num: qpn,
         ..Wc::default()
-    };
+    });
 }
 
 /// A receive whose bytes came in the CQE (scatter to CQE, RC/UC): copied
@@ -575,7 +631,7 @@ fn scattered_recv<const COPY: bool>(
     op_own: u8,
     qpn: u32,
     wqe_counter: u16,
-    wc: &mut Wc,
+    wc: &mut impl WcSlot,
 ) {
     let opc = op_own >> c::CQE_OPCODE_SHIFT;
     let byte_len = e.be32_at(BYTE_CNT);
@@ -587,17 +643,23 @@ fn scattered_recv<const COPY: bool>(
     }
     let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
     let inv = opc == CqeOpcode::RespSendInv.to_raw();
-    *wc = Wc {
+    wc.put(Wc {
         wr_id: t.rq_complete(wqe_counter),
         status,
         opcode: WcOpcode::Recv,
         byte_len,
-        imm_data: if imm || inv { e.be32_at(IMM) } else { 0 },
+        imm_data: if imm {
+            e.be32_at(IMM).to_be()
+        } else if inv {
+            e.be32_at(IMM)
+        } else {
+            0
+        },
         qp_num: qpn,
         wc_flags: if imm { wc_flags::WITH_IMM } else { 0 }
             | if inv { wc_flags::WITH_INV } else { 0 },
         ..Wc::default()
-    };
+    });
 }
 
 // The responder opcodes, one range: RESP_WR_IMM, RESP_SEND, RESP_SEND_IMM,
@@ -632,18 +694,18 @@ fn error_cqe_to_wc(
     op: CqeOpcode,
     qpn: u32,
     wqe_counter: u16,
-    wc: &mut Wc,
+    wc: &mut impl WcSlot,
 ) {
-    *wc = Wc {
+    let mut w = Wc {
         qp_num: qpn,
         ..Wc::default()
     };
     match op {
         CqeOpcode::ReqErr | CqeOpcode::RespErr => {
             let synd = CqeSyndrome::from_raw(e.u8_at(SYNDROME));
-            wc.status = WcStatus::from_syndrome(synd);
-            wc.vendor_err = u32::from(e.u8_at(VENDOR_SYND)) | (u32::from(e.u8_at(SYNDROME)) << 8);
-            wc.wr_id = if op == CqeOpcode::ReqErr {
+            w.status = WcStatus::from_syndrome(synd);
+            w.vendor_err = u32::from(e.u8_at(VENDOR_SYND)) | (u32::from(e.u8_at(SYNDROME)) << 8);
+            w.wr_id = if op == CqeOpcode::ReqErr {
                 t.sq_complete(wqe_counter)
             } else {
                 t.rq_complete(wqe_counter)
@@ -651,9 +713,10 @@ fn error_cqe_to_wc(
         }
         other => {
             tracing::warn!("CQE opcode {other} on QP {qpn:#x}");
-            wc.status = WcStatus::GeneralErr;
+            w.status = WcStatus::GeneralErr;
         }
     }
+    wc.put(w);
 }
 
 /// The part of a CQ the QPs that use it share.
@@ -880,40 +943,20 @@ impl Cq {
     /// check costs one atomic load, on empty polls only.
     #[inline]
     pub fn poll(&mut self, wc: &mut [Wc]) -> Result<usize> {
-        let g = self.shared.gen.load(Ordering::Acquire);
-        if g != self.gen {
-            self.generation_changed(g);
-        }
-        let (mut n, mut taken) = (0, 0u32);
-        while n < wc.len() {
-            let Some(e) = self.ring.next_cqe() else {
-                break;
-            };
-            taken += 1;
-            n += usize::from(complete::<true>(
-                &mut self.cache,
-                &self.shared,
-                &e,
-                &mut wc[n],
-            ));
-        }
-        if taken > 0 {
-            self.ring.update_ci();
-        } else if self.shared.ctx.hca.cmd().is_failed() {
-            if let Some(e) = self.failure() {
-                return Err(e);
-            }
-        }
-        Ok(n)
+        self.poll_slots(wc)
     }
 
-    /// [`poll`](Self::poll) handing each completion, `i`-th of this call,
-    /// to `out(i, &wc)` instead of writing a slice of [`Wc`]: for a caller
-    /// that keeps completions in its own layout (the C library's
-    /// `ibv_wc`), with no buffer of `Wc` in between. At most `max`.
+    /// [`poll`](Self::poll) into memory that need not be initialised,
+    /// laid out as [`Wc`] (a C caller's `ibv_wc` array): the first
+    /// returned-many entries are written, the rest left alone.
+    #[inline]
+    pub fn poll_uninit(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Result<usize> {
+        self.poll_slots(wc)
+    }
+
     #[inline(always)]
-    pub fn poll_with(&mut self, max: usize, out: impl FnMut(usize, &Wc)) -> Result<usize> {
-        if max == 0 || !self.ring.has_cqe() {
+    fn poll_slots<S: WcSlot>(&mut self, wc: &mut [S]) -> Result<usize> {
+        if wc.is_empty() || !self.ring.has_cqe() {
             // Empty: first and short, so that an empty poll costs little
             // more than its two loads.
             if self.shared.ctx.hca.cmd().is_failed() {
@@ -923,26 +966,30 @@ impl Cq {
             }
             return Ok(0);
         }
-        Ok(self.poll_found(max, out))
+        Ok(self.poll_found(wc))
     }
 
-    /// [`poll_with`](Self::poll_with) once a CQE is there.
-    #[inline(always)]
-    fn poll_found(&mut self, max: usize, mut out: impl FnMut(usize, &Wc)) -> usize {
+    /// [`poll`](Self::poll) once a CQE is there: the QPs' changes first
+    /// (a destroyed QP's CQEs cleaned), then up to `wc.len()` CQEs, and
+    /// the consumer index once. Out of line, so that an empty poll (its
+    /// caller, inlined) saves no registers for it.
+    #[inline(never)]
+    fn poll_found<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.generation_changed(g);
         }
         let mut n = 0;
-        while n < max {
+        while n < wc.len() {
             let Some(e) = self.ring.next_cqe() else {
                 break;
             };
-            let mut wc = Wc::default();
-            if complete::<true>(&mut self.cache, &self.shared, &e, &mut wc) {
-                out(n, &wc);
-                n += 1;
-            }
+            n += usize::from(complete::<true>(
+                &mut self.cache,
+                &self.shared,
+                &e,
+                &mut wc[n],
+            ));
         }
         self.ring.update_ci();
         n
@@ -1048,7 +1095,7 @@ fn complete<const COPY: bool>(
     cache: &mut Option<(u32, Arc<WqTrack>)>,
     shared: &CqShared,
     e: &impl CqeFields,
-    wc: &mut Wc,
+    wc: &mut impl WcSlot,
 ) -> bool {
     let qpn = e.be32_at(SOP_QPN) & c::CQE_QPN_MASK;
     match track(cache, shared, qpn) {

@@ -638,7 +638,9 @@ fn responder_cqes_carry_length_source_qp_immediate_and_grh() {
             "case {k}"
         );
         assert_eq!(wc.wc_flags, want_flags, "case {k}");
-        assert_eq!(wc.imm_data, imm, "case {k}");
+        // ibv_wc's imm_data: network order (the bytes as they came).
+        assert_eq!(wc.imm_data, imm.to_be(), "case {k}");
+        assert_eq!(wc.imm(), (imm != 0).then_some(imm), "case {k}");
     }
 }
 

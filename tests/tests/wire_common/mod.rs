@@ -289,8 +289,8 @@ pub fn rc_rounds_on(a: &mut Side, b: &mut Side, qa: &mut Qp, qb: &mut Qp, rounds
             "round {i}"
         );
         assert_eq!(
-            (rw[1].imm_data, rw[2].imm_data),
-            (0x1000 + i as u32, 0x2000 + i as u32)
+            (rw[1].imm(), rw[2].imm()),
+            (Some(0x1000 + i as u32), Some(0x2000 + i as u32))
         );
         assert_eq!(read(&b.buf, RECV0, len), send, "round {i}: SEND");
         assert_eq!(read(&b.buf, RECV1, len), send, "round {i}: SEND_IMM");
