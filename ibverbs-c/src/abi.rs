@@ -133,6 +133,13 @@ pub type CreateQpExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 /// `verbs_context.get_srq_num`.
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+/// `verbs_context.reg_dm_mr`.
+pub type RegDmMrFn =
+    unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, size_t, c_uint) -> *mut ibv_mr;
+/// `verbs_context.alloc_dm`.
+pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
+/// `verbs_context.free_dm`.
+pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
 
 /// `struct verbs_context`: the extended operations before the
 /// `ibv_context` (which must be last); `sz` says how far back they reach.
@@ -145,9 +152,9 @@ pub struct verbs_context {
     pub attach_counters_point_flow: Unused,
     pub create_counters: Unused,
     pub destroy_counters: Unused,
-    pub reg_dm_mr: Unused,
-    pub alloc_dm: Unused,
-    pub free_dm: Unused,
+    pub reg_dm_mr: Option<RegDmMrFn>,
+    pub alloc_dm: Option<AllocDmFn>,
+    pub free_dm: Option<FreeDmFn>,
     pub modify_flow_action_esp: Unused,
     pub destroy_flow_action: Unused,
     pub create_flow_action_esp: Unused,
@@ -377,6 +384,32 @@ pub struct ibv_wc {
 #[derive(Debug)]
 pub struct ibv_pd {
     pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_alloc_dm_attr {
+    pub length: size_t,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+/// `ibv_dm`'s `memcpy_to_dm`.
+pub type MemcpyToDmFn = unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, size_t) -> c_int;
+/// `ibv_dm`'s `memcpy_from_dm`.
+pub type MemcpyFromDmFn = unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, size_t) -> c_int;
+
+/// `struct ibv_dm`: the header's `ibv_memcpy_to_dm` / `ibv_memcpy_from_dm`
+/// call its pointers.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<MemcpyToDmFn>,
+    pub memcpy_from_dm: Option<MemcpyFromDmFn>,
+    pub comp_mask: u32,
     pub handle: u32,
 }
 
@@ -947,6 +980,12 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_pd, [context, handle]);
+    layout!(v, ibv_alloc_dm_attr, [length, log_align_req, comp_mask]);
+    layout!(
+        v,
+        ibv_dm,
+        [context, memcpy_to_dm, memcpy_from_dm, comp_mask, handle]
+    );
     layout!(v, ibv_mr, [context, pd, addr, length, handle, lkey, rkey]);
     layout!(
         v,

@@ -343,9 +343,9 @@ fn verbs_context_for(dev: *mut ibv_device, vc: &Context, async_fd: c_int) -> ver
         attach_counters_point_flow: None,
         create_counters: None,
         destroy_counters: None,
-        reg_dm_mr: None,
-        alloc_dm: None,
-        free_dm: None,
+        reg_dm_mr: Some(crate::dm::reg_dm_mr),
+        alloc_dm: Some(crate::dm::alloc_dm),
+        free_dm: Some(crate::dm::free_dm),
         modify_flow_action_esp: None,
         destroy_flow_action: None,
         create_flow_action_esp: None,
@@ -597,6 +597,7 @@ unsafe extern "C" fn query_device_ex(
         return e;
     }
     ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
+    ex.max_dm_size = c.vc.max_dm_size();
     let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's struct holds `size` bytes; we copy at most that.
     unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n) };

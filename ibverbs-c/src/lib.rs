@@ -34,6 +34,7 @@ core::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 pub mod abi;
 mod datapath;
 mod device;
+mod dm;
 mod dv;
 mod misc;
 mod objects;

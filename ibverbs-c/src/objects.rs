@@ -91,8 +91,30 @@ pub extern "C" fn ibv_dealloc_pd(p: *mut ibv_pd) -> c_int {
 #[repr(C)]
 pub(crate) struct Mr {
     pub c: ibv_mr,
-    mr: verbs::mr::Mr,
+    mr: MrKey,
     pd: *const Pd,
+}
+
+/// What an `ibv_mr` registers.
+pub(crate) enum MrKey {
+    /// Process memory (`ibv_reg_mr`).
+    Host(verbs::mr::Mr),
+    /// Device memory (`ibv_reg_dm_mr`), counted on by its `ibv_dm`.
+    Dm(verbs::dm::DmMr, *const crate::dm::Dm),
+}
+
+impl Mr {
+    /// Registers a new `ibv_mr` of `pd`, which counts on it.
+    pub(crate) fn add(pd: &Pd, c: ibv_mr, mr: MrKey) -> *mut ibv_mr {
+        pd.users.fetch_add(1, Ordering::AcqRel);
+        let m = Box::into_raw(Box::new(Mr {
+            c,
+            mr,
+            pd: std::ptr::from_ref(pd),
+        }));
+        registry::add(m, Kind::Mr);
+        m.cast()
+    }
 }
 
 /// The access bits verbs knows; the optional ones (bits 20..29,
@@ -127,22 +149,16 @@ fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut 
         Ok(m) => m,
         Err(e) => return null_errno(crate::errno_of("ibv_reg_mr", &e)),
     };
-    pd.users.fetch_add(1, Ordering::AcqRel);
-    let m = Box::into_raw(Box::new(Mr {
-        c: ibv_mr {
-            context: pd.c.context,
-            pd: p,
-            addr,
-            length: len,
-            handle: mr.lkey(),
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-        },
-        mr,
-        pd,
-    }));
-    registry::add(m, Kind::Mr);
-    m.cast()
+    let c = ibv_mr {
+        context: pd.c.context,
+        pd: p,
+        addr,
+        length: len,
+        handle: mr.lkey(),
+        lkey: mr.lkey(),
+        rkey: mr.rkey(),
+    };
+    Mr::add(pd, c, MrKey::Host(mr))
 }
 
 /// `ibv_reg_mr`.
@@ -194,7 +210,15 @@ pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     let b = unsafe { Box::from_raw(m as *mut Mr) };
     // SAFETY: an MR's PD cannot be deallocated while the MR counts on it.
     unuse(unsafe { &(*b.pd).users });
-    match b.mr.dereg() {
+    let r = match b.mr {
+        MrKey::Host(mr) => mr.dereg(),
+        MrKey::Dm(mr, dm) => {
+            // SAFETY: a DM cannot be freed while an MR counts on it.
+            unuse(unsafe { &(*dm).users });
+            mr.dereg()
+        }
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => ret_errno(crate::errno_of("ibv_dereg_mr", &e)),
     }

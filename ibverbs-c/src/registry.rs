@@ -17,6 +17,7 @@ pub(crate) enum Kind {
     Qp,
     Srq,
     Ah,
+    Dm,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

@@ -6,7 +6,10 @@
 //! `tests/pyverbs/run.py`, which writes one line per test; this test
 //! prints them, writes them to target/pyverbs-results.txt, and fails if a
 //! test of [`MUST_PASS`] (every one that passed when docs/PYVERBS.md was
-//! recorded) does not pass, or a module does not load.
+//! recorded) does not pass, or a module does not load. A second run puts
+//! `test_device` and `test_mr` on a ConnectX-7 model (`emu:cx7`,
+//! target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what the
+//! ConnectX-4 Lx has not: device memory.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -63,8 +66,72 @@ const MUST_PASS: &[&str] = &[
     "tests.test_srq.SrqTestCase.test_rc_srq_traffic",
 ];
 
+/// What must pass on a ConnectX-7 model (`emu:cx7`), which has what the
+/// ConnectX-4 Lx lacks: device memory (MEMIC) through `ibv_alloc_dm`,
+/// `ibv_memcpy_to_dm`/`from_dm`, `ibv_reg_dm_mr` and traffic to it.
+const MUST_PASS_CX7: &[&str] = &[
+    "tests.test_device.DMTest.test_create_dm",
+    "tests.test_device.DMTest.test_create_dm_bad_flow",
+    "tests.test_device.DMTest.test_destroy_dm",
+    "tests.test_device.DMTest.test_destroy_dm_bad_flow",
+    "tests.test_device.DMTest.test_dm_read",
+    "tests.test_device.DMTest.test_dm_write",
+    "tests.test_device.DMTest.test_dm_write_bad_flow",
+    "tests.test_device.DeviceTest.test_dev_list",
+    "tests.test_device.DeviceTest.test_open_dev",
+    "tests.test_device.DeviceTest.test_phys_port_cnt_ex",
+    "tests.test_device.DeviceTest.test_query_device",
+    "tests.test_device.DeviceTest.test_query_device_ex",
+    "tests.test_device.DeviceTest.test_query_gid",
+    "tests.test_device.DeviceTest.test_query_gid_ex",
+    "tests.test_device.DeviceTest.test_query_gid_ex_bad_flow",
+    "tests.test_device.DeviceTest.test_query_gid_table",
+    "tests.test_device.DeviceTest.test_query_gid_table_bad_flow",
+    "tests.test_device.DeviceTest.test_query_pkey",
+    "tests.test_device.DeviceTest.test_query_port_bad_flow",
+    "tests.test_mr.DeviceMemoryAPITest.test_create_dm_mr",
+    "tests.test_mr.DeviceMemoryAPITest.test_dm_bad_access",
+    "tests.test_mr.DeviceMemoryAPITest.test_dm_bad_registration",
+    "tests.test_mr.DeviceMemoryTest.test_dm_atomic_cmp_swp",
+    "tests.test_mr.DeviceMemoryTest.test_dm_atomic_fetch_add",
+    "tests.test_mr.DeviceMemoryTest.test_dm_remote_read_traffic",
+    "tests.test_mr.DeviceMemoryTest.test_dm_remote_traffic",
+    "tests.test_mr.DeviceMemoryTest.test_dm_remote_write_traffic_imm",
+    "tests.test_mr.DeviceMemoryTest.test_dm_traffic",
+    "tests.test_mr.MRTest.test_reg_mr_bad_flags",
+];
+
 #[test]
 fn rdma_core_tests_on_pyverbs_over_the_c_library() {
+    run_suite(
+        "emu",
+        &[
+            "test_device",
+            "test_pd",
+            "test_mr",
+            "test_cq",
+            "test_qp",
+            "test_srq",
+        ],
+        MUST_PASS,
+        "pyverbs-results.txt",
+    );
+}
+
+#[test]
+fn rdma_core_memory_tests_on_a_connectx7_model() {
+    run_suite(
+        "emu:cx7",
+        &["test_device", "test_mr"],
+        MUST_PASS_CX7,
+        "pyverbs-results-cx7.txt",
+    );
+}
+
+/// Runs rdma-core's `modules` on pyverbs over ibverbs-c against the
+/// function `devices` names (`MLX5_DEVICES`); fails if one of
+/// `must_pass` does not pass or a module does not load.
+fn run_suite(devices: &str, modules: &[&str], must_pass: &[&str], results_file: &str) {
     assert!(
         Path::new("/usr/lib/python3/dist-packages/pyverbs").exists(),
         "NOT RUN: python3-pyverbs is missing (scripts/test-all.sh installs it)"
@@ -83,7 +150,8 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let lib = target.join("ibverbs-pyverbs");
+    // A directory per suite: the two tests run at once.
+    let lib = target.join(format!("ibverbs-pyverbs-{}", devices.replace(':', "-")));
     std::fs::create_dir_all(&lib).unwrap();
     for n in ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"] {
         let l = lib.join(n);
@@ -99,21 +167,14 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
         String::from_utf8_lossy(&fetch.stderr)
     );
     let src = String::from_utf8(fetch.stdout).unwrap().trim().to_string();
-    let out = target.join("pyverbs-results.txt");
+    let out = target.join(results_file);
     let run = Command::new("/usr/bin/python3")
         .arg(root().join("tests/pyverbs/run.py"))
         .arg(&src)
         .arg(&out)
-        .args([
-            "test_device",
-            "test_pd",
-            "test_mr",
-            "test_cq",
-            "test_qp",
-            "test_srq",
-        ])
+        .args(modules)
         .env("LD_LIBRARY_PATH", &lib)
-        .env("MLX5_DEVICES", "emu")
+        .env("MLX5_DEVICES", devices)
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&run.stderr);
@@ -140,7 +201,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
         "modules did not load:\n{}",
         import_errors.join("\n")
     );
-    let regressed: Vec<String> = MUST_PASS
+    let regressed: Vec<String> = must_pass
         .iter()
         .filter(|t| status_of(t) != "pass")
         .map(|t| format!("{t}: {}", status_of(t)))
@@ -152,7 +213,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
     );
     let passed = results.lines().filter(|l| l.starts_with("pass\t")).count();
     eprintln!(
-        "{passed} rdma-core tests pass on ibverbs-c (results in {})",
+        "{passed} rdma-core tests pass on ibverbs-c over {devices} (results in {})",
         out.display()
     );
 }

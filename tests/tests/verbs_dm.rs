@@ -128,12 +128,23 @@ fn past_the_allocation_and_unaligned_accesses_are_refused() {
         Err(Error::Invalid(_))
     ));
     assert_eq!(Error::Fault("x").errno(), 14);
-    // reg_dm_mr: past the allocation (1024 bytes after rounding),
-    // without ZERO_BASED, with a right DM MRs cannot have.
+    // reg_dm_mr: past the length asked for (1000, though 1024 bytes are
+    // allocated: ib_core checks the length asked), without ZERO_BASED,
+    // with a right DM MRs cannot have; an empty MR is allowed (as ib_core,
+    // and rdma-core's test_create_dm_mr asks for one).
     assert!(matches!(
         p.b.pd.reg_dm_mr(&dm, 512, 1024, DM_ACC),
         Err(Error::Invalid(_))
     ));
+    assert!(matches!(
+        p.b.pd.reg_dm_mr(&dm, 0, 1004, DM_ACC),
+        Err(Error::Invalid(_))
+    ));
+    assert!(matches!(
+        p.b.pd.reg_dm_mr(&dm, 1000, 4, DM_ACC),
+        Err(Error::Invalid(_))
+    ));
+    drop(p.b.pd.reg_dm_mr(&dm, 1000, 0, DM_ACC).unwrap());
     assert!(matches!(
         p.b.pd.reg_dm_mr(&dm, 0, 1024, ALL),
         Err(Error::Invalid(_))

@@ -906,14 +906,22 @@ impl Hca {
                 "fast teardown (firmware: FORCE_STATE_FAIL)",
             ));
         }
+        // The register's low byte is the device's (log size and stride of
+        // the queue, read-only).
+        let geometry = self.bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)? & 0xff;
         // nic_interface = disabled, keeping the queue address bits.
         let l = iseg::cmdq_addr_l_sz(self.cmd.0.queue_iova() as u32, NicInterface::Disabled);
         self.bar.write32_be(iseg::ISEG_CMDQ_ADDR_L_SZ, l)?;
         wmb();
         let deadline = Deadline::after(&self.opts.clock, TEARDOWN_TIMEOUT, TEARDOWN_DEADLINE);
         loop {
-            let v = iseg::nic_interface(self.bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)?);
-            if v == NicInterface::Disabled {
+            // Done when the device reads back disabled with its own low
+            // byte: a card always returns it; a device whose init segment
+            // is shared memory (mlx5-emu mapped) shows the write, low byte
+            // 0, until its firmware has taken it, and a next open must not
+            // find it half done.
+            let v = self.bar.read32_be(iseg::ISEG_CMDQ_ADDR_L_SZ)?;
+            if iseg::nic_interface(v) == NicInterface::Disabled && v & 0xff == geometry {
                 return Ok(());
             }
             if deadline.passed() {

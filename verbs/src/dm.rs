@@ -98,6 +98,17 @@ pub struct Dm {
 }
 
 impl Context {
+    /// The largest device-memory allocation (`ibv_device_attr_ex`'s
+    /// `max_dm_size`, mlx5_ib's `max_memic_size`); 0 without MEMIC.
+    pub fn max_dm_size(&self) -> u64 {
+        self.ctx
+            .hca
+            .caps()
+            .device_mem()
+            .filter(|d| d.memic())
+            .map_or(0, |d| u64::from(d.max_memic_size()))
+    }
+
     /// `ibv_alloc_dm`: `length` bytes of device memory aligned to
     /// `2^log_align` bytes (at least 64).
     pub fn alloc_dm(&self, length: u64, log_align: u32) -> Result<Dm> {
@@ -323,6 +334,8 @@ pub struct DmMr {
     _dm: Arc<DmInner>,
     mkey: u32,
     len: u64,
+    /// DESTROY_MKEY ran ([`DmMr::dereg`]).
+    done: bool,
 }
 
 impl Pd {
@@ -334,8 +347,10 @@ impl Pd {
             return Err(Error::Invalid("device memory MR access flags"));
         }
         crate::mr::check_access(acc & !access::ZERO_BASED)?;
-        let size = dm.inner.size;
-        if length == 0 || offset > size || length > size - offset {
+        // As ib_core's UVERBS_METHOD_REG_DM_MR: against the length asked
+        // for (not the 64-byte units allocated); an empty MR is allowed.
+        let asked = dm.inner.len;
+        if offset > asked || length > asked - offset {
             return Err(Error::Invalid("device memory MR past the allocation"));
         }
         let pd = &self.inner;
@@ -365,6 +380,7 @@ impl Pd {
             _dm: dm.inner.clone(),
             mkey: CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8,
             len: length,
+            done: false,
         })
     }
 }
@@ -412,19 +428,33 @@ impl DmMr {
     }
 }
 
-impl Drop for DmMr {
-    fn drop(&mut self) {
+impl DmMr {
+    /// `ibv_dereg_mr`: DESTROY_MKEY, its failure returned (a drop logs it).
+    pub fn dereg(mut self) -> Result<()> {
+        self.done = true;
+        self.destroy_mkey()
+    }
+
+    fn destroy_mkey(&self) -> Result<()> {
         let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
         DestroyMkeyIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DestroyMkey.to_raw())
             .set_mkey_index(self.mkey >> 8);
-        if let Err(e) = self
-            .pd
+        self.pd
             .ctx
             .hca
             .cmd()
             .exec(&inb, destroy_mkey_out::SIZE_BYTES)
-        {
+            .map(drop)
+    }
+}
+
+impl Drop for DmMr {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Err(e) = self.destroy_mkey() {
             tracing::warn!("DESTROY_MKEY {:#x} (device memory MR): {e}", self.mkey);
         }
     }

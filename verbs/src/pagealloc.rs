@@ -526,8 +526,11 @@ impl Pages {
         }
         let mut a = self.lock();
         let kept = a.given.len();
-        if kept > 0 {
+        if kept > 0 && cmd.is_some() {
             tracing::warn!("{kept} firmware pages not returned; freeing them locally");
+        } else if kept > 0 {
+            // After a fast teardown (firmware let go of them) or a failure.
+            tracing::debug!("{kept} firmware pages freed locally");
         }
         a.given.clear();
         a.blocks.clear();

@@ -642,11 +642,6 @@ impl Firmware {
         }
         if l & 0xff != initseg::CMDQ_SZ_BYTE {
             let nic = u32::from(mlx5_hw::init::nic_interface(l).to_raw());
-            wr(
-                bar,
-                initseg::CMDQ_ADDR_L_SZ,
-                (l & !0xff) | initseg::CMDQ_SZ_BYTE,
-            );
             if nic != self.nic_interface {
                 self.nic_interface = nic;
                 if nic == u32::from(NicInterface::Disabled.to_raw()) {
@@ -654,6 +649,14 @@ impl Firmware {
                     inner.rdma.reset();
                 }
             }
+            // The read-only byte back last: a driver reading it with the
+            // state it wrote knows the state was taken (shared memory
+            // shows the write at once, as a card does not).
+            wr(
+                bar,
+                initseg::CMDQ_ADDR_L_SZ,
+                (l & !0xff) | initseg::CMDQ_SZ_BYTE,
+            );
             busy = true;
         }
         busy

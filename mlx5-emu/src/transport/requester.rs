@@ -1159,9 +1159,20 @@ fn scatter_response(s: &mut InlineScatter, payload: &Payload<'_>, off: u64) -> b
 /// (PRM "Scatter to CQE", requester side): the QP asks for it (`cs_req`,
 /// which Linux sets only for QPs whose sends are all signaled or that
 /// allow it), the WQE is signaled (only a CQE can carry the bytes) and
-/// they fit the send CQ's entry.
-fn requester_scatter(qp: &Qp, w: &Wqe) -> Option<InlineScatter> {
+/// they fit the send CQ's entry. A local buffer in device memory (a
+/// MEMIC key's extents, `local`) takes the bytes through its key: the
+/// driver's copy out of the CQE (libmlx5's `mlx5_copy_to_send_wqe`) goes
+/// through the data segment's address as a host pointer, which a
+/// zero-based device-memory key's is not; rdma-core's DM atomic tests
+/// pass on cards with such QPs.
+fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter> {
     use WqeOpcode as W;
+    if local
+        .iter()
+        .any(|e| e.iova >= crate::fw::memic::DEVMEM_IOVA)
+    {
+        return None;
+    }
     let len = match w.opcode {
         W::RdmaRead => w.len,
         W::AtomicCs | W::AtomicFa => 8,
@@ -1225,7 +1236,7 @@ fn connected(
         mtu,
     };
     let mut ans = Answer {
-        scatter: requester_scatter(qp, w),
+        scatter: requester_scatter(qp, w, &sq.ext),
         ..Answer::new(rdma)
     };
     let has_peer = sq.peer.is_some();
