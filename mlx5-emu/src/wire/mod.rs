@@ -29,7 +29,17 @@
 //!   ACK at its end (or every [`WINDOW`] messages); what has not come
 //!   within the link's response wait (real time: the peer is another
 //!   process) counts as lost, and the requester's ACK timeout and retry
-//!   counter (on the model's clock) take over, going back N.
+//!   counter (on the model's clock) take over, going back N;
+//! - a frame the faults lose, or one that comes corrupted, is known lost at
+//!   once, not after the response wait: an RC request this end lost, or a
+//!   frame that came with a bad ICRC, wakes this end's waiting send queue
+//!   as its wait running out would; an RC response it lost (or a bad
+//!   frame, whose direction is not to be trusted) sends the peer a loss
+//!   notice ([`LOSS_NOTICE_ETHERTYPE`], not a RoCE frame, not captured, not
+//!   counted as a frame; only from a link that injects faults), which does
+//!   the same there. So recovery from
+//!   injected faults does not depend on how fast the machine runs (the
+//!   response wait only catches a peer that stopped answering).
 //!
 //! A request arriving from the wire is executed on the link's receive
 //! thread (the responder side only: no requester lock is taken there), its
@@ -71,6 +81,15 @@ pub const WINDOW: usize = 32;
 /// for their ACK: a datagram socket drops what its receive buffer (about
 /// 200 KiB by default) cannot hold, so a burst stays well under it.
 pub const DGRAM_WINDOW_PACKETS: u32 = 64;
+/// The EtherType of a loss notice (IEEE 802 "local experimental 1"):
+/// a frame the faults took from an RC exchange ([`Link::send_frame`]),
+/// sent to the peer, which then stops waiting for it. Only links that
+/// inject faults or receive bad frames send one; another peer (a QEMU
+/// NIC) sees a raw frame it drops.
+pub const LOSS_NOTICE_ETHERTYPE: u16 = 0x88b5;
+/// A loss notice's payload after its Ethernet header.
+const LOSS_NOTICE: &[u8; 4] = b"LOST";
+
 /// Default real-time wait for a response before it counts as lost.
 pub const RESPONSE_WAIT: Duration = Duration::from_millis(200);
 /// Where the transport part (BTH) of a RoCEv2 frame starts (after the
@@ -137,6 +156,12 @@ pub struct LinkStats {
     pub rx_raw: u64,
     /// Responses a send queue gave up waiting for (real time).
     pub response_timeouts: u64,
+    /// Waits ended at once by a known loss (this end's, or a notice).
+    pub loss_wakeups: u64,
+    /// Loss notices sent to the peer (not frames).
+    pub tx_loss_notices: u64,
+    /// Loss notices taken from the peer (not frames).
+    pub rx_loss_notices: u64,
     /// What the faults did to this end's frames.
     pub faults: FaultCounts,
 }
@@ -167,6 +192,9 @@ struct Counts {
     rx_delivered: AtomicU64,
     rx_raw: AtomicU64,
     response_timeouts: AtomicU64,
+    loss_wakeups: AtomicU64,
+    tx_loss_notices: AtomicU64,
+    rx_loss_notices: AtomicU64,
 }
 
 /// A response as it came off the wire, waiting for its send queue.
@@ -182,6 +210,9 @@ struct Resp {
 struct Mailbox {
     q: HashMap<(usize, u32), VecDeque<Resp>>,
     total: usize,
+    /// Frames of RC exchanges known lost and not yet waited out: the next
+    /// wait that finds no response ends at once, one each.
+    losses: u64,
 }
 
 /// What a send queue waits for.
@@ -301,6 +332,9 @@ impl Link {
             rx_delivered: g(&c.rx_delivered),
             rx_raw: g(&c.rx_raw),
             response_timeouts: g(&c.response_timeouts),
+            loss_wakeups: g(&c.loss_wakeups),
+            tx_loss_notices: g(&c.tx_loss_notices),
+            rx_loss_notices: g(&c.rx_loss_notices),
             faults: lock(&self.impair).counts,
         }
     }
@@ -339,11 +373,51 @@ impl Link {
     }
 
     /// Sends one frame through the faults to the capture and the socket.
+    /// An RC frame the faults lose is known lost at once: a request's
+    /// send queue (this end) stops waiting for its answer, a response's
+    /// (the peer) is sent a loss notice.
     pub(crate) fn send_frame(&self, frame: Vec<u8>) {
+        let rc_opcode = packet::is_roce_v2(&frame)
+            .then(|| frame.get(transport_at(&frame)).copied())
+            .flatten()
+            .filter(|o| o & 0xe0 == svc::RC);
         let mut out = Vec::new();
-        lock(&self.impair).frame(frame, self.clock.now(), &mut out);
+        let lost = {
+            let mut im = lock(&self.impair);
+            let before = im.counts.lost;
+            im.frame(frame, self.clock.now(), &mut out);
+            im.counts.lost != before
+        };
         for f in out {
             self.put(&f);
+        }
+        match rc_opcode {
+            Some(o) if lost && is_response(o) => self.send_loss_notice(),
+            Some(_) if lost => self.note_loss(),
+            _ => {}
+        }
+    }
+
+    /// A frame of an RC exchange of this end's send queues is lost: the
+    /// next wait that finds nothing ends at once.
+    fn note_loss(&self) {
+        lock(&self.mailbox).losses += 1;
+        self.arrived.notify_all();
+    }
+
+    /// Tells the peer a frame for its send queues is lost: only a link
+    /// that injects faults (its peer is then a test's or an experiment's),
+    /// so that a peer sending bad frames gets nothing back for them.
+    fn send_loss_notice(&self) {
+        if !lock(&self.impair).faults.any() {
+            return;
+        }
+        let mut f = vec![0u8; 60];
+        f[..6].fill(0xff);
+        f[12..14].copy_from_slice(&LOSS_NOTICE_ETHERTYPE.to_be_bytes());
+        f[14..18].copy_from_slice(LOSS_NOTICE);
+        if self.ep.send(&f).is_ok() {
+            self.counts.tx_loss_notices.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -417,6 +491,7 @@ impl Link {
         let key = (std::ptr::from_ref(src) as usize, qpn);
         let deadline = Instant::now() + self.wait;
         let mut got = Vec::new();
+        let mut lost = false;
         loop {
             {
                 let mut mb = lock(&self.mailbox);
@@ -425,6 +500,11 @@ impl Link {
                         got.extend(q.drain(..));
                     }
                     if !got.is_empty() || matches!(until, Until::Nothing) {
+                        break;
+                    }
+                    if mb.losses > 0 {
+                        mb.losses -= 1;
+                        lost = true;
                         break;
                     }
                     let now = Instant::now();
@@ -468,6 +548,16 @@ impl Link {
                 });
             }
             if done {
+                if !matches!(until, Until::Nothing) {
+                    // What was waited for came: a loss noted meanwhile
+                    // was one the exchange got over (a NAK, a retry).
+                    lock(&self.mailbox).losses = 0;
+                }
+                return;
+            }
+            if lost {
+                tracing::debug!(qpn, ?until, "a frame of the exchange was lost");
+                self.counts.loss_wakeups.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             if Instant::now() >= deadline {
@@ -496,6 +586,13 @@ impl Link {
 
     /// Takes one frame off the wire.
     fn receive(&self, f: &[u8]) {
+        if f.get(12..14) == Some(&LOSS_NOTICE_ETHERTYPE.to_be_bytes()[..])
+            && f.get(14..18) == Some(&LOSS_NOTICE[..])
+        {
+            self.counts.rx_loss_notices.fetch_add(1, Ordering::Relaxed);
+            self.note_loss();
+            return;
+        }
         self.counts.rx_frames.fetch_add(1, Ordering::Relaxed);
         if let Some(p) = &self.pcap {
             let _ = lock(p).frame(f);
@@ -508,11 +605,19 @@ impl Link {
                 return;
             }
             Err(e) => {
-                let c = match e {
-                    PacketError::Icrc { .. } => &self.counts.rx_bad_icrc,
-                    _ => &self.counts.rx_malformed,
+                let icrc = matches!(e, PacketError::Icrc { .. });
+                let c = if icrc {
+                    &self.counts.rx_bad_icrc
+                } else {
+                    &self.counts.rx_malformed
                 };
                 self.dropped(c, "frame dropped", &e);
+                if icrc {
+                    // Lost for whichever end waits for it: its headers
+                    // are not to be trusted to say which.
+                    self.note_loss();
+                    self.send_loss_notice();
+                }
                 return;
             }
         };
