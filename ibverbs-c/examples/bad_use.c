@@ -4,6 +4,8 @@
  * crash. Prints one line per check; exits with the number that failed.
  */
 #include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +108,19 @@ int main(void)
 	ia.recv_cq = cq2;
 	errno = 0;
 	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "ibv_create_qp on a destroyed CQ: EINVAL");
+	/* A child forked with the context shares its command queue: its
+	 * commands are refused (EOPNOTSUPP), the parent's device untouched. */
+	fflush(stdout);
+	pid_t child = fork();
+	if (child == 0) {
+		struct ibv_pd *cpd = ibv_alloc_pd(ctx);
+		_exit(!cpd && errno == EOPNOTSUPP ? 0 : 1);
+	}
+	int st = -1;
+	CHECK(child > 0 && waitpid(child, &st, 0) == child && WIFEXITED(st) &&
+	      WEXITSTATUS(st) == 0, "ibv_alloc_pd in a forked child: EOPNOTSUPP");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	CHECK(pd2 && ibv_dealloc_pd(pd2) == 0, "the parent's device works after the child's try");
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 	CHECK(ibv_dereg_mr(mr) == EINVAL, "ibv_dereg_mr twice: EINVAL");
 	CHECK(ibv_destroy_cq(cq2) == 0, "ibv_destroy_cq");

@@ -311,6 +311,10 @@ pub(crate) struct CmdQueue {
     closed: AtomicBool,
     trace: Option<TraceSink>,
     stats: CmdStats,
+    /// The process that set the queue up: a child forked with it shares
+    /// the queue's memory and the BAR with its parent, and a command of
+    /// its own would race the parent's for the same entries.
+    owner: u32,
 }
 
 /// A handle to the command queue: cheap to clone, usable from any thread.
@@ -397,6 +401,7 @@ impl CmdQueue {
             closed: AtomicBool::new(false),
             trace,
             stats: CmdStats::default(),
+            owner: std::process::id(),
         });
         let iova = q.queue_iova;
         q.bar
@@ -593,6 +598,14 @@ impl CmdQueue {
     ) -> Result<(u8, Vec<u8>)> {
         if input.len() < 8 {
             return Err(Error::Invalid("a command input is at least 8 bytes"));
+        }
+        if std::process::id() != self.owner {
+            // A forked child: the queue is its parent's (Linux's
+            // ib_uverbs serialises processes in the kernel; here nothing
+            // would).
+            return Err(Error::NotSupported(
+                "commands from a forked child on its parent's device",
+            ));
         }
         let out_len = out_len.max(INLINE);
         if let Some(e) = self.health_error() {
