@@ -379,6 +379,33 @@ pub struct ibv_wc {
     pub dlid_path_bits: u8,
 }
 
+/// `ibv_wc`'s fields, named once: `$m!($args.., [fields])`. The layout
+/// checks against the header use them, and so does the compile-time check
+/// that the driver's `Wc` is laid out the same (`datapath`).
+macro_rules! ibv_wc_fields {
+    ($m:ident $(, $arg:ident)*) => {
+        $m!(
+            $($arg,)*
+            [
+                wr_id,
+                status,
+                opcode,
+                vendor_err,
+                byte_len,
+                imm_data,
+                qp_num,
+                src_qp,
+                wc_flags,
+                pkey_index,
+                slid,
+                sl,
+                dlid_path_bits
+            ]
+        );
+    };
+}
+pub(crate) use ibv_wc_fields;
+
 /// `struct ibv_pd`.
 #[repr(C)]
 #[derive(Debug)]
@@ -960,25 +987,7 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_async_event, [element, event_type]);
-    layout!(
-        v,
-        ibv_wc,
-        [
-            wr_id,
-            status,
-            opcode,
-            vendor_err,
-            byte_len,
-            imm_data,
-            qp_num,
-            src_qp,
-            wc_flags,
-            pkey_index,
-            slid,
-            sl,
-            dlid_path_bits
-        ]
-    );
+    ibv_wc_fields!(layout, v, ibv_wc);
     layout!(v, ibv_pd, [context, handle]);
     layout!(v, ibv_alloc_dm_attr, [length, log_align_req, comp_mask]);
     layout!(

@@ -336,7 +336,7 @@ unsafe fn walk_recv(
 // The driver's `Wc` is `ibv_wc` byte for byte: a poll writes completions
 // straight into the caller's array.
 macro_rules! same_layout {
-    ($($f:ident),*) => {
+    ([$($f:ident),*]) => {
         const _: () = {
             assert!(size_of::<Wc>() == size_of::<ibv_wc>());
             assert!(align_of::<Wc>() == align_of::<ibv_wc>());
@@ -344,21 +344,7 @@ macro_rules! same_layout {
         };
     };
 }
-same_layout!(
-    wr_id,
-    status,
-    opcode,
-    vendor_err,
-    byte_len,
-    imm_data,
-    qp_num,
-    src_qp,
-    wc_flags,
-    pkey_index,
-    slid,
-    sl,
-    dlid_path_bits
-);
+crate::abi::ibv_wc_fields!(same_layout);
 
 /// `ibv_poll_cq`: completions written, or -1 (errno EIO) once the device
 /// failed and nothing is left. Completions go straight into the caller's
