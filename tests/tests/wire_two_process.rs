@@ -158,6 +158,11 @@ fn add_up(a: &[(String, u64)], b: &[(String, u64)]) {
             "{from:?} -> {to:?}"
         );
         assert_eq!(count(to, "rx_bad_icrc"), count(from, "corrupted"), "{to:?}");
+        assert_eq!(
+            count(to, "rx_loss_notices"),
+            count(from, "tx_loss_notices"),
+            "{from:?} -> {to:?}"
+        );
         for k in ["rx_malformed", "rx_unknown_gid", "rx_giant", "rx_truncated"] {
             assert_eq!(count(to, k), 0, "{k}: {to:?}");
         }
@@ -308,5 +313,10 @@ fn soak_rc_every_opcode_under_loss_reorder_and_corruption() {
     assert!(
         sum("lost") > 0 && sum("reordered") > 0,
         "the faults happened"
+    );
+    // Losses were known at once across the processes (loss notices).
+    assert!(
+        sum("tx_loss_notices") > 0 && sum("loss_wakeups") > 0,
+        "{ca:?} {cb:?}"
     );
 }

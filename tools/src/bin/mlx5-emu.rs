@@ -216,7 +216,8 @@ fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
     format!(
         "tx_frames {} tx_raw {} tx_errors {} rx_frames {} rx_delivered {} rx_raw {} rx_malformed {} \
          rx_bad_icrc {} rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} \
-         response_timeouts {} lost {} duplicated {} reordered {} corrupted {} delayed {}",
+         response_timeouts {} lost {} duplicated {} reordered {} corrupted {} delayed {} \
+         loss_wakeups {} tx_loss_notices {} rx_loss_notices {}",
         s.tx_frames,
         s.tx_raw,
         s.tx_errors,
@@ -235,6 +236,9 @@ fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
         s.faults.reordered,
         s.faults.corrupted,
         s.faults.delayed,
+        s.loss_wakeups,
+        s.tx_loss_notices,
+        s.rx_loss_notices,
     )
 }
 
