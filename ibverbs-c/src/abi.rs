@@ -66,6 +66,13 @@ pub type PostRecvFn =
 /// `ibv_post_srq_recv`'s signature.
 pub type PostSrqRecvFn =
     unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// `ibv_context_ops.alloc_mw` (`ibv_alloc_mw`).
+pub type AllocMwFn = unsafe extern "C" fn(*mut ibv_pd, c_int) -> *mut ibv_mw;
+/// `ibv_context_ops.bind_mw` (`ibv_bind_mw`).
+pub type BindMwFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int;
+/// `ibv_context_ops.dealloc_mw` (`ibv_dealloc_mw`).
+pub type DeallocMwFn = unsafe extern "C" fn(*mut ibv_mw) -> c_int;
+
 /// `ibv_poll_cq`'s signature.
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
 /// `ibv_req_notify_cq`'s signature.
@@ -83,9 +90,9 @@ pub struct ibv_context_ops {
     pub _compat_reg_mr: Unused,
     pub _compat_rereg_mr: Unused,
     pub _compat_dereg_mr: Unused,
-    pub alloc_mw: Unused,
-    pub bind_mw: Unused,
-    pub dealloc_mw: Unused,
+    pub alloc_mw: Option<AllocMwFn>,
+    pub bind_mw: Option<BindMwFn>,
+    pub dealloc_mw: Option<DeallocMwFn>,
     pub _compat_create_cq: Unused,
     pub poll_cq: Option<PollCqFn>,
     pub req_notify_cq: Option<ReqNotifyFn>,
@@ -412,6 +419,26 @@ pub(crate) use ibv_wc_fields;
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub type_: c_int,
+}
+
+/// `struct ibv_mw_bind`: `ibv_bind_mw`'s work request.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
 }
 
 /// `struct ibv_alloc_dm_attr`.
@@ -990,6 +1017,9 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
     ibv_wc_fields!(layout, v, ibv_wc);
     layout!(v, ibv_pd, [context, handle]);
     layout!(v, ibv_alloc_dm_attr, [length, log_align_req, comp_mask]);
+    layout!(v, ibv_mw_bind, [wr_id, send_flags, bind_info]);
+    // (`type`, a Rust keyword, is `type_` here: its offset follows handle.)
+    layout!(v, ibv_mw, [context, pd, rkey, handle]);
     layout!(
         v,
         ibv_dm,

@@ -131,6 +131,7 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
             add: atomic.compare_add,
         },
         7 => SendOp::LocalInv { rkey: w.imm_data },
+        8 => return crate::mw::bind_op(w),
         9 => SendOp::SendInv { rkey: w.imm_data },
         _ => return Err(libc::EINVAL),
     })

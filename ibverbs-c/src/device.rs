@@ -330,6 +330,9 @@ fn ops() -> ibv_context_ops {
         post_send: Some(crate::datapath::post_send),
         post_recv: Some(crate::datapath::post_recv),
         post_srq_recv: Some(crate::datapath::post_srq_recv),
+        alloc_mw: Some(crate::mw::alloc_mw),
+        bind_mw: Some(crate::mw::bind_mw),
+        dealloc_mw: Some(crate::mw::dealloc_mw),
         ..Default::default()
     }
 }
@@ -540,12 +543,15 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) -> Result<(), i32> {
     a.max_qp = clamp(d.max_qp);
     a.max_qp_wr = clamp(d.max_qp_wr);
     // RC_RNR_NAK_GEN, CURR_QP_STATE_MOD, PORT_ACTIVE_EVENT, SYS_IMAGE_GUID.
-    a.device_cap_flags = (1 << 12) | (1 << 7) | (1 << 10) | (1 << 11);
+    // ... and memory windows of both types (IBV_DEVICE_MEM_WINDOW,
+    // IBV_DEVICE_MEM_WINDOW_TYPE_2B), as many as MRs (both are mkeys).
+    a.device_cap_flags = (1 << 12) | (1 << 7) | (1 << 10) | (1 << 11) | (1 << 17) | (1 << 24);
     a.max_sge = clamp(d.max_sge);
     a.max_sge_rd = clamp(d.max_sge);
     a.max_cq = clamp(d.max_cq);
     a.max_cqe = clamp(d.max_cqe);
     a.max_mr = clamp(d.max_mr);
+    a.max_mw = a.max_mr;
     a.max_pd = clamp(d.max_pd);
     a.max_qp_rd_atom = clamp(d.max_qp_rd_atom);
     a.max_res_rd_atom = clamp(d.max_qp_rd_atom.saturating_mul(d.max_qp));

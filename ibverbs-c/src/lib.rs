@@ -37,6 +37,7 @@ mod device;
 mod dm;
 mod dv;
 mod misc;
+mod mw;
 mod objects;
 mod qp;
 mod qp_ex;

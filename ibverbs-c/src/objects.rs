@@ -103,6 +103,20 @@ pub(crate) enum MrKey {
     Dm(verbs::dm::DmMr, *const crate::dm::Dm),
 }
 
+/// The lkey and access flags of a live host MR (a window binds only
+/// those: a device-memory MR has no `IBV_ACCESS_MW_BIND`).
+pub(crate) fn mr_key_and_access(m: *mut ibv_mr) -> Option<(u32, u32)> {
+    if !registry::is(m, Kind::Mr) {
+        return None;
+    }
+    // SAFETY: the registry holds `m`: a live Mr box, `c` its first field.
+    let mr = unsafe { &*(m as *const Mr) };
+    Some(match &mr.mr {
+        MrKey::Host(h) => (h.lkey(), h.access()),
+        MrKey::Dm(d, _) => (d.lkey(), 0),
+    })
+}
+
 impl Mr {
     /// Registers a new `ibv_mr` of `pd`, which counts on it.
     pub(crate) fn add(pd: &Pd, c: ibv_mr, mr: MrKey) -> *mut ibv_mr {

@@ -112,9 +112,11 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         qp_type,
         sq_sig_all: a.sq_sig_all != 0,
     };
+    // RC send WQEs with room for a memory-window bind, as libmlx5 makes
+    // every RC QP (`ibv_bind_mw`, BIND_MW work requests).
     let qp = pd
         .pd
-        .create_qp(&init)
+        .create_qp_for_mw(&init)
         .map_err(|e| crate::errno_of("ibv_create_qp", &e))?;
     drop((sg, rg));
     a.cap = ibv_cap(qp.cap());

@@ -18,6 +18,7 @@ pub(crate) enum Kind {
     Srq,
     Ah,
     Dm,
+    Mw,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

@@ -40,6 +40,13 @@ const MUST_PASS: &[&str] = &[
     "tests.test_pd.PDTest.test_destroy_pd_twice",
     "tests.test_pd.PDTest.test_multiple_pd_creation",
     "tests.test_mr.MRTest.test_reg_mr_bad_flags",
+    "tests.test_mr.MWTest.test_invalidate_mw_type1",
+    "tests.test_mr.MWTest.test_mw_type1",
+    "tests.test_mr.MWTest.test_mw_type2",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_dealloc",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_local",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_remote",
+    "tests.test_mr.MWTest.test_reg_mw_wrong_type",
     "tests.test_cq.CQAPITest.test_create_cq",
     "tests.test_cq.CQAPITest.test_create_cq_bad_flow",
     "tests.test_cq.CQAPITest.test_create_cq_with_comp_channel",
@@ -68,7 +75,8 @@ const MUST_PASS: &[&str] = &[
 
 /// What must pass on a ConnectX-7 model (`emu:cx7`), which has what the
 /// ConnectX-4 Lx lacks: device memory (MEMIC) through `ibv_alloc_dm`,
-/// `ibv_memcpy_to_dm`/`from_dm`, `ibv_reg_dm_mr` and traffic to it.
+/// `ibv_memcpy_to_dm`/`from_dm`, `ibv_reg_dm_mr` and traffic to it; and
+/// memory windows there too.
 const MUST_PASS_CX7: &[&str] = &[
     "tests.test_device.DMTest.test_create_dm",
     "tests.test_device.DMTest.test_create_dm_bad_flow",
@@ -99,6 +107,13 @@ const MUST_PASS_CX7: &[&str] = &[
     "tests.test_mr.DeviceMemoryTest.test_dm_remote_write_traffic_imm",
     "tests.test_mr.DeviceMemoryTest.test_dm_traffic",
     "tests.test_mr.MRTest.test_reg_mr_bad_flags",
+    "tests.test_mr.MWTest.test_invalidate_mw_type1",
+    "tests.test_mr.MWTest.test_mw_type1",
+    "tests.test_mr.MWTest.test_mw_type2",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_dealloc",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_local",
+    "tests.test_mr.MWTest.test_mw_type2_invalidate_remote",
+    "tests.test_mr.MWTest.test_reg_mw_wrong_type",
 ];
 
 #[test]

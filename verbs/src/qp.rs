@@ -324,6 +324,15 @@ impl Pd {
     }
 }
 
+/// The segments of the largest memory-window bind WQE after its control
+/// segment: UMR control, mkey context, one KLM padded to 64 bytes.
+const BIND_WQE_SEGS: usize =
+    mlx5_hw::ifc::wqe_umr_ctrl_seg::SIZE_BYTES + mlx5_hw::ifc::mkey_seg::SIZE_BYTES + 64;
+
+/// A create flag of this driver's own (above mlx5dv's): send WQEs sized
+/// for a memory-window bind (`Pd::create_qp_for_mw`).
+pub(crate) const SIZE_FOR_BIND: u32 = 1 << 31;
+
 /// The queue geometry of a QP, computed once from what was asked for
 /// (mlx5_ib's `calc_sq_size` and `set_rq_size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,12 +356,22 @@ impl QpSizes {
     /// `log_max_qp_sz`).
     #[cfg(test)]
     fn new(cap: QpCap, qp_type: QpType, srq: bool, max_wqes: u32) -> Result<Self> {
-        Self::for_st(cap, qp_type, srq, max_wqes, qp_type.st())
+        Self::for_st(cap, qp_type, srq, max_wqes, qp_type.st(), false)
     }
 
     /// [`new`](Self::new) for qpc `st`: a DCI's WQEs carry a datagram
-    /// segment before the remote-address and atomic segments.
-    fn for_st(cap: QpCap, qp_type: QpType, srq: bool, max_wqes: u32, st: u8) -> Result<Self> {
+    /// segment before the remote-address and atomic segments; with
+    /// `bind`, an RC send WQE has room for a memory-window bind (the UMR
+    /// control and mkey segments and one KLM), as mlx5_ib's `sq_overhead`
+    /// and libmlx5 size every RC QP.
+    fn for_st(
+        cap: QpCap,
+        qp_type: QpType,
+        srq: bool,
+        max_wqes: u32,
+        st: u8,
+        bind: bool,
+    ) -> Result<Self> {
         if cap.max_send_sge as usize > MAX_SGE
             || cap.max_recv_sge as usize > MAX_SGE
             || cap.max_inline_data as usize > MAX_INLINE
@@ -366,6 +385,8 @@ impl QpSizes {
                 DGRAM_SIZE
             } else if st == QPC_ST_DCI {
                 DGRAM_SIZE + RADDR_SIZE + ATOMIC_SIZE
+            } else if bind && qp_type == QpType::Rc {
+                (RADDR_SIZE + ATOMIC_SIZE).max(BIND_WQE_SEGS)
             } else {
                 RADDR_SIZE + ATOMIC_SIZE
             };
@@ -620,7 +641,8 @@ impl Qp {
             flags,
         });
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
-        let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st)?;
+        let bind = flags & SIZE_FOR_BIND != 0;
+        let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st, bind)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());
         let mut inb = create_qp_input(pd, a, &sizes, &bufs, srq.as_deref(), st, cs);

@@ -883,6 +883,29 @@ fn qp_sizes_follow_the_caps_and_refuse_what_does_not_fit() {
     assert_eq!((g.max_send_wr, g.max_recv_wr, g.max_recv_sge), (128, 16, 1));
     // 64 - ctrl, raddr, atomic (48) - the inline header (4).
     assert_eq!(g.max_inline_data, 12);
+    // Sized for a memory-window bind (the C library's RC QPs, as mlx5_ib's
+    // sq_overhead): ctrl + UMR ctrl + mkey + padded KLM (192) + one data
+    // segment = four blocks a WQE; UD is not sized so.
+    let s = QpSizes::for_st(
+        cap(100, 1, 0, 10, 1),
+        QpType::Rc,
+        false,
+        1 << 15,
+        QpType::Rc.st(),
+        true,
+    )
+    .unwrap();
+    assert_eq!((s.wqe_bbs, s.sq_cnt), (4, 512));
+    let s = QpSizes::for_st(
+        cap(8, 4, 0, 1, 1),
+        QpType::Ud,
+        false,
+        1 << 15,
+        QpType::Ud.st(),
+        true,
+    )
+    .unwrap();
+    assert_eq!(s.wqe_bbs, 2);
     // UD, 4 SGEs: ctrl + datagram (64) + 4 x 16 = two blocks per WQE.
     let s = QpSizes::new(cap(8, 4, 0, 1, 1), QpType::Ud, false, 1 << 15).unwrap();
     assert_eq!((s.wqe_bbs, s.sq_cnt), (2, 16));

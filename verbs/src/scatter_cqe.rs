@@ -272,4 +272,20 @@ impl crate::pd::Pd {
         }
         crate::qp::Qp::create_flags(&self.inner, attr, attr.qp_type.st(), create_flags)
     }
+
+    /// [`create_qp`](crate::pd::Pd::create_qp) whose RC send WQEs have
+    /// room for a memory-window bind (`ibv_bind_mw`, BIND_MW work
+    /// requests), as mlx5_ib and libmlx5 size every RC QP; the C library
+    /// makes its RC QPs so. Other transports as `create_qp`.
+    pub fn create_qp_for_mw(
+        &self,
+        attr: &crate::qp::QpInitAttr<'_>,
+    ) -> crate::Result<crate::qp::Qp> {
+        crate::qp::Qp::create_flags(
+            &self.inner,
+            attr,
+            attr.qp_type.st(),
+            crate::qp::SIZE_FOR_BIND,
+        )
+    }
 }
