@@ -108,6 +108,17 @@ int main(void)
 	ia.recv_cq = cq2;
 	errno = 0;
 	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "ibv_create_qp on a destroyed CQ: EINVAL");
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr with no flags: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr of a NULL range: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	CHECK(ibv_rereg_mr(NULL, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr(NULL): IBV_REREG_MR_ERR_INPUT, EINVAL");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0,
+	      "ibv_rereg_mr of the access");
 	/* A child forked with the context shares its command queue: its
 	 * commands are refused (EOPNOTSUPP), the parent's device untouched. */
 	fflush(stdout);

@@ -272,21 +272,6 @@ pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid:
     ret_errno(libc::EOPNOTSUPP)
 }
 
-/// `ibv_rereg_mr`: not offered through the C library (-1,
-/// `IBV_REREG_MR_ERR_INPUT`, errno EOPNOTSUPP).
-#[no_mangle]
-pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _len: usize,
-    _access: c_int,
-) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -1
-}
-
 /// `ibv_reg_dmabuf_mr`: dma-buf memory is not mapped by the driver.
 #[no_mangle]
 pub extern "C" fn ibv_reg_dmabuf_mr(

@@ -238,6 +238,94 @@ pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     }
 }
 
+/// `ibv_rereg_mr`: 0, or libibverbs' `IBV_REREG_MR_ERR_INPUT` (-1) for
+/// arguments it refuses before the device, `IBV_REREG_MR_ERR_CMD` (-4) for
+/// a change the device refused, errno set; the MR is then as it was.
+/// A new PD or new access by the driver's `Mr::rereg` (UMR on the same
+/// key where mlx5 can, else a new key); a new translation (`addr`,
+/// `len`) by a new registration of that memory, the old key then
+/// deregistered (new lkey and rkey, as the kernel gives when it cannot
+/// reuse the key). A device-memory MR is not re-registered (EINVAL).
+#[no_mangle]
+pub extern "C" fn ibv_rereg_mr(
+    m: *mut ibv_mr,
+    flags: c_int,
+    p: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    use verbs::umr::rereg_flags::{CHANGE_ACCESS, CHANGE_PD, CHANGE_TRANSLATION, SUPPORTED};
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -4;
+    let input = |e: c_int| {
+        set_errno(e);
+        ERR_INPUT
+    };
+    let f = flags as u32;
+    if !registry::is(m, Kind::Mr) || f == 0 || f & !SUPPORTED != 0 {
+        return input(libc::EINVAL);
+    }
+    if f & CHANGE_TRANSLATION != 0 && (addr.is_null() || len == 0) {
+        return input(libc::EINVAL);
+    }
+    let new_pd = if f & CHANGE_PD != 0 {
+        match pd_of(p) {
+            Some(pd) => Some(pd),
+            None => return input(libc::EINVAL),
+        }
+    } else {
+        None
+    };
+    // SAFETY: the registry holds `m`: a live Mr box; verbs lets no other
+    // call use the MR while it is re-registered.
+    let mr = unsafe { &mut *(m as *mut Mr) };
+    // SAFETY: an MR's PD is not deallocated while the MR counts on it.
+    let old_pd = unsafe { &*mr.pd };
+    let MrKey::Host(h) = &mut mr.mr else {
+        return input(libc::EINVAL);
+    };
+    let acc = if f & CHANGE_ACCESS != 0 {
+        access_of(access)
+    } else {
+        h.access()
+    };
+    let target = new_pd.unwrap_or(old_pd);
+    let r = if f & CHANGE_TRANSLATION != 0 {
+        // SAFETY: ibv_rereg_mr's contract, as ibv_reg_mr's: the memory
+        // stays mapped while registered.
+        match unsafe { target.pd.reg_mr_raw(addr.cast(), len, acc) } {
+            Ok(new) => {
+                let old = std::mem::replace(h, new);
+                if let Err(e) = old.dereg() {
+                    tracing::warn!("ibv_rereg_mr: the old key: {e}");
+                }
+                mr.c.addr = addr;
+                mr.c.length = len;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    } else {
+        let pd = new_pd.map(|n| &n.pd);
+        h.rereg(f, pd, None, acc).map(drop)
+    };
+    if let Err(e) = r {
+        set_errno(crate::errno_of("ibv_rereg_mr", &e));
+        return ERR_CMD;
+    }
+    if let Some(n) = new_pd {
+        n.users.fetch_add(1, Ordering::AcqRel);
+        unuse(&old_pd.users);
+        mr.pd = std::ptr::from_ref(n);
+        mr.c.pd = p;
+    }
+    mr.c.lkey = h.lkey();
+    mr.c.rkey = h.rkey();
+    mr.c.handle = h.lkey();
+    0
+}
+
 /// A completion channel.
 #[repr(C)]
 pub(crate) struct Channel {
