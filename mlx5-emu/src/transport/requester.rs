@@ -1104,7 +1104,15 @@ fn note(
         | op::READ_RESPONSE_MIDDLE
         | op::READ_RESPONSE_LAST
         | op::READ_RESPONSE_ONLY => {
-            if ans.read_gap || psn != ans.read_next.unwrap_or(first_psn) {
+            let expected = ans.read_next.unwrap_or(first_psn);
+            if !ans.read_gap && psn != expected && psn_le(first_psn, psn) && !psn_le(expected, psn)
+            {
+                // A duplicate of a response already taken (the wire
+                // doubled it, or the try before sent it): dropped, as IBA
+                // has a requester drop duplicate responses.
+                return;
+            }
+            if ans.read_gap || psn != expected {
                 ans.read_gap = true;
                 return;
             }
@@ -1618,6 +1626,11 @@ fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
 /// IBA 9.7.5.1.3); none left fails the WQE with
 /// TRANSPORT_RETRY_EXC_ERR.
 fn go_back(sq: &mut Sq, first_psn: u32, at: Instant) -> Outcome {
+    tracing::trace!(
+        first_psn,
+        retries_left = sq.retries_left,
+        "send queue goes back"
+    );
     sq.psn = first_psn;
     if sq.retries_left == 0 {
         return Outcome::Error(CqeSyndrome::TransportRetryExcErr, vendor::RETRY_EXCEEDED);

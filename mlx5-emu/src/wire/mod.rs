@@ -461,7 +461,6 @@ impl Link {
         pkt: &Packet<'_>,
         reply: &mut dyn FnMut(&Packet<'_>),
     ) {
-        self.send_packet(pkt);
         let b = &pkt.hdr.bth;
         let until = match b.opcode {
             o if o == svc::RC | op::READ_REQUEST
@@ -472,6 +471,16 @@ impl Link {
             }
             _ => Until::Nothing,
         };
+        if matches!(until, Until::Answer(_)) {
+            // The messages before a READ or an atomic were acknowledged
+            // before it is sent: what waits for this QP now answers an
+            // earlier try of the same PSNs (a READ sent again). Taken for
+            // this try, an old READ response would look like a gap and
+            // send it again, and again, as each try's stragglers met the
+            // next (RETRY_EXC under load).
+            self.discard_waiting(src, src_qpn);
+        }
+        self.send_packet(pkt);
         if b.opcode & 0xe0 == svc::RC {
             self.collect(src, src_qpn, until, reply);
         }
@@ -567,6 +576,18 @@ impl Link {
                     .fetch_add(1, Ordering::Relaxed);
                 return;
             }
+        }
+    }
+
+    /// Drops the responses waiting for `src`'s QP `qpn` (stale).
+    fn discard_waiting(&self, src: &Rdma, qpn: u32) {
+        let key = (std::ptr::from_ref(src) as usize, qpn);
+        let mut mb = lock(&self.mailbox);
+        if let Some(q) = mb.q.remove(&key) {
+            mb.total -= q.len();
+            self.counts
+                .rx_stale
+                .fetch_add(q.len() as u64, Ordering::Relaxed);
         }
     }
 
