@@ -140,11 +140,17 @@ impl Impair {
     }
 
     /// One frame to send at `now`: what goes out now is appended to `out`
-    /// (this frame, its duplicate, held frames whose turn came).
-    pub(crate) fn frame(&mut self, mut f: Vec<u8>, now: Instant, out: &mut Vec<Vec<u8>>) {
+    /// (this frame, its duplicate, held frames whose turn came); the frame
+    /// itself is returned if the faults lost it.
+    pub(crate) fn frame(
+        &mut self,
+        mut f: Vec<u8>,
+        now: Instant,
+        out: &mut Vec<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
         if !self.faults.any() && self.held.is_empty() {
             out.push(f);
-            return;
+            return None;
         }
         // Every decision is drawn for every frame, so one fault's rate
         // does not shift another's sequence.
@@ -162,6 +168,8 @@ impl Impair {
         let room = self.held.len() < HELD_MAX;
         if lose {
             self.counts.lost += 1;
+            self.due(now, out);
+            return Some(f);
         } else {
             let from = super::transport_at(&f);
             let corrupt = corrupt && f.len() > from + 4;
@@ -206,6 +214,7 @@ impl Impair {
             }
         }
         self.due(now, out);
+        None
     }
 
     /// A frame went out: reordered frames that let enough pass follow it.

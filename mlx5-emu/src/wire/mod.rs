@@ -377,24 +377,22 @@ impl Link {
     /// send queue (this end) stops waiting for its answer, a response's
     /// (the peer) is sent a loss notice.
     pub(crate) fn send_frame(&self, frame: Vec<u8>) {
-        let rc_opcode = packet::is_roce_v2(&frame)
-            .then(|| frame.get(transport_at(&frame)).copied())
-            .flatten()
-            .filter(|o| o & 0xe0 == svc::RC);
         let mut out = Vec::new();
-        let lost = {
-            let mut im = lock(&self.impair);
-            let before = im.counts.lost;
-            im.frame(frame, self.clock.now(), &mut out);
-            im.counts.lost != before
-        };
+        let lost = lock(&self.impair).frame(frame, self.clock.now(), &mut out);
         for f in out {
             self.put(&f);
         }
-        match rc_opcode {
-            Some(o) if lost && is_response(o) => self.send_loss_notice(),
-            Some(_) if lost => self.note_loss(),
-            _ => {}
+        if let Some(f) = lost {
+            // Only an RC exchange waits for what was lost.
+            let rc_opcode = packet::is_roce_v2(&f)
+                .then(|| f.get(transport_at(&f)).copied())
+                .flatten()
+                .filter(|o| o & 0xe0 == svc::RC);
+            match rc_opcode {
+                Some(o) if is_response(o) => self.send_loss_notice(),
+                Some(_) => self.note_loss(),
+                None => {}
+            }
         }
     }
 
@@ -405,13 +403,9 @@ impl Link {
         self.arrived.notify_all();
     }
 
-    /// Tells the peer a frame for its send queues is lost: only a link
-    /// that injects faults (its peer is then a test's or an experiment's),
-    /// so that a peer sending bad frames gets nothing back for them.
+    /// Tells the peer a frame for its send queues is lost (a link that
+    /// injects faults: its peer is then a test's or an experiment's).
     fn send_loss_notice(&self) {
-        if !lock(&self.impair).faults.any() {
-            return;
-        }
         let mut f = vec![0u8; 60];
         f[..6].fill(0xff);
         f[12..14].copy_from_slice(&LOSS_NOTICE_ETHERTYPE.to_be_bytes());
@@ -635,9 +629,13 @@ impl Link {
                 self.dropped(c, "frame dropped", &e);
                 if icrc {
                     // Lost for whichever end waits for it: its headers
-                    // are not to be trusted to say which.
+                    // are not to be trusted to say which. A peer sending
+                    // bad frames to a link without faults gets nothing
+                    // back for them.
                     self.note_loss();
-                    self.send_loss_notice();
+                    if lock(&self.impair).faults.any() {
+                        self.send_loss_notice();
+                    }
                 }
                 return;
             }
