@@ -567,13 +567,7 @@ fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut impl
                 WcOpcode::Recv
             },
             byte_len: e.be32_at(BYTE_CNT),
-            imm_data: if imm {
-                e.be32_at(IMM).to_be()
-            } else if inv {
-                e.be32_at(IMM)
-            } else {
-                0
-            },
+            imm_data: imm_field(e, imm, inv),
             qp_num: qpn,
             src_qp: fr & c::CQE_QPN_MASK,
             wc_flags: grh
@@ -648,18 +642,26 @@ fn scattered_recv<const COPY: bool>(
         status,
         opcode: WcOpcode::Recv,
         byte_len,
-        imm_data: if imm {
-            e.be32_at(IMM).to_be()
-        } else if inv {
-            e.be32_at(IMM)
-        } else {
-            0
-        },
+        imm_data: imm_field(e, imm, inv),
         qp_num: qpn,
         wc_flags: if imm { wc_flags::WITH_IMM } else { 0 }
             | if inv { wc_flags::WITH_INV } else { 0 },
         ..Wc::default()
     });
+}
+
+/// `ibv_wc.imm_data` of a receive: the immediate as it came (network
+/// order, as verbs keeps it), or the invalidated rkey in host order (the
+/// same union), or 0.
+#[inline(always)]
+fn imm_field(e: &impl CqeFields, imm: bool, inv: bool) -> u32 {
+    if imm {
+        e.be32_at(IMM).to_be()
+    } else if inv {
+        e.be32_at(IMM)
+    } else {
+        0
+    }
 }
 
 // The responder opcodes, one range: RESP_WR_IMM, RESP_SEND, RESP_SEND_IMM,
