@@ -306,7 +306,7 @@ impl Pd {
             sq_sig_all: a.sq_sig_all,
         };
         let streams = a.streams;
-        let qp = Qp::create_tuned(&self.inner, &init, QPC_ST_DCI, 0, |q| {
+        let qp = Qp::create_tuned(&self.inner, &init, QPC_ST_DCI, 0, false, |q| {
             if let Some(s) = streams {
                 qpc::LOG_NUM_DCI_STREAM_CHANNELS.set(q, s.log_num_concurent.into());
                 qpc::LOG_NUM_DCI_ERRORED_STREAMS.set(q, s.log_num_errored.into());

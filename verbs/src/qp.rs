@@ -329,10 +329,6 @@ impl Pd {
 const BIND_WQE_SEGS: usize =
     mlx5_hw::ifc::wqe_umr_ctrl_seg::SIZE_BYTES + mlx5_hw::ifc::mkey_seg::SIZE_BYTES + 64;
 
-/// A create flag of this driver's own (above mlx5dv's): send WQEs sized
-/// for a memory-window bind (`Pd::create_qp_for_mw`).
-pub(crate) const SIZE_FOR_BIND: u32 = 1 << 31;
-
 /// The queue geometry of a QP, computed once from what was asked for
 /// (mlx5_ib's `calc_sq_size` and `set_rq_size`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -608,7 +604,7 @@ impl Qp {
     /// [`create`](Self::create) with qpc `st` given: `QPC_ST_REG_UMR` for
     /// the driver's UMR QP (`crate::umr`), which posts like an RC QP.
     pub(crate) fn create_st(pd: &Arc<PdInner>, a: &QpInitAttr<'_>, st: u8) -> Result<Self> {
-        Self::create_tuned(pd, a, st, 0, |_| {})
+        Self::create_tuned(pd, a, st, 0, false, |_| {})
     }
 
     /// [`create_st`](Self::create_st) with `mlx5dv_qp_create_flags`
@@ -619,16 +615,18 @@ impl Qp {
         st: u8,
         flags: u32,
     ) -> Result<Self> {
-        Self::create_tuned(pd, a, st, flags, |_| {})
+        Self::create_tuned(pd, a, st, flags, false, |_| {})
     }
 
-    /// [`create_flags`](Self::create_flags), `tune` setting more of the
-    /// QPC (a DCI's stream fields: `crate::dc`).
+    /// [`create_flags`](Self::create_flags), RC send WQEs with room for a
+    /// memory-window bind when `bind` (`Pd::create_qp_for_mw`), `tune`
+    /// setting more of the QPC (a DCI's stream fields: `crate::dc`).
     pub(crate) fn create_tuned(
         pd: &Arc<PdInner>,
         a: &QpInitAttr<'_>,
         st: u8,
         flags: u32,
+        bind: bool,
         tune: impl FnOnce(&mut [u8]),
     ) -> Result<Self> {
         let ctx = &pd.ctx;
@@ -641,7 +639,6 @@ impl Qp {
             flags,
         });
         let max_wqes = ctx.hca.caps().max_qp_sz()?;
-        let bind = flags & SIZE_FOR_BIND != 0;
         let sizes = QpSizes::for_st(a.cap, a.qp_type, a.srq.is_some(), max_wqes, st, bind)?;
         let bufs = QpBufs::alloc(ctx, &sizes)?;
         let srq = a.srq.map(|s| s.shared.clone());

@@ -281,11 +281,6 @@ impl crate::pd::Pd {
         &self,
         attr: &crate::qp::QpInitAttr<'_>,
     ) -> crate::Result<crate::qp::Qp> {
-        crate::qp::Qp::create_flags(
-            &self.inner,
-            attr,
-            attr.qp_type.st(),
-            crate::qp::SIZE_FOR_BIND,
-        )
+        crate::qp::Qp::create_tuned(&self.inner, attr, attr.qp_type.st(), 0, true, |_| {})
     }
 }
