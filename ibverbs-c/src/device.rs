@@ -1,5 +1,6 @@
 //! The device list (`MLX5_DEVICES`), opening and closing devices, the
-//! queries (device, port, GID, P_Key) and asynchronous events.
+//! queries (device, port, GID, P_Key); asynchronous events are
+//! `async_event`'s.
 //!
 //! `MLX5_DEVICES` is a comma-separated list of the tools' `DEV` forms:
 //! `emu[:PROFILE]` (a device-model function in this process; all of them
@@ -11,18 +12,16 @@
 //! second `ibv_open_device` of the same device shares that context, and
 //! the function goes down when the last context and object are gone.
 
-use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use libc::{c_char, c_int, c_void};
-use verbs::device::{AsyncEventKind, Context, DevSpec};
+use verbs::device::{Context, DevSpec};
 use vfio::PciFunction;
 
 use crate::abi::*;
+pub(crate) use crate::async_event::CtxShared;
+use crate::async_event::Dispatch;
 use crate::registry::{self, Kind};
 use crate::{null_errno, ret_errno, set_errno};
 
@@ -37,6 +36,8 @@ pub(crate) struct DevEntry {
     emu: Mutex<Option<Arc<dyn PciFunction>>>,
     /// The open context and how many `ibv_context`s share it.
     open: Mutex<Option<(Context, usize)>>,
+    /// The dispatcher of the device's async events to its contexts.
+    events: Dispatch,
     guid: Mutex<Option<u64>>,
 }
 
@@ -135,6 +136,7 @@ pub(crate) fn devices() -> &'static [DevEntry] {
                 spec,
                 emu: Mutex::new(None),
                 open: Mutex::new(None),
+                events: Dispatch::default(),
                 guid: Mutex::new(None),
             });
         }
@@ -213,21 +215,6 @@ fn release(e: &DevEntry) {
     }
 }
 
-/// What the objects of one `ibv_context` share with its event thread.
-#[derive(Debug, Default)]
-pub(crate) struct CtxShared {
-    /// `ibv_qp` pointers by QP number, for async events.
-    pub qps: Mutex<HashMap<u32, usize>>,
-    /// `ibv_cq` pointers by CQ number.
-    pub cqs: Mutex<HashMap<u32, usize>>,
-    /// `ibv_srq` pointers by SRQ number.
-    pub srqs: Mutex<HashMap<u32, usize>>,
-    events: Mutex<VecDeque<(usize, c_int)>>,
-    stop: AtomicBool,
-    /// Objects made on this context and not destroyed.
-    pub objects: std::sync::atomic::AtomicUsize,
-}
-
 /// An open device: the `verbs_context` C sees, then ours.
 #[repr(C)]
 pub(crate) struct Ctx {
@@ -235,9 +222,6 @@ pub(crate) struct Ctx {
     pub vc: Context,
     pub shared: Arc<CtxShared>,
     dev: usize,
-    /// The async-event fd (an eventfd counting queued events).
-    efd: Arc<OwnedFd>,
-    thread: Option<JoinHandle<()>>,
     pub gid_tbl_len: u32,
     /// The DevX user context of `mlx5dv_devx_general_cmd`, made at its
     /// first call.
@@ -264,63 +248,6 @@ pub(crate) fn checked_ctx<'a>(c: *mut ibv_context) -> Option<&'a Ctx> {
     }
     // SAFETY: the registry holds `c`: a live context of this library.
     Some(unsafe { ctx_of(c) })
-}
-
-fn eventfd_semaphore() -> Result<OwnedFd, i32> {
-    // SAFETY: eventfd has no memory arguments.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EMFILE));
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn bump(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
-    let r = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    if r != 8 {
-        tracing::warn!("async event eventfd: {}", std::io::Error::last_os_error());
-    }
-}
-
-/// The element and `ibv_event_type` of an event, with the objects of
-/// this context resolved (`None`: not one of ours).
-fn element_of(s: &CtxShared, k: &AsyncEventKind) -> Option<(usize, c_int)> {
-    use AsyncEventKind::*;
-    let ty = k.ibv_event_type()? as c_int;
-    let find = |m: &Mutex<HashMap<u32, usize>>, n: u32| lock(m).get(&n).copied();
-    let el = match *k {
-        CqErr { cqn, .. } => find(&s.cqs, cqn)?,
-        QpFatal(q) | QpReqErr(q) | QpAccessErr(q) | CommEst(q) | SqDrained(q) | PathMig(q)
-        | PathMigErr(q) | QpLastWqeReached(q) => find(&s.qps, q)?,
-        SrqErr(n) | SrqLimitReached(n) => find(&s.srqs, n)?,
-        PortActive(p) | PortErr(p) => usize::from(p),
-        DeviceFatal => 0,
-        Other(..) => return None,
-    };
-    Some((el, ty))
-}
-
-fn start_event_thread(vc: Context, s: Arc<CtxShared>, fd: Arc<OwnedFd>) -> Option<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("ibv-async".into())
-        .spawn(move || {
-            while !s.stop.load(Ordering::Acquire) {
-                let Some(k) = vc.get_async_event(Duration::from_millis(50)) else {
-                    continue;
-                };
-                if let Some(ev) = element_of(&s, &k) {
-                    lock(&s.events).push_back(ev);
-                    bump(&fd);
-                }
-            }
-        })
-        .map_err(|e| tracing::warn!("async event thread: {e}"))
-        .ok()
 }
 
 fn ops() -> ibv_context_ops {
@@ -472,23 +399,20 @@ pub extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         Ok(c) => c,
         Err(err) => return null_errno(err),
     };
-    let efd = match eventfd_semaphore() {
-        Ok(f) => Arc::new(f),
+    let shared = match CtxShared::new() {
+        Ok(s) => Arc::new(s),
         Err(err) => {
             release(e);
             return null_errno(err);
         }
     };
     let gid_tbl_len = vc.query_port(1).map(|p| p.gid_tbl_len).unwrap_or(1);
-    let shared = Arc::new(CtxShared::default());
-    let thread = start_event_thread(vc.clone(), shared.clone(), efd.clone());
+    e.events.subscribe(&vc, shared.clone());
     let b = Box::new(Ctx {
-        v: verbs_context_for(dev, &vc, efd.as_raw_fd()),
+        v: verbs_context_for(dev, &vc, shared.async_fd()),
         vc,
         shared,
         dev: i,
-        efd,
-        thread,
         gid_tbl_len,
         devx: Mutex::new(None),
     });
@@ -515,14 +439,11 @@ pub extern "C" fn ibv_close_device(c: *mut ibv_context) -> c_int {
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: `c` was live (the registry held it) and is a Ctx's context
     // field; the Ctx box is taken back exactly once (removed above).
-    let mut b = unsafe { Box::from_raw(c.wrapping_byte_sub(off) as *mut Ctx) };
-    b.shared.stop.store(true, Ordering::Release);
-    if let Some(t) = b.thread.take() {
-        let _ = t.join();
-    }
-    let dev = b.dev;
+    let b = unsafe { Box::from_raw(c.wrapping_byte_sub(off) as *mut Ctx) };
+    let e = &devices()[b.dev];
+    e.events.unsubscribe(&b.shared);
     drop(b);
-    release(&devices()[dev]);
+    release(e);
     0
 }
 
@@ -830,39 +751,3 @@ pub extern "C" fn ibv_get_pkey_index(c: *mut ibv_context, port: u8, pkey: u16) -
     }
     0
 }
-
-/// `ibv_get_async_event`: blocks unless the caller made `async_fd`
-/// non-blocking (then `EAGAIN`).
-#[no_mangle]
-pub extern "C" fn ibv_get_async_event(c: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
-    let Some(c) = checked_ctx(c) else {
-        return -1;
-    };
-    if ev.is_null() {
-        set_errno(libc::EINVAL);
-        return -1;
-    }
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a live u64 from the context's eventfd
-    // (semaphore mode: one event per read).
-    let r = unsafe { libc::read(c.efd.as_raw_fd(), (&raw mut v).cast(), 8) };
-    if r != 8 {
-        return -1; // errno from read (EAGAIN when non-blocking)
-    }
-    let Some((el, ty)) = lock(&c.shared.events).pop_front() else {
-        set_errno(libc::EAGAIN);
-        return -1;
-    };
-    // SAFETY: the caller's out struct, non-NULL.
-    unsafe {
-        ev.write(ibv_async_event {
-            element: el as *mut c_void,
-            event_type: ty,
-        })
-    };
-    0
-}
-
-/// `ibv_ack_async_event`: nothing to count (destroys do not wait for acks).
-#[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_ev: *mut ibv_async_event) {}

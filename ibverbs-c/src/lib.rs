@@ -6,7 +6,9 @@
 //! - [`abi`]: the structures of `infiniband/verbs.h`, laid out as C lays
 //!   them out (checked against the installed header by a test).
 //! - `device`: the device list from `MLX5_DEVICES`, open/close, the
-//!   queries, GIDs, async events.
+//!   queries, GIDs.
+//! - `async_event`: one dispatcher per device hands its async events to
+//!   the contexts they concern; `ibv_get_async_event`.
 //! - `objects`: PDs, MRs, completion channels, CQs, SRQs, AHs.
 //! - `qp`: QPs: create, modify, query, destroy.
 //! - `datapath`: post/poll/arm, the functions the header's inline
@@ -32,6 +34,7 @@
 core::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 
 pub mod abi;
+mod async_event;
 mod datapath;
 mod device;
 mod dm;

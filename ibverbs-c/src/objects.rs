@@ -610,17 +610,34 @@ pub extern "C" fn ibv_create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr) -
     b.cast()
 }
 
-/// `ibv_modify_srq`: the driver does not arm SRQ limits (`EOPNOTSUPP`);
-/// a mask of nothing is a no-op.
+/// `ibv_modify_srq`: `IBV_SRQ_LIMIT` arms the SRQ's limit (ARM_RQ: one
+/// `IBV_EVENT_SRQ_LIMIT_REACHED` when fewer WQEs remain); `IBV_SRQ_MAX_WR`
+/// (resizing) is not offered (`EOPNOTSUPP`); a mask of nothing is a no-op.
 #[no_mangle]
-pub extern "C" fn ibv_modify_srq(p: *mut ibv_srq, _attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
-    if srq_of(p).is_none() {
+pub extern "C" fn ibv_modify_srq(p: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    const IBV_SRQ_MAX_WR: c_int = 1;
+    const IBV_SRQ_LIMIT: c_int = 2;
+    let Some(s) = srq_of(p) else {
         return libc::EINVAL;
-    }
+    };
     if mask == 0 {
         return 0;
     }
-    ret_errno(libc::EOPNOTSUPP)
+    if mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 || attr.is_null() {
+        return ret_errno(libc::EINVAL);
+    }
+    if mask & IBV_SRQ_MAX_WR != 0 {
+        return ret_errno(libc::EOPNOTSUPP);
+    }
+    // SAFETY: the caller's attributes, non-NULL.
+    let limit = unsafe { (*attr).srq_limit };
+    match s.srq.arm_limit(limit) {
+        Ok(()) => {
+            lock(&s.attr).srq_limit = limit;
+            0
+        }
+        Err(e) => ret_errno(crate::errno_of("ibv_modify_srq", &e)),
+    }
 }
 
 /// `ibv_query_srq`.
@@ -632,8 +649,15 @@ pub extern "C" fn ibv_query_srq(p: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_i
     if attr.is_null() {
         return ret_errno(libc::EINVAL);
     }
+    // The limit as the device holds it: 0 again once its event fired.
+    let limit = match s.srq.limit() {
+        Ok(l) => l,
+        Err(e) => return ret_errno(crate::errno_of("ibv_query_srq", &e)),
+    };
+    let mut a = *lock(&s.attr);
+    a.srq_limit = limit;
     // SAFETY: the caller's out struct, non-NULL.
-    unsafe { *attr = *lock(&s.attr) };
+    unsafe { *attr = a };
     0
 }
 

@@ -8,6 +8,9 @@
 //! QPC fields its transition requires plus those optional ones whose bit is
 //! set in `opt_param_mask`; firmware ignores the other optional fields.
 
+/// `arm_rq_in.op_mod`: arm an SRQ's limit (`MLX5_ARM_RQ_IN_OP_MOD_SRQ`).
+pub const ARM_RQ_IN_OP_MOD_SRQ: u16 = 0x1;
+
 /// `qpc.st`: reliable connection (`MLX5_QPC_ST_RC`).
 pub const QPC_ST_RC: u8 = 0x0;
 /// `qpc.st`: unreliable connection (`MLX5_QPC_ST_UC`).

@@ -394,3 +394,25 @@ fn bad_use_gets_errno_never_a_crash() {
         "{t}"
     );
 }
+
+/// Two contexts on one device: an async event reaches the context whose
+/// object it names, and only that one (one dispatcher per device); the
+/// SRQ limit (`ibv_modify_srq` `IBV_SRQ_LIMIT`) is armed, fires once,
+/// reads 0 after, and is armed again after a third context came and went.
+#[test]
+fn async_events_reach_the_context_of_their_object() {
+    let exe = build_c("async_events");
+    let o = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("MLX5_DEVICES", "emu")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("async_events: ok"), "{t}");
+    assert_eq!(
+        t.matches("SRQ limit event on context B only").count(),
+        2,
+        "{t}"
+    );
+}

@@ -75,6 +75,7 @@ const MUST_PASS: &[&str] = &[
     "tests.test_qp.QPTest.test_query_rc_qp",
     "tests.test_qp.QPTest.test_query_uc_qp",
     "tests.test_qp.QPTest.test_query_ud_qp",
+    "tests.test_srq.SrqTestCase.test_modify_srq_limit",
     "tests.test_srq.SrqTestCase.test_rc_srq_traffic",
 ];
 

@@ -9,7 +9,9 @@
 
 use std::sync::{Arc, Mutex};
 
+use mlx5_hw::ifc::{arm_rq_in, arm_rq_out, ArmRqIn};
 use mlx5_hw::ifc::{create_srq_in, create_srq_out, destroy_srq_in, destroy_srq_out};
+use mlx5_hw::ifc::{query_srq_in, query_srq_out, srqc, QuerySrqIn};
 use mlx5_hw::ifc::{wqe_srq_next_seg, CreateSrqIn, CreateSrqOut, DestroySrqIn};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe as w;
@@ -203,6 +205,48 @@ impl Srq {
     /// The SRQ number.
     pub fn srqn(&self) -> u32 {
         self.shared.srqn
+    }
+
+    /// `ibv_modify_srq(IBV_SRQ_LIMIT)`: ARM_RQ with the low watermark
+    /// `limit`; the device raises SRQ_RQ_LIMIT
+    /// ([`crate::device::AsyncEventKind::SrqLimitReached`]) once when fewer
+    /// WQEs than that are posted, and disarms. 0 disarms; a limit of the
+    /// SRQ's size or more is refused (the device's BAD_PARAMETER).
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let lwm = u16::try_from(limit).map_err(|_| Error::Invalid("SRQ limit"))?;
+        let mut inb = [0u8; arm_rq_in::SIZE_BYTES];
+        ArmRqIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::ArmRq.to_raw())
+            .set_op_mod(mlx5_hw::qp::ARM_RQ_IN_OP_MOD_SRQ)
+            .set_srq_number(self.shared.srqn)
+            .set_lwm(lwm);
+        self.shared
+            .ctx
+            .hca
+            .cmd()
+            .exec(&inb, arm_rq_out::SIZE_BYTES)
+            .map(drop)
+    }
+
+    /// The armed limit as the device holds it (QUERY_SRQ's `lwm`, as
+    /// `ibv_query_srq`'s `srq_limit` in mlx5): 0 once the limit event
+    /// fired, which disarms it.
+    pub fn limit(&self) -> Result<u32> {
+        let mut inb = [0u8; query_srq_in::SIZE_BYTES];
+        QuerySrqIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::QuerySrq.to_raw())
+            .set_srqn(self.shared.srqn);
+        let out = self
+            .shared
+            .ctx
+            .hca
+            .cmd()
+            .exec(&inb, query_srq_out::SIZE_BYTES)?;
+        let at = query_srq_out::SRQ_CONTEXT_ENTRY.off / 8;
+        let c = out
+            .get(at..at + srqc::SIZE_BYTES)
+            .ok_or(Error::Invalid("QUERY_SRQ output"))?;
+        Ok(srqc::LWM.get(c) as u32)
     }
 
     /// `ibv_post_srq_recv`.

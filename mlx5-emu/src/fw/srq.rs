@@ -317,8 +317,7 @@ impl Firmware {
 
     pub(super) fn arm_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(input, outlen, arm_rq_in::SIZE_BYTES, 0x10)?;
-        // op_mod 1: an SRQ.
-        if arm_rq_in::OP_MOD.get(input) != 1 {
+        if arm_rq_in::OP_MOD.get(input) != u64::from(mlx5_hw::qp::ARM_RQ_IN_OP_MOD_SRQ) {
             return Err(fail(CmdStatus::BadParameter, synd::SRQ_UNKNOWN));
         }
         let srqn = arm_rq_in::SRQ_NUMBER.get(input) as u32;
