@@ -19,6 +19,7 @@ use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, 
 use crate::abi::*;
 use crate::objects::{ah_of, Cq, Srq};
 use crate::qp::Qp;
+use crate::spin::SpinGuard;
 
 /// `IBV_WR_RDMA_WRITE` (`enum ibv_wr_opcode`).
 const IBV_WR_RDMA_WRITE: c_int = 0;
@@ -357,13 +358,41 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     // SAFETY: a CQ this library made (the data path's contract).
     let c = unsafe { &*(cq as *const Cq) };
+    let Some(g) = c.cq.try_lock() else {
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { poll_cq_contended(c, n, wc) };
+    };
+    // SAFETY: forwarded from this function's contract.
+    unsafe { poll_locked(g, n, wc) }
+}
+
+/// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`.
+///
+/// # Safety
+///
+/// `wc` holds `n` entries of `ibv_wc`.
+#[inline(always)]
+unsafe fn poll_locked(mut g: SpinGuard<'_, verbs::cq::Cq>, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the caller's array holds `n` entries of `ibv_wc`, which
     // `Wc` is laid out as; the poll writes only whole completions into it.
     let out = unsafe { std::slice::from_raw_parts_mut(wc.cast::<MaybeUninit<Wc>>(), n as usize) };
-    match c.cq.lock().poll_uninit(out) {
+    match g.poll_uninit(out) {
         Ok(got) => got as c_int,
         Err(e) => poll_cq_failed(e),
     }
+}
+
+/// `ibv_poll_cq` while another thread holds the CQ: waits for it. Out of
+/// line, so that the uncontended poll keeps its arguments in registers.
+///
+/// # Safety
+///
+/// As [`poll_locked`].
+#[cold]
+#[inline(never)]
+unsafe fn poll_cq_contended(c: &Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { poll_locked(c.cq.lock(), n, wc) }
 }
 
 /// `ibv_poll_cq` once the device failed: -1 with its errno.

@@ -968,15 +968,32 @@ impl Cq {
             }
             return Ok(0);
         }
-        Ok(self.poll_found(wc))
+        Ok(match wc {
+            [one] => self.poll_found_one(one),
+            _ => self.poll_found(wc),
+        })
+    }
+
+    /// [`poll_found`](Self::poll_found) into one slot: the usual
+    /// `ibv_poll_cq(cq, 1, &wc)`, compiled for a length of one (no loop
+    /// over a length only known at run time, fewer registers to save).
+    #[inline(never)]
+    fn poll_found_one<S: WcSlot>(&mut self, wc: &mut S) -> usize {
+        self.poll_found_in(std::slice::from_mut(wc))
+    }
+
+    /// [`poll_found_in`](Self::poll_found_in) out of line, so that an
+    /// empty poll (its caller, inlined) saves no registers for it.
+    #[inline(never)]
+    fn poll_found<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
+        self.poll_found_in(wc)
     }
 
     /// [`poll`](Self::poll) once a CQE is there: the QPs' changes first
     /// (a destroyed QP's CQEs cleaned), then up to `wc.len()` CQEs, and
-    /// the consumer index once. Out of line, so that an empty poll (its
-    /// caller, inlined) saves no registers for it.
-    #[inline(never)]
-    fn poll_found<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
+    /// the consumer index once.
+    #[inline(always)]
+    fn poll_found_in<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.generation_changed(g);
