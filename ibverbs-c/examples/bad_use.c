@@ -75,6 +75,31 @@ int main(void)
 	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
 	cq2 = ibv_create_cq(ctx, 16, NULL, NULL, 0);
 	CHECK(cq && cq2, "ibv_create_cq");
+	{
+		struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
+		struct ibv_poll_cq_attr pa = { 0 };
+		struct ibv_cq_ex *cx;
+
+		ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+		errno = 0;
+		CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EOPNOTSUPP,
+		      "ibv_create_cq_ex with completion timestamps: EOPNOTSUPP");
+		ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+		ca.comp_mask = 1u << 7;
+		errno = 0;
+		CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL,
+		      "ibv_create_cq_ex with an unknown comp_mask bit: EINVAL");
+		ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+		ca.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+		cx = ibv_create_cq_ex(ctx, &ca);
+		CHECK(cx != NULL, "ibv_create_cq_ex (single-threaded)");
+		if (cx) {
+			CHECK(ibv_start_poll(cx, &pa) == ENOENT, "ibv_start_poll of an empty CQ: ENOENT");
+			pa.comp_mask = 1;
+			CHECK(ibv_start_poll(cx, &pa) == EINVAL, "ibv_start_poll with a comp_mask: EINVAL");
+			CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0, "ibv_destroy_cq of a cq_ex");
+		}
+	}
 	struct ibv_qp_init_attr ia = {
 		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },

@@ -291,7 +291,7 @@ fn verbs_context_for(dev: *mut ibv_device, vc: &Context, async_fd: c_int) -> ver
         modify_wq: None,
         create_wq: None,
         query_rt_values: None,
-        create_cq_ex: None,
+        create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         priv_: std::ptr::null_mut(),
         query_device_ex: Some(query_device_ex),
         ibv_destroy_flow: None,

@@ -10,6 +10,8 @@
 //! - `async_event`: one dispatcher per device hands its async events to
 //!   the contexts they concern; `ibv_get_async_event`.
 //! - `objects`: PDs, MRs, completion channels, CQs, SRQs, AHs.
+//! - `cq_ex`: `ibv_create_cq_ex` and the extended poll (`ibv_start_poll`,
+//!   `ibv_next_poll`, `ibv_end_poll`, `ibv_wc_read_*`).
 //! - `qp`: QPs: create, modify, query, destroy.
 //! - `datapath`: post/poll/arm, the functions the header's inline
 //!   `ibv_post_send`, `ibv_poll_cq`, ... call through `ibv_context.ops`.
@@ -35,6 +37,7 @@ core::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 
 pub mod abi;
 mod async_event;
+mod cq_ex;
 mod datapath;
 mod device;
 mod dm;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libc::{c_int, c_void};
+use verbs::cq::Wc;
 
 use crate::abi::*;
 use crate::device::{checked_ctx, CtxShared};
@@ -385,16 +386,21 @@ pub extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
     0
 }
 
-/// A completion queue.
+/// A completion queue: an `ibv_cq_ex` (its `ibv_cq` first), for CQs of
+/// `ibv_create_cq` and `ibv_create_cq_ex` alike, then ours.
 #[repr(C)]
 pub(crate) struct Cq {
-    pub c: ibv_cq,
+    pub c: ibv_cq_ex,
     pub cq: crate::spin::SpinLock<verbs::cq::Cq>,
     pub cqn: u32,
     pub channel: *const Channel,
     pub shared: Arc<CtxShared>,
     /// QPs on it.
     pub users: AtomicUsize,
+    /// The extended poll's current completion (`cq_ex.rs`), and how its
+    /// lock was taken: written and read only under the CQ's lock.
+    pub cur: Wc,
+    pub cur_biased: bool,
 }
 
 /// The `Cq` of a live `ibv_cq`, or `None` (errno EINVAL).
@@ -419,7 +425,25 @@ pub extern "C" fn ibv_create_cq(
     let Some(ctx) = checked_ctx(c) else {
         return std::ptr::null_mut();
     };
-    if cqe <= 0 || comp_vector < 0 {
+    let (Ok(cqe), Ok(vector)) = (u32::try_from(cqe), usize::try_from(comp_vector)) else {
+        return null_errno(libc::EINVAL);
+    };
+    make_cq(ctx, c, cqe, cq_context, channel, vector, false).cast()
+}
+
+/// A CQ of `ctx` (whose `ibv_context` is `c`), for `ibv_create_cq` and
+/// `ibv_create_cq_ex`: its `ibv_cq_ex`, or NULL with errno set. `single`:
+/// the creator promises one thread at a time (no lock taken).
+pub(crate) fn make_cq(
+    ctx: &crate::device::Ctx,
+    c: *mut ibv_context,
+    cqe: u32,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    vector: usize,
+    single: bool,
+) -> *mut ibv_cq_ex {
+    if cqe == 0 || cqe > i32::MAX as u32 {
         return null_errno(libc::EINVAL);
     }
     let ch: Option<&Channel> = if channel.is_null() {
@@ -430,10 +454,7 @@ pub extern "C" fn ibv_create_cq(
     } else {
         return null_errno(libc::EINVAL);
     };
-    let cq = match ctx
-        .vc
-        .create_cq(cqe as u32, ch.map(|c| &c.ch), Some(comp_vector as usize))
-    {
+    let cq = match ctx.vc.create_cq(cqe, ch.map(|c| &c.ch), Some(vector)) {
         Ok(cq) => cq,
         Err(e) => return null_errno(crate::errno_of("ibv_create_cq", &e)),
     };
@@ -441,7 +462,7 @@ pub extern "C" fn ibv_create_cq(
     let n = cq.cqe();
     ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
     let p = Box::into_raw(Box::new(Cq {
-        c: ibv_cq {
+        c: crate::cq_ex::cq_ex(ibv_cq {
             context: c,
             channel,
             cq_context,
@@ -451,12 +472,14 @@ pub extern "C" fn ibv_create_cq(
             cond: cond_init(),
             comp_events_completed: 0,
             async_events_completed: 0,
-        },
-        cq: crate::spin::SpinLock::new(cq),
+        }),
+        cq: crate::spin::SpinLock::with_single(cq, single),
         cqn,
         channel: ch.map_or(std::ptr::null(), |c| c as *const Channel),
         shared: ctx.shared.clone(),
         users: AtomicUsize::new(0),
+        cur: Wc::default(),
+        cur_biased: false,
     }));
     if let Some(ch) = ch {
         ch.users.fetch_add(1, Ordering::AcqRel);

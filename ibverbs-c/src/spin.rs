@@ -120,9 +120,16 @@ fn bias_possible() -> bool {
 
 impl<T> SpinLock<T> {
     pub(crate) fn new(v: T) -> Self {
+        Self::with_single(v, false)
+    }
+
+    /// A lock that takes nothing if `single` (the creator's promise, as
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`) or `MLX5_SINGLE_THREADED=1`.
+    pub(crate) fn with_single(v: T, single: bool) -> Self {
         static SINGLE: OnceLock<bool> = OnceLock::new();
-        let single =
-            *SINGLE.get_or_init(|| std::env::var("MLX5_SINGLE_THREADED").is_ok_and(|v| v == "1"));
+        let single = single
+            || *SINGLE
+                .get_or_init(|| std::env::var("MLX5_SINGLE_THREADED").is_ok_and(|v| v == "1"));
         Self {
             owner: AtomicUsize::new(if bias_possible() { UNOWNED } else { REVOKED }),
             inside: AtomicBool::new(false),
@@ -267,6 +274,28 @@ impl<T> SpinLock<T> {
         self.owner.store(REVOKED, Ordering::Release);
     }
 
+    /// Gives back a lock whose guard was [leaked](SpinGuard::leak).
+    ///
+    /// # Safety
+    ///
+    /// This thread holds the lock through a leaked guard, and `biased` is
+    /// what `leak` returned; the value is not used through it afterwards.
+    pub(crate) unsafe fn unlock_leaked(&self, biased: bool) {
+        drop(SpinGuard { l: self, biased });
+    }
+
+    /// The value, for a thread holding the lock through a leaked guard.
+    ///
+    /// # Safety
+    ///
+    /// This thread holds the lock ([`SpinGuard::leak`]) and no other
+    /// reference to the value is live.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn locked_mut(&self) -> &mut T {
+        // SAFETY: the caller holds the lock and no other reference.
+        unsafe { &mut *self.v.get() }
+    }
+
     pub(crate) fn into_inner(self) -> T {
         self.v.into_inner()
     }
@@ -277,6 +306,17 @@ pub(crate) struct SpinGuard<'a, T> {
     l: &'a SpinLock<T>,
     /// Taken by the owner of a biased lock (give back `inside`).
     biased: bool,
+}
+
+impl<T> SpinGuard<'_, T> {
+    /// Keeps the lock past this guard (a lock held across C calls, as
+    /// `ibv_start_poll` .. `ibv_end_poll`): whether it was taken biased,
+    /// for [`SpinLock::unlock_leaked`].
+    pub(crate) fn leak(self) -> bool {
+        let biased = self.biased;
+        std::mem::forget(self);
+        biased
+    }
 }
 
 impl<T> Deref for SpinGuard<'_, T> {

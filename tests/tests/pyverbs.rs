@@ -1,5 +1,5 @@
 //! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
-//! `test_qp`, `test_srq`) on Debian's `python3-pyverbs`, which loads
+//! `test_cqex`, `test_qp`, `test_srq`) on Debian's `python3-pyverbs`, which loads
 //! `ibverbs-c` as libibverbs.so.1, against one built-in model function
 //! (`MLX5_DEVICES=emu`). The suite is fetched by
 //! `scripts/rdma-core-tests.sh` (apt-get source, cached by hash) and run by
@@ -55,6 +55,10 @@ const MUST_PASS: &[&str] = &[
     "tests.test_cq.CQAPITest.test_create_cq",
     "tests.test_cq.CQAPITest.test_create_cq_bad_flow",
     "tests.test_cq.CQAPITest.test_create_cq_with_comp_channel",
+    "tests.test_cqex.CQEXAPITest.test_create_cq_ex",
+    "tests.test_cqex.CQEXAPITest.test_create_cq_ex_bad_flow",
+    "tests.test_cqex.CqExTestCase.test_rc_traffic_cq_ex",
+    "tests.test_cqex.CqExTestCase.test_ud_traffic_cq_ex",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_sge",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_wr",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_send_sge",
@@ -136,6 +140,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
             "test_pd",
             "test_mr",
             "test_cq",
+            "test_cqex",
             "test_qp",
             "test_srq",
         ],
