@@ -517,10 +517,31 @@ pub extern "C" fn ibv_destroy_cq(p: *mut ibv_cq) -> c_int {
     }
 }
 
-/// `ibv_resize_cq`: not offered by the driver.
+/// `ibv_resize_cq`: room for at least `cqe` completions (the driver's
+/// `Cq::resize`, MODIFY_CQ RESIZE); `ibv_cq.cqe` tells the new size. 0 or
+/// an errno (EINVAL for a size below what is outstanding).
 #[no_mangle]
-pub extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    ret_errno(libc::EOPNOTSUPP)
+pub extern "C" fn ibv_resize_cq(p: *mut ibv_cq, cqe: c_int) -> c_int {
+    if cq_of(p).is_none() {
+        return libc::EINVAL;
+    }
+    let Ok(n) = u32::try_from(cqe) else {
+        return ret_errno(libc::EINVAL);
+    };
+    // SAFETY: live (checked above); only the lock field is borrowed, so
+    // the `ibv_cq` fields stay writable.
+    let lock = unsafe { &(*(p as *mut Cq)).cq };
+    let mut g = lock.lock();
+    match g.resize(n) {
+        Ok(()) => {
+            let size = g.cqe();
+            drop(g);
+            // SAFETY: the caller's live CQ; the new size, as verbs reports it.
+            unsafe { (*p).cqe = size as c_int };
+            0
+        }
+        Err(e) => ret_errno(crate::errno_of("ibv_resize_cq", &e)),
+    }
 }
 
 /// `ibv_get_cq_event`: waits for the next event of a CQ on `ch`.

@@ -41,6 +41,22 @@ pub const CQE_STRIDE_128: u8 = 1;
 /// CQ context `cqe_sz`: 64-byte CQEs padded to 128 bytes (`CQE_STRIDE_128_PAD`).
 pub const CQE_STRIDE_128_PAD: u8 = 2;
 
+/// `modify_cq_in.op_mod`: resize the CQ (`MLX5_CQ_OPMOD_RESIZE`); 0
+/// modifies moderation.
+pub const CQ_OPMOD_RESIZE: u16 = 1;
+/// `modify_cq_in.resize_field_select` of a resize: `log_cq_size`
+/// (`MLX5_MODIFY_CQ_MASK_LOG_SIZE`).
+pub const MODIFY_CQ_MASK_LOG_SIZE: u32 = 1 << 0;
+/// ... `page_offset` (`MLX5_MODIFY_CQ_MASK_PG_OFFSET`).
+pub const MODIFY_CQ_MASK_PG_OFFSET: u32 = 1 << 1;
+/// ... `log_page_size` (`MLX5_MODIFY_CQ_MASK_PG_SIZE`).
+pub const MODIFY_CQ_MASK_PG_SIZE: u32 = 1 << 2;
+/// `modify_cq_in.modify_field_select` of a moderation change: `cq_period`
+/// (`MLX5_CQ_MODIFY_PERIOD`).
+pub const CQ_MODIFY_PERIOD: u32 = 1 << 0;
+/// ... `cq_max_count` (`MLX5_CQ_MODIFY_COUNT`).
+pub const CQ_MODIFY_COUNT: u32 = 1 << 1;
+
 /// CQ context state: armed (`MLX5_CQ_STATE_ARMED`).
 pub const CQ_STATE_ARMED: u8 = 0x9;
 /// CQ context state: fired, needs re-arming (`MLX5_CQ_STATE_FIRED`).

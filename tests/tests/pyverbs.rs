@@ -55,6 +55,7 @@ const MUST_PASS: &[&str] = &[
     "tests.test_cq.CQAPITest.test_create_cq",
     "tests.test_cq.CQAPITest.test_create_cq_bad_flow",
     "tests.test_cq.CQAPITest.test_create_cq_with_comp_channel",
+    "tests.test_cq.CQTest.test_resize_cq",
     "tests.test_cqex.CQEXAPITest.test_create_cq_ex",
     "tests.test_cqex.CQEXAPITest.test_create_cq_ex_bad_flow",
     "tests.test_cqex.CqExTestCase.test_rc_traffic_cq_ex",

@@ -42,6 +42,7 @@ use crate::uar::Uar;
 use crate::{Error, Result};
 
 mod clean;
+mod resize;
 
 /// `enum ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -728,10 +729,12 @@ pub(crate) struct CqShared {
     pub(crate) qps: RwLock<HashMap<u32, Arc<WqTrack>>>,
     pub(crate) gen: AtomicU64,
     pub(crate) arm_sn: AtomicU32,
-    region: DmaSlice,
+    /// The ring's memory (a resize replaces it).
+    region: std::sync::Mutex<DmaSlice>,
     dbrec: Dbrec,
     uar: Option<Arc<Uar>>,
-    pub(crate) cqe: u32,
+    /// `ibv_cq.cqe`: entries usable (a resize changes it).
+    pub(crate) cqe: AtomicU32,
     /// Bytes per CQE (64 or 128).
     pub(crate) cqe_bytes: usize,
     /// The ring as a QP's destroy or RESET reads it, and the cleanings
@@ -781,7 +784,10 @@ impl Drop for CqShared {
         if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_cq_out::SIZE_BYTES) {
             tracing::warn!("DESTROY_CQ {:#x}: {e}", self.cqn);
             // The device may still write CQEs: the memory stays out of use.
-            self.region.device_may_still_use();
+            self.region
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .device_may_still_use();
             self.dbrec.device_may_still_use();
         }
         if let Some(u) = self.uar.take() {
@@ -878,10 +884,10 @@ impl Cq {
             qps: RwLock::default(),
             gen: AtomicU64::new(0),
             arm_sn: AtomicU32::new(0),
-            region,
+            region: std::sync::Mutex::new(region),
             dbrec,
             uar: Some(uar),
-            cqe: n - 1,
+            cqe: AtomicU32::new(n - 1),
             cqe_bytes,
             peek: clean::CqPeek::of(&ring),
         });
@@ -921,7 +927,7 @@ impl Cq {
 
     /// Entries the CQ holds.
     pub fn cqe(&self) -> u32 {
-        self.shared.cqe
+        self.shared.cqe.load(Ordering::Relaxed)
     }
 
     /// `ibv_req_notify_cq`: an event on the channel for the next completion

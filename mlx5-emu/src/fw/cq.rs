@@ -13,7 +13,7 @@ use mlx5_hw::status::CmdStatus;
 
 use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Firmware};
-use crate::transport::cq::CqState;
+use crate::transport::cq::{CqState, ResizeError};
 use crate::transport::qp::Buf;
 use crate::transport::{freed, lowest_free, rlock, wlock, Cq};
 use crate::{lock, Inner};
@@ -66,15 +66,7 @@ impl Firmware {
             create_cq_out::SIZE_BYTES,
         )?;
         let c = &input[CTX..CTX + cqc::SIZE_BYTES];
-        let log_size = cqc::LOG_CQ_SIZE.get(c) as u8;
-        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_CQ_SZ) {
-            return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE));
-        }
-        let stride = match cqc::CQE_SZ.get(c) {
-            0 => 64,
-            1 | 2 => 128,
-            _ => return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_CQE_SIZE)),
-        };
+        let (log_size, stride) = self.cq_geometry(c)?;
         let uar = cqc::UAR_PAGE.get(c) as u32;
         if !self.uars.contains(&uar) {
             return Err(fail(CmdStatus::BadResource, synd::CQ_BAD_UAR));
@@ -95,13 +87,13 @@ impl Firmware {
             cqn,
             Arc::new(Cq {
                 cqn,
-                log_size,
-                stride,
                 eqn: eqn as u8,
                 uar,
-                buf,
                 dbr,
                 st: Mutex::new(CqState {
+                    log_size,
+                    stride,
+                    buf,
                     armed: armed.then_some(false),
                     period: cqc::CQ_PERIOD.get(c) as u16,
                     max_count: cqc::CQ_MAX_COUNT.get(c) as u16,
@@ -115,6 +107,21 @@ impl Firmware {
         let mut out = vec![0u8; create_cq_out::SIZE_BYTES];
         create_cq_out::CQN.set(&mut out, u64::from(cqn));
         Ok(out)
+    }
+
+    /// A CQ context's `log_cq_size` and entry size (64 or 128 bytes),
+    /// checked against the caps.
+    fn cq_geometry(&self, c: &[u8]) -> Result<(u8, u64), super::Fail> {
+        let log_size = cqc::LOG_CQ_SIZE.get(c) as u8;
+        if u64::from(log_size) > self.cap(cmd_hca_cap::LOG_MAX_CQ_SZ) {
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE));
+        }
+        let stride = match cqc::CQE_SZ.get(c) as u8 {
+            mlx5_hw::cqe::CQE_STRIDE_64 => 64,
+            mlx5_hw::cqe::CQE_STRIDE_128 | mlx5_hw::cqe::CQE_STRIDE_128_PAD => 128,
+            _ => return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_CQE_SIZE)),
+        };
+        Ok((log_size, stride))
     }
 
     /// Where a new CQ's `bytes` of CQEs and its doorbell record lie: the
@@ -199,14 +206,14 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::CQ_UNKNOWN));
         };
         let room = outlen.saturating_sub(query_cq_out::SIZE_BYTES) / 8;
-        let n = cq.buf.pas.len().min(room);
+        let st = lock(&cq.st);
+        let n = st.buf.pas.len().min(room);
         let mut out = vec![0u8; query_cq_out::SIZE_BYTES + n * 8];
         let at = query_cq_out::CQ_CONTEXT.off / 8;
         {
-            let st = lock(&cq.st);
             let c = &mut out[at..at + cqc::SIZE_BYTES];
             cqc::STATUS.set(c, if st.error { 9 } else { 0 });
-            cqc::CQE_SZ.set(c, if cq.stride == 128 { 1 } else { 0 });
+            cqc::CQE_SZ.set(c, if st.stride == 128 { 1 } else { 0 });
             cqc::ST.set(
                 c,
                 u64::from(if st.armed.is_some() {
@@ -216,18 +223,18 @@ impl Firmware {
                 }),
             );
             // A queue in a UMEM: the offset within its page.
-            cqc::PAGE_OFFSET.set(c, page_offset_field(cq.buf.offset, cq.buf.log_page));
-            cqc::LOG_CQ_SIZE.set(c, u64::from(cq.log_size));
+            cqc::PAGE_OFFSET.set(c, page_offset_field(st.buf.offset, st.buf.log_page));
+            cqc::LOG_CQ_SIZE.set(c, u64::from(st.log_size));
             cqc::UAR_PAGE.set(c, u64::from(cq.uar));
             cqc::CQ_PERIOD.set(c, u64::from(st.period));
             cqc::CQ_MAX_COUNT.set(c, u64::from(st.max_count));
             cqc::C_EQN_OR_APU_ELEMENT.set(c, u64::from(cq.eqn));
-            cqc::LOG_PAGE_SIZE.set(c, u64::from(cq.buf.log_page - 12));
+            cqc::LOG_PAGE_SIZE.set(c, u64::from(st.buf.log_page - 12));
             cqc::CONSUMER_COUNTER.set(c, u64::from(st.ci));
             cqc::PRODUCER_COUNTER.set(c, u64::from(st.pi & 0xff_ffff));
             cqc::DBR_ADDR.set(c, cq.dbr);
         }
-        for (i, p) in cq.buf.pas.iter().take(n).enumerate() {
+        for (i, p) in st.buf.pas.iter().take(n).enumerate() {
             let a = query_cq_out::SIZE_BYTES + i * 8;
             out[a..a + 8].copy_from_slice(&p.to_be_bytes());
         }
@@ -240,21 +247,62 @@ impl Firmware {
         let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
             return Err(fail(CmdStatus::BadResource, synd::CQ_UNKNOWN));
         };
-        if modify_cq_in::OP_MOD.get(input) != 0 {
-            // Resize is not modelled.
-            return Err(fail(CmdStatus::BadParameter, synd::CQ_RESIZE));
-        }
         let sel = modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT.get(input) as u32;
         let at = modify_cq_in::CQ_CONTEXT.off / 8;
         let c = &input[at..at + cqc::SIZE_BYTES];
-        let mut st = lock(&cq.st);
-        // modify_field_select: bit 0 cq_period, bit 1 cq_max_count.
-        if sel & 1 != 0 {
-            st.period = cqc::CQ_PERIOD.get(c) as u16;
-        }
-        if sel & 2 != 0 {
-            st.max_count = cqc::CQ_MAX_COUNT.get(c) as u16;
+        match modify_cq_in::OP_MOD.get(input) as u16 {
+            0 => {
+                let mut st = lock(&cq.st);
+                if sel & mlx5_hw::cqe::CQ_MODIFY_PERIOD != 0 {
+                    st.period = cqc::CQ_PERIOD.get(c) as u16;
+                }
+                if sel & mlx5_hw::cqe::CQ_MODIFY_COUNT != 0 {
+                    st.max_count = cqc::CQ_MAX_COUNT.get(c) as u16;
+                }
+            }
+            mlx5_hw::cqe::CQ_OPMOD_RESIZE => self.resize_cq(inner, &cq, input, sel)?,
+            _ => return Err(fail(CmdStatus::BadParameter, synd::CQ_RESIZE)),
         }
         Ok(vec![0; 0x10])
+    }
+
+    /// MODIFY_CQ's resize: the new ring from the context (`log_cq_size`,
+    /// `cqe_sz`, `log_page_size` and `page_offset` as `sel` selects them)
+    /// and the PAS list after it; [`Cq::resize`] switches to it.
+    fn resize_cq(&self, inner: &Inner, cq: &Cq, input: &[u8], sel: u32) -> Result<(), super::Fail> {
+        use mlx5_hw::cqe::{
+            MODIFY_CQ_MASK_LOG_SIZE, MODIFY_CQ_MASK_PG_OFFSET, MODIFY_CQ_MASK_PG_SIZE,
+        };
+        let at = modify_cq_in::CQ_CONTEXT.off / 8;
+        let c = &input[at..at + cqc::SIZE_BYTES];
+        if sel & MODIFY_CQ_MASK_LOG_SIZE == 0 || modify_cq_in::CQ_UMEM_VALID.get(input) != 0 {
+            // A resize names the new size; a new ring in a UMEM (DevX) is
+            // not modelled.
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_RESIZE));
+        }
+        let (log_size, stride) = self.cq_geometry(c)?;
+        let old_page = lock(&cq.st).buf.log_page;
+        let log_page = if sel & MODIFY_CQ_MASK_PG_SIZE != 0 {
+            12 + cqc::LOG_PAGE_SIZE.get(c) as u32
+        } else {
+            old_page
+        };
+        let offset = if sel & MODIFY_CQ_MASK_PG_OFFSET != 0 {
+            page_offset_bytes(cqc::PAGE_OFFSET.get(c), log_page)
+        } else {
+            0
+        };
+        let npas = (offset + (stride << log_size)).div_ceil(1 << log_page) as usize;
+        let pas = pas(input, modify_cq_in::PAS.off / 8, npas)?;
+        if pas.iter().any(|p| !inner.bus.dma.is_mapped(*p, 1)) {
+            return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
+        }
+        let mem = inner.rdma.dma.memory();
+        cq.resize(&mem, log_size, stride, Buf::new(pas, log_page, offset))
+            .map_err(|e| match e {
+                ResizeError::InError => fail(CmdStatus::BadResourceState, synd::CQ_RESIZE),
+                ResizeError::TooSmall => fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE),
+                ResizeError::Fault => fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED),
+            })
     }
 }

@@ -34,19 +34,20 @@ const OP_OWN_AT: u64 = cqe::CQE_OP_OWN_OFFSET as u64;
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub cqn: u32,
-    pub log_size: u8,
-    /// Bytes per entry (64 or 128).
-    pub stride: u64,
     pub eqn: u8,
     pub uar: u32,
-    pub buf: Buf,
     pub dbr: u64,
     pub st: Mutex<CqState>,
 }
 
-/// Producer side of a CQ.
+/// Producer side of a CQ, and its ring (which MODIFY_CQ's resize
+/// replaces).
 #[derive(Debug, Default)]
 pub(crate) struct CqState {
+    pub log_size: u8,
+    /// Bytes per entry (64 or 128).
+    pub stride: u64,
+    pub buf: Buf,
     pub pi: u32,
     /// Consumer counter last read from the doorbell record.
     pub ci: u32,
@@ -61,6 +62,18 @@ pub(crate) struct CqState {
     /// Moderation settings (MODIFY_CQ), kept for QUERY_CQ.
     pub period: u16,
     pub max_count: u16,
+}
+
+/// Why a resize was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResizeError {
+    /// The CQ is in error (overrun or a faulted write).
+    InError,
+    /// The new ring cannot hold the CQEs not yet polled, or the old one
+    /// has no room for the RESIZE_CQ CQE.
+    TooSmall,
+    /// The old ring's entry could not be written.
+    Fault,
 }
 
 /// What one CQE says.
@@ -132,8 +145,9 @@ impl Cq {
         });
     }
 
-    fn entries(&self) -> u32 {
-        1 << self.log_size
+    /// Bytes per entry (64 or 128).
+    pub(crate) fn stride(&self) -> u64 {
+        lock(&self.st).stride
     }
 
     /// A CQE write faulted: the CQ is in error, with its event; false.
@@ -151,7 +165,7 @@ impl Cq {
         if st.error {
             return false;
         }
-        let n = self.entries();
+        let n = 1u32 << st.log_size;
         if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
             if let Ok(ci) = mem::load_be32(mem, self.dbr) {
                 st.ci = ci & 0xff_ffff;
@@ -165,13 +179,13 @@ impl Cq {
             }
         }
         let index = st.pi & (n - 1);
-        let Some(at) = self
+        let Some(at) = st
             .buf
-            .addr(u64::from(index) * self.stride + (self.stride - cqe::CQE_SIZE as u64))
+            .addr(u64::from(index) * st.stride + (st.stride - cqe::CQE_SIZE as u64))
         else {
             return false;
         };
-        let owner = ((st.pi >> self.log_size) & 1) as u8;
+        let owner = ((st.pi >> st.log_size) & 1) as u8;
         let sop_qpn =
             u32::from(c.s_wqe_opcode) << cqe::CQE_S_WQE_OPCODE_SHIFT | (c.qpn & cqe::CQE_QPN_MASK);
         let mut e = Cqe64::new_zeroed();
@@ -205,7 +219,7 @@ impl Cq {
         };
         e.wqe_counter.set(c.wqe_counter);
         let format = match &c.inline {
-            Some(s) if s.len > 32 && self.stride >= 128 => {
+            Some(s) if s.len > 32 && st.stride >= 128 => {
                 // The entry's first 64 bytes, before the CQE itself.
                 if mem::write(mem, at - 64, &s.data).is_err() {
                     return self.faulted(rdma, st);
@@ -251,6 +265,57 @@ impl Cq {
             self.completion_event(rdma);
         }
         true
+    }
+
+    /// MODIFY_CQ's resize to `log_size` entries of `stride` bytes in
+    /// `buf`: a RESIZE_CQ CQE goes into the old ring at the producer index
+    /// (the old ring's owner bit), and the CQEs after it into the new ring
+    /// from the next index on. The consumer copies what it had not polled
+    /// into the new ring up to that CQE (libmlx5's
+    /// `mlx5_cq_resize_copy_cqes`, mlx5_ib's `copy_resize_cqes`), each one
+    /// index later. Refused if the new ring cannot hold what is
+    /// outstanding, or the old one has no room for the RESIZE_CQ CQE.
+    pub(crate) fn resize(
+        &self,
+        mem: &IovaMemory,
+        log_size: u8,
+        stride: u64,
+        buf: Buf,
+    ) -> Result<(), ResizeError> {
+        let mut st = lock(&self.st);
+        if st.error {
+            return Err(ResizeError::InError);
+        }
+        if let Ok(ci) = mem::load_be32(mem, self.dbr) {
+            st.ci = ci & 0xff_ffff;
+        }
+        let outstanding = st.pi.wrapping_sub(st.ci) & 0xff_ffff;
+        if outstanding >= 1 << st.log_size || outstanding >= 1 << log_size {
+            return Err(ResizeError::TooSmall);
+        }
+        let n = 1u32 << st.log_size;
+        let at = st
+            .buf
+            .addr(u64::from(st.pi & (n - 1)) * st.stride + (st.stride - cqe::CQE_SIZE as u64))
+            .ok_or(ResizeError::Fault)?;
+        let owner = ((st.pi >> st.log_size) & 1) as u8;
+        let e = Cqe64::new_zeroed();
+        let op_own = CqeOpcode::ResizeCq.to_raw() << cqe::CQE_OPCODE_SHIFT | owner;
+        mem::write(mem, at, &e.as_bytes()[..cqe::CQE_OP_OWN_OFFSET])
+            .and_then(|()| mem::store_u8_release(mem, at + OP_OWN_AT, op_own))
+            .map_err(|_| ResizeError::Fault)?;
+        tracing::debug!(
+            cqn = self.cqn,
+            from = st.log_size,
+            to = log_size,
+            pi = st.pi,
+            "CQ resized"
+        );
+        st.pi = st.pi.wrapping_add(1);
+        st.log_size = log_size;
+        st.stride = stride;
+        st.buf = buf;
+        Ok(())
     }
 
     fn completion_event(&self, rdma: &Rdma) {

@@ -1186,7 +1186,7 @@ fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter
         W::AtomicCs | W::AtomicFa => 8,
         _ => return None,
     };
-    let limit = mlx5_hw::qp::req_scatter_limit(qp.cs_req, qp.scq.stride);
+    let limit = mlx5_hw::qp::req_scatter_limit(qp.cs_req, qp.scq.stride());
     (w.signaled && len > 0 && len <= limit).then_some(InlineScatter {
         data: [0; 64],
         len: len as u8,

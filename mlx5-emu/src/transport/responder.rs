@@ -279,7 +279,7 @@ fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory) -> Result<(), Optio
 /// ConnectX scatters small messages (PRM "Scatter to CQE"). The receive
 /// WQE is consumed all the same; the driver copies the bytes out.
 fn scatter_to_cqe(qp: &Qp, payload: &Payload<'_>) -> Option<InlineScatter> {
-    let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, qp.rcq.stride);
+    let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, qp.rcq.stride());
     let len = payload.len();
     if len > limit || !(qp.st == qp::st::RC || qp.st == qp::st::UC) {
         return None;

@@ -46,36 +46,56 @@ pub(crate) struct Clean {
 /// The QP side's view of a CQ's ring: enough to find the producer.
 #[derive(Debug)]
 pub(crate) struct CqPeek {
+    /// The ring (a resize replaces it).
+    view: Mutex<View>,
+    /// Requests the poller has not carried out yet.
+    pending: Mutex<Vec<Clean>>,
+}
+
+#[derive(Debug)]
+struct View {
     ring: DmaRing<{ c::CQE_SIZE }>,
     dbrec: DmaRing<8>,
     log_size: u8,
     shift: u8,
-    /// Requests the poller has not carried out yet.
-    pending: Mutex<Vec<Clean>>,
+}
+
+impl View {
+    fn of(r: &CqRing) -> Self {
+        Self {
+            ring: r.ring.clone(),
+            dbrec: r.dbrec.clone(),
+            log_size: r.log_size,
+            shift: r.shift,
+        }
+    }
 }
 
 impl CqPeek {
     /// The view of `r`'s ring.
     pub(crate) fn of(r: &CqRing) -> Self {
         Self {
-            ring: r.ring.clone(),
-            dbrec: r.dbrec.clone(),
-            log_size: r.log_size,
-            shift: r.shift,
+            view: Mutex::new(View::of(r)),
             pending: Mutex::default(),
         }
+    }
+
+    /// The ring is `r` from now on (a resize).
+    pub(crate) fn set_ring(&self, r: &CqRing) {
+        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = View::of(r);
     }
 
     /// The index of the first CQE the device has not written: from the
     /// consumer index last published, past every software-owned entry.
     fn producer(&self) -> u32 {
-        let mut i = self.dbrec.entry(0).load_u32_be(0).unwrap_or(0) & u::DB_CI_MASK;
-        for _ in 0..1u32 << self.log_size {
-            let idx = (i << self.shift) | u32::from(self.shift);
-            let Ok(op_own) = self.ring.entry(idx).load_u8_acquire(OP_OWN) else {
+        let v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let mut i = v.dbrec.entry(0).load_u32_be(0).unwrap_or(0) & u::DB_CI_MASK;
+        for _ in 0..1u32 << v.log_size {
+            let idx = (i << v.shift) | u32::from(v.shift);
+            let Ok(op_own) = v.ring.entry(idx).load_u8_acquire(OP_OWN) else {
                 break;
             };
-            if !c::cqe_is_sw_owned(op_own, i, self.log_size) {
+            if !c::cqe_is_sw_owned(op_own, i, v.log_size) {
                 break;
             }
             i = i.wrapping_add(1);
@@ -139,11 +159,11 @@ impl CqRing {
         freed
     }
 
-    fn cqe_index(&self, i: u32) -> u32 {
+    pub(super) fn cqe_index(&self, i: u32) -> u32 {
         (i << self.shift) | u32::from(self.shift)
     }
 
-    fn sw_owned(&self, i: u32) -> bool {
+    pub(super) fn sw_owned(&self, i: u32) -> bool {
         let e = self.ring.entry(self.cqe_index(i));
         e.load_u8_acquire(OP_OWN)
             .is_ok_and(|o| c::cqe_is_sw_owned(o, i, self.log_size))

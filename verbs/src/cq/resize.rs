@@ -1,0 +1,178 @@
+//! CQ resize (`ibv_resize_cq`): MODIFY_CQ with `op_mod` RESIZE, as
+//! libmlx5's `mlx5_resize_cq` and mlx5_ib's `mlx5_ib_resize_cq` do it.
+//!
+//! 1. A new ring (every CQE INVALID), the same doorbell record.
+//! 2. MODIFY_CQ names it (`log_cq_size`, `cqe_sz`, page size and offset,
+//!    the PAS list). The device writes a RESIZE_CQ CQE into the old ring at
+//!    its producer index, and every later CQE into the new ring, from the
+//!    next index on.
+//! 3. The CQEs not yet polled are copied from the old ring into the new
+//!    one up to that RESIZE_CQ CQE, each one index later (so that the
+//!    RESIZE_CQ CQE's index is the one skipped), with the new ring's owner
+//!    bit for the place it lands in (libmlx5's `mlx5_cq_resize_copy_cqes`);
+//!    the consumer index steps past the RESIZE_CQ CQE.
+//! 4. The old ring is freed: the device writes no more to it.
+//!
+//! The poller owns the consumer index, so a resize takes `&mut Cq`; cleanings
+//! filed by QPs (`clean`) are carried out first, since their stop indexes
+//! are in the old ring's counting.
+
+use std::sync::atomic::Ordering;
+
+use mlx5_hw::cqe::{self as c, CqeOpcode};
+use mlx5_hw::ifc::{modify_cq_out, ModifyCqIn};
+use mlx5_hw::opcode::Opcode;
+
+use super::{Cq, CqRing, OP_OWN};
+use crate::{Error, Result};
+
+impl Cq {
+    /// `ibv_resize_cq`: room for at least `cqe` completions (rounded as at
+    /// creation: the next power of two above `cqe`). A size that rounds to
+    /// the current one changes nothing. Refused (`Invalid`) for 0, past the
+    /// device's maximum, or fewer entries than completions not yet polled.
+    pub fn resize(&mut self, cqe: u32) -> Result<()> {
+        let ctx = self.shared.ctx.clone();
+        let max = ctx.hca.caps().max_cq_sz()?;
+        if cqe == 0 || cqe >= max {
+            return Err(Error::Invalid("CQ size out of range"));
+        }
+        let n = (cqe + 1).next_power_of_two();
+        if n - 1 == self.cqe() {
+            return Ok(());
+        }
+        // The QPs' cleanings first: they count in the old ring.
+        let g = self.shared.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            self.generation_changed(g);
+        }
+        if self.ring.outstanding() >= n {
+            return Err(Error::Invalid(
+                "CQ resize below its outstanding completions",
+            ));
+        }
+        let bytes = self.shared.cqe_bytes;
+        let per = (bytes / c::CQE_SIZE) as u32;
+        let region = ctx.hca.dma().alloc_buf(n as usize * bytes)?;
+        for i in 0..n as usize {
+            region.write(
+                i * bytes + bytes - c::CQE_SIZE + OP_OWN,
+                &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
+            )?;
+        }
+        let mut ring = CqRing::from_rings(
+            region.ring(0, n * per)?,
+            self.ring.dbrec.clone(),
+            self.ring.cqn,
+            self.ring.uar.clone(),
+            self.ring.uar_off,
+        );
+        if per == 2 {
+            ring.set_cqe_128();
+        }
+        self.modify_cq_resize(&ring, &region)?;
+        ring.ci = self.copy_to_resized(&ring)?;
+        self.ring = ring;
+        self.ring.update_ci();
+        self.shared.peek.set_ring(&self.ring);
+        *self.shared.region.lock().unwrap_or_else(|p| p.into_inner()) = region;
+        self.shared.cqe.store(n - 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// MODIFY_CQ, `op_mod` RESIZE, to `ring` in `region`.
+    fn modify_cq_resize(&self, ring: &CqRing, region: &crate::buf::DmaSlice) -> Result<()> {
+        let log_page = region.len().trailing_zeros() - 12;
+        let mut inb = vec![0u8; mlx5_hw::ifc::modify_cq_in::SIZE_BYTES + 8];
+        {
+            let mut i = ModifyCqIn::new_unchecked(&mut inb[..]);
+            i.set_opcode(Opcode::ModifyCq.to_raw())
+                .set_op_mod(c::CQ_OPMOD_RESIZE)
+                .set_cqn(self.shared.cqn);
+            i.modify_field_select_resize_field_select_mut()
+                .resize_field_select_mut()
+                .set_resize_field_select(
+                    c::MODIFY_CQ_MASK_LOG_SIZE
+                        | c::MODIFY_CQ_MASK_PG_OFFSET
+                        | c::MODIFY_CQ_MASK_PG_SIZE,
+                );
+            i.cq_context_mut()
+                .set_cqe_sz(if ring.shift == 1 {
+                    c::CQE_STRIDE_128
+                } else {
+                    c::CQE_STRIDE_64
+                })
+                .set_log_cq_size(ring.log_size)
+                .set_log_page_size(log_page as u8);
+            i.set_pas(0, region.iova().0);
+        }
+        self.shared
+            .ctx
+            .hca
+            .cmd()
+            .exec(&inb, modify_cq_out::SIZE_BYTES)
+            .map(drop)
+    }
+
+    /// Copies the CQEs not yet polled into `to` up to the RESIZE_CQ CQE
+    /// the device wrote, each one index later; the new consumer index (the
+    /// old one plus one: the first copy). Fails if the old ring has no RESIZE_CQ CQE where the device
+    /// must have put one.
+    fn copy_to_resized(&self, to: &CqRing) -> Result<u32> {
+        let from = &self.ring;
+        let mut i = from.ci;
+        for _ in 0..=1u32 << from.log_size {
+            if !from.sw_owned(i) {
+                break;
+            }
+            let op_own = from
+                .ring
+                .entry(from.cqe_index(i))
+                .load_u8_acquire(OP_OWN)
+                .unwrap_or(0);
+            if op_own >> c::CQE_OPCODE_SHIFT == CqeOpcode::ResizeCq.to_raw() {
+                // The copies sit one later than the originals: the first
+                // at the old consumer index plus one.
+                return Ok(from.ci.wrapping_add(1));
+            }
+            from.copy_cqe(i, to, i.wrapping_add(1));
+            i = i.wrapping_add(1);
+        }
+        tracing::error!(
+            cqn = self.shared.cqn,
+            "resize: no RESIZE_CQ CQE in the old ring"
+        );
+        Err(Error::Invalid("resize: the device wrote no RESIZE_CQ CQE"))
+    }
+}
+
+impl CqRing {
+    /// Completions written and not yet polled.
+    fn outstanding(&self) -> u32 {
+        let mut p = self.ci;
+        while p.wrapping_sub(self.ci) < 1 << self.log_size && self.sw_owned(p) {
+            p = p.wrapping_add(1);
+        }
+        p.wrapping_sub(self.ci)
+    }
+
+    /// Copies CQE `i` (both halves of a 128-byte one) to index `j` of
+    /// `to`, with `to`'s software owner bit for `j`.
+    fn copy_cqe(&self, i: u32, to: &CqRing, j: u32) {
+        let (f, t) = (self.cqe_index(i), to.cqe_index(j));
+        let owner = ((j >> to.log_size) & 1) as u8;
+        for h in 0..=u32::from(self.shift) {
+            let (fi, ti) = (f - u32::from(self.shift) + h, t - u32::from(to.shift) + h);
+            let Ok(mut w) = self.ring.load_words::<8>(fi, 0) else {
+                return;
+            };
+            if h == u32::from(self.shift) {
+                // op_own is the CQE's last byte.
+                let mut b = w[7].to_ne_bytes();
+                b[7] = (b[7] & !c::CQE_OWNER_MASK) | owner;
+                w[7] = u64::from_ne_bytes(b);
+            }
+            let _ = to.ring.store_words::<8>(ti, 0, &w);
+        }
+    }
+}
