@@ -823,15 +823,8 @@ impl Cq {
         // from an empty one by the index alone).
         let n = (cqe + 1).next_power_of_two();
         let log = n.trailing_zeros() as u8;
-        let dma = c.hca.dma();
-        let region = dma.alloc_buf(n as usize * cqe_bytes)?;
-        let dbrec = dma.alloc_dbrec()?;
-        for i in 0..n as usize {
-            region.write(
-                i * cqe_bytes + cqe_bytes - c::CQE_SIZE + OP_OWN,
-                &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
-            )?;
-        }
+        let region = alloc_ring(c, n, cqe_bytes)?;
+        let dbrec = c.hca.dma().alloc_dbrec()?;
         let mut ring = CqRing::from_rings(
             region.ring(0, n * per as u32)?,
             dbrec.ring(0)?,
@@ -1090,6 +1083,19 @@ impl Cq {
         drop(self);
         Ok(())
     }
+}
+
+/// Memory for a ring of `n` CQEs of `cqe_bytes`, each INVALID (software's
+/// initial value: the device has written none).
+fn alloc_ring(ctx: &Ctx, n: u32, cqe_bytes: usize) -> Result<DmaSlice> {
+    let region = ctx.hca.dma().alloc_buf(n as usize * cqe_bytes)?;
+    for i in 0..n as usize {
+        region.write(
+            i * cqe_bytes + cqe_bytes - c::CQE_SIZE + OP_OWN,
+            &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
+        )?;
+    }
+    Ok(region)
 }
 
 /// The tracking of QP `qpn` on a CQ: the one-entry cache of the last QP

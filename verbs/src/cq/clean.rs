@@ -172,14 +172,21 @@ impl CqRing {
     /// Copies CQE `from` over CQE `to` (both halves of a 128-byte one),
     /// keeping `to`'s owner bit.
     fn move_cqe(&self, from: u32, to: u32) {
-        let (f, t) = (self.cqe_index(from), self.cqe_index(to));
         let owner = self
             .ring
-            .entry(t)
+            .entry(self.cqe_index(to))
             .load_u8(OP_OWN)
             .map_or(0, |o| o & c::CQE_OWNER_MASK);
+        self.copy_cqe(from, self, to, owner);
+    }
+
+    /// Copies CQE `i` (both halves of a 128-byte one) to index `j` of
+    /// `to` (this ring or another with CQEs of the same size), with owner
+    /// bit `owner`.
+    pub(super) fn copy_cqe(&self, i: u32, to: &CqRing, j: u32, owner: u8) {
+        let (f, t) = (self.cqe_index(i), to.cqe_index(j));
         for h in 0..=u32::from(self.shift) {
-            let (fi, ti) = (f - u32::from(self.shift) + h, t - u32::from(self.shift) + h);
+            let (fi, ti) = (f - u32::from(self.shift) + h, t - u32::from(to.shift) + h);
             let Ok(mut w) = self.ring.load_words::<8>(fi, 0) else {
                 return;
             };
@@ -189,7 +196,7 @@ impl CqRing {
                 b[7] = (b[7] & !c::CQE_OWNER_MASK) | owner;
                 w[7] = u64::from_ne_bytes(b);
             }
-            let _ = self.ring.store_words::<8>(ti, 0, &w);
+            let _ = to.ring.store_words::<8>(ti, 0, &w);
         }
     }
 }

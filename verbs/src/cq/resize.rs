@@ -53,13 +53,7 @@ impl Cq {
         }
         let bytes = self.shared.cqe_bytes;
         let per = (bytes / c::CQE_SIZE) as u32;
-        let region = ctx.hca.dma().alloc_buf(n as usize * bytes)?;
-        for i in 0..n as usize {
-            region.write(
-                i * bytes + bytes - c::CQE_SIZE + OP_OWN,
-                &[CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT],
-            )?;
-        }
+        let region = super::alloc_ring(&ctx, n, bytes)?;
         let mut ring = CqRing::from_rings(
             region.ring(0, n * per)?,
             self.ring.dbrec.clone(),
@@ -135,7 +129,9 @@ impl Cq {
                 // at the old consumer index plus one.
                 return Ok(from.ci.wrapping_add(1));
             }
-            from.copy_cqe(i, to, i.wrapping_add(1));
+            let j = i.wrapping_add(1);
+            // The new ring's software owner bit for index `j`.
+            from.copy_cqe(i, to, j, ((j >> to.log_size) & 1) as u8);
             i = i.wrapping_add(1);
         }
         tracing::error!(
@@ -154,25 +150,5 @@ impl CqRing {
             p = p.wrapping_add(1);
         }
         p.wrapping_sub(self.ci)
-    }
-
-    /// Copies CQE `i` (both halves of a 128-byte one) to index `j` of
-    /// `to`, with `to`'s software owner bit for `j`.
-    fn copy_cqe(&self, i: u32, to: &CqRing, j: u32) {
-        let (f, t) = (self.cqe_index(i), to.cqe_index(j));
-        let owner = ((j >> to.log_size) & 1) as u8;
-        for h in 0..=u32::from(self.shift) {
-            let (fi, ti) = (f - u32::from(self.shift) + h, t - u32::from(to.shift) + h);
-            let Ok(mut w) = self.ring.load_words::<8>(fi, 0) else {
-                return;
-            };
-            if h == u32::from(self.shift) {
-                // op_own is the CQE's last byte.
-                let mut b = w[7].to_ne_bytes();
-                b[7] = (b[7] & !c::CQE_OWNER_MASK) | owner;
-                w[7] = u64::from_ne_bytes(b);
-            }
-            let _ = to.ring.store_words::<8>(ti, 0, &w);
-        }
     }
 }
