@@ -4,6 +4,11 @@
 //! `MLX5_WQ_TYPE_*`, `MLX5_TIRC_DISP_TYPE_*`, ...). The layouts are in
 //! [`crate::ifc`] (`sqc`, `rqc`, `wq`, `tirc`, `rqtc`, `tisc`).
 
+/// `rmpc.state`: ready (`MLX5_RMPC_STATE_RDY`).
+pub const RMPC_STATE_RDY: u64 = 0x1;
+/// `rmpc.state`: error (`MLX5_RMPC_STATE_ERR`).
+pub const RMPC_STATE_ERR: u64 = 0x3;
+
 /// `wq.wq_type`: a linked list of WQEs (`MLX5_WQ_TYPE_LINKED_LIST`).
 pub const WQ_TYPE_LINKED_LIST: u64 = 0x0;
 /// `wq.wq_type`: a cyclic ring (`MLX5_WQ_TYPE_CYCLIC`).

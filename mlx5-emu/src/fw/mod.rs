@@ -785,17 +785,10 @@ impl Firmware {
             | O::SqdRtsQp
             | O::ToErrQp
             | O::ToRstQp => self.modify_qp(inner, opcode, input, outlen),
-            O::CreateSrq => self.create_srq(inner, input, outlen),
-            O::DestroySrq => self.destroy_srq(inner, input, outlen),
-            O::QuerySrq => self.query_srq(inner, input, outlen),
-            O::ArmRq => self.arm_rq(inner, input, outlen),
             o if dct::is_dct(o) => self.execute_dct(inner, o, input, outlen),
+            o if srq::is_srq(o) => self.execute_srq(inner, o, input, outlen),
             O::SetRoceAddress => self.set_roce_address(inner, input, outlen),
             O::AllocXrcd => self.alloc_xrcd(inner, input, outlen),
-            O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
-            O::CreateRmp => self.create_rmp(inner, input, outlen),
-            O::DestroyRmp => self.destroy_rmp(inner, input, outlen),
-            O::DestroyXrcSrq => self.destroy_xrc_srq(inner, input, outlen),
             O::DeallocXrcd => self.dealloc_xrcd(inner, input, outlen),
             O::AllocQCounter => self.alloc_q_counter(inner, input, outlen),
             O::DeallocQCounter => self.dealloc_q_counter(inner, input, outlen),
@@ -880,6 +873,8 @@ impl Firmware {
                 | O::CreateXrcSrq
                 | O::CreateRmp
                 | O::DestroyRmp
+                | O::ModifyRmp
+                | O::QueryRmp
                 | O::DestroyXrcSrq
                 | O::DeallocXrcd
                 | O::AllocQCounter

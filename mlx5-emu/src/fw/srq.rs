@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex};
 use mlx5_hw::ifc::{
     arm_rq_in, cmd_hca_cap, create_rmp_in, create_rmp_out, create_srq_in, create_srq_out,
     create_xrc_srq_in, create_xrc_srq_out, destroy_rmp_in, destroy_srq_in, destroy_xrc_srq_in,
-    query_srq_in, query_srq_out, rmpc, srqc, wq, xrc_srqc,
+    modify_rmp_in, modify_rmp_out, query_rmp_in, query_rmp_out, query_srq_in, query_srq_out,
+    rmp_bitmask, rmpc, srqc, wq, xrc_srqc,
 };
 use mlx5_hw::init::{page_offset_bytes, page_offset_field};
+use mlx5_hw::opcode::Opcode;
 use mlx5_hw::status::CmdStatus;
 
 use super::cq::pas;
@@ -23,10 +25,7 @@ use crate::transport::{rlock, wlock, Srq};
 use crate::{lock, Inner};
 
 const CTX: usize = create_srq_in::SRQ_CONTEXT_ENTRY.off / 8;
-/// rmpc.state: ready.
-const RMPC_STATE_RDY: u64 = 1;
-/// wq.wq_type: a linked list (the SRQ's WQE format).
-const WQ_TYPE_LINKED_LIST: u64 = 0;
+use mlx5_hw::eth::{RMPC_STATE_ERR, RMPC_STATE_RDY, WQ_TYPE_LINKED_LIST};
 
 /// What the three SRQ flavours' contexts say about the queue.
 struct SrqSpec {
@@ -45,7 +44,49 @@ struct SrqSpec {
     lwm: u16,
 }
 
+/// The SRQ family's commands: SRQs, XRC SRQs, RMPs and ARM_RQ.
+pub(super) fn is_srq(o: Opcode) -> bool {
+    use Opcode as O;
+    matches!(
+        o,
+        O::CreateSrq
+            | O::DestroySrq
+            | O::QuerySrq
+            | O::ArmRq
+            | O::CreateXrcSrq
+            | O::DestroyXrcSrq
+            | O::CreateRmp
+            | O::DestroyRmp
+            | O::ModifyRmp
+            | O::QueryRmp
+    )
+}
+
 impl Firmware {
+    /// Runs one of the SRQ family's commands ([`is_srq`]).
+    pub(super) fn execute_srq(
+        &mut self,
+        inner: &Inner,
+        o: Opcode,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        use Opcode as O;
+        match o {
+            O::CreateSrq => self.create_srq(inner, input, outlen),
+            O::DestroySrq => self.destroy_srq(inner, input, outlen),
+            O::QuerySrq => self.query_srq(inner, input, outlen),
+            O::ArmRq => self.arm_rq(inner, input, outlen),
+            O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
+            O::DestroyXrcSrq => self.destroy_xrc_srq(inner, input, outlen),
+            O::CreateRmp => self.create_rmp(inner, input, outlen),
+            O::DestroyRmp => self.destroy_rmp(inner, input, outlen),
+            O::ModifyRmp => self.modify_rmp(inner, input, outlen),
+            O::QueryRmp => self.query_rmp(inner, input, outlen),
+            _ => Err(fail(CmdStatus::BadOperation, synd::BAD_OPCODE)),
+        }
+    }
+
     pub(super) fn create_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(
             input,
@@ -242,6 +283,77 @@ impl Firmware {
             }),
         );
         Ok(srqn)
+    }
+
+    /// MODIFY_RMP: RDY to RDY, taking the low-water mark where the bitmask
+    /// names it (mlx5_ib arms an SRQ's limit so, `arm_rmp_cmd`): the
+    /// SRQ_RQ_LIMIT event fires once when fewer WQEs remain, as ARM_RQ's.
+    pub(super) fn modify_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            modify_rmp_in::SIZE_BYTES,
+            modify_rmp_out::SIZE_BYTES,
+        )?;
+        let rmpn = modify_rmp_in::RMPN.get(input) as u32;
+        let Some(s) = rlock(&inner.rdma.srqs).get(&rmpn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
+        };
+        let at = modify_rmp_in::CTX.off / 8;
+        let c = &input[at..at + rmpc::SIZE_BYTES];
+        if modify_rmp_in::RMP_STATE.get(input) != RMPC_STATE_RDY
+            || rmpc::STATE.get(c) != RMPC_STATE_RDY
+        {
+            // RDY to RDY is the one transition an RMP has.
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_STATE));
+        }
+        let b = modify_rmp_in::BITMASK.off / 8;
+        if rmp_bitmask::LWM.get(&input[b..b + rmp_bitmask::SIZE_BYTES]) != 0 {
+            let w = &c[rmpc::WQ.off / 8..rmpc::WQ.off / 8 + wq::SIZE_BYTES];
+            let lwm = wq::LWM.get(w) as u16;
+            if u32::from(lwm) >= 1 << s.log_size {
+                return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+            }
+            lock(&s.st).lwm = lwm;
+        }
+        Ok(vec![0; modify_rmp_out::SIZE_BYTES])
+    }
+
+    /// QUERY_RMP: the RMP's context (state, and the WQ as created, with
+    /// the low-water mark now: 0 once its event fired).
+    pub(super) fn query_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        sized(
+            input,
+            outlen,
+            query_rmp_in::SIZE_BYTES,
+            query_rmp_out::SIZE_BYTES,
+        )?;
+        let rmpn = query_rmp_in::RMPN.get(input) as u32;
+        let Some(s) = rlock(&inner.rdma.srqs).get(&rmpn).cloned() else {
+            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
+        };
+        let mut out = vec![0u8; query_rmp_out::SIZE_BYTES];
+        let at = query_rmp_out::RMP_CONTEXT.off / 8;
+        let c = &mut out[at..at + rmpc::SIZE_BYTES];
+        let st = lock(&s.st);
+        rmpc::STATE.set(
+            c,
+            if st.error {
+                RMPC_STATE_ERR
+            } else {
+                RMPC_STATE_RDY
+            },
+        );
+        let w = &mut c[rmpc::WQ.off / 8..rmpc::WQ.off / 8 + wq::SIZE_BYTES];
+        wq::WQ_TYPE.set(w, WQ_TYPE_LINKED_LIST);
+        wq::PD.set(w, u64::from(s.pd));
+        wq::DBR_ADDR.set(w, s.dbr);
+        wq::LOG_WQ_STRIDE.set(w, u64::from(s.log_stride + 4));
+        wq::LOG_WQ_PG_SZ.set(w, u64::from(s.buf.log_page - 12));
+        wq::LOG_WQ_SZ.set(w, u64::from(s.log_size));
+        wq::PAGE_OFFSET.set(w, page_offset_field(s.buf.offset, s.buf.log_page));
+        wq::LWM.set(w, u64::from(st.lwm));
+        Ok(out)
     }
 
     pub(super) fn destroy_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

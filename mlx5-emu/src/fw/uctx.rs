@@ -20,11 +20,11 @@ use mlx5_hw::ifc::{
     dealloc_uar_in, dealloc_xrcd_in, destroy_cq_in, destroy_mkey_in, destroy_qp_in, destroy_rmp_in,
     destroy_rq_in, destroy_rqt_in, destroy_sq_in, destroy_srq_in, destroy_tir_in, destroy_tis_in,
     destroy_uctx_in, destroy_xrc_srq_in, general_obj_in_cmd_hdr, init2init_qp_in, init2rtr_qp_in,
-    mkc, modify_cq_in, modify_rq_in, modify_rqt_in, modify_sq_in, modify_tir_in, modify_tis_in,
-    qp_2err_in, qp_2rst_in, qpc, query_cq_in, query_mkey_in, query_q_counter_in, query_qp_in,
-    query_rq_in, query_rqt_in, query_sq_in, query_srq_in, query_tir_in, query_tis_in,
-    rst2init_qp_in, rtr2rts_qp_in, rts2rts_qp_in, sqd2rts_qp_in, sqerr2rts_qp_in, srqc, uctx,
-    xrc_srqc,
+    mkc, modify_cq_in, modify_rmp_in, modify_rq_in, modify_rqt_in, modify_sq_in, modify_tir_in,
+    modify_tis_in, qp_2err_in, qp_2rst_in, qpc, query_cq_in, query_mkey_in, query_q_counter_in,
+    query_qp_in, query_rmp_in, query_rq_in, query_rqt_in, query_sq_in, query_srq_in, query_tir_in,
+    query_tis_in, rst2init_qp_in, rtr2rts_qp_in, rts2rts_qp_in, sqd2rts_qp_in, sqerr2rts_qp_in,
+    srqc, uctx, xrc_srqc,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::{QPC_ST_DCI, QPC_ST_XRC};
@@ -166,6 +166,8 @@ fn owned_rdma(op: Opcode) -> Option<(Kind, u8, BitField)> {
         O::DestroyXrcSrq => (Kind::Srq, 2, destroy_xrc_srq_in::XRC_SRQN),
         O::CreateRmp => (Kind::Srq, 0, create_rmp_out::RMPN),
         O::DestroyRmp => (Kind::Srq, 2, destroy_rmp_in::RMPN),
+        O::ModifyRmp => (Kind::Srq, 1, modify_rmp_in::RMPN),
+        O::QueryRmp => (Kind::Srq, 1, query_rmp_in::RMPN),
         O::AllocUar => (Kind::Uar, 0, alloc_uar_out::UAR),
         O::DeallocUar => (Kind::Uar, 2, dealloc_uar_in::UAR),
         O::AllocXrcd => (Kind::Xrcd, 0, alloc_xrcd_out::XRCD),

@@ -1147,6 +1147,48 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
     let rmpn = be32(&n.d.ok(&rmp(1, 0, 5), 16), 8) & 0xff_ffff;
     assert_ne!(rmpn, xsrqn, "one number space");
     assert_eq!(n.d.f.model().stats().srqs, 2);
+    // MODIFY_RMP arms the limit (mlx5_ib's arm_rmp_cmd): RDY to RDY with
+    // the lwm bit; QUERY_RMP reads it back.
+    let modify = |num: u32, state: u64, lwm: u64| {
+        use mlx5_hw::ifc::{modify_rmp_in, rmp_bitmask};
+        let mut c = cmd_in(0x90d, 0, modify_rmp_in::SIZE_BYTES);
+        modify_rmp_in::RMP_STATE.set(&mut c, state);
+        modify_rmp_in::RMPN.set(&mut c, u64::from(num));
+        let b = modify_rmp_in::BITMASK.off / 8;
+        rmp_bitmask::LWM.set(&mut c[b..b + rmp_bitmask::SIZE_BYTES], 1);
+        let at = modify_rmp_in::CTX.off / 8;
+        let x = &mut c[at..at + rmpc::SIZE_BYTES];
+        rmpc::STATE.set(x, state);
+        wq::LWM.set(&mut x[rmpc::WQ.off / 8..], lwm);
+        c
+    };
+    let lwm_of = |n: &mut Node, num: u32| {
+        use mlx5_hw::ifc::{query_rmp_in, query_rmp_out};
+        let mut q = cmd_in(0x90f, 0, query_rmp_in::SIZE_BYTES);
+        query_rmp_in::RMPN.set(&mut q, u64::from(num));
+        let out = n.d.ok(&q, query_rmp_out::SIZE_BYTES);
+        let at = query_rmp_out::RMP_CONTEXT.off / 8;
+        let x = &out[at..at + rmpc::SIZE_BYTES];
+        assert_eq!(rmpc::STATE.get(x), 1, "RDY");
+        wq::LWM.get(&x[rmpc::WQ.off / 8..])
+    };
+    assert_eq!(lwm_of(&mut n, rmpn), 0);
+    n.d.ok(&modify(rmpn, 1, 7), 16);
+    assert_eq!(lwm_of(&mut n, rmpn), 7);
+    // Not RDY to RDY, a limit of the queue's size, an unknown RMP.
+    assert_eq!(
+        n.d.exec(&modify(rmpn, 3, 7), 16)[0],
+        CmdStatus::BadParameter.to_raw()
+    );
+    assert_eq!(
+        n.d.exec(&modify(rmpn, 1, 16), 16)[0],
+        CmdStatus::BadParameter.to_raw()
+    );
+    assert_eq!(
+        n.d.exec(&modify(rmpn + 9, 1, 7), 16)[0],
+        CmdStatus::BadResource.to_raw()
+    );
+    assert_eq!(lwm_of(&mut n, rmpn), 7);
     // Each goes only by its own kind's destroy.
     let destroy = |op: u16, num: u32| {
         let mut c = cmd_in(op, 0, 16);

@@ -3896,6 +3896,485 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> DestroyRmpOut<T> {
     }
 }
 
+/// Constants and registry entry of [`RmpBitmask`] (`struct mlx5_ifc_rmp_bitmask_bits`).
+pub mod rmp_bitmask {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x40;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x8;
+    /// Place of `lwm`: bit 0x3f, 0x1 bits.
+    pub const LWM: BitField = BitField::new(0x3f, 0x1);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "rmp_bitmask",
+        kind: LayoutKind::Struct,
+        size_bits: 0x40,
+        doc: "MODIFY_RMP's field mask: which `rmpc` fields to take (the low-water",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x1f, ty: FieldType::Bits },
+            FieldInfo { name: "lwm", bit_off: 0x3f, width: 0x1, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// MODIFY_RMP's field mask: which `rmpc` fields to take (the low-water
+/// mark, i.e. arming the SRQ limit).
+///
+/// A view of `struct mlx5_ifc_rmp_bitmask_bits` (64 bits, 8 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RmpBitmask<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> RmpBitmask<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (8 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("rmp_bitmask", rmp_bitmask::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `lwm`: 1 bits at bit 0x3f.
+    pub fn lwm(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x3f, 1) != 0
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> RmpBitmask<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `lwm` (1 bits at bit 0x3f).
+    pub fn set_lwm(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x3f, 1, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`ModifyRmpIn`] (`struct mlx5_ifc_modify_rmp_in_bits`).
+pub mod modify_rmp_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x880;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x110;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `rmp_state`: bit 0x40, 0x4 bits.
+    pub const RMP_STATE: BitField = BitField::new(0x40, 0x4);
+    /// Place of `rmpn`: bit 0x48, 0x18 bits.
+    pub const RMPN: BitField = BitField::new(0x48, 0x18);
+    /// Place of `bitmask`: bit 0x80, 0x40 bits.
+    pub const BITMASK: BitField = BitField::new(0x80, 0x40);
+    /// Place of `ctx`: bit 0x100, 0x780 bits.
+    pub const CTX: BitField = BitField::new(0x100, 0x780);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "modify_rmp_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x880,
+        doc: "MODIFY_RMP input: the RMP's state (RDY) and the fields `bitmask` names.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "rmp_state", bit_off: 0x40, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_44", bit_off: 0x44, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "rmpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "bitmask", bit_off: 0x80, width: 0x40, ty: FieldType::Layout("rmp_bitmask") },
+            FieldInfo { name: "reserved_at_c0", bit_off: 0xc0, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "ctx", bit_off: 0x100, width: 0x780, ty: FieldType::Layout("rmpc") },
+        ],
+    };
+}
+
+/// MODIFY_RMP input: the RMP's state (RDY) and the fields `bitmask` names.
+///
+/// A view of `struct mlx5_ifc_modify_rmp_in_bits` (2176 bits, 272 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyRmpIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ModifyRmpIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("modify_rmp_in", modify_rmp_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `rmp_state`: 4 bits at bit 0x40.
+    pub fn rmp_state(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x40, 4) as u8
+    }
+    /// `rmpn`: 24 bits at bit 0x48.
+    pub fn rmpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `bitmask` (`rmp_bitmask`, at byte 0x10).
+    pub fn bitmask(&self) -> RmpBitmask<&[u8]> {
+        RmpBitmask::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x8))
+    }
+    /// `ctx` (`rmpc`, at byte 0x20).
+    pub fn ctx(&self) -> Rmpc<&[u8]> {
+        Rmpc::new_unchecked(sub(self.buf.as_ref(), 0x20, 0xf0))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ModifyRmpIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `rmp_state` (4 bits at bit 0x40).
+    pub fn set_rmp_state(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 4, u64::from(value));
+        self
+    }
+    /// Sets `rmpn` (24 bits at bit 0x48).
+    pub fn set_rmpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// `bitmask` (`rmp_bitmask`, at byte 0x10), for writing.
+    pub fn bitmask_mut(&mut self) -> RmpBitmask<&mut [u8]> {
+        RmpBitmask::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x8))
+    }
+    /// `ctx` (`rmpc`, at byte 0x20), for writing.
+    pub fn ctx_mut(&mut self) -> Rmpc<&mut [u8]> {
+        Rmpc::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0xf0))
+    }
+}
+
+/// Constants and registry entry of [`ModifyRmpOut`] (`struct mlx5_ifc_modify_rmp_out_bits`).
+pub mod modify_rmp_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "modify_rmp_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "MODIFY_RMP output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// MODIFY_RMP output.
+///
+/// A view of `struct mlx5_ifc_modify_rmp_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModifyRmpOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ModifyRmpOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("modify_rmp_out", modify_rmp_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ModifyRmpOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryRmpIn`] (`struct mlx5_ifc_query_rmp_in_bits`).
+pub mod query_rmp_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `rmpn`: bit 0x48, 0x18 bits.
+    pub const RMPN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_rmp_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "QUERY_RMP input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "rmpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_RMP input.
+///
+/// A view of `struct mlx5_ifc_query_rmp_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryRmpIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryRmpIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_rmp_in", query_rmp_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `rmpn`: 24 bits at bit 0x48.
+    pub fn rmpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryRmpIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `rmpn` (24 bits at bit 0x48).
+    pub fn set_rmpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryRmpOut`] (`struct mlx5_ifc_query_rmp_out_bits`).
+pub mod query_rmp_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x880;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x110;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `rmp_context`: bit 0x100, 0x780 bits.
+    pub const RMP_CONTEXT: BitField = BitField::new(0x100, 0x780);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_rmp_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x880,
+        doc: "QUERY_RMP output: the RMP's context.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0xc0, ty: FieldType::Bits },
+            FieldInfo { name: "rmp_context", bit_off: 0x100, width: 0x780, ty: FieldType::Layout("rmpc") },
+        ],
+    };
+}
+
+/// QUERY_RMP output: the RMP's context.
+///
+/// A view of `struct mlx5_ifc_query_rmp_out_bits` (2176 bits, 272 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryRmpOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryRmpOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_rmp_out", query_rmp_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `rmp_context` (`rmpc`, at byte 0x20).
+    pub fn rmp_context(&self) -> Rmpc<&[u8]> {
+        Rmpc::new_unchecked(sub(self.buf.as_ref(), 0x20, 0xf0))
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryRmpOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// `rmp_context` (`rmpc`, at byte 0x20), for writing.
+    pub fn rmp_context_mut(&mut self) -> Rmpc<&mut [u8]> {
+        Rmpc::new_unchecked(sub_mut(self.buf.as_mut(), 0x20, 0xf0))
+    }
+}
+
 /// Constants and registry entry of [`ArmDctOut`] (`struct mlx5_ifc_arm_dct_out_bits`).
 pub mod arm_dct_out {
     use crate::bits::BitField;
