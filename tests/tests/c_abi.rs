@@ -294,6 +294,20 @@ fn rows(t: &str) -> usize {
         .count()
 }
 
+/// perftest calibrates its clock before it reports (`get_cpu_mhz`: CPU
+/// cycles against `gettimeofday` over a few samples, refused below r^2 0.9
+/// with "Can't produce a report"): on saturated CPUs (the stressed CI run)
+/// the samples scatter and the client gives up, and the server, left
+/// alone, fails its exchange. That is perftest measuring the machine, not
+/// the library; only such a run is tried again.
+fn calibration_failed((server, client): &(Output, Output)) -> bool {
+    let t = text(client);
+    !client.status.success()
+        && t.contains("Correlation coefficient r^2")
+        && t.contains("Can't produce a report")
+        && (server.status.success() || text(server).contains("Couldn't read remote address"))
+}
+
 #[test]
 fn perftest_all_sizes_between_two_processes_over_vfio_user() {
     let s = Served::start("perftest");
@@ -324,7 +338,14 @@ fn perftest_all_sizes_between_two_processes_over_vfio_user() {
         } else {
             "ibv_wr_*"
         };
-        let r = pair(&s, bin, &args, port(3 + i as u16), "-p");
+        let mut r = pair(&s, bin, &args, port(3 + i as u16), "-p");
+        for again in 1..=3u16 {
+            if !calibration_failed(&r) {
+                break;
+            }
+            eprintln!("{bin}: perftest's CPU clock calibration failed (a loaded machine); again ({again})");
+            r = pair(&s, bin, &args, port(3 + i as u16 + 8 * again), "-p");
+        }
         let (ts, tc) = (text(&r.0), text(&r.1));
         assert!(
             r.0.status.success() && r.1.status.success(),
