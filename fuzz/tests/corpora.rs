@@ -28,6 +28,10 @@ fn abort_on_any_panic() {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             default(info);
+            // The test harness captures the default hook's output and
+            // loses it at the abort: the message straight to stderr too.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "aborting on a panic: {info}");
             std::process::abort();
         }));
     });
