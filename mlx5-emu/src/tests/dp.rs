@@ -1469,3 +1469,73 @@ fn host_endian_atomics_where_the_driver_asks_and_the_card_offers() {
         .host_endian_atomics
         .load(std::sync::atomic::Ordering::Acquire));
 }
+
+/// MODIFY_CQ's resize (`op_mod` RESIZE): refused for an unknown op_mod, a
+/// resize that names no size, a size past the caps, a ring in unmapped
+/// memory or in a UMEM; done, it writes a RESIZE_CQ CQE into the old ring
+/// at the producer index (software-owned for that index) and QUERY_CQ
+/// reports the new size.
+#[test]
+fn cq_resize_refusals_and_the_resize_cqe() {
+    use mlx5_hw::cqe::{
+        CqeOpcode, CQ_OPMOD_RESIZE, MODIFY_CQ_MASK_LOG_SIZE, MODIFY_CQ_MASK_PG_OFFSET,
+        MODIFY_CQ_MASK_PG_SIZE,
+    };
+    use mlx5_hw::ifc::{modify_cq_in, query_cq_in, query_cq_out};
+    use mlx5_hw::status::CmdStatus;
+    let (_f, mut n, _b) = pair();
+    let cq = n.create_cq();
+    let cqn = n.cq[cq].0;
+    const NEW_LOG: u8 = LOG_CQ + 1;
+    const NEW_IOVA: u64 = CQ_IOVA + 0x80_0000;
+    let new = DmaBuffer::new(64 << NEW_LOG).unwrap();
+    let npas = (64usize << NEW_LOG) / 4096;
+    let resize = |op_mod: u16, sel: u32, log: u8, iova: u64, umem: bool| {
+        let mut c = cmd_in(0x403, op_mod, modify_cq_in::SIZE_BYTES + npas * 8);
+        modify_cq_in::CQN.set(&mut c, u64::from(cqn));
+        modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT.set(&mut c, u64::from(sel));
+        modify_cq_in::CQ_UMEM_VALID.set(&mut c, u64::from(umem));
+        let at = modify_cq_in::CQ_CONTEXT.off / 8;
+        cqc::LOG_CQ_SIZE.set(&mut c[at..at + cqc::SIZE_BYTES], u64::from(log));
+        for p in 0..npas {
+            let a = modify_cq_in::SIZE_BYTES + p * 8;
+            c[a..a + 8].copy_from_slice(&(iova + p as u64 * 4096).to_be_bytes());
+        }
+        c
+    };
+    let all = MODIFY_CQ_MASK_LOG_SIZE | MODIFY_CQ_MASK_PG_OFFSET | MODIFY_CQ_MASK_PG_SIZE;
+    let bad = CmdStatus::BadParameter.to_raw();
+    for c in [
+        resize(7, all, NEW_LOG, NEW_IOVA, false),
+        resize(
+            CQ_OPMOD_RESIZE,
+            MODIFY_CQ_MASK_PG_SIZE,
+            NEW_LOG,
+            NEW_IOVA,
+            false,
+        ),
+        resize(CQ_OPMOD_RESIZE, all, 31, NEW_IOVA, false),
+        // Not mapped yet.
+        resize(CQ_OPMOD_RESIZE, all, NEW_LOG, NEW_IOVA, false),
+        resize(CQ_OPMOD_RESIZE, all, NEW_LOG, NEW_IOVA, true),
+    ] {
+        assert_eq!(n.d.exec(&c, 16)[0], bad);
+    }
+    n.d.f.dma_map(Iova(NEW_IOVA), &new).unwrap();
+    n.d.ok(&resize(CQ_OPMOD_RESIZE, all, NEW_LOG, NEW_IOVA, false), 16);
+    // The old ring's entry 0 (the producer index): RESIZE_CQ, owner 0.
+    let mut e = [0u8; 64];
+    n.cq[cq].1.read(0, &mut e).unwrap();
+    assert_eq!(e[63], CqeOpcode::ResizeCq.to_raw() << 4);
+    let mut q = cmd_in(0x402, 0, query_cq_in::SIZE_BYTES);
+    query_cq_in::CQN.set(&mut q, u64::from(cqn));
+    let out = n.d.ok(&q, query_cq_out::SIZE_BYTES + npas * 8);
+    let at = query_cq_out::CQ_CONTEXT.off / 8;
+    let c = &out[at..at + cqc::SIZE_BYTES];
+    assert_eq!(cqc::LOG_CQ_SIZE.get(c), u64::from(NEW_LOG));
+    assert_eq!(
+        cqc::PRODUCER_COUNTER.get(c),
+        1,
+        "the RESIZE_CQ CQE took index 0"
+    );
+}
