@@ -60,6 +60,10 @@ pub struct WqTrack {
     /// The send ring read back by the poller, set when the QP asked for
     /// requester scatter to CQE.
     pub(crate) send_view: std::sync::OnceLock<crate::scatter_cqe::SendView>,
+    /// The send doorbell record (the 16-bit send counter the device was
+    /// last told), set by the send ring: how much send work is in flight
+    /// ([`sends_in_flight`](Self::sends_in_flight)).
+    pub(crate) send_dbrec: std::sync::OnceLock<vfio::DmaRing<4>>,
 }
 
 impl WqTrack {
@@ -87,7 +91,21 @@ impl WqTrack {
             srq,
             recv_view: std::sync::OnceLock::new(),
             send_view: std::sync::OnceLock::new(),
+            send_dbrec: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Send blocks rung but not yet completed: an upper bound of the send
+    /// completions still to come (a WQE is one block or more, and an
+    /// unsignaled one completes with the next signaled one). A CQ resize
+    /// counts them (`cq/resize.rs`).
+    pub(crate) fn sends_in_flight(&self) -> u32 {
+        let Some(d) = self.send_dbrec.get() else {
+            return 0;
+        };
+        let rung = d.entry(0).load_u32_be(0).unwrap_or(0);
+        let tail = self.sq_tail.load(Ordering::Acquire);
+        rung.wrapping_sub(tail) & 0xffff
     }
 
     /// The QP number.

@@ -180,6 +180,7 @@ impl SendRing {
             return Err(Error::Invalid("BlueFlame registers outside the UAR"));
         };
         let qpn8 = track.qpn() << w::WQE_CTRL_QPN_SHIFT;
+        let _ = track.send_dbrec.set(dbrec.clone());
         Ok(Self {
             ring,
             pc: 0,

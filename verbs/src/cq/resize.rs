@@ -30,7 +30,10 @@ impl Cq {
     /// `ibv_resize_cq`: room for at least `cqe` completions (rounded as at
     /// creation: the next power of two above `cqe`). A size that rounds to
     /// the current one changes nothing. Refused (`Invalid`) for 0, past the
-    /// device's maximum, or fewer entries than completions not yet polled.
+    /// device's maximum, or fewer entries than completions not yet polled
+    /// plus the send blocks of the CQ's QPs rung and not yet completed (an
+    /// upper bound of the send completions to come; receives are not
+    /// counted: they complete only when a peer sends).
     pub fn resize(&mut self, cqe: u32) -> Result<()> {
         let ctx = self.shared.ctx.clone();
         let max = ctx.hca.caps().max_cq_sz()?;
@@ -46,9 +49,20 @@ impl Cq {
         if g != self.gen {
             self.generation_changed(g);
         }
-        if self.ring.outstanding() >= n {
+        // What is written and not polled, and what the sends already rung
+        // will still write (on a card they complete within microseconds;
+        // the model may lag): a ring smaller than that would overrun.
+        let in_flight: u32 = self
+            .shared
+            .qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|t| t.sends_in_flight())
+            .sum();
+        if self.ring.outstanding() + in_flight >= n {
             return Err(Error::Invalid(
-                "CQ resize below its outstanding completions",
+                "CQ resize below its outstanding completions and sends in flight",
             ));
         }
         let bytes = self.shared.cqe_bytes;
