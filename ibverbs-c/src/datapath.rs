@@ -19,7 +19,7 @@ use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, 
 use crate::abi::*;
 use crate::objects::{ah_of, Cq, Srq};
 use crate::qp::Qp;
-use crate::spin::SpinGuard;
+use crate::spin::{SpinGuard, SpinLock};
 
 /// `IBV_WR_RDMA_WRITE` (`enum ibv_wr_opcode`).
 const IBV_WR_RDMA_WRITE: c_int = 0;
@@ -356,11 +356,13 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     if cq.is_null() | wc.is_null() | (n <= 0) {
         return poll_cq_odd(cq, n);
     }
-    // SAFETY: a CQ this library made (the data path's contract).
-    let c = unsafe { &*(cq as *const Cq) };
-    let Some(g) = c.cq.try_lock() else {
+    // SAFETY: a CQ this library made (the data path's contract); only its
+    // lock is borrowed (the `ibv_cq_ex` fields are written through raw
+    // pointers by the extended poll and resize).
+    let lock = unsafe { &(*(cq as *const Cq)).cq };
+    let Some(g) = lock.try_lock() else {
         // SAFETY: forwarded from this function's contract.
-        return unsafe { poll_cq_contended(c, n, wc) };
+        return unsafe { poll_cq_contended(lock, n, wc) };
     };
     // SAFETY: forwarded from this function's contract.
     unsafe { poll_locked(g, n, wc) }
@@ -390,9 +392,9 @@ unsafe fn poll_locked(mut g: SpinGuard<'_, verbs::cq::Cq>, n: c_int, wc: *mut ib
 /// As [`poll_locked`].
 #[cold]
 #[inline(never)]
-unsafe fn poll_cq_contended(c: &Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe fn poll_cq_contended(lock: &SpinLock<verbs::cq::Cq>, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: forwarded.
-    unsafe { poll_locked(c.cq.lock(), n, wc) }
+    unsafe { poll_locked(lock.lock(), n, wc) }
 }
 
 /// `ibv_poll_cq` once the device failed: -1 with its errno.
@@ -420,9 +422,10 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     if cq.is_null() {
         return libc::EINVAL;
     }
-    // SAFETY: a CQ this library made (the data path's contract).
-    let c = unsafe { &*(cq as *const Cq) };
-    match c.cq.lock().req_notify(solicited_only != 0) {
+    // SAFETY: a CQ this library made (the data path's contract); only its
+    // lock is borrowed, as in `poll_cq`.
+    let lock = unsafe { &(*(cq as *const Cq)).cq };
+    match lock.lock().req_notify(solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => crate::errno_of("ibv_req_notify_cq", &e),
     }

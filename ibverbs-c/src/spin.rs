@@ -177,7 +177,11 @@ impl<T> SpinLock<T> {
                 false => None,
             };
         }
-        if o != me() {
+        // Not ours, or ours and already inside (a call made between
+        // `ibv_start_poll` and `ibv_end_poll` on the same CQ): the slow
+        // path, which for the latter waits forever as a spinlock would,
+        // instead of a second guard.
+        if o != me() || self.inside.load(Ordering::Relaxed) {
             return None;
         }
         self.inside.store(true, Ordering::Relaxed);
@@ -377,6 +381,11 @@ mod tests {
         }
         // Another thread asks while the owner is inside: it waits.
         let g = l.lock();
+        assert!(g.biased);
+        assert!(
+            l.try_lock().is_none(),
+            "no second guard for the owner inside"
+        );
         let entered = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {

@@ -53,7 +53,7 @@ pub(crate) struct CqPeek {
 }
 
 #[derive(Debug)]
-struct View {
+pub(crate) struct View {
     ring: DmaRing<{ c::CQE_SIZE }>,
     dbrec: DmaRing<8>,
     log_size: u8,
@@ -61,6 +61,11 @@ struct View {
 }
 
 impl View {
+    /// The ring is `r` from now on (a resize).
+    pub(crate) fn set_ring(&mut self, r: &CqRing) {
+        *self = Self::of(r);
+    }
+
     fn of(r: &CqRing) -> Self {
         Self {
             ring: r.ring.clone(),
@@ -80,15 +85,15 @@ impl CqPeek {
         }
     }
 
-    /// The ring is `r` from now on (a resize).
-    pub(crate) fn set_ring(&self, r: &CqRing) {
-        *self.view.lock().unwrap_or_else(|p| p.into_inner()) = View::of(r);
+    /// The view, held: a resize holds it from its cleaning to the new
+    /// ring, so that no request counts in the old ring meanwhile.
+    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, View> {
+        self.view.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The index of the first CQE the device has not written: from the
     /// consumer index last published, past every software-owned entry.
-    fn producer(&self) -> u32 {
-        let v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+    fn producer(v: &View) -> u32 {
         let mut i = v.dbrec.entry(0).load_u32_be(0).unwrap_or(0) & u::DB_CI_MASK;
         for _ in 0..1u32 << v.log_size {
             let idx = (i << v.shift) | u32::from(v.shift);
@@ -106,7 +111,10 @@ impl CqPeek {
     /// Files the cleaning of `qpn`'s CQEs (the device writes no more of
     /// them); the poller carries it out at its next poll.
     pub(crate) fn request(&self, qpn: u32, srq: Option<Arc<SrqShared>>) {
-        let stop = self.producer();
+        // Under the view's lock: a resize does not switch rings between
+        // the scan and the filing.
+        let v = self.hold();
+        let stop = Self::producer(&v);
         self.lock().push(Clean { qpn, stop, srq });
     }
 

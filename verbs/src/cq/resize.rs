@@ -44,10 +44,15 @@ impl Cq {
         if n - 1 == self.cqe() {
             return Ok(());
         }
-        // The QPs' cleanings first: they count in the old ring.
-        let g = self.shared.gen.load(Ordering::Acquire);
-        if g != self.gen {
-            self.generation_changed(g);
+        // The QPs' cleanings first: they count in the old ring. The view
+        // the QPs' cleaning requests scan stays locked until it shows the
+        // new ring, so that no request is filed against the old ring's
+        // counting after this (`clean::CqPeek::request`).
+        let shared = self.shared.clone();
+        let mut view = shared.peek.hold();
+        let cleans = shared.peek.take();
+        if !cleans.is_empty() {
+            self.ring.clean(&cleans);
         }
         // What is written and not polled, and what the sends already rung
         // will still write (on a card they complete within microseconds;
@@ -78,11 +83,21 @@ impl Cq {
         if per == 2 {
             ring.set_cqe_128();
         }
-        self.modify_cq_resize(&ring, &region)?;
-        ring.ci = self.copy_to_resized(&ring)?;
+        if let Err(e) = self.modify_cq_resize(&ring, &region) {
+            if matches!(e, Error::Timeout { .. }) {
+                // The device may have switched to the new ring: its memory
+                // stays out of use.
+                region.device_may_still_use();
+            }
+            return Err(e);
+        }
+        // The device writes the new ring from now on: switch whatever the
+        // copy found, as libmlx5 does.
+        ring.ci = self.copy_to_resized(&ring);
         self.ring = ring;
         self.ring.update_ci();
-        self.shared.peek.set_ring(&self.ring);
+        view.set_ring(&self.ring);
+        drop(view);
         *self.shared.region.lock().unwrap_or_else(|p| p.into_inner()) = region;
         self.shared.cqe.store(n - 1, Ordering::Relaxed);
         Ok(())
@@ -123,13 +138,15 @@ impl Cq {
     }
 
     /// Copies the CQEs not yet polled into `to` up to the RESIZE_CQ CQE
-    /// the device wrote, each one index later; the new consumer index (the
-    /// old one plus one: the first copy). Fails if the old ring has no RESIZE_CQ CQE where the device
-    /// must have put one.
-    fn copy_to_resized(&self, to: &CqRing) -> Result<u32> {
+    /// the device wrote, each one index later (at most what `to` holds);
+    /// the new consumer index: the old one plus one, the first copy. A
+    /// missing RESIZE_CQ CQE (a device bug) is logged, and what was copied
+    /// is kept.
+    fn copy_to_resized(&self, to: &CqRing) -> u32 {
         let from = &self.ring;
+        let limit = (1u32 << from.log_size).min((1u32 << to.log_size) - 1);
         let mut i = from.ci;
-        for _ in 0..=1u32 << from.log_size {
+        for _ in 0..=limit {
             if !from.sw_owned(i) {
                 break;
             }
@@ -139,9 +156,7 @@ impl Cq {
                 .load_u8_acquire(OP_OWN)
                 .unwrap_or(0);
             if op_own >> c::CQE_OPCODE_SHIFT == CqeOpcode::ResizeCq.to_raw() {
-                // The copies sit one later than the originals: the first
-                // at the old consumer index plus one.
-                return Ok(from.ci.wrapping_add(1));
+                return from.ci.wrapping_add(1);
             }
             let j = i.wrapping_add(1);
             // The new ring's software owner bit for index `j`.
@@ -150,9 +165,9 @@ impl Cq {
         }
         tracing::error!(
             cqn = self.shared.cqn,
-            "resize: no RESIZE_CQ CQE in the old ring"
+            "resize: no RESIZE_CQ CQE in the old ring; the new ring used as it is"
         );
-        Err(Error::Invalid("resize: the device wrote no RESIZE_CQ CQE"))
+        from.ci.wrapping_add(1)
     }
 }
 
