@@ -20,7 +20,7 @@ use mlx5_hw::status::CmdStatus;
 
 use super::cq::pas;
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};
-use crate::transport::qp::{Buf, SrqState};
+use crate::transport::qp::{Buf, SrqKind, SrqState};
 use crate::transport::{rlock, wlock, Srq};
 use crate::{lock, Inner};
 
@@ -42,6 +42,7 @@ struct SrqSpec {
     /// The XRC domain (0: none).
     xrcd: u32,
     lwm: u16,
+    kind: SrqKind,
 }
 
 /// The SRQ family's commands: SRQs, XRC SRQs, RMPs and ARM_RQ.
@@ -120,6 +121,7 @@ impl Firmware {
                 cqn: srqc::CQN.get(c) as u32,
                 xrcd: 0,
                 lwm: srqc::LWM.get(c) as u16,
+                kind: SrqKind::Basic,
             },
         )?;
         let mut out = vec![0u8; create_srq_out::SIZE_BYTES];
@@ -180,6 +182,7 @@ impl Firmware {
                 dbr,
                 cqn,
                 xrcd,
+                kind: SrqKind::Xrc,
                 lwm: xrc_srqc::LWM.get(c) as u16,
             },
         )?;
@@ -237,6 +240,7 @@ impl Firmware {
                 cqn: 0,
                 xrcd: 0,
                 lwm: wq::LWM.get(w) as u16,
+                kind: SrqKind::Rmp,
             },
         )?;
         let mut out = vec![0u8; create_rmp_out::SIZE_BYTES];
@@ -276,6 +280,7 @@ impl Firmware {
                 dbr: s.dbr,
                 cqn: s.cqn,
                 xrcd: s.xrcd,
+                kind: s.kind,
                 st: Mutex::new(SrqState {
                     lwm: s.lwm,
                     ..SrqState::default()
@@ -296,7 +301,11 @@ impl Firmware {
             modify_rmp_out::SIZE_BYTES,
         )?;
         let rmpn = modify_rmp_in::RMPN.get(input) as u32;
-        let Some(s) = rlock(&inner.rdma.srqs).get(&rmpn).cloned() else {
+        let Some(s) = rlock(&inner.rdma.srqs)
+            .get(&rmpn)
+            .filter(|s| s.kind == SrqKind::Rmp)
+            .cloned()
+        else {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
         };
         let at = modify_rmp_in::CTX.off / 8;
@@ -314,7 +323,11 @@ impl Firmware {
             if u32::from(lwm) >= 1 << s.log_size {
                 return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
             }
-            lock(&s.st).lwm = lwm;
+            let mut st = lock(&s.st);
+            if st.error {
+                return Err(fail(CmdStatus::BadResourceState, synd::SRQ_BAD_STATE));
+            }
+            st.lwm = lwm;
         }
         Ok(vec![0; modify_rmp_out::SIZE_BYTES])
     }
@@ -329,7 +342,11 @@ impl Firmware {
             query_rmp_out::SIZE_BYTES,
         )?;
         let rmpn = query_rmp_in::RMPN.get(input) as u32;
-        let Some(s) = rlock(&inner.rdma.srqs).get(&rmpn).cloned() else {
+        let Some(s) = rlock(&inner.rdma.srqs)
+            .get(&rmpn)
+            .filter(|s| s.kind == SrqKind::Rmp)
+            .cloned()
+        else {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
         };
         let mut out = vec![0u8; query_rmp_out::SIZE_BYTES];
@@ -359,7 +376,7 @@ impl Firmware {
     pub(super) fn destroy_rmp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(input, outlen, destroy_rmp_in::SIZE_BYTES, 0x10)?;
         let rmpn = destroy_rmp_in::RMPN.get(input) as u32;
-        self.remove_srq(inner, rmpn, false)
+        self.remove_srq(inner, rmpn, SrqKind::Rmp)
     }
 
     pub(super) fn destroy_xrc_srq(
@@ -370,16 +387,14 @@ impl Firmware {
     ) -> CmdResult {
         sized(input, outlen, destroy_xrc_srq_in::SIZE_BYTES, 0x10)?;
         let srqn = destroy_xrc_srq_in::XRC_SRQN.get(input) as u32;
-        self.remove_srq(inner, srqn, true)
+        self.remove_srq(inner, srqn, SrqKind::Xrc)
     }
 
     /// Destroys SRQ `srqn` if it is of the kind the command names (a basic
     /// SRQ for DESTROY_SRQ, an XRC SRQ for DESTROY_XRC_SRQ) and no QP uses it.
-    fn remove_srq(&mut self, inner: &Inner, srqn: u32, xrc: bool) -> CmdResult {
+    fn remove_srq(&mut self, inner: &Inner, srqn: u32, kind: SrqKind) -> CmdResult {
         let r = &inner.rdma;
-        let kind_ok = rlock(&r.srqs)
-            .get(&srqn)
-            .is_some_and(|s| (s.xrcd != 0) == xrc);
+        let kind_ok = rlock(&r.srqs).get(&srqn).is_some_and(|s| s.kind == kind);
         if !kind_ok {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
         }
@@ -396,7 +411,7 @@ impl Firmware {
     pub(super) fn destroy_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(input, outlen, destroy_srq_in::SIZE_BYTES, 0x10)?;
         let srqn = destroy_srq_in::SRQN.get(input) as u32;
-        self.remove_srq(inner, srqn, false)
+        self.remove_srq(inner, srqn, SrqKind::Basic)
     }
 
     pub(super) fn query_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

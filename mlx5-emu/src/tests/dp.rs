@@ -1188,6 +1188,11 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
         n.d.exec(&modify(rmpn + 9, 1, 7), 16)[0],
         CmdStatus::BadResource.to_raw()
     );
+    // An XRC SRQ is no RMP.
+    assert_eq!(
+        n.d.exec(&modify(xsrqn, 1, 7), 16)[0],
+        CmdStatus::BadResource.to_raw()
+    );
     assert_eq!(lwm_of(&mut n, rmpn), 7);
     // Each goes only by its own kind's destroy.
     let destroy = |op: u16, num: u32| {

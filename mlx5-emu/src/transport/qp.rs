@@ -343,7 +343,21 @@ pub(crate) struct Srq {
     pub cqn: u32,
     /// The XRC domain of an XRC SRQ (CREATE_XRC_SRQ); 0 for a basic SRQ.
     pub xrcd: u32,
+    /// Which command made it: its destroy, query and modify are that
+    /// kind's own.
+    pub kind: SrqKind,
     pub st: Mutex<SrqState>,
+}
+
+/// The three objects that are SRQs to the data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SrqKind {
+    /// CREATE_SRQ.
+    Basic,
+    /// CREATE_XRC_SRQ.
+    Xrc,
+    /// CREATE_RMP.
+    Rmp,
 }
 
 /// SRQ consumer state.
