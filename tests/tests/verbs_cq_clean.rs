@@ -9,33 +9,9 @@ mod verbs_common;
 
 use verbs::cq::{WcOpcode, WcStatus};
 use verbs::qp::{
-    send_flags as sf, Payload, Qp, QpAttr, QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr,
+    send_flags as sf, Payload, QpAttr, QpInitAttr, QpState, QpType, RecvWr, SendOp, SendWr,
 };
 use verbs_common::*;
-
-/// Side a's model: what its CQs have been written.
-fn cqes_written(p: &Pair) -> u64 {
-    p.fabric.function(0).expect("function").model().stats().cqes
-}
-
-/// Posts `n` signaled RDMA WRITEs of 8 bytes on `qp` with wr_ids
-/// `base..base + n`.
-fn writes(p: &Pair, qp: &mut Qp, base: u64, n: u64) {
-    let sge = p.a.mr.sge(0, 8).unwrap();
-    for i in 0..n {
-        qp.post_send(&[SendWr {
-            wr_id: base + i,
-            op: SendOp::RdmaWrite {
-                raddr: p.b.mr.addr(),
-                rkey: p.b.mr.rkey(),
-            },
-            payload: Payload::Sges(&[sge]),
-            flags: sf::SIGNALED,
-            ud: None,
-        }])
-        .unwrap();
-    }
-}
 
 /// Waits until side a's CQs hold `n` more CQEs than `before`, unpolled.
 fn written(p: &Pair, before: u64, n: u64) {
@@ -48,9 +24,9 @@ fn destroy_takes_the_qps_completions_and_keeps_the_others() {
     let (mut q1, _r1) = qp_pair(&p, QpType::Rc, cap(16));
     let (mut q2, _r2) = qp_pair(&p, QpType::Rc, cap(16));
     let before = cqes_written(&p);
-    writes(&p, &mut q1, 100, 3);
-    writes(&p, &mut q2, 200, 2);
-    writes(&p, &mut q1, 103, 2);
+    post_writes(&p, &mut q1, 100, 3);
+    post_writes(&p, &mut q2, 200, 2);
+    post_writes(&p, &mut q1, 103, 2);
     written(&p, before, 7);
     let n1 = q1.qp_num();
     drop(q1);
@@ -69,7 +45,7 @@ fn destroy_takes_the_qps_completions_and_keeps_the_others() {
     assert_eq!(p.a.cq.poll(&mut more).unwrap(), 0, "nothing of q1 left");
     // The CQ goes on: q2's next completion comes.
     let before = cqes_written(&p);
-    writes(&p, &mut q2, 202, 1);
+    post_writes(&p, &mut q2, 202, 1);
     written(&p, before, 1);
     assert_eq!(poll_n(&mut p.a.cq, 1)[0].wr_id, 202);
 }
@@ -80,9 +56,9 @@ fn reset_takes_the_old_completions_and_the_qp_works_again() {
     let (mut q1, r1) = qp_pair(&p, QpType::Rc, cap(16));
     let (mut q2, _r2) = qp_pair(&p, QpType::Rc, cap(16));
     let before = cqes_written(&p);
-    writes(&p, &mut q2, 200, 1);
-    writes(&p, &mut q1, 100, 4);
-    writes(&p, &mut q2, 201, 1);
+    post_writes(&p, &mut q2, 200, 1);
+    post_writes(&p, &mut q1, 100, 4);
+    post_writes(&p, &mut q2, 201, 1);
     written(&p, before, 6);
     q1.modify(
         &QpAttr {
@@ -96,7 +72,7 @@ fn reset_takes_the_old_completions_and_the_qp_works_again() {
     // completions are not taken for the old ones.
     connect(&mut q1, &p.a.ctx, &p.b.ctx, r1.qp_num());
     let before = cqes_written(&p);
-    writes(&p, &mut q1, 300, 2);
+    post_writes(&p, &mut q1, 300, 2);
     written(&p, before, 2);
     let ids: Vec<u64> = poll_n(&mut p.a.cq, 4).iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [200, 201, 300, 301]);

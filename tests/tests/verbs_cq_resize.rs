@@ -8,32 +8,14 @@
 mod verbs_common;
 
 use verbs::cq::{WcOpcode, WcStatus};
-use verbs::qp::{send_flags as sf, Payload, Qp, QpType, SendOp, SendWr};
+use verbs::qp::{Qp, QpType};
 use verbs_common::*;
-
-/// Side a's model: what its CQs have been written.
-fn cqes_written(p: &Pair) -> u64 {
-    p.fabric.function(0).expect("function").model().stats().cqes
-}
 
 /// Posts `n` signaled 8-byte RDMA WRITEs with wr_ids `base..base + n` and
 /// waits until their completions are written (not polled).
 fn writes(p: &Pair, qp: &mut Qp, base: u64, n: u64) {
     let before = cqes_written(p);
-    let sge = p.a.mr.sge(0, 8).unwrap();
-    for i in 0..n {
-        qp.post_send(&[SendWr {
-            wr_id: base + i,
-            op: SendOp::RdmaWrite {
-                raddr: p.b.mr.addr(),
-                rkey: p.b.mr.rkey(),
-            },
-            payload: Payload::Sges(&[sge]),
-            flags: sf::SIGNALED,
-            ud: None,
-        }])
-        .unwrap();
-    }
+    post_writes(p, qp, base, n);
     tests::wait::until("the CQEs written", || cqes_written(p) >= before + n);
 }
 

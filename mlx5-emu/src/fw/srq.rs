@@ -45,6 +45,16 @@ struct SrqSpec {
     kind: SrqKind,
 }
 
+/// SRQ `n` if `kind` made it; another kind's number is unknown to this
+/// kind's commands, as to firmware (BAD_RESOURCE).
+fn srq_of_kind(inner: &Inner, n: u32, kind: SrqKind) -> Result<Arc<Srq>, Fail> {
+    rlock(&inner.rdma.srqs)
+        .get(&n)
+        .filter(|s| s.kind == kind)
+        .cloned()
+        .ok_or_else(|| fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN))
+}
+
 /// The SRQ family's commands: SRQs, XRC SRQs, RMPs and ARM_RQ.
 pub(super) fn is_srq(o: Opcode) -> bool {
     use Opcode as O;
@@ -300,14 +310,7 @@ impl Firmware {
             modify_rmp_in::SIZE_BYTES,
             modify_rmp_out::SIZE_BYTES,
         )?;
-        let rmpn = modify_rmp_in::RMPN.get(input) as u32;
-        let Some(s) = rlock(&inner.rdma.srqs)
-            .get(&rmpn)
-            .filter(|s| s.kind == SrqKind::Rmp)
-            .cloned()
-        else {
-            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
-        };
+        let s = srq_of_kind(inner, modify_rmp_in::RMPN.get(input) as u32, SrqKind::Rmp)?;
         let at = modify_rmp_in::CTX.off / 8;
         let c = &input[at..at + rmpc::SIZE_BYTES];
         if modify_rmp_in::RMP_STATE.get(input) != RMPC_STATE_RDY
@@ -341,14 +344,7 @@ impl Firmware {
             query_rmp_in::SIZE_BYTES,
             query_rmp_out::SIZE_BYTES,
         )?;
-        let rmpn = query_rmp_in::RMPN.get(input) as u32;
-        let Some(s) = rlock(&inner.rdma.srqs)
-            .get(&rmpn)
-            .filter(|s| s.kind == SrqKind::Rmp)
-            .cloned()
-        else {
-            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
-        };
+        let s = srq_of_kind(inner, query_rmp_in::RMPN.get(input) as u32, SrqKind::Rmp)?;
         let mut out = vec![0u8; query_rmp_out::SIZE_BYTES];
         let at = query_rmp_out::RMP_CONTEXT.off / 8;
         let c = &mut out[at..at + rmpc::SIZE_BYTES];
@@ -394,10 +390,7 @@ impl Firmware {
     /// SRQ for DESTROY_SRQ, an XRC SRQ for DESTROY_XRC_SRQ) and no QP uses it.
     fn remove_srq(&mut self, inner: &Inner, srqn: u32, kind: SrqKind) -> CmdResult {
         let r = &inner.rdma;
-        let kind_ok = rlock(&r.srqs).get(&srqn).is_some_and(|s| s.kind == kind);
-        if !kind_ok {
-            return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
-        }
+        srq_of_kind(inner, srqn, kind)?;
         if rlock(&r.qps)
             .values()
             .any(|q| q.srq.as_ref().is_some_and(|s| s.srqn == srqn))

@@ -268,3 +268,28 @@ pub fn pair_profile(len: usize, profile: Profile, acc: u32) -> Pair {
     let b = side(open(function(&fabric, 1)), len, acc);
     Pair { fabric, a, b }
 }
+
+/// Side a's model: the CQEs its CQs have been written.
+pub fn cqes_written(p: &Pair) -> u64 {
+    p.fabric.function(0).expect("function").model().stats().cqes
+}
+
+/// Posts `n` signaled 8-byte RDMA WRITEs from a to b on `qp`, wr_ids
+/// `base..base + n`.
+pub fn post_writes(p: &Pair, qp: &mut Qp, base: u64, n: u64) {
+    use verbs::qp::{send_flags, Payload, SendOp, SendWr};
+    let sge = p.a.mr.sge(0, 8).unwrap();
+    for i in 0..n {
+        qp.post_send(&[SendWr {
+            wr_id: base + i,
+            op: SendOp::RdmaWrite {
+                raddr: p.b.mr.addr(),
+                rkey: p.b.mr.rkey(),
+            },
+            payload: Payload::Sges(&[sge]),
+            flags: send_flags::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+    }
+}
