@@ -1186,7 +1186,13 @@ fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter
         W::AtomicCs | W::AtomicFa => 8,
         _ => return None,
     };
-    let limit = mlx5_hw::qp::req_scatter_limit(qp.cs_req, qp.scq.stride());
+    // The CQE size matters only to the 64-byte mode (read under the CQ's
+    // lock only then).
+    let cqe_bytes = match qp.cs_req {
+        mlx5_hw::qp::REQ_SCAT_DATA64_CQE => qp.scq.stride(),
+        _ => 64,
+    };
+    let limit = mlx5_hw::qp::req_scatter_limit(qp.cs_req, cqe_bytes);
     (w.signaled && len > 0 && len <= limit).then_some(InlineScatter {
         data: [0; 64],
         len: len as u8,

@@ -279,7 +279,13 @@ fn take(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory) -> Result<(), Optio
 /// ConnectX scatters small messages (PRM "Scatter to CQE"). The receive
 /// WQE is consumed all the same; the driver copies the bytes out.
 fn scatter_to_cqe(qp: &Qp, payload: &Payload<'_>) -> Option<InlineScatter> {
-    let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, qp.rcq.stride());
+    // The CQE size matters only to the 64-byte mode: read it (under the
+    // CQ's lock) only then, not for every SEND.
+    let cqe_bytes = match qp.cs_res {
+        mlx5_hw::qp::RES_SCAT_DATA64_CQE => qp.rcq.stride(),
+        _ => 64,
+    };
+    let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, cqe_bytes);
     let len = payload.len();
     if len > limit || !(qp.st == qp::st::RC || qp.st == qp::st::UC) {
         return None;
