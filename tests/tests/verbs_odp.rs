@@ -262,6 +262,147 @@ fn send_and_atomics_into_never_mapped_odp_memory() {
     assert!(rb.stats().page_faults >= 2, "{:?}", rb.stats());
 }
 
+/// A QP of `t` on `s` whose receives come from `srq`.
+fn srq_qp(s: &Side, t: QpType, srq: &verbs::srq::Srq) -> Qp {
+    s.pd.create_qp(&verbs::qp::QpInitAttr {
+        send_cq: &s.cq,
+        recv_cq: &s.cq,
+        srq: Some(srq),
+        cap: cap(8),
+        qp_type: t,
+        sq_sig_all: false,
+    })
+    .unwrap()
+}
+
+#[test]
+fn sends_into_never_mapped_odp_memory_through_an_srq() {
+    let clock = ManualClock::new();
+    let mut p = cx5_pair(&clock);
+    let mb = Anon::new(1 << 20);
+    let rb = odp(&p.b, &mb, ODP_ALL);
+    let srq = p.b.pd.create_srq(8, 1).unwrap();
+    // Two RC QPs of b share the SRQ; its WQEs point into untouched ODP
+    // memory: the responder's fault is the SRQ's (type RMP), the WQE stays
+    // at the head until the resume, and each message then takes the next.
+    let (mut a1, mut a2) = (
+        create_qp(&p.a, QpType::Rc, cap(8)),
+        create_qp(&p.a, QpType::Rc, cap(8)),
+    );
+    let (mut b1, mut b2) = (
+        srq_qp(&p.b, QpType::Rc, &srq),
+        srq_qp(&p.b, QpType::Rc, &srq),
+    );
+    for (a, b) in [(&mut a1, &mut b1), (&mut a2, &mut b2)] {
+        connect(a, &p.a.ctx, &p.b.ctx, b.qp_num());
+        connect(b, &p.b.ctx, &p.a.ctx, a.qp_num());
+    }
+    let wrs: Vec<_> = (0..2u64)
+        .map(|i| {
+            rb.sge(mb.addr() + 0x4_0000 * (i + 1) + 0x800, 6000)
+                .unwrap()
+        })
+        .collect();
+    for (i, sge) in wrs.iter().enumerate() {
+        srq.post_recv(&[RecvWr {
+            wr_id: 70 + i as u64,
+            sg_list: std::slice::from_ref(sge),
+        }])
+        .unwrap();
+    }
+    let (d1, d2) = (pattern(5000, 11), pattern(6000, 12));
+    p.a.buf.write(0, &d1).unwrap();
+    p.a.buf.write(0x8000, &d2).unwrap();
+    post(&mut a1, 1, SendOp::Send, p.a.mr.sge(0, 5000).unwrap());
+    assert_eq!(
+        complete(&clock, &mut p.a.cq, 1)[0].status,
+        WcStatus::Success
+    );
+    post(&mut a2, 2, SendOp::Send, p.a.mr.sge(0x8000, 6000).unwrap());
+    assert_eq!(
+        complete(&clock, &mut p.a.cq, 1)[0].status,
+        WcStatus::Success
+    );
+    let wc = poll_n(&mut p.b.cq, 2);
+    let got: Vec<_> = wc
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.byte_len, w.qp_num))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (70, WcStatus::Success, 5000, b1.qp_num()),
+            (71, WcStatus::Success, 6000, b2.qp_num()),
+        ],
+        "the faulting WQE served the first message, the next the second"
+    );
+    assert_eq!(mb.read(0x4_0800, 5000), d1);
+    assert_eq!(mb.read(0x8_0800, 6000), d2);
+    let st = rb.stats();
+    assert!(st.page_faults >= 2 && st.pages_faulted >= 4, "{st:?}");
+    assert_eq!(st.fault_errors, 0, "{st:?}");
+
+    // UD: a datagram meeting an absent page is dropped (no RNR for
+    // datagrams) while the fault is resolved; the WQE stays posted and
+    // takes a later datagram.
+    let mut ua = create_qp(&p.a, QpType::Ud, cap(8));
+    let mut ub = srq_qp(&p.b, QpType::Ud, &srq);
+    connect(&mut ua, &p.a.ctx, &p.b.ctx, ub.qp_num());
+    connect(&mut ub, &p.b.ctx, &p.a.ctx, ua.qp_num());
+    srq.post_recv(&[RecvWr {
+        wr_id: 80,
+        sg_list: &[rb.sge(mb.addr() + 0xc_0000, 2048).unwrap()],
+    }])
+    .unwrap();
+    let ah =
+        p.a.pd
+            .create_ah(&verbs::qp::AhAttr {
+                dgid: p.b.ctx.query_gid(1, 0).unwrap(),
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    let dropped = stats(&p.fabric, 1).dropped;
+    let faults = rb.stats().page_faults;
+    let give_up = Instant::now() + HANG_GUARD;
+    let mut sent = 0u32;
+    let landed = loop {
+        sent += 1;
+        p.a.buf.write(0xc000, &pattern(1000, sent as u8)).unwrap();
+        ua.post_send(&[SendWr {
+            wr_id: 100 + u64::from(sent),
+            op: SendOp::SendImm(sent),
+            payload: Payload::Sges(&[p.a.mr.sge(0xc000, 1000).unwrap()]),
+            flags: SIG,
+            ud: Some(verbs::qp::UdDest {
+                ah: &ah,
+                remote_qpn: ub.qp_num(),
+                remote_qkey: QKEY,
+            }),
+        }])
+        .unwrap();
+        assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+        settle(&p.fabric);
+        let mut w = [Wc::default(); 2];
+        if p.b.cq.poll(&mut w).unwrap() == 1 {
+            break w[0];
+        }
+        assert!(Instant::now() < give_up, "no datagram landed in {sent}");
+        until("the fault resolved", || rb.stats().page_faults > faults);
+    };
+    assert!(sent >= 2, "the first datagram met the absent page");
+    assert_eq!(
+        (landed.wr_id, landed.status, landed.imm(), landed.byte_len),
+        (80, WcStatus::Success, Some(sent), 40 + 1000),
+        "the WQE that faulted took the datagram that landed"
+    );
+    assert_eq!(mb.read(0xc_0000 + 40, 1000), pattern(1000, sent as u8));
+    assert!(stats(&p.fabric, 1).dropped >= dropped + u64::from(sent - 1));
+    assert_eq!(rb.stats().fault_errors, 0);
+}
+
 #[test]
 fn sparse_implicit_region_maps_only_the_touched_pages() {
     let clock = ManualClock::new();

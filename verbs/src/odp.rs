@@ -163,10 +163,21 @@ struct QpMem {
     rq_cnt: u32,
 }
 
+/// Where an SRQ's WQEs live: `cnt` WQEs of `stride` bytes, each a next
+/// segment and data segments.
+#[derive(Debug, Clone)]
+struct SrqMem {
+    buf: Arc<DmaBuffer>,
+    base: usize,
+    stride: usize,
+    cnt: u32,
+}
+
 /// A context's on-demand paging state.
 #[derive(Debug, Default)]
 pub(crate) struct CtxOdp {
     qps: Mutex<HashMap<u32, QpMem>>,
+    srqs: Mutex<HashMap<u32, SrqMem>>,
     mrs: RwLock<HashMap<u32, Weak<OdpMrInner>>>,
     engine: Mutex<Weak<Engine>>,
     total: Counters,
@@ -197,6 +208,22 @@ impl CtxOdp {
     /// A QP is destroyed.
     pub(crate) fn qp_gone(&self, qpn: u32) {
         lock(&self.qps).remove(&qpn);
+    }
+
+    /// An SRQ was created: where its `cnt` WQEs of `stride` bytes are.
+    pub(crate) fn srq_created(&self, srqn: u32, region: &DmaSlice, stride: usize, cnt: u32) {
+        let m = SrqMem {
+            buf: region.buf().clone(),
+            base: region.offset(),
+            stride,
+            cnt,
+        };
+        lock(&self.srqs).insert(srqn, m);
+    }
+
+    /// An SRQ is destroyed.
+    pub(crate) fn srq_gone(&self, srqn: u32) {
+        lock(&self.srqs).remove(&srqn);
     }
 
     fn mr(&self, key: u32) -> Option<Arc<OdpMrInner>> {
@@ -374,6 +401,9 @@ fn resume(ctx: &Ctx, token: u32, ty: u8, wq: u32, error: bool) -> Result<()> {
 /// The data segments of the WQE a WQE-subtype fault names (what
 /// `mlx5_ib_mr_initiator_pfault_handler` / `..._responder_...` parse).
 fn wqe_ranges(ctx: &Ctx, wq: u32, index: u16, ty: u8) -> Result<Vec<Range>> {
+    if ty == ev::WQE_PF_TYPE_RMP {
+        return srq_wqe_ranges(ctx, wq, index);
+    }
     let q = lock(&ctx.odp.qps)
         .get(&wq)
         .cloned()
@@ -386,8 +416,24 @@ fn wqe_ranges(ctx: &Ctx, wq: u32, index: u16, ty: u8) -> Result<Vec<Range>> {
         q.buf.read(q.base + i * q.rq_stride, &mut w)?;
         Ok(data_segs(&w))
     } else {
-        Err(Error::Invalid("page fault on an SRQ receive WQE"))
+        Err(Error::Invalid(
+            "receive page fault on a QP without a receive queue",
+        ))
     }
+}
+
+/// The data segments of SRQ `srqn`'s WQE `index`, after its next segment
+/// (`mlx5_ib_mr_responder_pfault_handler_srq`).
+fn srq_wqe_ranges(ctx: &Ctx, srqn: u32, index: u16) -> Result<Vec<Range>> {
+    let q = lock(&ctx.odp.srqs)
+        .get(&srqn)
+        .cloned()
+        .ok_or(Error::Invalid("page fault on an unknown SRQ"))?;
+    let i = usize::from(index) & (q.cnt as usize - 1);
+    let mut w = vec![0u8; q.stride];
+    q.buf.read(q.base + i * q.stride, &mut w)?;
+    let next = mlx5_hw::ifc::wqe_srq_next_seg::SIZE_BYTES;
+    Ok(data_segs(w.get(next..).unwrap_or_default()))
 }
 
 /// The data segments of send WQE `index` (control segment, the remote

@@ -124,6 +124,7 @@ impl SrqShared {
 
 impl Drop for SrqShared {
     fn drop(&mut self) {
+        self.ctx.odp.srq_gone(self.srqn);
         let mut inb = [0u8; destroy_srq_in::SIZE_BYTES];
         DestroySrqIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DestroySrq.to_raw())
@@ -178,6 +179,8 @@ impl Pd {
         let counter = dbrec.ring(4 * w::RCV_DBR)?;
         let out = ctx.hca.cmd().exec(&inb, create_srq_out::SIZE_BYTES)?;
         let srqn = CreateSrqOut::new_unchecked(&out[..]).srqn();
+        // The page-fault handler reads its WQEs (ODP receive buffers).
+        ctx.odp.srq_created(srqn, &region, stride, n);
         Ok(Srq {
             shared: Arc::new(SrqShared {
                 srqn,

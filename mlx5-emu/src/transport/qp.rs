@@ -504,24 +504,29 @@ impl Srq {
         let at = self.buf.addr(i * stride).ok_or(RecvError::Fault(index))?;
         let mut next = [0u8; 16];
         mem::read(mem, at, &mut next).map_err(|_| RecvError::Fault(index))?;
+        recv.wqe = index;
+        recv.off = 0;
+        // The scatter list is resolved before the WQE is taken off the
+        // list (under the SRQ's lock: no other QP takes it meanwhile), so
+        // that a page fault (ODP) leaves it posted, at the head, for the
+        // resume (PRM page-fault type RMP).
+        let n = (stride / 16) as usize - 1;
+        let res = match scatter(rdma, mem, self.pd, at + 16, n, &mut recv.ext) {
+            Ok(cap) => {
+                recv.cap = cap;
+                Ok(())
+            }
+            Err(RecvFail::Key(KeyError::NotPresent)) => return Err(RecvError::PageFault(index)),
+            Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
+            Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
+        };
         st.head = u16::from_be_bytes([next[2], next[3]]);
         st.ci = st.ci.wrapping_add(1);
         if st.lwm != 0 && avail - 1 < st.lwm {
             st.lwm = 0;
             rdma.qp_event(mlx5_hw::event::EventType::SrqRqLimit, self.srqn, true);
         }
-        drop(st);
-        recv.wqe = index;
-        recv.off = 0;
-        let n = (stride / 16) as usize - 1;
-        match scatter(rdma, mem, self.pd, at + 16, n, &mut recv.ext) {
-            Ok(cap) => {
-                recv.cap = cap;
-                Ok(())
-            }
-            Err(RecvFail::Key(k)) => Err(RecvError::Key(index, k)),
-            Err(RecvFail::Fault) => Err(RecvError::Fault(index)),
-        }
+        res
     }
 }
 

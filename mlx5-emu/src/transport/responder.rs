@@ -545,20 +545,34 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
 /// resumed with one (or without a page-fault EQ); other refusals as they
 /// are.
 fn odp_hold(r: &Req<'_, '_, '_>, f: Refused) -> Option<Refused> {
-    use super::odp::{Hold, Side, WqeFault};
+    use super::odp::Hold;
     let hold = match &f {
         Refused::RdmaFault(pf) => r.rdma.rdma_fault(*pf),
-        Refused::Fatal(Fatal::PageFault(w)) => r.rdma.wqe_fault(WqeFault {
-            qpn: r.qp.qpn,
-            wq: r.qp.qpn,
-            wqe_index: *w,
-            ty: mlx5_hw::event::WQE_PF_TYPE_RESP,
-            side: Side::Responder,
-            packet_length: r.pkt.payload.len() as u16,
-        }),
+        Refused::Fatal(Fatal::PageFault(w)) => {
+            r.rdma.wqe_fault(recv_fault(r.qp, *w, r.pkt.payload.len()))
+        }
         _ => return Some(f),
     };
     (hold == Hold::Failed).then_some(f)
+}
+
+/// The page fault of receive WQE `wqe` of `qp`: its SRQ's (type RMP,
+/// naming the SRQ, as Linux's `odp_get_rsc` looks it up) or its own
+/// receive queue's (type RESP, naming the QP).
+fn recv_fault(qp: &Qp, wqe: u16, packet_length: u64) -> super::odp::WqeFault {
+    use mlx5_hw::event::{WQE_PF_TYPE_RESP, WQE_PF_TYPE_RMP};
+    let (wq, ty) = match &qp.srq {
+        Some(s) => (s.srqn, WQE_PF_TYPE_RMP),
+        None => (qp.qpn, WQE_PF_TYPE_RESP),
+    };
+    super::odp::WqeFault {
+        qpn: qp.qpn,
+        wq,
+        wqe_index: wqe,
+        ty,
+        side: super::odp::Side::Responder,
+        packet_length: packet_length as u16,
+    }
 }
 
 /// Whether a packet's payload length fits its place in the message: a
@@ -1275,6 +1289,18 @@ fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &IovaMemory
         Ok(()) => {}
         Err(None) => {
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        Err(Some(Fatal::PageFault(w))) => {
+            // ODP: a datagram has no RNR NAK; it is dropped while the
+            // fault is raised and resolved, and the WQE stays posted for
+            // the next one. A fault resumed with error fails the WQE.
+            let f = recv_fault(qp, w, pkt.payload.len());
+            if rdma.wqe_fault(f) == super::odp::Hold::Failed {
+                fatal(rdma, qp, &mut rq, mem, Fatal::PageFault(w));
+            } else {
+                rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         }
         Err(Some(f)) => {
