@@ -83,9 +83,6 @@ pub const IMR_MTT_ENTRIES: u64 = IMR_MTT_SIZE / ODP_PAGE;
 pub const IMR_SPAN_SHIFT: u32 = 47;
 /// KSM entries of the implicit key.
 pub const IMR_KSM_ENTRIES: u64 = 1 << (IMR_SPAN_SHIFT - IMR_MTT_SHIFT);
-/// KSM entries of the implicit key its CREATE_MKEY carries (on the null
-/// mkey; the command's input stays within what delivery takes).
-const IMR_ZAP_ENTRIES: usize = 1024;
 /// Entries of the page-fault EQ.
 const PF_EQ_NENT: u32 = 1024;
 /// How long the fault thread waits before looking whether to stop.
@@ -612,7 +609,8 @@ impl Pd {
             }),
             ..UmrWr::new(mkey)
         };
-        if let Err(e) = engine.umr.post(&wr) {
+        let enabled = zap_mtt(&engine.umr, mkey, pages).and_then(|()| engine.umr.post(&wr));
+        if let Err(e) = enabled {
             destroy_mkey(ctx, mkey);
             return Err(e);
         }
@@ -651,7 +649,7 @@ impl Pd {
         }
         let engine = Engine::get(ctx)?;
         let null = null_mkey(ctx)?;
-        let mkey = create_implicit_ksm(&self.inner, access, null)?;
+        let mkey = create_implicit_ksm(&self.inner, &engine.umr, access, null)?;
         Ok(OdpMr::publish(
             engine,
             &self.inner,
@@ -691,25 +689,33 @@ fn create_free_mtt(pd: &PdInner, entries: u64) -> Result<u32> {
     Ok(CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8)
 }
 
-/// CREATE_MKEY of the implicit key: KSM over `[0, 2^47)`, 1 GiB entries.
-/// Linux zaps every entry onto the null mkey by UMR (2 MiB of KSM
-/// entries); here the first [`IMR_ZAP_ENTRIES`] go in the command and the
-/// rest stay unwritten, which the device reads as the null mkey (not
-/// present) too.
-fn create_implicit_ksm(pd: &PdInner, acc: u32, null: u32) -> Result<u32> {
+/// Writes every MTT entry of a free key made with room for `entries`
+/// ([`create_free_mtt`]) not present (zero) before it is enabled, as Linux
+/// writes a whole ODP key's translation (`MLX5_IB_UPD_XLT_ZAP`, or the
+/// registration's snapshot of absent pages): what firmware holds in an
+/// entry never written is not defined.
+fn zap_mtt(umr: &UmrEngine, mkey: u32, entries: u64) -> Result<()> {
+    let bytes = entries.next_multiple_of(XLT_ALIGN_ENTRIES) * MTT_ENTRY_BYTES;
+    let zeros =
+        vec![0u8; usize::try_from(bytes).map_err(|_| Error::Invalid("ODP region too large"))?];
+    umr.write_xlt_pointed(mkey, 0, &zeros)
+}
+
+/// The implicit key: KSM over `[0, 2^47)`, 1 GiB entries, as Linux's
+/// `mlx5_ib_alloc_implicit_mr` makes it: a free KSM key (CREATE_MKEY with
+/// room for every entry and none given), every entry zapped onto the null
+/// mkey by UMRs that point at the 2 MiB of entries
+/// (`MLX5_IB_UPD_XLT_ZAP | INDIRECT`: what firmware holds in an entry never
+/// written is not defined), then enabled by UMR.
+fn create_implicit_ksm(pd: &PdInner, umr: &UmrEngine, acc: u32, null: u32) -> Result<u32> {
     let n = IMR_KSM_ENTRIES as usize;
-    let given = IMR_ZAP_ENTRIES;
-    let ksm = mlx5_hw::ifc::ksm::SIZE_BYTES;
-    let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES + given * ksm];
-    for e in inb[create_mkey_in::SIZE_BYTES..].chunks_exact_mut(ksm) {
-        e[4..8].copy_from_slice(&null.to_be_bytes());
-    }
+    let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES];
     {
         let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
-        c.set_opcode(Opcode::CreateMkey.to_raw())
-            .set_translations_octword_actual_size(given as u32);
+        c.set_opcode(Opcode::CreateMkey.to_raw());
         c.memory_key_mkey_entry_mut()
             .set_access_mode_1_0(MKC_ACCESS_MODE_KSM)
+            .set_free(true)
             .set_umr_en(true)
             .set_lr(true)
             .set_lw(acc & access::LOCAL_WRITE != 0)
@@ -724,7 +730,24 @@ fn create_implicit_ksm(pd: &PdInner, acc: u32, null: u32) -> Result<u32> {
             .set_log_page_size(IMR_MTT_SHIFT as u8);
     }
     let out = pd.ctx.hca.cmd().exec(&inb, create_mkey_out::SIZE_BYTES)?;
-    Ok(CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8)
+    let mkey = CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8;
+    let ksm = mlx5_hw::ifc::ksm::SIZE_BYTES;
+    let mut zap = vec![0u8; n * ksm];
+    for e in zap.chunks_exact_mut(ksm) {
+        mlx5_hw::ifc::ksm::KEY.set(e, u64::from(null));
+    }
+    let enabled = umr.write_xlt_pointed(mkey, 0, &zap).and_then(|()| {
+        umr.post(&UmrWr {
+            check: crate::umr::UmrCheck::Free,
+            free: Some(false),
+            ..UmrWr::new(mkey)
+        })
+    });
+    if let Err(e) = enabled {
+        destroy_mkey(&pd.ctx, mkey);
+        return Err(e);
+    }
+    Ok(mkey)
 }
 
 /// QUERY_SPECIAL_CONTEXTS' `null_mkey`.
@@ -918,11 +941,16 @@ impl OdpMrInner {
             }),
             ..UmrWr::new(key)
         };
-        let r = self.engine.umr.post(&wr).and_then(|()| {
-            self.engine
-                .umr
-                .write_xlt(self.mkey, idx, &[u64::from(key), idx << IMR_MTT_SHIFT], 2)
-        });
+        let r = zap_mtt(&self.engine.umr, key, IMR_MTT_ENTRIES)
+            .and_then(|()| self.engine.umr.post(&wr))
+            .and_then(|()| {
+                self.engine.umr.write_xlt(
+                    self.mkey,
+                    idx,
+                    &[u64::from(key), idx << IMR_MTT_SHIFT],
+                    2,
+                )
+            });
         if let Err(e) = r {
             destroy_mkey(ctx, key);
             return Err(e);

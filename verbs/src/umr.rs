@@ -16,12 +16,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mlx5_hw::ifc::{mkc, mkey_seg, wqe_umr_ctrl_seg, Mkc};
+use mlx5_hw::ifc::{mkc, mkey_seg, wqe_data_seg, wqe_umr_ctrl_seg, Mkc, WqeDataSeg};
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::qp::QPC_ST_REG_UMR;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
 use vfio::clock::Deadline;
 use vfio::DmaBuffer;
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::cq::{Cq, WcOpcode, WcStatus};
 use crate::device::{Context, Ctx};
@@ -35,6 +36,11 @@ use crate::{Error, Result};
 /// Most MTT entries a UMR of this driver carries inline (256 bytes of
 /// translation; a larger one re-registers by a new key).
 pub const UMR_INLINE_MTT_MAX: usize = 32;
+
+/// The most translation bytes one pointed UMR writes: the control
+/// segment's 16-bit octoword count, less one 64-byte alignment unit
+/// (`MLX5_MAX_UMR_CHUNK`).
+pub const UMR_XLT_CHUNK: usize = (1 << (16 + 4)) - w::UMR_FLEX_ALIGNMENT;
 
 /// What the UMR checks of the key's state before changing it
 /// (`MLX5_UMR_CHECK_*`).
@@ -254,6 +260,9 @@ const UMR_POLL_PAUSE: Duration = Duration::from_micros(20);
 #[derive(Debug)]
 pub struct UmrEngine {
     q: Mutex<UmrQp>,
+    ctx: Arc<Ctx>,
+    /// The PD's DMA key (`UmrQp::dma_key`).
+    dma_lkey: u32,
     /// Its PD's number: the PD of the mkey cache's free keys.
     pub(crate) pdn: u32,
     /// 6-bit page sizes (`umr_log_entity_size_5`).
@@ -264,8 +273,57 @@ pub struct UmrEngine {
 struct UmrQp {
     qp: Qp,
     cq: Cq,
+    /// The PD's DMA key, through which a UMR reads a translation it
+    /// points at; dropped before the PD.
+    _dma_key: DmaKey,
     _pd: Pd,
     posted: u64,
+}
+
+/// A PA key over the whole IOVA space (`MLX5_MKC_ACCESS_MODE_PA`,
+/// `length64`, local read and write): Linux's `mlx5_ib_get_dma_mr`, the
+/// `local_dma_lkey` of the UMR PD that `mlx5r_umr_update_xlt` points its
+/// translation buffers through.
+#[derive(Debug)]
+struct DmaKey {
+    ctx: Arc<Ctx>,
+    lkey: u32,
+}
+
+impl DmaKey {
+    fn create(ctx: &Arc<Ctx>, pdn: u32) -> Result<Self> {
+        use mlx5_hw::ifc::{create_mkey_in, create_mkey_out, CreateMkeyIn, CreateMkeyOut};
+        let mut inb = vec![0u8; create_mkey_in::SIZE_BYTES];
+        {
+            let mut c = CreateMkeyIn::new_unchecked(&mut inb[..]);
+            c.set_opcode(Opcode::CreateMkey.to_raw());
+            c.memory_key_mkey_entry_mut()
+                .set_access_mode_1_0(w::MKC_ACCESS_MODE_PA)
+                .set_lr(true)
+                .set_lw(true)
+                .set_length64(true)
+                .set_qpn(MKC_QPN_NONE)
+                .set_pd(pdn);
+        }
+        let out = ctx.hca.cmd().exec(&inb, create_mkey_out::SIZE_BYTES)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            lkey: CreateMkeyOut::new_unchecked(&out[..]).mkey_index() << 8,
+        })
+    }
+}
+
+impl Drop for DmaKey {
+    fn drop(&mut self) {
+        use mlx5_hw::ifc::{destroy_mkey_in, destroy_mkey_out, DestroyMkeyIn};
+        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
+        DestroyMkeyIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::DestroyMkey.to_raw())
+            .set_mkey_index(self.lkey >> 8);
+        if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_mkey_out::SIZE_BYTES) {
+            tracing::warn!("DESTROY_MKEY of the UMR DMA key {:#x}: {e}", self.lkey);
+        }
+    }
 }
 
 impl UmrEngine {
@@ -296,11 +354,15 @@ impl UmrEngine {
             .caps()
             .gen2()
             .is_some_and(|g| g.umr_log_entity_size_5());
+        let dma_key = DmaKey::create(ctx, pd.pdn())?;
         Ok(Self {
+            ctx: ctx.clone(),
+            dma_lkey: dma_key.lkey,
             pdn: pd.pdn(),
             q: Mutex::new(UmrQp {
                 qp,
                 cq,
+                _dma_key: dma_key,
                 _pd: pd,
                 posted: 0,
             }),
@@ -359,28 +421,65 @@ impl UmrEngine {
         if mtt.len() > UMR_INLINE_MTT_MAX {
             return Err(Error::Invalid("UMR translation over the inline limit"));
         }
-        let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
-        let q = &mut *g;
-        q.posted += 1;
-        let wr_id = q.posted;
         let mut wqe = [0u8; CTRL_SIZE
             + wqe_umr_ctrl_seg::SIZE_BYTES
             + mkey_seg::SIZE_BYTES
             + 8 * UMR_INLINE_MTT_MAX];
         let n = wr.write_segments(&mut wqe[CTRL_SIZE..], mtt, self.wide);
         if let Some(off) = offset {
-            let c = &mut wqe[CTRL_SIZE..];
-            let flags = wqe_umr_ctrl_seg::FLAGS.get(c) | u64::from(w::UMR_TRANSLATION_OFFSET_EN);
-            wqe_umr_ctrl_seg::FLAGS.set(c, flags);
-            wqe_umr_ctrl_seg::XLT_OFFSET.set(c, off & 0xffff);
-            wqe_umr_ctrl_seg::XLT_OFFSET_47_16.set(c, off >> 16);
+            set_xlt_offset(&mut wqe[CTRL_SIZE..], off);
         }
+        self.commit_wait(wr.mkey, &mut wqe[..CTRL_SIZE + n])
+    }
+
+    /// Writes `xlt` (translation entries, whole octowords) into `mkey`
+    /// from octoword `offset` on, nothing else of the key changing, the
+    /// device reading the entries from a buffer the UMR points at through
+    /// the PD's DMA key (`MLX5_UMR_INLINE` clear), in chunks of at most
+    /// [`UMR_XLT_CHUNK`] bytes: `mlx5r_umr_update_xlt`, for translations
+    /// too large to write inline (the implicit ODP key's 2 MiB of KSM
+    /// entries).
+    pub(crate) fn write_xlt_pointed(&self, mkey: u32, offset: u64, xlt: &[u8]) -> Result<()> {
+        if xlt.len() as u64 % w::UMR_OCTOWORD != 0 {
+            return Err(Error::Invalid("UMR translation not in whole octowords"));
+        }
+        let chunk = xlt.len().min(UMR_XLT_CHUNK);
+        let buf = self.ctx.hca.dma().alloc_buf(chunk.max(1))?;
+        for (i, c) in xlt.chunks(UMR_XLT_CHUNK).enumerate() {
+            buf.write(0, c)?;
+            let mut wqe = [0u8; CTRL_SIZE
+                + wqe_umr_ctrl_seg::SIZE_BYTES
+                + mkey_seg::SIZE_BYTES
+                + wqe_data_seg::SIZE_BYTES];
+            let n = UmrWr::new(mkey).write_segments(&mut wqe[CTRL_SIZE..], &[], self.wide);
+            let seg = &mut wqe[CTRL_SIZE..];
+            let octs = c.len() as u64 / w::UMR_OCTOWORD;
+            wqe_umr_ctrl_seg::XLT_OCTOWORDS.set(seg, octs);
+            set_xlt_offset(seg, offset + (i * UMR_XLT_CHUNK) as u64 / w::UMR_OCTOWORD);
+            let mut d = WqeDataSeg::new_zeroed();
+            d.byte_count.set(c.len() as u32);
+            d.lkey.set(self.dma_lkey);
+            d.addr.set(buf.iova().0);
+            seg[n..n + wqe_data_seg::SIZE_BYTES].copy_from_slice(d.as_bytes());
+            self.commit_wait(mkey, &mut wqe[..CTRL_SIZE + n + wqe_data_seg::SIZE_BYTES])?;
+        }
+        Ok(())
+    }
+
+    /// Commits the UMR WQE `wqe` (control segment first) on `mkey`, rings
+    /// and waits for its completion; a failed one is
+    /// [`Error::WorkCompletion`] and the QP goes back to RTS.
+    fn commit_wait(&self, mkey: u32, wqe: &mut [u8]) -> Result<()> {
+        let mut g = self.q.lock().unwrap_or_else(|p| p.into_inner());
+        let q = &mut *g;
+        q.posted += 1;
+        let wr_id = q.posted;
         let sq = &mut q.qp.sq;
         let pc = sq.pc();
         sq.commit_with_ctrl(
-            &mut wqe[..CTRL_SIZE + n],
+            wqe,
             WqeOpcode::Umr,
-            wr.mkey,
+            mkey,
             crate::wr::send_flags::SIGNALED,
             wr_id,
         )
@@ -391,7 +490,7 @@ impl UmrEngine {
         if wc.status == WcStatus::Success && wc.wr_id == wr_id {
             return Ok(());
         }
-        tracing::warn!(?wc, "UMR of mkey {:#x} failed", wr.mkey);
+        tracing::warn!(?wc, "UMR of mkey {mkey:#x} failed");
         if let Err(e) = recover(&mut q.qp) {
             tracing::warn!("UMR QP recovery: {e}");
         }
@@ -401,6 +500,15 @@ impl UmrEngine {
             vendor_err: wc.vendor_err,
         })
     }
+}
+
+/// Sets a UMR control segment's translation offset (octowords) and
+/// `MLX5_UMR_TRANSLATION_OFFSET_EN`.
+fn set_xlt_offset(c: &mut [u8], off: u64) {
+    let flags = wqe_umr_ctrl_seg::FLAGS.get(c) | u64::from(w::UMR_TRANSLATION_OFFSET_EN);
+    wqe_umr_ctrl_seg::FLAGS.set(c, flags);
+    wqe_umr_ctrl_seg::XLT_OFFSET.set(c, off & 0xffff);
+    wqe_umr_ctrl_seg::XLT_OFFSET_47_16.set(c, off >> 16);
 }
 
 /// RST2INIT, INIT2RTR, RTR2RTS of the UMR QP (`mlx5r_umr_qp_rst2rts`).

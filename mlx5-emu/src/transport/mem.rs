@@ -366,11 +366,13 @@ impl Indirect {
         let size = 1u64 << log;
         while len > 0 {
             let idx = usize::try_from(at >> log).map_err(|_| KeyError::Bounds)?;
-            // An entry never written, or naming the null mkey, is not
-            // present (a page fault on an ODP key; Linux's implicit ODP
-            // parent points every entry without a child at the null mkey).
-            let e = self.entries.get(idx).ok_or(KeyError::NotPresent)?;
-            if e.key == NULL_MKEY || e.key == 0 {
+            // An entry naming the null mkey is not present (a page fault
+            // on an ODP key; Linux's implicit ODP parent points every entry
+            // without a child at the null mkey, writing all of them first).
+            // One never written holds nothing firmware defines: an invalid
+            // key here, so that a driver relying on it is caught.
+            let e = self.entries.get(idx).ok_or(KeyError::Invalid)?;
+            if e.key == NULL_MKEY {
                 return Err(KeyError::NotPresent);
             }
             let within = at & (size - 1);
