@@ -475,6 +475,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_profile_offers_signature_or_crypto_mkeys() {
+        // Not modelled (no BSF, no crypto engine): off in every profile, so
+        // mlx5_ib and libmlx5 refuse signature and crypto mkeys and
+        // rdma-core's tests for them skip (ARCHITECTURE, known gaps).
+        for p in Profile::ALL {
+            let c = p.caps();
+            for f in [
+                cmd_hca_cap::SHO,
+                cmd_hca_cap::SIGERR_CQE,
+                cmd_hca_cap::CRYPTO,
+            ] {
+                assert_eq!(c.get(cap_type::GENERAL, f), 0, "{p:?} {f:?}");
+            }
+        }
+    }
+
+    #[test]
     fn cx4_caps_decode_to_the_trace_values() {
         let c = Profile::ConnectX4Lx.caps();
         assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_QP), 0xe);

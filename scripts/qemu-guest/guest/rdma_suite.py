@@ -16,6 +16,7 @@ pyverbs on what the device answered) is recorded as ERROR with the signal,
 and a new child goes on with the tests after it, so a crash also costs one
 test only.
 """
+import faulthandler
 import os
 import signal
 import subprocess
@@ -49,12 +50,23 @@ def supervise(path, args):
         crashed.add(test_id)
         with open(path, 'a') as f:
             f.write(f'ERROR\t{test_id}\tthe test process died of signal {-rc} '
-                    f'({signal.Signals(-rc).name})\n')
+                    f'({signal.Signals(-rc).name}){crash_frames(path)}\n')
     with open(path) as f:
         ran = sum(1 for line in f if not line.startswith('#'))
     with open(path, 'a') as f:
         f.write(f'# ran {ran} in {time.monotonic() - start:.0f}s\n')
     return rc
+
+
+def crash_frames(path):
+    """Where the worker was when it died: the innermost Python frames
+    faulthandler wrote (most recent first), as one line."""
+    try:
+        with open(path + '.crash') as f:
+            frames = [' '.join(line.split()) for line in f if line.strip().startswith('File ')]
+    except OSError:
+        return ''
+    return ': ' + '; '.join(frames[:4]) if frames else ''
 
 
 if sys.argv[1] != '--worker':
@@ -63,6 +75,9 @@ results_path = sys.argv[2]
 with open(results_path) as f:
     done = {line.split('\t')[1] for line in f if '\t' in line}
 results = open(results_path, 'a', buffering=1)
+# A crash (SIGSEGV in libmlx5 or pyverbs) leaves its Python stack here.
+crash_log = open(results_path + '.crash', 'w')
+faulthandler.enable(file=crash_log)
 sys.argv = [os.path.join(TESTS, 'run_tests.py')] + sys.argv[3:]
 sys.path.insert(0, TESTS)
 from args_parser import parser  # noqa: E402
