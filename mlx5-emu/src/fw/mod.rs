@@ -236,6 +236,7 @@ pub(crate) mod synd {
     pub const QP_BAD_STATE: u32 = 0x0a90_000c;
     pub const QP_BAD_SGID: u32 = 0x0a90_000d;
     pub const QP_BAD_MTU: u32 = 0x0a90_000e;
+    pub const QP_BAD_XRCD: u32 = 0x0a90_000f;
     pub const DCT_BAD_PD: u32 = 0x0a98_0001;
     pub const DCT_BAD_CQ: u32 = 0x0a98_0002;
     pub const DCT_BAD_SRQ: u32 = 0x0a98_0003;

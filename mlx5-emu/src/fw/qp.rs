@@ -74,6 +74,25 @@ impl Firmware {
             .then(|| qpc::USER_INDEX.get(c) as u32)
     }
 
+    /// The transport service `c` asks for, if the function offers it (DC
+    /// initiators with `dct`, XRC with `xrc`, naming an XRC domain).
+    fn qp_service(&self, inner: &Inner, c: &[u8]) -> Result<u8, super::Fail> {
+        let service = qpc::ST.get(c) as u8;
+        if !matches!(
+            service,
+            st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR | st::DCI | st::XRC
+        ) || (service == st::DCI && self.cap(cmd_hca_cap::DCT) == 0)
+            || (service == st::XRC && self.cap(cmd_hca_cap::XRC) == 0)
+        {
+            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_ST));
+        }
+        // An XRC QP (initiator or target) names its domain.
+        if service == st::XRC && !lock(&inner.rdma.xrcds).contains(&(qpc::XRCD.get(c) as u32)) {
+            return Err(fail(CmdStatus::BadResource, synd::QP_BAD_XRCD));
+        }
+        Ok(service)
+    }
+
     pub(super) fn create_qp(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
         sized(
             input,
@@ -83,14 +102,7 @@ impl Firmware {
         )?;
         let c = &input[CTX..CTX + qpc::SIZE_BYTES];
         let r = &inner.rdma;
-        let service = qpc::ST.get(c) as u8;
-        if !matches!(
-            service,
-            st::RC | st::UC | st::UD | st::QP1 | st::REG_UMR | st::DCI
-        ) || (service == st::DCI && self.cap(cmd_hca_cap::DCT) == 0)
-        {
-            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_ST));
-        }
+        let service = self.qp_service(inner, c)?;
         let (log_dci_streams, log_dci_errored) = self.dci_streams(service, c)?;
         // A UMR QP has no PD: its WQEs name the mkey's PD in the mkey
         // context, and Linux's create_kernel_qp leaves the field 0 for it
@@ -190,6 +202,11 @@ impl Firmware {
                 log_dci_errored,
                 cs_req: qpc::CS_REQ.get(c) as u8,
                 cs_res: qpc::CS_RES.get(c) as u8,
+                xrcd: if service == st::XRC {
+                    qpc::XRCD.get(c) as u32
+                } else {
+                    0
+                },
             }),
         );
         drop(t);

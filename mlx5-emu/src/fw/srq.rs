@@ -43,6 +43,9 @@ struct SrqSpec {
     xrcd: u32,
     lwm: u16,
     kind: SrqKind,
+    /// An XRC SRQ's user index for its CQEs (`cqe_version` 1), or
+    /// `Some(u32::MAX)`: the number it gets (`user_index_equal_xrc_srqn`).
+    uidx: Option<u32>,
 }
 
 /// SRQ `n` if `kind` made it; another kind's number is unknown to this
@@ -132,6 +135,7 @@ impl Firmware {
                 xrcd: 0,
                 lwm: srqc::LWM.get(c) as u16,
                 kind: SrqKind::Basic,
+                uidx: None,
             },
         )?;
         let mut out = vec![0u8; create_srq_out::SIZE_BYTES];
@@ -194,6 +198,17 @@ impl Firmware {
                 xrcd,
                 kind: SrqKind::Xrc,
                 lwm: xrc_srqc::LWM.get(c) as u16,
+                uidx: (self
+                    .caps
+                    .get(crate::profile::cap_type::GENERAL, cmd_hca_cap::CQE_VERSION)
+                    == 1)
+                    .then(|| {
+                        if xrc_srqc::USER_INDEX_EQUAL_XRC_SRQN.get(c) != 0 {
+                            u32::MAX
+                        } else {
+                            xrc_srqc::USER_INDEX.get(c) as u32
+                        }
+                    }),
             },
         )?;
         let mut out = vec![0u8; create_xrc_srq_out::SIZE_BYTES];
@@ -251,6 +266,7 @@ impl Firmware {
                 xrcd: 0,
                 lwm: wq::LWM.get(w) as u16,
                 kind: SrqKind::Rmp,
+                uidx: None,
             },
         )?;
         let mut out = vec![0u8; create_rmp_out::SIZE_BYTES];
@@ -275,6 +291,9 @@ impl Firmware {
             return Err(fail(CmdStatus::BadParameter, synd::SRQ_NOT_MAPPED));
         }
         let max = 1u32 << self.cap(cmd_hca_cap::LOG_MAX_SRQ).clamp(1, 24);
+        let xrc_cq = (s.kind == SrqKind::Xrc)
+            .then(|| rlock(&inner.rdma.cqs).get(&s.cqn).cloned())
+            .flatten();
         let mut t = wlock(&inner.rdma.srqs);
         let Some(srqn) = (1..max).find(|n| !t.contains_key(n)) else {
             return Err(fail(CmdStatus::NoResources, synd::SRQ_EXHAUSTED));
@@ -291,6 +310,8 @@ impl Firmware {
                 cqn: s.cqn,
                 xrcd: s.xrcd,
                 kind: s.kind,
+                xrc_cq,
+                cqe_uidx: s.uidx.map(|u| if u == u32::MAX { srqn } else { u }),
                 st: Mutex::new(SrqState {
                     lwm: s.lwm,
                     ..SrqState::default()

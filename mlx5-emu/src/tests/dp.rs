@@ -180,6 +180,18 @@ impl Node {
     }
 
     fn create_qp(&mut self, st: u8, scq: usize, rcq: usize, srqn: Option<u32>) -> Q {
+        self.create_qp_with(st, scq, rcq, srqn, |_| {})
+    }
+
+    /// [`create_qp`](Self::create_qp), `more` setting further QPC fields.
+    fn create_qp_with(
+        &mut self,
+        st: u8,
+        scq: usize,
+        rcq: usize,
+        srqn: Option<u32>,
+        more: impl FnOnce(&mut [u8]),
+    ) -> Q {
         let i = self.qbufs.len();
         let rq_bytes = if srqn.is_some() {
             0
@@ -208,6 +220,7 @@ impl Node {
             qpc::SRQN_RMPN_XRQN.set(x, u64::from(s));
             qpc::USER_INDEX.set(x, u64::from(SRQ_QP_UIDX));
         }
+        more(x);
         for p in 0..npas {
             let at = create_qp_in::SIZE_BYTES + p * 8;
             c[at..at + 8].copy_from_slice(&(iova + p as u64 * 4096).to_be_bytes());
@@ -1543,4 +1556,115 @@ fn cq_resize_refusals_and_the_resize_cqe() {
         1,
         "the RESIZE_CQ CQE took index 0"
     );
+}
+
+/// An XRC SRQ of 16 WQEs (stride 32) at `iova` in domain `xrcd`,
+/// completing on CQ `cq`, with user index `uidx`; its number.
+fn xrc_srq(
+    n: &mut Node,
+    iova: u64,
+    xrcd: u32,
+    cq: usize,
+    uidx: u32,
+) -> (u32, usize, Arc<DmaBuffer>) {
+    use mlx5_hw::ifc::{create_xrc_srq_in, xrc_srqc};
+    let buf = DmaBuffer::new(4096).unwrap();
+    n.d.f.dma_map(Iova(iova), &buf).unwrap();
+    for i in 0..16u16 {
+        buf.write(i as usize * 32 + 2, &((i + 1) % 16).to_be_bytes())
+            .unwrap();
+    }
+    let dbr = n.alloc_dbr();
+    let at_dbr = DBR_IOVA + dbr as u64;
+    let mut c = cmd_in(0x705, 0, create_xrc_srq_in::SIZE_BYTES + 8);
+    let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+    let x = &mut c[at..at + xrc_srqc::SIZE_BYTES];
+    xrc_srqc::LOG_XRC_SRQ_SIZE.set(x, 4);
+    xrc_srqc::LOG_RQ_STRIDE.set(x, 1);
+    xrc_srqc::XRCD.set(x, u64::from(xrcd));
+    xrc_srqc::CQN.set(x, u64::from(n.cq[cq].0));
+    xrc_srqc::PD.set(x, u64::from(n.pd));
+    xrc_srqc::USER_INDEX.set(x, u64::from(uidx));
+    xrc_srqc::DB_RECORD_ADDR_H.set(x, at_dbr >> 32);
+    xrc_srqc::DB_RECORD_ADDR_L.set(x, (at_dbr & 0xffff_ffff) >> 2);
+    c[create_xrc_srq_in::SIZE_BYTES..].copy_from_slice(&iova.to_be_bytes());
+    (be32(&n.d.ok(&c, 16), 8) & 0xff_ffff, dbr, buf)
+}
+
+#[test]
+fn xrc_initiator_sends_into_the_xrc_srq_its_xrceth_names() {
+    const XRC: u8 = mlx5_hw::qp::QPC_ST_XRC;
+    let (_f, mut a, mut b) = pair();
+    a.create_cq();
+    b.create_cq();
+    b.create_cq();
+    let xrcd_of = |n: &mut Node| be32(&n.d.ok(&cmd_in(0x80e, 0, 16), 16), 8) & 0xff_ffff;
+    let (xa, xb, xb2) = (xrcd_of(&mut a), xrcd_of(&mut b), xrcd_of(&mut b));
+    // b: an XRC SRQ completing on CQ 1, and one of another domain.
+    let (srqn, sdbr, sbuf) = xrc_srq(&mut b, SRQ_IOVA, xb, 1, 0x5a5);
+    let (other, _, _) = xrc_srq(&mut b, SRQ_IOVA + 0x10_0000, xb2, 1, 0x5a6);
+    // The target (no send queue; the SRQ in its context is a placeholder,
+    // as Linux's devr->s0) on CQ 0; the initiator on a.
+    let tgt = b.create_qp_with(XRC, 0, 0, Some(other), |x| {
+        qpc::XRCD.set(x, u64::from(xb));
+        qpc::NO_SQ.set(x, 1);
+    });
+    let mut ini = a.create_qp_with(XRC, 0, 0, None, |x| qpc::XRCD.set(x, u64::from(xa)));
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(&ini, gb, tgt.qpn, 5, false);
+    b.connect(&tgt, ga, ini.qpn, 5, false);
+    // XRC SRQ WQE 0: 64 bytes at data offset 0x2000.
+    let mut w = [0u8; 16];
+    w.copy_from_slice(&data_seg(64, b.lkey, DATA_VA + 0x2000));
+    sbuf.write(16, &w).unwrap();
+    b.dbr.write_u32_be(sdbr, 1).unwrap();
+    let xrc_seg = |n: u32| {
+        let mut s = [0u8; 16];
+        s[..4].copy_from_slice(&n.to_be_bytes());
+        s
+    };
+    let msg = fill(&a, 0, 40, 3);
+    let mut segs = xrc_seg(srqn).to_vec();
+    segs.extend_from_slice(&data_seg(40, a.lkey, DATA_VA));
+    a.post_send(&mut ini, 0x0a, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0, "the SEND completes at the initiator");
+    let r = b.poll(1);
+    assert_eq!(opcode(&r), 2, "a receive on the XRC SRQ's CQ");
+    assert_eq!(be32(&r, 0x38) & 0xff_ffff, tgt.qpn, "the target's number");
+    assert_eq!(
+        be32(&r, 0x20) & 0xff_ffff,
+        0x5a5,
+        "the XRC SRQ's user index"
+    );
+    assert_eq!(be32(&r, 0x2c), 40);
+    assert_eq!(read(&b, 0x2000, 40), msg);
+    assert!(
+        b.try_poll(0, Duration::ZERO).is_none(),
+        "nothing on the target's CQ"
+    );
+    // An RDMA WRITE and a READ through the target: memory checked under
+    // the XRC SRQ's PD; no receive taken, nothing on any CQ of b.
+    let d = fill(&a, 0x100, 48, 9);
+    let mut segs = xrc_seg(srqn).to_vec();
+    segs.extend_from_slice(&raddr_seg(DATA_VA + 0x3000, b.lkey));
+    segs.extend_from_slice(&data_seg(48, a.lkey, DATA_VA + 0x100));
+    a.post_send(&mut ini, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0, "WRITE");
+    assert_eq!(read(&b, 0x3000, 48), d);
+    let mut segs = xrc_seg(srqn).to_vec();
+    segs.extend_from_slice(&raddr_seg(DATA_VA + 0x3000, b.lkey));
+    segs.extend_from_slice(&data_seg(48, a.lkey, DATA_VA + 0x200));
+    a.post_send(&mut ini, 0x10, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0, "READ");
+    assert_eq!(read(&a, 0x200, 48), d);
+    assert!(b.try_poll(1, Duration::ZERO).is_none());
+    // An XRCETH naming an SRQ of another domain: Invalid Request NAK,
+    // the initiator's WQE in error (remote invalid request), nothing
+    // received.
+    let mut segs = xrc_seg(other).to_vec();
+    segs.extend_from_slice(&data_seg(40, a.lkey, DATA_VA));
+    a.post_send(&mut ini, 0x0a, 0, &segs, true);
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37]), (13, 0x12), "remote invalid request");
+    assert!(b.try_poll(1, Duration::ZERO).is_none());
 }

@@ -125,6 +125,7 @@ impl Dct {
             // DCT context says.
             cs_req: 0,
             cs_res: self.cs_res,
+            xrcd: 0,
             log_dci_streams: 0,
             log_dci_errored: 0,
         })

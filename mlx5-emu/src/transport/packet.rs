@@ -44,6 +44,8 @@ pub const IMMDT_LEN: usize = 4;
 pub const IETH_LEN: usize = 4;
 /// Datagram extended transport header.
 pub const DETH_LEN: usize = 8;
+/// XRC extended transport header (the XRC SRQ number).
+pub const XRCETH_LEN: usize = 4;
 /// Dynamically Connected extended transport header (the model's DCETH).
 pub const DCETH_LEN: usize = 16;
 /// Invariant CRC.
@@ -62,6 +64,8 @@ pub enum Service {
     Rd,
     /// Unreliable datagram.
     Ud,
+    /// Extended reliable connection (XRC: RC requests naming an XRC SRQ).
+    Xrc,
     /// CNP and vendor ranges.
     Other,
 }
@@ -126,6 +130,9 @@ pub mod svc {
     pub const RD: u8 = 0x40;
     /// UD opcodes.
     pub const UD: u8 = 0x60;
+    /// XRC opcodes (IBA table 38, 101xxxxx): RC's operations; requests
+    /// carry an XRCETH after the BTH, responses do not.
+    pub const XRC: u8 = 0xa0;
     /// DC requests (DCI to DCT): the RC request opcodes in the first
     /// manufacturer-specific range (IBA table 38, 110xxxxx), each with a
     /// DCETH after the BTH. ConnectX's DC wire format is not public; this
@@ -152,6 +159,8 @@ pub struct Layout {
     pub ieth: bool,
     /// DCETH (DC requests).
     pub dceth: bool,
+    /// XRCETH (XRC requests).
+    pub xrceth: bool,
     /// The packet may carry payload.
     pub payload: bool,
 }
@@ -188,10 +197,13 @@ impl Layout {
             imm: false,
             ieth: false,
             dceth: false,
+            xrceth: false,
             payload: false,
         };
         match service {
             svc::RC => {}
+            // Requests carry the XRCETH; responses (0x0d-0x12) are RC's.
+            svc::XRC => l.xrceth = !matches!(o, op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE),
             svc::DC => l.dceth = true,
             svc::UC => {
                 if !matches!(o, 0x00..=0x0b) {
@@ -244,10 +256,10 @@ impl Layout {
             }
             _ => return None,
         }
-        // Responses exist on RC only; atomics, READs and invalidation on
-        // RC and DC.
-        let reliable = service == svc::RC || service == svc::DC;
-        if (service != svc::RC && l.aeth)
+        // Responses exist on RC and XRC only; atomics, READs and
+        // invalidation on RC, XRC and DC.
+        let reliable = service == svc::RC || service == svc::DC || service == svc::XRC;
+        if (service != svc::RC && service != svc::XRC && l.aeth)
             || (!reliable && (l.atomic || o == op::READ_REQUEST || l.ieth))
         {
             return None;
@@ -267,6 +279,7 @@ impl Layout {
             + usize::from(self.imm) * IMMDT_LEN
             + usize::from(self.ieth) * IETH_LEN
             + usize::from(self.dceth) * DCETH_LEN
+            + usize::from(self.xrceth) * XRCETH_LEN
     }
 }
 
@@ -396,6 +409,8 @@ pub struct Headers {
     pub ieth: Option<u32>,
     /// DCETH, for DC requests.
     pub dceth: Option<Dceth>,
+    /// XRCETH, for XRC requests: the XRC SRQ (24 bits).
+    pub xrceth: Option<u32>,
 }
 
 /// A packet that cannot be parsed.
@@ -472,6 +487,10 @@ impl Headers {
         );
         put32(out, 8, u32::from(b.ack_req) << 31 | (b.psn & 0xff_ffff));
         let mut at = BTH_LEN;
+        if l.xrceth {
+            put32(out, at, self.xrceth.unwrap_or_default() & 0xff_ffff);
+            at += XRCETH_LEN;
+        }
         if l.dceth {
             let d = self.dceth.unwrap_or_default();
             put64(out, at, d.dc_key);
@@ -565,6 +584,10 @@ impl Headers {
             ..Headers::default()
         };
         let mut at = BTH_LEN;
+        if l.xrceth {
+            h.xrceth = Some(get32(buf, at) & 0xff_ffff);
+            at += XRCETH_LEN;
+        }
         if l.dceth {
             let w = get32(buf, at + 8);
             h.dceth = Some(Dceth {
@@ -622,6 +645,13 @@ impl Headers {
     }
 }
 
+/// Whether `opcode` is of a reliable connection with responses on the
+/// wire: RC, or XRC (RC's operations and responses, requests naming an
+/// XRC SRQ).
+pub fn rc_like(opcode: u8) -> bool {
+    matches!(opcode & 0xe0, svc::RC | svc::XRC)
+}
+
 /// The service of an opcode.
 pub fn service(opcode: u8) -> Service {
     match opcode & 0xe0 {
@@ -629,6 +659,7 @@ pub fn service(opcode: u8) -> Service {
         svc::UC => Service::Uc,
         svc::RD => Service::Rd,
         svc::UD => Service::Ud,
+        svc::XRC => Service::Xrc,
         _ => Service::Other,
     }
 }
@@ -944,13 +975,14 @@ mod tests {
 
     #[test]
     fn every_opcode_round_trips() {
-        for service in [svc::RC, svc::UC, svc::UD, svc::DC] {
+        for service in [svc::RC, svc::UC, svc::UD, svc::DC, svc::XRC] {
             for o in 0u8..0x20 {
                 let opcode = service | o;
                 let Some(l) = Layout::of(opcode) else {
                     continue;
                 };
                 let h = Headers {
+                    xrceth: l.xrceth.then_some(0x12_3456),
                     dceth: l.dceth.then_some(Dceth {
                         dc_key: 0xdc00_0000_0000_00dc,
                         src_qp: 0xab_cdef,
@@ -1008,6 +1040,29 @@ mod tests {
             PacketError::Opcode(svc::RD)
         );
         assert!(Layout::of(svc::UC | op::FETCH_ADD).is_none());
+        // XRC: RC's operations; requests carry the XRCETH, responses not.
+        for o in [
+            op::SEND_ONLY,
+            op::WRITE_FIRST,
+            op::READ_REQUEST,
+            op::FETCH_ADD,
+        ] {
+            assert!(Layout::of(svc::XRC | o).is_some_and(|l| l.xrceth), "{o:#x}");
+        }
+        for o in [
+            op::ACKNOWLEDGE,
+            op::READ_RESPONSE_MIDDLE,
+            op::ATOMIC_ACKNOWLEDGE,
+        ] {
+            assert!(
+                Layout::of(svc::XRC | o).is_some_and(|l| !l.xrceth),
+                "{o:#x}"
+            );
+        }
+        assert_eq!(
+            Layout::of(svc::XRC | op::SEND_ONLY).map(|l| l.len()),
+            Some(BTH_LEN + XRCETH_LEN)
+        );
         assert!(Layout::of(svc::UD | op::SEND_FIRST).is_none());
     }
 

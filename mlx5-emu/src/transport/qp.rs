@@ -31,7 +31,7 @@ pub(crate) mod state {
 pub(crate) mod st {
     pub use mlx5_hw::qp::{
         QPC_ST_DCI as DCI, QPC_ST_QP1 as QP1, QPC_ST_RC as RC, QPC_ST_REG_UMR as REG_UMR,
-        QPC_ST_UC as UC, QPC_ST_UD as UD,
+        QPC_ST_UC as UC, QPC_ST_UD as UD, QPC_ST_XRC as XRC,
     };
 }
 
@@ -197,6 +197,10 @@ pub(crate) struct Recv {
 /// Responder state, behind `Qp::rq`.
 #[derive(Debug, Default)]
 pub(crate) struct Rq {
+    /// An XRC target's current request: the XRC SRQ its XRCETH named
+    /// (checked against the target's domain), whose WQEs, PD and CQ the
+    /// message uses instead of the QP's.
+    pub xrc: Option<Arc<Srq>>,
     pub qkey: u32,
     pub rre: bool,
     pub rwe: bool,
@@ -271,6 +275,9 @@ pub(crate) struct Qp {
     /// SENDs to the CQE (`mlx5_hw::qp::REQ_SCAT_*`, `RES_SCAT_*`).
     pub cs_req: u8,
     pub cs_res: u8,
+    /// An XRC QP's domain (`qpc.xrcd`): a target takes requests only for
+    /// XRC SRQs of this domain. 0 for other QPs.
+    pub xrcd: u32,
 }
 
 impl Qp {
@@ -278,6 +285,36 @@ impl Qp {
     pub(crate) fn cqe_srqn(&self) -> u32 {
         self.cqe_uidx
             .unwrap_or_else(|| self.srq.as_ref().map_or(0, |s| s.srqn))
+    }
+
+    /// What a receive CQE of the message in `rq` carries in `srqn_uidx`:
+    /// an XRC target's the XRC SRQ's (its user index or number), others'
+    /// [`cqe_srqn`](Self::cqe_srqn).
+    pub(crate) fn recv_srqn(&self, rq: &Rq) -> u32 {
+        match &rq.xrc {
+            Some(s) => s.cqe_uidx.unwrap_or(s.srqn),
+            None => self.cqe_srqn(),
+        }
+    }
+
+    /// The CQ a receive of the message in `rq` completes on: an XRC
+    /// target's the XRC SRQ's, others' the QP's receive CQ.
+    pub(crate) fn recv_cq<'a>(&'a self, rq: &'a Rq) -> &'a Arc<super::cq::Cq> {
+        rq.xrc
+            .as_ref()
+            .and_then(|s| s.xrc_cq.as_ref())
+            .unwrap_or(&self.rcq)
+    }
+
+    /// The SRQ receives of the message in `rq` come from, if any.
+    pub(crate) fn recv_srq<'a>(&'a self, rq: &'a Rq) -> Option<&'a Arc<Srq>> {
+        rq.xrc.as_ref().or(self.srq.as_ref())
+    }
+
+    /// The PD a request of the message in `rq` accesses memory under: an
+    /// XRC target's the XRC SRQ's, others' the QP's.
+    pub(crate) fn access_pd(&self, rq: &Rq) -> u32 {
+        rq.xrc.as_ref().map_or(self.pd, |s| s.pd)
     }
 
     pub(crate) fn state(&self) -> u8 {
@@ -346,6 +383,13 @@ pub(crate) struct Srq {
     /// Which command made it: its destroy, query and modify are that
     /// kind's own.
     pub kind: SrqKind,
+    /// An XRC SRQ's CQ (`xrc_srqc.cqn`): receives through it complete
+    /// there, whichever XRC target took them.
+    pub xrc_cq: Option<Arc<super::cq::Cq>>,
+    /// `xrc_srqc.user_index` where the function reports `cqe_version` 1:
+    /// its receives' CQEs carry it in `srqn_uidx` (libmlx5 finds the SRQ
+    /// by it); None: they carry the SRQ number.
+    pub cqe_uidx: Option<u32>,
     pub st: Mutex<SrqState>,
 }
 
@@ -453,7 +497,7 @@ impl Qp {
         mem: &IovaMemory,
         recv: &mut Recv,
     ) -> Result<(), RecvError> {
-        if let Some(srq) = &self.srq {
+        if let Some(srq) = self.recv_srq(rq) {
             return srq.take(rdma, mem, recv);
         }
         if self.rq_type != rq_type::REGULAR {

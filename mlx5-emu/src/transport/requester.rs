@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
-use mlx5_hw::ifc::{wqe_datagram_seg, WqeDatagramSeg};
+use mlx5_hw::ifc::{wqe_datagram_seg, wqe_xrc_seg, WqeDatagramSeg};
 use mlx5_hw::wqe::{WqeOpcode, INLINE_SEG, WQE_INLINE_SEG_BYTE_COUNT_MASK};
 use vfio::IovaMemory;
 use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
@@ -146,6 +146,8 @@ struct Wqe {
     swap_add: u64,
     compare: u64,
     av: Option<Av>,
+    /// An XRC initiator's WQE: the XRC SRQ it names (`mlx5_wqe_xrc_seg`).
+    xrc_srqn: Option<u32>,
     /// Message length.
     len: u64,
     inline: bool,
@@ -261,7 +263,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         // after the messages before it.
         let target = parsed.as_ref().ok().and_then(|w| dci_target(qp, w, &wqe));
         let same = target.is_some() && sq.dc.conn.map(|c| c.0) == target;
-        let coalesced = (qp.st == qp::st::RC || same)
+        let coalesced = (qp.st == qp::st::RC || qp.st == qp::st::XRC || same)
             && parsed.as_ref().is_ok_and(|w| {
                 matches!(
                     w.opcode,
@@ -407,7 +409,7 @@ fn finish(
             if qp.st == qp::st::DCI {
                 return dci_failed(rdma, qp, sq);
             }
-            if qp.st == qp::st::RC || qp.st == qp::st::REG_UMR {
+            if matches!(qp.st, qp::st::RC | qp::st::XRC | qp::st::REG_UMR) {
                 qp.to_error(rdma);
             } else {
                 qp.set_state(state::SQER);
@@ -668,6 +670,7 @@ fn read_wqe(
         swap_add: 0,
         compare: 0,
         av: None,
+        xrc_srqn: None,
         len: ds as u64 * 16,
         inline: false,
     })
@@ -719,6 +722,15 @@ fn run_wqe(
         w.av = Some(datagram_av(seg));
         at += wqe_datagram_seg::SIZE_BYTES;
     }
+    if qp.st == qp::st::XRC {
+        // The XRC segment after the control segment names the target's
+        // XRC SRQ (its first word's 24 bits).
+        if end < at + wqe_xrc_seg::SIZE_BYTES {
+            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        }
+        w.xrc_srqn = Some(wqe_xrc_seg::XRC_SRQN.get(&buf[at..]) as u32 & 0xff_ffff);
+        at += wqe_xrc_seg::SIZE_BYTES;
+    }
     if matches!(
         w.opcode,
         W::RdmaWrite | W::RdmaWriteImm | W::RdmaRead | W::AtomicCs | W::AtomicFa
@@ -757,7 +769,8 @@ fn run_wqe(
 fn opcode_allowed(st: u8, opcode: WqeOpcode) -> bool {
     use WqeOpcode as W;
     match st {
-        qp::st::RC => matches!(
+        // An XRC initiator sends what an RC QP sends.
+        qp::st::RC | qp::st::XRC => matches!(
             opcode,
             W::Nop
                 | W::Send
@@ -1076,7 +1089,8 @@ fn note(
 ) {
     let h = r.hdr;
     let o = h.bth.opcode & 0x1f;
-    if h.bth.opcode & 0xe0 != svc::RC {
+    // RC's responses, or XRC's (an XRC initiator's: the same operations).
+    if !matches!(h.bth.opcode & 0xe0, svc::RC | svc::XRC) {
         return;
     }
     let psn = h.bth.psn;
@@ -1229,7 +1243,7 @@ fn connected(
     w: &Wqe,
 ) -> Outcome {
     use WqeOpcode as W;
-    let rc = qp.st == qp::st::RC || qp.st == qp::st::DCI;
+    let rc = matches!(qp.st, qp::st::RC | qp::st::DCI | qp::st::XRC);
     if qp.st == qp::st::DCI {
         dci_connect(sq, w);
     }
@@ -1263,6 +1277,7 @@ fn connected(
                 dci: qp.qpn,
                 first_psn,
             });
+        link.xrc = w.xrc_srqn;
         if matches!(w.opcode, W::RdmaRead | W::AtomicCs | W::AtomicFa) {
             send_request(&link, sq, w, rc, &mut ans);
         } else {
@@ -1336,6 +1351,9 @@ struct Link<'a, 'b> {
     span: Span,
     /// A DCI's connection: its packets are DC requests.
     dc: Option<DcLink>,
+    /// An XRC initiator's message: its requests are XRC ones, their
+    /// XRCETH naming this XRC SRQ.
+    xrc: Option<u32>,
 }
 
 impl<'a, 'b> Link<'a, 'b> {
@@ -1373,18 +1391,26 @@ impl<'a, 'b> Link<'a, 'b> {
             ext: &sq.ext,
             span,
             dc: None,
+            xrc: None,
         })
     }
 
     /// Sends one packet; its responses go into `ans`.
     fn send(&self, h: &Headers, payload: Payload<'_>, ans: &mut Answer) {
         let dch;
-        let h = match &self.dc {
-            Some(d) => {
+        let h = match (&self.dc, self.xrc) {
+            (Some(d), _) => {
                 dch = d.decorate(h);
                 &dch
             }
-            None => h,
+            (None, Some(srqn)) => {
+                let mut x = *h;
+                x.bth.opcode = svc::XRC | (h.bth.opcode & 0x1f);
+                x.xrceth = Some(srqn);
+                dch = x;
+                &dch
+            }
+            (None, None) => h,
         };
         let pkt = Packet {
             addr: self.addr,
@@ -1450,7 +1476,8 @@ fn send_data(link: &Link<'_, '_>, sq: &Sq, burst: &Burst<'_>, w: &Wqe, rc: bool,
         }
         _ => None,
     };
-    let train = rc && link.dc.is_none() && w.opcode == W::RdmaWrite && s.npkts > 1;
+    let train =
+        rc && link.dc.is_none() && link.xrc.is_none() && w.opcode == W::RdmaWrite && s.npkts > 1;
     if let Some(src) = whole.filter(|_| train) {
         let t = fabric::Train {
             addr: link.addr,

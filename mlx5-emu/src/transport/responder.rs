@@ -29,7 +29,7 @@ use vfio::IovaMemory;
 use super::cq::{Completion, InlineScatter};
 use super::mem::{self, access, Extent, Hinted, KeyError};
 use super::packet::{self, aeth, op, svc, Aeth, Bth, Headers, Reth, RoceAddr, Service};
-use super::qp::{self, Qp, RecvError, Rq};
+use super::qp::{self, Qp, RecvError, Rq, Srq, SrqKind};
 use super::requester::vendor;
 use super::{rlock, Rdma};
 use crate::fabric::{Packet, Payload};
@@ -102,6 +102,7 @@ fn receive_in(
     let mem = dmem.mem;
     match (packet::service(h.bth.opcode), qp.st) {
         (Service::Rc, qp::st::RC) => rc(rdma, qp, h, pkt, dmem, reply),
+        (Service::Xrc, qp::st::XRC) => rc(rdma, qp, h, pkt, dmem, &mut as_xrc(reply)),
         (Service::Uc, qp::st::UC) => uc(rdma, qp, h, pkt, mem),
         (Service::Ud, qp::st::UD | qp::st::QP1) => ud(rdma, qp, h, pkt, mem),
         _ => drop("service"),
@@ -114,10 +115,35 @@ pub(crate) fn drained(rdma: &Rdma, addr: &RoceAddr, qpn: u32, reply: &mut dyn Fn
     let Some(qp) = rdma.qp(qpn) else {
         return;
     };
-    if qp.st != qp::st::RC {
-        return;
+    match qp.st {
+        qp::st::RC => owed_ack(&qp, addr, reply),
+        qp::st::XRC => owed_ack(&qp, addr, &mut as_xrc(reply)),
+        _ => {}
     }
-    owed_ack(&qp, addr, reply);
+}
+
+/// `reply` for an XRC target: its responses go out with XRC opcodes
+/// (IBA table 38, 101xxxxx; no XRCETH on a response).
+fn as_xrc<'r>(reply: &'r mut dyn FnMut(&Packet<'_>)) -> impl FnMut(&Packet<'_>) + 'r {
+    move |p: &Packet<'_>| {
+        let mut h = *p.hdr;
+        h.bth.opcode = svc::XRC | (h.bth.opcode & 0x1f);
+        reply(&Packet {
+            addr: p.addr,
+            hdr: &h,
+            payload: p.payload,
+        });
+    }
+}
+
+/// The XRC SRQ an XRC request's XRCETH names, if it is one of `qp`'s
+/// domain (IBA 9.8.?: an XRC target serves the XRC SRQs of its domain).
+fn xrc_srq(rdma: &Rdma, qp: &Qp, h: &Headers) -> Option<Arc<Srq>> {
+    let n = h.xrceth?;
+    rlock(&rdma.srqs)
+        .get(&n)
+        .filter(|s| s.kind == SrqKind::Xrc && s.xrcd == qp.xrcd)
+        .cloned()
 }
 
 /// The ACK an RC responder (a QP, or a DCT's connection) holds back, if
@@ -228,7 +254,7 @@ fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory, f: Fatal) -> u8 {
         ),
     };
     if let Some((wqe, synd, v)) = cqe {
-        recv_error(rdma, qp, mem, wqe, synd, v);
+        recv_error(rdma, qp, rq, mem, wqe, synd, v);
     }
     rq.send_on = false;
     rq.write_on = false;
@@ -236,17 +262,17 @@ fn fatal(rdma: &Rdma, qp: &Qp, rq: &mut Rq, mem: &IovaMemory, f: Fatal) -> u8 {
     code
 }
 
-fn recv_error(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, wqe: u16, synd: CqeSyndrome, v: u8) {
+fn recv_error(rdma: &Rdma, qp: &Qp, rq: &Rq, mem: &IovaMemory, wqe: u16, synd: CqeSyndrome, v: u8) {
     let c = Completion {
         opcode: CqeOpcode::RespErr.to_raw(),
         qpn: qp.qpn,
         wqe_counter: wqe,
-        srqn: qp.cqe_srqn(),
+        srqn: qp.recv_srqn(rq),
         error: Some((synd.to_raw(), v)),
         ..Completion::default()
     };
     rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
-    qp.rcq.push(rdma, mem, &c);
+    qp.recv_cq(rq).push(rdma, mem, &c);
 }
 
 fn key_vendor(e: KeyError) -> u8 {
@@ -306,7 +332,7 @@ fn resp_completion(qp: &Qp, rq: &Rq, opcode: CqeOpcode, h: &Headers, src_qp: u32
         byte_cnt: rq.send.off as u32,
         imm: h.imm.or(h.ieth).unwrap_or_default(),
         flags_rqpn: src_qp & 0xff_ffff,
-        srqn: qp.cqe_srqn(),
+        srqn: qp.recv_srqn(rq),
         solicited: h.bth.se,
         ..Completion::default()
     }
@@ -408,6 +434,14 @@ pub(crate) fn rc(
     if !in_sequence(&r, &mut rq, reply) {
         return;
     }
+    if qp.st == qp::st::XRC {
+        // Each request names its XRC SRQ: its WQEs, PD and CQ serve it.
+        rq.xrc = xrc_srq(rdma, qp, h);
+        if rq.xrc.is_none() {
+            tracing::debug!(qpn = qp.qpn, xrceth = ?h.xrceth, "XRC SRQ not of the target's domain");
+            return refuse(&r, &mut rq, Refused::Fatal(Fatal::Invalid), reply);
+        }
+    }
     if rdma.odp.responder_waits(qp.qpn) {
         // A page fault holds the QP until PAGE_FAULT_RESUME: RNR NAK.
         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
@@ -508,7 +542,7 @@ fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), com
 /// packet before it, so no ACK is owed any more.
 fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&Packet<'_>)) {
     let rdma = r.rdma;
-    let f = match odp_hold(r, f) {
+    let f = match odp_hold(r, rq, f) {
         Some(f) => f,
         None => {
             // A page fault outstanding: RNR NAK, nothing consumed.
@@ -544,12 +578,13 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
 /// holds the QP (the packet gets an RNR NAK), the error it became once
 /// resumed with one (or without a page-fault EQ); other refusals as they
 /// are.
-fn odp_hold(r: &Req<'_, '_, '_>, f: Refused) -> Option<Refused> {
+fn odp_hold(r: &Req<'_, '_, '_>, rq: &Rq, f: Refused) -> Option<Refused> {
     use super::odp::Hold;
     let hold = match &f {
         Refused::RdmaFault(pf) => r.rdma.rdma_fault(*pf),
         Refused::Fatal(Fatal::PageFault(w)) => {
-            r.rdma.wqe_fault(recv_fault(r.qp, *w, r.pkt.payload.len()))
+            r.rdma
+                .wqe_fault(recv_fault(r.qp, rq, *w, r.pkt.payload.len()))
         }
         _ => return Some(f),
     };
@@ -559,9 +594,9 @@ fn odp_hold(r: &Req<'_, '_, '_>, f: Refused) -> Option<Refused> {
 /// The page fault of receive WQE `wqe` of `qp`: its SRQ's (type RMP,
 /// naming the SRQ, as Linux's `odp_get_rsc` looks it up) or its own
 /// receive queue's (type RESP, naming the QP).
-fn recv_fault(qp: &Qp, wqe: u16, packet_length: u64) -> super::odp::WqeFault {
+fn recv_fault(qp: &Qp, rq: &Rq, wqe: u16, packet_length: u64) -> super::odp::WqeFault {
     use mlx5_hw::event::{WQE_PF_TYPE_RESP, WQE_PF_TYPE_RMP};
-    let (wq, ty) = match &qp.srq {
+    let (wq, ty) = match qp.recv_srq(rq) {
         Some(s) => (s.srqn, WQE_PF_TYPE_RMP),
         None => (qp.qpn, WQE_PF_TYPE_RESP),
     };
@@ -633,7 +668,8 @@ fn rc_send(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) -> Result<Accepted, Refused>
     if last && matches!(o, op::SEND_LAST_INV | op::SEND_ONLY_INV) {
         // The key to invalidate must allow it (IBA 9.4.1.1.4: else an
         // Invalid Request NAK, REMOTE_INVAL_REQ_ERR at the requester).
-        if !r.h.ieth.is_some_and(|k| invalidate(r.rdma, r.qp, k)) {
+        let pd = r.qp.access_pd(rq);
+        if !r.h.ieth.is_some_and(|k| invalidate(r.rdma, r.qp, pd, k)) {
             return Err(Fatal::Invalid.into());
         }
     }
@@ -661,7 +697,7 @@ fn send_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, o: u8) {
     rdma.counters
         .messages_received
         .fetch_add(1, Ordering::Relaxed);
-    if !qp.rcq.push(rdma, r.dmem.mem, &c) {
+    if !qp.recv_cq(rq).push(rdma, r.dmem.mem, &c) {
         qp.to_error(rdma);
     }
 }
@@ -724,6 +760,7 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
     w.ext.clear();
     w.off = 0;
     w.cap = u64::from(reth.dma_len);
+    let pd = r.qp.access_pd(rq);
     let res = if reth.dma_len == 0 {
         Ok(())
     } else if !bound_ok(r.rdma, &mut rq.rkeys, reth.rkey, r.qp.qpn) {
@@ -732,7 +769,7 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
         r.rdma.resolve_cached(
             reth.rkey,
             &mut rq.rkeys,
-            r.qp.pd,
+            pd,
             access::RW,
             reth.va,
             u64::from(reth.dma_len),
@@ -766,7 +803,7 @@ fn write_complete(r: &Req<'_, '_, '_>, rq: &mut Rq, imm: bool) {
     if imm {
         let mut c = resp_completion(qp, rq, CqeOpcode::RespWrImm, r.h, r.remote);
         c.byte_cnt = rq.write.cap as u32;
-        if !qp.rcq.push(rdma, r.dmem.mem, &c) {
+        if !qp.recv_cq(rq).push(rdma, r.dmem.mem, &c) {
             qp.to_error(rdma);
         }
     }
@@ -828,12 +865,13 @@ fn read_key(
     if reth.dma_len == 0 {
         return Ok(());
     }
+    let pd = r.qp.access_pd(rq);
     let k = r
         .rdma
         .mkey_cached(reth.rkey, &mut rq.rkeys)
         .filter(|k| k.usable_by(r.qp.qpn))
         .ok_or(KeyError::Invalid)?;
-    k.resolve(r.qp.pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
+    k.resolve(pd, access::RR, reth.va, u64::from(reth.dma_len), ext)
 }
 
 /// Sends the read response packets of `total` bytes of `ext`, MTU-sized,
@@ -916,7 +954,7 @@ fn rc_atomic(
         .mkey(a.rkey)
         .filter(|k| k.usable_by(r.qp.qpn))
         .ok_or(KeyError::Invalid)
-        .and_then(|k| k.resolve(r.qp.pd, access::A, a.va, 8, &mut w.ext));
+        .and_then(|k| k.resolve(r.qp.access_pd(rq), access::A, a.va, 8, &mut w.ext));
     let target = w.ext.first().map(|e| e.iova);
     rq.write = w;
     if let Err(e) = res {
@@ -1065,14 +1103,14 @@ fn bound_ok(rdma: &Rdma, cache: &mut super::KeyCache, rkey: u32, qpn: u32) -> bo
 }
 
 /// SEND with Invalidate: frees the IETH's key if it may be invalidated
-/// remotely by this QP (`en_rinval`, this QP's PD, a type-2 window bound
-/// to this QP); whether it was.
-fn invalidate(rdma: &Rdma, qp: &Qp, key: u32) -> bool {
+/// remotely by this QP (`en_rinval`, the request's PD `pd`, a type-2
+/// window bound to this QP); whether it was.
+fn invalidate(rdma: &Rdma, qp: &Qp, pd: u32, key: u32) -> bool {
     let mut t = super::wlock(&rdma.mkeys);
     let Some(k) = t.get_mut(&(key >> 8)) else {
         return false;
     };
-    if k.key != key as u8 || k.pd != qp.pd || !k.en_rinval || !k.usable_by(qp.qpn) {
+    if k.key != key as u8 || k.pd != pd || !k.en_rinval || !k.usable_by(qp.qpn) {
         return false;
     }
     let mut n = (**k).clone();
@@ -1295,7 +1333,7 @@ fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &IovaMemory
             // ODP: a datagram has no RNR NAK; it is dropped while the
             // fault is raised and resolved, and the WQE stays posted for
             // the next one. A fault resumed with error fails the WQE.
-            let f = recv_fault(qp, w, pkt.payload.len());
+            let f = recv_fault(qp, &rq, w, pkt.payload.len());
             if rdma.wqe_fault(f) == super::odp::Hold::Failed {
                 fatal(rdma, qp, &mut rq, mem, Fatal::PageFault(w));
             } else {

@@ -64,7 +64,7 @@ pub use sock::{Addr, LinkSpec};
 
 use crate::fabric::{Packet, Payload, Wire};
 use crate::lock;
-use crate::transport::packet::{self, aeth, op, svc, Headers, PacketError, RoceAddr};
+use crate::transport::packet::{self, aeth, op, Headers, PacketError, RoceAddr};
 use crate::transport::Rdma;
 
 /// Largest frame taken from the wire (bigger ones are counted as giants):
@@ -233,7 +233,7 @@ fn psn_le(a: u32, b: u32) -> bool {
 
 /// Whether a BTH opcode is a response (requester-bound).
 fn is_response(opcode: u8) -> bool {
-    opcode & 0xe0 == svc::RC
+    packet::rc_like(opcode)
         && matches!(
             opcode & 0x1f,
             op::READ_RESPONSE_FIRST..=op::ATOMIC_ACKNOWLEDGE
@@ -387,7 +387,7 @@ impl Link {
             let rc_opcode = packet::is_roce_v2(&f)
                 .then(|| f.get(transport_at(&f)).copied())
                 .flatten()
-                .filter(|o| o & 0xe0 == svc::RC);
+                .filter(|&o| packet::rc_like(o));
             match rc_opcode {
                 Some(o) if is_response(o) => self.send_loss_notice(),
                 Some(_) => self.note_loss(),
@@ -456,11 +456,8 @@ impl Link {
         reply: &mut dyn FnMut(&Packet<'_>),
     ) {
         let b = &pkt.hdr.bth;
-        let until = match b.opcode {
-            o if o == svc::RC | op::READ_REQUEST
-                || o == svc::RC | op::COMPARE_SWAP
-                || o == svc::RC | op::FETCH_ADD =>
-            {
+        let until = match b.opcode & 0x1f {
+            op::READ_REQUEST | op::COMPARE_SWAP | op::FETCH_ADD if packet::rc_like(b.opcode) => {
                 Until::Answer(b.psn)
             }
             _ => Until::Nothing,
@@ -475,7 +472,7 @@ impl Link {
             self.discard_waiting(src, src_qpn);
         }
         self.send_packet(pkt);
-        if b.opcode & 0xe0 == svc::RC {
+        if packet::rc_like(b.opcode) {
             self.collect(src, src_qpn, until, reply);
         }
     }
@@ -670,7 +667,7 @@ impl Link {
         let mem = dst.dma.memory();
         let send = &mut |r: &Packet<'_>| self.send_packet(r);
         crate::transport::responder::receive(&dst, &mem, None, true, None, &pkt, send);
-        if fr.hdrs.bth.ack_req && fr.hdrs.bth.opcode & 0xe0 == svc::RC {
+        if fr.hdrs.bth.ack_req && packet::rc_like(fr.hdrs.bth.opcode) {
             crate::transport::responder::drained(&dst, &fr.addr, fr.hdrs.bth.dest_qp, send);
         }
     }
