@@ -210,6 +210,29 @@ fn write_and_read_through_never_mapped_odp_memory_on_both_sides() {
     post(&mut qa, 3, op, ra.sge(ma.addr() + 0x1800, 8192).unwrap());
     assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
     assert_eq!(before, (ra.stats().page_faults, rb.stats().page_faults));
+    // 256 KiB (64 pages: more MTT entries than one inline UMR holds, so
+    // the fault's translation goes by a UMR pointing at it) from untouched
+    // memory of a into untouched memory of b.
+    let big = pattern(256 << 10, 5);
+    ma.write(0x4_0000, &big);
+    let op = SendOp::RdmaWrite {
+        raddr: mb.addr() + 0xa_0000,
+        rkey: rb.rkey(),
+    };
+    post(
+        &mut qa,
+        4,
+        op,
+        ra.sge(ma.addr() + 0x4_0000, 256 << 10).unwrap(),
+    );
+    let wc = complete(&clock, &mut p.a.cq, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (4, WcStatus::Success),
+        "{wc:?}"
+    );
+    assert_eq!(mb.read(0xa_0000, 256 << 10), big);
+    assert!(rb.stats().pages_faulted >= 3 + 64, "{:?}", rb.stats());
 }
 
 #[test]

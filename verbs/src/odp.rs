@@ -533,7 +533,13 @@ impl Space {
                 }
             })
             .collect();
-        umr.write_xlt(self.mkey, a0, &words, 1)
+        if words.len() <= crate::umr::UMR_INLINE_MTT_MAX {
+            return umr.write_xlt(self.mkey, a0, &words, 1);
+        }
+        // More than one inline UMR holds: one UMR pointing at them all, as
+        // `mlx5r_umr_update_xlt` writes a fault's pages.
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+        umr.write_xlt_pointed(self.mkey, a0 * MTT_ENTRY_BYTES / UMR_OCTOWORD, &bytes)
     }
 }
 
