@@ -136,8 +136,11 @@ impl Firmware {
         } else {
             return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_RQ_TYPE));
         };
+        let no_sq = qpc::NO_SQ.get(c) != 0;
+        // A QP without a send queue rings no doorbell: its UAR is not
+        // read (Linux leaves it 0 for an XRC target).
         let uar = qpc::UAR_PAGE.get(c) as u32;
-        if !self.uars.contains(&uar) {
+        if !no_sq && !self.uars.contains(&uar) {
             return Err(fail(CmdStatus::BadResource, synd::QP_BAD_UAR));
         }
         let max_sz = self.cap(cmd_hca_cap::LOG_MAX_QP_SZ);
@@ -152,7 +155,6 @@ impl Firmware {
         } else {
             0
         };
-        let no_sq = qpc::NO_SQ.get(c) != 0;
         let sq_bytes = if no_sq { 0 } else { 64u64 << log_sq_size };
         let (buf, dbr, umems) = self.qp_memory(inner, input, rq_bytes + sq_bytes)?;
         let mut t = wlock(&r.qps);
@@ -211,7 +213,9 @@ impl Firmware {
         );
         drop(t);
         self.umem_used_by(super::uctx::Kind::Qp, qpn, &umems);
-        r.track_uar(uar, true);
+        if !no_sq {
+            r.track_uar(uar, true);
+        }
         let mut out = vec![0u8; create_qp_out::SIZE_BYTES];
         create_qp_out::QPN.set(&mut out, u64::from(qpn));
         Ok(out)

@@ -1604,10 +1604,13 @@ fn xrc_initiator_sends_into_the_xrc_srq_its_xrceth_names() {
     let (srqn, sdbr, sbuf) = xrc_srq(&mut b, SRQ_IOVA, xb, 1, 0x5a5);
     let (other, _, _) = xrc_srq(&mut b, SRQ_IOVA + 0x10_0000, xb2, 1, 0x5a6);
     // The target (no send queue; the SRQ in its context is a placeholder,
-    // as Linux's devr->s0) on CQ 0; the initiator on a.
+    // as Linux's devr->s0) on CQ 0, as mlx5_ib's create_xrc_tgt_qp makes
+    // it; the initiator on a.
     let tgt = b.create_qp_with(XRC, 0, 0, Some(other), |x| {
         qpc::XRCD.set(x, u64::from(xb));
         qpc::NO_SQ.set(x, 1);
+        // No doorbell: Linux leaves a target's UAR 0.
+        qpc::UAR_PAGE.set(x, 0);
     });
     let mut ini = a.create_qp_with(XRC, 0, 0, None, |x| qpc::XRCD.set(x, u64::from(xa)));
     let (ga, gb) = (a.gid, b.gid);
