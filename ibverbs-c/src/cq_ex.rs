@@ -148,7 +148,10 @@ unsafe fn take_one(cq: *mut ibv_cq_ex) -> c_int {
         // writes whole completions only.
         unsafe { &mut *(cur as *mut Wc).cast::<MaybeUninit<Wc>>() },
     );
-    match v.poll_uninit(slot) {
+    let r = v.poll_uninit(slot);
+    // SAFETY: live, and the lock is held (the caller's contract).
+    unsafe { Cq::polled(p, v, *r.as_ref().unwrap_or(&0)) };
+    match r {
         Ok(0) => libc::ENOENT,
         Ok(_) => {
             let (status, wr_id) = (cur.status as c_int, cur.wr_id);

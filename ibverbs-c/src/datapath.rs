@@ -19,7 +19,7 @@ use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, 
 use crate::abi::*;
 use crate::objects::{ah_of, Cq, Srq};
 use crate::qp::Qp;
-use crate::spin::{SpinGuard, SpinLock};
+use crate::spin::SpinGuard;
 
 /// `IBV_WR_RDMA_WRITE` (`enum ibv_wr_opcode`).
 const IBV_WR_RDMA_WRITE: c_int = 0;
@@ -356,16 +356,34 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     if cq.is_null() | wc.is_null() | (n <= 0) {
         return poll_cq_odd(cq, n);
     }
-    // SAFETY: a CQ this library made (the data path's contract); only its
-    // lock is borrowed (the `ibv_cq_ex` fields are written through raw
-    // pointers by the extended poll and resize).
-    let lock = unsafe { &(*(cq as *const Cq)).cq };
+    let p = cq as *const Cq;
+    // An empty CQ (most polls of a poll-mode program) is told from its
+    // ring without taking the lock.
+    // SAFETY: a CQ this library made (the data path's contract).
+    if !unsafe { Cq::may_have_cqe(p) } {
+        return 0;
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { poll_cq_found(p, n, wc) }
+}
+
+/// `ibv_poll_cq` once the CQ may hold a completion: under its lock. Out
+/// of line, so that an empty poll (its caller) needs no stack frame.
+///
+/// # Safety
+///
+/// `p` is a live CQ of this library; `wc` holds `n > 0` entries.
+#[inline(never)]
+unsafe fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: only its lock is borrowed (the `ibv_cq_ex` fields are
+    // written through raw pointers by the extended poll and resize).
+    let lock = unsafe { &(*p).cq };
     let Some(g) = lock.try_lock() else {
         // SAFETY: forwarded from this function's contract.
-        return unsafe { poll_cq_contended(lock, n, wc) };
+        return unsafe { poll_cq_contended(p, n, wc) };
     };
     // SAFETY: forwarded from this function's contract.
-    unsafe { poll_locked(g, n, wc) }
+    unsafe { poll_locked(p, g, n, wc) }
 }
 
 /// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`.
@@ -374,11 +392,19 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 ///
 /// `wc` holds `n` entries of `ibv_wc`.
 #[inline(always)]
-unsafe fn poll_locked(mut g: SpinGuard<'_, verbs::cq::Cq>, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe fn poll_locked(
+    p: *const Cq,
+    mut g: SpinGuard<'_, verbs::cq::Cq>,
+    n: c_int,
+    wc: *mut ibv_wc,
+) -> c_int {
     // SAFETY: the caller's array holds `n` entries of `ibv_wc`, which
     // `Wc` is laid out as; the poll writes only whole completions into it.
     let out = unsafe { std::slice::from_raw_parts_mut(wc.cast::<MaybeUninit<Wc>>(), n as usize) };
-    match g.poll_uninit(out) {
+    let r = g.poll_uninit(out);
+    // SAFETY: `p` is live and its lock held through `g`.
+    unsafe { Cq::polled(p, &g, *r.as_ref().unwrap_or(&0)) };
+    match r {
         Ok(got) => got as c_int,
         Err(e) => poll_cq_failed(e),
     }
@@ -392,9 +418,11 @@ unsafe fn poll_locked(mut g: SpinGuard<'_, verbs::cq::Cq>, n: c_int, wc: *mut ib
 /// As [`poll_locked`].
 #[cold]
 #[inline(never)]
-unsafe fn poll_cq_contended(lock: &SpinLock<verbs::cq::Cq>, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe fn poll_cq_contended(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: forwarded; only the lock is borrowed.
+    let lock = unsafe { &(*p).cq };
     // SAFETY: forwarded.
-    unsafe { poll_locked(lock.lock(), n, wc) }
+    unsafe { poll_locked(p, lock.lock(), n, wc) }
 }
 
 /// `ibv_poll_cq` once the device failed: -1 with its errno.

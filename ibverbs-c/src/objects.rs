@@ -4,7 +4,7 @@
 //! MR or CQ still uses is `EBUSY`, as in verbs.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -401,6 +401,84 @@ pub(crate) struct Cq {
     /// lock was taken: written and read only under the CQ's lock.
     pub cur: Wc,
     pub cur_biased: bool,
+    /// What `ibv_poll_cq` reads, without the lock, to tell an empty CQ
+    /// (`verbs::cq::CqProbe`): the current ring's probe, one of
+    /// `probes`, which keeps every probe a resize replaced until the CQ
+    /// goes (a poller may still be reading it).
+    pub probe: AtomicPtr<verbs::cq::CqProbe>,
+    // Boxed: `probe` points into them, and a box keeps its place when the
+    // vector grows.
+    #[allow(clippy::vec_box)]
+    pub probes: Mutex<Vec<Box<verbs::cq::CqProbe>>>,
+    /// The consumer index the last poll left, written under the lock.
+    pub probe_ci: AtomicU32,
+    /// The last poll under the lock found nothing: the next one tries the
+    /// lock-free test first (a CQ that just gave completions is polled
+    /// under the lock straight away, paying nothing for the test).
+    pub was_empty: AtomicBool,
+}
+
+impl Cq {
+    /// Whether a poll of the live CQ `p` could find anything (or report a
+    /// failed device), told without its lock: false is an empty CQ. A
+    /// consumer index another thread just moved makes it say true, never
+    /// false (the entry it reads was software's), but for a reader as far
+    /// behind as a whole lap of the ring: a spurious empty poll beside a
+    /// poller on another thread.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live `Cq` of this library.
+    #[inline(always)]
+    pub(crate) unsafe fn may_have_cqe(p: *const Cq) -> bool {
+        // SAFETY: a field of a live CQ (the caller's contract).
+        if !unsafe { (*p).was_empty.load(Ordering::Relaxed) } {
+            return true;
+        }
+        // SAFETY: fields of a live CQ (the caller's contract), borrowed
+        // alone.
+        let at = unsafe { (*p).probe.load(Ordering::Acquire) };
+        // SAFETY: as above.
+        let ci = unsafe { (*p).probe_ci.load(Ordering::Relaxed) };
+        // SAFETY: `probe` points at one of `probes`' boxes, which live as
+        // long as the CQ.
+        let probe = unsafe { &*at };
+        probe.ready_at(ci)
+    }
+
+    /// After a poll under the lock that found `got` completions: the
+    /// consumer index it left, for [`Cq::may_have_cqe`].
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live `Cq` whose lock this thread holds through `v`.
+    #[inline(always)]
+    pub(crate) unsafe fn polled(p: *const Cq, v: &verbs::cq::Cq, got: usize) {
+        // Read only after a poll that found nothing (`was_empty`).
+        if got == 0 {
+            // SAFETY: a field of a live CQ, borrowed alone.
+            unsafe { (*p).probe_ci.store(v.consumer_index(), Ordering::Relaxed) };
+        }
+        // SAFETY: as above.
+        unsafe { (*p).was_empty.store(got == 0, Ordering::Relaxed) };
+    }
+
+    /// After a resize under the lock: the new ring's probe (the old one
+    /// kept) and consumer index.
+    ///
+    /// # Safety
+    ///
+    /// As [`Cq::polled`].
+    pub(crate) unsafe fn resized(p: *const Cq, v: &verbs::cq::Cq) {
+        let b = Box::new(v.probe());
+        let at: *const verbs::cq::CqProbe = &*b;
+        // SAFETY: fields of a live CQ, borrowed alone.
+        lock(unsafe { &(*p).probes }).push(b);
+        // SAFETY: as above.
+        unsafe { (*p).probe.store(at.cast_mut(), Ordering::Release) };
+        // SAFETY: the caller's contract.
+        unsafe { Cq::polled(p, v, 0) };
+    }
 }
 
 /// The `Cq` of a live `ibv_cq`, or `None` (errno EINVAL).
@@ -460,6 +538,9 @@ pub(crate) fn make_cq(
     };
     let cqn = cq.cqn();
     let n = cq.cqe();
+    let probe = Box::new(cq.probe());
+    let probe_at: *const verbs::cq::CqProbe = &*probe;
+    let probe_ci = AtomicU32::new(cq.consumer_index());
     ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
     let p = Box::into_raw(Box::new(Cq {
         c: crate::cq_ex::cq_ex(ibv_cq {
@@ -480,6 +561,10 @@ pub(crate) fn make_cq(
         users: AtomicUsize::new(0),
         cur: Wc::default(),
         cur_biased: false,
+        probe: AtomicPtr::new(probe_at.cast_mut()),
+        probes: Mutex::new(vec![probe]),
+        probe_ci,
+        was_empty: AtomicBool::new(true),
     }));
     if let Some(ch) = ch {
         ch.users.fetch_add(1, Ordering::AcqRel);
@@ -532,7 +617,12 @@ pub extern "C" fn ibv_resize_cq(p: *mut ibv_cq, cqe: c_int) -> c_int {
     // the `ibv_cq` fields stay writable.
     let lock = unsafe { &(*(p as *mut Cq)).cq };
     let mut g = lock.lock();
-    match g.resize(n) {
+    let r = g.resize(n);
+    // The ring may be new even after an error (MODIFY_CQ done, the copy
+    // failed): the lock-free empty test reads the CQ's ring as it is now.
+    // SAFETY: live, and the lock is held through `g`.
+    unsafe { Cq::resized(p as *const Cq, &g) };
+    match r {
         Ok(()) => {
             let size = g.cqe();
             drop(g);

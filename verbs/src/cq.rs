@@ -428,6 +428,17 @@ impl CqRing {
         self.ci
     }
 
+    /// What a poller that does not hold this ring may read to tell it
+    /// empty ([`CqProbe`]); `cmd` tells a failed device.
+    fn probe(&self, cmd: &crate::cmd::Cmd) -> CqProbe {
+        CqProbe {
+            ring: self.ring.clone(),
+            log_size: self.log_size,
+            shift: self.shift,
+            failed: cmd.clone(),
+        }
+    }
+
     /// Whether the next CQE is software-owned ([`next_cqe`](Self::next_cqe)
     /// would return it), without reading it.
     #[inline(always)]
@@ -796,6 +807,35 @@ impl Drop for CqShared {
     }
 }
 
+/// A CQ's ring as a poller that does not hold the CQ may read it: whether
+/// the CQE at a consumer index is there yet, and whether the device
+/// failed. A C library's `ibv_poll_cq` tells an empty CQ with it before
+/// taking the CQ's lock (an empty poll is most polls of a poll-mode
+/// program). It holds the ring's memory, so a resize that replaced the
+/// ring leaves a reader of the old one reading memory still there.
+#[derive(Debug, Clone)]
+pub struct CqProbe {
+    ring: DmaRing<{ c::CQE_SIZE }>,
+    log_size: u8,
+    shift: u8,
+    failed: crate::cmd::Cmd,
+}
+
+impl CqProbe {
+    /// Whether a poll from consumer index `ci` would find a CQE, or the
+    /// device failed (a poll then reports the failure): false means the
+    /// poll would return nothing.
+    #[inline(always)]
+    pub fn ready_at(&self, ci: u32) -> bool {
+        let idx = (ci << self.shift) | u32::from(self.shift);
+        self.ring
+            .entry(idx)
+            .load_u8_acquire(OP_OWN)
+            .is_ok_and(|op_own| c::cqe_is_sw_owned(op_own, ci, self.log_size))
+            || self.failed.is_failed()
+    }
+}
+
 /// A completion queue (`struct ibv_cq`).
 #[derive(Debug)]
 pub struct Cq {
@@ -915,6 +955,18 @@ impl Cq {
     /// ([`crate::raw_eth`]).
     pub(crate) fn ring_mut(&mut self) -> &mut CqRing {
         &mut self.ring
+    }
+
+    /// The consumer index a poll starts from (for [`CqProbe::ready_at`]).
+    #[inline]
+    pub fn consumer_index(&self) -> u32 {
+        self.ring.ci
+    }
+
+    /// The ring as a poller without this CQ may read it ([`CqProbe`]); a
+    /// resize replaces the ring, so take a new probe after one.
+    pub fn probe(&self) -> CqProbe {
+        self.ring.probe(&self.cmd)
     }
 
     /// The CQ number.
