@@ -209,6 +209,7 @@ impl Firmware {
                 } else {
                     0
                 },
+                no_sq,
             }),
         );
         drop(t);

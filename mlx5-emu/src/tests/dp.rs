@@ -1612,6 +1612,9 @@ fn xrc_initiator_sends_into_the_xrc_srq_its_xrceth_names() {
         // No doorbell: Linux leaves a target's UAR 0.
         qpc::UAR_PAGE.set(x, 0);
     });
+    // Linux gives a target no doorbell record (the address it names holds
+    // whatever is there): nothing of it is read as a send counter.
+    b.dbr.write_u32_be(tgt.dbr + 4, 0x1234).unwrap();
     let mut ini = a.create_qp_with(XRC, 0, 0, None, |x| qpc::XRCD.set(x, u64::from(xa)));
     let (ga, gb) = (a.gid, b.gid);
     a.connect(&ini, gb, tgt.qpn, 5, false);

@@ -173,7 +173,13 @@ impl Cq {
             if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
                 st.error = true;
                 drop(st);
-                tracing::warn!(cqn = self.cqn, "CQ overrun");
+                tracing::warn!(
+                    cqn = self.cqn,
+                    qpn = c.qpn,
+                    opcode = c.opcode,
+                    error = ?c.error,
+                    "CQ overrun"
+                );
                 self.cq_error(rdma, CQ_ERROR_OVERRUN);
                 return false;
             }

@@ -126,6 +126,7 @@ impl Dct {
             cs_req: 0,
             cs_res: self.cs_res,
             xrcd: 0,
+            no_sq: false,
             log_dci_streams: 0,
             log_dci_errored: 0,
         })

@@ -278,6 +278,10 @@ pub(crate) struct Qp {
     /// An XRC QP's domain (`qpc.xrcd`): a target takes requests only for
     /// XRC SRQs of this domain. 0 for other QPs.
     pub xrcd: u32,
+    /// `qpc.no_sq`: no send queue (an XRC target): nothing of its doorbell
+    /// record or queue memory is read for sending (Linux gives an XRC
+    /// target no doorbell record).
+    pub no_sq: bool,
 }
 
 impl Qp {

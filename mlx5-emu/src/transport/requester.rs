@@ -183,6 +183,10 @@ fn be64(b: &[u8], at: usize) -> u64 {
 
 /// Runs what a QP's send side has to do; true if it did something.
 pub(crate) fn run(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
+    if qp.no_sq {
+        // No send side (an XRC target).
+        return qp.state() == state::ERR && flush_rq(rdma, qp, mem);
+    }
     match qp.state() {
         state::RTS => execute(rdma, qp, mem),
         state::ERR => {

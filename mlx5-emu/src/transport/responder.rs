@@ -437,6 +437,12 @@ pub(crate) fn rc(
     if qp.st == qp::st::XRC {
         // Each request names its XRC SRQ: its WQEs, PD and CQ serve it.
         rq.xrc = xrc_srq(rdma, qp, h);
+        tracing::trace!(
+            qpn = qp.qpn,
+            xrceth = ?h.xrceth,
+            srq = ?rq.xrc.as_ref().map(|s| (s.srqn, s.cqn, s.xrc_cq.is_some())),
+            "XRC request"
+        );
         if rq.xrc.is_none() {
             tracing::debug!(qpn = qp.qpn, xrceth = ?h.xrceth, "XRC SRQ not of the target's domain");
             return refuse(&r, &mut rq, Refused::Fatal(Fatal::Invalid), reply);
