@@ -18,6 +18,15 @@ if [[ -f "$stamp" ]] && [[ -f "$(cat "$stamp")/tests/run_tests.py" ]]; then
     cat "$stamp"
     exit 0
 fi
+# One fetch at a time: the pyverbs tests call this at once, and two apt
+# runs on one private state (no apt locking) or one download directory
+# undo each other's files. The second finds the first's result.
+exec 9>"$cache/fetch.lock"
+flock 9
+if [[ -f "$stamp" ]] && [[ -f "$(cat "$stamp")/tests/run_tests.py" ]]; then
+    cat "$stamp"
+    exit 0
+fi
 # The Debian mirror this machine's apt already uses (its first URI).
 mirror="$(sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)"
 [[ -n "$mirror" ]] || mirror="$(awk '$1 == "deb" { print $2; exit }' /etc/apt/sources.list 2>/dev/null)"
