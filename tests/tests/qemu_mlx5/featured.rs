@@ -30,6 +30,7 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/perftest_ib_write_bw_dc",
     "cx7/mlx5_ib_dmabuf_mr_takes_rdma_write_and_read",
     "cx7/mlx5_ib_dmabuf_mr_refusals",
+    "cx7/mlx5_ib_resolves_odp_faults_on_srq_wqes",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -139,6 +140,35 @@ fn judge(t: &mut Tally, console: &str, log: &str) {
         );
     }
     judge_dmabuf(t, console, log);
+    judge_odp_srq(t, console, log);
+}
+
+/// `odp_srq.py`: SENDs into SRQ WQEs over never-touched ODP memory land
+/// intact, each in its WQE, after mlx5_ib resolved the model's RMP page
+/// faults (its own per-MR page-fault counter above zero).
+fn judge_odp_srq(t: &mut Tally, console: &str, log: &str) {
+    let lines = tagged(console, "odp_srq ");
+    let has = |s: &str| lines.iter().any(|l| l.starts_with(s));
+    let faults = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("page faults "))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    let ok = lines.first() == Some(&"rc=0")
+        && has("reg ok lkey")
+        && has("send 0 status 0")
+        && has("send 1 status 0")
+        && has("receives ok")
+        && has("data ok")
+        && faults.is_some_and(|n| n > 0)
+        && has("done");
+    t.check(
+        "cx7/mlx5_ib_resolves_odp_faults_on_srq_wqes",
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
+        },
+    );
 }
 
 /// `dmabuf.py`: a udmabuf registered through mlx5_ib (`ibv_reg_dmabuf_mr`)
