@@ -1664,6 +1664,9 @@ fn xrc_initiator_sends_into_the_xrc_srq_its_xrceth_names() {
     assert_eq!(opcode(&a.poll(0)), 0, "READ");
     assert_eq!(read(&a, 0x200, 48), d);
     assert!(b.try_poll(1, Duration::ZERO).is_none());
+    // Every exchange acknowledged as it went (the XRC target's ACKs
+    // reached the initiator): nothing waited for a retry timer.
+    assert_eq!(a.d.f.model().stats().retries, 0);
     // An XRCETH naming an SRQ of another domain: Invalid Request NAK,
     // the initiator's WQE in error (remote invalid request), nothing
     // received.
