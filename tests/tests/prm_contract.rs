@@ -127,11 +127,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "RC messages in flight across the wire before the send queue waits",
     ),
     (
-        "verbs/src/odp.rs",
-        "const IMR_ZAP_ENTRIES: usize",
-        "how many null-mkey KSM entries the driver's implicit-ODP CREATE_MKEY carries: driver policy",
-    ),
-    (
         "verbs/src/uffd.rs",
         "const MSG: usize",
         "the size of Linux's struct uffd_msg (userfaultfd), not a device layout",
