@@ -96,18 +96,6 @@ fn post_recvs(s: &Side, srq: &Srq, from: u32, n: u32) {
     }
 }
 
-fn ah(from: &Side, to: &Side) -> Ah {
-    from.pd
-        .create_ah(&AhAttr {
-            dgid: to.ctx.query_gid(1, 0).unwrap(),
-            sgid_index: 0,
-            hop_limit: 64,
-            port_num: 1,
-            ..AhAttr::default()
-        })
-        .unwrap()
-}
-
 /// An inline SEND tagged `(sender, seq)`, signaled, wr_id `id`.
 fn tagged(id: u64, tag: &[u8; 8]) -> SendWr<'_> {
     SendWr {

@@ -377,16 +377,7 @@ fn sends_into_never_mapped_odp_memory_through_an_srq() {
         sg_list: &[rb.sge(mb.addr() + 0xc_0000, 2048).unwrap()],
     }])
     .unwrap();
-    let ah =
-        p.a.pd
-            .create_ah(&verbs::qp::AhAttr {
-                dgid: p.b.ctx.query_gid(1, 0).unwrap(),
-                sgid_index: 0,
-                hop_limit: 64,
-                port_num: 1,
-                ..Default::default()
-            })
-            .unwrap();
+    let ah = ah(&p.a, &p.b);
     let dropped = stats(&p.fabric, 1).dropped;
     let faults = rb.stats().page_faults;
     let give_up = Instant::now() + HANG_GUARD;

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use verbs::cq::{wc_flags, WcOpcode, WcStatus};
 use verbs::qp::{
-    send_flags as sf, AhAttr, Payload, PostError, QpInitAttr, QpType, RecvWr, SendOp, SendWr,
-    UdDest,
+    send_flags as sf, Payload, PostError, QpInitAttr, QpType, RecvWr, SendOp, SendWr, UdDest,
 };
 use verbs_common::*;
 
@@ -163,16 +162,7 @@ fn ud_send_carries_grh_src_qp_and_qkey() {
         },
     ])
     .unwrap();
-    let ah =
-        p.a.pd
-            .create_ah(&AhAttr {
-                dgid: p.b.ctx.query_gid(1, 0).unwrap(),
-                sgid_index: 0,
-                hop_limit: 64,
-                port_num: 1,
-                ..Default::default()
-            })
-            .unwrap();
+    let ah = ah(&p.a, &p.b);
     let d = fill(&p.a.buf, 0, 1000, 21);
     let s = p.a.mr.sge(0, 1000).unwrap();
     let dest = |qkey| UdDest {

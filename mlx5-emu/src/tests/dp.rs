@@ -1101,7 +1101,7 @@ fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
 
 #[test]
 fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
-    use mlx5_hw::ifc::{create_rmp_in, create_xrc_srq_in, rmpc, wq, xrc_srqc};
+    use mlx5_hw::ifc::{create_rmp_in, rmpc, wq};
     use mlx5_hw::status::CmdStatus;
     let (_f, mut n, _b) = pair();
     let buf = DmaBuffer::new(4096).unwrap();
@@ -1110,20 +1110,7 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
     let cqn = n.cq[cq].0;
     let xrcd = be32(&n.d.ok(&cmd_in(0x80e, 0, 16), 16), 8) & 0xff_ffff;
     let dbr = DBR_IOVA + n.alloc_dbr() as u64;
-    let xrc = |xrcd: u32, cqn: u32, pd: u32| {
-        let mut c = cmd_in(0x705, 0, create_xrc_srq_in::SIZE_BYTES + 8);
-        let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
-        let x = &mut c[at..at + xrc_srqc::SIZE_BYTES];
-        xrc_srqc::LOG_XRC_SRQ_SIZE.set(x, 4);
-        xrc_srqc::LOG_RQ_STRIDE.set(x, 1);
-        xrc_srqc::XRCD.set(x, u64::from(xrcd));
-        xrc_srqc::CQN.set(x, u64::from(cqn));
-        xrc_srqc::PD.set(x, u64::from(pd));
-        xrc_srqc::DB_RECORD_ADDR_H.set(x, dbr >> 32);
-        xrc_srqc::DB_RECORD_ADDR_L.set(x, (dbr & 0xffff_ffff) >> 2);
-        c[create_xrc_srq_in::SIZE_BYTES..].copy_from_slice(&SRQ_IOVA.to_be_bytes());
-        c
-    };
+    let xrc = |xrcd: u32, cqn: u32, pd: u32| create_xrc_srq(xrcd, cqn, pd, dbr, SRQ_IOVA, 0);
     let pd = n.pd;
     // Unknown XRC domain, CQ or PD: bad resource.
     for c in [
@@ -1558,8 +1545,29 @@ fn cq_resize_refusals_and_the_resize_cqe() {
     );
 }
 
-/// An XRC SRQ of 16 WQEs (stride 32) at `iova` in domain `xrcd`,
-/// completing on CQ `cq`, with user index `uidx`; its number.
+/// CREATE_XRC_SRQ of 16 WQEs (stride 32) at `iova`, in domain `xrcd`,
+/// completing on CQ `cqn`, under `pd`, its doorbell record at `dbr`, user
+/// index `uidx`.
+fn create_xrc_srq(xrcd: u32, cqn: u32, pd: u32, dbr: u64, iova: u64, uidx: u32) -> Vec<u8> {
+    use mlx5_hw::ifc::{create_xrc_srq_in, xrc_srqc};
+    let mut c = cmd_in(0x705, 0, create_xrc_srq_in::SIZE_BYTES + 8);
+    let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+    let x = &mut c[at..at + xrc_srqc::SIZE_BYTES];
+    xrc_srqc::LOG_XRC_SRQ_SIZE.set(x, 4);
+    xrc_srqc::LOG_RQ_STRIDE.set(x, 1);
+    xrc_srqc::XRCD.set(x, u64::from(xrcd));
+    xrc_srqc::CQN.set(x, u64::from(cqn));
+    xrc_srqc::PD.set(x, u64::from(pd));
+    xrc_srqc::USER_INDEX.set(x, u64::from(uidx));
+    xrc_srqc::DB_RECORD_ADDR_H.set(x, dbr >> 32);
+    xrc_srqc::DB_RECORD_ADDR_L.set(x, (dbr & 0xffff_ffff) >> 2);
+    c[create_xrc_srq_in::SIZE_BYTES..].copy_from_slice(&iova.to_be_bytes());
+    c
+}
+
+/// An XRC SRQ of 16 WQEs at `iova` (mapped here, its free list linked)
+/// in domain `xrcd`, completing on CQ `cq`, with user index `uidx`: its
+/// number, doorbell record offset and memory.
 fn xrc_srq(
     n: &mut Node,
     iova: u64,
@@ -1567,7 +1575,6 @@ fn xrc_srq(
     cq: usize,
     uidx: u32,
 ) -> (u32, usize, Arc<DmaBuffer>) {
-    use mlx5_hw::ifc::{create_xrc_srq_in, xrc_srqc};
     let buf = DmaBuffer::new(4096).unwrap();
     n.d.f.dma_map(Iova(iova), &buf).unwrap();
     for i in 0..16u16 {
@@ -1575,19 +1582,7 @@ fn xrc_srq(
             .unwrap();
     }
     let dbr = n.alloc_dbr();
-    let at_dbr = DBR_IOVA + dbr as u64;
-    let mut c = cmd_in(0x705, 0, create_xrc_srq_in::SIZE_BYTES + 8);
-    let at = create_xrc_srq_in::XRC_SRQ_CONTEXT_ENTRY.off / 8;
-    let x = &mut c[at..at + xrc_srqc::SIZE_BYTES];
-    xrc_srqc::LOG_XRC_SRQ_SIZE.set(x, 4);
-    xrc_srqc::LOG_RQ_STRIDE.set(x, 1);
-    xrc_srqc::XRCD.set(x, u64::from(xrcd));
-    xrc_srqc::CQN.set(x, u64::from(n.cq[cq].0));
-    xrc_srqc::PD.set(x, u64::from(n.pd));
-    xrc_srqc::USER_INDEX.set(x, u64::from(uidx));
-    xrc_srqc::DB_RECORD_ADDR_H.set(x, at_dbr >> 32);
-    xrc_srqc::DB_RECORD_ADDR_L.set(x, (at_dbr & 0xffff_ffff) >> 2);
-    c[create_xrc_srq_in::SIZE_BYTES..].copy_from_slice(&iova.to_be_bytes());
+    let c = create_xrc_srq(xrcd, n.cq[cq].0, n.pd, DBR_IOVA + dbr as u64, iova, uidx);
     (be32(&n.d.ok(&c, 16), 8) & 0xff_ffff, dbr, buf)
 }
 

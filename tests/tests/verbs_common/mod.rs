@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use mlx5_emu::transport::RETRY_DEADLINE;
 use mlx5_emu::{DeviceConfig, Fabric, Profile};
 use tests::wait::{until, HANG_GUARD};
+use verbs::ah::Ah;
 use verbs::cq::{Cq, Wc};
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
@@ -292,4 +293,17 @@ pub fn post_writes(p: &Pair, qp: &mut Qp, base: u64, n: u64) {
         }])
         .unwrap();
     }
+}
+
+/// An address handle on `from` toward `to`'s port 1, GID 0 (RoCE v2).
+pub fn ah(from: &Side, to: &Side) -> Ah {
+    from.pd
+        .create_ah(&AhAttr {
+            dgid: to.ctx.query_gid(1, 0).unwrap(),
+            sgid_index: 0,
+            hop_limit: 64,
+            port_num: 1,
+            ..AhAttr::default()
+        })
+        .unwrap()
 }
