@@ -10,6 +10,13 @@
 
 /// `arm_rq_in.op_mod`: arm an SRQ's limit (`MLX5_ARM_RQ_IN_OP_MOD_SRQ`).
 pub const ARM_RQ_IN_OP_MOD_SRQ: u16 = 0x1;
+/// `arm_xrc_srq_in.op_mod`: arm an XRC SRQ's limit
+/// (`MLX5_ARM_XRC_SRQ_IN_OP_MOD_XRC_SRQ`).
+pub const ARM_XRC_SRQ_IN_OP_MOD_XRC_SRQ: u16 = 0x1;
+/// `xrc_srqc.state`: good (`MLX5_XRC_SRQC_STATE_GOOD`).
+pub const XRC_SRQC_STATE_GOOD: u8 = 0x0;
+/// `xrc_srqc.state`: in error (`MLX5_XRC_SRQC_STATE_ERROR`).
+pub const XRC_SRQC_STATE_ERROR: u8 = 0x1;
 
 /// `qpc.st`: reliable connection (`MLX5_QPC_ST_RC`).
 pub const QPC_ST_RC: u8 = 0x0;

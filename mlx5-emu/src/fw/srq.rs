@@ -69,6 +69,8 @@ pub(super) fn is_srq(o: Opcode) -> bool {
             | O::ArmRq
             | O::CreateXrcSrq
             | O::DestroyXrcSrq
+            | O::QueryXrcSrq
+            | O::ArmXrcSrq
             | O::CreateRmp
             | O::DestroyRmp
             | O::ModifyRmp
@@ -93,6 +95,8 @@ impl Firmware {
             O::ArmRq => self.arm_rq(inner, input, outlen),
             O::CreateXrcSrq => self.create_xrc_srq(inner, input, outlen),
             O::DestroyXrcSrq => self.destroy_xrc_srq(inner, input, outlen),
+            O::QueryXrcSrq => self.query_xrc_srq(inner, input, outlen),
+            O::ArmXrcSrq => self.arm_xrc_srq(inner, input, outlen),
             O::CreateRmp => self.create_rmp(inner, input, outlen),
             O::DestroyRmp => self.destroy_rmp(inner, input, outlen),
             O::ModifyRmp => self.modify_rmp(inner, input, outlen),
@@ -454,6 +458,75 @@ impl Firmware {
         srqc::WQE_CNT.set(c, u64::from(st.ci));
         srqc::DBR_ADDR.set(c, s.dbr);
         Ok(out)
+    }
+
+    /// QUERY_XRC_SRQ: the context as CREATE_XRC_SRQ gave it, with the
+    /// state, the limit armed and the WQEs consumed (mlx5_ib's
+    /// `query_xrc_srq_cmd`, for `ibv_query_srq` of an XRC SRQ).
+    pub(super) fn query_xrc_srq(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
+        use mlx5_hw::ifc::{query_xrc_srq_in, query_xrc_srq_out};
+        use mlx5_hw::qp::{XRC_SRQC_STATE_ERROR, XRC_SRQC_STATE_GOOD};
+        sized(
+            input,
+            outlen,
+            query_xrc_srq_in::SIZE_BYTES,
+            query_xrc_srq_out::SIZE_BYTES,
+        )?;
+        let n = query_xrc_srq_in::XRC_SRQN.get(input) as u32;
+        let s = srq_of_kind(inner, n, SrqKind::Xrc)?;
+        let mut out = vec![0u8; query_xrc_srq_out::SIZE_BYTES];
+        let at = query_xrc_srq_out::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+        let c = &mut out[at..at + xrc_srqc::SIZE_BYTES];
+        let st = lock(&s.st);
+        let state = if st.error {
+            XRC_SRQC_STATE_ERROR
+        } else {
+            XRC_SRQC_STATE_GOOD
+        };
+        xrc_srqc::STATE.set(c, u64::from(state));
+        xrc_srqc::LOG_XRC_SRQ_SIZE.set(c, u64::from(s.log_size));
+        xrc_srqc::LOG_RQ_STRIDE.set(c, u64::from(s.log_stride));
+        xrc_srqc::XRCD.set(c, u64::from(s.xrcd));
+        xrc_srqc::PAGE_OFFSET.set(c, page_offset_field(s.buf.offset, s.buf.log_page));
+        xrc_srqc::CQN.set(c, u64::from(s.cqn));
+        xrc_srqc::LOG_PAGE_SIZE.set(c, u64::from(s.buf.log_page - 12));
+        xrc_srqc::USER_INDEX.set(c, u64::from(s.cqe_uidx.unwrap_or(0)));
+        xrc_srqc::PD.set(c, u64::from(s.pd));
+        xrc_srqc::LWM.set(c, u64::from(st.lwm));
+        xrc_srqc::WQE_CNT.set(c, u64::from(st.ci));
+        xrc_srqc::DB_RECORD_ADDR_H.set(c, s.dbr >> 32);
+        xrc_srqc::DB_RECORD_ADDR_L.set(c, (s.dbr & 0xffff_ffff) >> 2);
+        Ok(out)
+    }
+
+    /// ARM_XRC_SRQ: the limit event of an XRC SRQ (mlx5_ib's
+    /// `arm_xrc_srq_cmd`, for `ibv_modify_srq(IBV_SRQ_LIMIT)`), as ARM_RQ's.
+    pub(super) fn arm_xrc_srq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {
+        use mlx5_hw::ifc::{arm_xrc_srq_in, arm_xrc_srq_out};
+        sized(
+            input,
+            outlen,
+            arm_xrc_srq_in::SIZE_BYTES,
+            arm_xrc_srq_out::SIZE_BYTES,
+        )?;
+        if arm_xrc_srq_in::OP_MOD.get(input)
+            != u64::from(mlx5_hw::qp::ARM_XRC_SRQ_IN_OP_MOD_XRC_SRQ)
+        {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_UNKNOWN));
+        }
+        let n = arm_xrc_srq_in::XRC_SRQN.get(input) as u32;
+        let s = srq_of_kind(inner, n, SrqKind::Xrc)?;
+        let lwm = arm_xrc_srq_in::LWM.get(input) as u16;
+        if lwm >= 1 << s.log_size {
+            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+        }
+        lock(&s.st).lwm = lwm;
+        Ok(vec![0; arm_xrc_srq_out::SIZE_BYTES])
     }
 
     pub(super) fn arm_rq(&mut self, inner: &Inner, input: &[u8], outlen: usize) -> CmdResult {

@@ -2764,6 +2764,405 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CreateXrcSrqOut<T> {
     }
 }
 
+/// Constants and registry entry of [`QueryXrcSrqIn`] (`struct mlx5_ifc_query_xrc_srq_in_bits`).
+pub mod query_xrc_srq_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `xrc_srqn`: bit 0x48, 0x18 bits.
+    pub const XRC_SRQN: BitField = BitField::new(0x48, 0x18);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_xrc_srq_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "QUERY_XRC_SRQ input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srqn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// QUERY_XRC_SRQ input.
+///
+/// A view of `struct mlx5_ifc_query_xrc_srq_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryXrcSrqIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryXrcSrqIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_xrc_srq_in", query_xrc_srq_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `xrc_srqn`: 24 bits at bit 0x48.
+    pub fn xrc_srqn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryXrcSrqIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `xrc_srqn` (24 bits at bit 0x48).
+    pub fn set_xrc_srqn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`QueryXrcSrqOut`] (`struct mlx5_ifc_query_xrc_srq_out_bits`).
+pub mod query_xrc_srq_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x880;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x110;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Place of `xrc_srq_context_entry`: bit 0x80, 0x200 bits.
+    pub const XRC_SRQ_CONTEXT_ENTRY: BitField = BitField::new(0x80, 0x200);
+    /// Place of `pas`: bit 0x880, 0x0 bits.
+    pub const PAS: BitField = BitField::new(0x880, 0x0);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "query_xrc_srq_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x880,
+        doc: "QUERY_XRC_SRQ output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srq_context_entry", bit_off: 0x80, width: 0x200, ty: FieldType::Layout("xrc_srqc") },
+            FieldInfo { name: "reserved_at_280", bit_off: 0x280, width: 0x600, ty: FieldType::Bits },
+            FieldInfo { name: "pas", bit_off: 0x880, width: 0x0, ty: FieldType::Array { elem_bits: 0x40, count: 0, elem: None } },
+        ],
+    };
+}
+
+/// QUERY_XRC_SRQ output.
+///
+/// A view of `struct mlx5_ifc_query_xrc_srq_out_bits` (2176 bits, 272 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryXrcSrqOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> QueryXrcSrqOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (272 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("query_xrc_srq_out", query_xrc_srq_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+    /// `xrc_srq_context_entry` (`xrc_srqc`, at byte 0x10).
+    pub fn xrc_srq_context_entry(&self) -> XrcSrqc<&[u8]> {
+        XrcSrqc::new_unchecked(sub(self.buf.as_ref(), 0x10, 0x40))
+    }
+    /// `pas[index]`: 64-bit elements from bit 0x880. Elements past the buffer read as zero.
+    pub fn pas(&self, index: usize) -> u64 {
+        get_bits(self.buf.as_ref(), 0x880 + index * 64, 64)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> QueryXrcSrqOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+    /// `xrc_srq_context_entry` (`xrc_srqc`, at byte 0x10), for writing.
+    pub fn xrc_srq_context_entry_mut(&mut self) -> XrcSrqc<&mut [u8]> {
+        XrcSrqc::new_unchecked(sub_mut(self.buf.as_mut(), 0x10, 0x40))
+    }
+    /// Sets `pas[index]`.
+    pub fn set_pas(&mut self, index: usize, value: u64) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x880 + index * 64, 64, value);
+        self
+    }
+}
+
+/// Constants and registry entry of [`ArmXrcSrqIn`] (`struct mlx5_ifc_arm_xrc_srq_in_bits`).
+pub mod arm_xrc_srq_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `xrc_srqn`: bit 0x48, 0x18 bits.
+    pub const XRC_SRQN: BitField = BitField::new(0x48, 0x18);
+    /// Place of `lwm`: bit 0x70, 0x10 bits.
+    pub const LWM: BitField = BitField::new(0x70, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "arm_xrc_srq_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "ARM_XRC_SRQ input.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "xrc_srqn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "lwm", bit_off: 0x70, width: 0x10, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// ARM_XRC_SRQ input.
+///
+/// A view of `struct mlx5_ifc_arm_xrc_srq_in_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArmXrcSrqIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ArmXrcSrqIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("arm_xrc_srq_in", arm_xrc_srq_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `xrc_srqn`: 24 bits at bit 0x48.
+    pub fn xrc_srqn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `lwm`: 16 bits at bit 0x70.
+    pub fn lwm(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x70, 16) as u16
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ArmXrcSrqIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `xrc_srqn` (24 bits at bit 0x48).
+    pub fn set_xrc_srqn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// Sets `lwm` (16 bits at bit 0x70).
+    pub fn set_lwm(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x70, 16, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`ArmXrcSrqOut`] (`struct mlx5_ifc_arm_xrc_srq_out_bits`).
+pub mod arm_xrc_srq_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "arm_xrc_srq_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "ARM_XRC_SRQ output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// ARM_XRC_SRQ output.
+///
+/// A view of `struct mlx5_ifc_arm_xrc_srq_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArmXrcSrqOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> ArmXrcSrqOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("arm_xrc_srq_out", arm_xrc_srq_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ArmXrcSrqOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
+
 /// Constants and registry entry of [`DestroyXrcSrqIn`] (`struct mlx5_ifc_destroy_xrc_srq_in_bits`).
 pub mod destroy_xrc_srq_in {
     use crate::bits::BitField;
