@@ -1101,7 +1101,7 @@ fn q_counter_sets_count_rnr_of_the_qps_bound_to_them() {
 
 #[test]
 fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
-    use mlx5_hw::ifc::{create_rmp_in, rmpc, wq, xrc_srqc};
+    use mlx5_hw::ifc::{create_rmp_in, rmpc, wq};
     use mlx5_hw::status::CmdStatus;
     let (_f, mut n, _b) = pair();
     let buf = DmaBuffer::new(4096).unwrap();
@@ -1122,49 +1122,6 @@ fn xrc_srq_and_rmp_are_srqs_with_their_checks() {
     }
     let xsrqn = be32(&n.d.ok(&xrc(xrcd, cqn, pd), 16), 8) & 0xff_ffff;
     assert_eq!(n.d.f.model().stats().srqs, 1);
-    // QUERY_XRC_SRQ reads the context back; ARM_XRC_SRQ arms its limit
-    // (mlx5_ib's query_xrc_srq_cmd / arm_xrc_srq_cmd).
-    let query_xrc = |n: &mut Node, num: u32| {
-        use mlx5_hw::ifc::{query_xrc_srq_in, query_xrc_srq_out};
-        let mut q = cmd_in(0x707, 0, query_xrc_srq_in::SIZE_BYTES);
-        query_xrc_srq_in::XRC_SRQN.set(&mut q, u64::from(num));
-        let out = n.d.exec(&q, query_xrc_srq_out::SIZE_BYTES);
-        let at = query_xrc_srq_out::XRC_SRQ_CONTEXT_ENTRY.off / 8;
-        (out[0], out[at..at + xrc_srqc::SIZE_BYTES].to_vec())
-    };
-    let arm_xrc = |num: u32, op_mod: u16, lwm: u64| {
-        use mlx5_hw::ifc::arm_xrc_srq_in;
-        let mut c = cmd_in(0x708, op_mod, arm_xrc_srq_in::SIZE_BYTES);
-        arm_xrc_srq_in::XRC_SRQN.set(&mut c, u64::from(num));
-        arm_xrc_srq_in::LWM.set(&mut c, lwm);
-        c
-    };
-    let (st, x) = query_xrc(&mut n, xsrqn);
-    assert_eq!(st, 0);
-    assert_eq!(
-        [
-            xrc_srqc::STATE.get(&x),
-            xrc_srqc::XRCD.get(&x),
-            xrc_srqc::CQN.get(&x),
-            xrc_srqc::PD.get(&x),
-            xrc_srqc::LOG_XRC_SRQ_SIZE.get(&x),
-            xrc_srqc::LWM.get(&x),
-        ],
-        [0, u64::from(xrcd), u64::from(cqn), u64::from(pd), 4, 0]
-    );
-    n.d.ok(&arm_xrc(xsrqn, 1, 3), 16);
-    assert_eq!(xrc_srqc::LWM.get(&query_xrc(&mut n, xsrqn).1), 3);
-    for (c, status) in [
-        (arm_xrc(xsrqn, 0, 3), CmdStatus::BadParameter),
-        (arm_xrc(xsrqn, 1, 16), CmdStatus::BadParameter),
-        (arm_xrc(xsrqn + 9, 1, 3), CmdStatus::BadResource),
-    ] {
-        assert_eq!(n.d.exec(&c, 16)[0], status.to_raw());
-    }
-    assert_eq!(
-        query_xrc(&mut n, xsrqn + 9).0,
-        CmdStatus::BadResource.to_raw()
-    );
     // The domain is busy while its SRQ lives.
     let mut dx = cmd_in(0x80f, 0, 16);
     dx[8..12].copy_from_slice(&xrcd.to_be_bytes());
@@ -1714,4 +1671,63 @@ fn xrc_initiator_sends_into_the_xrc_srq_its_xrceth_names() {
     let e = a.poll(0);
     assert_eq!((opcode(&e), e[0x37]), (13, 0x12), "remote invalid request");
     assert!(b.try_poll(1, Duration::ZERO).is_none());
+}
+
+#[test]
+fn xrc_srq_query_and_arm() {
+    use mlx5_hw::ifc::xrc_srqc;
+    use mlx5_hw::status::CmdStatus;
+    let (_f, mut n, _b) = pair();
+    let buf = DmaBuffer::new(4096).unwrap();
+    n.d.f.dma_map(Iova(SRQ_IOVA), &buf).unwrap();
+    let cq = n.create_cq();
+    let cqn = n.cq[cq].0;
+    let xrcd = be32(&n.d.ok(&cmd_in(0x80e, 0, 16), 16), 8) & 0xff_ffff;
+    let dbr = DBR_IOVA + n.alloc_dbr() as u64;
+    let pd = n.pd;
+    let c = create_xrc_srq(xrcd, cqn, pd, dbr, SRQ_IOVA, 0);
+    let xsrqn = be32(&n.d.ok(&c, 16), 8) & 0xff_ffff;
+    // QUERY_XRC_SRQ reads the context back; ARM_XRC_SRQ arms its limit
+    // (mlx5_ib's query_xrc_srq_cmd / arm_xrc_srq_cmd).
+    let query_xrc = |n: &mut Node, num: u32| {
+        use mlx5_hw::ifc::{query_xrc_srq_in, query_xrc_srq_out};
+        let mut q = cmd_in(0x707, 0, query_xrc_srq_in::SIZE_BYTES);
+        query_xrc_srq_in::XRC_SRQN.set(&mut q, u64::from(num));
+        let out = n.d.exec(&q, query_xrc_srq_out::SIZE_BYTES);
+        let at = query_xrc_srq_out::XRC_SRQ_CONTEXT_ENTRY.off / 8;
+        (out[0], out[at..at + xrc_srqc::SIZE_BYTES].to_vec())
+    };
+    let arm_xrc = |num: u32, op_mod: u16, lwm: u64| {
+        use mlx5_hw::ifc::arm_xrc_srq_in;
+        let mut c = cmd_in(0x708, op_mod, arm_xrc_srq_in::SIZE_BYTES);
+        arm_xrc_srq_in::XRC_SRQN.set(&mut c, u64::from(num));
+        arm_xrc_srq_in::LWM.set(&mut c, lwm);
+        c
+    };
+    let (st, x) = query_xrc(&mut n, xsrqn);
+    assert_eq!(st, 0);
+    assert_eq!(
+        [
+            xrc_srqc::STATE.get(&x),
+            xrc_srqc::XRCD.get(&x),
+            xrc_srqc::CQN.get(&x),
+            xrc_srqc::PD.get(&x),
+            xrc_srqc::LOG_XRC_SRQ_SIZE.get(&x),
+            xrc_srqc::LWM.get(&x),
+        ],
+        [0, u64::from(xrcd), u64::from(cqn), u64::from(pd), 4, 0]
+    );
+    n.d.ok(&arm_xrc(xsrqn, 1, 3), 16);
+    assert_eq!(xrc_srqc::LWM.get(&query_xrc(&mut n, xsrqn).1), 3);
+    for (c, status) in [
+        (arm_xrc(xsrqn, 0, 3), CmdStatus::BadParameter),
+        (arm_xrc(xsrqn, 1, 16), CmdStatus::BadParameter),
+        (arm_xrc(xsrqn + 9, 1, 3), CmdStatus::BadResource),
+    ] {
+        assert_eq!(n.d.exec(&c, 16)[0], status.to_raw());
+    }
+    assert_eq!(
+        query_xrc(&mut n, xsrqn + 9).0,
+        CmdStatus::BadResource.to_raw()
+    );
 }
