@@ -29,15 +29,16 @@ import os
 import struct
 import sys
 
-from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 import pyverbs.enums as e
 from pyverbs.mr import MR, DmaBufMR
 from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsError
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.wr import SGE, SendWR
+
+from guest_rc import connect_rc
 
 SIZE = 64 << 10
 # _IOW('u', 0x42, struct udmabuf_create { u32 memfd, flags; u64 offset, size; })
@@ -82,21 +83,7 @@ class Side:
         self.gid = self.ctx.query_gid(1, gid_index)
 
     def connect(self, peer):
-        attr = QPAttr(port_num=1)
-        attr.qp_access_flags = ACCESS
-        attr.path_mtu = e.IBV_MTU_1024
-        attr.dest_qp_num = peer.qp.qp_num
-        attr.rq_psn = 0
-        attr.sq_psn = 0
-        attr.max_dest_rd_atomic = 4
-        attr.max_rd_atomic = 4
-        attr.min_rnr_timer = 12
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        gr = GlobalRoute(dgid=peer.gid, sgid_index=self.gid_index)
-        attr.ah_attr = AHAttr(port_num=1, is_global=1, gr=gr, dlid=0)
-        self.qp.to_rts(attr)
+        connect_rc(self.qp, peer.qp.qp_num, peer.gid, self.gid_index, ACCESS)
 
     def rdma(self, opcode, mr, length, rkey, raddr):
         wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(mr.buf, length, mr.lkey)])

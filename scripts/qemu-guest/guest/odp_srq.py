@@ -28,16 +28,17 @@ import mmap
 import subprocess
 import sys
 
-from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 import pyverbs.enums as e
 from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.pyverbs_error import PyverbsError
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
+
+from guest_rc import connect_rc
 
 SIZE = 1 << 20
 ACCESS = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
@@ -63,24 +64,6 @@ def poll(cq, n):
         if len(out) == n:
             break
     return out
-
-
-def connect(qp, peer_qpn, peer_gid, gid_index):
-    attr = QPAttr(port_num=1)
-    attr.qp_access_flags = ACCESS
-    attr.path_mtu = e.IBV_MTU_1024
-    attr.dest_qp_num = peer_qpn
-    attr.rq_psn = 0
-    attr.sq_psn = 0
-    attr.max_dest_rd_atomic = 4
-    attr.max_rd_atomic = 4
-    attr.min_rnr_timer = 1
-    attr.timeout = 14
-    attr.retry_cnt = 7
-    attr.rnr_retry = 7
-    gr = GlobalRoute(dgid=peer_gid, sgid_index=gid_index)
-    attr.ah_attr = AHAttr(port_num=1, is_global=1, gr=gr, dlid=0)
-    qp.to_rts(attr)
 
 
 def mr_page_faults(dev):
@@ -118,8 +101,8 @@ def main():
     receivers = [QP(pb, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=qb, rcq=qb, srq=srq, cap=cap))
                  for _ in RECVS]
     for s, r in zip(senders, receivers):
-        connect(s, r.qp_num, gb, gid_index)
-        connect(r, s.qp_num, ga, gid_index)
+        connect_rc(s, r.qp_num, gb, gid_index, ACCESS, min_rnr_timer=1)
+        connect_rc(r, s.qp_num, ga, gid_index, ACCESS, min_rnr_timer=1)
     # Anonymous memory never touched: no page of it is present when the
     # region is registered, nor when the SENDs arrive.
     mem = mmap.mmap(-1, SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
