@@ -50,9 +50,9 @@ use std::time::Duration;
 
 use mlx5_hw::event::{self as ev, EventType, PageFaultSubtype};
 use mlx5_hw::ifc::{
-    create_mkey_in, create_mkey_out, destroy_mkey_in, destroy_mkey_out, page_fault_resume_in,
-    page_fault_resume_out, query_special_contexts_out, trans_page_fault_info, CreateMkeyIn,
-    CreateMkeyOut, DestroyMkeyIn, EqePageFaultRdma, EqePageFaultWqe,
+    create_mkey_in, create_mkey_out, page_fault_resume_in, page_fault_resume_out,
+    query_special_contexts_out, trans_page_fault_info, CreateMkeyIn, CreateMkeyOut,
+    EqePageFaultRdma, EqePageFaultWqe,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe::{
@@ -105,6 +105,9 @@ pub mod advice {
 pub struct OdpStats {
     /// Page-fault events handled (`page_faults`).
     pub page_faults: u64,
+    /// Of those, the ones resolved and resumed without error (mlx5_ib's
+    /// `page_faults_handled`): the device has taken the access up again.
+    pub faults_handled: u64,
     /// Pages mapped by faults.
     pub pages_faulted: u64,
     /// Faults that could not be resolved (resumed with an error).
@@ -124,6 +127,7 @@ pub struct OdpStats {
 #[derive(Debug, Default)]
 struct Counters {
     page_faults: AtomicU64,
+    faults_handled: AtomicU64,
     pages_faulted: AtomicU64,
     fault_errors: AtomicU64,
     invalidations: AtomicU64,
@@ -138,6 +142,7 @@ impl Counters {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         OdpStats {
             page_faults: g(&self.page_faults),
+            faults_handled: g(&self.faults_handled),
             pages_faulted: g(&self.pages_faulted),
             fault_errors: g(&self.fault_errors),
             invalidations: g(&self.invalidations),
@@ -355,9 +360,11 @@ fn handle_fault(ctx: &Arc<Ctx>, sub: u8, data: &[u8; ev::EQE_DATA_SIZE]) {
             return;
         }
     };
+    let mut touched = Vec::new();
     let ok = ranges.and_then(|rs| {
         for r in rs {
             if let Some(mr) = ctx.odp.mr(r.key) {
+                touched.push(mr.clone());
                 mr.counters.page_faults.fetch_add(1, Ordering::Relaxed);
                 ctx.odp.total.page_faults.fetch_add(1, Ordering::Relaxed);
                 let n = mr.map_range(r.va, r.len, MapWhy::Fault)?;
@@ -375,8 +382,15 @@ fn handle_fault(ctx: &Arc<Ctx>, sub: u8, data: &[u8; ev::EQE_DATA_SIZE]) {
             true
         }
     };
-    if let Err(e) = resume(ctx, token, ty, wq, error) {
-        tracing::warn!("PAGE_FAULT_RESUME of token {token:#x}: {e}");
+    match resume(ctx, token, ty, wq, error) {
+        Err(e) => tracing::warn!("PAGE_FAULT_RESUME of token {token:#x}: {e}"),
+        Ok(()) if !error => {
+            for mr in &touched {
+                mr.counters.faults_handled.fetch_add(1, Ordering::Relaxed);
+            }
+            ctx.odp.total.faults_handled.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(()) => {}
     }
 }
 
@@ -768,11 +782,7 @@ fn null_mkey(ctx: &Ctx) -> Result<u32> {
 }
 
 fn destroy_mkey(ctx: &Ctx, mkey: u32) {
-    let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-    DestroyMkeyIn::new_unchecked(&mut inb[..])
-        .set_opcode(Opcode::DestroyMkey.to_raw())
-        .set_mkey_index(mkey >> 8);
-    if let Err(e) = ctx.hca.cmd().exec(&inb, destroy_mkey_out::SIZE_BYTES) {
+    if let Err(e) = crate::mr::destroy_mkey(ctx, mkey) {
         tracing::warn!("DESTROY_MKEY {mkey:#x}: {e}");
     }
 }
