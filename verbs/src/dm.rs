@@ -35,11 +35,11 @@
 
 use std::sync::Arc;
 
+use mlx5_hw::ifc::DeallocMemicIn;
 use mlx5_hw::ifc::{alloc_memic_in, alloc_memic_out, dealloc_memic_in, dealloc_memic_out};
-use mlx5_hw::ifc::{create_mkey_in, create_mkey_out, destroy_mkey_in, destroy_mkey_out};
+use mlx5_hw::ifc::{create_mkey_in, create_mkey_out};
 use mlx5_hw::ifc::{modify_memic_in, modify_memic_out, ModifyMemicIn, ModifyMemicOut};
 use mlx5_hw::ifc::{AllocMemicIn, AllocMemicOut, CreateMkeyIn, CreateMkeyOut};
-use mlx5_hw::ifc::{DeallocMemicIn, DestroyMkeyIn};
 use mlx5_hw::init::{
     MEMIC_OP_ATOMIC_INCREMENT, MEMIC_OP_ATOMIC_TEST_AND_SET, MODIFY_MEMIC_OP_MOD_ALLOC,
     MODIFY_MEMIC_OP_MOD_DEALLOC,
@@ -436,16 +436,7 @@ impl DmMr {
     }
 
     fn destroy_mkey(&self) -> Result<()> {
-        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-        DestroyMkeyIn::new_unchecked(&mut inb[..])
-            .set_opcode(Opcode::DestroyMkey.to_raw())
-            .set_mkey_index(self.mkey >> 8);
-        self.pd
-            .ctx
-            .hca
-            .cmd()
-            .exec(&inb, destroy_mkey_out::SIZE_BYTES)
-            .map(drop)
+        crate::mr::destroy_mkey(&self.pd.ctx, self.mkey)
     }
 }
 

@@ -30,9 +30,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mlx5_hw::ifc::{
-    create_mkey_out, destroy_mkey_in, destroy_mkey_out, mkc, mkey_seg, wqe_data_seg,
-    wqe_umr_ctrl_seg, wqe_umr_repeat_block_seg as rb, wqe_umr_repeat_ent_seg as re, CreateMkeyIn,
-    CreateMkeyOut, DestroyMkeyIn,
+    create_mkey_out, mkc, mkey_seg, wqe_data_seg, wqe_umr_ctrl_seg, wqe_umr_repeat_block_seg as rb,
+    wqe_umr_repeat_ent_seg as re, CreateMkeyIn, CreateMkeyOut,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe as w;
@@ -190,15 +189,7 @@ impl DvMkey {
 }
 
 fn destroy(pd: &PdInner, lkey: u32) -> Result<()> {
-    let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-    DestroyMkeyIn::new_unchecked(&mut inb[..])
-        .set_opcode(Opcode::DestroyMkey.to_raw())
-        .set_mkey_index(lkey >> 8);
-    pd.ctx
-        .hca
-        .cmd()
-        .exec(&inb, destroy_mkey_out::SIZE_BYTES)
-        .map(|_| ())
+    crate::mr::destroy_mkey(&pd.ctx, lkey)
 }
 
 impl Drop for DvMkey {

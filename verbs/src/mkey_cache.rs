@@ -30,10 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mlx5_hw::ifc::{
-    create_mkey_in, create_mkey_out, destroy_mkey_in, destroy_mkey_out, CreateMkeyIn,
-    CreateMkeyOut, DestroyMkeyIn,
-};
+use mlx5_hw::ifc::{create_mkey_in, create_mkey_out, CreateMkeyIn, CreateMkeyOut};
 use mlx5_hw::opcode::Opcode;
 
 use crate::device::{Context, Ctx};
@@ -162,11 +159,7 @@ impl MkeyCache {
     }
 
     fn destroy(&self, mkey: u32) -> Result<()> {
-        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-        DestroyMkeyIn::new_unchecked(&mut inb[..])
-            .set_opcode(Opcode::DestroyMkey.to_raw())
-            .set_mkey_index(mkey >> 8);
-        match self.ctx.hca.cmd().exec(&inb, destroy_mkey_out::SIZE_BYTES) {
+        match crate::mr::destroy_mkey(&self.ctx, mkey) {
             Ok(_) => {
                 self.destroyed.fetch_add(1, Ordering::Relaxed);
                 Ok(())

@@ -377,6 +377,19 @@ impl Pd {
 }
 
 /// Verbs' rules for access flags (`ibv_reg_mr`'s EINVAL cases).
+/// DESTROY_MKEY of `key` (any mkey this context made: MR, window, mlx5dv
+/// or ODP key, the UMR engine's PA key).
+pub(crate) fn destroy_mkey(ctx: &Ctx, key: u32) -> Result<()> {
+    let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
+    DestroyMkeyIn::new_unchecked(&mut inb[..])
+        .set_opcode(Opcode::DestroyMkey.to_raw())
+        .set_mkey_index(key >> 8);
+    ctx.hca
+        .cmd()
+        .exec(&inb, destroy_mkey_out::SIZE_BYTES)
+        .map(drop)
+}
+
 pub(crate) fn check_access(a: u32) -> Result<()> {
     use access::*;
     if a & !SUPPORTED != 0 {
@@ -603,15 +616,7 @@ impl MrInner {
             }
             return r;
         }
-        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-        DestroyMkeyIn::new_unchecked(&mut inb[..])
-            .set_opcode(Opcode::DestroyMkey.to_raw())
-            .set_mkey_index(self.mkey >> 8);
-        let r = ctx
-            .hca
-            .cmd()
-            .exec(&inb, destroy_mkey_out::SIZE_BYTES)
-            .map(|_| ());
+        let r = destroy_mkey(ctx, self.mkey);
         if r.is_err() && ctx.hca.health_failure().is_none() {
             // The device may still hold the key: keep the memory mapped
             // (leaked) rather than let it reach memory that was given back.

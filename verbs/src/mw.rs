@@ -15,8 +15,7 @@
 use std::sync::Arc;
 
 use mlx5_hw::ifc::{
-    create_mkey_out, destroy_mkey_in, destroy_mkey_out, klm, mkc, mkey_seg, wqe_umr_ctrl_seg,
-    CreateMkeyIn, CreateMkeyOut, DestroyMkeyIn,
+    create_mkey_out, klm, mkc, mkey_seg, wqe_umr_ctrl_seg, CreateMkeyIn, CreateMkeyOut,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::wqe::{self as w, WqeOpcode};
@@ -151,17 +150,7 @@ impl Mw {
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-        DestroyMkeyIn::new_unchecked(&mut inb[..])
-            .set_opcode(Opcode::DestroyMkey.to_raw())
-            .set_mkey_index(self.rkey >> 8);
-        if let Err(e) = self
-            .pd
-            .ctx
-            .hca
-            .cmd()
-            .exec(&inb, destroy_mkey_out::SIZE_BYTES)
-        {
+        if let Err(e) = crate::mr::destroy_mkey(&self.pd.ctx, self.rkey) {
             tracing::warn!("DESTROY_MKEY of MW {:#x}: {e}", self.rkey);
         }
     }

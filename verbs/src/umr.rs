@@ -315,12 +315,7 @@ impl DmaKey {
 
 impl Drop for DmaKey {
     fn drop(&mut self) {
-        use mlx5_hw::ifc::{destroy_mkey_in, destroy_mkey_out, DestroyMkeyIn};
-        let mut inb = [0u8; destroy_mkey_in::SIZE_BYTES];
-        DestroyMkeyIn::new_unchecked(&mut inb[..])
-            .set_opcode(Opcode::DestroyMkey.to_raw())
-            .set_mkey_index(self.lkey >> 8);
-        if let Err(e) = self.ctx.hca.cmd().exec(&inb, destroy_mkey_out::SIZE_BYTES) {
+        if let Err(e) = crate::mr::destroy_mkey(&self.ctx, self.lkey) {
             tracing::warn!("DESTROY_MKEY of the UMR DMA key {:#x}: {e}", self.lkey);
         }
     }

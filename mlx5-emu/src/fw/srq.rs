@@ -58,6 +58,16 @@ fn srq_of_kind(inner: &Inner, n: u32, kind: SrqKind) -> Result<Arc<Srq>, Fail> {
         .ok_or_else(|| fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN))
 }
 
+/// ARM_RQ / ARM_XRC_SRQ: the limit event fires once when fewer than
+/// `lwm` WQEs remain; a limit of the queue's size or more is refused.
+fn arm_limit(s: &Srq, lwm: u16) -> Result<(), Fail> {
+    if lwm >= 1 << s.log_size {
+        return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
+    }
+    lock(&s.st).lwm = lwm;
+    Ok(())
+}
+
 /// The SRQ family's commands: SRQs, XRC SRQs, RMPs and ARM_RQ.
 pub(super) fn is_srq(o: Opcode) -> bool {
     use Opcode as O;
@@ -521,11 +531,7 @@ impl Firmware {
         }
         let n = arm_xrc_srq_in::XRC_SRQN.get(input) as u32;
         let s = srq_of_kind(inner, n, SrqKind::Xrc)?;
-        let lwm = arm_xrc_srq_in::LWM.get(input) as u16;
-        if lwm >= 1 << s.log_size {
-            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
-        }
-        lock(&s.st).lwm = lwm;
+        arm_limit(&s, arm_xrc_srq_in::LWM.get(input) as u16)?;
         Ok(vec![0; arm_xrc_srq_out::SIZE_BYTES])
     }
 
@@ -538,11 +544,7 @@ impl Firmware {
         let Some(s) = rlock(&inner.rdma.srqs).get(&srqn).cloned() else {
             return Err(fail(CmdStatus::BadResource, synd::SRQ_UNKNOWN));
         };
-        let lwm = arm_rq_in::LWM.get(input) as u16;
-        if lwm >= 1 << s.log_size {
-            return Err(fail(CmdStatus::BadParameter, synd::SRQ_BAD_SIZE));
-        }
-        lock(&s.st).lwm = lwm;
+        arm_limit(&s, arm_rq_in::LWM.get(input) as u16)?;
         Ok(vec![0; 0x10])
     }
 }
