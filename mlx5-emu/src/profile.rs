@@ -387,6 +387,11 @@ impl CapPages {
         // mlx5e then always inlines a tagged frame's L2 headers with the
         // tag, MLX5E_SQ_STATE_VLAN_NEED_L2_INLINE).
         self.set_both(ETHERNET_OFFLOADS, eth_cap::WQE_VLAN_INSERT, 1);
+        // Enhanced multi-packet send WQEs (ConnectX-5 and later; 14.12 of
+        // the trace offers the legacy MPW only): mlx5e sends linear SKBs
+        // without inline headers through them by default
+        // (`mlx5e_tx_mpwqe_supported`), DPDK's mlx5 PMD its eMPW bursts.
+        self.set_both(ETHERNET_OFFLOADS, eth_cap::ENHANCED_MULTI_PKT_SEND_WQE, 1);
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the

@@ -181,6 +181,19 @@ pub const ETH_WQE_INSERT_VLAN: u16 = 1 << 15;
 /// rather than a C-VLAN (802.1Q) (`MLX5_ETH_WQE_SVLAN`).
 pub const ETH_WQE_SVLAN: u16 = 1 << 0;
 
+/// Ethernet offload caps' `wqe_inline_mode`: every send WQE inlines its
+/// L2 headers (`MLX5_CAP_INLINE_MODE_L2`, Linux's `vport.h`).
+pub const CAP_INLINE_MODE_L2: u8 = 0;
+/// `wqe_inline_mode`: the NIC vport context's `min_wqe_inline_mode` says
+/// what (`MLX5_CAP_INLINE_MODE_VPORT_CONTEXT`).
+pub const CAP_INLINE_MODE_VPORT_CONTEXT: u8 = 1;
+/// `wqe_inline_mode`: nothing need be inline
+/// (`MLX5_CAP_INLINE_MODE_NOT_REQUIRED`).
+pub const CAP_INLINE_MODE_NOT_REQUIRED: u8 = 2;
+/// `nic_vport_context.min_wqe_inline_mode`: no headers need be inline
+/// (`MLX5_INLINE_MODE_NONE`, Linux's `device.h`).
+pub const INLINE_MODE_NONE: u8 = 0;
+
 /// Inline header bytes an Ethernet send carries at least under the L2
 /// inline mode: the Ethernet header (`MLX5E_MIN_INLINE`, `ETH_HLEN`).
 pub const MIN_INLINE: usize = 14;

@@ -494,16 +494,25 @@ impl Hca {
     }
 
     fn nic_vport_guids(&self) -> Result<(u64, u64, u64)> {
+        let out = self.query_nic_vport_context()?;
+        let o = QueryNicVportContextOut::new_unchecked(&out[..]);
+        let c = o.nic_vport_context();
+        Ok((c.node_guid(), c.system_image_guid(), c.port_guid()))
+    }
+
+    /// QUERY_NIC_VPORT_CONTEXT of the function's own vport: the whole
+    /// output, its length checked (read it through
+    /// `QueryNicVportContextOut`).
+    pub(crate) fn query_nic_vport_context(&self) -> Result<Vec<u8>> {
         let mut inb = [0u8; query_nic_vport_context_in::SIZE_BYTES];
         QueryNicVportContextIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::QueryNicVportContext.to_raw());
         let out = self
             .cmd
             .exec(&inb, query_nic_vport_context_out::SIZE_BYTES)?;
-        let o = QueryNicVportContextOut::new_checked(&out[..])
+        QueryNicVportContextOut::new_checked(&out[..])
             .map_err(bad(Opcode::QueryNicVportContext))?;
-        let c = o.nic_vport_context();
-        Ok((c.node_guid(), c.system_image_guid(), c.port_guid()))
+        Ok(out)
     }
 
     /// ACCESS_REG: reads (or writes, if `write`) register `reg_id` with

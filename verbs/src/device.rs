@@ -631,16 +631,8 @@ impl Context {
 }
 
 fn query_mac(hca: &Hca) -> Result<[u8; 6]> {
-    let mut inb = [0u8; query_nic_vport_context_in::SIZE_BYTES];
-    QueryNicVportContextIn::new_unchecked(&mut inb[..])
-        .set_opcode(Opcode::QueryNicVportContext.to_raw());
-    let out = hca
-        .cmd()
-        .exec(&inb, query_nic_vport_context_out::SIZE_BYTES)?;
-    let o = QueryNicVportContextOut::new_checked(&out[..]).map_err(|_| Error::BadOutput {
-        opcode: Opcode::QueryNicVportContext,
-        what: "short outbox",
-    })?;
+    let out = hca.query_nic_vport_context()?;
+    let o = QueryNicVportContextOut::new_unchecked(&out[..]);
     let c = o.nic_vport_context();
     let a = c.permanent_address();
     let hi = a.mac_addr_47_32().to_be_bytes();

@@ -10,6 +10,10 @@
 //! the payload where it lies: no copy of the payload), asks for one
 //! completion at the burst's end, and rings one doorbell;
 //! [`RawPacketQp::poll_tx`] frees the ring from those completions.
+//! Where the device offers enhanced multi-packet send WQEs and wants no
+//! headers inline, [`RawPacketQp::tx_burst_empw`] sends whole frames many
+//! to a WQE (16 bytes of WQE per frame by pointer, DPDK's eMPW and
+//! mlx5e's TX MPWQE), small ones copied into it.
 //! [`RawPacketQp::post_rx`] posts receive buffers (one data segment each)
 //! with one doorbell-record update, and [`RawPacketQp::rx_burst`] turns
 //! receive CQEs into [`RxPkt`]s: length, the RQ slot, checksums good, L3
@@ -21,9 +25,10 @@ use std::sync::Arc;
 
 use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
 use mlx5_hw::eth::{
-    CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
-    CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_ADDRS_LEN,
-    ETH_P_8021Q, ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST,
+    CAP_INLINE_MODE_NOT_REQUIRED, CAP_INLINE_MODE_VPORT_CONTEXT, CQE_L3_HDR_TYPE_IPV4,
+    CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK, CQE_L4_HDR_TYPE_SHIFT,
+    CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_ADDRS_LEN, ETH_P_8021Q, ETH_WQE_L3_CSUM,
+    ETH_WQE_L4_CSUM, INLINE_MODE_NONE, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST,
     TIRC_DISP_TYPE_DIRECT, VLAN_HLEN, WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
@@ -32,6 +37,7 @@ use mlx5_hw::ifc::{
     destroy_rq_in, destroy_sq_in, destroy_tir_in, destroy_tis_in, err_cqe,
     general_obj_in_cmd_hdr as hdr, modify_rq_in, modify_sq_in, rqc, sqc, tirc, tisc, wq,
     wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg, PerProtocolNetworkingOffloadCaps,
+    QueryNicVportContextOut,
 };
 use mlx5_hw::opcode::Opcode;
 use mlx5_hw::uar::BF_OFFSET;
@@ -64,6 +70,13 @@ pub const MAX_INLINE_HEADERS: usize =
         + INLINE_START;
 /// Header bytes inside the Ethernet segment itself.
 const INLINE_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
+/// Largest frame [`TxFrame::Inline`] copies into an eMPW WQE (DPDK's
+/// default `txq_inline_mpw` is 268 bytes with its 4-byte segment head).
+pub const MAX_EMPW_INLINE: usize = 256;
+/// Data segments an eMPW WQE holds at most besides its control and
+/// Ethernet segments: its `ds` count is six bits (63), and no WQE is
+/// longer than `MLX5_SEND_WQE_MAX_WQEBBS` blocks (64 segments).
+const EMPW_MAX_DS: usize = 0x3f;
 /// Headers that fit a one-block WQE: the two in the Ethernet segment and
 /// one 16-byte unit after it (mlx5e's usual 18: Ethernet with a VLAN tag).
 pub const ONE_BLOCK_INLINE_HEADERS: usize = INLINE_START + 16;
@@ -119,6 +132,18 @@ pub struct TxPkt<'a> {
     /// without inline headers, which this path does not make). An
     /// Ethernet header with its tag fits a one-block WQE.
     pub vlan: Option<u16>,
+}
+
+/// One frame of an enhanced multi-packet burst
+/// ([`RawPacketQp::tx_burst_empw`]): the whole frame, headers and all, at
+/// least an Ethernet header.
+#[derive(Debug, Clone, Copy)]
+pub enum TxFrame<'a> {
+    /// Read where it lies, through its key (no copy).
+    Ref(Sge),
+    /// Copied into the WQE (at most [`MAX_EMPW_INLINE`] bytes): the device
+    /// reads it with the WQE, no read of its own.
+    Inline(&'a [u8]),
 }
 
 /// One received packet, from its CQE.
@@ -184,6 +209,9 @@ pub struct RawPacketQp {
     sq_last: u16,
     /// Per block: where the WQE that starts there ends (for completions).
     ends: Vec<u16>,
+    /// Segments an eMPW WQE may hold (0: the device offers none, or
+    /// wants headers inline: [`Context::empw_offered`]).
+    empw_ds: usize,
 }
 
 pub(crate) fn cmd(op: Opcode, len: usize) -> Vec<u8> {
@@ -213,6 +241,10 @@ impl Context {
                 "raw packet QP: VLAN stripping (no vlan_cap)",
             ));
         }
+        let empw_ds = match self.empw_offered()? {
+            true => EMPW_MAX_DS.min(usize::from(self.ctx.hca.caps().gen().max_wqe_sz_sq()) / 16),
+            false => 0,
+        };
         let c = self.ctx.clone();
         let dma = c.hca.dma();
         let sq = dma.alloc_buf(BB << cap.log_sq_bbs)?;
@@ -250,6 +282,7 @@ impl Context {
             sq_ci: 0,
             sq_last: 0,
             ends: vec![0; 1 << cap.log_sq_bbs],
+            empw_ds,
         };
         // On an error, Drop destroys what was made.
         qp.make_objects(pd.pdn())?;
@@ -288,6 +321,34 @@ impl Context {
         }
         let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
         Ok(PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]).vlan_cap())
+    }
+
+    /// Whether sends may use enhanced multi-packet WQEs, whose frames carry
+    /// no inline headers: the device offers them
+    /// (`enhanced_multi_pkt_send_wqe`, as mlx5e's
+    /// `mlx5e_tx_mpwqe_supported`) and needs no headers inline (the caps'
+    /// `wqe_inline_mode` not required, or deferring to the NIC vport
+    /// context whose `min_wqe_inline_mode` is none: Linux's
+    /// `mlx5_query_min_inline`; mlx5e sends by MPWQE only with no inline
+    /// headers). Queried when asked, not at bring-up.
+    pub(crate) fn empw_offered(&self) -> Result<bool> {
+        if !self.ctx.hca.caps().gen().eth_net_offloads() {
+            return Ok(false);
+        }
+        let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
+        let caps = PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]);
+        if !caps.enhanced_multi_pkt_send_wqe() {
+            return Ok(false);
+        }
+        Ok(match caps.wqe_inline_mode() {
+            CAP_INLINE_MODE_NOT_REQUIRED => true,
+            CAP_INLINE_MODE_VPORT_CONTEXT => {
+                let out = self.ctx.hca.query_nic_vport_context()?;
+                let o = QueryNicVportContextOut::new_unchecked(&out[..]);
+                o.nic_vport_context().min_wqe_inline_mode() == INLINE_MODE_NONE
+            }
+            _ => false,
+        })
     }
 }
 
@@ -441,6 +502,116 @@ impl RawPacketQp {
             self.ring_sq();
         }
         sent
+    }
+
+    /// Sends as many of `frames` as the ring has room for in enhanced
+    /// multi-packet WQEs (ENHANCED_MPSW): each WQE a control and an
+    /// Ethernet segment (`csum`: the IPv4 and TCP/UDP checksums of every
+    /// frame filled in by the device) and then one segment per frame, a
+    /// data segment pointing at it ([`TxFrame::Ref`], 16 bytes) or the
+    /// frame copied in after a 4-byte head ([`TxFrame::Inline`]); up to
+    /// the device's largest WQE each; the last WQE asks for a completion;
+    /// one doorbell. Returns how many were posted; a frame shorter than an
+    /// Ethernet header or an inline one longer than [`MAX_EMPW_INLINE`] ends
+    /// the burst there. Refused where the device offers no eMPW or wants
+    /// headers inline ([`Context::empw_offered`]): use [`Self::tx_burst`].
+    pub fn tx_burst_empw(&mut self, frames: &[TxFrame<'_>], csum: bool) -> Result<usize> {
+        if self.empw_ds == 0 {
+            return Err(Error::NotSupported(
+                "eMPW: no enhanced_multi_pkt_send_wqe, or headers must be inline",
+            ));
+        }
+        let cs = if csum {
+            ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM
+        } else {
+            0
+        };
+        let eth = [u64::from_ne_bytes([0, 0, 0, 0, cs, 0, 0, 0]), 0];
+        let mut sent = 0;
+        let mut bad = false;
+        while sent < frames.len() && !bad {
+            // Segments this WQE may take: the device's largest WQE, or the
+            // ring's free blocks.
+            let max = self.empw_ds.min(usize::from(self.sq_room()) * 4);
+            let start = self.sq_pc;
+            let mut ds = 2;
+            let mut k = sent;
+            for f in &frames[sent..] {
+                let need = match *f {
+                    TxFrame::Ref(s) if s.length as usize >= MIN_INLINE => 1,
+                    TxFrame::Inline(b) if (MIN_INLINE..=MAX_EMPW_INLINE).contains(&b.len()) => {
+                        (4 + b.len()).div_ceil(16)
+                    }
+                    _ => {
+                        bad = true;
+                        break;
+                    }
+                };
+                if ds + need > max {
+                    break;
+                }
+                match *f {
+                    TxFrame::Ref(s) => self.store_seg(
+                        start,
+                        ds,
+                        [
+                            (u64::from(s.length) << 32 | u64::from(s.lkey)).to_be(),
+                            s.addr.to_be(),
+                        ],
+                    ),
+                    TxFrame::Inline(b) => self.store_inline(start, ds, b),
+                }
+                ds += need;
+                k += 1;
+            }
+            if k == sent {
+                break;
+            }
+            self.store_seg(
+                start,
+                0,
+                [self.ctrl_word(start, ds, WqeOpcode::EnhancedMpsw), 0],
+            );
+            self.store_seg(start, 1, eth);
+            self.advance(ds.div_ceil(4) as u16);
+            sent = k;
+        }
+        if sent > 0 {
+            let fm = u64::from_ne_bytes([0, 0, 0, w::WQE_CTRL_CQ_UPDATE, 0, 0, 0, 0]);
+            self.sq_ring
+                .store_words_at::<8, 1>(u32::from(self.sq_last), &[fm]);
+            self.ring_sq();
+        }
+        Ok(sent)
+    }
+
+    /// Stores 16-byte segment `i` of the WQE starting at block `start`.
+    #[inline(always)]
+    fn store_seg(&self, start: u16, i: usize, words: [u64; 2]) {
+        let idx = u32::from(start).wrapping_add((i / 4) as u32);
+        match i % 4 {
+            0 => self.sq_ring.store_words_at::<0, 2>(idx, &words),
+            1 => self.sq_ring.store_words_at::<16, 2>(idx, &words),
+            2 => self.sq_ring.store_words_at::<32, 2>(idx, &words),
+            _ => self.sq_ring.store_words_at::<48, 2>(idx, &words),
+        }
+    }
+
+    /// Stores an inline data segment carrying `frame` from segment `i` of
+    /// the WQE at `start` on: `byte_count` with `MLX5_INLINE_SEG`, the bytes,
+    /// zeros to the next 16.
+    fn store_inline(&self, start: u16, i: usize, frame: &[u8]) {
+        let head = (frame.len() as u32 | w::INLINE_SEG).to_be_bytes();
+        let mut bytes = head.iter().chain(frame).copied();
+        for n in 0..(4 + frame.len()).div_ceil(16) {
+            let mut chunk = [0u8; 16];
+            for (c, b) in chunk.iter_mut().zip(&mut bytes) {
+                *c = b;
+            }
+            let (a, b) = chunk.split_at(8);
+            let word = |x: &[u8]| u64::from_ne_bytes(x.try_into().unwrap_or_default());
+            self.store_seg(start, i + n, [word(a), word(b)]);
+        }
     }
 
     /// The control segment's first word: opcode, index, SQ number, size.

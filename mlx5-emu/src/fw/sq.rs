@@ -116,6 +116,10 @@ impl Firmware {
                     .caps
                     .get(cap_type::ETHERNET_OFFLOADS, eth_cap::WQE_VLAN_INSERT)
                     != 0,
+                empw: self.caps.get(
+                    cap_type::ETHERNET_OFFLOADS,
+                    eth_cap::ENHANCED_MULTI_PKT_SEND_WQE,
+                ) != 0,
                 ring: Mutex::new(Ring::default()),
             }),
         );

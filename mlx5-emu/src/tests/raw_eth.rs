@@ -639,3 +639,143 @@ fn ipv4_csum_ok(h: &[u8]) -> bool {
     }
     sum == 0xffff
 }
+
+/// A data segment of `len` bytes at `DATA + off` under `lkey`.
+fn dseg(len: usize, lkey: u32, off: u64) -> [u8; 16] {
+    let mut d = [0u8; 16];
+    wqe_data_seg::BYTE_COUNT.set(&mut d, len as u64);
+    wqe_data_seg::LKEY.set(&mut d, u64::from(lkey));
+    wqe_data_seg::ADDR.set(&mut d, RING_IOVA + DATA + off);
+    d
+}
+
+/// An inline data segment carrying `frame` (`byte_count` with
+/// `INLINE_SEG`, the bytes after it, padded to 16 bytes).
+fn inline_seg(frame: &[u8]) -> Vec<u8> {
+    let bc = frame.len() as u32 | mlx5_hw::wqe::INLINE_SEG;
+    let mut s = bc.to_be_bytes().to_vec();
+    s.extend_from_slice(frame);
+    s.resize((4 + frame.len()).next_multiple_of(16), 0);
+    s
+}
+
+/// On two cabled functions of `p`: B's RQ behind a UDP port-1000 rule
+/// with 16 buffers, A's SQ ready and an eMPW WQE posted there with the
+/// Ethernet segment `eth` (checksums asked) then `segs(A's lkey)`. A's CQE
+/// for it, and B.
+fn empw_on(
+    p: Profile,
+    eth: &[u8],
+    segs: impl FnOnce(&mut Eth, u32) -> Vec<u8>,
+) -> (Vec<u8>, Eth, u32, Fabric) {
+    let (fab, mut a, mut b) = pair_on(p);
+    let blkey = b.rw_mkey();
+    let rq = b.ready_rq(0);
+    b.post_recv(0, blkey, 16);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let mut s = eth.to_vec();
+    wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+    s.extend(segs(&mut a, alkey));
+    let op = mlx5_hw::wqe::WqeOpcode::EnhancedMpsw.to_raw();
+    a.post(sqn, 0, op, &s, true);
+    (a.cqe(0), b, rq, fab)
+}
+
+/// A UDP frame to port 1000 of `n` payload bytes, numbered `k`.
+fn udp_frame(k: usize, n: usize) -> Vec<u8> {
+    let mut f = headers(5000 + k as u16, 1000, n);
+    f.extend((0..n).map(|i| (i * 3 + k) as u8));
+    f
+}
+
+/// Enhanced multi-packet send (ENHANCED_MPSW, mlx5e's TX MPWQE and DPDK's
+/// eMPW) on ConnectX-5: one WQE, one Ethernet segment asking for the
+/// checksums, three frames (by data segment, inline, by data segment)
+/// arrive at B in order, intact but for the checksums the device filled
+/// in; A gets one CQE for the WQE.
+#[test]
+fn enhanced_multi_packet_send_sends_a_frame_per_segment() {
+    let frames: Vec<Vec<u8>> = [64, 30, 200]
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| udp_frame(k, n))
+        .collect();
+    let eth = [0u8; wqe_eth_seg::SIZE_BYTES];
+    let (c, b, rq, _fab) = empw_on(Profile::ConnectX5, &eth, |a, lkey| {
+        a.bufs[0].write(DATA as usize, &frames[0]).unwrap();
+        a.bufs[0].write(DATA as usize + 0x800, &frames[2]).unwrap();
+        let mut s = dseg(frames[0].len(), lkey, 0).to_vec();
+        s.extend(inline_seg(&frames[1]));
+        s.extend(dseg(frames[2].len(), lkey, 0x800));
+        s
+    });
+    assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "{c:02x?}");
+    assert_eq!(cqe64::WQE_COUNTER.get(&c), 0);
+    for (k, f) in frames.iter().enumerate() {
+        let (qpn, bytes, _) = rx_cqe(&b, k);
+        assert_eq!((qpn, bytes as usize), (rq, f.len()), "frame {k}");
+        let mut got = vec![0u8; f.len()];
+        let at = rx_buf(0, k as u64) - RING_IOVA;
+        b.bufs[0].read(at as usize, &mut got).unwrap();
+        assert_eq!(got[..24], f[..24], "frame {k}");
+        assert_eq!(got[26..40], f[26..40], "frame {k}");
+        assert_eq!(got[HDRS..], f[HDRS..], "frame {k}");
+        assert!(ipv4_csum_ok(&got[14..34]), "frame {k}: IP checksum");
+        assert_ne!(got[40..42], [0, 0], "frame {k}: UDP checksum");
+    }
+}
+
+/// What fails an eMPW WQE (each a local error CQE for it, the SQ in ERR):
+/// the opcode where the profile does not offer it (ConnectX-4 Lx: a local
+/// QP operation error); a frame shorter than an Ethernet header (a length
+/// error, after the good frame before it left); inline headers in the
+/// Ethernet segment (a malformed WQE: eMPW has none); an inline frame
+/// claiming more bytes than the WQE holds (a length error).
+#[test]
+fn enhanced_multi_packet_send_refusals() {
+    let f = udp_frame(0, 64);
+    let plain = [0u8; wqe_eth_seg::SIZE_BYTES];
+    let one = |a: &mut Eth, lkey: u32| {
+        a.bufs[0].write(DATA as usize, &f).unwrap();
+        dseg(f.len(), lkey, 0).to_vec()
+    };
+    let err = |c: &[u8]| {
+        assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw(), "{c:02x?}");
+        c[55]
+    };
+    let (c, ..) = empw_on(Profile::ConnectX4Lx, &plain, one);
+    assert_eq!(err(&c), CqeSyndrome::LocalQpOpErr.to_raw(), "no eMPW");
+
+    let (c, b, rq, _fab) = empw_on(Profile::ConnectX5, &plain, |a, lkey| {
+        let mut s = one(a, lkey);
+        s.extend(inline_seg(&f[..10]));
+        s
+    });
+    assert_eq!(err(&c), CqeSyndrome::LocalLengthErr.to_raw(), "short frame");
+    let (qpn, bytes, _) = rx_cqe(&b, 0);
+    assert_eq!((qpn, bytes as usize), (rq, f.len()), "the frame before it");
+
+    let mut with_headers = plain;
+    wqe_eth_seg::INLINE_HDR_SZ.set(&mut with_headers, 2);
+    let (c, ..) = empw_on(Profile::ConnectX5, &with_headers, one);
+    assert_eq!(
+        err(&c),
+        CqeSyndrome::LocalQpOpErr.to_raw(),
+        "inline headers"
+    );
+
+    let (c, ..) = empw_on(Profile::ConnectX5, &plain, |_, _| {
+        let mut s = inline_seg(&f[..28]);
+        s[..4].copy_from_slice(&(500 | mlx5_hw::wqe::INLINE_SEG).to_be_bytes());
+        s
+    });
+    assert_eq!(
+        err(&c),
+        CqeSyndrome::LocalLengthErr.to_raw(),
+        "past the WQE"
+    );
+}

@@ -15,7 +15,9 @@
 //! ([`super::eth_rx`]), its IPv4/TCP/UDP checksums filled in when
 //! `cs_flags` asks, a VLAN tag inserted where the segment asks for it
 //! and the profile offers `wqe_vlan_insert`; an LSO WQE's TCP segment leaves cut at its MSS
-//! ([`super::lso`]). A WQE that is malformed,
+//! ([`super::lso`]); an enhanced multi-packet send (where the profile
+//! offers `enhanced_multi_pkt_send_wqe`) sends one frame per segment
+//! under one Ethernet segment ([`empw`]). A WQE that is malformed,
 //! of another opcode, or whose local key does not grant the read
 //! completes with an error CQE and moves the SQ to ERR; in ERR every
 //! posted WQE completes as flushed (mlx5e's recovery waits for that before
@@ -28,7 +30,8 @@ use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::eth::{ETH_WQE_INSERT_VLAN, ETH_WQE_SVLAN, QUEUE_STATE_ERR, QUEUE_STATE_RDY};
 use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
 use mlx5_hw::wqe::{
-    wqebbs_for_ds, WqeOpcode, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE,
+    wqebbs_for_ds, WqeOpcode, INLINE_SEG, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE,
+    WQE_CTRL_CQ_UPDATE_AND_EQE,
 };
 use vfio::IovaMemory;
 
@@ -70,6 +73,10 @@ pub(crate) struct EthSq {
     /// segment whose `insert.type` has `ETH_WQE_INSERT_VLAN` is obeyed;
     /// without it those bytes are an inline header size (too long).
     pub vlan_insert: bool,
+    /// The device runs enhanced multi-packet send WQEs
+    /// (`enhanced_multi_pkt_send_wqe`, ConnectX-5 and later); without it
+    /// their opcode is a local QP operation error.
+    pub empw: bool,
     /// Where the ring stands.
     pub ring: Mutex<Ring>,
 }
@@ -259,6 +266,7 @@ fn execute(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
         WqeOpcode::Nop => Outcome::Done(0, 0),
         WqeOpcode::Send => send(rdma, sq, mem, w, false),
         WqeOpcode::Lso => send(rdma, sq, mem, w, true),
+        WqeOpcode::EnhancedMpsw if sq.empw => empw(rdma, sq, mem, w),
         _ => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
     }
 }
@@ -306,45 +314,16 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8], lso: bool) -> Outco
     let mut frame = w[inl..inl + ihs].to_vec();
     let mut ext = Vec::new();
     for d in w[data_at..].chunks_exact(wqe_data_seg::SIZE_BYTES) {
-        let len = wqe_data_seg::BYTE_COUNT.get(d);
-        if len == 0 {
-            continue;
-        }
-        let key = wqe_data_seg::LKEY.get(d) as u32;
-        let Some(k) = rdma.mkey(key) else {
-            return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY);
-        };
-        ext.clear();
-        if let Err(e) = k.resolve(sq.pd, access::LR, wqe_data_seg::ADDR.get(d), len, &mut ext) {
-            return Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e));
-        }
-        if frame.len() as u64 + len > limit {
-            return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
-        }
-        for x in &ext {
-            let at = frame.len();
-            frame.resize(at + x.len as usize, 0);
-            if mem::read(mem, x.iova, &mut frame[at..]).is_err() {
-                return Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT);
-            }
+        if let Err(e) = gather(rdma, sq, mem, d, limit, &mut frame, &mut ext) {
+            return e;
         }
     }
     if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    // The device's own steps on each frame that leaves: checksums over the
-    // frame as posted, then the tag it inserts (so an S-VLAN tag, which
-    // its parser would not look past, hides nothing).
-    let leave = |f: &mut Vec<u8>| {
-        steer::offload_checksums(f, cs_flags);
-        if let Some(tag) = insert {
-            f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
-        }
-        eth_rx::transmit(rdma, f);
-        f.len() as u32
-    };
+    let out = |f: &mut Vec<u8>| leave(rdma, f, cs_flags, insert);
     if !lso {
-        return Outcome::Done(leave(&mut frame), 1);
+        return Outcome::Done(out(&mut frame), 1);
     }
     let Some(frames) = super::lso::segment(&frame, mss) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
@@ -353,6 +332,105 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8], lso: bool) -> Outco
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
     let n = frames.len() as u32;
-    let bytes = frames.into_iter().map(|mut f| leave(&mut f)).sum();
+    let bytes = frames.into_iter().map(|mut f| out(&mut f)).sum();
     Outcome::Done(bytes, n)
+}
+
+/// Appends the bytes of data segment `d` (read through its local key,
+/// which must grant local read in the SQ's PD) to `frame`, which may not
+/// grow past `limit`. A zero byte count adds nothing.
+fn gather(
+    rdma: &Rdma,
+    sq: &EthSq,
+    mem: &IovaMemory,
+    d: &[u8],
+    limit: u64,
+    frame: &mut Vec<u8>,
+    ext: &mut Vec<mem::Extent>,
+) -> Result<(), Outcome> {
+    let len = wqe_data_seg::BYTE_COUNT.get(d);
+    if len == 0 {
+        return Ok(());
+    }
+    let key = wqe_data_seg::LKEY.get(d) as u32;
+    let Some(k) = rdma.mkey(key) else {
+        return Err(Outcome::Error(CqeSyndrome::LocalProtErr, vendor::BAD_LKEY));
+    };
+    ext.clear();
+    if let Err(e) = k.resolve(sq.pd, access::LR, wqe_data_seg::ADDR.get(d), len, ext) {
+        return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e)));
+    }
+    if frame.len() as u64 + len > limit {
+        return Err(Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH));
+    }
+    for x in ext.iter() {
+        let at = frame.len();
+        frame.resize(at + x.len as usize, 0);
+        if mem::read(mem, x.iova, &mut frame[at..]).is_err() {
+            return Err(Outcome::Error(CqeSyndrome::LocalProtErr, vendor::DMA_FAULT));
+        }
+    }
+    Ok(())
+}
+
+/// The device's own steps on each frame that leaves: checksums over the
+/// frame as posted, then the tag it inserts (so an S-VLAN tag, which its
+/// parser would not look past, hides nothing); then the port. Its length.
+fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HLEN]>) -> u32 {
+    steer::offload_checksums(f, cs_flags);
+    if let Some(tag) = insert {
+        f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
+    }
+    eth_rx::transmit(rdma, f);
+    f.len() as u32
+}
+
+/// An enhanced multi-packet send (ENHANCED_MPSW: mlx5e's TX MPWQE, DPDK's
+/// eMPW): one Ethernet segment whose offloads (checksums, VLAN insertion)
+/// apply to every packet and which carries no inline headers, then one
+/// segment per frame, each a whole frame: a data segment read through its
+/// key, or an inline data segment (`byte_count` with [`INLINE_SEG`], the
+/// frame's bytes after it, padded to 16 bytes). The frames leave in order;
+/// the first bad one (shorter than an Ethernet header, longer than the
+/// port takes, past the WQE, a key that does not grant the read) fails
+/// the WQE, after those before it have left. Inline headers in the
+/// Ethernet segment are a malformed WQE (the PRM's eMPW has none).
+fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
+    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    };
+    let (ihs, insert) = inline_or_insert(sq, eth);
+    if ihs != 0 {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+    }
+    let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
+    let (mut bytes, mut frames) = (0, 0);
+    let mut at = ctrl + wqe_eth_seg::SIZE_BYTES;
+    let mut frame = Vec::new();
+    let mut ext = Vec::new();
+    while at < w.len() {
+        frame.clear();
+        let seg = &w[at..];
+        let bc = wqe_data_seg::BYTE_COUNT.get(seg) as u32;
+        if bc & INLINE_SEG != 0 {
+            let len = (bc & !INLINE_SEG) as usize;
+            let Some(data) = seg.get(4..4 + len) else {
+                return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+            };
+            frame.extend_from_slice(data);
+            at += (4 + len).next_multiple_of(16);
+        } else {
+            if let Err(e) = gather(rdma, sq, mem, seg, MAX_FRAME, &mut frame, &mut ext) {
+                return e;
+            }
+            at += wqe_data_seg::SIZE_BYTES;
+        }
+        if frame.len() < ETH_HLEN || frame.len() as u64 > MAX_FRAME {
+            return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+        }
+        bytes += leave(rdma, &mut frame, cs_flags, insert);
+        frames += 1;
+    }
+    Outcome::Done(bytes, frames)
 }
