@@ -2,7 +2,9 @@
 //! 64-byte frames (18 bytes of headers inline, one-block WQEs, or 42
 //! bytes, two-block ones; the rest of the frame by one data segment,
 //! checksum offload asked) in bursts of 1, 8 and 32, one doorbell
-//! per burst, beside the project's RDMA `post_send` of 1 and 32 WRs
+//! per burst; `tx_burst_empw` of whole 64-byte frames (a ConnectX-5 model,
+//! which offers enhanced multi-packet WQEs): each frame one 16-byte data
+//! segment, or copied inline; beside the project's RDMA `post_send` of 1 and 32 WRs
 //! (`benches::ApiRig`), in one run. The models are stopped after set-up:
 //! no device reads the WQEs; every 512 packets the send ring is counted as
 //! completed (`RawPacketQp::tx_rewind`, as rdma-core's harness sets
@@ -18,7 +20,7 @@ use mlx5_emu::{Fabric, Profile};
 use verbs::device::Context;
 use verbs::hca::HcaOptions;
 use verbs::mr::access;
-use verbs::raw_eth::{RawPacketQp, RawQpCap, TxPkt};
+use verbs::raw_eth::{RawPacketQp, RawQpCap, TxFrame, TxPkt};
 use verbs::wr::SendWr;
 use vfio::emulated::DeviceModel;
 use vfio::{DmaBuffer, PciFunction};
@@ -38,8 +40,8 @@ impl RawRig {
     }
 }
 
-fn raw_rig() -> &'static mut RawRig {
-    let fabric = Fabric::cabled(2, Profile::ConnectX4Lx);
+fn raw_rig(profile: Profile) -> &'static mut RawRig {
+    let fabric = Fabric::cabled(2, profile);
     let f = fabric.function(0).expect("function");
     let opts = HcaOptions {
         health_interval: None,
@@ -74,7 +76,7 @@ fn raw_rig() -> &'static mut RawRig {
 }
 
 fn bench(c: &mut Criterion) {
-    let raw = raw_rig();
+    let raw = raw_rig(Profile::ConnectX4Lx);
     let hdr = [0x5au8; 42];
     let mut g = c.benchmark_group("raw_eth");
     g.measurement_time(Duration::from_secs(4));
@@ -104,6 +106,33 @@ fn bench(c: &mut Criterion) {
                         i = 0;
                     }
                     assert_eq!(n, per);
+                })
+            });
+        }
+    }
+    // Whole 64-byte frames by enhanced multi-packet WQEs: by pointer (one
+    // data segment each) and copied inline (five segments each).
+    let empw = raw_rig(Profile::ConnectX5);
+    let frame = [0x5au8; 64];
+    let by_ref = [TxFrame::Ref(empw.mr.sge(0, 64).expect("sge")); 32];
+    let inline = [TxFrame::Inline(&frame); 32];
+    for (frames, how) in [(&by_ref, "by pointer"), (&inline, "inline")] {
+        for per in [1usize, 8, 32] {
+            if how == "inline" && per != 32 {
+                continue;
+            }
+            g.throughput(Throughput::Elements(per as u64));
+            let mut i = 0usize;
+            let qp = &mut empw.qp;
+            g.bench_function(format!("tx_burst_empw {per} x 64 B, {how}"), |b| {
+                b.iter(|| {
+                    let n = qp.tx_burst_empw(black_box(&frames[..per]), true);
+                    i += per;
+                    if i >= 512 {
+                        qp.tx_rewind();
+                        i = 0;
+                    }
+                    assert_eq!(n.ok(), Some(per));
                 })
             });
         }

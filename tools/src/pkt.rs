@@ -26,7 +26,7 @@ use verbs::flow::{FlowAction, FlowSpec, FlowSteering};
 use verbs::hca::HcaOptions;
 use verbs::mr::{access, Mr, Sge};
 use verbs::pd::Pd;
-use verbs::raw_eth::{RawPacketQp, RawQpCap, RxPkt, TxPkt};
+use verbs::raw_eth::{RawPacketQp, RawQpCap, RxPkt, TxFrame, TxPkt};
 use verbs::rss::{rx_hash_fields as rh, RssQp, RwqIndTable, RxHashConf, Wq, WqCap};
 use vfio::{DmaBuffer, PciFunction};
 
@@ -95,6 +95,11 @@ pub struct Cli {
     /// `udp-echo`: this port's IPv4 address.
     #[arg(long, default_value = "10.25.0.1")]
     pub ip: std::net::Ipv4Addr,
+    /// Port 0 sends whole frames by enhanced multi-packet WQEs (DPDK's
+    /// eMPW: 16 bytes of WQE a frame; ConnectX-5 and later, `-d emu:cx5`),
+    /// instead of a WQE per frame with its headers inline.
+    #[arg(long)]
+    pub empw: bool,
 }
 
 /// Parses `args` (without the program name) and runs them; the report
@@ -407,9 +412,19 @@ fn forward(c: &Cli, p0: &mut Port, p1: &mut Port, start: Instant) -> Result<f64,
             })
         })
         .collect::<Result<_, String>>()?;
+    // `--empw`: each flow's whole frame where its template lies.
+    let frames: Vec<TxFrame<'_>> = (0..usize::from(c.flows))
+        .map(|f| {
+            p0.mr
+                .sge((f * RX_BUF) as u64, c.size as u32)
+                .map(TxFrame::Ref)
+                .map_err(|e| format!("frame: {e}"))
+        })
+        .collect::<Result<_, String>>()?;
     let mut seq = 0u64;
     let mut last_progress = start;
     let mut burst = Vec::with_capacity(c.burst);
+    let mut whole = Vec::with_capacity(c.burst);
     // What was last received, and when it changed: once everything is
     // sent, a run whose receivers stay quiet for QUIET is over (what did
     // not arrive was missed: a receive queue out of buffers drops).
@@ -434,9 +449,18 @@ fn forward(c: &Cli, p0: &mut Port, p1: &mut Port, start: Instant) -> Result<f64,
         if seq < c.packets {
             p0.reap()?;
             let n = c.burst.min((c.packets - seq) as usize);
-            burst.clear();
-            burst.extend((0..n as u64).map(|i| flows[((seq + i) % u64::from(c.flows)) as usize]));
-            let sent = p0.qp.tx_burst(&burst);
+            let flow = |i: u64| ((seq + i) % u64::from(c.flows)) as usize;
+            let sent = if c.empw {
+                whole.clear();
+                whole.extend((0..n as u64).map(|i| frames[flow(i)]));
+                p0.qp
+                    .tx_burst_empw(&whole, true)
+                    .map_err(|e| format!("port 0: {e}"))?
+            } else {
+                burst.clear();
+                burst.extend((0..n as u64).map(|i| flows[flow(i)]));
+                p0.qp.tx_burst(&burst)
+            };
             seq += sent as u64;
             p0.tx_frames += sent as u64;
             p0.tx_bytes += (sent * c.size) as u64;

@@ -43,6 +43,22 @@ fn rxonly_spreads_64_flows_evenly_over_4_queues() {
 }
 
 #[test]
+fn empw_bursts_reach_every_queue_checked() {
+    // The generator's frames by enhanced multi-packet WQEs (ConnectX-5):
+    // every one received over 4 queues, its payload as sent.
+    let r = run(&[
+        "rxonly", "-d", "emu:cx5", "--empw", "-n", "2048", "-q", "4", "-s", "200",
+    ]);
+    assert_eq!(packets(&r, "port 0 tx"), 2048, "{r}");
+    assert_eq!(packets(&r, "port 1 rx"), 2048, "{r}");
+    assert!(r.contains("bad frames: port 0 0 port 1 0"), "{r}");
+    // ConnectX-4 Lx offers no eMPW: refused with the reason.
+    let mut out = Vec::new();
+    let e = main_with(&["txonly", "--empw", "-n", "10"], &mut out).unwrap_err();
+    assert!(e.contains("eMPW"), "{e}");
+}
+
+#[test]
 fn io_and_macswap_send_every_frame_back() {
     for mode in ["io", "macswap"] {
         let r = run(&[mode, "-n", "256", "-q", "2", "-b", "16"]);
