@@ -55,8 +55,8 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
 [[ "$script" == - ]] || cp "$script" "$out/init.sh"
-# The guest scripts' helpers (/guest/*.py and perftest.sh in the guest).
-cp "$here"/guest/*.py "$here"/guest/perftest.sh "$out/"
+# The guest scripts' helpers (/guest/*.py, perftest.sh and eth_pair.sh in the guest).
+cp "$here"/guest/*.py "$here"/guest/perftest.sh "$here"/guest/eth_pair.sh "$out/"
 cp "${MLX5_QEMU_INITRD:-$guest/initrd.gz}" "$out/initrd.gz"
 [[ "$script" == - ]] || chmod +x "$out/init.sh"
 kernel=/boot/vmlinuz-$(cat "$guest/kernel-version")

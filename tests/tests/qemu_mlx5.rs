@@ -75,6 +75,8 @@ const CHECKS: &[&str] = &[
     "perftest_ib_send_lat_s1024",
     "mlx5e_udp_echo_between_functions",
     "mlx5e_tcp_stream_between_functions",
+    "mlx5e_pktgen_bursts_arrive",
+    "mlx5e_sends_no_multi_packet_wqe_without_the_cap",
 ];
 
 use tests::qemu_guest::{cached_or_built as guest, repo};
@@ -294,7 +296,7 @@ fn judge(t: &mut Tally, console: &str, dir: &Path) {
     );
     judge_verbs(t, console, &log);
     judge_perftest(t, console, &log);
-    judge_eth_traffic(t, console, &log);
+    judge_eth_traffic(t, console, &log, "", false);
 }
 
 /// perftest between the two functions: (tag, check, rows expected, the
@@ -462,21 +464,29 @@ fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
     }
 }
 
-/// mlx5e's own data path between the two functions, the second netdev in
-/// a network namespace (`eth_traffic.py`): Linux's UDP stack echoed every
-/// datagram intact, its TCP stack carried the stream (mlx5e's large sends:
-/// the model's LSO) with the SHA-256 the receiver computed matching.
-fn judge_eth_traffic(t: &mut Tally, console: &str, log: &str) {
+/// mlx5e's traffic between the two functions (`eth_pair.sh`): the UDP
+/// echo and the TCP stream, judged by Linux's stacks, and how mlx5e sent
+/// (its ethtool counters, both netdevs): by enhanced multi-packet WQEs where
+/// the profile offers them (`mpwqe`: frames counted in `tx_mpwqe_pkts` on
+/// both sides, pktgen's bursts several to a WQE), never where it does not;
+/// and pktgen's bursts arriving whole. `prefix`: the boot's check names.
+pub(crate) fn judge_eth_traffic(
+    t: &mut Tally,
+    console: &str,
+    log: &str,
+    prefix: &str,
+    mpwqe: bool,
+) {
     let lines = tagged(console, "eth ");
     for l in &lines {
-        println!("qemu_mlx5: mlx5e traffic: {l}");
+        println!("qemu_mlx5: {prefix}mlx5e traffic: {l}");
     }
     let udp = lines
         .iter()
         .find_map(|l| l.strip_prefix("udp sizes "))
         .map(|r| r.split_whitespace().collect::<Vec<_>>());
     t.check(
-        "mlx5e_udp_echo_between_functions",
+        &format!("{prefix}mlx5e_udp_echo_between_functions"),
         match udp.as_deref() {
             Some([n, "echoed", "intact", m]) if n == m && *n != "0" => Ok(()),
             _ => Err(format!("{lines:?}; {log}")),
@@ -486,11 +496,64 @@ fn judge_eth_traffic(t: &mut Tally, console: &str, log: &str) {
         .iter()
         .any(|l| l.starts_with("tcp bytes ") && l.ends_with(" sha256 ok"));
     t.check(
-        "mlx5e_tcp_stream_between_functions",
+        &format!("{prefix}mlx5e_tcp_stream_between_functions"),
         if tcp {
             Ok(())
         } else {
             Err(format!("{lines:?}; {log}"))
+        },
+    );
+    // "stat DEV NAME VALUE": the counter of each netdev.
+    let stat = |name: &str| -> Vec<Option<u64>> {
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("stat "))
+            .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                [_, n, v] if n == name => Some(v.parse().ok()),
+                _ => None,
+            })
+            .collect()
+    };
+    // "pktgen sent N of M received R": pktgen's bursts (xmit_more) all
+    // arrived on the other netdev.
+    let pktgen = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("pktgen sent "))
+        .map(|r| r.split_whitespace().collect::<Vec<_>>());
+    t.check(
+        &format!("{prefix}mlx5e_pktgen_bursts_arrive"),
+        match pktgen.as_deref() {
+            Some([n, "of", m, "received", r])
+                if n == m && r.parse::<u64>().ok() >= n.parse::<u64>().ok() =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("{lines:?}; {log}")),
+        },
+    );
+    let (sent, by_mpwqe) = (stat("tx_packets"), stat("tx_mpwqe_pkts"));
+    let wqes = stat("tx_mpwqe_blks");
+    let sent_both = sent.len() == 2 && sent.iter().all(|v| v.is_some_and(|n| n > 0));
+    // With MPWQE: both sent by it, and the pktgen side put several frames
+    // in a WQE (more frames than WQEs).
+    let as_expected = by_mpwqe.len() == 2
+        && by_mpwqe
+            .iter()
+            .all(|v| v.is_some_and(|n| if mpwqe { n > 0 } else { n == 0 }))
+        && (!mpwqe || by_mpwqe.first() > wqes.first());
+    let check = if mpwqe {
+        "mlx5e_sends_by_enhanced_multi_packet_wqes"
+    } else {
+        "mlx5e_sends_no_multi_packet_wqe_without_the_cap"
+    };
+    t.check(
+        &format!("{prefix}{check}"),
+        if sent_both && as_expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "tx_packets {sent:?}, tx_mpwqe_pkts {by_mpwqe:?}, tx_mpwqe_blks {wqes:?}; {lines:?}; {log}"
+            ))
         },
     );
 }

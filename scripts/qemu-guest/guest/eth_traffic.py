@@ -10,14 +10,23 @@ in steps (one frame each) that the server echoes, and streams a TCP payload
 (large sends: mlx5e asks for LSO) whose SHA-256 the server sends back.
 Every line the host checks starts with "=== eth ".
 
+`eth_traffic.py stats DEV NAME...` prints the netdev's ethtool statistics
+of those names ("=== eth stat DEV NAME VALUE"), read through the
+SIOCETHTOOL ioctl as `ethtool -S` reads them (the guest has no ethtool):
+mlx5e's `tx_mpwqe_pkts` counts the frames it sent by enhanced multi-packet
+WQEs.
+
 `eth_traffic.py echo ADDR COUNT` is the UDP echo alone, for a peer that is
 not Linux (tests/tests/qemu_rxe.rs: `mlx5-pkt udp-echo`, our driver's raw
 packet QP on the model, beyond the model's wire): COUNT datagrams echoed,
 or none for ECHO_IDLE seconds, then "=== eth echo served N".
 """
 
+import ctypes
+import fcntl
 import hashlib
 import socket
+import struct
 import sys
 
 UDP_PORT = 7000
@@ -108,5 +117,38 @@ def client(addr):
         print("=== eth tcp error %s" % e, flush=True)
 
 
+SIOCETHTOOL = 0x8946
+ETHTOOL_GSTRINGS = 0x1B
+ETHTOOL_GSTATS = 0x1D
+ETHTOOL_GSSET_INFO = 0x37
+ETH_SS_STATS = 1
+ETH_GSTRING_LEN = 32
+
+
+def ethtool(dev, buf):
+    """SIOCETHTOOL on `dev` with the command in `buf` (a ctypes buffer)."""
+    ifr = struct.pack("16sP", dev.encode(), ctypes.addressof(buf))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifr)
+
+
+def stats(dev, *names):
+    info = ctypes.create_string_buffer(struct.pack("IIQI", ETHTOOL_GSSET_INFO, 0,
+                                                   1 << ETH_SS_STATS, 0))
+    ethtool(dev, info)
+    n = struct.unpack_from("I", info, 16)[0]
+    strings = ctypes.create_string_buffer(struct.pack("III", ETHTOOL_GSTRINGS, ETH_SS_STATS, n)
+                                          + bytes(n * ETH_GSTRING_LEN))
+    ethtool(dev, strings)
+    keys = [strings.raw[12 + i * ETH_GSTRING_LEN:12 + (i + 1) * ETH_GSTRING_LEN]
+            .split(b"\0")[0].decode() for i in range(n)]
+    values = ctypes.create_string_buffer(struct.pack("II", ETHTOOL_GSTATS, n) + bytes(n * 8))
+    ethtool(dev, values)
+    got = dict(zip(keys, struct.unpack_from("%dQ" % n, values, 8)))
+    for name in names:
+        print("=== eth stat %s %s %s" % (dev, name, got.get(name, "absent")), flush=True)
+
+
 if __name__ == "__main__":
-    {"server": server, "client": client, "echo": echo}[sys.argv[1]](*sys.argv[2:])
+    {"server": server, "client": client, "echo": echo,
+     "stats": stats}[sys.argv[1]](*sys.argv[2:])

@@ -135,23 +135,10 @@ PYTHONDONTWRITEBYTECODE=1 HOME=/tmp timeout 1500 python3 /guest/rdma_suite.py /t
 echo "=== suite rc=$? end $(date +%s)"
 sed 's/^/=== suite: /' /tmp/suite.txt
 tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
-# mlx5e's own data path between the two functions, judged by Linux's IP,
-# UDP and TCP stacks (eth_traffic.py): the second netdev moves to a network
-# namespace of its own so that traffic between the two addresses crosses
-# the cable.
+# mlx5e's own data path between the two functions (eth_pair.sh).
+. /guest/eth_pair.sh
 set -- $netdevs
-ip netns add peer && ip link set dev "$2" netns peer
-ip addr add 10.9.0.1/24 dev "$1"
-ip netns exec peer ip addr add 10.9.0.2/24 dev "$2"
-ip netns exec peer ip link set dev "$2" up
-PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.9.0.2 &
-i=0
-while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
-    sleep 0.5
-    i=$((i + 1))
-done
-PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.9.0.2
-wait
+eth_pair "$1" "$2"
 echo "=== dmesg mlx5"
 dmesg | grep -i mlx5
 echo "=== done"

@@ -31,6 +31,10 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5_ib_dmabuf_mr_takes_rdma_write_and_read",
     "cx7/mlx5_ib_dmabuf_mr_refusals",
     "cx7/mlx5_ib_resolves_odp_faults_on_srq_wqes",
+    "cx7/mlx5e_udp_echo_between_functions",
+    "cx7/mlx5e_tcp_stream_between_functions",
+    "cx7/mlx5e_pktgen_bursts_arrive",
+    "cx7/mlx5e_sends_by_enhanced_multi_packet_wqes",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -141,6 +145,7 @@ fn judge(t: &mut Tally, console: &str, log: &str) {
     }
     judge_dmabuf(t, console, log);
     judge_odp_srq(t, console, log);
+    super::judge_eth_traffic(t, console, log, "cx7/", true);
 }
 
 /// `odp_srq.py`: SENDs into SRQ WQEs over never-touched ODP memory land

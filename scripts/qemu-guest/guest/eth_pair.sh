@@ -1,0 +1,48 @@
+# Sourced by smoke.sh and featured.sh (/guest/eth_pair.sh in the guest).
+# eth_pair DEV0 DEV1: mlx5e's own data path between the two functions,
+# judged by Linux's IP, UDP and TCP stacks (eth_traffic.py): DEV1 moves to
+# a network namespace of its own so that traffic between the two addresses
+# crosses the cable. Then Linux's pktgen sends PKTGEN_COUNT UDP frames from
+# DEV0 to DEV1 in bursts of 8 (xmit_more: mlx5e puts a burst in one
+# enhanced multi-packet WQE where the caps offer them) and DEV1's receive
+# counter says how many arrived. Last, both netdevs' ethtool TX counters:
+# tx_mpwqe_pkts counts what mlx5e sent by enhanced multi-packet WQEs
+# (linear SKBs without inline headers), tx_mpwqe_blks those WQEs. Every
+# line the host checks starts with "=== eth ".
+PKTGEN_COUNT=256
+eth_pair() {
+    ip netns add peer && ip link set dev "$2" netns peer
+    ip addr add 10.9.0.1/24 dev "$1"
+    ip netns exec peer ip addr add 10.9.0.2/24 dev "$2"
+    ip netns exec peer ip link set dev "$2" up
+    PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.9.0.2 &
+    i=0
+    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.9.0.2
+    wait
+    rx() { ip netns exec peer cat "/sys/class/net/$2/statistics/rx_packets"; }
+    before=$(rx "$@")
+    modprobe pktgen
+    echo "rem_device_all" >/proc/net/pktgen/kpktgend_0
+    echo "add_device $1" >/proc/net/pktgen/kpktgend_0
+    for c in "count $PKTGEN_COUNT" "pkt_size 64" "flag SHARED" "burst 8" "delay 1000000" "dst 10.9.0.2" \
+        "dst_mac $(ip netns exec peer cat "/sys/class/net/$2/address")" "udp_dst_min 9" "udp_dst_max 9"; do
+        echo "$c" >"/proc/net/pktgen/$1"
+    done
+    timeout 120 sh -c 'echo start >/proc/net/pktgen/pgctrl'
+    sent=$(sed -n 's/.*Result: OK: .* usec, \([0-9]*\) (.*/\1/p' "/proc/net/pktgen/$1" | head -1)
+    i=0
+    while [ "$(($(rx "$@") - before))" -lt "${sent:-1}" ] && [ $i -lt 40 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    echo "=== eth pktgen sent ${sent:-none} of $PKTGEN_COUNT received $(($(rx "$@") - before))"
+    grep -m1 'Result' "/proc/net/pktgen/$1" | sed 's/^/=== eth pktgen log: /'
+    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts; do
+        PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
+        PYTHONDONTWRITEBYTECODE=1 ip netns exec peer python3 /guest/eth_traffic.py stats "$2" $c
+    done
+}
