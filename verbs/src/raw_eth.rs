@@ -601,16 +601,24 @@ impl RawPacketQp {
     /// the WQE at `start` on: `byte_count` with `MLX5_INLINE_SEG`, the bytes,
     /// zeros to the next 16.
     fn store_inline(&self, start: u16, i: usize, frame: &[u8]) {
-        let head = (frame.len() as u32 | w::INLINE_SEG).to_be_bytes();
-        let mut bytes = head.iter().chain(frame).copied();
-        for n in 0..(4 + frame.len()).div_ceil(16) {
-            let mut chunk = [0u8; 16];
-            for (c, b) in chunk.iter_mut().zip(&mut bytes) {
-                *c = b;
-            }
-            let (a, b) = chunk.split_at(8);
-            let word = |x: &[u8]| u64::from_ne_bytes(x.try_into().unwrap_or_default());
-            self.store_seg(start, i + n, [word(a), word(b)]);
+        let word = |x: &[u8]| u64::from_ne_bytes(x.try_into().unwrap_or_default());
+        // The first 16 bytes: the head and the frame's first 12 (a frame
+        // is at least an Ethernet header, 14).
+        let mut first = [0u8; 16];
+        first[..4].copy_from_slice(&(frame.len() as u32 | w::INLINE_SEG).to_be_bytes());
+        first[4..].copy_from_slice(&frame[..12]);
+        self.store_seg(start, i, [word(&first[..8]), word(&first[8..])]);
+        let mut chunks = frame[12..].chunks_exact(16);
+        let mut n = i + 1;
+        for c in &mut chunks {
+            self.store_seg(start, n, [word(&c[..8]), word(&c[8..])]);
+            n += 1;
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 16];
+            last[..rest.len()].copy_from_slice(rest);
+            self.store_seg(start, n, [word(&last[..8]), word(&last[8..])]);
         }
     }
 
