@@ -394,6 +394,110 @@ fn enhanced_multi_packet_bursts_arrive_whole_and_in_order() {
     );
 }
 
+/// A VXLAN frame (RFC 7348): UDP from A to B's port 4789 carrying the
+/// VXLAN header (`flags`, `vni`) and an inner UDP frame to `inner_dport`.
+fn vxlan_frame(flags: u8, vni: u32, inner_dport: u16) -> Vec<u8> {
+    let mut inner = headers(5555, inner_dport, 16);
+    inner.extend([0x11; 16]);
+    let mut f = headers_between(
+        ([10, 0, 0, 1], 40000),
+        ([10, 0, 0, 2], 4789),
+        8 + inner.len(),
+    );
+    f.extend([flags, 0, 0, 0]);
+    f.extend(&vni.to_be_bytes()[1..]);
+    f.push(0);
+    f.extend(inner);
+    f
+}
+
+/// VXLAN flow specs: on B, port 4789 parsed as VXLAN
+/// (`add_vxlan_udp_dport`), two rules on VNI 42 by the inner UDP port and
+/// a plain rule on outer UDP port 4789 after them. Each frame lands where
+/// its VNI and inner headers say: a VNI no rule names, or a VXLAN header
+/// without its I flag, falls to the outer rule; once the port is deleted
+/// nothing is parsed as VXLAN. Bad specs are refused.
+#[test]
+fn vxlan_specs_steer_by_vni_and_inner_headers() {
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let mut qb: Vec<_> = (0..3).map(|_| raw_qp(&p.b)).collect();
+    p.b.ctx.add_vxlan_udp_dport(4789).unwrap();
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let vxlan = |vni: u32, dport: u16| FlowSpec {
+        vxlan_vni: Some(vni),
+        inner: Some(Box::new(udp_to(dport))),
+        ..FlowSpec::default()
+    };
+    steer
+        .create_flow(&vxlan(42, 1000), FlowAction::Queue(&qb[0].0))
+        .unwrap();
+    steer
+        .create_flow(&vxlan(42, 2000), FlowAction::Queue(&qb[1].0))
+        .unwrap();
+    steer
+        .create_flow(&udp_to(4789), FlowAction::Queue(&qb[2].0))
+        .unwrap();
+    let cases = [
+        (vxlan_frame(0x08, 42, 1000), 0),
+        (vxlan_frame(0x08, 42, 2000), 1),
+        (vxlan_frame(0x08, 7, 1000), 2),
+        (vxlan_frame(0x00, 42, 1000), 2),
+    ];
+    let mut send = |f: &[u8]| {
+        let pkt = TxPkt {
+            headers: &f[..HDRS],
+            payload: None,
+            csum: true,
+            mss: 0,
+            vlan: None,
+        };
+        p.a.buf.write(0, &f[HDRS..]).unwrap();
+        let pkt = TxPkt {
+            payload: Some(p.a.mr.sge(0, (f.len() - HDRS) as u32).unwrap()),
+            ..pkt
+        };
+        assert_eq!(qa.tx_burst(&[pkt]), 1);
+        tx_done(&mut qa, &mut a_tx);
+    };
+    for (k, (f, to)) in cases.iter().enumerate() {
+        let (q, _, rx) = &mut qb[*to];
+        assert_eq!(q.post_rx(&[p.b.mr.sge(0, RX_BUF as u32).unwrap()]), 1);
+        send(f);
+        let got = rx_n(q, rx, 1);
+        assert_eq!(got[0].len as usize, f.len(), "frame {k} on queue {to}");
+        assert_eq!(read(&p.b.buf, 0, f.len())[HDRS..], f[HDRS..], "frame {k}");
+    }
+    // Port 4789 no longer VXLAN: the VNI 42 frame is plain UDP.
+    p.b.ctx.delete_vxlan_udp_dport(4789).unwrap();
+    let (q, _, rx) = &mut qb[2];
+    assert_eq!(q.post_rx(&[p.b.mr.sge(0, RX_BUF as u32).unwrap()]), 1);
+    send(&cases[0].0);
+    assert_eq!(rx_n(q, rx, 1)[0].len as usize, cases[0].0.len());
+    for bad in [
+        vxlan(1 << 24, 1000),
+        FlowSpec {
+            inner: Some(Box::new(udp_to(1))),
+            ..FlowSpec::default()
+        },
+        FlowSpec {
+            vxlan_vni: Some(1),
+            inner: Some(Box::new(vxlan(2, 3))),
+            ..FlowSpec::default()
+        },
+    ] {
+        assert!(
+            steer.create_flow(&bad, FlowAction::Drop).is_err(),
+            "{bad:?}"
+        );
+    }
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    for (q, _, _) in qb {
+        q.destroy().unwrap();
+    }
+}
+
 #[test]
 fn vlan_tags_inserted_by_the_driver_and_stripped_into_the_completion_only_where_asked() {
     // An 802.1Q-tagged frame (TCI 0x2064: priority 1, VLAN 100), its 18

@@ -28,6 +28,8 @@ pub enum CapType {
     Atomic = 0x3,
     /// RoCE.
     Roce = 0x4,
+    /// Flow tables (`flow_table_nic_cap`).
+    FlowTable = 0x7,
     /// Device memory.
     DevMem = 0xf,
     /// General capabilities, second page.

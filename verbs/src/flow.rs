@@ -2,7 +2,10 @@
 //! Ethernet (MACs, C-VLAN ID, ethertype), IPv4 or IPv6 and TCP or UDP
 //! headers of received frames that forward to a raw packet QP
 //! ([`crate::raw_eth::RawPacketQp`], its TIR), spread over an RSS QP's
-//! queues ([`crate::rss::RssQp`]), or drop.
+//! queues ([`crate::rss::RssQp`]), or drop. A VXLAN spec (the verbs
+//! way: `IBV_FLOW_SPEC_VXLAN_TUNNEL` and `IBV_FLOW_SPEC_INNER` specs)
+//! matches the tunnel's VNI and the encapsulated frame's headers, on UDP
+//! ports the function parses as VXLAN ([`Context::add_vxlan_udp_dport`]).
 //!
 //! [`FlowSteering`] owns the function's NIC RX root flow table. As Linux's
 //! fs_core does, a rule goes into a flow group whose match criteria are
@@ -12,13 +15,14 @@
 //! highest priority).
 
 use mlx5_hw::eth::{
-    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_OUTER_HEADERS,
+    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_INNER_HEADERS,
+    MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS,
 };
 use mlx5_hw::ifc::{
     create_flow_group_in, create_flow_group_out, create_flow_table_in, create_flow_table_out,
     delete_fte_in, dest_format_struct, destroy_flow_group_in, destroy_flow_table_in, flow_context,
-    flow_table_context, fte_match_param, fte_match_set_lyr_2_4 as l24, general_obj_in_cmd_hdr,
-    ipv4_layout, set_flow_table_root_in, set_fte_in,
+    flow_table_context, fte_match_param, fte_match_set_lyr_2_4 as l24, fte_match_set_misc,
+    general_obj_in_cmd_hdr, ipv4_layout, set_flow_table_root_in, set_fte_in,
 };
 use mlx5_hw::opcode::Opcode;
 
@@ -42,7 +46,7 @@ const STATUS_OUT: usize = mlx5_hw::ifc::destroy_flow_table_out::SIZE_BYTES;
 /// their ethertype and TCP or UDP ports their IP protocol; a spec that
 /// asks for two of a kind (IPv4 and IPv6, TCP and UDP, or an ethertype or
 /// protocol other than the one implied) is refused.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlowSpec {
     /// Destination MAC.
     pub dmac: Option<[u8; 6]>,
@@ -71,6 +75,13 @@ pub struct FlowSpec {
     pub tcp_sport: Option<u16>,
     /// TCP destination port.
     pub tcp_dport: Option<u16>,
+    /// A VXLAN tunnel's VNI (24 bits; RFC 7348): the frame is UDP to a
+    /// port the function parses as VXLAN ([`Context::add_vxlan_udp_dport`])
+    /// and carries this VNI. Needs the device's `outer_vxlan_vni`.
+    pub vxlan_vni: Option<u32>,
+    /// The encapsulated frame's headers (with `vxlan_vni`): the fields
+    /// above, matched on the inner Ethernet frame (no tunnel in it).
+    pub inner: Option<Box<FlowSpec>>,
 }
 
 /// Ethertypes and IP protocols a spec's fields imply.
@@ -154,16 +165,43 @@ impl FlowSpec {
         Ok((self.ethertype.or(ty), self.ip_protocol.or(proto)))
     }
 
-    /// The spec as (mask, value) `fte_match_param` images.
-    fn images(&self) -> Result<(Vec<u8>, Vec<u8>)> {
-        let (ethertype, ip_protocol) = self.implied()?;
+    /// The spec as (mask, value) `fte_match_param` images and the parts
+    /// they use (`match_criteria_enable`).
+    fn images(&self) -> Result<(Vec<u8>, Vec<u8>, u8)> {
         let mut m = vec![0u8; fte_match_param::SIZE_BYTES];
         let mut v = m.clone();
-        let o = fte_match_param::OUTER_HEADERS.off;
+        self.headers(fte_match_param::OUTER_HEADERS.off, &mut m, &mut v)?;
+        let mut parts = MATCH_OUTER_HEADERS;
+        if let Some(vni) = self.vxlan_vni {
+            if vni >> 24 != 0 {
+                return Err(Error::Invalid("flow spec: a VXLAN VNI is 24 bits"));
+            }
+            let f = fte_match_set_misc::VXLAN_VNI.at(fte_match_param::MISC_PARAMETERS.off);
+            f.set(&mut m, u64::MAX >> (64 - f.width));
+            f.set(&mut v, u64::from(vni));
+            parts |= MATCH_MISC_PARAMETERS;
+        }
+        if let Some(inner) = &self.inner {
+            if self.vxlan_vni.is_none() {
+                return Err(Error::Invalid("flow spec: inner headers without a tunnel"));
+            }
+            if inner.vxlan_vni.is_some() || inner.inner.is_some() {
+                return Err(Error::Invalid("flow spec: a tunnel inside a tunnel"));
+            }
+            inner.headers(fte_match_param::INNER_HEADERS.off, &mut m, &mut v)?;
+            parts |= MATCH_INNER_HEADERS;
+        }
+        Ok((m, v, parts))
+    }
+
+    /// The spec's L2-L4 fields into the `fte_match_set_lyr_2_4` at bit `o`
+    /// of the mask and value images.
+    fn headers(&self, o: usize, m: &mut [u8], v: &mut [u8]) -> Result<()> {
+        let (ethertype, ip_protocol) = self.implied()?;
         let mut put = |f: mlx5_hw::bits::BitField, val: Option<u64>| {
             if let Some(x) = val {
-                f.at(o).set(&mut m, u64::MAX >> (64 - f.width));
-                f.at(o).set(&mut v, x);
+                f.at(o).set(m, u64::MAX >> (64 - f.width));
+                f.at(o).set(v, x);
             }
         };
         let mac = |a: Option<[u8; 6]>| {
@@ -206,11 +244,46 @@ impl FlowSpec {
                 v[at..at + a.len()].copy_from_slice(&a);
             }
         }
-        Ok((m, v))
+        Ok(())
     }
 }
 
 impl Context {
+    /// ADD_VXLAN_UDP_DPORT: UDP datagrams to `port` are parsed as VXLAN
+    /// (their VNI and inner headers match flow specs); 4789 is IANA's.
+    /// Needs `tunnel_stateless_vxlan`; the device holds a few ports
+    /// (`max_vxlan_udp_ports`).
+    pub fn add_vxlan_udp_dport(&self, port: u16) -> Result<()> {
+        self.vxlan_udp_dport(Opcode::AddVxlanUdpDport, port)
+    }
+
+    /// DELETE_VXLAN_UDP_DPORT: `port` is plain UDP again.
+    pub fn delete_vxlan_udp_dport(&self, port: u16) -> Result<()> {
+        self.vxlan_udp_dport(Opcode::DeleteVxlanUdpDport, port)
+    }
+
+    fn vxlan_udp_dport(&self, op: Opcode, port: u16) -> Result<()> {
+        use mlx5_hw::ifc::add_vxlan_udp_dport_in as i;
+        let mut c = cmd(op, i::SIZE_BYTES);
+        i::VXLAN_UDP_PORT.set(&mut c, u64::from(port));
+        self.ctx.hca.cmd().exec(&c, STATUS_OUT)?;
+        Ok(())
+    }
+
+    /// Whether NIC RX flow tables match a VXLAN VNI
+    /// (`flow_table_properties_nic_receive.ft_field_support.outer_vxlan_vni`,
+    /// what mlx5_ib checks before a tunnel spec). Queried when asked.
+    fn vxlan_flow_match(&self) -> Result<bool> {
+        use mlx5_hw::ifc::{
+            flow_table_fields_supported as ff, flow_table_nic_cap, flow_table_prop_layout,
+        };
+        let page =
+            crate::caps::query_cap(self.ctx.hca.cmd(), crate::caps::CapType::FlowTable, true)?;
+        let at = flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.off
+            + flow_table_prop_layout::FT_FIELD_SUPPORT.off;
+        Ok(ff::OUTER_VXLAN_VNI.at(at).get(&page[..]) != 0)
+    }
+
     /// A NIC RX flow table of 256 entries made the function's root: what
     /// [`FlowSteering::create_flow`] adds rules to.
     pub fn flow_steering(&self) -> Result<FlowSteering> {
@@ -238,8 +311,13 @@ impl Context {
 impl FlowSteering {
     /// `ibv_create_flow`: a rule for `spec` doing `action`.
     pub fn create_flow(&mut self, spec: &FlowSpec, action: FlowAction<'_>) -> Result<Flow> {
-        let (mask, value) = spec.images()?;
-        let g = self.group_for(&mask)?;
+        let (mask, value, parts) = spec.images()?;
+        if spec.vxlan_vni.is_some() && !self.ctx.vxlan_flow_match()? {
+            return Err(Error::NotSupported(
+                "flow spec: VXLAN (no outer_vxlan_vni in the NIC RX flow-table caps)",
+            ));
+        }
+        let g = self.group_for(&mask, parts)?;
         let group = &mut self.groups[g];
         let Some(slot) = group.used.iter().position(|u| !u) else {
             return Err(Error::Invalid("flow group full"));
@@ -299,7 +377,7 @@ impl FlowSteering {
     }
 
     /// The group whose criteria are `mask`, made if none is.
-    fn group_for(&mut self, mask: &[u8]) -> Result<usize> {
+    fn group_for(&mut self, mask: &[u8], parts: u8) -> Result<usize> {
         if let Some(g) = self.groups.iter().position(|g| g.mask == mask) {
             return Ok(g);
         }
@@ -312,7 +390,7 @@ impl FlowSteering {
         create_flow_group_in::TABLE_ID.set(&mut i, u64::from(self.table));
         create_flow_group_in::START_FLOW_INDEX.set(&mut i, u64::from(start));
         create_flow_group_in::END_FLOW_INDEX.set(&mut i, u64::from(start + GROUP - 1));
-        create_flow_group_in::MATCH_CRITERIA_ENABLE.set(&mut i, u64::from(MATCH_OUTER_HEADERS));
+        create_flow_group_in::MATCH_CRITERIA_ENABLE.set(&mut i, u64::from(parts));
         let at = create_flow_group_in::MATCH_CRITERIA.off / 8;
         i[at..at + mask.len()].copy_from_slice(mask);
         let out = self

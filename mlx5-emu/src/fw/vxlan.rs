@@ -3,7 +3,8 @@
 //! card has `tunnel_stateless_vxlan`). Up to `max_vxlan_udp_ports` of them
 //! (4 where the card reports 0: "usually 4", lib/vxlan.c); adding a port
 //! held already succeeds (4789 is the hardware's default, and Linux adds it
-//! again). Bookkeeping only: the model parses no tunnels.
+//! again). Steering parses UDP to these ports as VXLAN (transport/steer.rs:
+//! the VNI and the inner headers match).
 
 use mlx5_hw::ifc::{
     add_vxlan_udp_dport_in, delete_vxlan_udp_dport_in,

@@ -329,8 +329,8 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
         c.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let p = super::steer::parse(frame);
     let plan = rlock(&dst.eth_rx.plan).clone();
+    let p = super::steer::parse(frame, &plan.vxlan_ports);
     let v = plan.steer(&p.img, &p.flow);
     if !v.counters.is_empty() {
         let mut fc = lock(&dst.eth_rx.flow_counts);

@@ -14,8 +14,14 @@
 //! lists (a TIR: the packet goes to the TIR's RQ, or for an indirect TIR to
 //! the RQ its hash picks from the RQ table; a deeper table: the walk goes
 //! on there). No entry matching follows the table's miss path, and the
-//! default miss drops. Only outer L2-L4 headers are parsed (no tunnel): a
-//! packet's misc parameters and inner headers read as zero.
+//! default miss drops. The outer L2-L4 headers are parsed, and a UDP
+//! datagram to a port the function registered as VXLAN
+//! (ADD_VXLAN_UDP_DPORT, fw/vxlan.rs) is a tunnel: its VNI goes into the
+//! misc parameters (`vxlan_vni`) and the encapsulated frame's L2-L4 headers
+//! into the inner headers (RFC 7348: the VXLAN header's I flag set, the
+//! inner Ethernet frame after it), as the flow-table caps announce
+//! (`outer_vxlan_vni`, `inner_*`). Anything else reads as zero there; RSS
+//! and the CQE's checksum and header flags stay the outer headers'.
 
 use std::collections::HashMap;
 
@@ -24,7 +30,8 @@ use mlx5_hw::eth::{
     MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
 };
 use mlx5_hw::ifc::{
-    flow_context, fte_match_param, fte_match_set_lyr_2_4 as l24, ipv4_layout, rq_num, rqtc, tirc,
+    flow_context, fte_match_param, fte_match_set_lyr_2_4 as l24, fte_match_set_misc, ipv4_layout,
+    rq_num, rqtc, tirc,
 };
 
 use super::rss::{Flow, Hash};
@@ -71,6 +78,8 @@ pub(crate) struct Plan {
     root: Option<u32>,
     tables: HashMap<u32, Table>,
     tirs: HashMap<u32, Tir>,
+    /// The UDP destination ports parsed as VXLAN.
+    pub vxlan_ports: Vec<u16>,
 }
 
 /// One copy of a packet for an RQ, with the hash that chose it.
@@ -97,6 +106,7 @@ impl Plan {
     pub(crate) fn build(st: &Steering, eth: &EthObjects) -> Self {
         let mut p = Plan {
             root: st.roots.get(&FS_FT_NIC_RX).copied(),
+            vxlan_ports: eth.vxlan_ports.iter().copied().collect(),
             ..Plan::default()
         };
         for (&id, t) in st.tables.iter().filter(|(_, t)| t.ty == FS_FT_NIC_RX) {
@@ -234,6 +244,8 @@ pub(crate) struct Parsed {
     /// UDP/TCP checksum good (or none sent).
     pub l4_ok: bool,
     pub tcp_ack: bool,
+    /// Where its UDP or TCP header starts.
+    pub l4_at: Option<usize>,
 }
 
 /// Ethertypes and IP protocols the parser knows.
@@ -259,56 +271,92 @@ pub(crate) fn csum_fold(b: &[u8], mut sum: u32) -> u16 {
     sum as u16
 }
 
-/// Parses `f` (at least [`ETH_HLEN`] bytes).
-pub(crate) fn parse(f: &[u8]) -> Parsed {
+/// Parses `f` (at least [`ETH_HLEN`] bytes); UDP to one of `vxlan_ports`
+/// is a VXLAN tunnel whose inner frame is parsed too.
+pub(crate) fn parse(f: &[u8], vxlan_ports: &[u16]) -> Parsed {
     let mut img = vec![0u8; fte_match_param::SIZE_BYTES];
-    let o = fte_match_param::OUTER_HEADERS.off;
-    let set = |img: &mut Vec<u8>, fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
-    set(
-        &mut img,
-        l24::DMAC_47_16,
-        u64::from(u32::from_be_bytes([f[0], f[1], f[2], f[3]])),
-    );
-    set(&mut img, l24::DMAC_15_0, u64::from(be16(f, 4)));
-    set(
-        &mut img,
-        l24::SMAC_47_16,
-        u64::from(u32::from_be_bytes([f[6], f[7], f[8], f[9]])),
-    );
-    set(&mut img, l24::SMAC_15_0, u64::from(be16(f, 10)));
     let mut p = parsed_empty();
-    let mut ty = be16(f, 12);
-    let mut l3 = ETH_HLEN;
-    if ty == ETH_P_8021Q && f.len() >= ETH_HLEN + 4 {
-        let tci = be16(f, 14);
-        p.vlan = Some(tci);
-        set(&mut img, l24::CVLAN_TAG, 1);
-        set(&mut img, l24::FIRST_PRIO, u64::from(tci >> 13));
-        set(&mut img, l24::FIRST_CFI, u64::from(tci >> 12 & 1));
-        set(&mut img, l24::FIRST_VID, u64::from(tci & 0xfff));
-        ty = be16(f, 16);
-        l3 += 4;
-    }
-    set(&mut img, l24::ETHERTYPE, u64::from(ty));
-    let l4 = match ty {
-        ETH_P_IP => parse_ipv4(f, l3, &mut img, &mut p),
-        ETH_P_IPV6 => parse_ipv6(f, l3, &mut img, &mut p),
-        _ => None,
-    };
-    if let Some(l4) = l4 {
-        parse_l4(f, &l4, &mut img, &mut p);
+    let o = fte_match_param::OUTER_HEADERS.off;
+    let l4 = parse_l2_to_l4(f, 0, o, &mut img, &mut p);
+    if let (Some(l4), Some(vni)) = (&l4, vxlan_vni(f, &p, vxlan_ports)) {
+        let misc = fte_match_param::MISC_PARAMETERS.off;
+        fte_match_set_misc::VXLAN_VNI
+            .at(misc)
+            .set(&mut img, u64::from(vni));
+        // The inner frame's headers; RSS and the CQE keep the outer ones.
+        let inner = l4.at + UDP_HLEN + VXLAN_HLEN;
+        if f.len() >= inner + ETH_HLEN {
+            let o = fte_match_param::INNER_HEADERS.off;
+            parse_l2_to_l4(f, inner, o, &mut img, &mut parsed_empty());
+        }
     }
     p.img = img;
     p
 }
 
+/// Bytes of a UDP header and of a VXLAN header (RFC 7348).
+const UDP_HLEN: usize = 8;
+const VXLAN_HLEN: usize = 8;
+/// The VXLAN header's I flag: the VNI is valid.
+const VXLAN_FLAG_I: u8 = 0x08;
+
+/// The VNI of a VXLAN packet: UDP to one of `ports`, the I flag set.
+fn vxlan_vni(f: &[u8], p: &Parsed, ports: &[u16]) -> Option<u32> {
+    if p.flow.udp != Some(true) || !ports.contains(&p.flow.dport) {
+        return None;
+    }
+    let at = p.l4_at? + UDP_HLEN;
+    let h = f.get(at..at + VXLAN_HLEN)?;
+    (h[0] & VXLAN_FLAG_I != 0).then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
+}
+
+/// The Ethernet frame at `at` of `f`: its L2 headers (an 802.1Q tag
+/// included), then IPv4 or IPv6 and UDP or TCP, written into the
+/// `fte_match_set_lyr_2_4` at bit `o` of `img`; `p` gets the flow, VLAN
+/// and checksum verdicts. Where its L4 part is, if it has one.
+fn parse_l2_to_l4(f: &[u8], at: usize, o: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+    let e = f.get(at..at + ETH_HLEN)?;
+    let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
+    set(
+        img,
+        l24::DMAC_47_16,
+        u64::from(u32::from_be_bytes([e[0], e[1], e[2], e[3]])),
+    );
+    set(img, l24::DMAC_15_0, u64::from(be16(e, 4)));
+    set(
+        img,
+        l24::SMAC_47_16,
+        u64::from(u32::from_be_bytes([e[6], e[7], e[8], e[9]])),
+    );
+    set(img, l24::SMAC_15_0, u64::from(be16(e, 10)));
+    let mut ty = be16(e, 12);
+    let mut l3 = at + ETH_HLEN;
+    if ty == ETH_P_8021Q && f.len() >= l3 + 4 {
+        let tci = be16(f, l3);
+        p.vlan = Some(tci);
+        set(img, l24::CVLAN_TAG, 1);
+        set(img, l24::FIRST_PRIO, u64::from(tci >> 13));
+        set(img, l24::FIRST_CFI, u64::from(tci >> 12 & 1));
+        set(img, l24::FIRST_VID, u64::from(tci & 0xfff));
+        ty = be16(f, l3 + 2);
+        l3 += 4;
+    }
+    set(img, l24::ETHERTYPE, u64::from(ty));
+    let l4 = match ty {
+        ETH_P_IP => parse_ipv4(f, l3, o, img, p),
+        ETH_P_IPV6 => parse_ipv6(f, l3, o, img, p),
+        _ => None,
+    }?;
+    parse_l4(f, &l4, o, img, p);
+    Some(l4)
+}
+
 /// The IPv4 header at `at`: its fields into `img`; the L4 protocol, where
 /// its header starts and the pseudo-header sum, if it is not a fragment.
-fn parse_ipv4(f: &[u8], at: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+fn parse_ipv4(f: &[u8], at: usize, o: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
     let h = f.get(at..at + 20)?;
     let ihl = usize::from(h[0] & 0xf) * 4;
     let hdr = f.get(at..at + ihl.max(20))?;
-    let o = fte_match_param::OUTER_HEADERS.off;
     let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
     set(img, l24::IP_VERSION, 4);
     set(img, l24::IPV4_IHL, u64::from(h[0] & 0xf));
@@ -345,9 +393,8 @@ fn parse_ipv4(f: &[u8], at: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4A
 }
 
 /// The IPv6 header at `at` (no extension headers are walked).
-fn parse_ipv6(f: &[u8], at: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+fn parse_ipv6(f: &[u8], at: usize, o: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
     let h = f.get(at..at + 40)?;
-    let o = fte_match_param::OUTER_HEADERS.off;
     let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
     set(img, l24::IP_VERSION, 6);
     let tc = (be16(h, 0) >> 4) as u8;
@@ -384,10 +431,9 @@ struct L4At {
 }
 
 /// The UDP or TCP header `l`.
-fn parse_l4(f: &[u8], l: &L4At, img: &mut [u8], p: &mut Parsed) {
+fn parse_l4(f: &[u8], l: &L4At, o: usize, img: &mut [u8], p: &mut Parsed) {
     let (proto, at, pseudo) = (l.proto, l.at, l.pseudo);
     let body = f.get(at..l.end);
-    let o = fte_match_param::OUTER_HEADERS.off;
     let set = |img: &mut [u8], fld: mlx5_hw::bits::BitField, v: u64| fld.at(o).set(img, v);
     let Some(h) = f.get(at..at + 8) else {
         return;
@@ -415,6 +461,7 @@ fn parse_l4(f: &[u8], l: &L4At, img: &mut [u8], p: &mut Parsed) {
     }
     p.flow.sport = sp;
     p.flow.dport = dp;
+    p.l4_at = Some(at);
 }
 
 /// Fills in the checksums an Ethernet segment's `cs_flags` asks for: the
@@ -440,9 +487,9 @@ pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8) {
                 let c = !csum_fold(&f[l3..l3 + ihl], 0);
                 f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
             }
-            parse_ipv4(f, l3, &mut img, &mut p)
+            parse_ipv4(f, l3, fte_match_param::OUTER_HEADERS.off, &mut img, &mut p)
         }
-        ETH_P_IPV6 => parse_ipv6(f, l3, &mut img, &mut p),
+        ETH_P_IPV6 => parse_ipv6(f, l3, fte_match_param::OUTER_HEADERS.off, &mut img, &mut p),
         _ => None,
     };
     let Some(l) = l4.filter(|_| cs_flags & ETH_WQE_L4_CSUM != 0) else {
@@ -472,6 +519,7 @@ fn parsed_empty() -> Parsed {
         l3_ok: false,
         l4_ok: false,
         tcp_ack: false,
+        l4_at: None,
     }
 }
 
@@ -515,5 +563,7 @@ fn affects(op: mlx5_hw::opcode::Opcode) -> bool {
             | O::CreateRqt
             | O::ModifyRqt
             | O::DestroyRqt
+            | O::AddVxlanUdpDport
+            | O::DeleteVxlanUdpDport
     )
 }
