@@ -160,6 +160,12 @@ pub const CQE_RSS_UDP: u8 = 2 << 6;
 pub const ETH_WQE_L3_CSUM: u8 = 1 << 6;
 /// `wqe_eth_seg.cs_flags`: compute the TCP/UDP checksum (`MLX5_ETH_WQE_L4_CSUM`).
 pub const ETH_WQE_L4_CSUM: u8 = 1 << 7;
+/// `wqe_eth_seg.cs_flags`: compute the inner (tunnelled) IPv4 header
+/// checksum (`MLX5_ETH_WQE_L3_INNER_CSUM`).
+pub const ETH_WQE_L3_INNER_CSUM: u8 = 1 << 4;
+/// `wqe_eth_seg.cs_flags`: compute the inner TCP/UDP checksum
+/// (`MLX5_ETH_WQE_L4_INNER_CSUM`).
+pub const ETH_WQE_L4_INNER_CSUM: u8 = 1 << 5;
 
 /// Bytes of the two MAC addresses an Ethernet header starts with (a VLAN
 /// tag is inserted, or stripped, after them).

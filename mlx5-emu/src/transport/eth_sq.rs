@@ -325,7 +325,9 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8], lso: bool) -> Outco
     if !lso {
         return Outcome::Done(out(&mut frame), 1);
     }
-    let Some(frames) = super::lso::segment(&frame, mss) else {
+    // A tunnel's inner TCP segment is found by the VXLAN ports.
+    let plan = super::rlock(&rdma.eth_rx.plan).clone();
+    let Some(frames) = super::lso::segment(&frame, mss, &plan.vxlan_ports) else {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     };
     if frames.iter().any(|f| f.len() as u64 > MAX_FRAME) {
@@ -377,7 +379,12 @@ fn gather(
 /// frame as posted, then the tag it inserts (so an S-VLAN tag, which its
 /// parser would not look past, hides nothing); then the port. Its length.
 fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HLEN]>) -> u32 {
-    steer::offload_checksums(f, cs_flags);
+    // The VXLAN ports only where inner checksums are asked (the parser
+    // finds the inner frame by them).
+    let inner = mlx5_hw::eth::ETH_WQE_L3_INNER_CSUM | mlx5_hw::eth::ETH_WQE_L4_INNER_CSUM;
+    let plan = (cs_flags & inner != 0).then(|| super::rlock(&rdma.eth_rx.plan).clone());
+    let ports = plan.as_ref().map_or(&[][..], |p| &p.vxlan_ports[..]);
+    steer::offload_checksums(f, cs_flags, ports);
     if let Some(tag) = insert {
         f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
     }

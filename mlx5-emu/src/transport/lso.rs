@@ -7,12 +7,19 @@
 //! before it), FIN and PSH only on the last frame, CWR only on the first,
 //! and the checksums filled in as `cs_flags` asks ([`super::steer::offload_checksums`]).
 //!
+//! A VXLAN packet (UDP to a port the function parses as VXLAN) whose inner
+//! frame is TCP is cut the same way on its inner headers (mlx5e's tunnel
+//! TSO), the outer IP length and identification and the outer UDP length
+//! fixed per frame too.
+//!
 //! What is not TCP over IPv4 or IPv6 (extension headers included), an MSS
 //! of 0, or a frame whose headers do not parse is refused: the WQE
 //! completes with a length error.
 
 use super::packet::{IPV6_HLEN, TCP_HLEN, VLAN_HLEN};
-use super::steer::{ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP};
+use super::steer::{
+    ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN,
+};
 /// TCP flags cleared on all but the last frame (FIN, PSH) and on all but
 /// the first (CWR).
 const TCP_FIN: u8 = 0x01;
@@ -21,6 +28,8 @@ const TCP_CWR: u8 = 0x80;
 
 /// Where the headers of a TCP frame are.
 struct Headers {
+    /// A VXLAN packet's outer IP header (offset, IPv6) and UDP header.
+    outer: Option<(usize, bool, usize)>,
     /// The IP header's offset, and whether it is IPv6.
     l3: usize,
     ipv6: bool,
@@ -38,43 +47,78 @@ fn put16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
-/// Finds the headers of a TCP frame (Ethernet, optional C-VLAN tag, IPv4
-/// with options or IPv6 without extension headers, TCP with options).
-fn headers(f: &[u8]) -> Option<Headers> {
-    let mut l3 = ETH_HLEN;
-    let mut ty = be16(f.get(..ETH_HLEN)?, 12);
+/// The IP header of the Ethernet frame at `at` (after an optional C-VLAN
+/// tag): its offset, whether IPv6, its protocol, the L4 header's offset.
+fn ip(f: &[u8], at: usize) -> Option<(usize, bool, u8, usize)> {
+    let mut l3 = at + ETH_HLEN;
+    let mut ty = be16(f.get(at..l3)?, 12);
     if ty == ETH_P_8021Q {
-        ty = be16(f.get(..ETH_HLEN + VLAN_HLEN)?, 16);
+        ty = be16(f.get(at..l3 + VLAN_HLEN)?, 16);
         l3 += VLAN_HLEN;
     }
-    let (ipv6, l4) = match ty {
+    match ty {
         ETH_P_IP => {
             let h = f.get(l3..l3 + 20)?;
             let ihl = usize::from(h[0] & 0xf) * 4;
-            (h[9] == IPPROTO_TCP && ihl >= 20).then_some((false, l3 + ihl))?
+            (ihl >= 20).then_some((l3, false, h[9], l3 + ihl))
         }
         ETH_P_IPV6 => {
             let h = f.get(l3..l3 + IPV6_HLEN)?;
-            (h[6] == IPPROTO_TCP).then_some((true, l3 + IPV6_HLEN))?
+            Some((l3, true, h[6], l3 + IPV6_HLEN))
         }
-        _ => return None,
-    };
+        _ => None,
+    }
+}
+
+/// Finds the headers of a TCP frame (Ethernet, optional C-VLAN tag, IPv4
+/// with options or IPv6 without extension headers, TCP with options), or
+/// of a VXLAN packet (UDP to one of `vxlan_ports`) carrying one.
+fn headers(f: &[u8], vxlan_ports: &[u16]) -> Option<Headers> {
+    let (mut l3, mut ipv6, mut proto, mut l4) = ip(f, 0)?;
+    let mut outer = None;
+    if proto == IPPROTO_UDP && vxlan_ports.contains(&be16(f.get(l4..l4 + 4)?, 2)) {
+        outer = Some((l3, ipv6, l4));
+        (l3, ipv6, proto, l4) = ip(f, l4 + UDP_HLEN + VXLAN_HLEN)?;
+    }
+    if proto != IPPROTO_TCP {
+        return None;
+    }
     let doff = usize::from(f.get(l4 + 12)? >> 4) * 4;
     let len = l4 + doff;
-    (doff >= TCP_HLEN && len <= f.len()).then_some(Headers { l3, ipv6, l4, len })
+    (doff >= TCP_HLEN && len <= f.len()).then_some(Headers {
+        outer,
+        l3,
+        ipv6,
+        l4,
+        len,
+    })
+}
+
+/// Sets the length of the IP packet whose header is at `l3` (IPv4 total
+/// length, IPv6 payload length) for a frame of `frame_len` bytes, and an
+/// IPv4 packet's identification to `id`.
+fn fix_ip(f: &mut [u8], l3: usize, ipv6: bool, frame_len: usize, id: u16) {
+    if ipv6 {
+        put16(f, l3 + 4, (frame_len - l3 - IPV6_HLEN) as u16);
+    } else {
+        put16(f, l3 + 2, (frame_len - l3) as u16);
+        put16(f, l3 + 4, id);
+    }
 }
 
 /// Cuts `frame` (its headers and a payload of any length) into frames of
 /// at most `mss` payload bytes; `None` when it cannot be cut (see the
 /// module docs).
-pub(crate) fn segment(frame: &[u8], mss: usize) -> Option<Vec<Vec<u8>>> {
-    let h = headers(frame)?;
+pub(crate) fn segment(frame: &[u8], mss: usize, vxlan_ports: &[u16]) -> Option<Vec<Vec<u8>>> {
+    let h = headers(frame, vxlan_ports)?;
     if mss == 0 {
         return None;
     }
     let payload = &frame[h.len..];
     let n = payload.len().div_ceil(mss).max(1);
-    let id = if h.ipv6 { 0 } else { be16(frame, h.l3 + 4) };
+    let id = |l3: usize, ipv6: bool| if ipv6 { 0 } else { be16(frame, l3 + 4) };
+    let inner_id = id(h.l3, h.ipv6);
+    let outer_id = h.outer.map_or(0, |(l3, v6, _)| id(l3, v6));
     let seq = u32::from_be_bytes(frame[h.l4 + 4..h.l4 + 8].try_into().ok()?);
     let flags = frame[h.l4 + 13];
     let mut out = Vec::with_capacity(n);
@@ -83,11 +127,11 @@ pub(crate) fn segment(frame: &[u8], mss: usize) -> Option<Vec<Vec<u8>>> {
         let mut f = Vec::with_capacity(h.len + chunk.len());
         f.extend_from_slice(&frame[..h.len]);
         f.extend_from_slice(chunk);
-        if h.ipv6 {
-            put16(&mut f, h.l3 + 4, (h.len - h.l4 + chunk.len()) as u16);
-        } else {
-            put16(&mut f, h.l3 + 2, (h.len - h.l3 + chunk.len()) as u16);
-            put16(&mut f, h.l3 + 4, id.wrapping_add(i as u16));
+        let len = f.len();
+        fix_ip(&mut f, h.l3, h.ipv6, len, inner_id.wrapping_add(i as u16));
+        if let Some((l3, v6, udp)) = h.outer {
+            fix_ip(&mut f, l3, v6, len, outer_id.wrapping_add(i as u16));
+            put16(&mut f, udp + 4, (len - udp) as u16);
         }
         let s = seq.wrapping_add((i * mss) as u32);
         f[h.l4 + 4..h.l4 + 8].copy_from_slice(&s.to_be_bytes());
@@ -127,7 +171,7 @@ mod tests {
     #[test]
     fn tcp_over_ipv4_is_cut_at_the_mss_with_its_headers_fixed() {
         let f = tcp4(2500);
-        let s = segment(&f, 1000).unwrap();
+        let s = segment(&f, 1000, &[]).unwrap();
         assert_eq!(s.len(), 3);
         for (i, g) in s.iter().enumerate() {
             let n = [1000, 1000, 500][i];
@@ -153,16 +197,69 @@ mod tests {
         f[24] = IPPROTO_TCP;
         f[58 + 12] = 5 << 4;
         f.extend([0u8; 300]);
-        let s = segment(&f, 128).unwrap();
+        let s = segment(&f, 128, &[]).unwrap();
         assert_eq!(s.len(), 3);
         assert_eq!(be16(&s[2], 22), 20 + 44, "payload length");
         // UDP, an MSS of 0, a truncated header: refused.
         let mut u = tcp4(100);
         u[23] = 17;
-        assert!(segment(&u, 50).is_none());
-        assert!(segment(&tcp4(100), 0).is_none());
-        assert!(segment(&tcp4(0)[..40], 10).is_none());
+        assert!(segment(&u, 50, &[]).is_none());
+        assert!(segment(&tcp4(100), 0, &[]).is_none());
+        assert!(segment(&tcp4(0)[..40], 10, &[]).is_none());
         // No payload: the frame as it is.
-        assert_eq!(segment(&tcp4(0), 10).unwrap(), vec![tcp4(0)]);
+        assert_eq!(segment(&tcp4(0), 10, &[]).unwrap(), vec![tcp4(0)]);
+    }
+
+    /// [`tcp4`] of `n` bytes inside a VXLAN packet: Ethernet, IPv4 (id 3,
+    /// UDP), UDP to 4789, the VXLAN header (VNI 42), then the TCP frame.
+    fn vxlan_tcp4(n: usize) -> Vec<u8> {
+        let inner = tcp4(n);
+        let mut f = vec![0u8; 50];
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        put16(&mut f, 16, (36 + inner.len()) as u16);
+        put16(&mut f, 18, 3);
+        f[23] = IPPROTO_UDP;
+        put16(&mut f, 34, 40000);
+        put16(&mut f, 36, 4789);
+        put16(&mut f, 38, (16 + inner.len()) as u16);
+        f[42] = 0x08;
+        f[46..49].copy_from_slice(&[0, 0, 42]);
+        f.extend(inner);
+        f
+    }
+
+    #[test]
+    fn a_vxlan_packet_is_cut_on_its_inner_tcp_headers_outer_lengths_fixed() {
+        let f = vxlan_tcp4(2500);
+        assert!(segment(&f, 1000, &[]).is_none(), "4789 not VXLAN: UDP");
+        let s = segment(&f, 1000, &[4789]).unwrap();
+        assert_eq!(s.len(), 3);
+        for (i, g) in s.iter().enumerate() {
+            let n = [1000, 1000, 500][i];
+            assert_eq!(g.len(), 50 + 54 + n);
+            assert_eq!(be16(g, 16) as usize, g.len() - 14, "outer total length");
+            assert_eq!(be16(g, 18), 3 + i as u16, "outer identification");
+            assert_eq!(be16(g, 38) as usize, g.len() - 34, "outer UDP length");
+            let inner = &g[50..];
+            assert_eq!(be16(inner, 16) as usize, 40 + n, "inner total length");
+            assert_eq!(be16(inner, 18), 7 + i as u16, "inner identification");
+            let seq = u32::from_be_bytes(inner[38..42].try_into().unwrap());
+            assert_eq!(seq, 1000 + 1000 * i as u32);
+            assert_eq!(&inner[54..], &f[104 + 1000 * i..104 + 1000 * i + n]);
+        }
+        // The inner checksums the device fills in (mlx5e asks for inner
+        // L3 and L4 and the outer L3 of an encapsulated frame).
+        use mlx5_hw::eth::{ETH_WQE_L3_CSUM, ETH_WQE_L3_INNER_CSUM, ETH_WQE_L4_INNER_CSUM};
+        let mut g = s[1].clone();
+        let flags = ETH_WQE_L3_CSUM | ETH_WQE_L3_INNER_CSUM | ETH_WQE_L4_INNER_CSUM;
+        super::super::steer::offload_checksums(&mut g, flags, &[4789]);
+        let fold = |b: &[u8], sum: u32| super::super::steer::csum_fold(b, sum);
+        assert_eq!(fold(&g[14..34], 0), 0xffff, "outer IPv4 header");
+        assert_eq!(fold(&g[64..84], 0), 0xffff, "inner IPv4 header");
+        let tcp = &g[84..];
+        let pseudo = u32::from(fold(&g[76..84], 0)) + u32::from(IPPROTO_TCP) + tcp.len() as u32;
+        assert_eq!(fold(tcp, pseudo), 0xffff, "inner TCP");
+        assert_eq!(be16(&g, 40), 0, "outer UDP checksum left as sent");
     }
 }

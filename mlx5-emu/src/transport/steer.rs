@@ -253,7 +253,7 @@ pub(crate) const ETH_P_IP: u16 = 0x0800;
 pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
 pub(crate) use mlx5_hw::eth::{ETH_P_8021AD, ETH_P_8021Q};
 pub(crate) const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_UDP: u8 = 17;
 pub(crate) use super::packet::ETH_HLEN;
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -295,8 +295,8 @@ pub(crate) fn parse(f: &[u8], vxlan_ports: &[u16]) -> Parsed {
 }
 
 /// Bytes of a UDP header and of a VXLAN header (RFC 7348).
-const UDP_HLEN: usize = 8;
-const VXLAN_HLEN: usize = 8;
+pub(crate) const UDP_HLEN: usize = 8;
+pub(crate) const VXLAN_HLEN: usize = 8;
 /// The VXLAN header's I flag: the VNI is valid.
 const VXLAN_FLAG_I: u8 = 0x08;
 
@@ -466,23 +466,56 @@ fn parse_l4(f: &[u8], l: &L4At, o: usize, img: &mut [u8], p: &mut Parsed) {
 
 /// Fills in the checksums an Ethernet segment's `cs_flags` asks for: the
 /// IPv4 header's (`MLX5_ETH_WQE_L3_CSUM`), the TCP or UDP one
-/// (`MLX5_ETH_WQE_L4_CSUM`). A frame that is not IP, or too short for the
-/// headers it claims, is sent as it is.
-pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8) {
-    use mlx5_hw::eth::{ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM};
-    if cs_flags & (ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM) == 0 || f.len() < ETH_HLEN {
+/// (`MLX5_ETH_WQE_L4_CSUM`), and in a VXLAN packet (UDP to one of
+/// `vxlan_ports`, as the device's parser finds it) the inner frame's
+/// (`MLX5_ETH_WQE_L3_INNER_CSUM`, `MLX5_ETH_WQE_L4_INNER_CSUM`: what mlx5e
+/// asks for an encapsulated SKB), inner first since the outer L4 checksum
+/// covers them. A frame that is not IP, or too short for the headers it
+/// claims, is sent as it is.
+pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8, vxlan_ports: &[u16]) {
+    use mlx5_hw::eth::{
+        ETH_WQE_L3_CSUM, ETH_WQE_L3_INNER_CSUM, ETH_WQE_L4_CSUM, ETH_WQE_L4_INNER_CSUM,
+    };
+    if cs_flags & (ETH_WQE_L3_INNER_CSUM | ETH_WQE_L4_INNER_CSUM) != 0 && f.len() >= ETH_HLEN {
+        let p = parse(f, vxlan_ports);
+        if let (Some(l4), Some(_)) = (p.l4_at, vxlan_vni(f, &p, vxlan_ports)) {
+            let inner = l4 + UDP_HLEN + VXLAN_HLEN;
+            if f.len() >= inner + ETH_HLEN {
+                fill_checksums(
+                    f,
+                    inner,
+                    cs_flags & ETH_WQE_L3_INNER_CSUM != 0,
+                    cs_flags & ETH_WQE_L4_INNER_CSUM != 0,
+                );
+            }
+        }
+    }
+    if f.len() >= ETH_HLEN {
+        fill_checksums(
+            f,
+            0,
+            cs_flags & ETH_WQE_L3_CSUM != 0,
+            cs_flags & ETH_WQE_L4_CSUM != 0,
+        );
+    }
+}
+
+/// The IPv4 header checksum (`l3`) and the TCP or UDP checksum (`l4`) of
+/// the Ethernet frame at `at` of `f`.
+fn fill_checksums(f: &mut [u8], at: usize, l3_csum: bool, l4_csum: bool) {
+    if !(l3_csum || l4_csum) {
         return;
     }
-    let (mut ty, mut l3) = (be16(f, 12), ETH_HLEN);
-    if ty == ETH_P_8021Q && f.len() >= ETH_HLEN + 4 {
-        ty = be16(f, 16);
+    let (mut ty, mut l3) = (be16(f, at + 12), at + ETH_HLEN);
+    if ty == ETH_P_8021Q && f.len() >= l3 + 4 {
+        ty = be16(f, l3 + 2);
         l3 += 4;
     }
     let (mut img, mut p) = (vec![0u8; fte_match_param::SIZE_BYTES], parsed_empty());
     let l4 = match ty {
         ETH_P_IP => {
             let ihl = usize::from(f.get(l3).copied().unwrap_or(0) & 0xf) * 4;
-            if cs_flags & ETH_WQE_L3_CSUM != 0 && ihl >= 20 && f.len() >= l3 + ihl {
+            if l3_csum && ihl >= 20 && f.len() >= l3 + ihl {
                 f[l3 + 10..l3 + 12].fill(0);
                 let c = !csum_fold(&f[l3..l3 + ihl], 0);
                 f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
@@ -492,7 +525,7 @@ pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8) {
         ETH_P_IPV6 => parse_ipv6(f, l3, fte_match_param::OUTER_HEADERS.off, &mut img, &mut p),
         _ => None,
     };
-    let Some(l) = l4.filter(|_| cs_flags & ETH_WQE_L4_CSUM != 0) else {
+    let Some(l) = l4.filter(|_| l4_csum) else {
         return;
     };
     let at = match l.proto {
