@@ -208,6 +208,81 @@ fn tx_done(qp: &mut RawPacketQp, cq: &mut Cq) {
     tests::wait::until("the send completion", || qp.poll_tx(cq).unwrap() > 0);
 }
 
+/// Posts `n` receive buffers of [`RX_BUF`] bytes from the start of B's MR.
+fn post_b(p: &verbs_common::Pair, qb: &mut RawPacketQp, n: usize) {
+    let bufs: Vec<_> = (0..n as u64)
+        .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())
+        .collect();
+    assert_eq!(qb.post_rx(&bufs), n);
+}
+
+/// `lens.len()` UDP frames to port 1000 written 2 KiB apart into A's MR,
+/// payload `len` bytes each, a pattern of their number and `round`.
+fn frames_in_a(p: &verbs_common::Pair, round: usize, lens: &[usize]) -> Vec<Vec<u8>> {
+    lens.iter()
+        .enumerate()
+        .map(|(k, &len)| {
+            let mut f = headers(7000 + k as u16, 1000, len);
+            f.extend((0..len).map(|i| (i + k * 7 + round) as u8));
+            p.a.buf.write(k * 2048, &f).unwrap();
+            f
+        })
+        .collect()
+}
+
+/// The frames B received in `round` (in B's buffers from its MR's start,
+/// as many a round) are `frames`, in order (the receive ring's slots, 64
+/// of them), intact but for the checksums the device filled in (which B's
+/// CQEs say are good).
+fn check_rx(p: &verbs_common::Pair, got: &[RxPkt], frames: &[Vec<u8>], round: usize) {
+    for (k, r) in got.iter().enumerate() {
+        let slot = (round * frames.len() + k) % 64;
+        assert_eq!(
+            usize::from(r.slot),
+            slot,
+            "round {round} frame {k}: in order"
+        );
+        assert_eq!(r.error, None, "round {round} frame {k}");
+        assert!(
+            r.ipv4 && r.udp && r.l3_ok && r.l4_ok,
+            "round {round} frame {k}: {r:?}"
+        );
+        let f = &frames[k];
+        let got = read(&p.b.buf, k * RX_BUF, r.len as usize);
+        assert_eq!(got.len(), f.len(), "round {round} frame {k}");
+        assert_eq!(got[..24], f[..24], "round {round} frame {k}");
+        assert_eq!(got[26..40], f[26..40], "round {round} frame {k}");
+        assert_eq!(got[HDRS..], f[HDRS..], "round {round} frame {k}");
+    }
+}
+
+/// A's raw packet QP on a 16-block send ring, B's taking IPv4 UDP to port
+/// 1000 (its flow steering kept alive with it).
+fn small_ring(
+    p: &verbs_common::Pair,
+) -> (
+    RawPacketQp,
+    Cq,
+    Cq,
+    RawPacketQp,
+    Cq,
+    Cq,
+    verbs::flow::FlowSteering,
+) {
+    let cap = RawQpCap {
+        log_sq_bbs: 4,
+        log_rq_wqes: 6,
+        strip_vlan: false,
+    };
+    let (qa, a_tx, a_rx) = raw_qp_of(&p.a, cap);
+    let (qb, b_tx, b_rx) = raw_qp(&p.b);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    steer
+        .create_flow(&udp_to(1000), FlowAction::Queue(&qb))
+        .unwrap();
+    (qa, a_tx, a_rx, qb, b_tx, b_rx, steer)
+}
+
 #[test]
 fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
     // Headers of 14 bytes (Ethernet only: IP and UDP ride in the payload)
@@ -217,32 +292,13 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
     const ETH: usize = 14;
     const _: () = assert!(ETH <= ONE_BLOCK_INLINE_HEADERS && HDRS > ONE_BLOCK_INLINE_HEADERS);
     let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX4Lx, access::LOCAL_WRITE);
-    let cap = RawQpCap {
-        log_sq_bbs: 4,
-        log_rq_wqes: 6,
-        strip_vlan: false,
-    };
-    let (mut qa, mut a_tx, _a_rx) = raw_qp_of(&p.a, cap);
-    let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
-    let mut steer = p.b.ctx.flow_steering().unwrap();
-    let spec = udp_to(1000);
-    steer.create_flow(&spec, FlowAction::Queue(&qb)).unwrap();
+    let (mut qa, mut a_tx, _a_rx, mut qb, _b_tx, mut b_rx, steer) = small_ring(&p);
     for round in 0..6usize {
-        let bufs: Vec<_> = (0..10u64)
-            .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())
-            .collect();
-        assert_eq!(qb.post_rx(&bufs), 10);
+        post_b(&p, &mut qb, 10);
         // Whole frames in A's MR at 2 KiB apart; each packet's inline
         // headers are the frame's first 14 or 42 bytes.
-        let frames: Vec<Vec<u8>> = (0..10)
-            .map(|k| {
-                let len = 60 + round * 10 + k;
-                let mut f = headers(7000 + k as u16, 1000, len);
-                f.extend((0..len).map(|i| (i + k * 7 + round) as u8));
-                p.a.buf.write(k * 2048, &f).unwrap();
-                f
-            })
-            .collect();
+        let lens: Vec<usize> = (0..10).map(|k| 60 + round * 10 + k).collect();
+        let frames = frames_in_a(&p, round, &lens);
         let pkts: Vec<_> = (0..10)
             .map(|k| {
                 let ihs = if k % 2 == 0 { ETH } else { HDRS };
@@ -261,22 +317,7 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
             .collect();
         assert_eq!(qa.tx_burst(&pkts), 10, "round {round}");
         tx_done(&mut qa, &mut a_tx);
-        let got = rx_n(&mut qb, &mut b_rx, 10);
-        for (k, r) in got.iter().enumerate() {
-            assert_eq!(r.error, None, "round {round} frame {k}");
-            assert!(
-                r.ipv4 && r.udp && r.l3_ok && r.l4_ok,
-                "round {round} frame {k}: {r:?}"
-            );
-            let f = &frames[k];
-            assert_eq!(usize::from(r.slot), round * 10 + k, "in order");
-            let got = read(&p.b.buf, k * RX_BUF, r.len as usize);
-            // Intact but for the checksums the device filled in.
-            assert_eq!(got.len(), f.len(), "round {round} frame {k}");
-            assert_eq!(got[..24], f[..24], "round {round} frame {k}");
-            assert_eq!(got[26..40], f[26..40], "round {round} frame {k}");
-            assert_eq!(got[HDRS..], f[HDRS..], "round {round} frame {k}");
-        }
+        check_rx(&p, &rx_n(&mut qb, &mut b_rx, 10), &frames, round);
     }
     // An empty 16-block ring takes 8 two-block WQEs of a burst of 12.
     let f = headers(1, 1000, 0);
@@ -307,32 +348,12 @@ fn one_and_two_block_wqes_mix_and_wrap_a_small_ring() {
 fn enhanced_multi_packet_bursts_arrive_whole_and_in_order() {
     const N: usize = 20;
     let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
-    let cap = RawQpCap {
-        log_sq_bbs: 4,
-        log_rq_wqes: 6,
-        strip_vlan: false,
-    };
-    let (mut qa, mut a_tx, _a_rx) = raw_qp_of(&p.a, cap);
-    let (mut qb, _b_tx, mut b_rx) = raw_qp(&p.b);
-    let mut steer = p.b.ctx.flow_steering().unwrap();
-    steer
-        .create_flow(&udp_to(1000), FlowAction::Queue(&qb))
-        .unwrap();
+    let (mut qa, mut a_tx, _a_rx, mut qb, _b_tx, mut b_rx, steer) = small_ring(&p);
     let (mut inline, mut by_ref) = (0, 0);
     for round in 0..6usize {
-        let bufs: Vec<_> = (0..N as u64)
-            .map(|k| p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap())
-            .collect();
-        assert_eq!(qb.post_rx(&bufs), N);
-        let frames: Vec<Vec<u8>> = (0..N)
-            .map(|k| {
-                let len = 18 + (round * 37 + k * 53) % 940;
-                let mut f = headers(7000 + k as u16, 1000, len);
-                f.extend((0..len).map(|i| (i + k * 7 + round) as u8));
-                p.a.buf.write(k * 2048, &f).unwrap();
-                f
-            })
-            .collect();
+        post_b(&p, &mut qb, N);
+        let lens: Vec<usize> = (0..N).map(|k| 18 + (round * 37 + k * 53) % 940).collect();
+        let frames = frames_in_a(&p, round, &lens);
         let tx: Vec<_> = frames
             .iter()
             .enumerate()
@@ -354,20 +375,7 @@ fn enhanced_multi_packet_bursts_arrive_whole_and_in_order() {
                 tx_done(&mut qa, &mut a_tx);
             }
         }
-        let got = rx_n(&mut qb, &mut b_rx, N);
-        for (k, r) in got.iter().enumerate() {
-            assert_eq!(r.error, None, "round {round} frame {k}");
-            assert!(
-                r.ipv4 && r.udp && r.l3_ok && r.l4_ok,
-                "round {round} frame {k}: {r:?}"
-            );
-            let f = &frames[k];
-            let got = read(&p.b.buf, k * RX_BUF, r.len as usize);
-            assert_eq!(got.len(), f.len(), "round {round} frame {k}");
-            assert_eq!(got[..24], f[..24], "round {round} frame {k}");
-            assert_eq!(got[26..40], f[26..40], "round {round} frame {k}");
-            assert_eq!(got[HDRS..], f[HDRS..], "round {round} frame {k}");
-        }
+        check_rx(&p, &rx_n(&mut qb, &mut b_rx, N), &frames, round);
     }
     assert!(
         inline > 10 && by_ref > 50,
