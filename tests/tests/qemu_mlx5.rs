@@ -75,6 +75,9 @@ const CHECKS: &[&str] = &[
     "perftest_ib_send_lat_s1024",
     "mlx5e_udp_echo_between_functions",
     "mlx5e_tcp_stream_between_functions",
+    "mlx5e_vxlan_udp_echo_between_functions",
+    "mlx5e_vxlan_tcp_stream_between_functions",
+    "mlx5e_leaves_inner_checksums_to_the_device",
     "mlx5e_pktgen_bursts_arrive",
     "mlx5e_sends_no_multi_packet_wqe_without_the_cap",
 ];
@@ -465,7 +468,8 @@ fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
 }
 
 /// mlx5e's traffic between the two functions (`eth_pair.sh`): the UDP
-/// echo and the TCP stream, judged by Linux's stacks, and how mlx5e sent
+/// echo and the TCP stream, judged by Linux's stacks, straight and through
+/// a VXLAN tunnel (mlx5e's inner checksum and tunnel TSO offloads), and how mlx5e sent
 /// (its ethtool counters, both netdevs): by enhanced multi-packet WQEs where
 /// the profile offers them (`mpwqe`: frames counted in `tx_mpwqe_pkts` on
 /// both sides, pktgen's bursts several to a WQE), never where it does not;
@@ -481,28 +485,34 @@ pub(crate) fn judge_eth_traffic(
     for l in &lines {
         println!("qemu_mlx5: {prefix}mlx5e traffic: {l}");
     }
-    let udp = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("udp sizes "))
-        .map(|r| r.split_whitespace().collect::<Vec<_>>());
-    t.check(
-        &format!("{prefix}mlx5e_udp_echo_between_functions"),
-        match udp.as_deref() {
-            Some([n, "echoed", "intact", m]) if n == m && *n != "0" => Ok(()),
-            _ => Err(format!("{lines:?}; {log}")),
-        },
-    );
-    let tcp = lines
-        .iter()
-        .any(|l| l.starts_with("tcp bytes ") && l.ends_with(" sha256 ok"));
-    t.check(
-        &format!("{prefix}mlx5e_tcp_stream_between_functions"),
-        if tcp {
-            Ok(())
-        } else {
-            Err(format!("{lines:?}; {log}"))
-        },
-    );
+    // The traffic straight between the netdevs, then through a VXLAN
+    // tunnel over them ("vxlan " lines).
+    for (tag, name) in [("", ""), ("vxlan ", "vxlan_")] {
+        let udp = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(tag))
+            .find_map(|l| l.strip_prefix("udp sizes "))
+            .map(|r| r.split_whitespace().collect::<Vec<_>>());
+        t.check(
+            &format!("{prefix}mlx5e_{name}udp_echo_between_functions"),
+            match udp.as_deref() {
+                Some([n, "echoed", "intact", m]) if n == m && *n != "0" => Ok(()),
+                _ => Err(format!("{lines:?}; {log}")),
+            },
+        );
+        let tcp = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(tag))
+            .any(|l| l.starts_with("tcp bytes ") && l.ends_with(" sha256 ok"));
+        t.check(
+            &format!("{prefix}mlx5e_{name}tcp_stream_between_functions"),
+            if tcp {
+                Ok(())
+            } else {
+                Err(format!("{lines:?}; {log}"))
+            },
+        );
+    }
     // "stat DEV NAME VALUE": the counter of each netdev.
     let stat = |name: &str| -> Vec<Option<u64>> {
         lines
@@ -514,6 +524,18 @@ pub(crate) fn judge_eth_traffic(
             })
             .collect()
     };
+    // The tunnel's traffic went through the device's inner offloads: the
+    // sending side left inner checksums to it (and, where TSO applied,
+    // the tunnel segmentation).
+    let inner = stat("tx_csum_partial_inner");
+    t.check(
+        &format!("{prefix}mlx5e_leaves_inner_checksums_to_the_device"),
+        if inner.first().is_some_and(|v| v.is_some_and(|n| n > 0)) {
+            Ok(())
+        } else {
+            Err(format!("tx_csum_partial_inner {inner:?}; {lines:?}; {log}"))
+        },
+    );
     // "pktgen sent N of M received R": pktgen's bursts (xmit_more) all
     // arrived on the other netdev.
     let pktgen = lines

@@ -5,9 +5,15 @@
 # crosses the cable. Then Linux's pktgen sends PKTGEN_COUNT UDP frames from
 # DEV0 to DEV1 in bursts of 8 (xmit_more: mlx5e puts a burst in one
 # enhanced multi-packet WQE where the caps offer them) and DEV1's receive
-# counter says how many arrived. Last, both netdevs' ethtool TX counters:
+# counter says how many arrived. Then the UDP echo and TCP stream again
+# over a VXLAN tunnel (VNI 42, UDP port 4789) between the two: mlx5e
+# registers the port with the device and asks it for the inner checksums
+# and tunnel segmentation ("=== eth vxlan ..." lines). Last, both netdevs'
+# ethtool TX counters:
 # tx_mpwqe_pkts counts what mlx5e sent by enhanced multi-packet WQEs
-# (linear SKBs without inline headers), tx_mpwqe_blks those WQEs. Every
+# (linear SKBs without inline headers), tx_mpwqe_blks those WQEs,
+# tx_csum_partial_inner and tx_tso_inner_packets the tunnelled frames whose
+# inner checksums and segmentation it left to the device. Every
 # line the host checks starts with "=== eth ".
 PKTGEN_COUNT=256
 eth_pair() {
@@ -41,7 +47,22 @@ eth_pair() {
     done
     echo "=== eth pktgen sent ${sent:-none} of $PKTGEN_COUNT received $(($(rx "$@") - before))"
     grep -m1 'Result' "/proc/net/pktgen/$1" | sed 's/^/=== eth pktgen log: /'
-    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts; do
+    ip link add vx0 type vxlan id 42 local 10.9.0.1 remote 10.9.0.2 dstport 4789 dev "$1"
+    ip addr add 10.10.0.1/24 dev vx0
+    ip link set vx0 up
+    ip netns exec peer ip link add vx0 type vxlan id 42 local 10.9.0.2 remote 10.9.0.1 dstport 4789 dev "$2"
+    ip netns exec peer ip addr add 10.10.0.2/24 dev vx0
+    ip netns exec peer ip link set vx0 up
+    rm -f /tmp/eth.ready
+    ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.10.0.2 &
+    i=0
+    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.10.0.2
+    wait
+    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets; do
         PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
         PYTHONDONTWRITEBYTECODE=1 ip netns exec peer python3 /guest/eth_traffic.py stats "$2" $c
     done

@@ -8,7 +8,8 @@ cable: `eth_traffic.py server ADDR` there (in the background), then
 judges: the client sends UDP datagrams of every size from 1 to 1472 bytes
 in steps (one frame each) that the server echoes, and streams a TCP payload
 (large sends: mlx5e asks for LSO) whose SHA-256 the server sends back.
-Every line the host checks starts with "=== eth ".
+Every line the host checks starts with "=== eth " (with ETH_TAG set,
+"=== eth TAG ": the same traffic over another path, e.g. a VXLAN tunnel).
 
 `eth_traffic.py stats DEV NAME...` prints the netdev's ethtool statistics
 of those names ("=== eth stat DEV NAME VALUE"), read through the
@@ -26,8 +27,11 @@ import ctypes
 import fcntl
 import hashlib
 import socket
+import os
 import struct
 import sys
+
+TAG = "=== eth " + (os.environ["ETH_TAG"] + " " if os.environ.get("ETH_TAG") else "")
 
 UDP_PORT = 7000
 TCP_PORT = 7001
@@ -67,7 +71,7 @@ def server(addr):
         c.sendall(("%d %s\n" % (got, h.hexdigest())).encode())
         c.close()
     except OSError as e:
-        print("=== eth server error %s" % e, flush=True)
+        print(TAG + "server error %s" % e, flush=True)
 
 
 ECHO_IDLE = 300
@@ -99,10 +103,10 @@ def client(addr):
         try:
             d, _ = u.recvfrom(65536)
         except OSError as e:
-            print("=== eth udp error size %d: %s" % (n, e), flush=True)
+            print(TAG + "udp error size %d: %s" % (n, e), flush=True)
             break
         intact += d == p
-    print("=== eth udp sizes %d echoed intact %d" % (len(SIZES), intact), flush=True)
+    print(TAG + "udp sizes %d echoed intact %d" % (len(SIZES), intact), flush=True)
     data = payload(TCP_BYTES, 99)
     want = hashlib.sha256(data).hexdigest()
     try:
@@ -111,10 +115,10 @@ def client(addr):
         line = t.makefile().readline().split()
         t.close()
         ok = line == [str(TCP_BYTES), want]
-        print("=== eth tcp bytes %d sha256 %s" % (TCP_BYTES, "ok" if ok else "bad: %s" % line),
+        print(TAG + "tcp bytes %d sha256 %s" % (TCP_BYTES, "ok" if ok else "bad: %s" % line),
               flush=True)
     except OSError as e:
-        print("=== eth tcp error %s" % e, flush=True)
+        print(TAG + "tcp error %s" % e, flush=True)
 
 
 SIOCETHTOOL = 0x8946
