@@ -42,6 +42,11 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "a limit the driver offers (ibv_qp_cap), not a device layout",
     ),
     (
+        "verbs/src/raw_eth.rs",
+        "pub const MAX_EMPW_INLINE: usize",
+        "the largest frame the driver copies into an eMPW WQE (DPDK's txq_inline_mpw): driver policy",
+    ),
+    (
         "verbs/src/dbrec.rs",
         "pub const DBREC_STRIDE: usize",
         "how far apart the driver places doorbell records (a cache line each, as Linux's mlx5_db_alloc): driver policy",

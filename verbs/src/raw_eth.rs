@@ -73,10 +73,10 @@ const INLINE_START: usize = wqe_eth_seg::INLINE_HDR_START.width / 8;
 /// Largest frame [`TxFrame::Inline`] copies into an eMPW WQE (DPDK's
 /// default `txq_inline_mpw` is 268 bytes with its 4-byte segment head).
 pub const MAX_EMPW_INLINE: usize = 256;
-/// Data segments an eMPW WQE holds at most besides its control and
-/// Ethernet segments: its `ds` count is six bits (63), and no WQE is
-/// longer than `MLX5_SEND_WQE_MAX_WQEBBS` blocks (64 segments).
-const EMPW_MAX_DS: usize = 0x3f;
+/// Segments an eMPW WQE holds at most (its control and Ethernet segments
+/// included): its `ds` count is six bits (`MLX5_WQE_CTRL_DS_MASK`, 63), and
+/// no WQE is longer than `MLX5_SEND_WQE_MAX_WQEBBS` blocks (64 segments).
+const EMPW_MAX_DS: usize = w::WQE_CTRL_DS_MASK as usize;
 /// Headers that fit a one-block WQE: the two in the Ethernet segment and
 /// one 16-byte unit after it (mlx5e's usual 18: Ethernet with a VLAN tag).
 pub const ONE_BLOCK_INLINE_HEADERS: usize = INLINE_START + 16;
@@ -331,7 +331,7 @@ impl Context {
     /// context whose `min_wqe_inline_mode` is none: Linux's
     /// `mlx5_query_min_inline`; mlx5e sends by MPWQE only with no inline
     /// headers). Queried when asked, not at bring-up.
-    pub(crate) fn empw_offered(&self) -> Result<bool> {
+    pub fn empw_offered(&self) -> Result<bool> {
         if !self.ctx.hca.caps().gen().eth_net_offloads() {
             return Ok(false);
         }

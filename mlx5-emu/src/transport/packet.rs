@@ -27,7 +27,10 @@ pub const TCP_HLEN: usize = 20;
 /// Bytes of an IPv6 header; of an IPv4 header without options; of UDP.
 pub const IPV6_HLEN: usize = 40;
 const IPV4_HLEN: usize = 20;
-const UDP_HLEN: usize = 8;
+/// Bytes of a UDP header.
+pub const UDP_HLEN: usize = 8;
+/// Bytes of a VXLAN header (RFC 7348: flags, reserved, VNI, reserved).
+pub const VXLAN_HLEN: usize = 8;
 /// Bytes of each transport header.
 pub const BTH_LEN: usize = 12;
 /// RDMA extended transport header.

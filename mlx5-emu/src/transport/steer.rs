@@ -294,9 +294,7 @@ pub(crate) fn parse(f: &[u8], vxlan_ports: &[u16]) -> Parsed {
     p
 }
 
-/// Bytes of a UDP header and of a VXLAN header (RFC 7348).
-pub(crate) const UDP_HLEN: usize = 8;
-pub(crate) const VXLAN_HLEN: usize = 8;
+pub(crate) use super::packet::{UDP_HLEN, VXLAN_HLEN};
 /// The VXLAN header's I flag: the VNI is valid.
 const VXLAN_FLAG_I: u8 = 0x08;
 
