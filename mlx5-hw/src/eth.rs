@@ -200,6 +200,23 @@ pub const CAP_INLINE_MODE_NOT_REQUIRED: u8 = 2;
 /// (`MLX5_INLINE_MODE_NONE`, Linux's `device.h`).
 pub const INLINE_MODE_NONE: u8 = 0;
 
+/// Striding RQs: `wq.log_wqe_num_of_strides` v in 0..=9 means 2^(9 + v)
+/// strides a WQE (`MLX5_MPWQE_LOG_NUM_STRIDES_BASE`, Linux's `device.h`);
+/// 10..=15 mean 2^(v - 7), 8 down to 3 (`MLX5_MPWQE_LOG_NUM_STRIDES_EXT_BASE`,
+/// where the caps' `ext_stride_num_range` allows; mlx5_ib's `fw_map`).
+pub const MPWQE_LOG_NUM_STRIDES_BASE: u8 = 9;
+/// The least log2 of strides a WQE with `ext_stride_num_range`.
+pub const MPWQE_LOG_NUM_STRIDES_EXT_BASE: u8 = 3;
+/// `wq.log_wqe_stride_size` v: strides of 2^(6 + v) bytes
+/// (`MLX5_MPWQE_LOG_STRIDE_SZ_BASE`).
+pub const MPWQE_LOG_STRIDE_SZ_BASE: u8 = 6;
+/// A striding RQ's CQE `byte_cnt`: a filler CQE (the WQE's remaining
+/// strides skipped, no packet: `mpwrq_is_filler_cqe`).
+pub const MPWRQ_CQE_FILLER: u32 = 1 << 31;
+/// The strides a striding RQ's CQE consumed: `byte_cnt >> 16`, 15 bits
+/// (`mpwrq_get_cqe_consumed_strides`); the packet's bytes the low 16.
+pub const MPWRQ_CQE_STRIDES_SHIFT: u32 = 16;
+
 /// Inline header bytes an Ethernet send carries at least under the L2
 /// inline mode: the Ethernet header (`MLX5E_MIN_INLINE`, `ETH_HLEN`).
 pub const MIN_INLINE: usize = 14;

@@ -5,9 +5,9 @@
 //! CQ and counts into a Q counter set; MODIFY_RQ moves its state and the
 //! fields its bitmask selects (vsd, scatter_fcs, counter_set_id). RQ
 //! numbers share the QP number space with SQs. An RQ on its own cyclic or
-//! linked-list ring is also a data-path queue ([`crate::transport::eth_rx`])
-//! that steering delivers frames into; striding RQs and RQs on an RMP are
-//! kept as objects only (nothing is received into them yet).
+//! linked-list ring, striding or not, is also a data-path queue
+//! ([`crate::transport::eth_rx`]) that steering delivers frames into; RQs
+//! on an RMP are kept as objects only (nothing is received into them yet).
 
 use mlx5_hw::eth::{
     MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID, MODIFY_RQ_BITMASK_SCATTER_FCS, MODIFY_RQ_BITMASK_VSD,
@@ -22,7 +22,7 @@ use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, queue_transition, Obj};
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};
-use crate::transport::eth_rx::{EthRq, RqRing};
+use crate::transport::eth_rx::{EthRq, RqRing, Striding};
 use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
@@ -51,7 +51,14 @@ impl Firmware {
         let striding = self.cap(cmd_hca_cap::STRIDING_RQ) != 0;
         match wq::WQ_TYPE.get(w) {
             WQ_TYPE_LINKED_LIST | WQ_TYPE_CYCLIC => {}
-            WQ_TYPE_LINKED_LIST_STRIDING_RQ | WQ_TYPE_CYCLIC_STRIDING_RQ if striding => {}
+            WQ_TYPE_LINKED_LIST_STRIDING_RQ | WQ_TYPE_CYCLIC_STRIDING_RQ if striding => {
+                // A WQE holds the next-WQE and the data segment; the
+                // extended stride counts need `ext_stride_num_range`.
+                let ext = self.cap(cmd_hca_cap::EXT_STRIDE_NUM_RANGE) != 0;
+                if wq::LOG_WQ_STRIDE.get(w) < 5 || (wq::LOG_WQE_NUM_OF_STRIDES.get(w) > 9 && !ext) {
+                    return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_PARAM));
+                }
+            }
             _ => return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_TYPE)),
         }
         if !rlock(&inner.rdma.cqs).contains_key(&(rqc::CQN.get(c) as u32)) {
@@ -181,16 +188,30 @@ impl Firmware {
     }
 }
 
-/// The data-path side of an RQ on its own non-striding ring (`c`: its
-/// context, `pas`: its pages); `None` for a striding one.
+/// The data-path side of an RQ on its own ring, striding or not (`c`: its
+/// context, `pas`: its pages).
 fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthRq> {
     use mlx5_hw::init::page_offset_bytes;
     let w = &c[rqc::WQ.off / 8..];
-    let linked_list = match wq::WQ_TYPE.get(w) {
-        WQ_TYPE_LINKED_LIST => true,
-        WQ_TYPE_CYCLIC => false,
-        _ => return None,
-    };
+    let ty = wq::WQ_TYPE.get(w);
+    let linked_list = matches!(ty, WQ_TYPE_LINKED_LIST | WQ_TYPE_LINKED_LIST_STRIDING_RQ);
+    let striding = matches!(
+        ty,
+        WQ_TYPE_LINKED_LIST_STRIDING_RQ | WQ_TYPE_CYCLIC_STRIDING_RQ
+    )
+    .then(|| {
+        use mlx5_hw::eth::{
+            MPWQE_LOG_NUM_STRIDES_BASE as BASE, MPWQE_LOG_NUM_STRIDES_EXT_BASE as EXT,
+            MPWQE_LOG_STRIDE_SZ_BASE,
+        };
+        // 0..=9: 2^(9 + v); 10..=15: 2^(v - 7), the extended range.
+        let v = wq::LOG_WQE_NUM_OF_STRIDES.get(w) as u8;
+        Striding {
+            log_num: if v <= 9 { BASE + v } else { v - 10 + EXT },
+            log_size: MPWQE_LOG_STRIDE_SZ_BASE + wq::LOG_WQE_STRIDE_SIZE.get(w) as u8,
+            shift2: wq::TWO_BYTE_SHIFT_EN.get(w) != 0,
+        }
+    });
     let cq = rlock(&inner.rdma.cqs)
         .get(&(rqc::CQN.get(c) as u32))
         .cloned()?;
@@ -202,6 +223,7 @@ fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthR
         log_size: wq::LOG_WQ_SZ.get(w) as u8,
         log_stride: wq::LOG_WQ_STRIDE.get(w) as u8,
         linked_list,
+        striding,
         buf: Buf::new(
             pas,
             log_page,

@@ -779,3 +779,134 @@ fn enhanced_multi_packet_send_refusals() {
         "past the WQE"
     );
 }
+
+impl Eth {
+    /// A cyclic striding RQ on ring `RQ_RING[0]` in RDY: 4 WQEs of a
+    /// next-WQE and a data segment (32 bytes), each 8 strides of 64 bytes
+    /// (`log_wqe_num_of_strides` 10: 2^3, the extended range, which this
+    /// turns on in the caps).
+    fn striding_rq(&mut self) -> u32 {
+        use mlx5_hw::eth::WQ_TYPE_CYCLIC_STRIDING_RQ;
+        {
+            let mut fw = crate::lock(&self.d.f.model().inner.fw);
+            let g = fw.caps.cur.get_mut(&0).expect("general caps");
+            cmd_hca_cap::EXT_STRIDE_NUM_RANGE.set(g, 1);
+        }
+        let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
+        let x = &mut c[create_rq_in::CTX.off / 8..];
+        rqc::CQN.set(x, u64::from(self.cqn));
+        let w = &mut x[rqc::WQ.off / 8..];
+        wq::WQ_TYPE.set(w, WQ_TYPE_CYCLIC_STRIDING_RQ);
+        wq::PD.set(w, u64::from(self.pd));
+        wq::DBR_ADDR.set(w, DBR_IOVA + RQ_DBR[0]);
+        wq::LOG_WQ_STRIDE.set(w, 5);
+        wq::LOG_WQ_SZ.set(w, 2);
+        wq::LOG_WQE_NUM_OF_STRIDES.set(w, 10);
+        wq::LOG_WQE_STRIDE_SIZE.set(w, 0);
+        let at = create_rq_in::SIZE_BYTES;
+        c[at..].copy_from_slice(&(RING_IOVA + RQ_RING[0]).to_be_bytes());
+        let rqn = num(&self.d.ok(&c, 16));
+        assert_eq!(self.modify(0x909, rqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+        rqn
+    }
+
+    /// Posts the striding RQ's 4 WQEs: WQE k's 512 bytes at
+    /// [`STRIDED`] + 512 k.
+    fn post_striding(&mut self, lkey: u32) {
+        for k in 0..4u64 {
+            let mut s = [0u8; 32];
+            wqe_data_seg::BYTE_COUNT.at(128).set(&mut s, 512);
+            wqe_data_seg::LKEY.at(128).set(&mut s, u64::from(lkey));
+            wqe_data_seg::ADDR
+                .at(128)
+                .set(&mut s, RING_IOVA + STRIDED + k * 512);
+            self.bufs[0]
+                .write((RQ_RING[0] + k * 32) as usize, &s)
+                .unwrap();
+        }
+        self.bufs[1].write_u32_be(RQ_DBR[0] as usize, 4).unwrap();
+    }
+}
+
+/// Where the striding RQ's WQE buffers start (in B's ring buffer, inside
+/// its MTT key).
+const STRIDED: u64 = DATA + 0x4000;
+
+/// A striding RQ (multi-packet WQEs: mlx5e's and DPDK's MPRQ) on B: frames
+/// of 100 and 200 bytes take strides 0-1 and 2-5 of WQE 0; one of 150 does
+/// not fit in the 2 left, so a filler CQE ends WQE 0 (strides 6-7) and it
+/// lands at stride 0 of WQE 1; one of 600 (10 strides) is larger than a
+/// WQE: a length error CQE, the RQ in ERR. The CQEs carry the WQE
+/// (`wqe_counter`), the first stride (`wqe_id`) and `consumed << 16 |
+/// bytes`, as mlx5e's `mpwrq_get_cqe_*` read them.
+#[test]
+fn striding_rq_places_frames_by_stride_with_fillers() {
+    use mlx5_hw::eth::{MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT};
+    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX5);
+    let blkey = b.rw_mkey();
+    let rq = b.striding_rq();
+    b.post_striding(blkey);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let frames: Vec<Vec<u8>> = [100usize, 200, 150, 600]
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            let mut f = headers(6000 + k as u16, 1000, n - HDRS);
+            f.extend((0..n - HDRS).map(|i| (i + 5 * k) as u8));
+            f
+        })
+        .collect();
+    for (k, f) in frames.iter().enumerate() {
+        // Each send WQE is two blocks (42 header bytes inline).
+        a.bufs[0].write(DATA as usize, &f[HDRS..]).unwrap();
+        a.send(
+            sqn,
+            2 * k as u16,
+            &f[..HDRS],
+            alkey,
+            0,
+            (f.len() - HDRS) as u32,
+        );
+        a.cqe(k);
+    }
+    // (wqe_counter, wqe_id, byte_cnt) of each CQE; the frames' places.
+    let want = [
+        (0, 0, 2 << MPWRQ_CQE_STRIDES_SHIFT | 100),
+        (0, 2, 4 << MPWRQ_CQE_STRIDES_SHIFT | 200),
+        (0, 6, MPWRQ_CQE_FILLER | 2 << MPWRQ_CQE_STRIDES_SHIFT),
+        (1, 0, 3 << MPWRQ_CQE_STRIDES_SHIFT | 150),
+    ];
+    for (n, &(wqe, id, bc)) in want.iter().enumerate() {
+        let c = b.cqe(n);
+        assert_eq!(
+            c[63] >> 4,
+            CqeOpcode::RespSend.to_raw(),
+            "CQE {n}: {c:02x?}"
+        );
+        let got = (
+            cqe64::WQE_COUNTER.get(&c),
+            cqe64::WQE_ID.get(&c),
+            cqe64::BYTE_CNT.get(&c) as u32,
+        );
+        assert_eq!(got, (wqe, id, bc), "CQE {n}");
+    }
+    for (k, at) in [(0usize, 0u64), (1, 2 * 64), (2, 512)] {
+        let f = &frames[k];
+        let mut got = vec![0u8; f.len()];
+        b.bufs[0].read((STRIDED + at) as usize, &mut got).unwrap();
+        assert_eq!(got[HDRS..], f[HDRS..], "frame {k} at stride offset {at}");
+        assert_eq!(got[..24], f[..24], "frame {k}");
+    }
+    let c = b.cqe(4);
+    assert_eq!(c[63] >> 4, CqeOpcode::RespErr.to_raw(), "{c:02x?}");
+    assert_eq!(c[55], CqeSyndrome::LocalLengthErr.to_raw());
+    let rx = &b.d.f.model().inner.rdma.eth_rx;
+    let state = crate::transport::rlock(&rx.rqs)[&rq]
+        .state
+        .load(Ordering::Relaxed);
+    assert_eq!(u64::from(state), mlx5_hw::eth::QUEUE_STATE_ERR);
+}

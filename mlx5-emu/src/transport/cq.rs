@@ -96,6 +96,8 @@ pub(crate) struct Completion {
     pub l3: u8,
     /// Data scattered to the CQE instead of the buffer (qpc `cs_res`).
     pub inline: Option<InlineScatter>,
+    /// A striding RQ's first stride of the frame (`wqe_id`).
+    pub wqe_id: u16,
     /// Ethernet receives (transport/eth_rx.rs): `hds_ip_ext` (checksums
     /// good), `rss_hash_type`, `rss_hash_result`, `vlan_info`.
     pub eth: Option<EthCqe>,
@@ -224,6 +226,7 @@ impl Cq {
             }
         };
         e.wqe_counter.set(c.wqe_counter);
+        e.wqe_id.set(c.wqe_id);
         let format = match &c.inline {
             Some(s) if s.len > 32 && st.stride >= 128 => {
                 // The entry's first 64 bytes, before the CQE itself.

@@ -19,6 +19,18 @@
 //! `out_of_buffer` in the RQ's Q counter set; one longer than the WQE's
 //! buffers, or whose key does not grant the local write, completes with
 //! an error CQE and moves the RQ to ERR.
+//!
+//! A striding RQ (multi-packet WQEs, mlx5e's and DPDK's MPRQ) has WQEs of a
+//! next-WQE segment and one data segment whose buffer is 2^n strides of
+//! 2^s bytes ([`Striding`]): each frame lands at the next free stride of
+//! the head WQE (two bytes in with `two_byte_shift_en`), taking as many
+//! strides as it needs, and its CQE names the WQE (`wqe_counter`), the
+//! first stride (`wqe_id`) and the strides consumed with the byte count
+//! (`byte_cnt`: consumed << 16 | bytes). A frame that does not fit in the
+//! WQE's remaining strides ends the WQE with a filler CQE (the rest of its
+//! strides, `MPWRQ_CQE_FILLER`) and goes to the next; one larger than a
+//! whole WQE is a length error. The WQE counts as consumed once its
+//! strides are.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -29,7 +41,7 @@ use mlx5_hw::eth::{
     CQE_L2_OK, CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
     CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA, CQE_L4_HDR_TYPE_TCP_NO_ACK,
     CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_RSS_IPV4, CQE_RSS_IPV6, CQE_RSS_TCP, CQE_RSS_UDP,
-    CQE_VLAN_PRESENT, QUEUE_STATE_RDY,
+    CQE_VLAN_PRESENT, MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT, QUEUE_STATE_RDY,
 };
 use mlx5_hw::ifc::wqe_data_seg;
 use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
@@ -94,6 +106,8 @@ pub(crate) struct EthRq {
     /// log2 of a WQE's bytes (wq.log_wq_stride).
     pub log_stride: u8,
     pub linked_list: bool,
+    /// Multi-packet WQEs (a striding RQ), else `None`.
+    pub striding: Option<Striding>,
     pub buf: Buf,
     pub dbr: u64,
     /// The Q counter set it counts into (0: none readable).
@@ -109,6 +123,18 @@ pub(crate) struct EthRq {
     pub ring: Mutex<RqRing>,
 }
 
+/// A striding RQ's WQE geometry (`wq.log_wqe_num_of_strides`,
+/// `log_wqe_stride_size`, `two_byte_shift_en`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Striding {
+    /// log2 of the strides in a WQE.
+    pub log_num: u8,
+    /// log2 of a stride's bytes.
+    pub log_size: u8,
+    /// Each frame lands two bytes into its first stride (IP alignment).
+    pub shift2: bool,
+}
+
 /// Where an RQ's ring stands.
 #[derive(Debug, Default)]
 pub(crate) struct RqRing {
@@ -116,6 +142,8 @@ pub(crate) struct RqRing {
     pub consumed: u16,
     /// The index of the next WQE (a linked list follows its links).
     pub head: u16,
+    /// A striding RQ: the head WQE's next free stride.
+    pub stride: u32,
 }
 
 impl EthRq {
@@ -129,6 +157,9 @@ impl EthRq {
         if u64::from(self.state.load(Ordering::Acquire)) != QUEUE_STATE_RDY {
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
+        }
+        if let Some(st) = self.striding {
+            return self.deliver_striding(rdma, mem, frame, p, d, st);
         }
         let mut ring = lock(&self.ring);
         let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
@@ -179,6 +210,190 @@ impl EthRq {
         ring.consumed = ring.consumed.wrapping_add(1);
         drop(ring);
         self.cq.push(rdma, mem, &c);
+    }
+
+    /// Counts a frame that found no WQE posted (the Q counter set's
+    /// `out_of_buffer`) and drops it.
+    fn out_of_buffer(&self, rdma: &Rdma) {
+        let id = self.counter_set.load(Ordering::Relaxed);
+        if let Some(s) = lock(&rdma.q_counters).get(&id) {
+            s.out_of_buffer.fetch_add(1, Ordering::Relaxed);
+        }
+        rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A striding RQ takes `frame` (module docs): at the head WQE's next
+    /// free stride, or, where it does not fit, after a filler CQE in the
+    /// next WQE.
+    fn deliver_striding(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        frame: &[u8],
+        p: &Parsed,
+        d: Delivery,
+        st: Striding,
+    ) {
+        let stripped;
+        let (frame, vlan) = match p.vlan {
+            Some(tci) if !self.vsd.load(Ordering::Relaxed) => {
+                stripped = strip_vlan(frame);
+                (&stripped[..], Some(tci))
+            }
+            _ => (frame, None),
+        };
+        let total = 1u32 << st.log_num;
+        let lead = if st.shift2 { 2 } else { 0 };
+        let need = (frame.len() as u64 + lead).div_ceil(1 << st.log_size) as u32;
+        let mut cqes = Vec::with_capacity(2);
+        let mut ring = lock(&self.ring);
+        let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
+        if pi == ring.consumed {
+            drop(ring);
+            return self.out_of_buffer(rdma);
+        }
+        if need > total || frame.len() > 0xffff {
+            let at = ring.head;
+            self.fail_wqe(
+                rdma,
+                &mut ring,
+                at,
+                (CqeSyndrome::LocalLengthErr, vendor::LENGTH),
+                &mut cqes,
+            );
+        } else {
+            if need > total - ring.stride {
+                // The rest of this WQE is skipped: a filler CQE, then the
+                // next WQE (if one is posted).
+                let (at, first) = (ring.head, ring.stride);
+                let left = total - first;
+                cqes.push(Completion {
+                    opcode: CqeOpcode::RespSend.to_raw(),
+                    qpn: self.rqn,
+                    wqe_counter: at,
+                    wqe_id: first as u16,
+                    byte_cnt: MPWRQ_CQE_FILLER | left << MPWRQ_CQE_STRIDES_SHIFT,
+                    ..Completion::default()
+                });
+                self.next_wqe(mem, &mut ring);
+            }
+            if pi == ring.consumed {
+                drop(ring);
+                self.push_all(rdma, mem, &cqes);
+                return self.out_of_buffer(rdma);
+            }
+            let (at, first) = (ring.head, ring.stride);
+            match self.place(rdma, mem, at, first, lead, frame, st) {
+                Ok(()) => {
+                    cqes.push(Completion {
+                        opcode: CqeOpcode::RespSend.to_raw(),
+                        qpn: self.rqn,
+                        wqe_counter: at,
+                        wqe_id: first as u16,
+                        byte_cnt: need << MPWRQ_CQE_STRIDES_SHIFT | frame.len() as u32,
+                        l3: hdr_types(p, vlan),
+                        eth: Some(eth_cqe(p, d, vlan)),
+                        ..Completion::default()
+                    });
+                    ring.stride = first + need;
+                    if ring.stride == total {
+                        self.next_wqe(mem, &mut ring);
+                    }
+                }
+                Err(e) => self.fail_wqe(rdma, &mut ring, at, e, &mut cqes),
+            }
+        }
+        drop(ring);
+        self.push_all(rdma, mem, &cqes);
+    }
+
+    /// The head WQE is used up: the ring moves to the next one.
+    fn next_wqe(&self, mem: &IovaMemory, ring: &mut RqRing) {
+        let at = ring.head;
+        ring.head = if self.linked_list {
+            let mask = (1u32 << self.log_size) - 1;
+            self.buf
+                .addr(u64::from(u32::from(at) & mask) << self.log_stride)
+                .and_then(|a| mem::load_be32(mem, a).ok())
+                .map_or(at.wrapping_add(1), |w| {
+                    mlx5_hw::ifc::wqe_srq_next_seg::NEXT_WQE_INDEX.get(&w.to_be_bytes()) as u16
+                })
+        } else {
+            at.wrapping_add(1)
+        };
+        ring.consumed = ring.consumed.wrapping_add(1);
+        ring.stride = 0;
+    }
+
+    /// WQE `at` failed with `e`: an error CQE and the RQ to ERR.
+    fn fail_wqe(
+        &self,
+        rdma: &Rdma,
+        ring: &mut RqRing,
+        at: u16,
+        e: (CqeSyndrome, u8),
+        cqes: &mut Vec<Completion>,
+    ) {
+        tracing::debug!(rqn = self.rqn, at, vendor = e.1, "RQ WQE failed");
+        self.state
+            .store(mlx5_hw::eth::QUEUE_STATE_ERR as u8, Ordering::Release);
+        rdma.counters.error_cqes.fetch_add(1, Ordering::Relaxed);
+        ring.consumed = ring.consumed.wrapping_add(1);
+        cqes.push(Completion {
+            opcode: CqeOpcode::RespErr.to_raw(),
+            qpn: self.rqn,
+            wqe_counter: at,
+            error: Some((e.0.to_raw(), e.1)),
+            ..Completion::default()
+        });
+    }
+
+    fn push_all(&self, rdma: &Rdma, mem: &IovaMemory, cqes: &[Completion]) {
+        for c in cqes {
+            if !self.cq.push(rdma, mem, c) {
+                break;
+            }
+        }
+    }
+
+    /// Writes `frame` into strides `first..` of striding WQE `at` (`lead`
+    /// bytes in): the WQE's data segment, read through its key, which must
+    /// grant the local write over the whole stride range it covers.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        at: u16,
+        first: u32,
+        lead: u64,
+        frame: &[u8],
+        st: Striding,
+    ) -> Result<(), (CqeSyndrome, u8)> {
+        let mask = (1u32 << self.log_size) - 1;
+        let fault = (CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+        let addr = self
+            .buf
+            .addr(u64::from(u32::from(at) & mask) << self.log_stride)
+            .ok_or(fault)?;
+        let mut seg = [0u8; NEXT_SEG + wqe_data_seg::SIZE_BYTES];
+        mem::read(mem, addr, &mut seg).map_err(|_| fault)?;
+        let s = &seg[NEXT_SEG..];
+        let span = (1u64 << st.log_num) << st.log_size;
+        if (wqe_data_seg::BYTE_COUNT.get(s)) < span {
+            return Err((CqeSyndrome::LocalLengthErr, vendor::LENGTH));
+        }
+        let key = wqe_data_seg::LKEY.get(s) as u32;
+        let k = rdma
+            .mkey(key)
+            .ok_or((CqeSyndrome::LocalProtErr, vendor::BAD_LKEY))?;
+        let start = wqe_data_seg::ADDR.get(s) + (u64::from(first) << st.log_size) + lead;
+        let mut ext = Vec::new();
+        k.resolve(self.pd, access::LW, start, frame.len() as u64, &mut ext)
+            .map_err(|e| (CqeSyndrome::LocalProtErr, key_error(e)))?;
+        crate::fabric::Payload::Bytes(frame)
+            .copy_to(mem, &ext, 0)
+            .map_err(|_| (CqeSyndrome::LocalProtErr, vendor::NO_ACCESS))
     }
 
     /// Scatters `frame` into WQE `at`; the index of the WQE after it.
