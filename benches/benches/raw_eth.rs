@@ -55,6 +55,7 @@ fn raw_rig(profile: Profile) -> &'static mut RawRig {
         log_sq_bbs: 11,
         log_rq_wqes: 4,
         strip_vlan: false,
+        striding: None,
     };
     let qp = ctx
         .create_raw_packet_qp(&pd, &tx, &rx, cap)

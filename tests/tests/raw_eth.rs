@@ -13,7 +13,7 @@ use verbs::cq::Cq;
 use verbs::flow::{FlowAction, FlowSpec};
 use verbs::mr::access;
 use verbs::raw_eth::{
-    RawPacketQp, RawQpCap, RxPkt, TxFrame, TxPkt, MAX_EMPW_INLINE, MAX_INLINE_HEADERS,
+    RawPacketQp, RawQpCap, RxPkt, StridingRq, TxFrame, TxPkt, MAX_EMPW_INLINE, MAX_INLINE_HEADERS,
     ONE_BLOCK_INLINE_HEADERS,
 };
 use verbs::rss::{rx_hash_fields as rh, RxHashConf, Wq, WqCap};
@@ -67,6 +67,7 @@ fn raw_qp(s: &Side) -> (RawPacketQp, Cq, Cq) {
             log_sq_bbs: 8,
             log_rq_wqes: 6,
             strip_vlan: false,
+            striding: None,
         },
     )
 }
@@ -182,6 +183,7 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
         log_sq_bbs: 4,
         log_rq_wqes: 4,
         strip_vlan: false,
+        striding: None,
     };
     assert!(p
         .a
@@ -273,6 +275,7 @@ fn small_ring(
         log_sq_bbs: 4,
         log_rq_wqes: 6,
         strip_vlan: false,
+        striding: None,
     };
     let (qa, a_tx, a_rx) = raw_qp_of(&p.a, cap);
     let (qb, b_tx, b_rx) = raw_qp(&p.b);
@@ -506,6 +509,112 @@ fn vxlan_specs_steer_by_vni_and_inner_headers() {
     }
 }
 
+/// A striding RQ (multi-packet receive, DPDK's MPRQ) on B: buffers of 512
+/// strides of 64 bytes (32 KiB), 120 frames of 60 to 1,500 bytes land one
+/// after another in them, each at its stride (`RxPkt::offset`), intact; a
+/// frame that no longer fits a buffer goes to the next one (the device's
+/// filler completion is not a packet); a buffer whose strides are all used
+/// is free again. Geometry out of range is refused.
+#[test]
+fn striding_rq_packs_frames_into_buffers_by_stride() {
+    const BUF: u64 = 32 << 10;
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let st = StridingRq {
+        log_num_strides: 9,
+        log_stride_size: 6,
+    };
+    let cap = RawQpCap {
+        log_sq_bbs: 8,
+        log_rq_wqes: 2,
+        strip_vlan: false,
+        striding: Some(st),
+    };
+    let (mut qb, _b_tx, mut b_rx) = raw_qp_of(&p.b, cap);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    steer
+        .create_flow(&udp_to(1000), FlowAction::Queue(&qb))
+        .unwrap();
+    let bufs: Vec<_> = (0..4)
+        .map(|k| p.b.mr.sge(k * BUF, BUF as u32).unwrap())
+        .collect();
+    assert_eq!(qb.post_rx(&bufs), 4);
+    let lens: Vec<usize> = (0..120).map(|k| 18 + (k * 389) % 1440).collect();
+    let mut all = Vec::new();
+    let mut got = Vec::new();
+    for chunk in lens.chunks(30) {
+        let frames = frames_in_a(&p, all.len(), chunk);
+        let pkts: Vec<_> = frames
+            .iter()
+            .enumerate()
+            .map(|(k, f)| TxPkt {
+                headers: &f[..HDRS],
+                payload: Some(
+                    p.a.mr
+                        .sge((k * 2048 + HDRS) as u64, (f.len() - HDRS) as u32)
+                        .unwrap(),
+                ),
+                csum: true,
+                mss: 0,
+                vlan: None,
+            })
+            .collect();
+        assert_eq!(qa.tx_burst(&pkts), pkts.len());
+        tx_done(&mut qa, &mut a_tx);
+        got.extend(rx_n(&mut qb, &mut b_rx, frames.len()));
+        all.extend(frames);
+    }
+    let mut end = (0u16, 0u32);
+    for (k, (r, f)) in got.iter().zip(&all).enumerate() {
+        assert_eq!(r.error, None, "frame {k}");
+        assert!(r.l3_ok && r.l4_ok, "frame {k}: {r:?}");
+        assert_eq!(r.len as usize, f.len(), "frame {k}");
+        // In order: after the last frame's strides, or at the start of
+        // the next buffer.
+        assert!(
+            (r.slot, r.offset) == end || (r.slot == end.0 + 1 && r.offset == 0),
+            "frame {k} at {:?}, the last ended at {end:?}",
+            (r.slot, r.offset)
+        );
+        assert_eq!(r.offset % 64, 0, "frame {k} starts a stride");
+        let at = u64::from(r.slot) * BUF + u64::from(r.offset);
+        let b = read(&p.b.buf, at as usize, f.len());
+        assert_eq!(b[..24], f[..24], "frame {k}");
+        assert_eq!(b[26..40], f[26..40], "frame {k}");
+        assert_eq!(b[HDRS..], f[HDRS..], "frame {k}");
+        end = (r.slot, r.offset + (f.len() as u32).next_multiple_of(64));
+    }
+    assert!(end.0 >= 2, "the frames spread over three buffers: {end:?}");
+    // The first two buffers are used up: two slots free again.
+    assert_eq!(qb.post_rx(&bufs[..3]), 2);
+    for bad in [
+        StridingRq {
+            log_num_strides: 9,
+            log_stride_size: 5,
+        },
+        StridingRq {
+            log_num_strides: 20,
+            log_stride_size: 6,
+        },
+    ] {
+        let cap = RawQpCap {
+            striding: Some(bad),
+            ..cap
+        };
+        let tx = p.b.ctx.create_cq(16, None, None).unwrap();
+        let rx = p.b.ctx.create_cq(16, None, None).unwrap();
+        assert!(
+            p.b.ctx
+                .create_raw_packet_qp(&p.b.pd, &tx, &rx, cap)
+                .is_err(),
+            "{bad:?}"
+        );
+    }
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    qb.destroy().unwrap();
+}
+
 #[test]
 fn vlan_tags_inserted_by_the_driver_and_stripped_into_the_completion_only_where_asked() {
     // An 802.1Q-tagged frame (TCI 0x2064: priority 1, VLAN 100), its 18
@@ -518,6 +627,7 @@ fn vlan_tags_inserted_by_the_driver_and_stripped_into_the_completion_only_where_
         log_sq_bbs: 8,
         log_rq_wqes: 6,
         strip_vlan: true,
+        striding: None,
     };
     let (mut qs, _s_tx, mut s_rx) = raw_qp_of(&p.b, strip);
     let (mut qk, _k_tx, mut k_rx) = raw_qp(&p.b);

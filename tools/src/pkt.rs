@@ -170,6 +170,7 @@ impl Port {
             log_sq_bbs: LOG_TX,
             log_rq_wqes: 0,
             strip_vlan: false,
+            striding: None,
         };
         let qp = ctx
             .create_raw_packet_qp(&pd, &tx_cq, &rx_cq, cap)

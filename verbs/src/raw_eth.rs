@@ -28,8 +28,8 @@ use mlx5_hw::eth::{
     CAP_INLINE_MODE_NOT_REQUIRED, CAP_INLINE_MODE_VPORT_CONTEXT, CQE_L3_HDR_TYPE_IPV4,
     CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK, CQE_L4_HDR_TYPE_SHIFT,
     CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_ADDRS_LEN, ETH_P_8021Q, ETH_WQE_L3_CSUM,
-    ETH_WQE_L4_CSUM, INLINE_MODE_NONE, MIN_INLINE, QUEUE_STATE_RDY, QUEUE_STATE_RST,
-    TIRC_DISP_TYPE_DIRECT, VLAN_HLEN, WQ_TYPE_CYCLIC,
+    ETH_WQE_L4_CSUM, INLINE_MODE_NONE, MIN_INLINE, MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT,
+    QUEUE_STATE_RDY, QUEUE_STATE_RST, TIRC_DISP_TYPE_DIRECT, VLAN_HLEN, WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
     alloc_transport_domain_out, cqe64, create_rq_in, create_rq_out, create_sq_in, create_sq_out,
@@ -63,6 +63,8 @@ pub(crate) const DESTROY_OUT: usize = mlx5_hw::ifc::destroy_sq_out::SIZE_BYTES;
 const MODIFY_OUT: usize = mlx5_hw::ifc::modify_sq_out::SIZE_BYTES;
 /// Bytes of a receive WQE: one data segment.
 pub(crate) const RX_WQE: usize = wqe_data_seg::SIZE_BYTES;
+/// Bytes of the next-WQE segment a striding RQ's WQE starts with.
+const NEXT_SEG: usize = mlx5_hw::ifc::wqe_srq_next_seg::SIZE_BYTES;
 /// Headers that fit inline in a two-block WQE (control, Ethernet segment
 /// with its two header bytes, 48 more, one data segment).
 pub const MAX_INLINE_HEADERS: usize =
@@ -108,6 +110,24 @@ pub struct RawQpCap {
     /// refused where the device offers no VLAN offload (`vlan_cap`).
     /// Without it the tag stays in the frame (mlx5_ib sets `vsd`).
     pub strip_vlan: bool,
+    /// Multi-packet receive (a striding RQ, DPDK's MPRQ): each posted
+    /// buffer is a WQE of strides that many frames land in; `None`: one
+    /// frame a buffer.
+    pub striding: Option<StridingRq>,
+}
+
+/// A striding RQ's WQEs ([`RawQpCap::striding`]): each buffer posted is
+/// 2^`log_num_strides` strides of 2^`log_stride_size` bytes; a frame lands
+/// at the next free stride and takes as many as it needs
+/// ([`RxPkt::offset`]), one that no longer fits ends the buffer. Refused
+/// without the device's `striding_rq`, strides outside 64 B-8 KiB, or
+/// counts outside 2^9-2^16 (2^3 up with `ext_stride_num_range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StridingRq {
+    /// log2 of the strides a buffer holds.
+    pub log_num_strides: u8,
+    /// log2 of a stride's bytes.
+    pub log_stride_size: u8,
 }
 
 /// One packet to send: `headers` go inline in the WQE (at least an
@@ -154,6 +174,9 @@ pub struct RxPkt {
     /// The receive slot it landed in (the order [`RawPacketQp::post_rx`]
     /// posted the buffers, modulo the ring).
     pub slot: u16,
+    /// Where in the slot's buffer the frame starts: 0, or on a striding
+    /// RQ the first stride it took times the stride's bytes.
+    pub offset: u32,
     /// IPv4 frame.
     pub ipv4: bool,
     /// IPv6 frame.
@@ -249,10 +272,13 @@ impl Context {
         let dma = c.hca.dma();
         let sq = dma.alloc_buf(BB << cap.log_sq_bbs)?;
         let sq_ring = DmaRing::new(sq.buf().clone(), sq.offset(), 1 << cap.log_sq_bbs)?;
-        let rq = dma.alloc_buf(RX_WQE << cap.log_rq_wqes)?;
+        if let Some(st) = cap.striding {
+            self.check_striding(st)?;
+        }
+        let rq = dma.alloc_buf(RxRing::wqe_bytes(cap.striding) << cap.log_rq_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
-        let rx = RxRing::new(rq, &dbrec, cap.log_rq_wqes);
+        let rx = RxRing::new(rq, &dbrec, cap.log_rq_wqes, cap.striding);
         let uar = c.alloc_uar()?;
         let td = match alloc_transport_domain(&c) {
             Ok(td) => td,
@@ -321,6 +347,29 @@ impl Context {
         }
         let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
         Ok(PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]).vlan_cap())
+    }
+
+    /// A striding RQ's geometry against the device ([`StridingRq`]).
+    fn check_striding(&self, st: StridingRq) -> Result<()> {
+        use mlx5_hw::eth::{
+            MPWQE_LOG_NUM_STRIDES_BASE as BASE, MPWQE_LOG_NUM_STRIDES_EXT_BASE as EXT,
+            MPWQE_LOG_STRIDE_SZ_BASE as SZ,
+        };
+        let g = self.ctx.hca.caps().gen();
+        if !g.striding_rq() {
+            return Err(Error::NotSupported("striding RQ (no striding_rq)"));
+        }
+        let least = if g.ext_stride_num_range() { EXT } else { BASE };
+        // The field's ranges: 2^9..2^18 (0..=9) or 2^3..2^8 (10..=15);
+        // strides of 2^6..2^13 bytes (3 bits).
+        if !(least..=BASE + 7).contains(&st.log_num_strides)
+            || !(SZ..=SZ + 7).contains(&st.log_stride_size)
+        {
+            return Err(Error::Invalid(
+                "striding RQ: strides or their size out of range",
+            ));
+        }
+        Ok(())
     }
 
     /// Whether sends may use enhanced multi-packet WQEs, whose frames carry
@@ -854,6 +903,12 @@ pub(crate) struct RxRing {
     rec: Arc<vfio::DmaBuffer>,
     rec_off: usize,
     log: u8,
+    /// Bytes of a WQE: a data segment, or on a striding RQ the next-WQE
+    /// segment and a data segment.
+    wqe: usize,
+    striding: Option<StridingRq>,
+    /// A striding RQ: strides the head buffer's completions consumed.
+    used: u32,
     /// Buffers posted, buffers completed.
     pc: u16,
     ci: u16,
@@ -861,14 +916,32 @@ pub(crate) struct RxRing {
 
 impl RxRing {
     /// `ring` of `2^log` WQEs, counted in `dbrec`.
-    pub(crate) fn new(ring: DmaSlice, dbrec: &Dbrec, log: u8) -> Self {
+    pub(crate) fn new(
+        ring: DmaSlice,
+        dbrec: &Dbrec,
+        log: u8,
+        striding: Option<StridingRq>,
+    ) -> Self {
         Self {
             ring,
             rec: dbrec.buf().clone(),
             rec_off: dbrec.offset(),
             log,
+            wqe: Self::wqe_bytes(striding),
+            striding,
+            used: 0,
             pc: 0,
             ci: 0,
+        }
+    }
+
+    /// Bytes of a receive WQE (`MLX5_SEND_WQE_DS` for one data segment;
+    /// a striding RQ's WQE begins with the next-WQE segment, as DPDK's
+    /// `mlx5_wqe_mprq`).
+    pub(crate) fn wqe_bytes(striding: Option<StridingRq>) -> usize {
+        match striding {
+            Some(_) => NEXT_SEG + RX_WQE,
+            None => RX_WQE,
         }
     }
 
@@ -879,11 +952,15 @@ impl RxRing {
         let n = bufs.len().min(usize::from(room));
         let mask = (1u16 << self.log) - 1;
         let mut seg = [0u8; RX_WQE];
+        // A striding WQE's next-WQE segment stays zero (a cyclic ring).
+        let at = self.wqe - RX_WQE;
         for s in &bufs[..n] {
             wqe_data_seg::BYTE_COUNT.set(&mut seg, u64::from(s.length));
             wqe_data_seg::LKEY.set(&mut seg, u64::from(s.lkey));
             wqe_data_seg::ADDR.set(&mut seg, s.addr);
-            let _ = self.ring.write(usize::from(self.pc & mask) * RX_WQE, &seg);
+            let _ = self
+                .ring
+                .write(usize::from(self.pc & mask) * self.wqe + at, &seg);
             self.pc = self.pc.wrapping_add(1);
         }
         if n > 0 {
@@ -904,6 +981,24 @@ impl RxRing {
             };
             let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
             let slot = e.be16_at(cqe64::WQE_COUNTER.off / 8) & mask;
+            if let (Some(st), CqeOpcode::RespSend) = (self.striding, op) {
+                // `byte_cnt`: filler, strides consumed, the frame's bytes.
+                let bc = e.be32_at(cqe64::BYTE_CNT.off / 8);
+                self.used += bc >> MPWRQ_CQE_STRIDES_SHIFT & 0x7fff;
+                if self.used >= 1 << st.log_num_strides {
+                    self.used = 0;
+                    self.ci = self.ci.wrapping_add(1);
+                }
+                if bc & MPWRQ_CQE_FILLER != 0 {
+                    continue;
+                }
+                let mut p = rx_pkt(&e, slot);
+                p.len = bc & 0xffff;
+                p.offset = u32::from(e.be16_at(cqe64::WQE_ID.off / 8)) << st.log_stride_size;
+                out[n] = p;
+                n += 1;
+                continue;
+            }
             out[n] = if op == CqeOpcode::RespSend {
                 rx_pkt(&e, slot)
             } else {
@@ -938,8 +1033,25 @@ pub(crate) fn create_ready_rq(
     let at = create_rq_in::CTX.off;
     rqc::CQN.at(at).set(&mut i, u64::from(cqn));
     rqc::VSD.at(at).set(&mut i, u64::from(!strip_vlan));
-    set_wq(&mut i, at + rqc::WQ.off, pdn, &rx.ring, rx.log, RX_WQE);
+    set_wq(&mut i, at + rqc::WQ.off, pdn, &rx.ring, rx.log, rx.wqe);
     wq::DBR_ADDR.at(at + rqc::WQ.off).set(&mut i, dbr.0);
+    if let Some(st) = rx.striding {
+        use mlx5_hw::eth::{
+            MPWQE_LOG_NUM_STRIDES_BASE as BASE, MPWQE_LOG_NUM_STRIDES_EXT_BASE as EXT,
+            MPWQE_LOG_STRIDE_SZ_BASE as SZ, WQ_TYPE_CYCLIC_STRIDING_RQ,
+        };
+        let w = at + rqc::WQ.off;
+        wq::WQ_TYPE.at(w).set(&mut i, WQ_TYPE_CYCLIC_STRIDING_RQ);
+        // 2^(9 + v) for v in 0..=9, 2^(v - 7) for v in 10..=15.
+        let v = match st.log_num_strides {
+            n if n >= BASE => n - BASE,
+            n => n - EXT + 10,
+        };
+        wq::LOG_WQE_NUM_OF_STRIDES.at(w).set(&mut i, u64::from(v));
+        wq::LOG_WQE_STRIDE_SIZE
+            .at(w)
+            .set(&mut i, u64::from(st.log_stride_size - SZ));
+    }
     let out = hca.cmd().exec(&i, create_rq_out::SIZE_BYTES)?;
     let rqn = create_rq_out::RQN.get(&out) as u32;
     let mut i = cmd(Opcode::ModifyRq, modify_rq_in::SIZE_BYTES);
@@ -1009,6 +1121,7 @@ fn rx_pkt(e: &impl CqeFields, slot: u16) -> RxPkt {
     RxPkt {
         len: e.be32_at(cqe64::BYTE_CNT.off / 8),
         slot,
+        offset: 0,
         ipv4: l3 == CQE_L3_HDR_TYPE_IPV4,
         ipv6: l3 == CQE_L3_HDR_TYPE_IPV6,
         udp: l4 == CQE_L4_HDR_TYPE_UDP,

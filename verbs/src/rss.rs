@@ -128,7 +128,7 @@ impl Context {
         let ring = dma.alloc_buf(RX_WQE << cap.log_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
-        let rx = RxRing::new(ring, &dbrec, cap.log_wqes);
+        let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None);
         let rqn = create_ready_rq(&ctx, pd.pdn(), cq.cqn(), cap.strip_vlan, &rx, dbrec.iova())?;
         tracing::debug!(rqn, cqn = cq.cqn(), "ibv_create_wq");
         Ok(Wq {
