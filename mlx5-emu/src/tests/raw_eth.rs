@@ -540,15 +540,7 @@ fn vlan_insert_by_the_device_where_offered() {
     const TCI: u16 = 0x6123;
     const LEN: usize = 64;
     for p in [Profile::ConnectX5, Profile::ConnectX4Lx] {
-        let (_fab, mut a, mut b) = pair_on(p);
-        let blkey = b.rw_mkey();
-        let rq = b.ready_rq(0);
-        b.post_recv(0, blkey, 8);
-        let tir = b.direct_tir(rq);
-        let t = b.udp_table();
-        assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
-        let alkey = a.rw_mkey();
-        let sqn = a.ready_sq();
+        let (_fab, mut a, b, rq, alkey, sqn) = udp_path(p, 8);
         let mut frame = headers(5000, 1000, LEN);
         frame.extend((0..LEN).map(|i| i as u8));
         a.bufs[0].write(DATA as usize, &frame).unwrap();
@@ -659,8 +651,23 @@ fn inline_seg(frame: &[u8]) -> Vec<u8> {
     s
 }
 
-/// On two cabled functions of `p`: B's RQ behind a UDP port-1000 rule
-/// with 16 buffers, A's SQ ready and an eMPW WQE posted there with the
+/// Two cabled functions of `p`: B's RQ 0 behind a UDP port-1000 rule with
+/// `bufs` buffers posted, A's MTT key and an SQ in RDY: (fabric, A, B, the
+/// RQ, A's lkey, the SQ).
+fn udp_path(p: Profile, bufs: u16) -> (Fabric, Eth, Eth, u32, u32, u32) {
+    let (fab, mut a, mut b) = pair_on(p);
+    let blkey = b.rw_mkey();
+    let rq = b.ready_rq(0);
+    b.post_recv(0, blkey, bufs);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    (fab, a, b, rq, alkey, sqn)
+}
+
+/// On two cabled functions of `p` ([`udp_path`], 16 buffers), A's SQ ready and an eMPW WQE posted there with the
 /// Ethernet segment `eth` (checksums asked) then `segs(A's lkey)`. A's CQE
 /// for it, and B.
 fn empw_on(
@@ -668,15 +675,7 @@ fn empw_on(
     eth: &[u8],
     segs: impl FnOnce(&mut Eth, u32) -> Vec<u8>,
 ) -> (Vec<u8>, Eth, u32, Fabric) {
-    let (fab, mut a, mut b) = pair_on(p);
-    let blkey = b.rw_mkey();
-    let rq = b.ready_rq(0);
-    b.post_recv(0, blkey, 16);
-    let tir = b.direct_tir(rq);
-    let t = b.udp_table();
-    assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
-    let alkey = a.rw_mkey();
-    let sqn = a.ready_sq();
+    let (fab, mut a, b, rq, alkey, sqn) = udp_path(p, 16);
     let mut s = eth.to_vec();
     wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
     s.extend(segs(&mut a, alkey));

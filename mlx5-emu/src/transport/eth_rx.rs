@@ -158,20 +158,8 @@ impl EthRq {
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if let Some(st) = self.striding {
-            return self.deliver_striding(rdma, mem, frame, p, d, st);
-        }
-        let mut ring = lock(&self.ring);
-        let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
-        if pi == ring.consumed {
-            let id = self.counter_set.load(Ordering::Relaxed);
-            if let Some(s) = lock(&rdma.q_counters).get(&id) {
-                s.out_of_buffer.fetch_add(1, Ordering::Relaxed);
-            }
-            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let at = ring.head;
+        // With stripping on (`vsd` clear), a C-VLAN tag leaves the frame
+        // for the CQE.
         let stripped;
         let (frame, vlan) = match p.vlan {
             Some(tci) if !self.vsd.load(Ordering::Relaxed) => {
@@ -180,6 +168,16 @@ impl EthRq {
             }
             _ => (frame, None),
         };
+        if let Some(st) = self.striding {
+            return self.deliver_striding(rdma, mem, frame, vlan, p, d, st);
+        }
+        let mut ring = lock(&self.ring);
+        let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
+        if pi == ring.consumed {
+            drop(ring);
+            return self.out_of_buffer(rdma);
+        }
+        let at = ring.head;
         let c = match self.scatter(rdma, mem, at, frame) {
             Ok(next) => {
                 ring.head = next;
@@ -222,26 +220,20 @@ impl EthRq {
         rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A striding RQ takes `frame` (module docs): at the head WQE's next
-    /// free stride, or, where it does not fit, after a filler CQE in the
-    /// next WQE.
+    /// A striding RQ takes `frame` (module docs; `vlan`: the tag stripped
+    /// from it): at the head WQE's next free stride, or, where it does not
+    /// fit, after a filler CQE in the next WQE.
+    #[allow(clippy::too_many_arguments)]
     fn deliver_striding(
         &self,
         rdma: &Rdma,
         mem: &IovaMemory,
         frame: &[u8],
+        vlan: Option<u16>,
         p: &Parsed,
         d: Delivery,
         st: Striding,
     ) {
-        let stripped;
-        let (frame, vlan) = match p.vlan {
-            Some(tci) if !self.vsd.load(Ordering::Relaxed) => {
-                stripped = strip_vlan(frame);
-                (&stripped[..], Some(tci))
-            }
-            _ => (frame, None),
-        };
         let total = 1u32 << st.log_num;
         let lead = if st.shift2 { 2 } else { 0 };
         let need = (frame.len() as u64 + lead).div_ceil(1 << st.log_size) as u32;
