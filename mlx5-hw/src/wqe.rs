@@ -61,6 +61,12 @@ pub const WQE_CTRL_WQE_INDEX_MASK: u32 = 0x00ff_ff00;
 /// Shift of the opcode modifier in `opmod_idx_opcode` (bits 31:24).
 pub const WQE_CTRL_OPMOD_SHIFT: u32 = 24;
 
+/// The LSO opcode's modifier for a legacy multi-packet send WQE
+/// (ConnectX-4 Lx's MPW, `multi_pkt_send_wqe`; `MLX5_OPC_MOD_MPW` of DPDK's
+/// `mlx5_prm.h`): the Ethernet segment's `mss` is every packet's length.
+pub const OPC_MOD_MPW: u8 = 0x01;
+/// Packets a legacy MPW WQE carries at most (`MLX5_MPW_DSEG_MAX`).
+pub const MPW_DSEG_MAX: usize = 5;
 /// Inline segment `byte_count` flag: the data follows inline (`MLX5_INLINE_SEG`).
 pub const INLINE_SEG: u32 = 0x8000_0000;
 /// Mask of the inline byte count (`MLX5_WQE_INLINE_SEG_BYTE_COUNT_MASK`).

@@ -116,6 +116,11 @@ impl Firmware {
                     .caps
                     .get(cap_type::ETHERNET_OFFLOADS, eth_cap::WQE_VLAN_INSERT)
                     != 0,
+                mpw: self
+                    .caps
+                    .get(cap_type::ETHERNET_OFFLOADS, eth_cap::MULTI_PKT_SEND_WQE)
+                    != 0
+                    && sqc::ALLOW_MULTI_PKT_SEND_WQE.get(c) != 0,
                 empw: self.caps.get(
                     cap_type::ETHERNET_OFFLOADS,
                     eth_cap::ENHANCED_MULTI_PKT_SEND_WQE,

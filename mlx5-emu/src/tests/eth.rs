@@ -104,8 +104,15 @@ impl Eth {
     }
 
     pub(super) fn sq(&mut self, tisn: u32, log_stride: u64) -> Vec<u8> {
+        self.sq_with(tisn, log_stride, false)
+    }
+
+    /// [`Self::sq`], allowing legacy multi-packet send WQEs if `mpw`
+    /// (`sqc.allow_multi_pkt_send_wqe`).
+    pub(super) fn sq_with(&mut self, tisn: u32, log_stride: u64, mpw: bool) -> Vec<u8> {
         let mut c = cmd_in(0x904, 0, create_sq_in::SIZE_BYTES + 8);
         let x = &mut c[create_sq_in::CTX.off / 8..];
+        sqc::ALLOW_MULTI_PKT_SEND_WQE.set(x, u64::from(mpw));
         sqc::CQN.set(x, u64::from(self.cqn));
         sqc::TIS_LST_SZ.set(x, 1);
         sqc::TIS_NUM_0.set(x, u64::from(tisn));
@@ -323,9 +330,23 @@ impl Eth {
     /// Writes a WQE of `segs` (after the control segment) at basic block
     /// `idx` of SQ `sqn`, moves the producer counter past it and rings.
     pub(super) fn post(&mut self, sqn: u32, idx: u16, opcode: u8, segs: &[u8], signaled: bool) {
+        self.post_opmod(sqn, idx, 0, opcode, segs, signaled);
+    }
+
+    /// [`Self::post`] with the opcode modifier `opmod`.
+    pub(super) fn post_opmod(
+        &mut self,
+        sqn: u32,
+        idx: u16,
+        opmod: u8,
+        opcode: u8,
+        segs: &[u8],
+        signaled: bool,
+    ) {
         let ds = 1 + segs.len() / 16;
         let mut w = vec![0u8; ds.div_ceil(4) * 64];
-        w[0..4].copy_from_slice(&(u32::from(idx) << 8 | u32::from(opcode)).to_be_bytes());
+        let op = u32::from(opmod) << 24 | u32::from(idx) << 8 | u32::from(opcode);
+        w[0..4].copy_from_slice(&op.to_be_bytes());
         w[4..8].copy_from_slice(&(sqn << 8 | ds as u32).to_be_bytes());
         w[11] = if signaled {
             mlx5_hw::wqe::WQE_CTRL_CQ_UPDATE

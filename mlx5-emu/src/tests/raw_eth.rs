@@ -287,8 +287,13 @@ impl Eth {
 
     /// A TIS and an SQ in RDY.
     fn ready_sq(&mut self) -> u32 {
+        self.ready_sq_with(false)
+    }
+
+    /// [`Self::ready_sq`], allowing legacy multi-packet sends if `mpw`.
+    fn ready_sq_with(&mut self, mpw: bool) -> u32 {
         let tisn = num(&self.tis(self.td));
-        let sqn = num(&self.sq(tisn, 6));
+        let sqn = num(&self.sq_with(tisn, 6, mpw));
         assert_eq!(self.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
         sqn
     }
@@ -540,7 +545,7 @@ fn vlan_insert_by_the_device_where_offered() {
     const TCI: u16 = 0x6123;
     const LEN: usize = 64;
     for p in [Profile::ConnectX5, Profile::ConnectX4Lx] {
-        let (_fab, mut a, b, rq, alkey, sqn) = udp_path(p, 8);
+        let (_fab, mut a, b, rq, alkey, sqn) = udp_path(p, 8, false);
         let mut frame = headers(5000, 1000, LEN);
         frame.extend((0..LEN).map(|i| i as u8));
         a.bufs[0].write(DATA as usize, &frame).unwrap();
@@ -652,9 +657,9 @@ fn inline_seg(frame: &[u8]) -> Vec<u8> {
 }
 
 /// Two cabled functions of `p`: B's RQ 0 behind a UDP port-1000 rule with
-/// `bufs` buffers posted, A's MTT key and an SQ in RDY: (fabric, A, B, the
-/// RQ, A's lkey, the SQ).
-fn udp_path(p: Profile, bufs: u16) -> (Fabric, Eth, Eth, u32, u32, u32) {
+/// `bufs` buffers posted, A's MTT key and an SQ in RDY (allowing legacy
+/// multi-packet sends if `mpw`): (fabric, A, B, the RQ, A's lkey, the SQ).
+fn udp_path(p: Profile, bufs: u16, mpw: bool) -> (Fabric, Eth, Eth, u32, u32, u32) {
     let (fab, mut a, mut b) = pair_on(p);
     let blkey = b.rw_mkey();
     let rq = b.ready_rq(0);
@@ -663,7 +668,7 @@ fn udp_path(p: Profile, bufs: u16) -> (Fabric, Eth, Eth, u32, u32, u32) {
     let t = b.udp_table();
     assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
     let alkey = a.rw_mkey();
-    let sqn = a.ready_sq();
+    let sqn = a.ready_sq_with(mpw);
     (fab, a, b, rq, alkey, sqn)
 }
 
@@ -675,7 +680,7 @@ fn empw_on(
     eth: &[u8],
     segs: impl FnOnce(&mut Eth, u32) -> Vec<u8>,
 ) -> (Vec<u8>, Eth, u32, Fabric) {
-    let (fab, mut a, b, rq, alkey, sqn) = udp_path(p, 16);
+    let (fab, mut a, b, rq, alkey, sqn) = udp_path(p, 16, false);
     let mut s = eth.to_vec();
     wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
     s.extend(segs(&mut a, alkey));
@@ -693,8 +698,9 @@ fn udp_frame(k: usize, n: usize) -> Vec<u8> {
 
 /// Enhanced multi-packet send (ENHANCED_MPSW, mlx5e's TX MPWQE and DPDK's
 /// eMPW) on ConnectX-5: one WQE, one Ethernet segment asking for the
-/// checksums, three frames (by data segment, inline, by data segment)
-/// arrive at B in order, intact but for the checksums the device filled
+/// checksums, two empty inline segments (padding, as DPDK's eMPW starts
+/// its data at the next block), three frames (by data segment, inline, by
+/// data segment) arrive at B in order, intact but for the checksums the device filled
 /// in; A gets one CQE for the WQE.
 #[test]
 fn enhanced_multi_packet_send_sends_a_frame_per_segment() {
@@ -707,7 +713,9 @@ fn enhanced_multi_packet_send_sends_a_frame_per_segment() {
     let (c, b, rq, _fab) = empw_on(Profile::ConnectX5, &eth, |a, lkey| {
         a.bufs[0].write(DATA as usize, &frames[0]).unwrap();
         a.bufs[0].write(DATA as usize + 0x800, &frames[2]).unwrap();
-        let mut s = dseg(frames[0].len(), lkey, 0).to_vec();
+        // DPDK's padding first: two empty inline segments, no frame.
+        let mut s = [inline_seg(&[]), inline_seg(&[])].concat();
+        s.extend(dseg(frames[0].len(), lkey, 0));
         s.extend(inline_seg(&frames[1]));
         s.extend(dseg(frames[2].len(), lkey, 0x800));
         s
@@ -908,4 +916,88 @@ fn striding_rq_places_frames_by_stride_with_fillers() {
         .state
         .load(Ordering::Relaxed);
     assert_eq!(u64::from(state), mlx5_hw::eth::QUEUE_STATE_ERR);
+}
+
+/// A legacy multi-packet send (ConnectX-4 Lx's MPW, the LSO opcode with
+/// `OPC_MOD_MPW`, as DPDK's `mlx5_tx_burst_mpw` posts it) on an SQ made
+/// with `allow_multi_pkt_send_wqe` (or not, `allow`): the Ethernet
+/// segment's `mss` is `len`, the checksums asked, then `segs(A, lkey)`.
+/// A's CQE, B, B's RQ.
+fn mpw_on(
+    allow: bool,
+    len: usize,
+    segs: impl FnOnce(&mut Eth, u32) -> Vec<u8>,
+) -> (Vec<u8>, Eth, u32, Fabric) {
+    let (fab, mut a, b, rq, alkey, sqn) = udp_path(Profile::ConnectX4Lx, 16, allow);
+    let mut s = vec![0u8; wqe_eth_seg::SIZE_BYTES];
+    wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+    wqe_eth_seg::MSS.set(&mut s, len as u64);
+    s.extend(segs(&mut a, alkey));
+    let mut w = s;
+    w.resize(w.len().next_multiple_of(16), 0);
+    let lso = mlx5_hw::wqe::WqeOpcode::Lso.to_raw();
+    a.post_opmod(sqn, 0, mlx5_hw::wqe::OPC_MOD_MPW, lso, &w, true);
+    (a.cqe(0), b, rq, fab)
+}
+
+/// Legacy MPW: three 100-byte frames by data segment, then two 80-byte
+/// frames back to back in one inline segment, each arriving at B intact
+/// with its checksums filled in; bytes that do not make whole frames are a
+/// length error, and an SQ made without `allow_multi_pkt_send_wqe` refuses
+/// the opcode.
+#[test]
+fn legacy_multi_packet_send_by_pointer_and_inline() {
+    let by_ptr: Vec<Vec<u8>> = (0..3).map(|k| udp_frame(k, 100 - HDRS)).collect();
+    let (c, b, rq, _fab) = mpw_on(true, 100, |a, lkey| {
+        let mut s = Vec::new();
+        for (k, f) in by_ptr.iter().enumerate() {
+            a.bufs[0].write(DATA as usize + k * 0x200, f).unwrap();
+            s.extend(dseg(f.len(), lkey, k as u64 * 0x200));
+        }
+        s
+    });
+    assert_eq!(c[63] >> 4, CqeOpcode::Req.to_raw(), "{c:02x?}");
+    let inline: Vec<Vec<u8>> = (0..2).map(|k| udp_frame(k + 3, 80 - HDRS)).collect();
+    let (c2, b2, rq2, _fab2) = mpw_on(true, 80, |_, _| {
+        let all: Vec<u8> = inline.concat();
+        let mut s = (all.len() as u32 | mlx5_hw::wqe::INLINE_SEG)
+            .to_be_bytes()
+            .to_vec();
+        s.extend(all);
+        s
+    });
+    assert_eq!(c2[63] >> 4, CqeOpcode::Req.to_raw(), "{c2:02x?}");
+    for (b, rq, frames) in [(&b, rq, &by_ptr), (&b2, rq2, &inline)] {
+        for (k, f) in frames.iter().enumerate() {
+            let (qpn, bytes, _) = rx_cqe(b, k);
+            assert_eq!((qpn, bytes as usize), (rq, f.len()), "frame {k}");
+            let mut got = vec![0u8; f.len()];
+            let at = rx_buf(0, k as u64) - RING_IOVA;
+            b.bufs[0].read(at as usize, &mut got).unwrap();
+            assert_eq!(got[HDRS..], f[HDRS..], "frame {k}");
+            assert!(ipv4_csum_ok(&got[14..34]), "frame {k}: IP checksum");
+        }
+    }
+    let (c, ..) = mpw_on(true, 100, |a, lkey| {
+        a.bufs[0]
+            .write(DATA as usize, &udp_frame(0, 150 - HDRS))
+            .unwrap();
+        dseg(150, lkey, 0).to_vec()
+    });
+    assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw(), "{c:02x?}");
+    assert_eq!(
+        c[55],
+        CqeSyndrome::LocalLengthErr.to_raw(),
+        "not whole frames"
+    );
+    let (c, ..) = mpw_on(false, 100, |a, lkey| {
+        a.bufs[0].write(DATA as usize, &by_ptr[0]).unwrap();
+        dseg(100, lkey, 0).to_vec()
+    });
+    assert_eq!(c[63] >> 4, CqeOpcode::ReqErr.to_raw(), "{c:02x?}");
+    assert_eq!(
+        c[55],
+        CqeSyndrome::LocalQpOpErr.to_raw(),
+        "not allowed on this SQ"
+    );
 }

@@ -30,8 +30,8 @@ use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
 use mlx5_hw::eth::{ETH_WQE_INSERT_VLAN, ETH_WQE_SVLAN, QUEUE_STATE_ERR, QUEUE_STATE_RDY};
 use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
 use mlx5_hw::wqe::{
-    wqebbs_for_ds, WqeOpcode, INLINE_SEG, SEND_WQE_MAX_SIZE, WQE_CTRL_CQ_UPDATE,
-    WQE_CTRL_CQ_UPDATE_AND_EQE,
+    wqebbs_for_ds, WqeOpcode, INLINE_SEG, MPW_DSEG_MAX, OPC_MOD_MPW, SEND_WQE_MAX_SIZE,
+    WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE,
 };
 use vfio::IovaMemory;
 
@@ -73,6 +73,10 @@ pub(crate) struct EthSq {
     /// segment whose `insert.type` has `ETH_WQE_INSERT_VLAN` is obeyed;
     /// without it those bytes are an inline header size (too long).
     pub vlan_insert: bool,
+    /// The device runs legacy multi-packet send WQEs (`multi_pkt_send_wqe`,
+    /// and the SQ was made with `allow_multi_pkt_send_wqe`, as mlx5_ib
+    /// makes a raw packet QP's SQ where the cap is offered).
+    pub mpw: bool,
     /// The device runs enhanced multi-packet send WQEs
     /// (`enhanced_multi_pkt_send_wqe`, ConnectX-5 and later); without it
     /// their opcode is a local QP operation error.
@@ -265,6 +269,10 @@ fn execute(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
     match WqeOpcode::from(w[3]) {
         WqeOpcode::Nop => Outcome::Done(0, 0),
         WqeOpcode::Send => send(rdma, sq, mem, w, false),
+        WqeOpcode::Lso if w[0] == OPC_MOD_MPW => match sq.mpw {
+            true => legacy_mpw(rdma, sq, mem, w),
+            false => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
+        },
         WqeOpcode::Lso => send(rdma, sq, mem, w, true),
         WqeOpcode::EnhancedMpsw if sq.empw => empw(rdma, sq, mem, w),
         _ => Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE),
@@ -425,8 +433,13 @@ fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
             let Some(data) = seg.get(4..4 + len) else {
                 return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
             };
-            frame.extend_from_slice(data);
             at += (4 + len).next_multiple_of(16);
+            if len == 0 {
+                // Padding (DPDK's eMPW starts its data at the next block
+                // behind two empty inline segments): no frame.
+                continue;
+            }
+            frame.extend_from_slice(data);
         } else {
             if let Err(e) = gather(rdma, sq, mem, seg, MAX_FRAME, &mut frame, &mut ext) {
                 return e;
@@ -440,4 +453,61 @@ fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
         frames += 1;
     }
     Outcome::Done(bytes, frames)
+}
+
+/// A legacy multi-packet send (ConnectX-4 Lx's MPW: the LSO opcode with
+/// `OPC_MOD_MPW`, DPDK's `mlx5_tx_burst_mpw`): the Ethernet segment's `mss`
+/// is every packet's length (its offloads apply to each; no inline
+/// headers); then either data segments whose bytes, taken in order, make
+/// packets of that length (one each, or one packet over several), or one
+/// inline data segment holding the packets back to back. At most
+/// `MPW_DSEG_MAX` packets or data segments; bytes that do not make whole
+/// packets are a length error.
+fn legacy_mpw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
+    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    };
+    let (ihs, insert) = inline_or_insert(sq, eth);
+    if ihs != 0 {
+        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+    }
+    let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
+    let len = wqe_eth_seg::MSS.get(eth) as usize;
+    if len < ETH_HLEN || len as u64 > MAX_FRAME {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    let segs = &w[ctrl + wqe_eth_seg::SIZE_BYTES..];
+    let mut bytes = Vec::new();
+    let bc = segs
+        .get(..4)
+        .map_or(0, |b| wqe_data_seg::BYTE_COUNT.get(b) as u32);
+    if bc & INLINE_SEG != 0 {
+        let n = (bc & !INLINE_SEG) as usize;
+        let Some(data) = segs.get(4..4 + n) else {
+            return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+        };
+        bytes.extend_from_slice(data);
+    } else {
+        let ds = segs.chunks_exact(wqe_data_seg::SIZE_BYTES);
+        if ds.len() > MPW_DSEG_MAX {
+            return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+        }
+        let mut ext = Vec::new();
+        let limit = (MPW_DSEG_MAX * len) as u64;
+        for d in ds {
+            if let Err(e) = gather(rdma, sq, mem, d, limit, &mut bytes, &mut ext) {
+                return e;
+            }
+        }
+    }
+    if bytes.is_empty() || bytes.len() % len != 0 || bytes.len() / len > MPW_DSEG_MAX {
+        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    }
+    let (mut sent, mut frames) = (0, 0);
+    for p in bytes.chunks_exact(len) {
+        sent += leave(rdma, &mut p.to_vec(), cs_flags, insert);
+        frames += 1;
+    }
+    Outcome::Done(sent, frames)
 }
