@@ -248,6 +248,10 @@ pub struct Stats {
     pub error_cqes: u64,
     /// WQEs resent (RNR or timeout).
     pub retries: u64,
+    /// Of the requester's go-backs, those its local ACK timeout started
+    /// (measured on the model's clock; the rest came from NAKs or a
+    /// link's loss notice).
+    pub ack_timeouts: u64,
     /// RNR NAKs (sent or received by this function's QPs).
     pub rnr_naks: u64,
     /// NAKs received.
@@ -587,6 +591,7 @@ impl Device {
         s.cqes = g(&c.cqes);
         s.error_cqes = g(&c.error_cqes);
         s.retries = g(&c.retries);
+        s.ack_timeouts = g(&c.ack_timeouts);
         s.rnr_naks = g(&c.rnr_naks);
         s.naks = g(&c.naks);
         s.acks = g(&c.acks);

@@ -139,6 +139,26 @@ fn faults(s: &str) -> WireFaults {
     WireFaults::parse(s).unwrap()
 }
 
+/// Prints both models' recovery counters if the test fails while it
+/// lives: how the requester's go-backs were spent (NAKs and loss notices,
+/// or ACK timeouts run out in real time), for a failure under load
+/// (issue 13).
+struct RecoveryOnFailure([std::sync::Arc<vfio::emulated::EmulatedFunction<mlx5_emu::Device>>; 2]);
+
+impl Drop for RecoveryOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (side, f) in ["a", "b"].iter().zip(&self.0) {
+                let m = f.model().stats();
+                eprintln!(
+                    "side {side}: retries {} (ACK timeouts {}), naks {}, acks {}, dropped {}",
+                    m.retries, m.ack_timeouts, m.naks, m.acks, m.dropped
+                );
+            }
+        }
+    }
+}
+
 /// RC every opcode under `f` on both ends' egress (the responses too),
 /// each end's generator seeded apart.
 fn rc_under(k: Sock, tag: &str, f: &str, rounds: u64) -> (LinkStats, LinkStats) {
@@ -150,6 +170,7 @@ fn rc_under(k: Sock, tag: &str, f: &str, rounds: u64) -> (LinkStats, LinkStats) 
     let fb = faults(&format!("seed=12,{f}"));
     let mut l = linked(k, tag, fa, fb);
     let (mut qa, mut qb) = l.qps(QpType::Rc);
+    let _said = RecoveryOnFailure([&l.fa, &l.fb].map(|f| f.function(0).unwrap()));
     rc_rounds(&mut l, &mut qa, &mut qb, rounds);
     counters_add_up(&l);
     let m = l.fa.function(0).unwrap().model().stats();

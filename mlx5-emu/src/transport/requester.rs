@@ -594,7 +594,7 @@ fn rewind(rdma: &Rdma, qp: &Arc<Qp>, sq: &mut Sq, mem: &IovaMemory, at: Option<I
         None => {
             flush_tally(rdma, sq);
             sq.peer = None;
-            retry_after_timeout(sq, u.first_psn, rdma.clock.now())
+            retry_after_timeout(rdma, sq, u.first_psn)
         }
     };
     finish(rdma, qp, sq, mem, head, o);
@@ -1611,7 +1611,7 @@ fn rc_outcome(
         // Nobody answered: the packet (or its ACK) was lost.
         flush_tally(rdma, sq);
         sq.peer = None;
-        return retry_after_timeout(sq, s.first_psn, rdma.clock.now());
+        return retry_after_timeout(rdma, sq, s.first_psn);
     }
     sq.psn = (s.last_psn + 1) & 0xff_ffff;
     let atomic = matches!(w.opcode, W::AtomicCs | W::AtomicFa);
@@ -1652,10 +1652,11 @@ fn nak_outcome(rdma: &Rdma, sq: &mut Sq, first_psn: u32, code: u8) -> Outcome {
 
 /// Nothing acknowledged the message from `first_psn`: it is sent again
 /// after the local ACK timeout ([`go_back`]).
-fn retry_after_timeout(sq: &mut Sq, first_psn: u32, now: Instant) -> Outcome {
+fn retry_after_timeout(rdma: &Rdma, sq: &mut Sq, first_psn: u32) -> Outcome {
+    rdma.counters.ack_timeouts.fetch_add(1, Ordering::Relaxed);
     // No timeout: wait as long as it takes (checked again every second).
     let d = ack_timeout(sq.path.ack_timeout).unwrap_or(Duration::from_secs(1));
-    go_back(sq, first_psn, vfio::clock::later(now, d))
+    go_back(sq, first_psn, vfio::clock::later(rdma.clock.now(), d))
 }
 
 /// The send queue goes back to PSN `first_psn` and sends again at `at`,
