@@ -263,9 +263,13 @@ impl Context {
     }
 
     fn vxlan_udp_dport(&self, op: Opcode, port: u16) -> Result<()> {
-        use mlx5_hw::ifc::add_vxlan_udp_dport_in as i;
-        let mut c = cmd(op, i::SIZE_BYTES);
-        i::VXLAN_UDP_PORT.set(&mut c, u64::from(port));
+        use mlx5_hw::ifc::{add_vxlan_udp_dport_in as add, delete_vxlan_udp_dport_in as del};
+        let (len, field) = match op {
+            Opcode::AddVxlanUdpDport => (add::SIZE_BYTES, add::VXLAN_UDP_PORT),
+            _ => (del::SIZE_BYTES, del::VXLAN_UDP_PORT),
+        };
+        let mut c = cmd(op, len);
+        field.set(&mut c, u64::from(port));
         self.ctx.hca.cmd().exec(&c, STATUS_OUT)?;
         Ok(())
     }

@@ -342,11 +342,18 @@ impl Context {
     /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
     /// bring-up.
     pub(crate) fn vlan_offload(&self) -> Result<bool> {
+        Ok(self
+            .eth_offload_caps()?
+            .is_some_and(|p| PerProtocolNetworkingOffloadCaps::new_unchecked(&p[..]).vlan_cap()))
+    }
+
+    /// The Ethernet offload caps page (current values), `None` where the
+    /// device has none (`eth_net_offloads` clear). Queried when asked.
+    fn eth_offload_caps(&self) -> Result<Option<Vec<u8>>> {
         if !self.ctx.hca.caps().gen().eth_net_offloads() {
-            return Ok(false);
+            return Ok(None);
         }
-        let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
-        Ok(PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]).vlan_cap())
+        crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true).map(Some)
     }
 
     /// A striding RQ's geometry against the device ([`StridingRq`]).
@@ -381,10 +388,9 @@ impl Context {
     /// `mlx5_query_min_inline`; mlx5e sends by MPWQE only with no inline
     /// headers). Queried when asked, not at bring-up.
     pub fn empw_offered(&self) -> Result<bool> {
-        if !self.ctx.hca.caps().gen().eth_net_offloads() {
+        let Some(page) = self.eth_offload_caps()? else {
             return Ok(false);
-        }
-        let page = crate::caps::query_cap(self.ctx.hca.cmd(), CapType::EthernetOffloads, true)?;
+        };
         let caps = PerProtocolNetworkingOffloadCaps::new_unchecked(&page[..]);
         if !caps.enhanced_multi_pkt_send_wqe() {
             return Ok(false);

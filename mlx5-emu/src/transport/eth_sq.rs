@@ -400,6 +400,24 @@ fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HL
     f.len() as u32
 }
 
+/// The Ethernet segment of a multi-packet send WQE `w` (eMPW or legacy
+/// MPW) and the VLAN tag it has the device insert: the segment must be
+/// there (else a length error) and carry no inline headers (else a
+/// malformed WQE: the packets are whole in their segments).
+fn multi_packet_eth_seg<'w>(
+    sq: &EthSq,
+    w: &'w [u8],
+) -> Result<(&'w [u8], Option<[u8; VLAN_HLEN]>), Outcome> {
+    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
+        return Err(Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH));
+    };
+    match inline_or_insert(sq, eth) {
+        (0, insert) => Ok((eth, insert)),
+        _ => Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT)),
+    }
+}
+
 /// An enhanced multi-packet send (ENHANCED_MPSW: mlx5e's TX MPWQE, DPDK's
 /// eMPW): one Ethernet segment whose offloads (checksums, VLAN insertion)
 /// apply to every packet and which carries no inline headers, then one
@@ -411,17 +429,13 @@ fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HL
 /// the WQE, after those before it have left. Inline headers in the
 /// Ethernet segment are a malformed WQE (the PRM's eMPW has none).
 fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
-    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
-    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
-        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    let (eth, insert) = match multi_packet_eth_seg(sq, w) {
+        Ok(e) => e,
+        Err(o) => return o,
     };
-    let (ihs, insert) = inline_or_insert(sq, eth);
-    if ihs != 0 {
-        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
-    }
     let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
     let (mut bytes, mut frames) = (0, 0);
-    let mut at = ctrl + wqe_eth_seg::SIZE_BYTES;
+    let mut at = wqe_ctrl_seg::SIZE_BYTES + wqe_eth_seg::SIZE_BYTES;
     let mut frame = Vec::new();
     let mut ext = Vec::new();
     while at < w.len() {
@@ -464,14 +478,11 @@ fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
 /// `MPW_DSEG_MAX` packets or data segments; bytes that do not make whole
 /// packets are a length error.
 fn legacy_mpw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
-    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
-    let Some(eth) = w.get(ctrl..ctrl + wqe_eth_seg::SIZE_BYTES) else {
-        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+    let (eth, insert) = match multi_packet_eth_seg(sq, w) {
+        Ok(e) => e,
+        Err(o) => return o,
     };
-    let (ihs, insert) = inline_or_insert(sq, eth);
-    if ihs != 0 {
-        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
-    }
+    let ctrl = wqe_ctrl_seg::SIZE_BYTES;
     let cs_flags = wqe_eth_seg::CS_FLAGS.get(eth) as u8;
     let len = wqe_eth_seg::MSS.get(eth) as usize;
     if len < ETH_HLEN || len as u64 > MAX_FRAME {

@@ -16,10 +16,8 @@
 //! of 0, or a frame whose headers do not parse is refused: the WQE
 //! completes with a length error.
 
-use super::packet::{IPV6_HLEN, TCP_HLEN, VLAN_HLEN};
-use super::steer::{
-    ETH_HLEN, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN,
-};
+use super::packet::{IPV6_HLEN, TCP_HLEN};
+use super::steer::{ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN};
 /// TCP flags cleared on all but the last frame (FIN, PSH) and on all but
 /// the first (CWR).
 const TCP_FIN: u8 = 0x01;
@@ -50,12 +48,7 @@ fn put16(b: &mut [u8], at: usize, v: u16) {
 /// The IP header of the Ethernet frame at `at` (after an optional C-VLAN
 /// tag): its offset, whether IPv6, its protocol, the L4 header's offset.
 fn ip(f: &[u8], at: usize) -> Option<(usize, bool, u8, usize)> {
-    let mut l3 = at + ETH_HLEN;
-    let mut ty = be16(f.get(at..l3)?, 12);
-    if ty == ETH_P_8021Q {
-        ty = be16(f.get(at..l3 + VLAN_HLEN)?, 16);
-        l3 += VLAN_HLEN;
-    }
+    let (ty, l3, _) = super::steer::l2(f, at)?;
     match ty {
         ETH_P_IP => {
             let h = f.get(l3..l3 + 20)?;
@@ -150,6 +143,7 @@ pub(crate) fn segment(frame: &[u8], mss: usize, vxlan_ports: &[u16]) -> Option<V
 
 #[cfg(test)]
 mod tests {
+    use super::super::steer::ETH_P_8021Q;
     use super::*;
 
     /// Ethernet + IPv4 (id 7) + TCP (seq 1000, PSH|FIN|CWR|ACK) and `n`

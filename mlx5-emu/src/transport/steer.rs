@@ -308,6 +308,18 @@ fn vxlan_vni(f: &[u8], p: &Parsed, ports: &[u16]) -> Option<u32> {
     (h[0] & VXLAN_FLAG_I != 0).then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
 }
 
+/// The Ethernet header at `at` of `f`: the ethertype (after an 802.1Q tag,
+/// if the frame carries one whole), where the L3 header starts, and the
+/// tag's TCI; `None` when `f` is shorter than an Ethernet header there.
+pub(crate) fn l2(f: &[u8], at: usize) -> Option<(u16, usize, Option<u16>)> {
+    let ty = be16(f.get(at..at + ETH_HLEN)?, 12);
+    let l3 = at + ETH_HLEN;
+    match f.get(l3..l3 + 4) {
+        Some(t) if ty == ETH_P_8021Q => Some((be16(t, 2), l3 + 4, Some(be16(t, 0)))),
+        _ => Some((ty, l3, None)),
+    }
+}
+
 /// The Ethernet frame at `at` of `f`: its L2 headers (an 802.1Q tag
 /// included), then IPv4 or IPv6 and UDP or TCP, written into the
 /// `fte_match_set_lyr_2_4` at bit `o` of `img`; `p` gets the flow, VLAN
@@ -327,17 +339,13 @@ fn parse_l2_to_l4(f: &[u8], at: usize, o: usize, img: &mut [u8], p: &mut Parsed)
         u64::from(u32::from_be_bytes([e[6], e[7], e[8], e[9]])),
     );
     set(img, l24::SMAC_15_0, u64::from(be16(e, 10)));
-    let mut ty = be16(e, 12);
-    let mut l3 = at + ETH_HLEN;
-    if ty == ETH_P_8021Q && f.len() >= l3 + 4 {
-        let tci = be16(f, l3);
+    let (ty, l3, tag) = l2(f, at)?;
+    if let Some(tci) = tag {
         p.vlan = Some(tci);
         set(img, l24::CVLAN_TAG, 1);
         set(img, l24::FIRST_PRIO, u64::from(tci >> 13));
         set(img, l24::FIRST_CFI, u64::from(tci >> 12 & 1));
         set(img, l24::FIRST_VID, u64::from(tci & 0xfff));
-        ty = be16(f, l3 + 2);
-        l3 += 4;
     }
     set(img, l24::ETHERTYPE, u64::from(ty));
     let l4 = match ty {
@@ -504,11 +512,9 @@ fn fill_checksums(f: &mut [u8], at: usize, l3_csum: bool, l4_csum: bool) {
     if !(l3_csum || l4_csum) {
         return;
     }
-    let (mut ty, mut l3) = (be16(f, at + 12), at + ETH_HLEN);
-    if ty == ETH_P_8021Q && f.len() >= l3 + 4 {
-        ty = be16(f, l3 + 2);
-        l3 += 4;
-    }
+    let Some((ty, l3, _)) = l2(f, at) else {
+        return;
+    };
     let (mut img, mut p) = (vec![0u8; fte_match_param::SIZE_BYTES], parsed_empty());
     let l4 = match ty {
         ETH_P_IP => {
