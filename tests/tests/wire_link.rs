@@ -188,6 +188,8 @@ fn rc_under(k: Sock, tag: &str, f: &str, rounds: u64) -> (LinkStats, LinkStats) 
     let (a, b) = l.stats();
     if fa.loss_ppm != 0 {
         assert!(a.loss_wakeups + b.loss_wakeups > 0, "{a:?} {b:?}");
+        // A lost request waited for the peer's answer to its probe.
+        assert!(a.tx_loss_probes + b.tx_loss_probes > 0, "{a:?} {b:?}");
     }
     if fa.reorder_ppm == 0 && fa.delay_ppm == 0 {
         assert_eq!(a.response_timeouts + b.response_timeouts, 0, "{a:?} {b:?}");

@@ -158,11 +158,13 @@ fn add_up(a: &[(String, u64)], b: &[(String, u64)]) {
             "{from:?} -> {to:?}"
         );
         assert_eq!(count(to, "rx_bad_icrc"), count(from, "corrupted"), "{to:?}");
-        assert_eq!(
-            count(to, "rx_loss_notices"),
-            count(from, "tx_loss_notices"),
-            "{from:?} -> {to:?}"
-        );
+        for k in ["loss_notices", "loss_probes"] {
+            assert_eq!(
+                count(to, &format!("rx_{k}")),
+                count(from, &format!("tx_{k}")),
+                "{from:?} -> {to:?}"
+            );
+        }
         for k in ["rx_malformed", "rx_unknown_gid", "rx_giant", "rx_truncated"] {
             assert_eq!(count(to, k), 0, "{k}: {to:?}");
         }

@@ -31,15 +31,18 @@
 //!   process) counts as lost, and the requester's ACK timeout and retry
 //!   counter (on the model's clock) take over, going back N;
 //! - a frame the faults lose, or one that comes corrupted, is known lost at
-//!   once, not after the response wait: an RC request this end lost, or a
-//!   frame that came with a bad ICRC, wakes this end's waiting send queue
-//!   as its wait running out would; an RC response it lost (or a bad
-//!   frame, whose direction is not to be trusted) sends the peer a loss
-//!   notice ([`LOSS_NOTICE_ETHERTYPE`], not a RoCE frame, not captured, not
-//!   counted as a frame; only from a link that injects faults), which does
-//!   the same there. So recovery from
-//!   injected faults does not depend on how fast the machine runs (the
-//!   response wait only catches a peer that stopped answering).
+//!   once, not after the response wait: a frame that came with a bad ICRC
+//!   wakes this end's waiting send queue as its wait running out would; an
+//!   RC response it lost (or a bad frame, whose direction is not to be
+//!   trusted) sends the peer a loss notice ([`LOSS_NOTICE_ETHERTYPE`], not
+//!   a RoCE frame, not captured, not counted as a frame; only from a link
+//!   that injects faults), which does the same there; an RC request it
+//!   lost sends the peer a loss probe, answered by a loss notice behind the
+//!   responses to what the peer did receive, so the messages acknowledged
+//!   before the lost one complete rather than go again (and spend a retry)
+//!   whatever the peer's speed. So recovery from injected faults does not
+//!   depend on how fast the machine runs (the response wait only catches
+//!   a peer that stopped answering).
 //!
 //! A request arriving from the wire is executed on the link's receive
 //! thread (the responder side only: no requester lock is taken there), its
@@ -89,6 +92,10 @@ pub const DGRAM_WINDOW_PACKETS: u32 = 64;
 pub const LOSS_NOTICE_ETHERTYPE: u16 = 0x88b5;
 /// A loss notice's payload after its Ethernet header.
 const LOSS_NOTICE: &[u8; 4] = b"LOST";
+/// A loss probe's payload (same EtherType): the sender lost one of its
+/// own RC requests and asks the peer for a loss notice, which the peer
+/// sends after the responses to everything it received before the probe.
+const LOSS_PROBE: &[u8; 4] = b"LOS?";
 
 /// Default real-time wait for a response before it counts as lost.
 pub const RESPONSE_WAIT: Duration = Duration::from_millis(200);
@@ -162,6 +169,11 @@ pub struct LinkStats {
     pub tx_loss_notices: u64,
     /// Loss notices taken from the peer (not frames).
     pub rx_loss_notices: u64,
+    /// Loss probes sent to the peer for a request this end lost (not
+    /// frames).
+    pub tx_loss_probes: u64,
+    /// Loss probes taken from the peer, each answered by a loss notice.
+    pub rx_loss_probes: u64,
     /// What the faults did to this end's frames.
     pub faults: FaultCounts,
 }
@@ -195,6 +207,8 @@ struct Counts {
     loss_wakeups: AtomicU64,
     tx_loss_notices: AtomicU64,
     rx_loss_notices: AtomicU64,
+    tx_loss_probes: AtomicU64,
+    rx_loss_probes: AtomicU64,
 }
 
 /// A response as it came off the wire, waiting for its send queue.
@@ -335,6 +349,8 @@ impl Link {
             loss_wakeups: g(&c.loss_wakeups),
             tx_loss_notices: g(&c.tx_loss_notices),
             rx_loss_notices: g(&c.rx_loss_notices),
+            tx_loss_probes: g(&c.tx_loss_probes),
+            rx_loss_probes: g(&c.rx_loss_probes),
             faults: lock(&self.impair).counts,
         }
     }
@@ -373,9 +389,13 @@ impl Link {
     }
 
     /// Sends one frame through the faults to the capture and the socket.
-    /// An RC frame the faults lose is known lost at once: a request's
-    /// send queue (this end) stops waiting for its answer, a response's
-    /// (the peer) is sent a loss notice.
+    /// An RC frame the faults lose is known lost at once: a response's
+    /// send queue (the peer's) is sent a loss notice; for a request, this
+    /// end's send queue stops waiting once the peer answers a loss probe,
+    /// that is once the responses to what the peer did receive are here
+    /// (as a real requester's ACK timeout finds them): the messages
+    /// acknowledged before the lost one complete and are not sent again,
+    /// however slowly the peer runs.
     pub(crate) fn send_frame(&self, frame: Vec<u8>) {
         let mut out = Vec::new();
         let lost = lock(&self.impair).frame(frame, self.clock.now(), &mut out);
@@ -390,7 +410,7 @@ impl Link {
                 .filter(|&o| packet::rc_like(o));
             match rc_opcode {
                 Some(o) if is_response(o) => self.send_loss_notice(),
-                Some(_) => self.note_loss(),
+                Some(_) => self.send_loss_probe(),
                 None => {}
             }
         }
@@ -412,6 +432,21 @@ impl Link {
         f[14..18].copy_from_slice(LOSS_NOTICE);
         if self.ep.send(&f).is_ok() {
             self.counts.tx_loss_notices.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Asks the peer for a loss notice after what it received so far
+    /// ([`LOSS_PROBE`]); where the probe cannot be sent, the loss is this
+    /// end's at once.
+    fn send_loss_probe(&self) {
+        let mut f = vec![0u8; 60];
+        f[..6].fill(0xff);
+        f[12..14].copy_from_slice(&LOSS_NOTICE_ETHERTYPE.to_be_bytes());
+        f[14..18].copy_from_slice(LOSS_PROBE);
+        if self.ep.send(&f).is_ok() {
+            self.counts.tx_loss_probes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.note_loss();
         }
     }
 
@@ -603,6 +638,15 @@ impl Link {
         {
             self.counts.rx_loss_notices.fetch_add(1, Ordering::Relaxed);
             self.note_loss();
+            return;
+        }
+        if f.get(12..14) == Some(&LOSS_NOTICE_ETHERTYPE.to_be_bytes()[..])
+            && f.get(14..18) == Some(&LOSS_PROBE[..])
+        {
+            // Frames are taken in order and each request's responses are
+            // sent before the next frame: the notice follows them.
+            self.counts.rx_loss_probes.fetch_add(1, Ordering::Relaxed);
+            self.send_loss_notice();
             return;
         }
         self.counts.rx_frames.fetch_add(1, Ordering::Relaxed);

@@ -331,6 +331,8 @@ pub fn counters_add_up(l: &Linked) {
             && b.rx_frames == a.tx_frames
             && placed(&a) == a.rx_frames
             && placed(&b) == b.rx_frames
+            && a.rx_loss_probes == b.tx_loss_probes
+            && b.rx_loss_probes == a.tx_loss_probes
     });
     let (a, b) = l.stats();
     for (from, to) in [(a, b), (b, a)] {

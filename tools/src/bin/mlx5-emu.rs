@@ -217,7 +217,7 @@ fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
         "tx_frames {} tx_raw {} tx_errors {} rx_frames {} rx_delivered {} rx_raw {} rx_malformed {} \
          rx_bad_icrc {} rx_unknown_gid {} rx_giant {} rx_truncated {} rx_stale {} \
          response_timeouts {} lost {} duplicated {} reordered {} corrupted {} delayed {} \
-         loss_wakeups {} tx_loss_notices {} rx_loss_notices {}",
+         loss_wakeups {} tx_loss_notices {} rx_loss_notices {} tx_loss_probes {} rx_loss_probes {}",
         s.tx_frames,
         s.tx_raw,
         s.tx_errors,
@@ -239,6 +239,8 @@ fn wire_summary(s: &mlx5_emu::wire::LinkStats) -> String {
         s.loss_wakeups,
         s.tx_loss_notices,
         s.rx_loss_notices,
+        s.tx_loss_probes,
+        s.rx_loss_probes,
     )
 }
 
