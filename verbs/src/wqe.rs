@@ -455,8 +455,10 @@ impl SendRing {
     }
 
     /// Builds and writes one WQE for `wr`; the doorbell is left for
-    /// [`ring`](Self::ring).
-    #[inline]
+    /// [`ring`](Self::ring). Inlined into each post loop, so that the
+    /// common WRITE goes from the caller's WR to the ring in registers
+    /// (the general builder is a call).
+    #[inline(always)]
     pub(crate) fn write_wr(
         &mut self,
         wr: &SendWr<'_>,
@@ -477,6 +479,7 @@ impl SendRing {
 
     /// [`write_wr`](Self::write_wr) for any WR: the WQE built segment by
     /// segment, then copied into the ring.
+    #[inline(never)]
     pub(crate) fn write_wr_general(
         &mut self,
         wr: &SendWr<'_>,
