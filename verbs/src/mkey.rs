@@ -267,7 +267,7 @@ impl WrBatch<'_> {
         // qpn none, key byte as created (0): `0xffffff00 | key`.
         mkc::QPN.set(&mut seg, u64::from(MKC_QPN_NONE));
         mkc::MKEY_7_0.set(&mut seg, u64::from(mkey.shared.lkey & 0xff));
-        self.mkey = Some(PendingMkey {
+        self.mkey = Some(Box::new(PendingMkey {
             key: mkey.shared.clone(),
             left: num_setters,
             mask: w::MKEY_MASK_FREE | w::MKEY_MASK_KEY,
@@ -276,7 +276,7 @@ impl WrBatch<'_> {
             xlt_len: 0,
             length: mkey.length(),
             access: mkey.access(),
-        });
+        }));
         if num_setters == 0 {
             self.finish_mkey();
         }

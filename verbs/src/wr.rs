@@ -358,12 +358,14 @@ pub struct WrBatch<'q> {
     dc: Option<crate::dc::DcAv>,
     pub(crate) err: Option<PostError>,
     /// An mlx5dv mkey configuration waiting for its setters
-    /// ([`crate::mkey`]).
-    pub(crate) mkey: Option<crate::mkey::PendingMkey>,
+    /// ([`crate::mkey`]); boxed, so that the batch every post carries
+    /// stays small.
+    pub(crate) mkey: Option<Box<crate::mkey::PendingMkey>>,
 }
 
 impl Qp {
     /// `ibv_wr_start`.
+    #[inline]
     pub fn wr_start(&mut self) -> WrBatch<'_> {
         let start_pc = self.send_ring().pc();
         WrBatch {
@@ -383,12 +385,14 @@ impl Qp {
 impl WrBatch<'_> {
     /// Sets the id and `IBV_SEND_*` flags of the next WR (`qpx->wr_id`,
     /// `qpx->wr_flags`).
+    #[inline]
     pub fn wr_id(&mut self, wr_id: u64, flags: u32) -> &mut Self {
         self.wr_id = wr_id;
         self.flags = flags;
         self
     }
 
+    #[inline]
     fn op(&mut self, op: SendOp) -> &mut Self {
         if self.mkey.take().is_some() && self.err.is_none() {
             self.err = Some(PostError::BadMkeyWr("mkey configuration missing setters"));
@@ -408,6 +412,7 @@ impl WrBatch<'_> {
     }
 
     /// `ibv_wr_rdma_write`.
+    #[inline]
     pub fn rdma_write(&mut self, rkey: u32, raddr: u64) -> &mut Self {
         self.op(SendOp::RdmaWrite { raddr, rkey })
     }
@@ -482,6 +487,7 @@ impl WrBatch<'_> {
         self
     }
 
+    #[inline(never)]
     fn emit(&mut self, payload: Payload<'_>) -> &mut Self {
         if self.err.is_some() {
             return self;
@@ -514,8 +520,31 @@ impl WrBatch<'_> {
         self
     }
 
-    /// `ibv_wr_set_sge`: completes the current WR with one entry.
+    /// `ibv_wr_set_sge`: completes the current WR with one entry. The
+    /// common WR, an RDMA WRITE of a non-empty entry on an RC or UC QP, is
+    /// written straight into the ring (the WQE [`SendRing::write_wr`]
+    /// writes for it); anything else goes through the general builder.
+    ///
+    /// [`SendRing::write_wr`]: crate::wqe::SendRing
+    #[inline]
     pub fn set_sge(&mut self, sge: Sge) -> &mut Self {
+        if let (Some(SendOp::RdmaWrite { raddr, rkey }), None, None) =
+            (self.op, &self.err, &self.mkey)
+        {
+            let q = &mut *self.qp;
+            let connected = q.qp_type() != QpType::Ud && !q.is_dci();
+            if sge.length != 0 && connected && q.cap().max_send_sge != 0 {
+                self.op = None;
+                let (wr_id, flags) = (self.wr_id, self.flags);
+                if let Err(e) = q
+                    .send_ring()
+                    .write_rdma_write(wr_id, raddr, rkey, &sge, flags)
+                {
+                    self.err = Some(e);
+                }
+                return self;
+            }
+        }
         self.emit(Payload::Sges(&[sge]))
     }
 
@@ -537,6 +566,7 @@ impl WrBatch<'_> {
 
     /// `ibv_wr_complete`: one doorbell for the batch; or the first error
     /// (then nothing of the batch is posted).
+    #[inline]
     pub fn complete(mut self) -> std::result::Result<(), PostError> {
         if self.qp.device_failed() {
             self.abort();
