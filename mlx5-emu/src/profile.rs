@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use mlx5_hw::bits::BitField;
 use mlx5_hw::ifc::{
-    atomic_caps, cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, odp_scheme_cap,
-    per_protocol_networking_offload_caps as eth_cap, roce_cap,
+    atomic_caps, cmd_hca_cap, cmd_hca_cap_2, device_mem_cap, flow_table_nic_cap,
+    flow_table_prop_layout, odp_scheme_cap, per_protocol_networking_offload_caps as eth_cap,
+    roce_cap,
 };
 
 /// The ConnectX-4 capability pages and QUERY_ADAPTER block, from the trace.
@@ -392,6 +393,23 @@ impl CapPages {
         // without inline headers through them by default
         // (`mlx5e_tx_mpwqe_supported`), DPDK's mlx5 PMD its eMPW bursts.
         self.set_both(ETHERNET_OFFLOADS, eth_cap::ENHANCED_MULTI_PKT_SEND_WQE, 1);
+        // NIC RX flow tables that chain (Linux's FS_CHAINING_CAPS:
+        // flow_modify_en, modify_root, identified_miss_table_mode,
+        // flow_table_modify): 14.12 of the trace reports modify_root only,
+        // and Linux then makes no NIC RX bypass namespace, so mlx5_ib's
+        // `ibv_create_flow` and mlx5dv's flow matchers fail with
+        // EOPNOTSUPP (no `flow_steering` a raw packet QP can use); later
+        // firmware reports all four, and the model runs what they allow
+        // (MODIFY_FLOW_TABLE of the miss table, SET_FLOW_TABLE_ENTRY
+        // modifying an entry in place).
+        let rx = flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE.off;
+        for f in [
+            flow_table_prop_layout::FLOW_MODIFY_EN,
+            flow_table_prop_layout::IDENTIFIED_MISS_TABLE_MODE,
+            flow_table_prop_layout::FLOW_TABLE_MODIFY,
+        ] {
+            self.set_both(FLOW_TABLE, f.at(rx), 1);
+        }
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the

@@ -50,6 +50,13 @@ pub const TIRC_DISP_TYPE_DIRECT: u64 = 0x0;
 /// `tirc.disp_type`: hash over the RQT `indirect_table` (`MLX5_TIRC_DISP_TYPE_INDIRECT`).
 pub const TIRC_DISP_TYPE_INDIRECT: u64 = 0x1;
 
+/// `tirc.self_lb_block`: the TIR takes no unicast its own transport
+/// domain's SQs send (`MLX5_TIRC_SELF_LB_BLOCK_BLOCK_UNICAST`).
+pub const TIRC_SELF_LB_BLOCK_BLOCK_UNICAST: u64 = 0x1;
+/// `tirc.self_lb_block`: nor multicast and broadcast
+/// (`MLX5_TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST`).
+pub const TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST: u64 = 0x2;
+
 /// `tirc.rx_hash_fn`: none (`MLX5_RX_HASH_FN_NONE`).
 pub const RX_HASH_FN_NONE: u64 = 0x0;
 /// `tirc.rx_hash_fn`: inverted XOR8 (`MLX5_RX_HASH_FN_INVERTED_XOR8`).

@@ -14,7 +14,7 @@ use mlx5_hw::eth::{
 };
 use mlx5_hw::ifc::{
     cmd_hca_cap, create_sq_in, create_sq_out, destroy_sq_in, modify_sq_in,
-    per_protocol_networking_offload_caps as eth_cap, query_sq_in, query_sq_out, sqc, wq,
+    per_protocol_networking_offload_caps as eth_cap, query_sq_in, query_sq_out, sqc, tisc, wq,
 };
 use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
@@ -89,6 +89,12 @@ impl Firmware {
                 synd::SQ_BAD_TIS,
             )?;
         }
+        // The transport domain its frames come from (a TIR of the same
+        // domain may refuse them when they loop back: self_lb_block).
+        let td = (tises != 0)
+            .then(|| self.eth.tises.get(&(sqc::TIS_NUM_0.get(c) as u32)))
+            .flatten()
+            .map(|t| tisc::TRANSPORT_DOMAIN.get(&t.ctx) as u32);
         let pas = self.check_wq(inner, input, at + sqc::WQ.off / 8, i::SIZE_BYTES, true)?;
         let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
             return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_CQ));
@@ -125,6 +131,7 @@ impl Firmware {
                     cap_type::ETHERNET_OFFLOADS,
                     eth_cap::ENHANCED_MULTI_PKT_SEND_WQE,
                 ) != 0,
+                td,
                 ring: Mutex::new(Ring::default()),
             }),
         );

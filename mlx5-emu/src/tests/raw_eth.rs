@@ -14,7 +14,8 @@ use mlx5_hw::eth::{
     FLOW_CONTEXT_ACTION_COUNT, FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST,
     HASH_FIELD_SEL_DST_IP, HASH_FIELD_SEL_L4_DPORT, HASH_FIELD_SEL_L4_SPORT, HASH_FIELD_SEL_SRC_IP,
     L4_PROT_TYPE_UDP, MATCH_OUTER_HEADERS, QUEUE_STATE_RDY, QUEUE_STATE_RST, RX_HASH_FN_TOEPLITZ,
-    TIRC_DISP_TYPE_DIRECT, TIRC_DISP_TYPE_INDIRECT, WQ_TYPE_CYCLIC,
+    TIRC_DISP_TYPE_DIRECT, TIRC_DISP_TYPE_INDIRECT, TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST,
+    TIRC_SELF_LB_BLOCK_BLOCK_UNICAST, WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
     cmd_hca_cap, cqe64, create_flow_group_in, create_flow_group_out, create_flow_table_in,
@@ -126,6 +127,18 @@ impl Eth {
     /// A direct TIR to `rqn`.
     fn direct_tir(&mut self, rqn: u32) -> u32 {
         num(&self.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0))
+    }
+
+    /// A direct TIR to `rqn` of this function's transport domain that
+    /// blocks its own SQs' frames as `self_lb_block` says.
+    fn self_lb_tir(&mut self, rqn: u32, self_lb_block: u64) -> u32 {
+        let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
+        let x = &mut c[create_tir_in::CTX.off / 8..];
+        tirc::TRANSPORT_DOMAIN.set(x, u64::from(self.td));
+        tirc::DISP_TYPE.set(x, TIRC_DISP_TYPE_DIRECT);
+        tirc::INLINE_RQN.set(x, u64::from(rqn));
+        tirc::SELF_LB_BLOCK.set(x, self_lb_block);
+        num(&self.d.ok(&c, 16))
     }
 
     /// The NIC RX root table (level 0, 16 entries) with one group over
@@ -421,6 +434,56 @@ fn frames_cross_the_cable_steered_by_udp_port_dropped_and_counted() {
     assert_eq!(rc.dropped.load(Ordering::Relaxed), 3);
     let ac = &a.d.f.model().inner.rdma.counters;
     assert_eq!(ac.packets_sent.load(Ordering::Relaxed), 8);
+}
+
+/// Local loopback: a multicast frame a function sends comes back to its
+/// own NIC RX too, where a TIR of the sending SQ's transport domain
+/// refuses it if its `self_lb_block` covers multicast (as mlx5e's TIRs
+/// do) and one that blocks only unicast takes it; a unicast frame to
+/// another MAC does not come back. Only the copy an RQ took counts.
+#[test]
+fn multicast_loops_back_to_the_sender_unless_its_tir_blocks_it() {
+    let (_fab, mut a, _b) = pair();
+    let lkey = a.rw_mkey();
+    let rqs = [a.ready_rq(0), a.ready_rq(1)];
+    a.post_recv(0, lkey, 8);
+    a.post_recv(1, lkey, 8);
+    let blocking = a.self_lb_tir(rqs[0], TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST);
+    let open = a.self_lb_tir(rqs[1], TIRC_SELF_LB_BLOCK_BLOCK_UNICAST);
+    let t = a.udp_table();
+    assert_eq!(a.udp_rule(t, 0, 1000, Some(blocking), None), 0);
+    assert_eq!(a.udp_rule(t, 1, 2000, Some(open), None), 0);
+    let sqn = a.ready_sq();
+    let multicast = |dport| {
+        let mut h = headers(5000, dport, 64);
+        h[..6].copy_from_slice(&[0x01, 0x00, 0x5e, 0, 0, 1]);
+        h
+    };
+    let frames = [multicast(1000), multicast(2000), headers(5000, 2000, 64)];
+    for (k, h) in frames.iter().enumerate() {
+        a.send(sqn, k as u16 * 2, h, lkey, k as u64 * 512, 64);
+    }
+    // A's one CQ: three sends and the one frame RQ 1 took back.
+    let (mut sends, mut received) = (0, Vec::new());
+    for n in 0..4 {
+        let c = a.cqe(n);
+        if c[63] >> 4 == CqeOpcode::Req.to_raw() {
+            sends += 1;
+        } else {
+            let (rqn, bytes, _) = rx_cqe(&a, n);
+            received.push((rqn, bytes as usize));
+        }
+    }
+    assert_eq!((sends, received), (3, vec![(rqs[1], HDRS + 64)]));
+    super::settle(a.d.f.model());
+    assert_eq!(
+        a.bufs[0].load_u8_acquire(4 * 64 + 63).unwrap() >> 4,
+        0xf,
+        "no fifth CQE"
+    );
+    let ac = &a.d.f.model().inner.rdma.counters;
+    assert_eq!(ac.packets_received.load(Ordering::Relaxed), 1);
+    assert_eq!(ac.dropped.load(Ordering::Relaxed), 0);
 }
 
 #[test]

@@ -51,7 +51,7 @@ use super::cq::{Completion, EthCqe};
 use super::mem::{self, access};
 use super::qp::Buf;
 use super::requester::{key_error, vendor};
-use super::steer::{Delivery, Parsed, Plan, ETH_HLEN};
+use super::steer::{Delivery, Looped, Parsed, Plan, ETH_HLEN};
 use super::{rlock, Cq, Rdma, Table};
 use crate::lock;
 
@@ -508,10 +508,12 @@ fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
     }
 }
 
-/// Sends `frame` from `src`'s port onto its cable: every other function
-/// there takes it in, and the link to another process carries it
-/// ([`crate::wire`]). Neither: the frame is lost at the port.
-pub(crate) fn transmit(src: &Rdma, frame: &[u8]) {
+/// Sends `frame` from `src`'s port (an SQ of transport domain `td`) onto
+/// its cable: every other function there takes it in, and the link to
+/// another process carries it ([`crate::wire`]). Neither: the frame is
+/// lost at the port. Its own port may take it back ([`loop_back`]).
+pub(crate) fn transmit(src: &Rdma, frame: &[u8], td: Option<u32>) {
+    loop_back(src, frame, td);
     let wire = crate::fabric::wire_of(src);
     let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
     let link = wire.and_then(|w| w.link());
@@ -526,19 +528,55 @@ pub(crate) fn transmit(src: &Rdma, frame: &[u8]) {
     }
 }
 
+/// The vport's local loopback: a frame the function sends to a multicast
+/// or broadcast address comes back to its own NIC RX as well (the
+/// e-switch delivers it to the vport as to any other; a unicast to the
+/// function's own MAC, which the e-switch would loop back too, is not
+/// modelled: it goes to the cable only), where
+/// a TIR of the sending SQ's transport domain refuses it if its
+/// `self_lb_block` covers the kind (mlx5e's TIRs block both, so a netdev
+/// never hears itself; a raw packet QP's TIR of another context takes
+/// what a first context sends, as rdma-core's flow tests expect). The
+/// vport context's `disable_{uc,mc}_local_lb` stay off: the model
+/// announces neither `disable_local_lb_uc` nor `_mc` to turn them on.
+/// A copy no RQ takes is not counted.
+fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
+    let Some(dmac) = frame.get(..6) else {
+        return;
+    };
+    if dmac[0] & 1 != 0 {
+        let multicast = true;
+        receive_from(src, frame, Some(Looped { td, multicast }));
+    }
+}
+
 /// `dst`'s port takes in `frame`: steering, then each RQ it picked.
 pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
+    receive_from(dst, frame, None);
+}
+
+/// [`receive`] of a frame from the wire (`looped` none) or one the
+/// function sent itself ([`loop_back`]).
+fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>) {
     let c = &dst.counters;
-    c.packets_received.fetch_add(1, Ordering::Relaxed);
-    c.bytes_received
-        .fetch_add(frame.len() as u64, Ordering::Relaxed);
     if frame.len() < ETH_HLEN {
-        c.dropped.fetch_add(1, Ordering::Relaxed);
+        if looped.is_none() {
+            c.packets_received.fetch_add(1, Ordering::Relaxed);
+            c.bytes_received
+                .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            c.dropped.fetch_add(1, Ordering::Relaxed);
+        }
         return;
     }
     let plan = rlock(&dst.eth_rx.plan).clone();
     let p = super::steer::parse(frame, &plan.vxlan_ports);
-    let v = plan.steer(&p.img, &p.flow);
+    let v = plan.steer(&p.img, &p.flow, looped);
+    if looped.is_some() && v.to.is_empty() {
+        return;
+    }
+    c.packets_received.fetch_add(1, Ordering::Relaxed);
+    c.bytes_received
+        .fetch_add(frame.len() as u64, Ordering::Relaxed);
     if !v.counters.is_empty() {
         let mut fc = lock(&dst.eth_rx.flow_counts);
         for id in &v.counters {

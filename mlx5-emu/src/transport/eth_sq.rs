@@ -81,6 +81,8 @@ pub(crate) struct EthSq {
     /// (`enhanced_multi_pkt_send_wqe`, ConnectX-5 and later); without it
     /// their opcode is a local QP operation error.
     pub empw: bool,
+    /// The transport domain of its TIS (none without one).
+    pub td: Option<u32>,
     /// Where the ring stands.
     pub ring: Mutex<Ring>,
 }
@@ -329,7 +331,7 @@ fn send(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8], lso: bool) -> Outco
     if frame.len() < ETH_HLEN {
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
-    let out = |f: &mut Vec<u8>| leave(rdma, f, cs_flags, insert);
+    let out = |f: &mut Vec<u8>| leave(rdma, sq, f, cs_flags, insert);
     if !lso {
         return Outcome::Done(out(&mut frame), 1);
     }
@@ -386,7 +388,13 @@ fn gather(
 /// The device's own steps on each frame that leaves: checksums over the
 /// frame as posted, then the tag it inserts (so an S-VLAN tag, which its
 /// parser would not look past, hides nothing); then the port. Its length.
-fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HLEN]>) -> u32 {
+fn leave(
+    rdma: &Rdma,
+    sq: &EthSq,
+    f: &mut Vec<u8>,
+    cs_flags: u8,
+    insert: Option<[u8; VLAN_HLEN]>,
+) -> u32 {
     // The VXLAN ports only where inner checksums are asked (the parser
     // finds the inner frame by them).
     let inner = mlx5_hw::eth::ETH_WQE_L3_INNER_CSUM | mlx5_hw::eth::ETH_WQE_L4_INNER_CSUM;
@@ -396,7 +404,7 @@ fn leave(rdma: &Rdma, f: &mut Vec<u8>, cs_flags: u8, insert: Option<[u8; VLAN_HL
     if let Some(tag) = insert {
         f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
     }
-    eth_rx::transmit(rdma, f);
+    eth_rx::transmit(rdma, f, sq.td);
     f.len() as u32
 }
 
@@ -463,7 +471,7 @@ fn empw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
         if frame.len() < ETH_HLEN || frame.len() as u64 > MAX_FRAME {
             return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
         }
-        bytes += leave(rdma, &mut frame, cs_flags, insert);
+        bytes += leave(rdma, sq, &mut frame, cs_flags, insert);
         frames += 1;
     }
     Outcome::Done(bytes, frames)
@@ -517,7 +525,7 @@ fn legacy_mpw(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
     }
     let (mut sent, mut frames) = (0, 0);
     for p in bytes.chunks_exact(len) {
-        sent += leave(rdma, &mut p.to_vec(), cs_flags, insert);
+        sent += leave(rdma, sq, &mut p.to_vec(), cs_flags, insert);
         frames += 1;
     }
     Outcome::Done(sent, frames)

@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use mlx5_hw::eth::{
     FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_INNER_HEADERS,
     MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
+    TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST, TIRC_SELF_LB_BLOCK_BLOCK_UNICAST,
 };
 use mlx5_hw::ifc::{
     flow_context, fte_match_param, fte_match_set_lyr_2_4 as l24, fte_match_set_misc, ipv4_layout,
@@ -72,12 +73,44 @@ enum Tir {
     Indirect { rqs: Vec<u32>, hash: Hash },
 }
 
+/// A TIR as steering delivers to it: where it sends a packet, and which
+/// of its own transport domain's frames it refuses when they loop back.
+#[derive(Debug)]
+struct PlanTir {
+    disp: Tir,
+    /// `tirc.transport_domain`.
+    td: u32,
+    /// `tirc.self_lb_block` (`TIRC_SELF_LB_BLOCK_BLOCK_*`).
+    self_lb_block: u64,
+}
+
+/// A frame the function sent, looped back to its own NIC RX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Looped {
+    /// The transport domain of the sending SQ's TIS.
+    pub td: Option<u32>,
+    /// Its destination MAC is multicast or broadcast.
+    pub multicast: bool,
+}
+
+impl PlanTir {
+    /// Whether the TIR refuses frame `l` its own domain sent.
+    fn blocks(&self, l: Looped) -> bool {
+        let bit = if l.multicast {
+            TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST
+        } else {
+            TIRC_SELF_LB_BLOCK_BLOCK_UNICAST
+        };
+        l.td == Some(self.td) && self.self_lb_block & bit != 0
+    }
+}
+
 /// The NIC RX pipeline as the last command left it.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
     root: Option<u32>,
     tables: HashMap<u32, Table>,
-    tirs: HashMap<u32, Tir>,
+    tirs: HashMap<u32, PlanTir>,
     /// The UDP destination ports parsed as VXLAN.
     pub vxlan_ports: Vec<u16>,
 }
@@ -150,13 +183,22 @@ impl Plan {
                     hash: Hash::of(c),
                 }
             };
-            p.tirs.insert(n, tir);
+            p.tirs.insert(
+                n,
+                PlanTir {
+                    disp: tir,
+                    td: tirc::TRANSPORT_DOMAIN.get(c) as u32,
+                    self_lb_block: tirc::SELF_LB_BLOCK.get(c),
+                },
+            );
         }
         p
     }
 
-    /// Steers a packet whose match image is `img` and hash input `flow`.
-    pub(crate) fn steer(&self, img: &[u8], flow: &Flow) -> Verdict {
+    /// Steers a packet whose match image is `img` and hash input `flow`;
+    /// `looped`: the function sent it itself, and a TIR of the sender's
+    /// transport domain that blocks self loopback of its kind takes none.
+    pub(crate) fn steer(&self, img: &[u8], flow: &Flow, looped: Option<Looped>) -> Verdict {
         let mut v = Verdict::default();
         let mut todo = Vec::new();
         if let Some(r) = self.root {
@@ -189,7 +231,11 @@ impl Plan {
             }
             todo.extend(e.tables.iter().map(|&t| (t, depth + 1)));
             for tirn in &e.tirs {
-                match self.tirs.get(tirn) {
+                let tir = self
+                    .tirs
+                    .get(tirn)
+                    .filter(|t| !looped.is_some_and(|l| t.blocks(l)));
+                match tir.map(|t| &t.disp) {
                     Some(Tir::Direct(rqn)) => v.to.push(Delivery {
                         rqn: *rqn,
                         hash: 0,
