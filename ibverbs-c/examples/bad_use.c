@@ -121,6 +121,23 @@ int main(void)
 	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "ibv_poll_cq of an empty CQ: 0");
 	CHECK(ibv_poll_cq(cq, -1, &wc) < 0, "ibv_poll_cq of -1 entries fails");
 
+	union ibv_gid group = { .raw = { 0xff, 0x0e, [14] = 0x12, [15] = 0x34 } };
+	CHECK(ibv_attach_mcast(qp, &group, 0) == EINVAL, "ibv_attach_mcast of an RC QP: EINVAL");
+	CHECK(ibv_attach_mcast(qp, NULL, 0) == EINVAL, "ibv_attach_mcast(NULL gid): EINVAL");
+	CHECK(ibv_attach_mcast(NULL, &group, 0) == EINVAL, "ibv_attach_mcast(NULL qp): EINVAL");
+	ia.qp_type = IBV_QPT_UD;
+	struct ibv_qp *ud = ibv_create_qp(pd, &ia);
+	ia.qp_type = IBV_QPT_RC;
+	CHECK(ud != NULL, "ibv_create_qp (UD)");
+	if (ud) {
+		union ibv_gid unicast = { .raw = { 0xfe, 0x80, [15] = 1 } };
+		CHECK(ibv_attach_mcast(ud, &unicast, 0) == EINVAL, "ibv_attach_mcast of a unicast GID: EINVAL");
+		CHECK(ibv_attach_mcast(ud, &group, 0) == 0, "ibv_attach_mcast (UD)");
+		CHECK(ibv_detach_mcast(ud, &group, 0) == 0, "ibv_detach_mcast (UD)");
+		CHECK(ibv_detach_mcast(ud, &group, 0) != 0, "ibv_detach_mcast of a group it left fails");
+		CHECK(ibv_destroy_qp(ud) == 0, "ibv_destroy_qp (UD)");
+	}
+
 	CHECK(ibv_destroy_cq(cq) == EBUSY, "ibv_destroy_cq while a QP uses it: EBUSY");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd while an MR uses it: EBUSY");
 	CHECK(ibv_destroy_qp(qp) == 0, "ibv_destroy_qp");

@@ -260,16 +260,38 @@ pub extern "C" fn ibv_resolve_eth_l2_from_gid(
     0
 }
 
-/// `ibv_attach_mcast`: no multicast in the driver.
+/// `ibv_attach_mcast`: the UD QP joins the group of `gid` (the LID is
+/// InfiniBand's; RoCE has none). 0, or the errno: EINVAL for a NULL or
+/// unknown QP, a NULL or unicast GID, a QP that is not UD.
 #[no_mangle]
-pub extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    ret_errno(libc::EOPNOTSUPP)
+pub extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    mcast("ibv_attach_mcast", qp, gid, verbs::qp::Qp::attach_mcast)
 }
 
-/// `ibv_detach_mcast`: no multicast in the driver.
+/// `ibv_detach_mcast`: the UD QP leaves the group of `gid`.
 #[no_mangle]
-pub extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    ret_errno(libc::EOPNOTSUPP)
+pub extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    mcast("ibv_detach_mcast", qp, gid, verbs::qp::Qp::detach_mcast)
+}
+
+fn mcast(
+    what: &str,
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    f: fn(&verbs::qp::Qp, &verbs::device::Gid) -> verbs::Result<()>,
+) -> c_int {
+    let Some(q) = crate::qp::qp_of(qp) else {
+        return libc::EINVAL;
+    };
+    if gid.is_null() {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's GID, non-NULL.
+    let g = unsafe { (*gid).raw };
+    match f(&q.qp.lock(), &g) {
+        Ok(()) => 0,
+        Err(e) => ret_errno(crate::errno_of(what, &e)),
+    }
 }
 
 /// `ibv_reg_dmabuf_mr`: dma-buf memory is not mapped by the driver.

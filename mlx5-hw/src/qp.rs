@@ -18,6 +18,20 @@ pub const XRC_SRQC_STATE_GOOD: u8 = 0x0;
 /// `xrc_srqc.state`: in error (`MLX5_XRC_SRQC_STATE_ERROR`).
 pub const XRC_SRQC_STATE_ERROR: u8 = 0x1;
 
+/// The destination QP number of a UD packet to a multicast group (IBA
+/// 10.5.2.3, Linux's `IB_MULTICAST_QPN`): each port hands a copy to the QPs
+/// ATTACH_TO_MCG put in the group of its destination GID.
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
+
+/// Whether a GID names a multicast group, as Linux's
+/// `rdma_is_multicast_addr` reads it: IPv6 multicast (`ff00::/8`), or an
+/// IPv4-mapped IPv4 multicast address (`::ffff:224.0.0.0/4`, RoCE v2 over
+/// IPv4).
+pub fn is_multicast_gid(gid: &[u8; 16]) -> bool {
+    let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
+    gid[0] == 0xff || (v4_mapped && gid[12] & 0xf0 == 0xe0)
+}
+
 /// `qpc.st`: reliable connection (`MLX5_QPC_ST_RC`).
 pub const QPC_ST_RC: u8 = 0x0;
 /// `qpc.st`: unreliable connection (`MLX5_QPC_ST_UC`).

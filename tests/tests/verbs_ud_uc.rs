@@ -363,3 +363,136 @@ fn completion_channel_fires_after_arm() {
     );
     assert_eq!(poll_n(&mut rcq, 1)[0].wr_id, 2);
 }
+
+/// Multicast: UD QPs on both cabled functions join a group
+/// (`attach_mcast`, ATTACH_TO_MCG); a SEND to the group's GID and QP
+/// 0xFFFFFF reaches each member once, on the other port and on the
+/// sender's own, and no QP outside the group; a member that left
+/// (DETACH_FROM_MCG) gets nothing more. Refusals: a unicast GID and an RC
+/// QP before the device is asked, leaving a group twice by the device.
+#[test]
+fn ud_multicast_reaches_every_member_on_both_ports() {
+    let mut p = pair(1 << 16);
+    let (mut qa, mut qb) = qp_pair(&p, QpType::Ud, cap(8));
+    let (mut qa2, mut qb2) = qp_pair(&p, QpType::Ud, cap(8));
+    let mgid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34];
+    qb.attach_mcast(&mgid).unwrap();
+    qa2.attach_mcast(&mgid).unwrap();
+    let recv = |q: &mut verbs::qp::Qp, s: &Side, wr_id: u64| {
+        let r = s.mr.sge(0x1000 * wr_id, 2048).unwrap();
+        q.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: &[r],
+        }])
+        .unwrap();
+    };
+    recv(&mut qb, &p.b, 1);
+    recv(&mut qa2, &p.a, 2);
+    recv(&mut qb2, &p.b, 3);
+    let group =
+        p.a.pd
+            .create_ah(&verbs::qp::AhAttr {
+                dgid: mgid,
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    let d = fill(&p.a.buf, 0, 500, 31);
+    let s = p.a.mr.sge(0, 500).unwrap();
+    let send = |q: &mut verbs::qp::Qp, wr_id| {
+        q.post_send(&[SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[s]),
+            flags: sf::SIGNALED,
+            ud: Some(UdDest {
+                ah: &group,
+                remote_qpn: verbs::mcast::MULTICAST_QPN,
+                remote_qkey: QKEY,
+            }),
+        }])
+        .unwrap();
+    };
+    send(&mut qa, 10);
+    // A: the send and the copy its own port gave QP a2.
+    let mut wa = poll_n(&mut p.a.cq, 2);
+    wa.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.qp_num))
+            .collect::<Vec<_>>(),
+        vec![
+            (2, WcStatus::Success, WcOpcode::Recv, qa2.qp_num()),
+            (10, WcStatus::Success, WcOpcode::Send, qa.qp_num()),
+        ]
+    );
+    // B: member b once, b2 (not in the group) nothing.
+    let wb = poll_n(&mut p.b.cq, 1);
+    assert_eq!(
+        (wb[0].wr_id, wb[0].qp_num, wb[0].src_qp, wb[0].byte_len),
+        (1, qb.qp_num(), qa.qp_num(), (GRH + 500) as u32)
+    );
+    assert_eq!(read(&p.b.buf, 0x1000 + GRH, 500), d);
+    assert_eq!(
+        &read(&p.b.buf, 0x1000 + 24, 16)[..],
+        &mgid,
+        "GRH: the group"
+    );
+    assert!(nothing_more(&p.fabric, &mut p.b.cq), "b2 is not a member");
+    // b leaves; a2 stays.
+    qb.detach_mcast(&mgid).unwrap();
+    recv(&mut qa2, &p.a, 4);
+    send(&mut qa, 11);
+    let mut wa = poll_n(&mut p.a.cq, 2);
+    wa.sort_by_key(|w| w.wr_id);
+    assert_eq!((wa[0].wr_id, wa[1].wr_id), (4, 11));
+    assert!(nothing_more(&p.fabric, &mut p.b.cq), "b left the group");
+    // RoCE v2 over IPv4: an IPv4-mapped group address (239.1.2.3).
+    let mut v4 = [0u8; 16];
+    v4[10..].copy_from_slice(&[0xff, 0xff, 239, 1, 2, 3]);
+    qb.attach_mcast(&v4).unwrap();
+    recv(&mut qb, &p.b, 5);
+    let group4 =
+        p.a.pd
+            .create_ah(&verbs::qp::AhAttr {
+                dgid: v4,
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    qa.post_send(&[SendWr {
+        wr_id: 12,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[s]),
+        flags: sf::SIGNALED,
+        ud: Some(UdDest {
+            ah: &group4,
+            remote_qpn: verbs::mcast::MULTICAST_QPN,
+            remote_qkey: QKEY,
+        }),
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&mut p.a.cq, 1)[0].wr_id, 12);
+    let wb = poll_n(&mut p.b.cq, 1);
+    assert_eq!((wb[0].wr_id, wb[0].qp_num), (5, qb.qp_num()));
+    assert!(
+        nothing_more(&p.fabric, &mut p.a.cq),
+        "a2 is not in that group"
+    );
+    // Refusals.
+    assert!(qb.detach_mcast(&mgid).is_err(), "not a member any more");
+    let unicast = p.b.ctx.query_gid(1, 0).unwrap();
+    assert!(matches!(
+        qa.attach_mcast(&unicast),
+        Err(verbs::Error::Invalid(_))
+    ));
+    let (rc, _rc2) = qp_pair(&p, QpType::Rc, cap(8));
+    assert!(matches!(
+        rc.attach_mcast(&mgid),
+        Err(verbs::Error::Invalid(_))
+    ));
+}

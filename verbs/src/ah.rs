@@ -41,6 +41,7 @@ impl Pd {
         let dmac = match a.dmac {
             Some(m) => m,
             None => crate::device::mac_of_link_local_gid(&a.dgid)
+                .or_else(|| crate::device::mac_of_multicast_gid(&a.dgid))
                 .ok_or(Error::Invalid("no destination MAC for a routable GID"))?,
         };
         let mut b = [0u8; 48];

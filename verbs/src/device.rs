@@ -408,6 +408,21 @@ pub fn mac_of_link_local_gid(g: &Gid) -> Option<[u8; 6]> {
     Some([g[8] ^ 0x02, g[9], g[10], g[13], g[14], g[15]])
 }
 
+/// The Ethernet group address of a multicast GID, as Linux's
+/// `rdma_get_mcast_mac` maps it: an IPv4-mapped group (`::ffff:224.0.0.0/4`)
+/// to `01:00:5e` and its low 23 bits (RFC 1112), an IPv6 one (`ff00::/8`)
+/// to `33:33` and its low 32 bits (RFC 2464); none for a unicast GID.
+pub fn mac_of_multicast_gid(g: &Gid) -> Option<[u8; 6]> {
+    if !mlx5_hw::qp::is_multicast_gid(g) {
+        return None;
+    }
+    Some(if g[0] == 0xff {
+        [0x33, 0x33, g[12], g[13], g[14], g[15]]
+    } else {
+        [0x01, 0x00, 0x5e, g[13] & 0x7f, g[14], g[15]]
+    })
+}
+
 impl Context {
     /// Opens `func` and prepares it for verbs (GID 0 of port 1).
     pub fn open(func: Arc<dyn PciFunction>, opts: HcaOptions) -> Result<Self> {

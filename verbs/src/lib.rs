@@ -76,6 +76,7 @@ pub mod eq;
 mod error;
 pub mod flow;
 pub mod health;
+pub mod mcast;
 pub mod mkey;
 pub mod mkey_cache;
 pub mod mkey_query;

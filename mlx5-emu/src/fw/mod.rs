@@ -18,6 +18,7 @@ mod hca;
 mod issi;
 mod l2;
 mod mad;
+mod mcg;
 pub(crate) mod memic;
 pub(crate) mod memic_op;
 mod mkey;
@@ -237,6 +238,8 @@ pub(crate) mod synd {
     pub const QP_BAD_SGID: u32 = 0x0a90_000d;
     pub const QP_BAD_MTU: u32 = 0x0a90_000e;
     pub const QP_BAD_XRCD: u32 = 0x0a90_000f;
+    pub const MCG_BAD_PARAM: u32 = 0x0a9a_0001;
+    pub const MCG_EXHAUSTED: u32 = 0x0a9a_0002;
     pub const DCT_BAD_PD: u32 = 0x0a98_0001;
     pub const DCT_BAD_CQ: u32 = 0x0a98_0002;
     pub const DCT_BAD_SRQ: u32 = 0x0a98_0003;
@@ -777,6 +780,8 @@ impl Firmware {
             O::CreateQp => self.create_qp(inner, input, outlen),
             O::DestroyQp => self.destroy_qp(inner, input, outlen),
             O::QueryQp => self.query_qp(inner, input, outlen),
+            O::AttachToMcg => self.attach_to_mcg(inner, input, outlen),
+            O::DetachFromMcg => self.detach_from_mcg(inner, input, outlen),
             O::Rst2InitQp
             | O::Init2InitQp
             | O::Init2RtrQp
@@ -850,6 +855,8 @@ impl Firmware {
                 | O::CreateQp
                 | O::DestroyQp
                 | O::QueryQp
+                | O::AttachToMcg
+                | O::DetachFromMcg
                 | O::Rst2InitQp
                 | O::Init2InitQp
                 | O::Init2RtrQp

@@ -272,6 +272,7 @@ impl Firmware {
         let _rq = lock(&qp.rq);
         qp.destroyed();
         r.odp.forget_qp(qpn);
+        super::mcg::forget_qp(r, qpn);
         let mut g = wlock(&r.gsi);
         if *g == Some(qpn) {
             *g = None;

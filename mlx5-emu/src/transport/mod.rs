@@ -266,6 +266,9 @@ pub(crate) struct Rdma {
     pub host_endian_atomics: AtomicBool,
     /// Raw Ethernet receive: RQs, NIC RX steering, flow counters.
     pub eth_rx: eth_rx::EthRx,
+    /// Multicast groups (ATTACH_TO_MCG): the UD QPs each multicast GID
+    /// delivers to.
+    pub mcgs: Mutex<BTreeMap<[u8; 16], BTreeSet<u32>>>,
 }
 
 /// The lowest number of `[first, end)` that `used` says is free, searched
@@ -483,6 +486,7 @@ impl Rdma {
             odp: odp::Odp::default(),
             host_endian_atomics: AtomicBool::new(false),
             eth_rx: eth_rx::EthRx::default(),
+            mcgs: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -525,6 +529,7 @@ impl Rdma {
         self.qp_floor.store(0, Ordering::Relaxed);
         self.odp.reset();
         self.eth_rx.reset();
+        lock(&self.mcgs).clear();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
         self.counters.reset();
@@ -638,6 +643,13 @@ impl Rdma {
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
         rlock(&self.qps).get(&qpn).cloned()
+    }
+
+    /// The QPs attached to multicast group `mgid`.
+    pub(crate) fn mcg_members(&self, mgid: &[u8; 16]) -> Vec<u32> {
+        lock(&self.mcgs)
+            .get(mgid)
+            .map_or_else(Vec::new, |m| m.iter().copied().collect())
     }
 
     pub(crate) fn eth_sq(&self, sqn: u32) -> Option<Arc<eth_sq::EthSq>> {

@@ -123,6 +123,8 @@ pub mod op {
     pub const SEND_ONLY_INV: u8 = 0x17;
 }
 
+pub use mlx5_hw::qp::{is_multicast_gid, MULTICAST_QPN};
+
 /// Service prefixes of the BTH opcode.
 pub mod svc {
     /// RC opcodes.

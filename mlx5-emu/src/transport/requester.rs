@@ -993,6 +993,10 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory, w: &Wqe) -> Outc
         hdr: &h,
         payload,
     };
+    if packet::is_multicast_gid(&addr.dst_gid) {
+        multicast(rdma, qp, &pkt);
+        return Outcome::Done(w.len as u32);
+    }
     if let Some(dst) = rdma.route(&addr.dst_gid) {
         let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
         let to = Dest {
@@ -1023,6 +1027,46 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory, w: &Wqe) -> Outc
         fabric::transmit(rdma, &to, &pkt, &mut |_| {});
     }
     Outcome::Done(w.len as u32)
+}
+
+/// A UD SEND to a multicast group: every function of the cable takes a
+/// copy, this one included (each port's responder hands it to the QPs its
+/// ATTACH_TO_MCG put in the group; qpc.block_lb_mc is not modelled), and
+/// the link to another process carries one.
+fn multicast(rdma: &Rdma, qp: &Qp, pkt: &Packet<'_>) {
+    let wire = fabric::wire_of(rdma);
+    let mut ports = wire.as_ref().map(|w| w.peers(rdma)).unwrap_or_default();
+    ports.extend(rdma.me.upgrade());
+    for dst in &ports {
+        let dmem = dst.dma.memory();
+        let to = Dest {
+            rdma: dst,
+            mem: &dmem,
+            hint: None,
+            tally: None,
+            routed: true,
+            wire: wire.as_deref(),
+            qp: None,
+            link: None,
+            src_qpn: qp.qpn,
+        };
+        fabric::transmit(rdma, &to, pkt, &mut |_| {});
+    }
+    if let Some(l) = fabric::link_of(rdma) {
+        let mem = rdma.dma.memory();
+        let to = Dest {
+            rdma,
+            mem: &mem,
+            hint: None,
+            tally: None,
+            routed: false,
+            wire: None,
+            qp: None,
+            link: Some(&l),
+            src_qpn: qp.qpn,
+        };
+        fabric::transmit(rdma, &to, pkt, &mut |_| {});
+    }
 }
 
 fn payload<'a>(sq: &'a Sq, mem: &'a IovaMemory, skip: u64, len: u64) -> Payload<'a> {

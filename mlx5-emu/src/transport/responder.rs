@@ -71,6 +71,26 @@ fn receive_in(
         tracing::trace!(why, "packet dropped");
     };
     let h = pkt.hdr;
+    if h.bth.dest_qp == packet::MULTICAST_QPN
+        && packet::is_multicast_gid(&pkt.addr.dst_gid)
+        && packet::service(h.bth.opcode) == Service::Ud
+    {
+        // A copy for each QP of the group (none: nobody listens).
+        for qpn in rdma.mcg_members(&pkt.addr.dst_gid) {
+            let Some(qp) = rdma.qp(qpn) else {
+                continue;
+            };
+            let mut hdr = *h;
+            hdr.bth.dest_qp = qpn;
+            let copy = Packet {
+                addr: pkt.addr,
+                hdr: &hdr,
+                payload: pkt.payload,
+            };
+            receive_in(rdma, dmem, true, Some(&qp), &copy, reply);
+        }
+        return;
+    }
     if !routed && !rdma.has_gid(&pkt.addr.dst_gid) {
         return drop("destination GID");
     }

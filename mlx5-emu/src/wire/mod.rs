@@ -681,6 +681,10 @@ impl Link {
                 return;
             }
         };
+        if packet::is_multicast_gid(&fr.addr.dst_gid) {
+            self.receive_multicast(&fr.addr, &fr.hdrs, &f[fr.payload.clone()]);
+            return;
+        }
         let Some(dst) = self.wire.upgrade().and_then(|w| w.find(&fr.addr.dst_gid)) else {
             let gid = std::net::Ipv6Addr::from(fr.addr.dst_gid);
             self.dropped(
@@ -713,6 +717,28 @@ impl Link {
         crate::transport::responder::receive(&dst, &mem, None, true, None, &pkt, send);
         if fr.hdrs.bth.ack_req && packet::rc_like(fr.hdrs.bth.opcode) {
             crate::transport::responder::drained(&dst, &fr.addr, fr.hdrs.bth.dest_qp, send);
+        }
+    }
+
+    /// A UD datagram to a multicast group reaches every function's port,
+    /// whose responder hands it to the group's QPs; nothing answers it.
+    fn receive_multicast(&self, addr: &RoceAddr, hdrs: &Headers, payload: &[u8]) {
+        self.counts.rx_delivered.fetch_add(1, Ordering::Relaxed);
+        let pkt = Packet {
+            addr: *addr,
+            hdr: hdrs,
+            payload: if payload.is_empty() {
+                Payload::None
+            } else {
+                Payload::Bytes(payload)
+            },
+        };
+        for dst in self.wire.upgrade().map(|w| w.ports()).unwrap_or_default() {
+            dst.counters
+                .packets_received
+                .fetch_add(1, Ordering::Relaxed);
+            let mem = dst.dma.memory();
+            crate::transport::responder::receive(&dst, &mem, None, true, None, &pkt, &mut |_| {});
         }
     }
 

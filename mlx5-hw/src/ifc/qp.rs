@@ -4677,3 +4677,399 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Qp2rstOut<T> {
         self
     }
 }
+
+/// Constants and registry entry of [`AttachToMcgIn`] (`struct mlx5_ifc_attach_to_mcg_in_bits`).
+pub mod attach_to_mcg_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x100;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x20;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `qpn`: bit 0x48, 0x18 bits.
+    pub const QPN: BitField = BitField::new(0x48, 0x18);
+    /// Place of `multicast_gid`: bit 0x80, 0x80 bits.
+    pub const MULTICAST_GID: BitField = BitField::new(0x80, 0x80);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "attach_to_mcg_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x100,
+        doc: "ATTACH_TO_MCG input: QP `qpn` joins multicast group `multicast_gid`.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "qpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "multicast_gid", bit_off: 0x80, width: 0x80, ty: FieldType::Array { elem_bits: 0x8, count: 16, elem: None } },
+        ],
+    };
+}
+
+/// ATTACH_TO_MCG input: QP `qpn` joins multicast group `multicast_gid`.
+///
+/// A view of `struct mlx5_ifc_attach_to_mcg_in_bits` (256 bits, 32 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachToMcgIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> AttachToMcgIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (32 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("attach_to_mcg_in", attach_to_mcg_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `qpn`: 24 bits at bit 0x48.
+    pub fn qpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `multicast_gid`: bytes at byte 0x10, 16 bytes.
+    pub fn multicast_gid(&self) -> &[u8] {
+        sub(self.buf.as_ref(), 0x10, 0x10)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AttachToMcgIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `qpn` (24 bits at bit 0x48).
+    pub fn set_qpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// `multicast_gid`, for writing.
+    pub fn multicast_gid_mut(&mut self) -> &mut [u8] {
+        sub_mut(self.buf.as_mut(), 0x10, 0x10)
+    }
+}
+
+/// Constants and registry entry of [`AttachToMcgOut`] (`struct mlx5_ifc_attach_to_mcg_out_bits`).
+pub mod attach_to_mcg_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "attach_to_mcg_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "ATTACH_TO_MCG output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// ATTACH_TO_MCG output.
+///
+/// A view of `struct mlx5_ifc_attach_to_mcg_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachToMcgOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> AttachToMcgOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("attach_to_mcg_out", attach_to_mcg_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AttachToMcgOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}
+
+/// Constants and registry entry of [`DetachFromMcgIn`] (`struct mlx5_ifc_detach_from_mcg_in_bits`).
+pub mod detach_from_mcg_in {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x100;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x20;
+    /// Place of `opcode`: bit 0x0, 0x10 bits.
+    pub const OPCODE: BitField = BitField::new(0x0, 0x10);
+    /// Place of `uid`: bit 0x10, 0x10 bits.
+    pub const UID: BitField = BitField::new(0x10, 0x10);
+    /// Place of `op_mod`: bit 0x30, 0x10 bits.
+    pub const OP_MOD: BitField = BitField::new(0x30, 0x10);
+    /// Place of `qpn`: bit 0x48, 0x18 bits.
+    pub const QPN: BitField = BitField::new(0x48, 0x18);
+    /// Place of `multicast_gid`: bit 0x80, 0x80 bits.
+    pub const MULTICAST_GID: BitField = BitField::new(0x80, 0x80);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "detach_from_mcg_in",
+        kind: LayoutKind::Struct,
+        size_bits: 0x100,
+        doc: "DETACH_FROM_MCG input: QP `qpn` leaves multicast group `multicast_gid`.",
+        fields: &[
+            FieldInfo { name: "opcode", bit_off: 0x0, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "uid", bit_off: 0x10, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_20", bit_off: 0x20, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "op_mod", bit_off: 0x30, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "qpn", bit_off: 0x48, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_60", bit_off: 0x60, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "multicast_gid", bit_off: 0x80, width: 0x80, ty: FieldType::Array { elem_bits: 0x8, count: 16, elem: None } },
+        ],
+    };
+}
+
+/// DETACH_FROM_MCG input: QP `qpn` leaves multicast group `multicast_gid`.
+///
+/// A view of `struct mlx5_ifc_detach_from_mcg_in_bits` (256 bits, 32 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetachFromMcgIn<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DetachFromMcgIn<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (32 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("detach_from_mcg_in", detach_from_mcg_in::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `opcode`: 16 bits at bit 0x0.
+    pub fn opcode(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x0, 16) as u16
+    }
+    /// `uid`: 16 bits at bit 0x10.
+    pub fn uid(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x10, 16) as u16
+    }
+    /// `op_mod`: 16 bits at bit 0x30.
+    pub fn op_mod(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x30, 16) as u16
+    }
+    /// `qpn`: 24 bits at bit 0x48.
+    pub fn qpn(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x48, 24) as u32
+    }
+    /// `multicast_gid`: bytes at byte 0x10, 16 bytes.
+    pub fn multicast_gid(&self) -> &[u8] {
+        sub(self.buf.as_ref(), 0x10, 0x10)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DetachFromMcgIn<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `opcode` (16 bits at bit 0x0).
+    pub fn set_opcode(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 16, u64::from(value));
+        self
+    }
+    /// Sets `uid` (16 bits at bit 0x10).
+    pub fn set_uid(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x10, 16, u64::from(value));
+        self
+    }
+    /// Sets `op_mod` (16 bits at bit 0x30).
+    pub fn set_op_mod(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x30, 16, u64::from(value));
+        self
+    }
+    /// Sets `qpn` (24 bits at bit 0x48).
+    pub fn set_qpn(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 24, u64::from(value));
+        self
+    }
+    /// `multicast_gid`, for writing.
+    pub fn multicast_gid_mut(&mut self) -> &mut [u8] {
+        sub_mut(self.buf.as_mut(), 0x10, 0x10)
+    }
+}
+
+/// Constants and registry entry of [`DetachFromMcgOut`] (`struct mlx5_ifc_detach_from_mcg_out_bits`).
+pub mod detach_from_mcg_out {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x80;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x10;
+    /// Place of `status`: bit 0x0, 0x8 bits.
+    pub const STATUS: BitField = BitField::new(0x0, 0x8);
+    /// Place of `syndrome`: bit 0x20, 0x20 bits.
+    pub const SYNDROME: BitField = BitField::new(0x20, 0x20);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "detach_from_mcg_out",
+        kind: LayoutKind::Struct,
+        size_bits: 0x80,
+        doc: "DETACH_FROM_MCG output.",
+        fields: &[
+            FieldInfo { name: "status", bit_off: 0x0, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_8", bit_off: 0x8, width: 0x18, ty: FieldType::Bits },
+            FieldInfo { name: "syndrome", bit_off: 0x20, width: 0x20, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_40", bit_off: 0x40, width: 0x40, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// DETACH_FROM_MCG output.
+///
+/// A view of `struct mlx5_ifc_detach_from_mcg_out_bits` (128 bits, 16 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetachFromMcgOut<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> DetachFromMcgOut<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (16 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("detach_from_mcg_out", detach_from_mcg_out::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `status`: 8 bits at bit 0x0.
+    pub fn status(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x0, 8) as u8
+    }
+    /// `syndrome`: 32 bits at bit 0x20.
+    pub fn syndrome(&self) -> u32 {
+        get_bits(self.buf.as_ref(), 0x20, 32) as u32
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DetachFromMcgOut<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `status` (8 bits at bit 0x0).
+    pub fn set_status(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x0, 8, u64::from(value));
+        self
+    }
+    /// Sets `syndrome` (32 bits at bit 0x20).
+    pub fn set_syndrome(&mut self, value: u32) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 32, u64::from(value));
+        self
+    }
+}

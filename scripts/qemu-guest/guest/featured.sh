@@ -103,6 +103,10 @@ PYTHONDONTWRITEBYTECODE=1 HOME=/tmp timeout 1500 python3 /guest/rdma_suite.py /t
 echo "=== suite rc=$? end $(cut -d' ' -f1 /proc/uptime)"
 sed 's/^/=== suite: /' /tmp/suite.txt
 tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
+# What a two-process test's side raised (rdma-core's base.py prints
+# "Player <side> got: <exception>" and exits; the result line only says
+# that a side failed).
+grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite side: /'
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).
 . /guest/eth_pair.sh

@@ -1,0 +1,65 @@
+//! Multicast groups: `ibv_attach_mcast` / `ibv_detach_mcast`, a UD QP
+//! joining or leaving the group of a multicast GID (ATTACH_TO_MCG /
+//! DETACH_FROM_MCG, PRM "Multicast Group"). A UD SEND to the group's GID
+//! with remote QPN 0xFFFFFF ([`MULTICAST_QPN`]) then reaches every QP in it,
+//! on this port and the ports it is cabled to. Refused as Linux's
+//! `ib_attach_mcast` refuses: a GID that is not multicast
+//! ([`mlx5_hw::qp::is_multicast_gid`]) or a QP that is not UD (EINVAL),
+//! before the device is asked.
+
+use mlx5_hw::ifc::{
+    attach_to_mcg_in, attach_to_mcg_out, detach_from_mcg_in, detach_from_mcg_out, AttachToMcgIn,
+    DetachFromMcgIn,
+};
+use mlx5_hw::opcode::Opcode;
+
+use crate::device::Gid;
+use crate::qp::{Qp, QpType};
+use crate::{Error, Result};
+
+/// The remote QP number of a UD SEND to a multicast group.
+pub use mlx5_hw::qp::MULTICAST_QPN;
+
+impl Qp {
+    /// `ibv_attach_mcast`: this UD QP joins the group of `gid`.
+    pub fn attach_mcast(&self, gid: &Gid) -> Result<()> {
+        self.mcast_check(gid)?;
+        let mut inb = [0u8; attach_to_mcg_in::SIZE_BYTES];
+        AttachToMcgIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::AttachToMcg.to_raw())
+            .set_qpn(self.qp_num())
+            .multicast_gid_mut()
+            .copy_from_slice(gid);
+        self.ctx
+            .hca
+            .cmd()
+            .exec(&inb, attach_to_mcg_out::SIZE_BYTES)
+            .map(drop)
+    }
+
+    /// `ibv_detach_mcast`: this UD QP leaves the group of `gid`.
+    pub fn detach_mcast(&self, gid: &Gid) -> Result<()> {
+        self.mcast_check(gid)?;
+        let mut inb = [0u8; detach_from_mcg_in::SIZE_BYTES];
+        DetachFromMcgIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::DetachFromMcg.to_raw())
+            .set_qpn(self.qp_num())
+            .multicast_gid_mut()
+            .copy_from_slice(gid);
+        self.ctx
+            .hca
+            .cmd()
+            .exec(&inb, detach_from_mcg_out::SIZE_BYTES)
+            .map(drop)
+    }
+
+    fn mcast_check(&self, gid: &Gid) -> Result<()> {
+        if !mlx5_hw::qp::is_multicast_gid(gid) {
+            return Err(Error::Invalid("not a multicast GID"));
+        }
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::Invalid("multicast needs a UD QP"));
+        }
+        Ok(())
+    }
+}
