@@ -389,16 +389,18 @@ fn ud_multicast_reaches_every_member_on_both_ports() {
     recv(&mut qb, &p.b, 1);
     recv(&mut qa2, &p.a, 2);
     recv(&mut qb2, &p.b, 3);
-    let group =
+    let group_ah = |dgid| {
         p.a.pd
             .create_ah(&verbs::qp::AhAttr {
-                dgid: mgid,
+                dgid,
                 sgid_index: 0,
                 hop_limit: 64,
                 port_num: 1,
                 ..Default::default()
             })
-            .unwrap();
+            .unwrap()
+    };
+    let group = group_ah(mgid);
     let d = fill(&p.a.buf, 0, 500, 31);
     let s = p.a.mr.sge(0, 500).unwrap();
     let send = |q: &mut verbs::qp::Qp, wr_id| {
@@ -454,16 +456,7 @@ fn ud_multicast_reaches_every_member_on_both_ports() {
     v4[10..].copy_from_slice(&[0xff, 0xff, 239, 1, 2, 3]);
     qb.attach_mcast(&v4).unwrap();
     recv(&mut qb, &p.b, 5);
-    let group4 =
-        p.a.pd
-            .create_ah(&verbs::qp::AhAttr {
-                dgid: v4,
-                sgid_index: 0,
-                hop_limit: 64,
-                port_num: 1,
-                ..Default::default()
-            })
-            .unwrap();
+    let group4 = group_ah(v4);
     qa.post_send(&[SendWr {
         wr_id: 12,
         op: SendOp::Send,

@@ -30,11 +30,7 @@ impl Qp {
             .set_qpn(self.qp_num())
             .multicast_gid_mut()
             .copy_from_slice(gid);
-        self.ctx
-            .hca
-            .cmd()
-            .exec(&inb, attach_to_mcg_out::SIZE_BYTES)
-            .map(drop)
+        self.mcg_exec(&inb, attach_to_mcg_out::SIZE_BYTES)
     }
 
     /// `ibv_detach_mcast`: this UD QP leaves the group of `gid`.
@@ -46,11 +42,11 @@ impl Qp {
             .set_qpn(self.qp_num())
             .multicast_gid_mut()
             .copy_from_slice(gid);
-        self.ctx
-            .hca
-            .cmd()
-            .exec(&inb, detach_from_mcg_out::SIZE_BYTES)
-            .map(drop)
+        self.mcg_exec(&inb, detach_from_mcg_out::SIZE_BYTES)
+    }
+
+    fn mcg_exec(&self, inb: &[u8], outlen: usize) -> Result<()> {
+        self.ctx.hca.cmd().exec(inb, outlen).map(drop)
     }
 
     fn mcast_check(&self, gid: &Gid) -> Result<()> {

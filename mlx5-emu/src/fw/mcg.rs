@@ -38,17 +38,30 @@ fn member(r: &Rdma, qpn: u32, g: &[u8; 16]) -> Result<(), Fail> {
 }
 
 impl Firmware {
+    /// The QP and group an ATTACH_TO_MCG or DETACH_FROM_MCG names (the
+    /// two inputs are laid out alike), checked.
+    fn mcg_input(
+        &self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> Result<(u32, [u8; 16]), Fail> {
+        use attach_to_mcg_in as i;
+        const _: () = assert!(i::SIZE_BYTES == detach_from_mcg_in::SIZE_BYTES);
+        sized(input, outlen, i::SIZE_BYTES, 0x10)?;
+        self.check_uid(i::UID.get(input))?;
+        let (qpn, g) = (i::QPN.get(input) as u32, mgid(input));
+        member(&inner.rdma, qpn, &g)?;
+        Ok((qpn, g))
+    }
+
     pub(super) fn attach_to_mcg(
         &mut self,
         inner: &Inner,
         input: &[u8],
         outlen: usize,
     ) -> CmdResult {
-        use attach_to_mcg_in as i;
-        sized(input, outlen, i::SIZE_BYTES, 0x10)?;
-        self.check_uid(i::UID.get(input))?;
-        let (qpn, g) = (i::QPN.get(input) as u32, mgid(input));
-        member(&inner.rdma, qpn, &g)?;
+        let (qpn, g) = self.mcg_input(inner, input, outlen)?;
         let groups = 1usize << self.cap(cmd_hca_cap::LOG_MAX_MCG).min(24);
         let per_group = self.cap(cmd_hca_cap::MAX_QP_MCG) as usize;
         let mut m = lock(&inner.rdma.mcgs);
@@ -70,11 +83,7 @@ impl Firmware {
         input: &[u8],
         outlen: usize,
     ) -> CmdResult {
-        use detach_from_mcg_in as i;
-        sized(input, outlen, i::SIZE_BYTES, 0x10)?;
-        self.check_uid(i::UID.get(input))?;
-        let (qpn, g) = (i::QPN.get(input) as u32, mgid(input));
-        member(&inner.rdma, qpn, &g)?;
+        let (qpn, g) = self.mcg_input(inner, input, outlen)?;
         let mut m = lock(&inner.rdma.mcgs);
         let Some(qps) = m.get_mut(&g) else {
             return Err(fail(CmdStatus::BadParameter, synd::MCG_BAD_PARAM));

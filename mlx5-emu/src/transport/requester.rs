@@ -994,79 +994,66 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory, w: &Wqe) -> Outc
         payload,
     };
     if packet::is_multicast_gid(&addr.dst_gid) {
-        multicast(rdma, qp, &pkt);
+        multicast(rdma, qp, mem, &pkt);
         return Outcome::Done(w.len as u32);
     }
-    if let Some(dst) = rdma.route(&addr.dst_gid) {
-        let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
-        let to = Dest {
-            rdma: &dst,
-            mem: &dmem,
-            hint: None,
-            tally: None,
-            routed: true,
-            wire: wire.as_deref(),
-            qp: None,
-            link: None,
-            src_qpn: qp.qpn,
-        };
-        fabric::transmit(rdma, &to, &pkt, &mut |_| {});
-    } else if let Some(l) = fabric::link_of(rdma) {
-        // Out on the link to another process; nothing comes back.
-        let to = Dest {
-            rdma,
-            mem,
-            hint: None,
-            tally: None,
-            routed: false,
-            wire: None,
-            qp: None,
-            link: Some(&l),
-            src_qpn: qp.qpn,
-        };
-        fabric::transmit(rdma, &to, &pkt, &mut |_| {});
+    match rdma.route(&addr.dst_gid) {
+        Some(dst) => datagram_to(rdma, qp, &dst, &pkt),
+        // Out on the link to another process, if any.
+        None => datagram_on_link(rdma, qp, mem, &pkt),
     }
     Outcome::Done(w.len as u32)
+}
+
+/// A UD datagram to the port of `dst` on this fabric (nothing comes back).
+fn datagram_to(rdma: &Rdma, qp: &Qp, dst: &Rdma, pkt: &Packet<'_>) {
+    let (dmem, wire) = (dst.dma.memory(), fabric::wire_of(rdma));
+    let to = Dest {
+        rdma: dst,
+        mem: &dmem,
+        hint: None,
+        tally: None,
+        routed: true,
+        wire: wire.as_deref(),
+        qp: None,
+        link: None,
+        src_qpn: qp.qpn,
+    };
+    fabric::transmit(rdma, &to, pkt, &mut |_| {});
+}
+
+/// A UD datagram onto the link to another process, if the port has one
+/// (nothing comes back).
+fn datagram_on_link(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, pkt: &Packet<'_>) {
+    let Some(l) = fabric::link_of(rdma) else {
+        return;
+    };
+    let to = Dest {
+        rdma,
+        mem,
+        hint: None,
+        tally: None,
+        routed: false,
+        wire: None,
+        qp: None,
+        link: Some(&l),
+        src_qpn: qp.qpn,
+    };
+    fabric::transmit(rdma, &to, pkt, &mut |_| {});
 }
 
 /// A UD SEND to a multicast group: every function of the cable takes a
 /// copy, this one included (each port's responder hands it to the QPs its
 /// ATTACH_TO_MCG put in the group; qpc.block_lb_mc is not modelled), and
 /// the link to another process carries one.
-fn multicast(rdma: &Rdma, qp: &Qp, pkt: &Packet<'_>) {
+fn multicast(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, pkt: &Packet<'_>) {
     let wire = fabric::wire_of(rdma);
     let mut ports = wire.as_ref().map(|w| w.peers(rdma)).unwrap_or_default();
     ports.extend(rdma.me.upgrade());
     for dst in &ports {
-        let dmem = dst.dma.memory();
-        let to = Dest {
-            rdma: dst,
-            mem: &dmem,
-            hint: None,
-            tally: None,
-            routed: true,
-            wire: wire.as_deref(),
-            qp: None,
-            link: None,
-            src_qpn: qp.qpn,
-        };
-        fabric::transmit(rdma, &to, pkt, &mut |_| {});
+        datagram_to(rdma, qp, dst, pkt);
     }
-    if let Some(l) = fabric::link_of(rdma) {
-        let mem = rdma.dma.memory();
-        let to = Dest {
-            rdma,
-            mem: &mem,
-            hint: None,
-            tally: None,
-            routed: false,
-            wire: None,
-            qp: None,
-            link: Some(&l),
-            src_qpn: qp.qpn,
-        };
-        fabric::transmit(rdma, &to, pkt, &mut |_| {});
-    }
+    datagram_on_link(rdma, qp, mem, pkt);
 }
 
 fn payload<'a>(sq: &'a Sq, mem: &'a IovaMemory, skip: u64, len: u64) -> Payload<'a> {
