@@ -544,8 +544,8 @@ fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
     let Some(dmac) = frame.get(..6) else {
         return;
     };
-    if dmac[0] & 1 != 0 {
-        let multicast = true;
+    let multicast = dmac[0] & 1 != 0;
+    if multicast {
         receive_from(src, frame, Some(Looped { td, multicast }));
     }
 }
