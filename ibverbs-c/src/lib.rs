@@ -50,6 +50,8 @@ mod qp_ex;
 mod registry;
 mod remap;
 mod spin;
+#[cfg(test)]
+mod thread_tests;
 
 pub use device::DEVICES_ENV;
 

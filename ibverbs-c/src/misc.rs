@@ -288,7 +288,7 @@ fn mcast(
     }
     // SAFETY: the caller's GID, non-NULL.
     let g = unsafe { (*gid).raw };
-    match f(&q.qp.lock(), &g) {
+    match f(&q.qp.lock_control(), &g) {
         Ok(()) => 0,
         Err(e) => ret_errno(crate::errno_of(what, &e)),
     }

@@ -616,7 +616,7 @@ pub extern "C" fn ibv_resize_cq(p: *mut ibv_cq, cqe: c_int) -> c_int {
     // SAFETY: live (checked above); only the lock field is borrowed, so
     // the `ibv_cq` fields stay writable.
     let lock = unsafe { &(*(p as *mut Cq)).cq };
-    let mut g = lock.lock();
+    let mut g = lock.lock_control();
     let r = g.resize(n);
     // The ring may be new even after an error (MODIFY_CQ done, the copy
     // failed): the lock-free empty test reads the CQ's ring as it is now.
@@ -674,7 +674,7 @@ pub extern "C" fn ibv_get_cq_event(
 #[no_mangle]
 pub extern "C" fn ibv_ack_cq_events(p: *mut ibv_cq, n: u32) {
     if let Some(cq) = cq_of(p) {
-        let _g = cq.cq.lock();
+        let _g = cq.cq.lock_control();
         // SAFETY: `p` is a live CQ (checked above).
         let c = unsafe { &raw mut (*p).comp_events_completed };
         // SAFETY: its counter, written under the CQ's lock only.

@@ -98,11 +98,11 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
     } else {
         Some(srq_of(a.srq).ok_or(libc::EINVAL)?)
     };
-    let sg = scq.cq.lock();
+    let sg = scq.cq.lock_control();
     let rg = if std::ptr::eq(scq, rcq) {
         None
     } else {
-        Some(rcq.cq.lock())
+        Some(rcq.cq.lock_control())
     };
     let init = QpInitAttr {
         send_cq: &sg,
@@ -332,7 +332,7 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
         Ok(v) => v,
         Err(e) => return ret_errno(e),
     };
-    let mut g = q.qp.lock();
+    let mut g = q.qp.lock_control();
     if let Err(e) = g.modify(&va, mask as u32) {
         return ret_errno(crate::errno_of("ibv_modify_qp", &e));
     }
@@ -361,7 +361,7 @@ pub extern "C" fn ibv_query_qp(
     if attr.is_null() || init.is_null() {
         return ret_errno(libc::EINVAL);
     }
-    let state = q.qp.lock().state() as c_int;
+    let state = q.qp.lock_control().state() as c_int;
     let mut a = *lock(&q.attr);
     a.qp_state = state;
     a.cur_qp_state = state;

@@ -12,6 +12,17 @@
 //! compare-and-swap to take, one store to give back; a waiter spins a
 //! little, then yields).
 //!
+//! Only the data path (posts, polls, arming, the `ibv_wr_*` and extended
+//! poll calls) claims or revokes a bias. The control path (a QP created on
+//! the CQ, a QP modified or queried, a resize, acking events) takes the
+//! lock with [`SpinLock::lock_control`]: unowned, it holds it without
+//! claiming it; owned by another thread, it waits that owner out as a
+//! revocation does and then hands the bias back. So a program that makes
+//! its objects on one thread and polls on another keeps the polling
+//! thread's bias (the first version biased the lock to the creating
+//! thread, since `ibv_create_qp` locks its CQs, and the poller's first
+//! poll then revoked it for good).
+//!
 //! Revocation is Dekker's algorithm made asymmetric by `membarrier(2)`
 //! (as liburcu and Folly's asymmetric barriers do): the owner stores
 //! `inside`, then (a compiler barrier only) loads `owner`; the revoker
@@ -19,8 +30,17 @@
 //! (every running thread of the process executes a full barrier), then
 //! loads `inside`. So either the owner sees the revocation and backs off,
 //! or the revoker sees it inside and waits until it leaves. Where the
-//! kernel refuses membarrier (before 4.14, or a seccomp filter), locks
-//! start revoked: plain spinlocks.
+//! kernel refuses membarrier (before 4.14, a seccomp filter, gVisor on a
+//! platform without a global barrier), locks start revoked: plain
+//! spinlocks, and the one registration attempt of the process logs a
+//! warning (`MLX5_LOG=ibverbs::spin=debug` also logs a success, and each
+//! revocation). No cheaper correct fallback was found: the owner's
+//! store-then-load needs a store-load fence (as costly as the
+//! compare-and-swap) unless something else interrupts the owner's CPU;
+//! `mprotect`'s TLB-shootdown IPIs are no such guarantee (arm64 and
+//! AMD's INVLPGB broadcast invalidations send none), and a signal to the
+//! owner would need a process-wide handler and could interrupt its
+//! system calls.
 //!
 //! An owner is named by its thread pointer (`pthread_self()`), unique
 //! among live threads. A
@@ -109,13 +129,49 @@ fn bias_possible() -> bool {
     *REGISTERED.get_or_init(|| {
         use rustix::thread::{membarrier, MembarrierCommand};
         match membarrier(MembarrierCommand::RegisterPrivateExpedited) {
-            Ok(()) => true,
+            Ok(()) => {
+                tracing::debug!("membarrier registered: the data-path locks are biased");
+                true
+            }
             Err(e) => {
-                tracing::debug!("membarrier: {e}; the data-path locks are not biased");
+                // Once per process. Each post and poll then pays a
+                // compare-and-swap (about what libmlx5 pays);
+                // MLX5_SINGLE_THREADED=1 takes no lock at all.
+                tracing::warn!(
+                    "membarrier(REGISTER_PRIVATE_EXPEDITED) refused ({e}): the QP and CQ \
+                     locks are spinlocks, one atomic per post and poll \
+                     (MLX5_SINGLE_THREADED=1 avoids them)"
+                );
                 false
             }
         }
     })
+}
+
+/// Where a lock's bias stands (tests).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bias {
+    /// `MLX5_SINGLE_THREADED`: nothing taken.
+    Single,
+    /// Not biased yet: the next data-path lock claims it.
+    Unowned,
+    /// Biased to this thread (its [`this_thread`]).
+    Owner(usize),
+    /// A spinlock for good (or a revocation under way).
+    Revoked,
+}
+
+/// This thread's id as the locks name their owner (tests).
+#[cfg(test)]
+pub(crate) fn this_thread() -> usize {
+    me()
+}
+
+/// Whether this process's locks can be biased (tests).
+#[cfg(test)]
+pub(crate) fn biasing_possible() -> bool {
+    bias_possible()
 }
 
 impl<T> SpinLock<T> {
@@ -131,7 +187,12 @@ impl<T> SpinLock<T> {
             || *SINGLE
                 .get_or_init(|| std::env::var("MLX5_SINGLE_THREADED").is_ok_and(|v| v == "1"));
         Self {
-            owner: AtomicUsize::new(if bias_possible() { UNOWNED } else { REVOKED }),
+            // A lock that takes nothing needs no membarrier registration.
+            owner: AtomicUsize::new(if !single && bias_possible() {
+                UNOWNED
+            } else {
+                REVOKED
+            }),
             inside: AtomicBool::new(false),
             held: AtomicBool::new(false),
             single,
@@ -240,24 +301,78 @@ impl<T> SpinLock<T> {
                         .compare_exchange(o, REVOKING, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
-                        self.revoke();
+                        tracing::debug!(
+                            owner = format_args!("{o:#x}"),
+                            by = format_args!("{me:#x}"),
+                            "a second thread on the data path: bias revoked, a spinlock from now on"
+                        );
+                        self.wait_out();
+                        self.owner.store(REVOKED, Ordering::Release);
                     }
                     continue;
                 }
             }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            backoff(&mut spins);
         }
     }
 
-    /// Ends the bias (`owner` is [`REVOKING`], set by this thread): after
-    /// the barrier the owner either saw the revocation or is seen inside;
-    /// once it is out, the lock is a spinlock ([`REVOKED`]).
-    fn revoke(&self) {
+    /// The lock for a control-path call (create a QP on a CQ, modify or
+    /// query a QP, resize, ack events): taken without claiming the bias,
+    /// and, if another thread owns it, borrowed and handed back rather
+    /// than revoked. A program that makes its QPs and CQs on one thread
+    /// and polls on another (as many do) keeps its locks biased to the
+    /// polling thread, whichever thread made or later reconfigures them.
+    ///
+    /// Unowned, the lock is held as [`REVOKING`] (no owner can be inside)
+    /// and given back unowned. Owned by another thread, the owner is
+    /// waited out as a revocation does (membarrier), then given its bias
+    /// back: one barrier per control call, none on its data path.
+    pub(crate) fn lock_control(&self) -> ControlGuard<'_, T> {
+        if self.single {
+            return ControlGuard::Lock(self.lock());
+        }
+        let me = me();
+        let mut spins = 0u32;
+        loop {
+            match self.owner.load(Ordering::Acquire) {
+                UNOWNED => {
+                    if self
+                        .owner
+                        .compare_exchange(UNOWNED, REVOKING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return ControlGuard::Borrowed {
+                            l: self,
+                            restore: UNOWNED,
+                        };
+                    }
+                    continue;
+                }
+                REVOKING => {}
+                o if o == REVOKED || o == me => return ControlGuard::Lock(self.lock()),
+                o => {
+                    if self
+                        .owner
+                        .compare_exchange(o, REVOKING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        self.wait_out();
+                        return ControlGuard::Borrowed {
+                            l: self,
+                            restore: o,
+                        };
+                    }
+                    continue;
+                }
+            }
+            backoff(&mut spins);
+        }
+    }
+
+    /// Waits the owner out (`owner` is [`REVOKING`], set by this thread):
+    /// after the barrier the owner either saw the revocation or is seen
+    /// inside; this returns once it is out, its writes seen.
+    fn wait_out(&self) {
         use rustix::thread::{membarrier, MembarrierCommand};
         if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
             // Registered, so the kernel does not refuse it; were it to, the
@@ -268,14 +383,8 @@ impl<T> SpinLock<T> {
         }
         let mut spins = 0u32;
         while self.inside.load(Ordering::Acquire) {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            backoff(&mut spins);
         }
-        self.owner.store(REVOKED, Ordering::Release);
     }
 
     /// Gives back a lock whose guard was [leaked](SpinGuard::leak).
@@ -298,6 +407,17 @@ impl<T> SpinLock<T> {
     pub(crate) unsafe fn locked_mut(&self) -> &mut T {
         // SAFETY: the caller holds the lock and no other reference.
         unsafe { &mut *self.v.get() }
+    }
+
+    /// Where the bias stands (tests).
+    #[cfg(test)]
+    pub(crate) fn bias(&self) -> Bias {
+        match self.owner.load(Ordering::Acquire) {
+            _ if self.single => Bias::Single,
+            UNOWNED => Bias::Unowned,
+            REVOKING | REVOKED => Bias::Revoked,
+            o => Bias::Owner(o),
+        }
     }
 
     pub(crate) fn into_inner(self) -> T {
@@ -349,9 +469,60 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
+/// A lock taken by [`SpinLock::lock_control`], until dropped.
+pub(crate) enum ControlGuard<'a, T> {
+    /// Taken as the data path takes it: the thread's own bias, the
+    /// spinlock once revoked, or nothing (`MLX5_SINGLE_THREADED`).
+    Lock(SpinGuard<'a, T>),
+    /// Held as [`REVOKING`]; `owner` becomes `restore` again when dropped.
+    Borrowed { l: &'a SpinLock<T>, restore: usize },
+}
+
+impl<T> Deref for ControlGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            ControlGuard::Lock(g) => g,
+            // SAFETY: `owner` is REVOKING, set by this guard's thread, and
+            // the owner (if any) is out: no other reference exists.
+            ControlGuard::Borrowed { l, .. } => unsafe { &*l.v.get() },
+        }
+    }
+}
+
+impl<T> DerefMut for ControlGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        match self {
+            ControlGuard::Lock(g) => g,
+            // SAFETY: as above, and `&mut self` makes this the only one.
+            ControlGuard::Borrowed { l, .. } => unsafe { &mut *l.v.get() },
+        }
+    }
+}
+
+impl<T> Drop for ControlGuard<'_, T> {
+    fn drop(&mut self) {
+        if let ControlGuard::Borrowed { l, restore } = self {
+            // Release: the owner's (or the next claimer's) Acquire load of
+            // `owner` sees what was written under this guard.
+            l.owner.store(*restore, Ordering::Release);
+        }
+    }
+}
+
+/// One round of waiting: a spin, then (after 64) a yield.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{SpinLock, REVOKED};
+    use super::{Bias, SpinLock, REVOKED};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
@@ -423,6 +594,60 @@ mod tests {
                 }
             });
             assert_eq!(l.into_inner(), 6_000);
+        }
+    }
+
+    #[test]
+    fn control_calls_neither_claim_nor_revoke_the_bias() {
+        let l = SpinLock::new(0u64);
+        if l.single || l.bias() == Bias::Revoked {
+            return; // MLX5_SINGLE_THREADED=1, or no membarrier here
+        }
+        *l.lock_control() += 1;
+        assert_eq!(l.bias(), Bias::Unowned, "a control call claimed the bias");
+        let owner = std::thread::scope(|s| {
+            s.spawn(|| {
+                *l.lock() += 1;
+                super::me()
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(l.bias(), Bias::Owner(owner));
+        // This thread's control calls borrow it and give it back.
+        *l.lock_control() += 1;
+        assert_eq!(l.bias(), Bias::Owner(owner), "a control call kept the bias");
+        assert_eq!(l.into_inner(), 3);
+    }
+
+    #[test]
+    fn control_calls_exclude_the_owner_and_leave_it_biased() {
+        for _ in 0..20 {
+            let l = SpinLock::new(0u64);
+            let owner = std::thread::scope(|s| {
+                let o = s.spawn(|| {
+                    for _ in 0..5_000 {
+                        let mut g = l.lock();
+                        // Not atomic: lost updates if two were inside.
+                        let v = *g;
+                        std::hint::spin_loop();
+                        *g = v + 1;
+                    }
+                    super::me()
+                });
+                for _ in 0..200 {
+                    let mut g = l.lock_control();
+                    let v = *g;
+                    std::hint::spin_loop();
+                    *g = v + 1;
+                }
+                o.join().unwrap()
+            });
+            match l.bias() {
+                Bias::Single | Bias::Revoked => {} // no bias to keep
+                b => assert_eq!(b, Bias::Owner(owner), "the data-path thread's bias lost"),
+            }
+            assert_eq!(l.into_inner(), 5_200);
         }
     }
 }
