@@ -112,6 +112,29 @@ fn run_c(exe: &Path, lib: &Path, polls: u64, rounds: u64, single: bool) -> Vec<(
         .collect()
 }
 
+/// Whether the C library's QP and CQ locks were biased in a short run of
+/// the program with the default locks: its `ibverbs::spin` log says
+/// whether membarrier registration succeeded (a kernel or sandbox that
+/// refuses it leaves them spinlocks: one atomic per post and poll).
+fn c_lock_mode(exe: &Path, lib: &Path) -> String {
+    let o = Command::new(exe)
+        .args(["1000", "1"])
+        .env("LD_LIBRARY_PATH", lib)
+        .env("MLX5_SINGLE_THREADED", "0")
+        .env("MLX5_LOG", "ibverbs::spin=debug")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("running abi_post_poll");
+    let log = String::from_utf8_lossy(&o.stderr);
+    if log.contains("membarrier registered") {
+        "biased (membarrier registered)".into()
+    } else if let Some(l) = log.lines().find(|l| l.contains("membarrier")) {
+        format!("spinlocks: {}", l.trim())
+    } else {
+        "unknown (no membarrier line in the library's log)".into()
+    }
+}
+
 /// rdma-core's harness (the reference rdma-core-bench harness, built
 /// outside the repo): `RDMA_CORE_BENCH_HARNESS`, else its default cache path.
 fn rdma_core_harness() -> Option<PathBuf> {
@@ -421,6 +444,7 @@ fn main() {
         }
     }
     print_rdma_core(&m, harness.as_deref());
+    println!("C ABI default locks: {}", c_lock_mode(&exe, &lib));
     println!(
         "{:<16} {:>12} {:>14} {:>12} {:>8} {:>8}",
         "case", "C ABI ns", "C ABI 1-thr ns", "Rust ns", "ratio", "1-thr"
