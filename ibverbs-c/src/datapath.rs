@@ -453,7 +453,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     // SAFETY: a CQ this library made (the data path's contract); only its
     // lock is borrowed, as in `poll_cq`.
     let lock = unsafe { &(*(cq as *const Cq)).cq };
-    match lock.lock().req_notify(solicited_only != 0) {
+    match lock.lock_unclaimed().req_notify(solicited_only != 0) {
         Ok(()) => 0,
         Err(e) => crate::errno_of("ibv_req_notify_cq", &e),
     }

@@ -328,6 +328,24 @@ impl<T> SpinLock<T> {
     /// waited out as a revocation does (membarrier), then given its bias
     /// back: one barrier per control call, none on its data path.
     pub(crate) fn lock_control(&self) -> ControlGuard<'_, T> {
+        self.lock_unclaiming(true)
+    }
+
+    /// The lock for arming a CQ (`ibv_req_notify_cq`): as the control
+    /// path while the lock is unowned (a program that arms its CQ on the
+    /// thread that made it, before another thread polls, leaves the bias
+    /// to the poller), as the data path once it is owned: another thread
+    /// arming revokes the owner's bias rather than paying a membarrier per
+    /// call, since a program that arms on one thread and polls on another
+    /// does so for every event.
+    pub(crate) fn lock_unclaimed(&self) -> ControlGuard<'_, T> {
+        self.lock_unclaiming(false)
+    }
+
+    /// [`lock_control`](Self::lock_control) (`borrow`: another thread's
+    /// bias is borrowed) or [`lock_unclaimed`](Self::lock_unclaimed)
+    /// (revoked).
+    fn lock_unclaiming(&self, borrow: bool) -> ControlGuard<'_, T> {
         if self.single {
             return ControlGuard::Lock(self.lock());
         }
@@ -349,7 +367,7 @@ impl<T> SpinLock<T> {
                     continue;
                 }
                 REVOKING => {}
-                o if o == REVOKED || o == me => return ControlGuard::Lock(self.lock()),
+                o if o == REVOKED || o == me || !borrow => return ControlGuard::Lock(self.lock()),
                 o => {
                     if self
                         .owner

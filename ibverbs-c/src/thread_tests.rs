@@ -248,7 +248,10 @@ fn a_cq_made_on_one_thread_is_biased_to_the_thread_that_polls_it() {
     if cq_lock(a.cq).bias() == Bias::Single {
         return; // MLX5_SINGLE_THREADED=1: no lock to bias
     }
-    // Creating the QP and connecting it (control path) claimed nothing.
+    // Creating the QP, connecting it (control path) and arming the CQ
+    // before any poll claimed nothing.
+    // SAFETY: a live CQ.
+    assert_eq!(unsafe { crate::datapath::req_notify_cq(a.cq, 0) }, 0);
     assert_eq!(
         cq_lock(a.cq).bias(),
         Bias::Unowned,
