@@ -393,6 +393,14 @@ impl CapPages {
         // without inline headers through them by default
         // (`mlx5e_tx_mpwqe_supported`), DPDK's mlx5 PMD its eMPW bursts.
         self.set_both(ETHERNET_OFFLOADS, eth_cap::ENHANCED_MULTI_PKT_SEND_WQE, 1);
+        // An RQ's Q counter set chosen by MODIFY_RQ (its counter_set_id
+        // bitmask bit): 14.12 of the trace reports 0, and mlx5_ib then
+        // leaves a verbs WQ and a raw packet QP's RQ on no set ("Receive
+        // WQ counters are not supported on current FW"), so the frames
+        // they drop for want of a WQE are counted nowhere (DPDK's mlx5 PMD,
+        // its queues through verbs, reports no `imissed`); later firmware
+        // reports it and mlx5_ib binds them to the port's set at RST2RDY.
+        self.set_both(GENERAL, cmd_hca_cap::MODIFY_RQ_COUNTER_SET_ID, 1);
         // NIC RX flow tables that chain (Linux's FS_CHAINING_CAPS:
         // flow_modify_en, modify_root, identified_miss_table_mode,
         // flow_table_modify): 14.12 of the trace reports modify_root only,

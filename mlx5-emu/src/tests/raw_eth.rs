@@ -91,6 +91,13 @@ impl Eth {
     /// RQ `i` (ring `RQ_RING[i]`), cyclic, 64 WQEs of one data segment, in
     /// RDY.
     fn ready_rq(&mut self, i: usize) -> u32 {
+        let rqn = self.rq_in_rst(i);
+        assert_eq!(self.modify(0x909, rqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+        rqn
+    }
+
+    /// [`Self::ready_rq`] left in RST.
+    fn rq_in_rst(&mut self, i: usize) -> u32 {
         let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
         let x = &mut c[create_rq_in::CTX.off / 8..];
         rqc::CQN.set(x, u64::from(self.cqn));
@@ -102,9 +109,7 @@ impl Eth {
         wq::LOG_WQ_SZ.set(w, 6);
         let at = create_rq_in::SIZE_BYTES;
         c[at..].copy_from_slice(&(RING_IOVA + RQ_RING[i]).to_be_bytes());
-        let rqn = num(&self.d.ok(&c, 16));
-        assert_eq!(self.modify(0x909, rqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
-        rqn
+        num(&self.d.ok(&c, 16))
     }
 
     /// Posts `n` receive WQEs on RQ `i`: buffers of [`RX_BUF`] bytes from
@@ -434,6 +439,60 @@ fn frames_cross_the_cable_steered_by_udp_port_dropped_and_counted() {
     assert_eq!(rc.dropped.load(Ordering::Relaxed), 3);
     let ac = &a.d.f.model().inner.rdma.counters;
     assert_eq!(ac.packets_sent.load(Ordering::Relaxed), 8);
+}
+
+/// An RQ bound to a Q counter set by MODIFY_RQ at RST2RDY (as mlx5_ib
+/// binds a verbs WQ where `modify_rq_counter_set_id` is offered: ConnectX-5
+/// and later) counts in the set's `out_of_buffer` each frame steered to it
+/// while it had no WQE posted; ConnectX-4 Lx (14.12) does not offer the bit.
+#[test]
+fn an_rq_bound_to_a_q_counter_set_counts_frames_it_had_no_wqe_for() {
+    use mlx5_hw::eth::MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID;
+    use mlx5_hw::ifc::{
+        alloc_q_counter_out, modify_rq_in, query_q_counter_in, query_q_counter_out,
+    };
+    let offered = |p: Profile| {
+        let caps = p.caps();
+        caps.get(
+            crate::cap_type::GENERAL,
+            cmd_hca_cap::MODIFY_RQ_COUNTER_SET_ID,
+        )
+    };
+    assert_eq!(offered(Profile::ConnectX4Lx), 0, "14.12 of the trace");
+    assert_eq!(offered(Profile::ConnectX7), 1);
+    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX7);
+    let set = alloc_q_counter_out::COUNTER_SET_ID.get(&b.d.ok(&cmd_in(0x771, 0, 16), 16));
+    let rqn = b.rq_in_rst(0);
+    let mut c = cmd_in(0x909, 0, modify_rq_in::SIZE_BYTES);
+    modify_rq_in::RQ_STATE.set(&mut c, QUEUE_STATE_RST);
+    modify_rq_in::RQN.set(&mut c, u64::from(rqn));
+    modify_rq_in::MODIFY_BITMASK.set(&mut c, MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID);
+    let x = modify_rq_in::CTX.off;
+    rqc::STATE.at(x).set(&mut c, QUEUE_STATE_RDY);
+    rqc::COUNTER_SET_ID.at(x).set(&mut c, set);
+    assert_eq!(b.d.exec(&c, 16)[0], 0);
+    let blkey = b.rw_mkey();
+    b.post_recv(0, blkey, 2);
+    let tir = b.direct_tir(rqn);
+    let t = b.udp_table();
+    assert_eq!(b.udp_rule(t, 0, 1000, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    for k in 0..5u16 {
+        a.send(sqn, k * 2, &headers(5000, 1000, 64), alkey, 0, 64);
+        assert_eq!(a.cqe(usize::from(k))[63] >> 4, CqeOpcode::Req.to_raw());
+    }
+    for n in 0..2 {
+        assert_eq!(rx_cqe(&b, n).0, rqn);
+    }
+    let mut q = cmd_in(0x773, 0, query_q_counter_in::SIZE_BYTES);
+    query_q_counter_in::COUNTER_SET_ID.set(&mut q, set);
+    let out = b.d.ok(&q, query_q_counter_out::SIZE_BYTES);
+    assert_eq!(
+        query_q_counter_out::OUT_OF_BUFFER.get(&out),
+        3,
+        "5 frames, 2 WQEs"
+    );
 }
 
 /// Local loopback: a multicast frame a function sends comes back to its

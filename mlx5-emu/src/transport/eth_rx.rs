@@ -156,6 +156,7 @@ impl EthRq {
     fn deliver(&self, rdma: &Rdma, mem: &IovaMemory, frame: &[u8], p: &Parsed, d: Delivery) {
         if u64::from(self.state.load(Ordering::Acquire)) != QUEUE_STATE_RDY {
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(rqn = self.rqn, "RQ not ready: dropped");
             return;
         }
         // With stripping on (`vsd` clear), a C-VLAN tag leaves the frame
@@ -214,6 +215,7 @@ impl EthRq {
     /// `out_of_buffer`) and drops it.
     fn out_of_buffer(&self, rdma: &Rdma) {
         let id = self.counter_set.load(Ordering::Relaxed);
+        tracing::trace!(rqn = self.rqn, counter_set = id, "no WQE posted: dropped");
         if let Some(s) = lock(&rdma.q_counters).get(&id) {
             s.out_of_buffer.fetch_add(1, Ordering::Relaxed);
         }
