@@ -4,7 +4,8 @@
 # vfio-user-pci client) from trixie-backports, the trixie kernel (mlx5_core,
 # mlx5_ib, ib_uverbs as modules), rdma-core userspace, pyverbs, perftest,
 # rdmacm-utils, scapy (rdma-core's DevX and steering tests build packets
-# with it), rdma-core's own tests/ (from the upstream tarball), and an
+# with it), DPDK's testpmd with its mlx5 PMD (issue 26's outside judge of
+# raw Ethernet queues through mlx5_ib), ethtool and tcpdump, rdma-core's own tests/ (from the upstream tarball), and an
 # initrd whose init mounts that root read-only over 9p and runs the guest
 # script /guest/init.sh (see run.sh).
 #
@@ -86,6 +87,9 @@ in_root() {
     ' in_root "$root" "$1"
 }
 
+# libelf-dev (for dpdk-dev, which carries testpmd) from trixie-backports:
+# backports' QEMU brings backports' libelf1t64, which trixie's libelf-dev
+# would have to downgrade.
 say "installing QEMU (trixie-backports), the kernel and rdma-core"
 in_root '
     apt-get update -qq
@@ -94,7 +98,7 @@ in_root '
     apt-get install -y -qq --no-install-recommends \
         linux-image-amd64 busybox-static kmod pciutils iproute2 \
         rdma-core ibverbs-utils ibverbs-providers perftest python3-pyverbs rdmacm-utils \
-        python3-scapy
+        python3-scapy dpdk-dev libelf-dev/trixie-backports librte-net-mlx5-25 ethtool tcpdump
     apt-get clean
 ' >"$build/apt.log" 2>&1 || {
     tail -30 "$build/apt.log" >&2

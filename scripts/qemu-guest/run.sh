@@ -55,8 +55,8 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 rm -f "$out"/{console.log,emu.log,qemu.rc,initrd.gz}
 [[ "$script" == - ]] || cp "$script" "$out/init.sh"
-# The guest scripts' helpers (/guest/*.py, perftest.sh and eth_pair.sh in the guest).
-cp "$here"/guest/*.py "$here"/guest/perftest.sh "$here"/guest/eth_pair.sh "$out/"
+# The guest scripts' helpers (/guest/*.py, perftest.sh, eth_pair.sh and dpdk.sh in the guest).
+cp "$here"/guest/*.py "$here"/guest/perftest.sh "$here"/guest/eth_pair.sh "$here"/guest/dpdk.sh "$out/"
 cp "${MLX5_QEMU_INITRD:-$guest/initrd.gz}" "$out/initrd.gz"
 [[ "$script" == - ]] || chmod +x "$out/init.sh"
 kernel=/boot/vmlinuz-$(cat "$guest/kernel-version")
@@ -104,21 +104,25 @@ if [[ "$functions" != 0 ]]; then
         -device {"driver":"vfio-user-pci","bus":"rp2","x-msg-timeout":30000,"socket":{"path":"/guest/cx.sock.1","type":"unix"}}'
 fi
 
+# The CPU: QEMU's default qemu64 plus what x86-64-v2 adds (SSSE3, SSE4.1,
+# SSE4.2, POPCNT), which every ConnectX host has and DPDK's EAL refuses
+# to start without (rte_cpu_is_supported, Debian's generic build).
+cpu="qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
 append="console=ttyS0 loglevel=7 panic=-1 $iommu_args ${MLX5_QEMU_APPEND:-}"
 # The run directory appears in the guest root as /guest (script, sockets).
 set +e
 timeout "$tmo" unshare --mount --propagation private -- bash -euc '
-    root=$1; out=$2; kernel=$3; iommu_dev=$4; append=$5; pci_dev=$6; net=$7
+    root=$1; out=$2; kernel=$3; iommu_dev=$4; append=$5; pci_dev=$6; net=$7; cpu=$8
     mount --bind "$out" "$root/guest"
     for m in dev proc sys; do mount --bind /$m "$root/$m"; done
     exec chroot "$root" qemu-system-x86_64 \
-        -machine q35,accel=tcg -m 2G -smp 2 -nographic -no-reboot -nic none \
+        -machine q35,accel=tcg -cpu "$cpu" -m 2G -smp 2 -nographic -no-reboot -nic none \
         -object memory-backend-memfd,id=mem,size=2G,share=on -machine memory-backend=mem \
         -kernel "$kernel" -initrd /guest/initrd.gz \
         -append "$append" $iommu_dev \
         -virtfs local,path=/,mount_tag=root,security_model=none,readonly=on \
         $pci_dev $net
-' run "$guest/root" "$out" "$kernel" "$iommu_dev" "$append" "$pci_dev" "${MLX5_QEMU_NET:-}" </dev/null >"$out/console.log" 2>&1
+' run "$guest/root" "$out" "$kernel" "$iommu_dev" "$append" "$pci_dev" "${MLX5_QEMU_NET:-}" "$cpu" </dev/null >"$out/console.log" 2>&1
 rc=$?
 set -e
 echo "$rc" >"$out/qemu.rc"

@@ -6,8 +6,9 @@
 # ports up as smoke.sh does, prints ibv_devinfo -v's lines the host checks,
 # runs perftest ib_atomic_bw and ib_write_bw -c DC (DCI on mlx5_1, DCT on
 # mlx5_0) between the functions, then rdma-core's whole suite on mlx5_0
-# (RDMA_SUITE_FILES, from the kernel command line, narrows it). Every line
-# the host checks starts with "=== ".
+# (RDMA_SUITE_FILES, from the kernel command line, narrows it), DPDK's
+# testpmd and mlx5e's traffic between the functions. Every line the host
+# checks starts with "=== ".
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
 mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
@@ -107,6 +108,10 @@ tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
 # "Player <side> got: <exception>" and exits; the result line only says
 # that a side failed).
 grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite side: /'
+# DPDK's testpmd between the two functions (dpdk.sh, issue 26): its mlx5
+# PMD's queues and flows through mlx5_ib, beside the netdevs.
+. /guest/dpdk.sh
+dpdk_pair mlx5_0 mlx5_1
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).
 . /guest/eth_pair.sh

@@ -3,8 +3,9 @@
 //! host-endian atomics, all of which the ConnectX-4 Lx of the first boot
 //! lacks), running `scripts/qemu-guest/guest/featured.sh`: Linux's
 //! mlx5_core and mlx5_ib on those caps, perftest `ib_atomic_bw` and
-//! `ib_write_bw -c DC` between the functions, and rdma-core's whole suite
-//! held to its own ratchet (`tests/data/rdma-core-ratchet-cx7.txt`), so
+//! `ib_write_bw -c DC` between the functions, DPDK's testpmd (its mlx5
+//! PMD over mlx5_ib: `txonly` to `rxonly`, then `io` both ways), mlx5e's
+//! traffic, and rdma-core's whole suite held to its own ratchet (`tests/data/rdma-core-ratchet-cx7.txt`), so
 //! test_mlx5_dc, test_mlx5_devx, test_odp, test_mlx5_mkey, the device-memory
 //! and atomic tests run against the model instead of skipping.
 //!
@@ -38,6 +39,8 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_leaves_inner_checksums_to_the_device",
     "cx7/mlx5e_pktgen_bursts_arrive",
     "cx7/mlx5e_sends_by_enhanced_multi_packet_wqes",
+    "cx7/dpdk_testpmd_txonly_reaches_rxonly",
+    "cx7/dpdk_testpmd_io_forwards_both_ways",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -149,6 +152,89 @@ fn judge(t: &mut Tally, console: &str, log: &str) {
     judge_dmabuf(t, console, log);
     judge_odp_srq(t, console, log);
     super::judge_eth_traffic(t, console, log, "cx7/", true);
+    judge_dpdk(t, console, log);
+}
+
+/// One port's forward statistics from testpmd as it stopped (`dpdk.sh`):
+/// frames received, missed by the device (no buffer posted), sent.
+#[derive(Debug, Clone, Copy)]
+struct PortStats {
+    rx: u64,
+    missed: u64,
+    tx: u64,
+}
+
+/// `=== dpdk TAG port N rx R missed M tx T` of run `tag`, port `port`.
+fn dpdk_port(lines: &[&str], tag: &str, port: u32) -> Option<PortStats> {
+    let head = format!("{tag} port {port} ");
+    let l = lines.iter().find_map(|l| l.strip_prefix(head.as_str()))?;
+    let w: Vec<&str> = l.split_whitespace().collect();
+    match w[..] {
+        ["rx", rx, "missed", missed, "tx", tx] => Some(PortStats {
+            rx: rx.parse().ok()?,
+            missed: missed.parse().ok()?,
+            tx: tx.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+/// Frames a sending port may still hold in its send queue when testpmd
+/// stops it (counted sent by testpmd, never put on the cable): the
+/// PMD's default ring of 512 and a burst, with room.
+const DPDK_TX_QUEUED: u64 = 1024;
+/// Frames circulating in `io` mode: `--tx-first` sends one burst of 32
+/// from each port, and io forwards what it receives, nothing more.
+const DPDK_IO_LOOP: u64 = 64;
+
+/// DPDK's testpmd with its mlx5 PMD over mlx5_ib (`dpdk.sh`): `txonly` on
+/// mlx5_0's function to `rxonly` on mlx5_1's: every frame sent arrived
+/// or was counted missed by the receiving device, except what the
+/// sender's queue held when it stopped; then `io` with both ports, each
+/// forwarding what the other sends: no frame lost or made up (each
+/// direction's sent minus received is what is still in flight).
+fn judge_dpdk(t: &mut Tally, console: &str, log: &str) {
+    let lines = tagged(console, "dpdk ");
+    let rc_ok = |tag: &str| lines.contains(&format!("{tag} rc=0").as_str());
+    let why = |what: &str| format!("{what}: {lines:?}; {log}");
+    let txonly = match (dpdk_port(&lines, "tx", 0), dpdk_port(&lines, "rx", 0)) {
+        (Some(s), Some(r)) if rc_ok("tx") && rc_ok("rx") => {
+            let arrived = r.rx + r.missed;
+            if r.rx > 0 && arrived <= s.tx && s.tx - arrived <= DPDK_TX_QUEUED {
+                println!(
+                    "qemu_mlx5: dpdk txonly sent {} rxonly received {} missed {}",
+                    s.tx, r.rx, r.missed
+                );
+                Ok(())
+            } else {
+                Err(why("received plus missed is not what was sent"))
+            }
+        }
+        _ => Err(why("no statistics from both testpmd runs")),
+    };
+    t.check("cx7/dpdk_testpmd_txonly_reaches_rxonly", txonly);
+    let io = match (dpdk_port(&lines, "io", 0), dpdk_port(&lines, "io", 1)) {
+        (Some(p0), Some(p1)) if rc_ok("io") => {
+            let flows = [(p0, p1), (p1, p0)];
+            let ok = flows.iter().all(|(from, to)| {
+                to.missed == 0
+                    && to.rx > DPDK_IO_LOOP
+                    && to.rx <= from.tx
+                    && from.tx - to.rx <= DPDK_IO_LOOP
+            });
+            if ok {
+                println!(
+                    "qemu_mlx5: dpdk io forwarded {} and {} frames",
+                    p0.tx, p1.tx
+                );
+                Ok(())
+            } else {
+                Err(why("a direction lost, missed or made up frames"))
+            }
+        }
+        _ => Err(why("no statistics from the io run")),
+    };
+    t.check("cx7/dpdk_testpmd_io_forwards_both_ways", io);
 }
 
 /// `odp_srq.py`: SENDs into SRQ WQEs over never-touched ODP memory land
