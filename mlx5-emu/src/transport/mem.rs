@@ -642,6 +642,30 @@ pub(crate) fn write_bytes(
     })
 }
 
+/// [`write_bytes`] with the destination's region hint: a piece within
+/// the hinted region (or the one found for it) is one copy; one that
+/// reaches across regions goes through the search as before.
+pub(crate) fn write_bytes_hinted(
+    mem: &Hinted<'_>,
+    dst: &[Extent],
+    dskip: u64,
+    data: &[u8],
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, data.len() as u64, |iova, n| {
+        let src = &data[at..at + n];
+        match mem.slice(iova, n) {
+            Ok(to) => to.copy_from(src),
+            Err(_) => mem
+                .mem
+                .write_slice(src, GuestAddress(iova))
+                .map_err(|_| Fault { iova })?,
+        }
+        at += n;
+        Ok(())
+    })
+}
+
 /// Copies bytes out of extents.
 pub(crate) fn read_bytes(
     mem: &IovaMemory,
