@@ -291,15 +291,18 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
             // The DCI's next target: it leaves the one it is connected to.
             dci_disconnect(rdma, qp, &mut sq);
         }
-        let (w, outcome) = match parsed {
-            Ok(w) => {
+        let (head, outcome) = match parsed {
+            Ok(mut w) => {
+                let head = Head::of(Some(&w), ci);
                 let o = dci_flushed(qp, &mut sq, &wqe)
-                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe));
-                (Some(w), o)
+                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &mut w, &wqe));
+                (head, o)
             }
-            Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
+            Err(v) => (
+                Head::of(None, ci),
+                Outcome::Error(CqeSyndrome::LocalQpOpErr, v),
+            ),
         };
-        let head = Head::of(w.as_ref(), ci);
         // What this exchange acknowledged of the messages before it.
         let acked = sq.acked.take();
         if !sq.unacked.is_empty() && !settle(rdma, qp, &mut sq, mem, acked) {
@@ -701,13 +704,12 @@ fn run_wqe(
     sq: &mut Sq,
     mem: &IovaMemory,
     burst: &Burst<'_>,
-    w: &Wqe,
+    w: &mut Wqe,
     buf: &[u8],
 ) -> Outcome {
     use WqeOpcode as W;
     let end = w.len as usize;
     let mut at = 16usize;
-    let mut w = Wqe { ..*w };
     if !opcode_allowed(qp.st, w.opcode) {
         return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
     }
@@ -767,7 +769,7 @@ fn run_wqe(
         w.compare = be64(buf, at + 8);
         at += 16;
     }
-    let len = match gather(rdma, qp, sq, &mut w, buf, at) {
+    let len = match gather(rdma, qp, sq, w, buf, at) {
         Ok(len) => len,
         Err(o) => return o,
     };
@@ -776,8 +778,8 @@ fn run_wqe(
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
     match qp.st {
-        qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, &w),
-        _ => connected(rdma, qp, sq, mem, burst, &w),
+        qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, w),
+        _ => connected(rdma, qp, sq, mem, burst, w),
     }
 }
 
