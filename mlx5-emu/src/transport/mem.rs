@@ -463,7 +463,22 @@ pub(crate) fn klm_entry(b: &[u8]) -> Klm {
 
 /// Appends `[iova, iova + len)`, merging with the previous extent when
 /// contiguous; extents never exceed `u32::MAX` bytes.
-pub(crate) fn push(out: &mut Vec<Extent>, mut iova: u64, mut len: u64) {
+#[inline]
+pub(crate) fn push(out: &mut Vec<Extent>, iova: u64, len: u64) {
+    // The data path's common case (a key's one extent into an empty
+    // list) without the merge loop.
+    if out.is_empty() && len != 0 && len <= u64::from(u32::MAX) {
+        out.push(Extent {
+            iova,
+            len: len as u32,
+        });
+        return;
+    }
+    push_merged(out, iova, len);
+}
+
+/// [`push`] in general.
+fn push_merged(out: &mut Vec<Extent>, mut iova: u64, mut len: u64) {
     while len > 0 {
         if let Some(last) = out.last_mut() {
             if last.iova + u64::from(last.len) == iova && u64::from(last.len) < u64::from(u32::MAX)

@@ -1239,17 +1239,17 @@ fn scatter_response(s: &mut InlineScatter, payload: &Payload<'_>, off: u64) -> b
 /// pass on cards with such QPs.
 fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter> {
     use WqeOpcode as W;
+    let len = match w.opcode {
+        W::RdmaRead => w.len,
+        W::AtomicCs | W::AtomicFa => 8,
+        _ => return None,
+    };
     if local
         .iter()
         .any(|e| e.iova >= crate::fw::memic::DEVMEM_IOVA)
     {
         return None;
     }
-    let len = match w.opcode {
-        W::RdmaRead => w.len,
-        W::AtomicCs | W::AtomicFa => 8,
-        _ => return None,
-    };
     // The CQE size matters only to the 64-byte mode (read under the CQ's
     // lock only then).
     let cqe_bytes = match qp.cs_req {
