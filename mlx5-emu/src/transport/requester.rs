@@ -153,6 +153,26 @@ struct Wqe {
     inline: bool,
 }
 
+impl Wqe {
+    /// A place to parse WQEs into.
+    const EMPTY: Self = Self {
+        opcode: WqeOpcode::Nop,
+        index: 0,
+        nbb: 0,
+        signaled: false,
+        solicited: false,
+        imm: 0,
+        raddr: 0,
+        rkey: 0,
+        swap_add: 0,
+        compare: 0,
+        av: None,
+        xrc_srqn: None,
+        len: 0,
+        inline: false,
+    };
+}
+
 #[derive(Clone, Copy)]
 struct Av {
     qkey: u32,
@@ -239,6 +259,8 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
     };
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
+    // Each WQE is parsed into the same place (no move of it per WQE).
+    let mut w = Wqe::EMPTY;
     // The send queue in one piece of memory is looked up once.
     let sq_bytes = u64::from(qp.sq_entries()) * 64;
     let sqs = qp
@@ -261,23 +283,22 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe, &mut w);
         // Only RC SENDs and WRITEs (a DCI's to the target it is connected
         // to) complete by a later, coalesced ACK; anything else completes
         // after the messages before it.
-        let target = parsed.as_ref().ok().and_then(|w| dci_target(qp, w, &wqe));
+        let target = parsed.is_ok().then(|| dci_target(qp, &w, &wqe)).flatten();
         let same = target.is_some() && sq.dc.conn.map(|c| c.0) == target;
         let coalesced = (qp.st == qp::st::RC || qp.st == qp::st::XRC || same)
-            && parsed.as_ref().is_ok_and(|w| {
-                matches!(
-                    w.opcode,
-                    WqeOpcode::Send
-                        | WqeOpcode::SendImm
-                        | WqeOpcode::SendInval
-                        | WqeOpcode::RdmaWrite
-                        | WqeOpcode::RdmaWriteImm
-                )
-            });
+            && parsed.is_ok()
+            && matches!(
+                w.opcode,
+                WqeOpcode::Send
+                    | WqeOpcode::SendImm
+                    | WqeOpcode::SendInval
+                    | WqeOpcode::RdmaWrite
+                    | WqeOpcode::RdmaWriteImm
+            );
         if !coalesced && !sq.unacked.is_empty() {
             if !drain(rdma, qp, &mut sq, mem) {
                 rewind(rdma, qp, &mut sq, mem, None);
@@ -292,7 +313,7 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
             dci_disconnect(rdma, qp, &mut sq);
         }
         let (head, outcome) = match parsed {
-            Ok(mut w) => {
+            Ok(()) => {
                 let head = Head::of(Some(&w), ci);
                 let o = dci_flushed(qp, &mut sq, &wqe)
                     .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &mut w, &wqe));
@@ -632,7 +653,8 @@ fn read_wqe(
     ci: u16,
     pi: u16,
     buf: &mut [u8],
-) -> Result<Wqe, u8> {
+    out: &mut Wqe,
+) -> Result<(), u8> {
     // The queue in one piece: the first two blocks (most WQEs take one or
     // two) in one copy where they do not wrap, both posted.
     let ahead = match sqs {
@@ -677,7 +699,7 @@ fn read_wqe(
         return Err(vendor::WQE_FAULT);
     }
     let fm = buf[11];
-    Ok(Wqe {
+    *out = Wqe {
         opcode,
         index,
         nbb: nbb as u16,
@@ -693,7 +715,8 @@ fn read_wqe(
         xrc_srqn: None,
         len: ds as u64 * 16,
         inline: false,
-    })
+    };
+    Ok(())
 }
 
 /// Parses the segments after the control segment, resolves the local
