@@ -81,7 +81,7 @@ impl Payload<'_> {
     ) -> Result<(), mem::Fault> {
         match self {
             Payload::None => Ok(()),
-            Payload::Bytes(b) => mem::write_bytes(dmem.mem, dst, dskip, b),
+            Payload::Bytes(b) => mem::write_bytes_hinted(dmem, dst, dskip, b),
             Payload::Slice(s) => mem::write_slice(dmem, dst, dskip, s),
             Payload::Mem {
                 mem: smem,

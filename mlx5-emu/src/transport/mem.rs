@@ -463,7 +463,22 @@ pub(crate) fn klm_entry(b: &[u8]) -> Klm {
 
 /// Appends `[iova, iova + len)`, merging with the previous extent when
 /// contiguous; extents never exceed `u32::MAX` bytes.
-pub(crate) fn push(out: &mut Vec<Extent>, mut iova: u64, mut len: u64) {
+#[inline]
+pub(crate) fn push(out: &mut Vec<Extent>, iova: u64, len: u64) {
+    // The data path's common case (a key's one extent into an empty
+    // list) without the merge loop.
+    if out.is_empty() && len != 0 && len <= u64::from(u32::MAX) {
+        out.push(Extent {
+            iova,
+            len: len as u32,
+        });
+        return;
+    }
+    push_merged(out, iova, len);
+}
+
+/// [`push`] in general.
+fn push_merged(out: &mut Vec<Extent>, mut iova: u64, mut len: u64) {
     while len > 0 {
         if let Some(last) = out.last_mut() {
             if last.iova + u64::from(last.len) == iova && u64::from(last.len) < u64::from(u32::MAX)
@@ -637,6 +652,30 @@ pub(crate) fn write_bytes(
     walk(dst, dskip, data.len() as u64, |iova, n| {
         mem.write_slice(&data[at..at + n], GuestAddress(iova))
             .map_err(|_| Fault { iova })?;
+        at += n;
+        Ok(())
+    })
+}
+
+/// [`write_bytes`] with the destination's region hint: a piece within
+/// the hinted region (or the one found for it) is one copy; one that
+/// reaches across regions goes through the search as before.
+pub(crate) fn write_bytes_hinted(
+    mem: &Hinted<'_>,
+    dst: &[Extent],
+    dskip: u64,
+    data: &[u8],
+) -> Result<(), Fault> {
+    let mut at = 0usize;
+    walk(dst, dskip, data.len() as u64, |iova, n| {
+        let src = &data[at..at + n];
+        match mem.slice(iova, n) {
+            Ok(to) => to.copy_from(src),
+            Err(_) => mem
+                .mem
+                .write_slice(src, GuestAddress(iova))
+                .map_err(|_| Fault { iova })?,
+        }
         at += n;
         Ok(())
     })

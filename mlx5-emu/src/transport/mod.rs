@@ -666,6 +666,7 @@ impl Rdma {
     /// range of the same key again, with no table changed, is not walked
     /// again.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn resolve_cached(
         &self,
         key: u32,
@@ -683,6 +684,24 @@ impl Rdma {
                 return Ok(());
             }
         }
+        self.resolve_fresh(key, cache, gen, pd, need, va, len, out)
+    }
+
+    /// [`Rdma::resolve_cached`] past its cache (out of line: the hit is
+    /// the data path's common case).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn resolve_fresh(
+        &self,
+        key: u32,
+        cache: &mut KeyCache,
+        gen: u64,
+        pd: u32,
+        need: u8,
+        va: u64,
+        len: u64,
+        out: &mut Vec<mem::Extent>,
+    ) -> Result<(), mem::KeyError> {
         let fresh = out.is_empty();
         let k = self.mkey_cached(key, cache).ok_or(mem::KeyError::Invalid)?;
         k.resolve(pd, need, va, len, out)?;
@@ -702,14 +721,22 @@ impl Rdma {
     }
 
     /// [`Rdma::mkey`] through `cache`.
+    #[inline]
     pub(crate) fn mkey_cached<'c>(&self, key: u32, cache: &'c mut KeyCache) -> Option<&'c Mkey> {
         let gen = tables_gen();
         if cache.mkey.is_none() || cache.key != key || cache.gen != gen {
-            cache.mkey = self.mkey(key);
-            cache.key = key;
-            cache.gen = gen;
+            self.mkey_refresh(key, cache, gen);
         }
         cache.mkey.as_deref()
+    }
+
+    /// Looks `key` up again into `cache` (out of line: the hit is the
+    /// data path's common case).
+    #[inline(never)]
+    fn mkey_refresh(&self, key: u32, cache: &mut KeyCache, gen: u64) {
+        cache.mkey = self.mkey(key);
+        cache.key = key;
+        cache.gen = gen;
     }
 
     /// Whether `gid` is in this port's GID table.

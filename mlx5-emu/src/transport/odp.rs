@@ -133,19 +133,22 @@ impl Odp {
     /// Whether QP `qpn`'s send queue waits for a resume.
     #[inline]
     pub(crate) fn requester_waits(&self, qpn: u32) -> bool {
-        self.pending_req.load(Ordering::Acquire) != 0
-            && lock(&self.held)
-                .get(&(qpn, Side::Requester))
-                .is_some_and(|f| f.hold == Hold::Pending)
+        self.pending_req.load(Ordering::Acquire) != 0 && self.held(qpn, Side::Requester)
     }
 
     /// Whether QP `qpn`'s responder waits for a resume.
     #[inline]
     pub(crate) fn responder_waits(&self, qpn: u32) -> bool {
-        self.pending_resp.load(Ordering::Acquire) != 0
-            && lock(&self.held)
-                .get(&(qpn, Side::Responder))
-                .is_some_and(|f| f.hold == Hold::Pending)
+        self.pending_resp.load(Ordering::Acquire) != 0 && self.held(qpn, Side::Responder)
+    }
+
+    /// Whether `side` of QP `qpn` holds a pending fault (out of line: the
+    /// data path asks per packet, and mostly none is pending at all).
+    #[inline(never)]
+    fn held(&self, qpn: u32, side: Side) -> bool {
+        lock(&self.held)
+            .get(&(qpn, side))
+            .is_some_and(|f| f.hold == Hold::Pending)
     }
 
     /// Forgets the faults of a destroyed QP.

@@ -153,6 +153,26 @@ struct Wqe {
     inline: bool,
 }
 
+impl Wqe {
+    /// A place to parse WQEs into.
+    const EMPTY: Self = Self {
+        opcode: WqeOpcode::Nop,
+        index: 0,
+        nbb: 0,
+        signaled: false,
+        solicited: false,
+        imm: 0,
+        raddr: 0,
+        rkey: 0,
+        swap_add: 0,
+        compare: 0,
+        av: None,
+        xrc_srqn: None,
+        len: 0,
+        inline: false,
+    };
+}
+
 #[derive(Clone, Copy)]
 struct Av {
     qkey: u32,
@@ -239,6 +259,8 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
     };
     let mut busy = false;
     let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
+    // Each WQE is parsed into the same place (no move of it per WQE).
+    let mut w = Wqe::EMPTY;
     // The send queue in one piece of memory is looked up once.
     let sq_bytes = u64::from(qp.sq_entries()) * 64;
     let sqs = qp
@@ -261,23 +283,22 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe);
+        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe, &mut w);
         // Only RC SENDs and WRITEs (a DCI's to the target it is connected
         // to) complete by a later, coalesced ACK; anything else completes
         // after the messages before it.
-        let target = parsed.as_ref().ok().and_then(|w| dci_target(qp, w, &wqe));
+        let target = parsed.is_ok().then(|| dci_target(qp, &w, &wqe)).flatten();
         let same = target.is_some() && sq.dc.conn.map(|c| c.0) == target;
         let coalesced = (qp.st == qp::st::RC || qp.st == qp::st::XRC || same)
-            && parsed.as_ref().is_ok_and(|w| {
-                matches!(
-                    w.opcode,
-                    WqeOpcode::Send
-                        | WqeOpcode::SendImm
-                        | WqeOpcode::SendInval
-                        | WqeOpcode::RdmaWrite
-                        | WqeOpcode::RdmaWriteImm
-                )
-            });
+            && parsed.is_ok()
+            && matches!(
+                w.opcode,
+                WqeOpcode::Send
+                    | WqeOpcode::SendImm
+                    | WqeOpcode::SendInval
+                    | WqeOpcode::RdmaWrite
+                    | WqeOpcode::RdmaWriteImm
+            );
         if !coalesced && !sq.unacked.is_empty() {
             if !drain(rdma, qp, &mut sq, mem) {
                 rewind(rdma, qp, &mut sq, mem, None);
@@ -291,15 +312,18 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
             // The DCI's next target: it leaves the one it is connected to.
             dci_disconnect(rdma, qp, &mut sq);
         }
-        let (w, outcome) = match parsed {
-            Ok(w) => {
+        let (head, outcome) = match parsed {
+            Ok(()) => {
+                let head = Head::of(Some(&w), ci);
                 let o = dci_flushed(qp, &mut sq, &wqe)
-                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &w, &wqe));
-                (Some(w), o)
+                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &mut w, &wqe));
+                (head, o)
             }
-            Err(v) => (None, Outcome::Error(CqeSyndrome::LocalQpOpErr, v)),
+            Err(v) => (
+                Head::of(None, ci),
+                Outcome::Error(CqeSyndrome::LocalQpOpErr, v),
+            ),
         };
-        let head = Head::of(w.as_ref(), ci);
         // What this exchange acknowledged of the messages before it.
         let acked = sq.acked.take();
         if !sq.unacked.is_empty() && !settle(rdma, qp, &mut sq, mem, acked) {
@@ -629,8 +653,22 @@ fn read_wqe(
     ci: u16,
     pi: u16,
     buf: &mut [u8],
-) -> Result<Wqe, u8> {
-    read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
+    out: &mut Wqe,
+) -> Result<(), u8> {
+    // The queue in one piece: the first two blocks (most WQEs take one or
+    // two) in one copy where they do not wrap, both posted.
+    let ahead = match sqs {
+        Some(s) if pi.wrapping_sub(ci) >= 2 => {
+            let off = usize::from(ci) & (qp.sq_entries() as usize - 1);
+            s.subslice(off * 64, 128)
+                .map(|b| b.copy_to(&mut buf[..128]))
+                .map_or(1, |_| 2)
+        }
+        _ => 1,
+    };
+    if ahead == 1 {
+        read_bb(qp, mem, sqs, ci, &mut buf[..64])?;
+    }
     let w0 = be32(buf, 0);
     let w1 = be32(buf, 4);
     let ds = (w1 & 0x3f) as usize;
@@ -647,7 +685,7 @@ fn read_wqe(
         );
         return Err(vendor::WQE_FAULT);
     }
-    for i in 1..nbb {
+    for i in ahead..nbb {
         read_bb(
             qp,
             mem,
@@ -661,7 +699,7 @@ fn read_wqe(
         return Err(vendor::WQE_FAULT);
     }
     let fm = buf[11];
-    Ok(Wqe {
+    *out = Wqe {
         opcode,
         index,
         nbb: nbb as u16,
@@ -677,7 +715,8 @@ fn read_wqe(
         xrc_srqn: None,
         len: ds as u64 * 16,
         inline: false,
-    })
+    };
+    Ok(())
 }
 
 /// Parses the segments after the control segment, resolves the local
@@ -688,13 +727,12 @@ fn run_wqe(
     sq: &mut Sq,
     mem: &IovaMemory,
     burst: &Burst<'_>,
-    w: &Wqe,
+    w: &mut Wqe,
     buf: &[u8],
 ) -> Outcome {
     use WqeOpcode as W;
     let end = w.len as usize;
     let mut at = 16usize;
-    let mut w = Wqe { ..*w };
     if !opcode_allowed(qp.st, w.opcode) {
         return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
     }
@@ -754,7 +792,7 @@ fn run_wqe(
         w.compare = be64(buf, at + 8);
         at += 16;
     }
-    let len = match gather(rdma, qp, sq, &mut w, buf, at) {
+    let len = match gather(rdma, qp, sq, w, buf, at) {
         Ok(len) => len,
         Err(o) => return o,
     };
@@ -763,8 +801,8 @@ fn run_wqe(
         return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
     }
     match qp.st {
-        qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, &w),
-        _ => connected(rdma, qp, sq, mem, burst, &w),
+        qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, w),
+        _ => connected(rdma, qp, sq, mem, burst, w),
     }
 }
 
@@ -1224,17 +1262,17 @@ fn scatter_response(s: &mut InlineScatter, payload: &Payload<'_>, off: u64) -> b
 /// pass on cards with such QPs.
 fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter> {
     use WqeOpcode as W;
+    let len = match w.opcode {
+        W::RdmaRead => w.len,
+        W::AtomicCs | W::AtomicFa => 8,
+        _ => return None,
+    };
     if local
         .iter()
         .any(|e| e.iova >= crate::fw::memic::DEVMEM_IOVA)
     {
         return None;
     }
-    let len = match w.opcode {
-        W::RdmaRead => w.len,
-        W::AtomicCs | W::AtomicFa => 8,
-        _ => return None,
-    };
     // The CQE size matters only to the 64-byte mode (read under the CQ's
     // lock only then).
     let cqe_bytes = match qp.cs_req {

@@ -782,11 +782,11 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
     if !rq.rwe {
         return Err(Fatal::Access.into());
     }
-    let mut w = std::mem::take(&mut rq.write);
+    let pd = r.qp.access_pd(rq);
+    let w = &mut rq.write;
     w.ext.clear();
     w.off = 0;
     w.cap = u64::from(reth.dma_len);
-    let pd = r.qp.access_pd(rq);
     let res = if reth.dma_len == 0 {
         Ok(())
     } else if !bound_ok(r.rdma, &mut rq.rkeys, reth.rkey, r.qp.qpn) {
@@ -799,10 +799,9 @@ fn write_target(r: &Req<'_, '_, '_>, rq: &mut Rq) -> Result<(), Refused> {
             access::RW,
             reth.va,
             u64::from(reth.dma_len),
-            &mut w.ext,
+            &mut rq.write.ext,
         )
     };
-    rq.write = w;
     if let Err(e) = res {
         return Err(Refused::of_key(
             r,
