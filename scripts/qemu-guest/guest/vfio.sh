@@ -6,10 +6,12 @@
 # 0000:02:00.0 leaves mlx5_core for vfio-pci (group path through the IOMMU)
 # and the host's binaries (/guest/mlx5, /guest/mlx5-perf) run on it:
 # devinfo -v (the host compares it with ibv_devinfo -v field by field),
-# trace, reset; then function 0 goes to vfio-pci too and mlx5-perf
+# trace, reset, and mlx5-pkt's raw frames to the other function's mlx5e
+# netdev (tcpdump lists them); then function 0 goes to vfio-pci too and mlx5-perf
 # write_bw runs between the two, both ours. Every line the host checks
 # starts with "=== ".
 mount -t tmpfs tmp /tmp
+RAW_COUNT=16
 # client OUT ARGS...: mlx5-perf as a client (ARGS) with its output in OUT,
 # run again while the server is not listening yet (at most 40 tries);
 # returns the last run's status.
@@ -53,6 +55,9 @@ echo "=== ibv_devinfo -v mlx5_1 rc=$?"
 sed 's/^/=== ibv -v: /' /tmp/ibv
 
 fn=0000:02:00.0
+# The MAC our driver's raw packet QP sends from (the function's own, as
+# mlx5e had it on eth1).
+mac1=$(cat /sys/class/net/eth1/address)
 echo "$fn" >/sys/bus/pci/drivers/mlx5_core/unbind
 echo "=== unbind $fn rc=$?"
 modprobe vfio-pci
@@ -76,6 +81,32 @@ grep -iv 'dump command\|^[0-9a-f]\{3\}:' /tmp/trace | head -5 | sed 's/^/=== mlx
 timeout 300 /guest/mlx5 reset -d $fn >/tmp/reset 2>&1
 echo "=== mlx5 reset rc=$?"
 sed 's/^/=== mlx5 reset: /' /tmp/reset
+
+# Raw frames from our driver to mlx5e (issue 26): mlx5-pkt udp-echo sends
+# UDP datagrams by a raw packet QP on the function vfio-pci now holds to
+# eth0, the other function's netdev, whose UDP stack echoes each back
+# (eth_traffic.py); tcpdump on eth0 lists what arrived from our MAC.
+ip addr add 10.25.0.2/24 dev eth0
+ip neigh replace 10.25.0.1 lladdr "$mac1" dev eth0 nud permanent
+mac0=$(cat /sys/class/net/eth0/address)
+timeout 200 tcpdump -i eth0 -nn -e -l udp port 7000 >/tmp/tcpdump 2>/tmp/tcpdump.err &
+dump=$!
+PYTHONDONTWRITEBYTECODE=1 timeout 200 python3 /guest/eth_traffic.py echo 10.25.0.2 "$RAW_COUNT" >/tmp/echo 2>&1 &
+echoer=$!
+sleep 2
+timeout 180 /guest/mlx5-pkt udp-echo -d $fn -n "$RAW_COUNT" -s 300 --peer-mac "$mac0" --peer-ip 10.25.0.2 >/tmp/pkt 2>&1
+echo "=== raw pkt rc=$? from $mac1 to $mac0"
+sed 's/^/=== raw pkt: /' /tmp/pkt
+wait $echoer
+grep '^=== eth echo served' /tmp/echo | sed 's/^=== eth echo/=== raw echo/'
+sleep 1
+read -r tcpd _ <"/proc/$dump/task/$dump/children" 2>/dev/null
+kill -INT "${tcpd:-$dump}"
+wait $dump
+echo "=== raw tcpdump from ours: $(grep -ci "$mac1 > $mac0, ethertype IPv4.* 10.25.0.1.9001 > 10.25.0.2.7000: " /tmp/tcpdump)"
+echo "=== raw tcpdump echoes: $(grep -ci "$mac0 > $mac1, ethertype IPv4.* 10.25.0.2.7000 > 10.25.0.1.9001: " /tmp/tcpdump)"
+head -3 /tmp/tcpdump | sed 's/^/=== raw tcpdump: /'
+tail -2 /tmp/tcpdump.err | sed 's/^/=== raw tcpdump err: /'
 
 # DMA-BUF (issue 22): mlx5-perf's buffers as udmabufs (the guest kernel has
 # CONFIG_UDMABUF=y; the suite's hosts have no udmabuf). On the in-process

@@ -20,6 +20,7 @@ pub const VFIO_CHECKS: &[&str] = &[
     "vfio/devinfo_fields_agree_with_ibv_devinfo",
     "vfio/mlx5_trace",
     "vfio/mlx5_reset",
+    "vfio/mlx5e_receives_our_raw_frames",
     "vfio/udmabuf_write_bw_on_the_model",
     "vfio/mlx5_perf_write_bw_both_functions",
     "vfio/udmabuf_refused_through_vfio_type1",
@@ -28,7 +29,11 @@ pub const VFIO_CHECKS: &[&str] = &[
 /// The function the guest hands to vfio-pci.
 const FUNCTION: &str = "0000:02:00.0";
 
-/// Builds `mlx5` and `mlx5-perf` (release: under TCG a debug build takes
+/// Datagrams `mlx5-pkt udp-echo` sends to mlx5e's netdev (`RAW_COUNT`
+/// in vfio.sh).
+const RAW_COUNT: usize = 16;
+
+/// Builds `mlx5`, `mlx5-perf` and `mlx5-pkt` (release: under TCG a debug build takes
 /// minutes to bring a function up) in a target directory of their own (the
 /// outer `cargo test` holds the workspace's).
 fn build_bins() -> Result<Vec<PathBuf>, String> {
@@ -45,17 +50,17 @@ fn build_bins() -> Result<Vec<PathBuf>, String> {
             "mlx5",
             "--bin",
             "mlx5-perf",
+            "--bin",
+            "mlx5-pkt",
         ])
         .env("CARGO_TARGET_DIR", &dir)
         .current_dir(repo())
         .status()
-        .map_err(|e| format!("cargo build of mlx5 and mlx5-perf: {e}"))?;
+        .map_err(|e| format!("cargo build of the tools: {e}"))?;
     if !status.success() {
-        return Err(format!(
-            "cargo build of mlx5 and mlx5-perf failed ({status})"
-        ));
+        return Err(format!("cargo build of the tools failed ({status})"));
     }
-    Ok(["mlx5", "mlx5-perf"]
+    Ok(["mlx5", "mlx5-perf", "mlx5-pkt"]
         .iter()
         .map(|b| dir.join("release").join(b))
         .collect())
@@ -171,6 +176,7 @@ fn judge_tools(t: &mut Tally, console: &str, log: &str) {
             Err(format!("{reset:?}; {log}"))
         },
     );
+    judge_raw_frames(t, console, log);
     judge_udmabuf_emu(t, console, log);
     // Any error line fails it (our driver's MSI-X detach at close once
     // logged vfio-pci's EINVAL here: the event loop detached twice).
@@ -180,6 +186,33 @@ fn judge_tools(t: &mut Tally, console: &str, log: &str) {
         super::perftest_verdict(&lines, 1, 4).map_err(|e| format!("{e}: {lines:?}; {log}")),
     );
     judge_udmabuf_vfio(t, console, log);
+}
+
+/// Our driver's raw packet QP, on the function vfio-pci holds, sends
+/// UDP datagrams to the other function's mlx5e netdev: tcpdump there
+/// lists each arriving from our MAC, Linux's UDP stack echoes each, and
+/// `mlx5-pkt` gets every echo back intact.
+fn judge_raw_frames(t: &mut Tally, console: &str, log: &str) {
+    let raw = tagged(console, "raw ");
+    let count = |head: &str| {
+        raw.iter()
+            .find_map(|l| l.strip_prefix(head))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+    };
+    let want = format!("pkt: udp-echo: sent {RAW_COUNT} echoed intact {RAW_COUNT}");
+    let ok = raw.first().is_some_and(|l| l.starts_with("pkt rc=0 "))
+        && raw.contains(&want.as_str())
+        && raw.contains(&format!("echo served {RAW_COUNT}").as_str())
+        && count("tcpdump from ours: ").is_some_and(|n| n >= RAW_COUNT)
+        && count("tcpdump echoes: ").is_some_and(|n| n >= RAW_COUNT);
+    t.check(
+        "vfio/mlx5e_receives_our_raw_frames",
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{raw:?}; {log}"))
+        },
+    );
 }
 
 /// `mlx5-perf --use_udmabuf` in the guest (whose kernel has udmabuf) on
