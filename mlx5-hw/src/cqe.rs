@@ -33,6 +33,20 @@ pub const CQE_FORMAT_COMPRESSED: u8 = 3;
 pub const CQE_QPN_MASK: u32 = 0x00ff_ffff;
 /// Shift of the send WQE opcode in `s_wqe_opcode_qpn` / `sop_drop_qpn` (bits 31:24).
 pub const CQE_S_WQE_OPCODE_SHIFT: u32 = 24;
+/// Where a responder CQE's `flags_rqpn` says a GRH is present (bits 29:28;
+/// mlx5_ib's `handle_responder` reads any of them as `IB_WC_GRH`).
+pub const CQE_GRH_SHIFT: u32 = 28;
+/// Where a responder CQE's `flags_rqpn` names the RoCE packet's network
+/// header (bits 25:24, `MLX5_CQE_ROCE_L3_HEADER_TYPE_*`: mlx5_ib's
+/// `wc->network_hdr_type`, which ib_core reads the GRH buffer by).
+pub const CQE_ROCE_L3_HEADER_TYPE_SHIFT: u32 = 24;
+/// `MLX5_CQE_ROCE_L3_HEADER_TYPE_GRH`: RoCE v1 (an IB GRH).
+pub const CQE_ROCE_L3_HEADER_TYPE_GRH: u32 = 0x0;
+/// `MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV6`: RoCE v2 over IPv6.
+pub const CQE_ROCE_L3_HEADER_TYPE_IPV6: u32 = 0x1;
+/// `MLX5_CQE_ROCE_L3_HEADER_TYPE_IPV4`: RoCE v2 over IPv4 (the IPv4 header
+/// in the last 20 bytes of the 40-byte GRH buffer).
+pub const CQE_ROCE_L3_HEADER_TYPE_IPV4: u32 = 0x2;
 
 /// CQ context `cqe_sz`: 64-byte CQEs (`CQE_STRIDE_64`).
 pub const CQE_STRIDE_64: u8 = 0;

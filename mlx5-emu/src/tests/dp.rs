@@ -926,6 +926,11 @@ fn ud_send_with_grh_and_qkey() {
     assert_eq!(be32(&r, 0x2c), 240);
     assert_eq!(be32(&r, 0x18) & 0xff_ffff, qa.qpn);
     assert_eq!(be32(&r, 0x18) >> 28 & 3, 1, "GRH flag");
+    assert_eq!(
+        be32(&r, 0x18) >> mlx5_hw::cqe::CQE_ROCE_L3_HEADER_TYPE_SHIFT & 3,
+        mlx5_hw::cqe::CQE_ROCE_L3_HEADER_TYPE_IPV6,
+        "RoCE v2 over IPv6, where mlx5_ib reads it"
+    );
     assert_eq!(read(&b, 40, 200), msg);
     // The GRH: IPv6, source GID a's.
     let g = read(&b, 0, 40);

@@ -25,7 +25,7 @@ const CQ_ERROR_OVERRUN: u8 = 1;
 /// (`MLX5_CQ_ERROR_SYNDROME_CQ_ACCESS_VIOLATION_ERROR`).
 const CQ_ERROR_ACCESS_VIOLATION: u8 = 2;
 /// `flags_rqpn` bits 29:28: a GRH is present.
-const FLAGS_GRH: u32 = 1 << 28;
+const FLAGS_GRH: u32 = 1 << cqe::CQE_GRH_SHIFT;
 
 /// Where `op_own` (opcode and owner bit) sits in a CQE.
 const OP_OWN_AT: u64 = cqe::CQE_OP_OWN_OFFSET as u64;
@@ -124,9 +124,18 @@ pub(crate) struct InlineScatter {
 }
 
 impl Completion {
-    /// A responder completion with a GRH (UD receives).
+    /// A responder completion with a GRH (UD receives): the GRH flag and
+    /// the RoCE v2 packet's network header (`flags_rqpn` bits 25:24, as
+    /// mlx5_ib's `handle_responder` reads `wc->network_hdr_type`; ib_core
+    /// then finds an IPv4 packet's addresses in the buffer's last 20
+    /// bytes), and the same in `l4_l3_hdr_type`'s l3 field.
     pub(crate) fn with_grh(mut self, ipv4: bool) -> Self {
-        self.flags_rqpn |= FLAGS_GRH;
+        let ty = if ipv4 {
+            cqe::CQE_ROCE_L3_HEADER_TYPE_IPV4
+        } else {
+            cqe::CQE_ROCE_L3_HEADER_TYPE_IPV6
+        };
+        self.flags_rqpn |= FLAGS_GRH | ty << cqe::CQE_ROCE_L3_HEADER_TYPE_SHIFT;
         self.l3 = if ipv4 { 2 << 2 } else { 1 << 2 };
         self
     }
