@@ -118,7 +118,9 @@ impl Payload<'_> {
 /// One packet on the fabric.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Packet<'a> {
-    pub addr: RoceAddr,
+    /// The addressing, borrowed: a packet is built per send, its
+    /// addressing once per connection.
+    pub addr: &'a RoceAddr,
     pub hdr: &'a Headers,
     pub payload: Payload<'a>,
 }
@@ -300,7 +302,7 @@ pub(crate) fn transmit(
     match packet::decode_frame(&frame) {
         Ok(f) => {
             let p = Packet {
-                addr: f.addr,
+                addr: &f.addr,
                 hdr: &f.hdrs,
                 payload: if f.payload.is_empty() {
                     Payload::None
@@ -422,7 +424,7 @@ fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
     }
     match packet::decode_frame(&rf) {
         Ok(f) => reply(&Packet {
-            addr: f.addr,
+            addr: &f.addr,
             hdr: &f.hdrs,
             payload: if f.payload.is_empty() {
                 Payload::None
@@ -439,7 +441,7 @@ fn framed(r: &Packet<'_>, reply: &mut dyn FnMut(&Packet<'_>)) {
 pub(crate) fn encode(pkt: &Packet<'_>, out: &mut Vec<u8>) -> Result<(), mem::Fault> {
     let mut payload = vec![0u8; pkt.payload.len() as usize];
     pkt.payload.read(&mut payload)?;
-    packet::encode_frame(&pkt.addr, pkt.hdr, &payload, out);
+    packet::encode_frame(pkt.addr, pkt.hdr, &payload, out);
     Ok(())
 }
 

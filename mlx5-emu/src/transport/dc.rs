@@ -266,8 +266,9 @@ pub(crate) fn receive(
             }),
             ..Headers::default()
         };
+        let to = back(pkt.addr);
         reply(&Packet {
-            addr: back(&pkt.addr),
+            addr: &to,
             hdr: &nak,
             payload: Payload::None,
         });

@@ -1027,7 +1027,7 @@ fn ud_send(rdma: &Rdma, qp: &Qp, sq: &mut Sq, mem: &IovaMemory, w: &Wqe) -> Outc
     sq.psn = (sq.psn + 1) & 0xff_ffff;
     let payload = payload(sq, mem, 0, w.len);
     let pkt = Packet {
-        addr,
+        addr: &addr,
         hdr: &h,
         payload,
     };
@@ -1418,7 +1418,7 @@ fn find_peer(rdma: &Rdma, sq: &mut Sq) -> Result<(), Outcome> {
 struct Link<'a, 'b> {
     rdma: &'a Rdma,
     dst: Dest<'a, 'b>,
-    addr: RoceAddr,
+    addr: &'a RoceAddr,
     mem: &'a IovaMemory,
     ext: &'a [Extent],
     span: Span,
@@ -1459,7 +1459,7 @@ impl<'a, 'b> Link<'a, 'b> {
         Some(Self {
             rdma,
             dst,
-            addr: p.addr,
+            addr: &p.addr,
             mem,
             ext: &sq.ext,
             span,
@@ -1553,7 +1553,7 @@ fn send_data(link: &Link<'_, '_>, sq: &Sq, burst: &Burst<'_>, w: &Wqe, rc: bool,
         rc && link.dc.is_none() && link.xrc.is_none() && w.opcode == W::RdmaWrite && s.npkts > 1;
     if let Some(src) = whole.filter(|_| train) {
         let t = fabric::Train {
-            addr: link.addr,
+            addr: *link.addr,
             dest_qp: sq.remote_qpn,
             psn: s.first_psn,
             npkts: s.npkts as u32,

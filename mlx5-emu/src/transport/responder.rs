@@ -213,8 +213,9 @@ fn respond(
         aeth: Some(Aeth { syndrome, msn }),
         ..Headers::default()
     };
+    let to = back(to);
     reply(&Packet {
-        addr: back(to),
+        addr: &to,
         hdr: &h,
         payload: Payload::None,
     });
@@ -473,7 +474,7 @@ pub(crate) fn rc(
         rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
         rq.ack_owed = 0;
         let syndrome = aeth::RNR_NAK | rq.min_rnr_nak;
-        return respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+        return respond(reply, r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
     }
     let o = h.bth.opcode & 0x1f;
     let done = match o {
@@ -519,7 +520,7 @@ fn in_sequence(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'
         rq.seq_nak = true;
         rq.ack_owed = 0;
         let nak = aeth::NAK | aeth::NAK_PSN_SEQ;
-        respond(reply, &r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
+        respond(reply, r.pkt.addr, r.remote, rq.epsn, nak, rq.msn);
     }
     false
 }
@@ -544,7 +545,7 @@ fn duplicate(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>
         _ => {}
     }
     let ack = aeth::ACK | aeth::CREDITS_INVALID;
-    respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
+    respond(reply, r.pkt.addr, r.remote, r.psn, ack, rq.msn);
 }
 
 /// A request executed: the expected PSN moves on; if it asked for an ACK,
@@ -559,7 +560,7 @@ fn ack(r: &Req<'_, '_, '_>, rq: &mut Rq, reply: &mut dyn FnMut(&Packet<'_>), com
     if rq.ack_owed >= ACK_COALESCE || completed {
         rq.ack_owed = 0;
         let ack = aeth::ACK | aeth::CREDITS_INVALID;
-        respond(reply, &r.pkt.addr, r.remote, r.psn, ack, rq.msn);
+        respond(reply, r.pkt.addr, r.remote, r.psn, ack, rq.msn);
     }
 }
 
@@ -575,7 +576,7 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
             rdma.counters.rnr_naks.fetch_add(1, Ordering::Relaxed);
             rq.ack_owed = 0;
             let syndrome = aeth::RNR_NAK | rq.min_rnr_nak;
-            return respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+            return respond(reply, r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
         }
     };
     let syndrome = match f {
@@ -597,7 +598,7 @@ fn refuse(r: &Req<'_, '_, '_>, rq: &mut Rq, f: Refused, reply: &mut dyn FnMut(&P
             aeth::NAK | fatal(rdma, r.qp, rq, r.dmem.mem, Fatal::Access)
         }
     };
-    respond(reply, &r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
+    respond(reply, r.pkt.addr, r.remote, r.psn, syndrome, rq.msn);
 }
 
 /// A page fault of the responder (ODP, [`super::odp`]): `None` while it
@@ -911,6 +912,7 @@ fn read_responses(
 ) -> u64 {
     let mtu = r.mtu;
     let n = total.div_ceil(mtu).max(1);
+    let to = back(r.pkt.addr);
     for i in 0..n {
         let first = i == 0;
         let last = i + 1 == n;
@@ -937,7 +939,7 @@ fn read_responses(
         let skip = i * mtu;
         let plen = (total - skip).min(mtu);
         reply(&Packet {
-            addr: back(&r.pkt.addr),
+            addr: &to,
             hdr: &rh,
             payload: if plen == 0 {
                 Payload::None
@@ -1033,8 +1035,9 @@ fn atomic_ack(r: &Req<'_, '_, '_>, msn: u32, orig: u64, reply: &mut dyn FnMut(&P
         atomic_ack: Some(orig),
         ..Headers::default()
     };
+    let to = back(r.pkt.addr);
     reply(&Packet {
-        addr: back(&r.pkt.addr),
+        addr: &to,
         hdr: &rh,
         payload: Payload::None,
     });
@@ -1378,7 +1381,7 @@ fn ud(rdma: &Rdma, qp: &Arc<Qp>, h: &Headers, pkt: &Packet<'_>, mem: &IovaMemory
         return;
     }
     let g = packet::grh(
-        &pkt.addr,
+        pkt.addr,
         len as usize + h.layout().map_or(0, |l| l.len()) + 4,
     );
     if mem::write_bytes(mem, &rq.send.ext, 0, &g).is_err()

@@ -573,7 +573,7 @@ impl Link {
                     "response collected"
                 );
                 reply(&Packet {
-                    addr: r.addr,
+                    addr: &r.addr,
                     hdr: &r.hdrs,
                     payload: if r.payload.is_empty() {
                         Payload::None
@@ -704,7 +704,7 @@ impl Link {
             return;
         }
         let pkt = Packet {
-            addr: fr.addr,
+            addr: &fr.addr,
             hdr: &fr.hdrs,
             payload: if payload.is_empty() {
                 Payload::None
@@ -725,7 +725,7 @@ impl Link {
     fn receive_multicast(&self, addr: &RoceAddr, hdrs: &Headers, payload: &[u8]) {
         self.counts.rx_delivered.fetch_add(1, Ordering::Relaxed);
         let pkt = Packet {
-            addr: *addr,
+            addr,
             hdr: hdrs,
             payload: if payload.is_empty() {
                 Payload::None
