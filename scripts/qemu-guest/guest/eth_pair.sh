@@ -1,4 +1,5 @@
 # Sourced by smoke.sh and featured.sh (/guest/eth_pair.sh in the guest).
+# suite_ipv4 (below) gives the suite's netdev its IPv4 address.
 # eth_pair DEV0 DEV1: mlx5e's own data path between the two functions,
 # judged by Linux's IP, UDP and TCP stacks (eth_traffic.py): DEV1 moves to
 # a network namespace of its own so that traffic between the two addresses
@@ -16,6 +17,24 @@
 # inner checksums and segmentation it left to the device. Every
 # line the host checks starts with "=== eth ".
 PKTGEN_COUNT=256
+
+# suite_ipv4 IBDEV NETDEV: 10.8.0.1/24 on NETDEV for rdma-core's rdma_cm
+# tests (test_rdmacm, test_mlx5_rdmacm, test_addr) on IBDEV: base.py takes
+# the netdev's first address as the test's (IPv4 is listed before IPv6)
+# and builds its multicast group from it ("230" + what follows the first
+# "."), which an IPv6 link-local address cannot give. The GID table gains
+# the IPv4-mapped RoCE v1 and v2 entries (2 and 3); waits for the second.
+suite_ipv4() {
+    ip addr add 10.8.0.1/24 dev "$2"
+    i=0
+    while ! grep -q ffff:0a08:0001 "/sys/class/infiniband/$1/ports/1/gids/3" 2>/dev/null &&
+        [ $i -lt 20 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    echo "=== suite ipv4 $(ip -4 -o addr show "$2" | awk '{print $4}') gid3 $(cat "/sys/class/infiniband/$1/ports/1/gids/3")"
+}
+
 eth_pair() {
     ip netns add peer && ip link set dev "$2" netns peer
     ip addr add 10.9.0.1/24 dev "$1"

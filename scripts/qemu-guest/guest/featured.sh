@@ -87,6 +87,8 @@ dmesg -n 1
 # 64 of the guest's 2 GiB.
 echo 64 >/proc/sys/vm/nr_hugepages
 echo "=== hugepages $(cat /proc/sys/vm/nr_hugepages)"
+. /guest/eth_pair.sh
+suite_ipv4 mlx5_0 eth0
 # RDMA_SUITE_REPEAT=N (kernel command line, with RDMA_SUITE_FILES): the
 # narrowed suite N times first, a line of counts per round and its ERROR
 # and FAIL lines (for a rare crash: where it was, from rdma_suite.py).
@@ -114,7 +116,6 @@ grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite 
 dpdk_pair mlx5_0 mlx5_1
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).
-. /guest/eth_pair.sh
 set -- $netdevs
 eth_pair "$1" "$2"
 echo "=== dmesg mlx5"

@@ -129,6 +129,8 @@ perf send_lat ib_send_lat -C -s 1024 -n 100
 # ratchet. The kernel's console output is quietened first so that it
 # cannot cut a result line (the dmesg below still has every line).
 dmesg -n 1
+. /guest/eth_pair.sh
+suite_ipv4 mlx5_0 eth0
 echo "=== suite start $(date +%s)"
 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp timeout 1500 python3 /guest/rdma_suite.py /tmp/suite.txt \
     --dev mlx5_0 --gid 1 >/tmp/suite.log 2>&1
@@ -136,7 +138,6 @@ echo "=== suite rc=$? end $(date +%s)"
 sed 's/^/=== suite: /' /tmp/suite.txt
 tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
 # mlx5e's own data path between the two functions (eth_pair.sh).
-. /guest/eth_pair.sh
 set -- $netdevs
 eth_pair "$1" "$2"
 echo "=== dmesg mlx5"
