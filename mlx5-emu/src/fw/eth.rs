@@ -13,6 +13,7 @@ use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
 
 use super::{fail, synd, Fail};
+use crate::transport::qp::Buf;
 
 /// One object: its context bytes as created (and modified).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,11 +87,22 @@ pub(crate) fn queue_transition(cur: u64, next: u64) -> Result<(), Fail> {
     }
 }
 
+/// Where a checked `wq`'s ring and doorbell record lie, and the UMEMs
+/// they are in ([`super::Firmware::check_wq`]).
+pub(super) struct WqMem {
+    pub buf: Buf,
+    pub dbr: u64,
+    pub umems: Vec<u32>,
+}
+
 impl super::Firmware {
     /// The checks a `wq` (the ring of an SQ or RQ) passes at creation: its
-    /// PD (0 or one allocated), size, doorbell record and pages (`pas`, right after the input's
-    /// fixed part, at `pas_at`), and the UAR page when `uar` (an SQ rings
-    /// one). Gives the pages.
+    /// PD (0 or one allocated), size, the UAR page when `uar` (an SQ rings
+    /// one), and where its ring and doorbell record lie: the pages right
+    /// after the input's fixed part (`pas_at`) and `dbr_addr`, or (DevX, as
+    /// DPDK's mlx5 PMD makes its queues) `wq_umem_id` at `wq_umem_offset`
+    /// and `dbr_umem_id` at `dbr_addr`, each UMEM the command's uid may
+    /// use and long enough.
     pub(super) fn check_wq(
         &self,
         inner: &crate::Inner,
@@ -98,7 +110,7 @@ impl super::Firmware {
         wq_at: usize,
         pas_at: usize,
         uar: bool,
-    ) -> Result<Vec<u64>, Fail> {
+    ) -> Result<WqMem, Fail> {
         use mlx5_hw::ifc::{cmd_hca_cap, wq};
         let w = &input[wq_at..wq_at + wq::SIZE_BYTES];
         // PD 0 is firmware's own (mlx5e's drop RQ names no PD).
@@ -113,15 +125,35 @@ impl super::Firmware {
         if log_sz > self.cap(cmd_hca_cap::LOG_MAX_WQ_SZ) {
             return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_SIZE));
         }
-        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
-        let bytes = page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page)
-            + ((1u64 << log_sz) << wq::LOG_WQ_STRIDE.get(w));
-        let npas = bytes.div_ceil(1 << log_page) as usize;
-        let pas = super::cq::pas(input, pas_at, npas)?;
+        let ring = (1u64 << log_sz) << wq::LOG_WQ_STRIDE.get(w);
+        let uid = super::uctx::uid_of(input);
         let dma = &inner.bus.dma;
-        if !dma.is_mapped(wq::DBR_ADDR.get(w), 8) || pas.iter().any(|p| !dma.is_mapped(*p, 1)) {
-            return Err(fail(CmdStatus::BadParameter, synd::WQ_NOT_MAPPED));
-        }
-        Ok(pas)
+        let mut umems = Vec::new();
+        let buf = if wq::WQ_UMEM_VALID.get(w) != 0 {
+            let id = wq::WQ_UMEM_ID.get(w) as u32;
+            umems.push(id);
+            self.umem_buf(uid, id, wq::WQ_UMEM_OFFSET.get(w), ring)?
+        } else {
+            let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
+            let offset = page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page);
+            let npas = (offset + ring).div_ceil(1 << log_page) as usize;
+            let pas = super::cq::pas(input, pas_at, npas)?;
+            if pas.iter().any(|p| !dma.is_mapped(*p, 1)) {
+                return Err(fail(CmdStatus::BadParameter, synd::WQ_NOT_MAPPED));
+            }
+            Buf::new(pas, log_page, offset)
+        };
+        let dbr = if wq::DBR_UMEM_VALID.get(w) != 0 {
+            let id = wq::DBR_UMEM_ID.get(w) as u32;
+            umems.push(id);
+            self.umem_dbr(uid, id, wq::DBR_ADDR.get(w))?
+        } else {
+            let dbr = wq::DBR_ADDR.get(w);
+            if !dma.is_mapped(dbr, 8) {
+                return Err(fail(CmdStatus::BadParameter, synd::WQ_NOT_MAPPED));
+            }
+            dbr
+        };
+        Ok(WqMem { buf, dbr, umems })
     }
 }

@@ -20,10 +20,10 @@ use mlx5_hw::ifc::{
 };
 use mlx5_hw::status::CmdStatus;
 
-use super::eth::{known, queue_transition, Obj};
+use super::eth::{known, queue_transition, Obj, WqMem};
+use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};
 use crate::transport::eth_rx::{EthRq, RqRing, Striding};
-use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -74,10 +74,10 @@ impl Firmware {
         let at = i::CTX.off / 8;
         let c = &input[at..at + rqc::SIZE_BYTES];
         self.check_rqc(inner, c)?;
-        let mut pas = None;
+        let mut wq_mem = None;
         match rqc::MEM_RQ_TYPE.get(c) {
             RQC_MEM_RQ_TYPE_INLINE => {
-                pas = Some(self.check_wq(
+                wq_mem = Some(self.check_wq(
                     inner,
                     input,
                     at + rqc::WQ.off / 8,
@@ -95,8 +95,11 @@ impl Firmware {
         let rqn = self.free_queue_number(inner, synd::WQ_EXHAUSTED)?;
         tracing::debug!(rqn, cqn = rqc::CQN.get(c), "CREATE_RQ");
         self.eth.rqs.insert(rqn, Obj { ctx: c.to_vec() });
-        if let Some(rq) = pas.and_then(|pas| data_path_rq(inner, rqn, c, pas)) {
-            wlock(&inner.rdma.eth_rx.rqs).insert(rqn, Arc::new(rq));
+        if let Some(m) = wq_mem {
+            self.umem_used_by(Kind::Rq, rqn, &m.umems);
+            if let Some(rq) = data_path_rq(inner, rqn, c, m) {
+                wlock(&inner.rdma.eth_rx.rqs).insert(rqn, Arc::new(rq));
+            }
         }
         let mut out = vec![0u8; create_rq_out::SIZE_BYTES];
         create_rq_out::RQN.set(&mut out, u64::from(rqn));
@@ -189,9 +192,8 @@ impl Firmware {
 }
 
 /// The data-path side of an RQ on its own ring, striding or not (`c`: its
-/// context, `pas`: its pages).
-fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthRq> {
-    use mlx5_hw::init::page_offset_bytes;
+/// context, `m`: where its ring and doorbell record lie).
+fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], m: WqMem) -> Option<EthRq> {
     let w = &c[rqc::WQ.off / 8..];
     let ty = wq::WQ_TYPE.get(w);
     let linked_list = matches!(ty, WQ_TYPE_LINKED_LIST | WQ_TYPE_LINKED_LIST_STRIDING_RQ);
@@ -215,7 +217,6 @@ fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthR
     let cq = rlock(&inner.rdma.cqs)
         .get(&(rqc::CQN.get(c) as u32))
         .cloned()?;
-    let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
     Some(EthRq {
         rqn,
         cq,
@@ -224,12 +225,8 @@ fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], pas: Vec<u64>) -> Option<EthR
         log_stride: wq::LOG_WQ_STRIDE.get(w) as u8,
         linked_list,
         striding,
-        buf: Buf::new(
-            pas,
-            log_page,
-            page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page),
-        ),
-        dbr: wq::DBR_ADDR.get(w),
+        buf: m.buf,
+        dbr: m.dbr,
         counter_set: AtomicU32::new(rqc::COUNTER_SET_ID.get(c) as u32),
         vsd: AtomicBool::new(rqc::VSD.get(c) != 0),
         state: AtomicU8::new(QUEUE_STATE_RST as u8),

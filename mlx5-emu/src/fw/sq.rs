@@ -16,7 +16,6 @@ use mlx5_hw::ifc::{
     cmd_hca_cap, create_sq_in, create_sq_out, destroy_sq_in, modify_sq_in,
     per_protocol_networking_offload_caps as eth_cap, query_sq_in, query_sq_out, sqc, tisc, wq,
 };
-use mlx5_hw::init::page_offset_bytes;
 use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, limit, queue_transition, Obj};
@@ -26,7 +25,6 @@ use std::sync::{Arc, Mutex};
 
 use crate::profile::cap_type;
 use crate::transport::eth_sq::{EthSq, Ring};
-use crate::transport::qp::Buf;
 use crate::transport::{rlock, wlock};
 use crate::Inner;
 
@@ -95,15 +93,15 @@ impl Firmware {
             .then(|| self.eth.tises.get(&(sqc::TIS_NUM_0.get(c) as u32)))
             .flatten()
             .map(|t| tisc::TRANSPORT_DOMAIN.get(&t.ctx) as u32);
-        let pas = self.check_wq(inner, input, at + sqc::WQ.off / 8, i::SIZE_BYTES, true)?;
+        let m = self.check_wq(inner, input, at + sqc::WQ.off / 8, i::SIZE_BYTES, true)?;
         let Some(cq) = rlock(&inner.rdma.cqs).get(&cqn).cloned() else {
             return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_CQ));
         };
         let sqn = self.free_queue_number(inner, synd::WQ_EXHAUSTED)?;
         tracing::debug!(sqn, cqn, "CREATE_SQ");
         self.eth.sqs.insert(sqn, Obj { ctx: c.to_vec() });
+        self.umem_used_by(super::uctx::Kind::Sq, sqn, &m.umems);
         let uar = wq::UAR_PAGE.get(w) as u32;
-        let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
         wlock(&inner.rdma.eth_sqs).insert(
             sqn,
             Arc::new(EthSq {
@@ -111,12 +109,8 @@ impl Firmware {
                 cq,
                 pd: wq::PD.get(w) as u32,
                 log_size: wq::LOG_WQ_SZ.get(w) as u8,
-                buf: Buf::new(
-                    pas,
-                    log_page,
-                    page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page),
-                ),
-                dbr: wq::DBR_ADDR.get(w),
+                buf: m.buf,
+                dbr: m.dbr,
                 state: AtomicU8::new(QUEUE_STATE_RST as u8),
                 vlan_insert: self
                     .caps

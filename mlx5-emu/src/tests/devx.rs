@@ -447,3 +447,66 @@ fn a_connectx7_creates_queries_and_destroys_deks() {
     d.ok(&dp, 0x10);
     d.ok(&dc, 0x10);
 }
+
+/// CREATE_RQ under `uid`: a cyclic ring of 64 16-byte WQEs at `off` of
+/// UMEM `id`, its doorbell record at 0x80 of the same UMEM, no PAS (as
+/// DPDK's mlx5 PMD makes its receive queues with DevX).
+fn rq_in_umem(uid: u16, cqn: u32, pd: u32, id: u32, off: u64) -> Vec<u8> {
+    use mlx5_hw::ifc::{create_rq_in, rqc, wq};
+    let mut c = uid_cmd(0x908, uid, create_rq_in::SIZE_BYTES);
+    let x = &mut c[create_rq_in::CTX.off / 8..];
+    rqc::CQN.set(x, u64::from(cqn));
+    let w = &mut x[rqc::WQ.off / 8..];
+    wq::WQ_TYPE.set(w, u64::from(mlx5_hw::eth::WQ_TYPE_CYCLIC));
+    wq::PD.set(w, u64::from(pd));
+    wq::LOG_WQ_STRIDE.set(w, 4);
+    wq::LOG_WQ_SZ.set(w, 6);
+    wq::WQ_UMEM_VALID.set(w, 1);
+    wq::WQ_UMEM_ID.set(w, u64::from(id));
+    wq::WQ_UMEM_OFFSET.set(w, off);
+    wq::DBR_UMEM_VALID.set(w, 1);
+    wq::DBR_UMEM_ID.set(w, u64::from(id));
+    wq::DBR_ADDR.set(w, 0x80);
+    c
+}
+
+/// An RQ whose ring and doorbell record are in a UMEM (DevX; DPDK's mlx5
+/// PMD makes every queue so, its drop queue first): taken without a PAS
+/// list, refused past the UMEM's end, and the UMEM kept while it stands.
+#[test]
+fn umem_backs_an_rq_as_dpdk_makes_them() {
+    use mlx5_hw::ifc::{create_rq_out, destroy_rq_in};
+    let mut d = cx5();
+    let mem = DmaBuffer::new(4 * 4096).unwrap();
+    d.f.dma_map(Iova(UMEM_IOVA), &mem).unwrap();
+    let uar0 = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
+    let eqn = create_eq(&mut d, uar0, 6, 1, 0);
+    let uid = create_uctx(&mut d);
+    let uar = alloc_uar(&mut d, uid);
+    let pd = alloc_pd(&mut d, uid);
+    let id = create_umem_out::UMEM_ID.get(&d.ok(&umem_cmd(uid, 0, 4, 3), 0x10)) as u32;
+    let out = d.ok(&cq_in_umem(uid, uar, eqn, id, 0x2000, 0x40), 0x10);
+    let cqn = create_cq_out::CQN.get(&out) as u32;
+    // 1 KiB of ring at 12 KiB + 3 KiB: past the UMEM's 16 KiB.
+    let out = d.exec(&rq_in_umem(uid, cqn, pd, id, 0x3c00 + 0x100), 0x10);
+    assert_eq!(
+        status(&out),
+        bad(CmdStatus::BadParameter, synd::UMEM_OUT_OF_RANGE)
+    );
+    let out = d.ok(&rq_in_umem(uid, cqn, pd, id, 0x1000), 0x10);
+    let rqn = create_rq_out::RQN.get(&out) as u32;
+    let mut du = cmd_in(0xa0a, 0, destroy_umem_in::SIZE_BYTES);
+    du[2..4].copy_from_slice(&uid.to_be_bytes());
+    destroy_umem_in::UMEM_ID.set(&mut du, u64::from(id));
+    assert_eq!(
+        status(&d.exec(&du, 0x10)),
+        bad(CmdStatus::BadResourceState, synd::UMEM_IN_USE)
+    );
+    let mut x = uid_cmd(0x90a, uid, destroy_rq_in::SIZE_BYTES);
+    destroy_rq_in::RQN.set(&mut x, u64::from(rqn));
+    d.ok(&x, 0x10);
+    let mut x = uid_cmd(0x401, uid, destroy_cq_in::SIZE_BYTES);
+    destroy_cq_in::CQN.set(&mut x, u64::from(cqn));
+    d.ok(&x, 0x10);
+    d.ok(&du, 0x10);
+}
