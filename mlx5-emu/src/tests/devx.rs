@@ -457,7 +457,7 @@ fn rq_in_umem(uid: u16, cqn: u32, pd: u32, id: u32, off: u64) -> Vec<u8> {
     let x = &mut c[create_rq_in::CTX.off / 8..];
     rqc::CQN.set(x, u64::from(cqn));
     let w = &mut x[rqc::WQ.off / 8..];
-    wq::WQ_TYPE.set(w, u64::from(mlx5_hw::eth::WQ_TYPE_CYCLIC));
+    wq::WQ_TYPE.set(w, mlx5_hw::eth::WQ_TYPE_CYCLIC);
     wq::PD.set(w, u64::from(pd));
     wq::LOG_WQ_STRIDE.set(w, 4);
     wq::LOG_WQ_SZ.set(w, 6);
