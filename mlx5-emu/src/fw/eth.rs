@@ -132,7 +132,7 @@ impl super::Firmware {
         let buf = if wq::WQ_UMEM_VALID.get(w) != 0 {
             let id = wq::WQ_UMEM_ID.get(w) as u32;
             umems.push(id);
-            self.umem_buf(uid, id, wq::WQ_UMEM_OFFSET.get(w), ring)?
+            self.umem_wq_ring(uid, id, wq::WQ_UMEM_OFFSET.get(w), ring)?
         } else {
             let log_page = 12 + wq::LOG_WQ_PG_SZ.get(w) as u32;
             let offset = page_offset_bytes(wq::PAGE_OFFSET.get(w), log_page);
@@ -146,7 +146,7 @@ impl super::Firmware {
         let dbr = if wq::DBR_UMEM_VALID.get(w) != 0 {
             let id = wq::DBR_UMEM_ID.get(w) as u32;
             umems.push(id);
-            self.umem_dbr(uid, id, wq::DBR_ADDR.get(w))?
+            self.umem_wq_dbr(uid, id, wq::DBR_ADDR.get(w))?
         } else {
             let dbr = wq::DBR_ADDR.get(w);
             if !dma.is_mapped(dbr, 8) {

@@ -154,10 +154,26 @@ impl Firmware {
         Ok(m)
     }
 
-    /// A queue buffer of `len` bytes at `off` in UMEM `id`.
+    /// A queue buffer of `len` bytes at `off` in UMEM `id`, which the
+    /// device writes (a CQ's, a QP's).
     pub(super) fn umem_buf(&self, uid: u16, id: u32, off: u64, len: u64) -> Result<Buf, Fail> {
         let m = self.umem_range(uid, id, off, len)?;
         Ok(Buf::new(m.pages.clone(), m.log_page, m.page_offset + off))
+    }
+
+    /// An SQ's or RQ's ring of `len` bytes at `off` in UMEM `id`, or
+    /// (`len` 0) its doorbell record's IOVA at `off`: the device only reads
+    /// them, so the UMEM need not let it write (DPDK's mlx5 PMD registers
+    /// its queues' UMEMs with no access flags, and mlx5_ib then sets no
+    /// `wr_en` in their entries).
+    pub(super) fn umem_wq_ring(&self, uid: u16, id: u32, off: u64, len: u64) -> Result<Buf, Fail> {
+        let m = self.umem_span(uid, id, off, len, false)?;
+        Ok(Buf::new(m.pages.clone(), m.log_page, m.page_offset + off))
+    }
+
+    /// [`Self::umem_wq_ring`]'s doorbell record: its IOVA.
+    pub(super) fn umem_wq_dbr(&self, uid: u16, id: u32, off: u64) -> Result<u64, Fail> {
+        self.dbr_in(self.umem_span(uid, id, off, 8, false)?, off)
     }
 
     /// An MTT memory key's translation from UMEM `id` (CREATE_MKEY with
@@ -181,7 +197,11 @@ impl Firmware {
 
     /// The IOVA of a doorbell record at `off` in UMEM `id`.
     pub(super) fn umem_dbr(&self, uid: u16, id: u32, off: u64) -> Result<u64, Fail> {
-        let m = self.umem_range(uid, id, off, 8)?;
+        self.dbr_in(self.umem_range(uid, id, off, 8)?, off)
+    }
+
+    /// The IOVA of the 8-byte-aligned doorbell record at `off` in `m`.
+    fn dbr_in(&self, m: &Umem, off: u64) -> Result<u64, Fail> {
         if off % 8 != 0 {
             return Err(fail(CmdStatus::BadParameter, synd::UMEM_OUT_OF_RANGE));
         }

@@ -472,7 +472,8 @@ fn rq_in_umem(uid: u16, cqn: u32, pd: u32, id: u32, off: u64) -> Vec<u8> {
 
 /// An RQ whose ring and doorbell record are in a UMEM (DevX; DPDK's mlx5
 /// PMD makes every queue so, its drop queue first): taken without a PAS
-/// list, refused past the UMEM's end, and the UMEM kept while it stands.
+/// list from a UMEM the device may only read, refused past the UMEM's
+/// end, and the UMEM kept while it stands.
 #[test]
 fn umem_backs_an_rq_as_dpdk_makes_them() {
     use mlx5_hw::ifc::{create_rq_out, destroy_rq_in};
@@ -487,6 +488,14 @@ fn umem_backs_an_rq_as_dpdk_makes_them() {
     let id = create_umem_out::UMEM_ID.get(&d.ok(&umem_cmd(uid, 0, 4, 3), 0x10)) as u32;
     let out = d.ok(&cq_in_umem(uid, uar, eqn, id, 0x2000, 0x40), 0x10);
     let cqn = create_cq_out::CQN.get(&out) as u32;
+    // The RQ's UMEM lets the device read only (rd_en: DPDK registers its
+    // queues' UMEMs with no access flags): a ring and doorbell record
+    // the device only reads need no more; a CQ there is refused.
+    let id = create_umem_out::UMEM_ID.get(&d.ok(&umem_cmd(uid, 0, 4, 1), 0x10)) as u32;
+    assert_eq!(
+        status(&d.exec(&cq_in_umem(uid, uar, eqn, id, 0x2000, 0x40), 0x10)),
+        bad(CmdStatus::BadParameter, synd::UMEM_NO_WRITE)
+    );
     // 1 KiB of ring at 12 KiB + 3 KiB: past the UMEM's 16 KiB.
     let out = d.exec(&rq_in_umem(uid, cqn, pd, id, 0x3c00 + 0x100), 0x10);
     assert_eq!(
