@@ -90,7 +90,10 @@ impl Firmware {
         self.check_uid(i::UID.get(input))?;
         let c = &input[i::CTX.off / 8..][..tirc::SIZE_BYTES];
         let td = tirc::TRANSPORT_DOMAIN.get(c) as u32;
-        if !lock(&inner.rdma.tds).contains(&td) {
+        // Domain 0 is the firmware's own, as PD 0 is for a WQ: DPDK's mlx5
+        // PMD makes its drop TIR at probe with the domain it has not
+        // allocated yet (`sh->tdn`, 0 until its first Tx queue).
+        if td != 0 && !lock(&inner.rdma.tds).contains(&td) {
             return Err(fail(CmdStatus::BadResource, synd::TIR_BAD_TD));
         }
         self.check_tirc(c)?;

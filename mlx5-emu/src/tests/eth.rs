@@ -224,6 +224,19 @@ fn tis_rq_rqt_tir_sq_as_mlx5e_makes_them_with_their_checks() {
     );
     let direct = num(&e.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0));
     assert_eq!(e.tir(7, rqn, 0)[0], BAD_PARAM, "bad disp_type");
+    // A transport domain that does not exist is refused; domain 0 is the
+    // firmware's own (DPDK's drop TIR at probe names it).
+    let td = e.td;
+    e.td = td + 7;
+    assert_eq!(
+        e.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0)[0],
+        BAD_RES,
+        "unknown TD"
+    );
+    e.td = 0;
+    let td0 = num(&e.tir(TIRC_DISP_TYPE_DIRECT, rqn, 0));
+    e.td = td;
+    assert_eq!(e.destroy(0x902, destroy_tir_in::TIRN, td0), 0);
 
     // SQ: 64-byte WQEBBs, through the TIS; RST->ERR is no move.
     assert_eq!(e.sq(tisn + 1, 6)[0], BAD_RES, "unknown TIS");
