@@ -1,19 +1,20 @@
-# Sourced by featured.sh (/guest/dpdk.sh in the guest). dpdk_pair IB0 IB1:
-# DPDK's testpmd with its mlx5 PMD (Debian's 24.11, over mlx5_ib: DevX
-# queues, verbs flows) between the two functions (issue 26). First
-# `rxonly` on IB1's function and `txonly` on IB0's, two processes, each
-# stopped by SIGINT after DPDK_SECONDS; then one process with both ports
-# in `io` mode (--tx-first: each port sends a burst, then every frame
-# received on one port is sent on the other, back and forth over the
-# cable). testpmd prints its per-port forward statistics when it stops;
-# the lines the host checks start with "=== dpdk ".
+# Sourced by featured.sh (/guest/dpdk.sh in the guest). dpdk_pair IB0 IB1
+# LABEL DEVARGS [noio]: DPDK's testpmd with its mlx5 PMD (Debian's 24.11, over
+# mlx5_ib) between the two functions (issue 26), the PMD configured by
+# DEVARGS ("-": none, DPDK's defaults). First `rxonly` on IB1's function
+# and `txonly` on IB0's, two processes, each stopped by SIGINT after
+# DPDK_SECONDS; then one process with both ports in `io` mode
+# (--tx-first: each port sends a burst, then every frame received on one
+# port is sent on the other, back and forth over the cable; not with
+# `noio`). testpmd
+# prints its per-port forward statistics when it stops; the lines the
+# host checks start with "=== dpdk LABEL-". Both ports are promiscuous
+# (testpmd's default), so what the netdevs' own stacks send in the
+# meantime arrives too: each phase prints the two netdevs' tx_packets
+# growth beside testpmd's counts.
 #
-# Under TCG: no huge pages (--no-huge; --in-memory refuses it), 2048 mbufs, the
-# devargs that keep the PMD on the paths the kernel offers the model
-# (dv_flow_en=0: flows through ibv_create_flow; no CQE compression, which
-# no profile offers; no legacy MPW).
+# Under TCG: no huge pages (--no-huge; --in-memory refuses it), 2048 mbufs.
 DPDK_SECONDS=${DPDK_SECONDS:-8}
-DPDK_ARGS="dv_flow_en=0,rxq_cqe_comp_en=0,txq_mpw_en=0"
 
 dpdk_pci() { basename "$(readlink -f "/sys/class/infiniband/$1/device")"; }
 
@@ -26,7 +27,7 @@ dpdk_run() {
     shift 2
     eal=""
     while [ "$1" != -- ]; do
-        eal="$eal -a $1,$DPDK_ARGS"
+        eal="$eal -a $1${DPDK_ARGS:+,$DPDK_ARGS}"
         shift
     done
     shift
@@ -60,7 +61,7 @@ dpdk_stop() {
     wait "$2"
     rc=$?
     echo "=== dpdk $1 rc=$rc"
-    [ $rc = 0 ] || tail -5 "/tmp/dpdk.$1" | sed 's/^/=== dpdk '"$1"' tail: /' 
+    [ $rc = 0 ] || tail -5 "/tmp/dpdk.$1" | sed 's/^/=== dpdk '"$1"' tail: /'
     sed -n '/Waiting for lcores to finish/,/Accumulated forward statistics/p' "/tmp/dpdk.$1" |
         awk -v tag="$1" '
             /Forward statistics for port/ { port = $(NF - 1) }
@@ -70,27 +71,45 @@ dpdk_stop() {
         sed 's/^/=== dpdk '"$1"' log: /'
 }
 
+# dpdk_kernel_tx IB: tx_packets of IB's netdev (mlx5e's own queues).
+dpdk_kernel_tx() {
+    cat "/sys/class/infiniband/$1/device/net/"*/statistics/tx_packets 2>/dev/null || echo 0
+}
+
+# dpdk_phase TAG IB0 IB1: the netdevs' tx growth since dpdk_mark.
+dpdk_mark() { k0=$(dpdk_kernel_tx "$1") k1=$(dpdk_kernel_tx "$2"); }
+dpdk_phase() {
+    echo "=== dpdk $1 kernel $(($(dpdk_kernel_tx "$2") - k0)) $(($(dpdk_kernel_tx "$3") - k1))"
+}
+
 dpdk_pair() {
     # The PMD's control socket (/var/tmp/dpdk_net_mlx5_PID).
-    mount -t tmpfs vartmp /var/tmp
+    grep -q ' /var/tmp ' /proc/mounts || mount -t tmpfs vartmp /var/tmp
+    DPDK_ARGS=$4
+    [ "$DPDK_ARGS" = - ] && DPDK_ARGS=
+    l=$3
     a=$(dpdk_pci "$1") b=$(dpdk_pci "$2")
-    echo "=== dpdk ports $1=$a $2=$b"
-    dpdk_run rx '0@0,1@1' "$b" -- --forward-mode=rxonly
+    echo "=== dpdk $l-ports $1=$a $2=$b devargs ${DPDK_ARGS:-none}"
+    dpdk_mark "$1" "$2"
+    dpdk_run "$l-rx" '0@0,1@1' "$b" -- --forward-mode=rxonly
     rx=$DPDK_PID
-    dpdk_wait_forwarding rx $rx
-    mac=$(sed -n 's/.*Port 0: \([0-9A-Fa-f:]*\).*/\1/p' /tmp/dpdk.rx | head -1)
-    echo "=== dpdk rx forwarding on $b, MAC ${mac:-none}"
-    sed -n "s/.*RTE Version: '\(.*\)'.*/=== dpdk version \1/p" /tmp/dpdk.rx | head -1
-    dpdk_run tx '0@1,1@0' "$a" -- --forward-mode=txonly --eth-peer="0,${mac:-02:00:00:00:00:00}"
+    dpdk_wait_forwarding "$l-rx" $rx
+    mac=$(sed -n 's/.*Port 0: \([0-9A-Fa-f:]*\).*/\1/p' "/tmp/dpdk.$l-rx" | head -1)
+    sed -n "s/.*RTE Version: '\(.*\)'.*/=== dpdk $l-version \1/p" "/tmp/dpdk.$l-rx" | head -1
+    dpdk_run "$l-tx" '0@1,1@0' "$a" -- --forward-mode=txonly --eth-peer="0,${mac:-02:00:00:00:00:00}"
     tx=$DPDK_PID
-    dpdk_wait_forwarding tx $tx
+    dpdk_wait_forwarding "$l-tx" $tx
     sleep "$DPDK_SECONDS"
-    dpdk_stop tx $tx
+    dpdk_stop "$l-tx" $tx
     sleep 2
-    dpdk_stop rx $rx
-    dpdk_run io '0@0,1@1' "$a" "$b" -- --forward-mode=io --tx-first
+    dpdk_stop "$l-rx" $rx
+    dpdk_phase "$l-txonly" "$1" "$2"
+    [ "${5:-}" = noio ] && return
+    dpdk_mark "$1" "$2"
+    dpdk_run "$l-io" '0@0,1@1' "$a" "$b" -- --forward-mode=io --tx-first
     io=$DPDK_PID
-    dpdk_wait_forwarding io $io
+    dpdk_wait_forwarding "$l-io" $io
     sleep "$DPDK_SECONDS"
-    dpdk_stop io $io
+    dpdk_stop "$l-io" $io
+    dpdk_phase "$l-io" "$1" "$2"
 }

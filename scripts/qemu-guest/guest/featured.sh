@@ -110,10 +110,17 @@ tail -5 /tmp/suite.log | sed 's/^/=== suite log: /'
 # "Player <side> got: <exception>" and exits; the result line only says
 # that a side failed).
 grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite side: /'
-# DPDK's testpmd between the two functions (dpdk.sh, issue 26): its mlx5
-# PMD's queues and flows through mlx5_ib, beside the netdevs.
+# DPDK's testpmd between the two functions (dpdk.sh, issue 26), beside
+# the netdevs: its mlx5 PMD with queues and flows through verbs
+# (dv_flow_en=0), then with DPDK's defaults (DevX queues in UMEMs, DV
+# flows, eMPW); txonly to rxonly only. (Its io mode multiplies any
+# multicast frame a netdev sends into the loop: the model loops a
+# function's multicast back to itself whatever the vport's
+# disable_mc_local_lb, which mlx5_ib leaves set on a real card unless it
+# needs loopback: issue 26.)
 . /guest/dpdk.sh
-dpdk_pair mlx5_0 mlx5_1
+dpdk_pair mlx5_0 mlx5_1 verbs dv_flow_en=0 noio
+dpdk_pair mlx5_0 mlx5_1 devx - noio
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).
 set -- $netdevs
