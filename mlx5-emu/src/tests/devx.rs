@@ -41,6 +41,24 @@ fn create_uctx(d: &mut Drv) -> u16 {
     create_uctx_out::UID.get(&d.ok(&cmd_in(0xa04, 0, 0x40), 0x10)) as u16
 }
 
+/// [`cx5`] with 16 KiB of memory mapped at UMEM_IOVA (kept by the caller).
+fn cx5_with_umem_memory() -> (Drv, std::sync::Arc<DmaBuffer>) {
+    let mut d = cx5();
+    let mem = DmaBuffer::new(4 * 4096).unwrap();
+    d.f.dma_map(Iova(UMEM_IOVA), &mem).unwrap();
+    (d, mem)
+}
+
+/// The driver's UAR and an EQ on it, then a user context and a UAR of
+/// it: (driver's UAR, EQ, uid, the context's UAR).
+fn user_context(d: &mut Drv) -> (u32, u8, u16, u32) {
+    let uar0 = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
+    let eqn = create_eq(d, uar0, 6, 1, 0);
+    let uid = create_uctx(d);
+    let uar = alloc_uar(d, uid);
+    (uar0, eqn, uid, uar)
+}
+
 /// A UMEM of `pages` 4 KiB pages at UMEM_IOVA + `at`, under `uid`.
 fn umem_cmd(uid: u16, at: u64, pages: usize, flags: u64) -> Vec<u8> {
     let mut c = cmd_in(0xa08, 0, create_umem_in::SIZE_BYTES + 8 * pages);
@@ -129,14 +147,9 @@ fn cx5_reports_devx_and_cx4lx_refuses_it() {
 
 #[test]
 fn umem_backs_a_cq_and_is_kept_while_used() {
-    let mut d = cx5();
-    let mem = DmaBuffer::new(4 * 4096).unwrap();
-    d.f.dma_map(Iova(UMEM_IOVA), &mem).unwrap();
-    let uar0 = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
-    let eqn = create_eq(&mut d, uar0, 6, 1, 0);
-    let uid = create_uctx(&mut d);
+    let (mut d, _mem) = cx5_with_umem_memory();
+    let (uar0, eqn, uid, uar) = user_context(&mut d);
     assert_ne!(uid, 0);
-    let uar = alloc_uar(&mut d, uid);
     // rd_en | wr_en on every entry.
     let id = create_umem_out::UMEM_ID.get(&d.ok(&umem_cmd(uid, 0, 4, 3), 0x10)) as u32;
     // The driver's UAR (uid 0) is not the context's to use.
@@ -477,13 +490,8 @@ fn rq_in_umem(uid: u16, cqn: u32, pd: u32, id: u32, off: u64) -> Vec<u8> {
 #[test]
 fn umem_backs_an_rq_as_dpdk_makes_them() {
     use mlx5_hw::ifc::{create_rq_out, destroy_rq_in};
-    let mut d = cx5();
-    let mem = DmaBuffer::new(4 * 4096).unwrap();
-    d.f.dma_map(Iova(UMEM_IOVA), &mem).unwrap();
-    let uar0 = be32(&d.ok(&cmd_in(0x802, 0, 16), 16), 8);
-    let eqn = create_eq(&mut d, uar0, 6, 1, 0);
-    let uid = create_uctx(&mut d);
-    let uar = alloc_uar(&mut d, uid);
+    let (mut d, _mem) = cx5_with_umem_memory();
+    let (_, eqn, uid, uar) = user_context(&mut d);
     let pd = alloc_pd(&mut d, uid);
     let id = create_umem_out::UMEM_ID.get(&d.ok(&umem_cmd(uid, 0, 4, 3), 0x10)) as u32;
     let out = d.ok(&cq_in_umem(uid, uar, eqn, id, 0x2000, 0x40), 0x10);
