@@ -43,7 +43,7 @@ fn create_uctx(d: &mut Drv) -> u16 {
 
 /// [`cx5`] with 16 KiB of memory mapped at UMEM_IOVA (kept by the caller).
 fn cx5_with_umem_memory() -> (Drv, std::sync::Arc<DmaBuffer>) {
-    let mut d = cx5();
+    let d = cx5();
     let mem = DmaBuffer::new(4 * 4096).unwrap();
     d.f.dma_map(Iova(UMEM_IOVA), &mem).unwrap();
     (d, mem)
