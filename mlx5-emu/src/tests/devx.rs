@@ -59,6 +59,13 @@ fn user_context(d: &mut Drv) -> (u32, u8, u16, u32) {
     (uar0, eqn, uid, uar)
 }
 
+/// DESTROY_UMEM of `id` under `uid`.
+fn destroy_umem_cmd(uid: u16, id: u32) -> Vec<u8> {
+    let mut du = uid_cmd(0xa0a, uid, destroy_umem_in::SIZE_BYTES);
+    destroy_umem_in::UMEM_ID.set(&mut du, u64::from(id));
+    du
+}
+
 /// A UMEM of `pages` 4 KiB pages at UMEM_IOVA + `at`, under `uid`.
 fn umem_cmd(uid: u16, at: u64, pages: usize, flags: u64) -> Vec<u8> {
     let mut c = cmd_in(0xa08, 0, create_umem_in::SIZE_BYTES + 8 * pages);
@@ -195,9 +202,7 @@ fn umem_backs_a_cq_and_is_kept_while_used() {
         bad(CmdStatus::BadParameter, synd::BAD_UID)
     );
     // The UMEM is in use; the context has objects.
-    let mut du = cmd_in(0xa0a, 0, destroy_umem_in::SIZE_BYTES);
-    du[2..4].copy_from_slice(&uid.to_be_bytes());
-    destroy_umem_in::UMEM_ID.set(&mut du, u64::from(id));
+    let du = destroy_umem_cmd(uid, id);
     assert_eq!(
         status(&d.exec(&du, 0x10)),
         bad(CmdStatus::BadResourceState, synd::UMEM_IN_USE)
@@ -512,9 +517,7 @@ fn umem_backs_an_rq_as_dpdk_makes_them() {
     );
     let out = d.ok(&rq_in_umem(uid, cqn, pd, id, 0x1000), 0x10);
     let rqn = create_rq_out::RQN.get(&out) as u32;
-    let mut du = cmd_in(0xa0a, 0, destroy_umem_in::SIZE_BYTES);
-    du[2..4].copy_from_slice(&uid.to_be_bytes());
-    destroy_umem_in::UMEM_ID.set(&mut du, u64::from(id));
+    let du = destroy_umem_cmd(uid, id);
     assert_eq!(
         status(&d.exec(&du, 0x10)),
         bad(CmdStatus::BadResourceState, synd::UMEM_IN_USE)
