@@ -401,6 +401,14 @@ impl CapPages {
         // its queues through verbs, reports no `imissed`); later firmware
         // reports it and mlx5_ib binds them to the port's set at RST2RDY.
         self.set_both(GENERAL, cmd_hca_cap::MODIFY_RQ_COUNTER_SET_ID, 1);
+        // The vport's local loopback under the driver's control (the NIC
+        // vport context's disable_{uc,mc}_local_lb): 14.12 of the trace
+        // reports neither, so the loopback there stays on; on later firmware
+        // mlx5_core turns it off at load and mlx5_ib on while a second user
+        // transport domain or a self-loopback raw packet QP exists, so a
+        // single DPDK process does not hear its own multicast sends.
+        self.set_both(GENERAL, cmd_hca_cap::DISABLE_LOCAL_LB_UC, 1);
+        self.set_both(GENERAL, cmd_hca_cap::DISABLE_LOCAL_LB_MC, 1);
         // NIC RX flow tables that chain (Linux's FS_CHAINING_CAPS:
         // flow_modify_en, modify_root, identified_miss_table_mode,
         // flow_table_modify): 14.12 of the trace reports modify_root only,

@@ -192,6 +192,7 @@ pub(crate) mod synd {
     pub const VPORT_OTHER: u32 = 0x2b07_0002;
     pub const VPORT_BAD_GID_INDEX: u32 = 0x2b07_0003;
     pub const VPORT_BAD_PKEY_INDEX: u32 = 0x2b07_0004;
+    pub const VPORT_LOCAL_LB_NOT_SUPPORTED: u32 = 0x2b07_0005;
     pub const BAD_PAS: u32 = 0x1f00_0001;
     pub const PD_EXHAUSTED: u32 = 0x5d00_0001;
     pub const PD_UNKNOWN: u32 = 0x5d00_0002;
@@ -764,8 +765,8 @@ impl Firmware {
             O::QueryHcaVportContext => self.query_hca_vport_context(input, outlen),
             O::QueryHcaVportGid => self.query_hca_vport_gid(input, outlen),
             O::QueryHcaVportPkey => self.query_hca_vport_pkey(input, outlen),
-            O::QueryNicVportContext => self.query_nic_vport_context(input, outlen),
-            O::ModifyNicVportContext => self.modify_nic_vport_context(input, outlen),
+            O::QueryNicVportContext => self.query_nic_vport_context(inner, input, outlen),
+            O::ModifyNicVportContext => self.modify_nic_vport_context(inner, input, outlen),
             O::AllocPd => self.alloc_pd(inner, input, outlen),
             O::DeallocPd => self.dealloc_pd(inner, input, outlen),
             O::AllocTransportDomain => self.alloc_transport_domain(inner, input, outlen),

@@ -545,6 +545,73 @@ fn multicast_loops_back_to_the_sender_unless_its_tir_blocks_it() {
     assert_eq!(ac.dropped.load(Ordering::Relaxed), 0);
 }
 
+/// The vport's local loopback under MODIFY_NIC_VPORT_CONTEXT: on a card
+/// announcing `disable_local_lb_uc`/`_mc` (ConnectX-5 and later), a vport
+/// context with `disable_mc_local_lb` set keeps a function's multicast
+/// sends off its own NIC RX, QUERY_NIC_VPORT_CONTEXT reports both bits,
+/// and clearing them (mlx5_ib's `mlx5_ib_enable_lb`) brings the loopback
+/// back; 14.12 of the trace announces neither and refuses the selection.
+#[test]
+fn a_vport_with_local_loopback_disabled_does_not_hear_its_own_multicast() {
+    use mlx5_hw::ifc::{
+        modify_nic_vport_context_in as mod_in, modify_nic_vport_field_select as sel,
+        nic_vport_context as nvc, query_nic_vport_context_in, query_nic_vport_context_out as q_out,
+    };
+    let lb = |e: &mut Eth, disabled: bool| {
+        let mut c = cmd_in(0x755, 0, mod_in::SIZE_BYTES);
+        let fs = mod_in::FIELD_SELECT.off / 8;
+        sel::DISABLE_UC_LOCAL_LB.set(&mut c[fs..], 1);
+        sel::DISABLE_MC_LOCAL_LB.set(&mut c[fs..], 1);
+        let x = &mut c[mod_in::NIC_VPORT_CONTEXT.off / 8..];
+        nvc::DISABLE_UC_LOCAL_LB.set(x, u64::from(disabled));
+        nvc::DISABLE_MC_LOCAL_LB.set(x, u64::from(disabled));
+        e.d.exec(&c, 16)[0]
+    };
+    let queried = |e: &mut Eth| {
+        let c = cmd_in(0x754, 0, query_nic_vport_context_in::SIZE_BYTES);
+        let out = e.d.ok(&c, q_out::SIZE_BYTES);
+        let x = &out[q_out::NIC_VPORT_CONTEXT.off / 8..];
+        (
+            nvc::DISABLE_UC_LOCAL_LB.get(x),
+            nvc::DISABLE_MC_LOCAL_LB.get(x),
+        )
+    };
+    let (_fab, mut old, _) = pair_on(Profile::ConnectX4Lx);
+    assert_eq!(lb(&mut old, true), BAD_PARAM, "14.12 announces neither");
+    assert_eq!(queried(&mut old), (0, 0));
+
+    let (_fab, mut a, _b) = pair_on(Profile::ConnectX7);
+    assert_eq!(queried(&mut a), (0, 0), "loopback on after reset");
+    let lkey = a.rw_mkey();
+    let rq = a.ready_rq(0);
+    a.post_recv(0, lkey, 8);
+    let open = a.self_lb_tir(rq, TIRC_SELF_LB_BLOCK_BLOCK_UNICAST);
+    let t = a.udp_table();
+    assert_eq!(a.udp_rule(t, 0, 2000, Some(open), None), 0);
+    let sqn = a.ready_sq();
+    let mut h = headers(5000, 2000, 64);
+    h[..6].copy_from_slice(&[0x01, 0x00, 0x5e, 0, 0, 1]);
+    // Disabled, as mlx5_core leaves it at load: the send completes and
+    // nothing comes back.
+    assert_eq!(lb(&mut a, true), 0);
+    assert_eq!(queried(&mut a), (1, 1));
+    a.send(sqn, 0, &h, lkey, 0, 64);
+    assert_eq!(a.cqe(0)[63] >> 4, CqeOpcode::Req.to_raw());
+    super::settle(a.d.f.model());
+    assert_eq!(a.bufs[0].load_u8_acquire(64 + 63).unwrap() >> 4, 0xf);
+    // Enabled again: the next multicast send comes back to the RQ.
+    assert_eq!(lb(&mut a, false), 0);
+    assert_eq!(queried(&mut a), (0, 0));
+    a.send(sqn, 2, &h, lkey, 512, 64);
+    let mut received = Vec::new();
+    for n in 1..3 {
+        if a.cqe(n)[63] >> 4 != CqeOpcode::Req.to_raw() {
+            received.push(rx_cqe(&a, n).0);
+        }
+    }
+    assert_eq!(received, vec![rq]);
+}
+
 #[test]
 fn rss_spreads_by_toeplitz_over_the_rq_table() {
     let (_fab, mut a, mut b) = pair();

@@ -71,6 +71,24 @@ pub(crate) struct EthRx {
     pub plan: RwLock<Arc<Plan>>,
     /// Flow counters: packets and octets, by counter id.
     pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
+    /// The vport's local loopback as its NIC vport context sets it.
+    pub local_lb: LocalLb,
+}
+
+/// The NIC vport context's `disable_uc_local_lb` and `disable_mc_local_lb`
+/// (MODIFY_NIC_VPORT_CONTEXT, where the card announces
+/// `disable_local_lb_uc`/`_mc`): whether the e-switch hands a frame the
+/// function sends back to its own NIC RX. Both clear (loopback on) after
+/// reset; Linux's mlx5_core sets both at load
+/// (`mlx5_core_set_hca_defaults`) and mlx5_ib clears them while a second
+/// user transport domain or a self-loopback raw packet QP exists
+/// (`mlx5_ib_enable_lb`).
+#[derive(Debug, Default)]
+pub(crate) struct LocalLb {
+    /// `disable_uc_local_lb`.
+    pub uc_disabled: AtomicBool,
+    /// `disable_mc_local_lb`.
+    pub mc_disabled: AtomicBool,
 }
 
 impl EthRx {
@@ -79,6 +97,8 @@ impl EthRx {
         super::wlock(&self.rqs).clear();
         *super::wlock(&self.plan) = Arc::default();
         lock(&self.flow_counts).clear();
+        self.local_lb.uc_disabled.store(false, Ordering::Relaxed);
+        self.local_lb.mc_disabled.store(false, Ordering::Relaxed);
     }
 
     /// Packets and octets counter `id` counted (0 when never).
@@ -532,22 +552,22 @@ pub(crate) fn transmit(src: &Rdma, frame: &[u8], td: Option<u32>) {
 
 /// The vport's local loopback: a frame the function sends to a multicast
 /// or broadcast address comes back to its own NIC RX as well (the
-/// e-switch delivers it to the vport as to any other; a unicast to the
-/// function's own MAC, which the e-switch would loop back too, is not
-/// modelled: it goes to the cable only), where
-/// a TIR of the sending SQ's transport domain refuses it if its
+/// e-switch delivers it to the vport as to any other) unless the vport
+/// context's `disable_mc_local_lb` is set ([`LocalLb`]; a unicast to the
+/// function's own MAC, which the e-switch would loop back too unless
+/// `disable_uc_local_lb`, is not modelled: it goes to the cable only).
+/// There a TIR of the sending SQ's transport domain refuses it if its
 /// `self_lb_block` covers the kind (mlx5e's TIRs block both, so a netdev
 /// never hears itself; a raw packet QP's TIR of another context takes
-/// what a first context sends, as rdma-core's flow tests expect). The
-/// vport context's `disable_{uc,mc}_local_lb` stay off: the model
-/// announces neither `disable_local_lb_uc` nor `_mc` to turn them on.
+/// what a first context sends, as rdma-core's flow tests expect, mlx5_ib
+/// having turned the loopback on for the second context).
 /// A copy no RQ takes is not counted.
 fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
     let Some(dmac) = frame.get(..6) else {
         return;
     };
     let multicast = dmac[0] & 1 != 0;
-    if multicast {
+    if multicast && !src.eth_rx.local_lb.mc_disabled.load(Ordering::Relaxed) {
         receive_from(src, frame, Some(Looped { td, multicast }));
     }
 }

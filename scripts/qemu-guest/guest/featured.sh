@@ -113,14 +113,10 @@ grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite 
 # DPDK's testpmd between the two functions (dpdk.sh, issue 26), beside
 # the netdevs: its mlx5 PMD with queues and flows through verbs
 # (dv_flow_en=0), then with DPDK's defaults (DevX queues in UMEMs, DV
-# flows, eMPW); txonly to rxonly only. (Its io mode multiplies any
-# multicast frame a netdev sends into the loop: the model loops a
-# function's multicast back to itself whatever the vport's
-# disable_mc_local_lb, which mlx5_ib leaves set on a real card unless it
-# needs loopback: issue 26.)
+# flows, eMPW); txonly to rxonly, then io both ways.
 . /guest/dpdk.sh
-dpdk_pair mlx5_0 mlx5_1 verbs dv_flow_en=0 noio
-dpdk_pair mlx5_0 mlx5_1 devx - noio
+dpdk_pair mlx5_0 mlx5_1 verbs dv_flow_en=0
+dpdk_pair mlx5_0 mlx5_1 devx -
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).
 set -- $netdevs

@@ -41,6 +41,8 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_sends_by_enhanced_multi_packet_wqes",
     "cx7/dpdk_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_defaults_testpmd_txonly_reaches_rxonly",
+    "cx7/dpdk_testpmd_io_forwards_both_ways",
+    "cx7/dpdk_defaults_testpmd_io_forwards_both_ways",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -184,6 +186,10 @@ fn dpdk_port(lines: &[&str], tag: &str, port: u32) -> Option<PortStats> {
 /// PMD's default ring of 512 and a burst, with room.
 const DPDK_TX_QUEUED: u64 = 1024;
 
+/// Frames circulating in `io` mode: `--tx-first` sends one burst of 32
+/// from each port, and io forwards what it receives, nothing more.
+const DPDK_IO_LOOP: u64 = 64;
+
 /// The two netdevs' own frames during a phase (`=== dpdk TAG kernel K0
 /// K1`): both ports are promiscuous, so these may arrive beside
 /// testpmd's (an upper bound: some go elsewhere).
@@ -196,11 +202,17 @@ fn dpdk_kernel(lines: &[&str], tag: &str) -> Option<(u64, u64)> {
 
 /// DPDK's testpmd with its mlx5 PMD over mlx5_ib (`dpdk.sh`), with its
 /// queues and flows through verbs (`verbs`) and with DPDK's defaults
-/// (`devx`: DevX queues in UMEMs, DV flows): `txonly` on mlx5_0's
+/// (`devx`: DevX queues in UMEMs, DV flows). `txonly` on mlx5_0's
 /// function to `rxonly` on mlx5_1's: every frame sent (testpmd's and
-/// the netdevs' own) arrived or was counted missed by the
-/// receiving device, except what the sender's queue held when it
-/// stopped.
+/// the netdevs' own) arrived or was counted missed by the receiving
+/// device, except what the sender's queue held when it stopped. Then
+/// `io` with both ports in one process, each forwarding what the other
+/// sends: no frame lost or made up (each direction's received is at most
+/// what was sent plus what the netdevs sent into the loop, and sent less
+/// received at most what is in flight). A function's own multicast is
+/// not looped back to it (mlx5_core leaves the vport's local loopback
+/// off, one user transport domain per device does not turn it on): were
+/// it, each multicast frame a netdev sends would double at every pass.
 fn judge_dpdk(t: &mut Tally, console: &str, log: &str) {
     let lines = tagged(console, "dpdk ");
     let rc_ok = |tag: &str| lines.contains(&format!("{tag} rc=0").as_str());
@@ -214,8 +226,7 @@ fn judge_dpdk(t: &mut Tally, console: &str, log: &str) {
         ) {
             (Some(s), Some(r), Some((k0, k1))) if rc_ok(&tag("tx")) && rc_ok(&tag("rx")) => {
                 // The netdevs' own frames may arrive too: the sender's
-                // across the cable, the receiver's multicast by the
-                // model's local loopback.
+                // across the cable.
                 let (arrived, sent) = (r.rx + r.missed, s.tx + k0 + k1);
                 if r.rx > 0 && arrived <= sent && sent - arrived <= DPDK_TX_QUEUED {
                     println!(
@@ -230,6 +241,32 @@ fn judge_dpdk(t: &mut Tally, console: &str, log: &str) {
             _ => Err(why("no statistics from both testpmd runs")),
         };
         t.check(&format!("cx7/{check}_txonly_reaches_rxonly"), txonly);
+        let io = match (
+            dpdk_port(&lines, &tag("io"), 0),
+            dpdk_port(&lines, &tag("io"), 1),
+            dpdk_kernel(&lines, &tag("io")),
+        ) {
+            (Some(p0), Some(p1), Some((k0, k1))) if rc_ok(&tag("io")) => {
+                let k = k0 + k1;
+                let ok = [(p0, p1), (p1, p0)].iter().all(|(from, to)| {
+                    to.missed == 0
+                        && to.rx > DPDK_IO_LOOP
+                        && to.rx <= from.tx + k
+                        && from.tx <= to.rx + DPDK_IO_LOOP + k
+                });
+                if ok {
+                    println!(
+                        "qemu_mlx5: dpdk {l} io forwarded {} and {} frames (+{k} by the netdevs)",
+                        p0.tx, p1.tx
+                    );
+                    Ok(())
+                } else {
+                    Err(why("an io direction lost, missed or made up frames"))
+                }
+            }
+            _ => Err(why("no statistics from the io run")),
+        };
+        t.check(&format!("cx7/{check}_io_forwards_both_ways"), io);
     }
 }
 
