@@ -103,6 +103,26 @@ pub struct PortState {
     pub eth_proto_oper: u32,
     /// The protocol the link trains to when it comes up.
     pub eth_proto_up: u32,
+    /// Flow control (PFCC): global pause and per-priority PFC.
+    pub flow: FlowControl,
+}
+
+/// The port's flow control as PFCC sets it. Global pause starts on both
+/// ways (`ethtool -a` on a fresh ConnectX port); it and per-priority flow
+/// control exclude each other. The model's cable never pauses: this is
+/// what the driver configured, not a behaviour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowControl {
+    /// Global pause: send (`pptx`) and honour (`pprx`) pause frames.
+    pub pause_tx: bool,
+    pub pause_rx: bool,
+    /// Per-priority flow control, one bit per priority (`pfctx`, `pfcrx`).
+    pub pfc_tx: u8,
+    pub pfc_rx: u8,
+    /// Device-stall watermarks (`device_stall_minor_watermark`,
+    /// `_critical_`), in milliseconds; 0: off.
+    pub stall_minor: u16,
+    pub stall_critical: u16,
 }
 
 /// PTYS eth_proto bits (legacy field, mlx5_ifc's `mlx5e_link_modes`).
@@ -133,6 +153,14 @@ impl PortState {
             eth_proto_admin: cap,
             eth_proto_oper: 0,
             eth_proto_up: up,
+            flow: FlowControl {
+                pause_tx: true,
+                pause_rx: true,
+                pfc_tx: 0,
+                pfc_rx: 0,
+                stall_minor: 0,
+                stall_critical: 0,
+            },
         }
     }
 }

@@ -4,7 +4,8 @@
 use mlx5_hw::event::EventType;
 use mlx5_hw::ifc::EqePortState;
 use mlx5_hw::ifc::{
-    access_register_in, access_register_out, dtor_reg, paos_reg, pmtu_reg, ppcnt_reg, ptys_reg,
+    access_register_in, access_register_out, dtor_reg, paos_reg, pfcc_reg, pmtu_reg, ppcnt_reg,
+    ptys_reg,
 };
 use mlx5_hw::init::{RegisterId, ACCESS_REG_OP_MOD_READ, ACCESS_REG_OP_MOD_WRITE};
 use mlx5_hw::status::CmdStatus;
@@ -69,6 +70,7 @@ impl Firmware {
             RegisterId::Dtor => dtor_reg::SIZE_BYTES,
             RegisterId::NodeDesc => NODE_DESC_BYTES,
             RegisterId::Ppcnt => ppcnt_reg::SIZE_BYTES,
+            RegisterId::Pfcc => pfcc_reg::SIZE_BYTES,
             _ => {
                 tracing::debug!(register_id = %id, "unknown register");
                 return Err(fail(CmdStatus::BadParameter, synd::REG_UNKNOWN));
@@ -104,6 +106,7 @@ impl Firmware {
             }
             RegisterId::Paos => self.paos(inner, op, &mut reg)?,
             RegisterId::Ppcnt => self.ppcnt(inner, op, &mut reg)?,
+            RegisterId::Pfcc => self.pfcc(op, &mut reg)?,
             RegisterId::NodeDesc => {
                 if op == WRITE {
                     self.node_desc.copy_from_slice(&reg);
@@ -149,6 +152,53 @@ impl Firmware {
         let mut out = vec![0u8; access_register_out::SIZE_BYTES + size];
         out[access_register_out::SIZE_BYTES..].copy_from_slice(&reg);
         Ok(out)
+    }
+
+    /// PFCC: the port's flow control. A write sets global pause both
+    /// ways unless `pptx_mask_n`/`pprx_mask_n` (Linux's
+    /// `mlx5_set_port_pause`), the PFC bits of the priorities in
+    /// `prio_mask_tx`/`_rx` (`mlx5_set_port_pfc`), and the stall
+    /// watermarks their masks select (`mlx5_set_port_stall_watermark`); a
+    /// result with global pause and PFC both on is refused (bad value).
+    /// A read reports them.
+    fn pfcc(&mut self, op: u64, reg: &mut [u8]) -> Result<(), super::Fail> {
+        use pfcc_reg as r;
+        check_port(r::LOCAL_PORT.get(reg))?;
+        if op == WRITE {
+            let mut f = self.port.flow;
+            if r::PPTX_MASK_N.get(reg) == 0 {
+                f.pause_tx = r::PPTX.get(reg) != 0;
+            }
+            if r::PPRX_MASK_N.get(reg) == 0 {
+                f.pause_rx = r::PPRX.get(reg) != 0;
+            }
+            let (mtx, mrx) = (
+                r::PRIO_MASK_TX.get(reg) as u8,
+                r::PRIO_MASK_RX.get(reg) as u8,
+            );
+            f.pfc_tx = f.pfc_tx & !mtx | r::PFCTX.get(reg) as u8 & mtx;
+            f.pfc_rx = f.pfc_rx & !mrx | r::PFCRX.get(reg) as u8 & mrx;
+            if r::MINOR_STALL_MASK.get(reg) != 0 {
+                f.stall_minor = r::DEVICE_STALL_MINOR_WATERMARK.get(reg) as u16;
+            }
+            if r::CRITICAL_STALL_MASK.get(reg) != 0 {
+                f.stall_critical = r::DEVICE_STALL_CRITICAL_WATERMARK.get(reg) as u16;
+            }
+            if (f.pause_tx || f.pause_rx) && (f.pfc_tx | f.pfc_rx) != 0 {
+                return Err(fail(CmdStatus::BadParameter, synd::REG_BAD_VALUE));
+            }
+            self.port.flow = f;
+        }
+        let f = self.port.flow;
+        reg.fill(0);
+        r::LOCAL_PORT.set(reg, 1);
+        r::PPTX.set(reg, u64::from(f.pause_tx));
+        r::PPRX.set(reg, u64::from(f.pause_rx));
+        r::PFCTX.set(reg, u64::from(f.pfc_tx));
+        r::PFCRX.set(reg, u64::from(f.pfc_rx));
+        r::DEVICE_STALL_MINOR_WATERMARK.set(reg, u64::from(f.stall_minor));
+        r::DEVICE_STALL_CRITICAL_WATERMARK.set(reg, u64::from(f.stall_critical));
+        Ok(())
     }
 
     /// PPCNT: the port's counters, one group at a time. The IEEE 802.3

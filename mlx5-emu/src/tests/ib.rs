@@ -215,3 +215,68 @@ fn ptys_reports_the_cards_link_protocols() {
     assert_eq!(cx5.eth_proto_up, 1 << 20, "100GBASE-CR4");
     assert_ne!(cx5.eth_proto_cap & cx5.eth_proto_up, 0);
 }
+
+/// PFCC as mlx5e reads and writes it (`ethtool -a`/`-A`, `ethtool -S`'s
+/// per-priority counters, DCB): global pause on both ways from power-on;
+/// `mlx5_set_port_pause` turns it off, `mlx5_set_port_pfc` (every
+/// priority in the masks) turns PFC on for priority 3; a write leaving
+/// global pause and PFC both on is refused and changes nothing; a priority
+/// outside the write's mask keeps its bit.
+#[test]
+fn pfcc_keeps_global_pause_and_pfc_apart() {
+    use mlx5_hw::ifc::pfcc_reg as r;
+    let mut d = Drv::new();
+    d.bring_up();
+    let mut pfcc = |op: u16, edit: &dyn Fn(&mut [u8])| {
+        let mut c = cmd_in(0x805, op, access_register_in::SIZE_BYTES + r::SIZE_BYTES);
+        access_register_in::REGISTER_ID.set(&mut c, 0x5007);
+        let reg = &mut c[access_register_in::SIZE_BYTES..];
+        r::LOCAL_PORT.set(reg, 1);
+        edit(reg);
+        let out = d.exec(&c, 0x10 + r::SIZE_BYTES);
+        let reg = out.get(0x10..).unwrap_or_default().to_vec();
+        let got = |f: mlx5_hw::bits::BitField| {
+            if reg.len() >= r::SIZE_BYTES {
+                f.get(&reg)
+            } else {
+                0
+            }
+        };
+        (
+            out[0],
+            [got(r::PPTX), got(r::PPRX), got(r::PFCTX), got(r::PFCRX)],
+        )
+    };
+    const READ: u16 = 1;
+    const WRITE: u16 = 0;
+    assert_eq!(
+        pfcc(READ, &|_| {}),
+        (0, [1, 1, 0, 0]),
+        "pause on at power-on"
+    );
+    // PFC while global pause is on: refused, nothing changed.
+    let pfc3 = |reg: &mut [u8]| {
+        r::PPTX_MASK_N.set(reg, 1);
+        r::PPRX_MASK_N.set(reg, 1);
+        r::PFCTX.set(reg, 1 << 3);
+        r::PFCRX.set(reg, 1 << 3);
+        r::PRIO_MASK_TX.set(reg, 0xff);
+        r::PRIO_MASK_RX.set(reg, 0xff);
+    };
+    let refused = CmdStatus::BadParameter.to_raw();
+    assert_eq!(pfcc(WRITE, &pfc3).0, refused);
+    assert_eq!(pfcc(READ, &|_| {}), (0, [1, 1, 0, 0]));
+    // Pause off (mlx5_set_port_pause writes both bits, nothing else).
+    assert_eq!(pfcc(WRITE, &|_| {}), (0, [0, 0, 0, 0]));
+    assert_eq!(pfcc(WRITE, &pfc3), (0, [0, 0, 1 << 3, 1 << 3]));
+    // Priority 5 on, masked to it alone: 3 stays.
+    let pfc5 = |reg: &mut [u8]| {
+        r::PPTX_MASK_N.set(reg, 1);
+        r::PPRX_MASK_N.set(reg, 1);
+        r::PFCTX.set(reg, 0xff);
+        r::PRIO_MASK_TX.set(reg, 1 << 5);
+    };
+    assert_eq!(pfcc(WRITE, &pfc5), (0, [0, 0, 1 << 3 | 1 << 5, 1 << 3]));
+    // Another port: refused.
+    assert_eq!(pfcc(READ, &|reg| r::LOCAL_PORT.set(reg, 2)).0, refused);
+}

@@ -346,6 +346,7 @@ pub static LAYOUTS: &[&crate::registry::LayoutInfo] = &[
     &page_fault_resume_out::INFO,
     &paos_reg::INFO,
     &per_protocol_networking_offload_caps::INFO,
+    &pfcc_reg::INFO,
     &pkey::INFO,
     &pmtu_reg::INFO,
     &ppcnt_reg::INFO,

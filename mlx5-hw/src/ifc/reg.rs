@@ -263,6 +263,290 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> PmtuReg<T> {
     }
 }
 
+/// Constants and registry entry of [`PfccReg`] (`struct mlx5_ifc_pfcc_reg_bits`).
+pub mod pfcc_reg {
+    use crate::bits::BitField;
+    use crate::registry::{FieldInfo, FieldType, LayoutInfo, LayoutKind};
+
+    /// Size in bits.
+    pub const SIZE_BITS: usize = 0x100;
+    /// Size in bytes.
+    pub const SIZE_BYTES: usize = 0x20;
+    /// Place of `buf_ownership`: bit 0x4, 0x2 bits.
+    pub const BUF_OWNERSHIP: BitField = BitField::new(0x4, 0x2);
+    /// Place of `local_port`: bit 0x8, 0x8 bits.
+    pub const LOCAL_PORT: BitField = BitField::new(0x8, 0x8);
+    /// Place of `ppan_mask_n`: bit 0x1b, 0x1 bits.
+    pub const PPAN_MASK_N: BitField = BitField::new(0x1b, 0x1);
+    /// Place of `minor_stall_mask`: bit 0x1c, 0x1 bits.
+    pub const MINOR_STALL_MASK: BitField = BitField::new(0x1c, 0x1);
+    /// Place of `critical_stall_mask`: bit 0x1d, 0x1 bits.
+    pub const CRITICAL_STALL_MASK: BitField = BitField::new(0x1d, 0x1);
+    /// Place of `ppan`: bit 0x20, 0x4 bits.
+    pub const PPAN: BitField = BitField::new(0x20, 0x4);
+    /// Place of `prio_mask_tx`: bit 0x28, 0x8 bits.
+    pub const PRIO_MASK_TX: BitField = BitField::new(0x28, 0x8);
+    /// Place of `prio_mask_rx`: bit 0x38, 0x8 bits.
+    pub const PRIO_MASK_RX: BitField = BitField::new(0x38, 0x8);
+    /// Place of `pptx`: bit 0x40, 0x1 bits.
+    pub const PPTX: BitField = BitField::new(0x40, 0x1);
+    /// Place of `aptx`: bit 0x41, 0x1 bits.
+    pub const APTX: BitField = BitField::new(0x41, 0x1);
+    /// Place of `pptx_mask_n`: bit 0x42, 0x1 bits.
+    pub const PPTX_MASK_N: BitField = BitField::new(0x42, 0x1);
+    /// Place of `pfctx`: bit 0x48, 0x8 bits.
+    pub const PFCTX: BitField = BitField::new(0x48, 0x8);
+    /// Place of `pprx`: bit 0x60, 0x1 bits.
+    pub const PPRX: BitField = BitField::new(0x60, 0x1);
+    /// Place of `aprx`: bit 0x61, 0x1 bits.
+    pub const APRX: BitField = BitField::new(0x61, 0x1);
+    /// Place of `pprx_mask_n`: bit 0x62, 0x1 bits.
+    pub const PPRX_MASK_N: BitField = BitField::new(0x62, 0x1);
+    /// Place of `pfcrx`: bit 0x68, 0x8 bits.
+    pub const PFCRX: BitField = BitField::new(0x68, 0x8);
+    /// Place of `device_stall_minor_watermark`: bit 0x80, 0x10 bits.
+    pub const DEVICE_STALL_MINOR_WATERMARK: BitField = BitField::new(0x80, 0x10);
+    /// Place of `device_stall_critical_watermark`: bit 0x90, 0x10 bits.
+    pub const DEVICE_STALL_CRITICAL_WATERMARK: BitField = BitField::new(0x90, 0x10);
+    /// Registry entry: every field, reserved gaps included.
+    pub static INFO: LayoutInfo = LayoutInfo {
+        name: "pfcc_reg",
+        kind: LayoutKind::Struct,
+        size_bits: 0x100,
+        doc: "PFCC register (0x5007): the port's flow control: global pause",
+        fields: &[
+            FieldInfo { name: "reserved_at_0", bit_off: 0x0, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "buf_ownership", bit_off: 0x4, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_6", bit_off: 0x6, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "local_port", bit_off: 0x8, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_10", bit_off: 0x10, width: 0xb, ty: FieldType::Bits },
+            FieldInfo { name: "ppan_mask_n", bit_off: 0x1b, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "minor_stall_mask", bit_off: 0x1c, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "critical_stall_mask", bit_off: 0x1d, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_1e", bit_off: 0x1e, width: 0x2, ty: FieldType::Bits },
+            FieldInfo { name: "ppan", bit_off: 0x20, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_24", bit_off: 0x24, width: 0x4, ty: FieldType::Bits },
+            FieldInfo { name: "prio_mask_tx", bit_off: 0x28, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_30", bit_off: 0x30, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "prio_mask_rx", bit_off: 0x38, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "pptx", bit_off: 0x40, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "aptx", bit_off: 0x41, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "pptx_mask_n", bit_off: 0x42, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_43", bit_off: 0x43, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "pfctx", bit_off: 0x48, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_50", bit_off: 0x50, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "pprx", bit_off: 0x60, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "aprx", bit_off: 0x61, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "pprx_mask_n", bit_off: 0x62, width: 0x1, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_63", bit_off: 0x63, width: 0x5, ty: FieldType::Bits },
+            FieldInfo { name: "pfcrx", bit_off: 0x68, width: 0x8, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_70", bit_off: 0x70, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "device_stall_minor_watermark", bit_off: 0x80, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "device_stall_critical_watermark", bit_off: 0x90, width: 0x10, ty: FieldType::Bits },
+            FieldInfo { name: "reserved_at_a0", bit_off: 0xa0, width: 0x60, ty: FieldType::Bits },
+        ],
+    };
+}
+
+/// PFCC register (0x5007): the port's flow control: global pause
+/// (pptx/pprx) and per-priority flow control (pfctx/pfcrx, the priorities
+/// a write changes in prio_mask_tx/rx), the device-stall watermarks.
+///
+/// A view of `struct mlx5_ifc_pfcc_reg_bits` (256 bits, 32 bytes) over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfccReg<T> {
+    buf: T,
+}
+
+impl<T: AsRef<[u8]>> PfccReg<T> {
+    /// Wraps `buf` without checking its length: fields past its end read as zero.
+    pub const fn new_unchecked(buf: T) -> Self {
+        Self { buf }
+    }
+    /// Wraps `buf` if it holds the whole layout (32 bytes).
+    pub fn new_checked(buf: T) -> Result<Self, LayoutError> {
+        LayoutError::check("pfcc_reg", pfcc_reg::SIZE_BYTES, buf.as_ref().len())?;
+        Ok(Self { buf })
+    }
+    /// The underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buf
+    }
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_ref()
+    }
+    /// `buf_ownership`: 2 bits at bit 0x4.
+    pub fn buf_ownership(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x4, 2) as u8
+    }
+    /// `local_port`: 8 bits at bit 0x8.
+    pub fn local_port(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x8, 8) as u8
+    }
+    /// `ppan_mask_n`: 1 bits at bit 0x1b.
+    pub fn ppan_mask_n(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1b, 1) != 0
+    }
+    /// `minor_stall_mask`: 1 bits at bit 0x1c.
+    pub fn minor_stall_mask(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1c, 1) != 0
+    }
+    /// `critical_stall_mask`: 1 bits at bit 0x1d.
+    pub fn critical_stall_mask(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x1d, 1) != 0
+    }
+    /// `ppan`: 4 bits at bit 0x20.
+    pub fn ppan(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x20, 4) as u8
+    }
+    /// `prio_mask_tx`: 8 bits at bit 0x28.
+    pub fn prio_mask_tx(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x28, 8) as u8
+    }
+    /// `prio_mask_rx`: 8 bits at bit 0x38.
+    pub fn prio_mask_rx(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x38, 8) as u8
+    }
+    /// `pptx`: 1 bits at bit 0x40.
+    pub fn pptx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x40, 1) != 0
+    }
+    /// `aptx`: 1 bits at bit 0x41.
+    pub fn aptx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x41, 1) != 0
+    }
+    /// `pptx_mask_n`: 1 bits at bit 0x42.
+    pub fn pptx_mask_n(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x42, 1) != 0
+    }
+    /// `pfctx`: 8 bits at bit 0x48.
+    pub fn pfctx(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x48, 8) as u8
+    }
+    /// `pprx`: 1 bits at bit 0x60.
+    pub fn pprx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x60, 1) != 0
+    }
+    /// `aprx`: 1 bits at bit 0x61.
+    pub fn aprx(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x61, 1) != 0
+    }
+    /// `pprx_mask_n`: 1 bits at bit 0x62.
+    pub fn pprx_mask_n(&self) -> bool {
+        get_bits(self.buf.as_ref(), 0x62, 1) != 0
+    }
+    /// `pfcrx`: 8 bits at bit 0x68.
+    pub fn pfcrx(&self) -> u8 {
+        get_bits(self.buf.as_ref(), 0x68, 8) as u8
+    }
+    /// `device_stall_minor_watermark`: 16 bits at bit 0x80.
+    pub fn device_stall_minor_watermark(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x80, 16) as u16
+    }
+    /// `device_stall_critical_watermark`: 16 bits at bit 0x90.
+    pub fn device_stall_critical_watermark(&self) -> u16 {
+        get_bits(self.buf.as_ref(), 0x90, 16) as u16
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> PfccReg<T> {
+    /// The underlying bytes, for writing.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_mut()
+    }
+    /// Sets `buf_ownership` (2 bits at bit 0x4).
+    pub fn set_buf_ownership(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x4, 2, u64::from(value));
+        self
+    }
+    /// Sets `local_port` (8 bits at bit 0x8).
+    pub fn set_local_port(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x8, 8, u64::from(value));
+        self
+    }
+    /// Sets `ppan_mask_n` (1 bits at bit 0x1b).
+    pub fn set_ppan_mask_n(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1b, 1, u64::from(value));
+        self
+    }
+    /// Sets `minor_stall_mask` (1 bits at bit 0x1c).
+    pub fn set_minor_stall_mask(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1c, 1, u64::from(value));
+        self
+    }
+    /// Sets `critical_stall_mask` (1 bits at bit 0x1d).
+    pub fn set_critical_stall_mask(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x1d, 1, u64::from(value));
+        self
+    }
+    /// Sets `ppan` (4 bits at bit 0x20).
+    pub fn set_ppan(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x20, 4, u64::from(value));
+        self
+    }
+    /// Sets `prio_mask_tx` (8 bits at bit 0x28).
+    pub fn set_prio_mask_tx(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x28, 8, u64::from(value));
+        self
+    }
+    /// Sets `prio_mask_rx` (8 bits at bit 0x38).
+    pub fn set_prio_mask_rx(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x38, 8, u64::from(value));
+        self
+    }
+    /// Sets `pptx` (1 bits at bit 0x40).
+    pub fn set_pptx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x40, 1, u64::from(value));
+        self
+    }
+    /// Sets `aptx` (1 bits at bit 0x41).
+    pub fn set_aptx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x41, 1, u64::from(value));
+        self
+    }
+    /// Sets `pptx_mask_n` (1 bits at bit 0x42).
+    pub fn set_pptx_mask_n(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x42, 1, u64::from(value));
+        self
+    }
+    /// Sets `pfctx` (8 bits at bit 0x48).
+    pub fn set_pfctx(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x48, 8, u64::from(value));
+        self
+    }
+    /// Sets `pprx` (1 bits at bit 0x60).
+    pub fn set_pprx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x60, 1, u64::from(value));
+        self
+    }
+    /// Sets `aprx` (1 bits at bit 0x61).
+    pub fn set_aprx(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x61, 1, u64::from(value));
+        self
+    }
+    /// Sets `pprx_mask_n` (1 bits at bit 0x62).
+    pub fn set_pprx_mask_n(&mut self, value: bool) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x62, 1, u64::from(value));
+        self
+    }
+    /// Sets `pfcrx` (8 bits at bit 0x68).
+    pub fn set_pfcrx(&mut self, value: u8) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x68, 8, u64::from(value));
+        self
+    }
+    /// Sets `device_stall_minor_watermark` (16 bits at bit 0x80).
+    pub fn set_device_stall_minor_watermark(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x80, 16, u64::from(value));
+        self
+    }
+    /// Sets `device_stall_critical_watermark` (16 bits at bit 0x90).
+    pub fn set_device_stall_critical_watermark(&mut self, value: u16) -> &mut Self {
+        set_bits(self.buf.as_mut(), 0x90, 16, u64::from(value));
+        self
+    }
+}
+
 /// Constants and registry entry of [`PtysReg`] (`struct mlx5_ifc_ptys_reg_bits`).
 pub mod ptys_reg {
     use crate::bits::BitField;
