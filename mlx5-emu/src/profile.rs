@@ -409,6 +409,14 @@ impl CapPages {
         // single DPDK process does not hear its own multicast sends.
         self.set_both(GENERAL, cmd_hca_cap::DISABLE_LOCAL_LB_UC, 1);
         self.set_both(GENERAL, cmd_hca_cap::DISABLE_LOCAL_LB_MC, 1);
+        // UMR WQEs on an Ethernet SQ (`reg_umr_sq`) with the translation
+        // behind a pointer through the reserved lkey (`umr_ptr_rlky`):
+        // 14.12 of the trace reports neither, and mlx5e there keeps to
+        // linked-list RQs; on later firmware it maps its striding RQs'
+        // pages by UMR from its control SQ (`mlx5e_check_fragmented_striding_rq_cap`),
+        // its default receive queue on those cards.
+        self.set_both(ETHERNET_OFFLOADS, eth_cap::REG_UMR_SQ, 1);
+        self.set_both(GENERAL, cmd_hca_cap::UMR_PTR_RLKY, 1);
         // NIC RX flow tables that chain (Linux's FS_CHAINING_CAPS:
         // flow_modify_en, modify_root, identified_miss_table_mode,
         // flow_table_modify): 14.12 of the trace reports modify_root only,
@@ -452,6 +460,12 @@ impl CapPages {
             // stream reset; libmlx5's mlx5dv_dci_stream_id_reset refuses
             // with EOPNOTSUPP without it).
             self.set_both(GENERAL, cmd_hca_cap::QPC_EXTENSION, 1);
+            // Striding RQs of 8 to 256 strides (`ext_stride_num_range`):
+            // mlx5e's linear striding RQ at MTU 1500 is 128 strides of 2
+            // KiB per 256 KiB WQE, below the base range's 512, and without
+            // the extended range it keeps a linked-list RQ instead
+            // (`mlx5e_rx_mpwqe_is_linear_skb`).
+            self.set_both(GENERAL, cmd_hca_cap::EXT_STRIDE_NUM_RANGE, 1);
             if p == Profile::ConnectX7 {
                 // QUERY_QP reports which QPs' data is written in order
                 // (rdma-core's `qp_data_in_order`). The out-of-order

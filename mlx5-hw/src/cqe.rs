@@ -48,6 +48,13 @@ pub const CQE_ROCE_L3_HEADER_TYPE_IPV6: u32 = 0x1;
 /// in the last 20 bytes of the 40-byte GRH buffer).
 pub const CQE_ROCE_L3_HEADER_TYPE_IPV4: u32 = 0x2;
 
+/// An LRO CQE's segment count: the top byte of `srqn` (mlx5e's
+/// `mlx5e_build_rx_skb`: `lro_num_seg = be32_to_cpu(cqe->srqn) >> 24`).
+pub const CQE_LRO_NUM_SEG_SHIFT: u32 = 24;
+/// An LRO CQE's PSH flag: bit 6 of `tcppsh_abort_dupack`
+/// (`get_cqe_lro_tcppsh`).
+pub const CQE_LRO_TCPPSH_SHIFT: u8 = 6;
+
 /// CQ context `cqe_sz`: 64-byte CQEs (`CQE_STRIDE_64`).
 pub const CQE_STRIDE_64: u8 = 0;
 /// CQ context `cqe_sz`: 128-byte CQEs (`CQE_STRIDE_128`).

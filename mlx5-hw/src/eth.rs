@@ -56,6 +56,12 @@ pub const TIRC_SELF_LB_BLOCK_BLOCK_UNICAST: u64 = 0x1;
 /// `tirc.self_lb_block`: nor multicast and broadcast
 /// (`MLX5_TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST`).
 pub const TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST: u64 = 0x2;
+/// `tirc.lro_enable_mask` (`packet_merge_mask`): merge TCP over IPv4
+/// (`MLX5_TIRC_PACKET_MERGE_MASK_IPV4_LRO`).
+pub const TIRC_PACKET_MERGE_MASK_IPV4_LRO: u64 = 0x1;
+/// `tirc.lro_enable_mask`: merge TCP over IPv6
+/// (`MLX5_TIRC_PACKET_MERGE_MASK_IPV6_LRO`).
+pub const TIRC_PACKET_MERGE_MASK_IPV6_LRO: u64 = 0x2;
 
 /// `tirc.rx_hash_fn`: none (`MLX5_RX_HASH_FN_NONE`).
 pub const RX_HASH_FN_NONE: u64 = 0x0;

@@ -80,6 +80,10 @@ const CHECKS: &[&str] = &[
     "mlx5e_leaves_inner_checksums_to_the_device",
     "mlx5e_pktgen_bursts_arrive",
     "mlx5e_sends_no_multi_packet_wqe_without_the_cap",
+    "mlx5e_receives_through_linked_list_rqs_without_umr_sq",
+    "mlx5e_reads_and_sets_global_pause",
+    "mlx5e_checksum_complete_matches_the_frames",
+    "mlx5e_offers_no_lro_without_striding_rqs",
 ];
 
 use tests::qemu_guest::{cached_or_built as guest, repo};
@@ -473,14 +477,19 @@ fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
 /// (its ethtool counters, both netdevs): by enhanced multi-packet WQEs where
 /// the profile offers them (`mpwqe`: frames counted in `tx_mpwqe_pkts` on
 /// both sides, pktgen's bursts several to a WQE), never where it does not;
-/// and pktgen's bursts arriving whole. `prefix`: the boot's check names.
+/// and pktgen's bursts arriving whole; all that received through
+/// striding RQs where the profile offers what mlx5e maps them with (UMR
+/// on its control SQ: `later`, as for `mpwqe`), through linked-list RQs
+/// where it does not. `prefix`: the boot's check names; `later`: the
+/// profile has ConnectX-5's Ethernet caps (eMPW, `reg_umr_sq`).
 pub(crate) fn judge_eth_traffic(
     t: &mut Tally,
     console: &str,
     log: &str,
     prefix: &str,
-    mpwqe: bool,
+    later: bool,
 ) {
+    let mpwqe = later;
     let lines = tagged(console, "eth ");
     for l in &lines {
         println!("qemu_mlx5: {prefix}mlx5e traffic: {l}");
@@ -576,6 +585,74 @@ pub(crate) fn judge_eth_traffic(
             Err(format!(
                 "tx_packets {sent:?}, tx_mpwqe_pkts {by_mpwqe:?}, tx_mpwqe_blks {wqes:?}; {lines:?}; {log}"
             ))
+        },
+    );
+    let striding = stat("rx_striding_rq");
+    let want = u64::from(later);
+    let check = if later {
+        "mlx5e_receives_through_striding_rqs"
+    } else {
+        "mlx5e_receives_through_linked_list_rqs_without_umr_sq"
+    };
+    t.check(
+        &format!("{prefix}{check}"),
+        if striding.len() == 2 && striding.iter().all(|v| *v == Some(want)) {
+            Ok(())
+        } else {
+            Err(format!("rx_striding_rq {striding:?}; {lines:?}; {log}"))
+        },
+    );
+    // LRO: on the receiving netdev where mlx5e offers it (striding RQs),
+    // and the device merged some of the TCP stream (whose bytes the
+    // stream check verified); where it does not, fixed off and nothing
+    // merged.
+    let lro = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("lro "))
+        .unwrap_or("");
+    let merged = stat("rx_lro_packets");
+    let (check, ok) = if later {
+        (
+            "mlx5e_lro_merges_the_tcp_stream",
+            lro == "on" && merged.get(1).is_some_and(|v| v.is_some_and(|n| n > 0)),
+        )
+    } else {
+        (
+            "mlx5e_offers_no_lro_without_striding_rqs",
+            lro == "off [fixed]" && merged.iter().all(|v| *v == Some(0)),
+        )
+    };
+    t.check(
+        &format!("{prefix}{check}"),
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "lro {lro:?}, rx_lro_packets {merged:?}; {lines:?}; {log}"
+            ))
+        },
+    );
+    // "csum complete N faults F": mlx5e gave the stack the CQEs' sums as
+    // CHECKSUM_COMPLETE (N > 0) and the stack found none wrong.
+    let csum = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("csum complete "))
+        .map(|r| r.split_whitespace().collect::<Vec<_>>());
+    t.check(
+        &format!("{prefix}mlx5e_checksum_complete_matches_the_frames"),
+        match csum.as_deref() {
+            Some([n, "faults", "0"]) if n.parse::<u64>().is_ok_and(|n| n > 0) => Ok(()),
+            _ => Err(format!("{lines:?}; {log}")),
+        },
+    );
+    // ethtool -a / -A through PFCC: pause on from power-on, then off.
+    let pause = lines.contains(&"pause on on") && lines.contains(&"pause-off rc=0 off off");
+    t.check(
+        &format!("{prefix}mlx5e_reads_and_sets_global_pause"),
+        if pause {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
         },
     );
 }

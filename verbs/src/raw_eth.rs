@@ -986,9 +986,12 @@ impl RxRing {
                 break;
             };
             let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
-            let slot = e.be16_at(cqe64::WQE_COUNTER.off / 8) & mask;
+            let counter = e.be16_at(cqe64::WQE_COUNTER.off / 8);
             if let (Some(st), CqeOpcode::RespSend) = (self.striding, op) {
-                // `byte_cnt`: filler, strides consumed, the frame's bytes.
+                // A striding RQ's CQE: the WQE in `wqe_id`, the frame's
+                // first stride in `wqe_counter`; `byte_cnt`: filler,
+                // strides consumed, the frame's bytes.
+                let slot = e.be16_at(cqe64::WQE_ID.off / 8) & mask;
                 let bc = e.be32_at(cqe64::BYTE_CNT.off / 8);
                 self.used += bc >> MPWRQ_CQE_STRIDES_SHIFT & 0x7fff;
                 if self.used >= 1 << st.log_num_strides {
@@ -1000,11 +1003,12 @@ impl RxRing {
                 }
                 let mut p = rx_pkt(&e, slot);
                 p.len = bc & 0xffff;
-                p.offset = u32::from(e.be16_at(cqe64::WQE_ID.off / 8)) << st.log_stride_size;
+                p.offset = u32::from(counter) << st.log_stride_size;
                 out[n] = p;
                 n += 1;
                 continue;
             }
+            let slot = counter & mask;
             out[n] = if op == CqeOpcode::RespSend {
                 rx_pkt(&e, slot)
             } else {

@@ -75,6 +75,17 @@ impl Firmware {
         if !rlock(&inner.rdma.cqs).contains_key(&cqn) {
             return Err(fail(CmdStatus::BadResource, synd::WQ_BAD_CQ));
         }
+        // UMR WQEs on the SQ (mlx5e's control SQ) where the card offers
+        // them.
+        let reg_umr = sqc::REG_UMR.get(c) != 0;
+        if reg_umr
+            && self
+                .caps
+                .get(cap_type::ETHERNET_OFFLOADS, eth_cap::REG_UMR_SQ)
+                == 0
+        {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_PARAM));
+        }
         let tises = sqc::TIS_LST_SZ.get(c);
         let hairpin = sqc::HAIRPIN.get(c) != 0;
         if hairpin || tises > 1u64 << self.cap(cmd_hca_cap::LOG_MAX_TIS_PER_SQ) {
@@ -125,6 +136,7 @@ impl Firmware {
                     cap_type::ETHERNET_OFFLOADS,
                     eth_cap::ENHANCED_MULTI_PKT_SEND_WQE,
                 ) != 0,
+                reg_umr,
                 td,
                 ring: Mutex::new(Ring::default()),
             }),

@@ -110,9 +110,21 @@ impl Eth {
     /// [`Self::sq`], allowing legacy multi-packet send WQEs if `mpw`
     /// (`sqc.allow_multi_pkt_send_wqe`).
     pub(super) fn sq_with(&mut self, tisn: u32, log_stride: u64, mpw: bool) -> Vec<u8> {
+        self.sq_ctx(tisn, log_stride, |x| {
+            sqc::ALLOW_MULTI_PKT_SEND_WQE.set(x, u64::from(mpw))
+        })
+    }
+
+    /// [`Self::sq`] with the SQ context then edited by `edit`.
+    pub(super) fn sq_ctx(
+        &mut self,
+        tisn: u32,
+        log_stride: u64,
+        edit: impl FnOnce(&mut [u8]),
+    ) -> Vec<u8> {
         let mut c = cmd_in(0x904, 0, create_sq_in::SIZE_BYTES + 8);
         let x = &mut c[create_sq_in::CTX.off / 8..];
-        sqc::ALLOW_MULTI_PKT_SEND_WQE.set(x, u64::from(mpw));
+        edit(x);
         sqc::CQN.set(x, u64::from(self.cqn));
         sqc::TIS_LST_SZ.set(x, 1);
         sqc::TIS_NUM_0.set(x, u64::from(tisn));
@@ -356,9 +368,50 @@ impl Eth {
         segs: &[u8],
         signaled: bool,
     ) {
+        let op = u32::from(opmod) << 24 | u32::from(idx) << 8 | u32::from(opcode);
+        self.post_ctrl(sqn, idx, op, 0, segs, signaled);
+    }
+
+    /// [`Self::post`], signaled, with the control segment's `imm` (a
+    /// UMR's mkey).
+    pub(super) fn post_imm(&mut self, sqn: u32, idx: u16, opcode: u8, imm: u32, segs: &[u8]) {
+        let op = u32::from(idx) << 8 | u32::from(opcode);
+        self.post_ctrl(sqn, idx, op, imm, segs, true);
+    }
+
+    /// Writes a WQE (control segment words `op` and `imm`, then `segs`)
+    /// at basic block `idx` of SQ `sqn`, moves the producer counter past
+    /// it and rings.
+    fn post_ctrl(&mut self, sqn: u32, idx: u16, op: u32, imm: u32, segs: &[u8], signaled: bool) {
+        let (pi, head) = self.stage(sqn, idx, op, imm, segs, signaled);
+        self.ring_sq(pi, &head);
+    }
+
+    /// Posts WQEs of `segs` (opcode `opcode`, each signaled) from basic
+    /// block `idx` of SQ `sqn` and rings once for them all: one burst.
+    pub(super) fn post_burst(&mut self, sqn: u32, mut idx: u16, opcode: u8, segs: &[Vec<u8>]) {
+        let mut head = [0u8; 8];
+        for s in segs {
+            let op = u32::from(idx) << 8 | u32::from(opcode);
+            (idx, head) = self.stage(sqn, idx, op, 0, s, true);
+        }
+        self.ring_sq(idx, &head);
+    }
+
+    /// Writes a WQE (control segment words `op` and `imm`, then `segs`)
+    /// at basic block `idx` of SQ `sqn`: the producer counter after it
+    /// and the doorbell's 8 bytes.
+    fn stage(
+        &mut self,
+        sqn: u32,
+        idx: u16,
+        op: u32,
+        imm: u32,
+        segs: &[u8],
+        signaled: bool,
+    ) -> (u16, [u8; 8]) {
         let ds = 1 + segs.len() / 16;
         let mut w = vec![0u8; ds.div_ceil(4) * 64];
-        let op = u32::from(opmod) << 24 | u32::from(idx) << 8 | u32::from(opcode);
         w[0..4].copy_from_slice(&op.to_be_bytes());
         w[4..8].copy_from_slice(&(sqn << 8 | ds as u32).to_be_bytes());
         w[11] = if signaled {
@@ -366,6 +419,7 @@ impl Eth {
         } else {
             0
         };
+        w[12..16].copy_from_slice(&imm.to_be_bytes());
         w[16..16 + segs.len()].copy_from_slice(segs);
         let ring = &self.bufs[0];
         for (b, bb) in w.chunks(64).enumerate() {
@@ -373,10 +427,16 @@ impl Eth {
             ring.write(SQ_RING + slot * 64, bb).unwrap();
         }
         let pi = idx + (w.len() / 64) as u16;
+        let mut head = [0u8; 8];
+        head.copy_from_slice(&w[..8]);
+        (pi, head)
+    }
+
+    /// Moves the SQ's producer counter to `pi` and rings with `head`.
+    fn ring_sq(&mut self, pi: u16, head: &[u8; 8]) {
         self.bufs[1].write_u32_be(64 + 4, u32::from(pi)).unwrap();
         let bar = self.d.f.model().bar0();
-        bar.write((self.uar as usize) << 12 | 0x800, &w[..8])
-            .unwrap();
+        bar.write((self.uar as usize) << 12 | 0x800, head).unwrap();
     }
 
     /// Waits for CQE `n` of the CQ (its op_own bytes were set invalid).

@@ -192,7 +192,21 @@ impl Eth {
         tir: Option<u32>,
         counter: Option<u32>,
     ) -> u8 {
+        self.ip_rule(t, index, (17, dport), tir, counter)
+    }
+
+    /// [`Self::udp_rule`] for IP protocol `to.0` and UDP port `to.1` (0
+    /// for any other protocol's frames: the image has no UDP port).
+    fn ip_rule(
+        &mut self,
+        t: (u32, u32),
+        index: u32,
+        to: (u8, u16),
+        tir: Option<u32>,
+        counter: Option<u32>,
+    ) -> u8 {
         use set_fte_in as i;
+        let (proto, dport) = to;
         let fc = i::FLOW_CONTEXT.off;
         let dests = (fc + flow_context::DESTINATION.off) / 8;
         let mut c = cmd_in(0x936, 0, dests + 2 * dest_format_struct::SIZE_BYTES);
@@ -221,7 +235,7 @@ impl Eth {
         f(flow_context::ACTION).set(&mut c, action);
         let o = fc + flow_context::MATCH_VALUE.off + fte_match_param::OUTER_HEADERS.off;
         l24::ETHERTYPE.at(o).set(&mut c, 0x0800);
-        l24::IP_PROTOCOL.at(o).set(&mut c, 17);
+        l24::IP_PROTOCOL.at(o).set(&mut c, u64::from(proto));
         l24::UDP_DPORT.at(o).set(&mut c, u64::from(dport));
         self.d.exec(&c, 16)[0]
     }
@@ -267,16 +281,7 @@ impl Eth {
     /// `len` payload bytes at `DATA + off` (under `lkey`), with the
     /// checksum offloads.
     fn send(&mut self, sqn: u32, idx: u16, hdrs: &[u8], lkey: u32, off: u64, len: u32) {
-        let inl = wqe_eth_seg::SIZE_BYTES + (hdrs.len() - 2).next_multiple_of(16);
-        let mut s = vec![0u8; inl + wqe_data_seg::SIZE_BYTES];
-        wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
-        wqe_eth_seg::INLINE_HDR_SZ.set(&mut s, hdrs.len() as u64);
-        let start = wqe_eth_seg::INLINE_HDR_START.off / 8;
-        s[start..start + hdrs.len()].copy_from_slice(hdrs);
-        let d = &mut s[inl..];
-        wqe_data_seg::BYTE_COUNT.set(d, u64::from(len));
-        wqe_data_seg::LKEY.set(d, u64::from(lkey));
-        wqe_data_seg::ADDR.set(d, RING_IOVA + DATA + off);
+        let s = send_segs(hdrs, lkey, off, len);
         self.post(sqn, idx, 0x0a, &s, true);
     }
 
@@ -421,6 +426,20 @@ fn frames_cross_the_cable_steered_by_udp_port_dropped_and_counted() {
             "frame {k} sport"
         );
         assert_eq!(&got[..12], &headers(0, 0, 0)[..12], "MACs");
+        // check_sum: the one's-complement sum from the IP header on, as
+        // mlx5e hands it to the stack (CHECKSUM_COMPLETE).
+        let mut sum: u32 = got[14..]
+            .chunks(2)
+            .map(|w| u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0)))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(
+            cqe64::CHECK_SUM.get(&c),
+            u64::from(sum),
+            "frame {k} check_sum"
+        );
     }
     super::settle(b.d.f.model());
     assert_eq!(
@@ -610,6 +629,119 @@ fn a_vport_with_local_loopback_disabled_does_not_hear_its_own_multicast() {
         }
     }
     assert_eq!(received, vec![rq]);
+}
+
+/// An SQ made with `reg_umr` (ConnectX-5 and later offer `reg_umr_sq`)
+/// maps pages into a free, UMR-enabled MTT key as mlx5e maps its striding
+/// RQs' pages from its control SQ: a UMR WQE with inline MTT entries at a
+/// translation offset that also clears `free`. The refusals: `reg_umr`
+/// where 14.12 does not offer it, a UMR on an SQ made without it (a local
+/// QP operation error), and a key of another PD.
+#[test]
+fn a_reg_umr_sq_maps_pages_into_a_key_as_mlx5e_does_for_striding_rqs() {
+    use crate::transport::mem::access;
+    use mlx5_hw::ifc::{create_mkey_in, mkc, sqc, wqe_umr_ctrl_seg as uc};
+    use mlx5_hw::wqe::{WqeOpcode, MKEY_MASK_FREE, UMR_INLINE, UMR_TRANSLATION_OFFSET_EN};
+    let (_fab, mut old, _) = pair_on(Profile::ConnectX4Lx);
+    let tisn = tisn_of(&mut old);
+    let reg_umr = |x: &mut [u8]| sqc::REG_UMR.set(x, 1);
+    assert_eq!(
+        old.sq_ctx(tisn, 6, reg_umr)[0],
+        BAD_PARAM,
+        "14.12: no reg_umr_sq"
+    );
+
+    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX7);
+    // Two pages, free, every entry on a filler page (mlx5e_create_umr_mkey).
+    let filler = RING_IOVA + DATA;
+    let key = |a: &mut Eth, pd: u32| {
+        let mut c = cmd_in(0x200, 0, create_mkey_in::SIZE_BYTES + 16);
+        let m = &mut c[create_mkey_in::MEMORY_KEY_MKEY_ENTRY.off / 8..];
+        mkc::FREE.set(m, 1);
+        mkc::UMR_EN.set(m, 1);
+        mkc::LW.set(m, 1);
+        mkc::LR.set(m, 1);
+        mkc::ACCESS_MODE_1_0.set(m, mlx5_hw::wqe::MKC_ACCESS_MODE_MTT.into());
+        mkc::QPN.set(m, 0xff_ffff);
+        mkc::PD.set(m, u64::from(pd));
+        mkc::LEN.set(m, 2 << 12);
+        mkc::LOG_PAGE_SIZE.set(m, 12);
+        mkc::TRANSLATIONS_OCTWORD_SIZE.set(m, 1);
+        create_mkey_in::TRANSLATIONS_OCTWORD_ACTUAL_SIZE.set(&mut c, 1);
+        let at = create_mkey_in::SIZE_BYTES;
+        c[at..at + 8].copy_from_slice(&filler.to_be_bytes());
+        c[at + 8..at + 16].copy_from_slice(&filler.to_be_bytes());
+        num(&a.d.ok(&c, 16)) << 8
+    };
+    let pd = a.pd;
+    let mkey = key(&mut a, pd);
+    let page = |i: u64| RING_IOVA + DATA + 0x8000 + i * 0x1000;
+    // mlx5e_build_umr_wqe: offset and inline, the mask clears `free`;
+    // entries write-enabled only (MLX5_EN_WR).
+    let mut umr = vec![0u8; uc::SIZE_BYTES + mlx5_hw::ifc::mkey_seg::SIZE_BYTES + 16];
+    uc::FLAGS.set(&mut umr, u64::from(UMR_TRANSLATION_OFFSET_EN | UMR_INLINE));
+    uc::XLT_OCTOWORDS.set(&mut umr, 1);
+    uc::MKEY_MASK.set(&mut umr, MKEY_MASK_FREE);
+    let xlt = uc::SIZE_BYTES + mlx5_hw::ifc::mkey_seg::SIZE_BYTES;
+    umr[xlt..xlt + 8].copy_from_slice(&(page(0) | 2).to_be_bytes());
+    umr[xlt + 8..xlt + 16].copy_from_slice(&(page(1) | 2).to_be_bytes());
+    let rdma = &a.d.f.model().inner.rdma;
+    let mut ext = Vec::new();
+    assert!(
+        rdma.mkey(mkey)
+            .unwrap()
+            .resolve(a.pd, access::LW, 0x1010, 16, &mut ext)
+            .is_err(),
+        "free until the UMR"
+    );
+    let tisn = tisn_of(&mut a);
+    let sqn = num(&a.sq_ctx(tisn, 6, reg_umr));
+    assert_eq!(a.modify(0x905, sqn, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    a.post_imm(sqn, 0, WqeOpcode::Umr.to_raw(), mkey, &umr);
+    let c = a.cqe(0);
+    assert_eq!(
+        (c[63] >> 4, c[56]),
+        (CqeOpcode::Req.to_raw(), WqeOpcode::Umr.to_raw())
+    );
+    let k = a.d.f.model().inner.rdma.mkey(mkey).unwrap();
+    ext.clear();
+    k.resolve(a.pd, access::LW, 0x1010, 16, &mut ext).unwrap();
+    assert_eq!(
+        (ext.len(), ext[0].iova, ext[0].len),
+        (1, page(1) + 0x10, 16)
+    );
+    // A key of another PD: a local protection error.
+    let pd2 = num(&a.d.ok(&cmd_in(0x800, 0, 16), 16));
+    let other = key(&mut a, pd2);
+    a.post_imm(sqn, 3, WqeOpcode::Umr.to_raw(), other, &umr);
+    let c = a.cqe(1);
+    assert_eq!(
+        (c[63] >> 4, c[55]),
+        (
+            CqeOpcode::ReqErr.to_raw(),
+            CqeSyndrome::LocalProtErr.to_raw()
+        )
+    );
+    // An SQ made without reg_umr (B's, its own ring): the opcode is
+    // refused.
+    let (pd, tisn) = (b.pd, tisn_of(&mut b));
+    let mkey = key(&mut b, pd);
+    let plain = num(&b.sq_ctx(tisn, 6, |_| {}));
+    assert_eq!(b.modify(0x905, plain, QUEUE_STATE_RST, QUEUE_STATE_RDY), 0);
+    b.post_imm(plain, 0, WqeOpcode::Umr.to_raw(), mkey, &umr);
+    let c = b.cqe(0);
+    assert_eq!(
+        (c[63] >> 4, c[55]),
+        (
+            CqeOpcode::ReqErr.to_raw(),
+            CqeSyndrome::LocalQpOpErr.to_raw()
+        )
+    );
+}
+
+/// A TIS of `e`'s transport domain.
+fn tisn_of(e: &mut Eth) -> u32 {
+    num(&e.tis(e.td))
 }
 
 #[test]
@@ -1032,9 +1164,12 @@ const STRIDED: u64 = DATA + 0x4000;
 /// of 100 and 200 bytes take strides 0-1 and 2-5 of WQE 0; one of 150 does
 /// not fit in the 2 left, so a filler CQE ends WQE 0 (strides 6-7) and it
 /// lands at stride 0 of WQE 1; one of 600 (10 strides) is larger than a
-/// WQE: a length error CQE, the RQ in ERR. The CQEs carry the WQE
-/// (`wqe_counter`), the first stride (`wqe_id`) and `consumed << 16 |
-/// bytes`, as mlx5e's `mpwrq_get_cqe_*` read them.
+/// WQE: a length error CQE naming WQE 1, the RQ in ERR. The CQEs carry
+/// the WQE (`wqe_id`), the first stride (`wqe_counter`) and `consumed <<
+/// 16 | bytes`, as mlx5e reads them (`cqe->wqe_id`,
+/// `mpwrq_get_cqe_stride_index`, `mpwrq_get_cqe_byte_cnt` and
+/// `_consumed_strides`) and DPDK's MPRQ burst (`strd_idx` from
+/// `wqe_counter`).
 #[test]
 fn striding_rq_places_frames_by_stride_with_fillers() {
     use mlx5_hw::eth::{MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT};
@@ -1069,7 +1204,7 @@ fn striding_rq_places_frames_by_stride_with_fillers() {
         );
         a.cqe(k);
     }
-    // (wqe_counter, wqe_id, byte_cnt) of each CQE; the frames' places.
+    // (WQE, first stride, byte_cnt) of each CQE; the frames' places.
     let want = [
         (0, 0, 2 << MPWRQ_CQE_STRIDES_SHIFT | 100),
         (0, 2, 4 << MPWRQ_CQE_STRIDES_SHIFT | 200),
@@ -1084,8 +1219,8 @@ fn striding_rq_places_frames_by_stride_with_fillers() {
             "CQE {n}: {c:02x?}"
         );
         let got = (
-            cqe64::WQE_COUNTER.get(&c),
             cqe64::WQE_ID.get(&c),
+            cqe64::WQE_COUNTER.get(&c),
             cqe64::BYTE_CNT.get(&c) as u32,
         );
         assert_eq!(got, (wqe, id, bc), "CQE {n}");
@@ -1100,11 +1235,184 @@ fn striding_rq_places_frames_by_stride_with_fillers() {
     let c = b.cqe(4);
     assert_eq!(c[63] >> 4, CqeOpcode::RespErr.to_raw(), "{c:02x?}");
     assert_eq!(c[55], CqeSyndrome::LocalLengthErr.to_raw());
+    assert_eq!((cqe64::WQE_ID.get(&c), cqe64::WQE_COUNTER.get(&c)), (1, 1));
     let rx = &b.d.f.model().inner.rdma.eth_rx;
     let state = crate::transport::rlock(&rx.rqs)[&rq]
         .state
         .load(Ordering::Relaxed);
     assert_eq!(u64::from(state), mlx5_hw::eth::QUEUE_STATE_ERR);
+}
+
+/// The segments of a SEND of `hdrs` inline, then the `len` bytes at
+/// `DATA + off` under `lkey`; L3 and L4 checksums asked.
+fn send_segs(hdrs: &[u8], lkey: u32, off: u64, len: u32) -> Vec<u8> {
+    let inl = wqe_eth_seg::SIZE_BYTES + (hdrs.len() - 2).next_multiple_of(16);
+    let mut s = vec![0u8; inl + wqe_data_seg::SIZE_BYTES];
+    wqe_eth_seg::CS_FLAGS.set(&mut s, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+    wqe_eth_seg::INLINE_HDR_SZ.set(&mut s, hdrs.len() as u64);
+    let start = wqe_eth_seg::INLINE_HDR_START.off / 8;
+    s[start..start + hdrs.len()].copy_from_slice(hdrs);
+    let d = &mut s[inl..];
+    wqe_data_seg::BYTE_COUNT.set(d, u64::from(len));
+    wqe_data_seg::LKEY.set(d, u64::from(lkey));
+    wqe_data_seg::ADDR.set(d, RING_IOVA + DATA + off);
+    s
+}
+
+/// Ethernet, IPv4 (TTL `ttl`) and TCP headers (no options) of a segment
+/// from 10.0.0.1:`sport` to 10.0.0.2:8000 with sequence number `seq`,
+/// `flags`, acknowledgement `1000 + seq` and window `seq % 4096`, for
+/// `payload` bytes; checksums left to the offload.
+fn tcp_headers(sport: u16, seq: u32, flags: u8, ttl: u8, payload: usize) -> Vec<u8> {
+    let mut h = headers(0, 0, 0);
+    h.truncate(34);
+    h[16..18].copy_from_slice(&((20 + 20 + payload) as u16).to_be_bytes());
+    h[22] = ttl;
+    h[23] = 6;
+    let mut t = [0u8; 20];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&8000u16.to_be_bytes());
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&(1000 + seq).to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&((seq % 4096) as u16).to_be_bytes());
+    h.extend_from_slice(&t);
+    h
+}
+
+/// LRO on a striding RQ behind a TIR with `lro_enable_mask` IPv4: three
+/// in-order segments of one flow (the last with PSH) land as one packet,
+/// the first's headers then the three payloads back to back, with one
+/// CQE as mlx5e's `mlx5e_lro_update_hdr` reads it (3 segments in `srqn`'s
+/// top byte, PSH, the least TTL, the last window and ACK, `check_sum` over
+/// the payload only); a segment no other follows in its burst completes
+/// alone at the burst's end; a segment of another flow ends the open
+/// session first.
+#[test]
+fn lro_merges_a_flows_in_order_segments_into_one_striding_cqe() {
+    use mlx5_hw::eth::{MPWRQ_CQE_STRIDES_SHIFT, TIRC_PACKET_MERGE_MASK_IPV4_LRO};
+    const ACK: u8 = 0x10;
+    const PSH: u8 = 0x08;
+    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX7);
+    let blkey = b.rw_mkey();
+    let rq = b.striding_rq();
+    b.post_striding(blkey);
+    let mut c = cmd_in(0x900, 0, create_tir_in::SIZE_BYTES);
+    let x = &mut c[create_tir_in::CTX.off / 8..];
+    tirc::TRANSPORT_DOMAIN.set(x, u64::from(b.td));
+    tirc::DISP_TYPE.set(x, TIRC_DISP_TYPE_DIRECT);
+    tirc::INLINE_RQN.set(x, u64::from(rq));
+    tirc::PACKET_MERGE_MASK.set(x, TIRC_PACKET_MERGE_MASK_IPV4_LRO);
+    tirc::LRO_MAX_IP_PAYLOAD_SIZE.set(x, 4);
+    tirc::LRO_TIMEOUT_PERIOD_USECS.set(x, 32);
+    let tir = num(&b.d.ok(&c, 16));
+    let t = b.udp_table();
+    assert_eq!(b.ip_rule(t, 0, (6, 0), Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    // (sport, seq, flags, ttl): 50-byte payloads, byte i of segment k is
+    // k * 7 + i.
+    let segs = [
+        (7000u16, 1u32, ACK, 64u8),
+        (7000, 51, ACK, 60),
+        (7000, 101, ACK | PSH, 62),
+        (7000, 151, ACK, 64),
+        (7000, 201, ACK, 64),
+        (7001, 1, ACK, 64),
+    ];
+    let payload = |k: usize| (0..50).map(|i| (k * 7 + i) as u8).collect::<Vec<_>>();
+    let wqe = |a: &mut Eth, k: usize| {
+        let (sport, seq, flags, ttl) = segs[k];
+        a.bufs[0]
+            .write(DATA as usize + k * 512, &payload(k))
+            .unwrap();
+        let h = tcp_headers(sport, seq, flags, ttl, 50);
+        send_segs(&h, alkey, k as u64 * 512, 50)
+    };
+    // Bursts (one doorbell each): segments 0-2, then 3 alone, then 4-5.
+    let mut idx = 0;
+    for burst in [0..3, 3..4, 4..6] {
+        let n = burst.len() as u16;
+        let w: Vec<Vec<u8>> = burst.map(|k| wqe(&mut a, k)).collect();
+        a.post_burst(sqn, idx, 0x0a, &w);
+        idx += 2 * n;
+        a.cqe(usize::from(idx / 2 - 1));
+    }
+    // CQE 0: segments 0-2 in strides 0-2 of WQE 0 (154 bytes).
+    let c = b.cqe(0);
+    assert_eq!(c[63] >> 4, CqeOpcode::RespSend.to_raw(), "{c:02x?}");
+    let merged = 54 + 150;
+    let field = |c: &[u8], f: BitField| f.get(c);
+    assert_eq!(
+        field(&c, cqe64::BYTE_CNT) as u32,
+        4 << MPWRQ_CQE_STRIDES_SHIFT | merged
+    );
+    assert_eq!(
+        (field(&c, cqe64::WQE_ID), field(&c, cqe64::WQE_COUNTER)),
+        (0, 0)
+    );
+    assert_eq!(field(&c, cqe64::SRQN) >> 24, 3, "lro_num_seg");
+    assert_eq!(field(&c, cqe64::TCPPSH_ABORT_DUPACK) >> 6 & 1, 1, "PSH");
+    assert_eq!(field(&c, cqe64::MIN_TTL), 60);
+    assert_eq!(field(&c, cqe64::TCP_WIN), 101);
+    assert_eq!(field(&c, cqe64::ACK_SEQ_NUM), 1101);
+    let mut got = vec![0u8; merged as usize];
+    b.bufs[0].read(STRIDED as usize, &mut got).unwrap();
+    // The first's headers as sent, less the checksums the offload filled.
+    let mut hdrs = got[..54].to_vec();
+    hdrs[24..26].fill(0);
+    hdrs[50..52].fill(0);
+    assert_eq!(
+        hdrs,
+        tcp_headers(7000, 1, ACK, 64, 50),
+        "the first's headers"
+    );
+    let data: Vec<u8> = (0..3).flat_map(payload).collect();
+    assert_eq!(got[54..], data[..], "the payloads back to back");
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|w| u32::from(w[0]) << 8 | u32::from(w[1]))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    assert_eq!(field(&c, cqe64::CHECK_SUM), u64::from(sum), "payload sum");
+    // Segment 3 alone, its burst ended: an ordinary CQE at stride 4.
+    let c = b.cqe(1);
+    assert_eq!(
+        field(&c, cqe64::BYTE_CNT) as u32,
+        2 << MPWRQ_CQE_STRIDES_SHIFT | 104
+    );
+    assert_eq!(
+        (field(&c, cqe64::WQE_ID), field(&c, cqe64::WQE_COUNTER)),
+        (0, 4)
+    );
+    assert_eq!(field(&c, cqe64::SRQN) >> 24, 0);
+    // Segment 4 (strides 6-7 of WQE 0) ended by segment 5 of another flow,
+    // which completes at its burst's end in WQE 1.
+    let c = b.cqe(2);
+    assert_eq!(
+        field(&c, cqe64::BYTE_CNT) as u32,
+        2 << MPWRQ_CQE_STRIDES_SHIFT | 104
+    );
+    assert_eq!(
+        (field(&c, cqe64::WQE_ID), field(&c, cqe64::WQE_COUNTER)),
+        (0, 6)
+    );
+    let c = b.cqe(3);
+    assert_eq!(
+        field(&c, cqe64::BYTE_CNT) as u32,
+        2 << MPWRQ_CQE_STRIDES_SHIFT | 104
+    );
+    assert_eq!(
+        (field(&c, cqe64::WQE_ID), field(&c, cqe64::WQE_COUNTER)),
+        (1, 0)
+    );
+    let mut got = vec![0u8; 104];
+    b.bufs[0].read((STRIDED + 512) as usize, &mut got).unwrap();
+    assert_eq!(&got[34..36], &7001u16.to_be_bytes());
+    assert_eq!(got[54..], payload(5)[..]);
 }
 
 /// A legacy multi-packet send (ConnectX-4 Lx's MPW, the LSO opcode with

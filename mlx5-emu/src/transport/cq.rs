@@ -81,6 +81,7 @@ pub(crate) enum ResizeError {
 pub(crate) struct Completion {
     pub opcode: u8,
     pub qpn: u32,
+    /// The WQE's index; a striding RQ's first stride of the frame.
     pub wqe_counter: u16,
     /// Send WQE opcode (requester CQEs).
     pub s_wqe_opcode: u8,
@@ -96,8 +97,11 @@ pub(crate) struct Completion {
     pub l3: u8,
     /// Data scattered to the CQE instead of the buffer (qpc `cs_res`).
     pub inline: Option<InlineScatter>,
-    /// A striding RQ's first stride of the frame (`wqe_id`).
+    /// A striding RQ's WQE index (`wqe_id`).
     pub wqe_id: u16,
+    /// A packet merged by LRO from several TCP segments
+    /// ([`super::lro`]).
+    pub lro: Option<super::lro::LroCqe>,
     /// Ethernet receives (transport/eth_rx.rs): `hds_ip_ext` (checksums
     /// good), `rss_hash_type`, `rss_hash_result`, `vlan_info`.
     pub eth: Option<EthCqe>,
@@ -110,6 +114,8 @@ pub(crate) struct EthCqe {
     pub rss_hash_type: u8,
     pub rss_hash_result: u32,
     pub vlan_info: u16,
+    /// The one's-complement sum of the frame from its IP header on.
+    pub check_sum: u16,
 }
 
 /// Up to 64 bytes of a message written into its CQE: 32 into the CQE's
@@ -218,7 +224,16 @@ impl Cq {
             None => {
                 e.flags_rqpn.set(c.flags_rqpn);
                 e.l4_l3_hdr_type = c.l3;
-                e.srqn.set(c.srqn & cqe::CQE_QPN_MASK);
+                let segs = c
+                    .lro
+                    .map_or(0, |l| u32::from(l.num_seg) << cqe::CQE_LRO_NUM_SEG_SHIFT);
+                e.srqn.set(c.srqn & cqe::CQE_QPN_MASK | segs);
+                if let Some(l) = c.lro {
+                    e.tcppsh_abort_dupack = l.tcppsh_abort_dupack;
+                    e.min_ttl = l.min_ttl;
+                    e.tcp_win.set(l.tcp_win);
+                    e.ack_seq_num.set(l.ack_seq_num);
+                }
                 e.immediate.set(c.imm);
                 e.byte_cnt.set(c.byte_cnt);
                 let ts = rdma.ticks();
@@ -230,6 +245,7 @@ impl Cq {
                     e.rss_hash_type = x.rss_hash_type;
                     e.rss_hash_result.set(x.rss_hash_result);
                     e.vlan_info.set(x.vlan_info);
+                    e.check_sum.set(x.check_sum);
                 }
                 c.opcode
             }

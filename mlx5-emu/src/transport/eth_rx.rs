@@ -24,8 +24,9 @@
 //! next-WQE segment and one data segment whose buffer is 2^n strides of
 //! 2^s bytes ([`Striding`]): each frame lands at the next free stride of
 //! the head WQE (two bytes in with `two_byte_shift_en`), taking as many
-//! strides as it needs, and its CQE names the WQE (`wqe_counter`), the
-//! first stride (`wqe_id`) and the strides consumed with the byte count
+//! strides as it needs, and its CQE names the WQE (`wqe_id`), the
+//! first stride (`wqe_counter`: Linux's `mpwrq_get_cqe_stride_index`,
+//! DPDK's `strd_idx`) and the strides consumed with the byte count
 //! (`byte_cnt`: consumed << 16 | bytes). A frame that does not fit in the
 //! WQE's remaining strides ends the WQE with a filler CQE (the rest of its
 //! strides, `MPWRQ_CQE_FILLER`) and goes to the next; one larger than a
@@ -48,6 +49,7 @@ use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
 use vfio::IovaMemory;
 
 use super::cq::{Completion, EthCqe};
+use super::lro;
 use super::mem::{self, access};
 use super::qp::Buf;
 use super::requester::{key_error, vendor};
@@ -73,6 +75,8 @@ pub(crate) struct EthRx {
     pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
     /// The vport's local loopback as its NIC vport context sets it.
     pub local_lb: LocalLb,
+    /// Some RQ may hold an open LRO session ([`EthRx::flush_lro`]).
+    pub lro_open: AtomicBool,
 }
 
 /// The NIC vport context's `disable_uc_local_lb` and `disable_mc_local_lb`
@@ -99,6 +103,25 @@ impl EthRx {
         lock(&self.flow_counts).clear();
         self.local_lb.uc_disabled.store(false, Ordering::Relaxed);
         self.local_lb.mc_disabled.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends the LRO sessions no segment joined since the last call (one
+    /// pass of the function's data path), those a local burst delivered
+    /// into excepted; or, `burst_end`, those (a sender's burst ended).
+    /// Whether any stays open (the worker stays awake for it).
+    pub(crate) fn flush_lro(&self, rdma: &Rdma, mem: &IovaMemory, burst_end: bool) -> bool {
+        if !self.lro_open.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        let rqs: Vec<Arc<EthRq>> = super::rlock(&self.rqs).values().cloned().collect();
+        let mut open = false;
+        for rq in rqs {
+            open |= rq.flush_lro(rdma, mem, burst_end);
+        }
+        if open {
+            self.lro_open.store(true, Ordering::Release);
+        }
+        open
     }
 
     /// Packets and octets counter `id` counted (0 when never).
@@ -164,6 +187,8 @@ pub(crate) struct RqRing {
     pub head: u16,
     /// A striding RQ: the head WQE's next free stride.
     pub stride: u32,
+    /// An open LRO session at that stride ([`lro`]).
+    pub lro: Option<lro::Session>,
 }
 
 impl EthRq {
@@ -208,7 +233,7 @@ impl EthRq {
                     wqe_counter: at,
                     byte_cnt: frame.len() as u32,
                     l3: hdr_types(p, vlan),
-                    eth: Some(eth_cqe(p, d, vlan)),
+                    eth: Some(eth_cqe(p, d, vlan, frame)),
                     ..Completion::default()
                 }
             }
@@ -261,9 +286,40 @@ impl EthRq {
         let need = (frame.len() as u64 + lead).div_ceil(1 << st.log_size) as u32;
         let mut cqes = Vec::with_capacity(2);
         let mut ring = lock(&self.ring);
+        // A TCP segment its TIR lets the device merge (LRO).
+        let seg = d
+            .lro
+            .and_then(|cfg| lro::segment(frame, p, cfg).map(|s| (s, cfg)));
+        if let Some(mut sess) = ring.lro.take() {
+            let used = lead + u64::from(sess.bytes);
+            let room = (u64::from(total - sess.first) << st.log_size).saturating_sub(used);
+            match &seg {
+                Some((s, _)) if sess.takes(s, room) => {
+                    let data = &frame[s.payload()];
+                    if self
+                        .place(rdma, mem, sess.at, sess.first, used, data, st)
+                        .is_ok()
+                    {
+                        sess.join(s, frame, d.burst);
+                        if sess.ended() {
+                            self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+                        } else {
+                            ring.lro = Some(sess);
+                        }
+                        drop(ring);
+                        return self.push_all(rdma, mem, &cqes);
+                    }
+                    // What was merged completes; the frame goes on alone
+                    // (and fails there as it would have).
+                    self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+                }
+                _ => self.close_lro(mem, &mut ring, &sess, st, &mut cqes),
+            }
+        }
         let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
         if pi == ring.consumed {
             drop(ring);
+            self.push_all(rdma, mem, &cqes);
             return self.out_of_buffer(rdma);
         }
         if need > total || frame.len() > 0xffff {
@@ -284,8 +340,8 @@ impl EthRq {
                 cqes.push(Completion {
                     opcode: CqeOpcode::RespSend.to_raw(),
                     qpn: self.rqn,
-                    wqe_counter: at,
-                    wqe_id: first as u16,
+                    wqe_counter: first as u16,
+                    wqe_id: at,
                     byte_cnt: MPWRQ_CQE_FILLER | left << MPWRQ_CQE_STRIDES_SHIFT,
                     ..Completion::default()
                 });
@@ -299,19 +355,30 @@ impl EthRq {
             let (at, first) = (ring.head, ring.stride);
             match self.place(rdma, mem, at, first, lead, frame, st) {
                 Ok(()) => {
-                    cqes.push(Completion {
+                    let c = Completion {
                         opcode: CqeOpcode::RespSend.to_raw(),
                         qpn: self.rqn,
-                        wqe_counter: at,
-                        wqe_id: first as u16,
+                        wqe_counter: first as u16,
+                        wqe_id: at,
                         byte_cnt: need << MPWRQ_CQE_STRIDES_SHIFT | frame.len() as u32,
                         l3: hdr_types(p, vlan),
-                        eth: Some(eth_cqe(p, d, vlan)),
+                        eth: Some(eth_cqe(p, d, vlan, frame)),
                         ..Completion::default()
-                    });
-                    ring.stride = first + need;
-                    if ring.stride == total {
-                        self.next_wqe(mem, &mut ring);
+                    };
+                    match seg {
+                        // A session opens on it; its CQE waits.
+                        Some((s, cfg)) if !s.psh => {
+                            ring.lro =
+                                Some(lro::Session::start(&s, frame, cfg, at, first, c, d.burst));
+                            rdma.eth_rx.lro_open.store(true, Ordering::Release);
+                        }
+                        _ => {
+                            cqes.push(c);
+                            ring.stride = first + need;
+                            if ring.stride == total {
+                                self.next_wqe(mem, &mut ring);
+                            }
+                        }
                     }
                 }
                 Err(e) => self.fail_wqe(rdma, &mut ring, at, e, &mut cqes),
@@ -319,6 +386,53 @@ impl EthRq {
         }
         drop(ring);
         self.push_all(rdma, mem, &cqes);
+    }
+
+    /// LRO session `sess` ends: its CQE, and the strides it took.
+    fn close_lro(
+        &self,
+        mem: &IovaMemory,
+        ring: &mut RqRing,
+        sess: &lro::Session,
+        st: Striding,
+        cqes: &mut Vec<Completion>,
+    ) {
+        let lead = if st.shift2 { 2 } else { 0 };
+        let strides = (lead + u64::from(sess.bytes)).div_ceil(1 << st.log_size) as u32;
+        cqes.push(sess.completion(strides));
+        ring.stride = sess.first + strides;
+        if ring.stride >= 1 << st.log_num {
+            self.next_wqe(mem, ring);
+        }
+    }
+
+    /// Ends this RQ's LRO session if no segment joined it since the last
+    /// call (the device's LRO timeout, counted in passes of the
+    /// function's data path); whether one stays open.
+    /// `burst_end`: a local sender's burst ended, and every session it
+    /// delivered into closes now.
+    fn flush_lro(&self, rdma: &Rdma, mem: &IovaMemory, burst_end: bool) -> bool {
+        let Some(st) = self.striding else {
+            return false;
+        };
+        let mut ring = lock(&self.ring);
+        let Some(sess) = ring.lro.as_mut() else {
+            return false;
+        };
+        if burst_end {
+            if !sess.held {
+                return true;
+            }
+        } else if sess.held || std::mem::take(&mut sess.touched) {
+            return true;
+        }
+        let mut cqes = Vec::with_capacity(1);
+        if let Some(sess) = ring.lro.take() {
+            self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+        }
+        drop(ring);
+        self.push_all(rdma, mem, &cqes);
+        false
     }
 
     /// The head WQE is used up: the ring moves to the next one.
@@ -339,7 +453,9 @@ impl EthRq {
         ring.stride = 0;
     }
 
-    /// WQE `at` failed with `e`: an error CQE and the RQ to ERR.
+    /// WQE `at` failed with `e`: an error CQE (naming the WQE in both
+    /// `wqe_counter`, as an error CQE does, and `wqe_id`, where mlx5e's
+    /// striding RQ looks for it) and the RQ to ERR.
     fn fail_wqe(
         &self,
         rdma: &Rdma,
@@ -357,6 +473,7 @@ impl EthRq {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: self.rqn,
             wqe_counter: at,
+            wqe_id: at,
             error: Some((e.0.to_raw(), e.1)),
             ..Completion::default()
         });
@@ -500,7 +617,7 @@ fn hdr_types(p: &Parsed, vlan: Option<u16>) -> u8 {
 }
 
 /// The Ethernet part of the CQE: checksums, RSS, the VLAN tag stripped.
-fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
+fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>, frame: &[u8]) -> EthCqe {
     let ip = p.flow.ipv6.is_some();
     let mut ok = CQE_L2_OK;
     if ip && p.l3_ok {
@@ -527,7 +644,27 @@ fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>) -> EthCqe {
         rss_hash_type: ht,
         rss_hash_result: d.hash,
         vlan_info: vlan.unwrap_or(0),
+        check_sum: l3_sum(frame),
     }
+}
+
+/// The CQE's `check_sum` of a frame as it lands: the one's-complement sum
+/// (folded, not inverted) of its bytes from the IP header to its end,
+/// past any VLAN tags left in it (mlx5e hands it to the stack as
+/// CHECKSUM_COMPLETE, adding a left tag's bytes and taking off tail
+/// padding itself: `mlx5e_skb_csum_fixup`); 0 for a frame that is not IP.
+fn l3_sum(frame: &[u8]) -> u16 {
+    use super::packet::{ETH_ADDRS_LEN, VLAN_HLEN};
+    use super::steer::{ETH_P_8021AD, ETH_P_8021Q, ETH_P_IP, ETH_P_IPV6};
+    let mut at = ETH_ADDRS_LEN;
+    while let Some(t) = frame.get(at..at + 2) {
+        match u16::from_be_bytes([t[0], t[1]]) {
+            ETH_P_8021Q | ETH_P_8021AD => at += VLAN_HLEN,
+            ETH_P_IP | ETH_P_IPV6 => return super::steer::csum_fold(&frame[at + 2..], 0),
+            _ => return 0,
+        }
+    }
+    0
 }
 
 /// Sends `frame` from `src`'s port (an SQ of transport domain `td`) onto
@@ -543,7 +680,7 @@ pub(crate) fn transmit(src: &Rdma, frame: &[u8], td: Option<u32>) {
         src.counters.dropped.fetch_add(1, Ordering::Relaxed);
     }
     for dst in peers {
-        receive(&dst, frame);
+        receive_from(&dst, frame, None, true);
     }
     if let Some(l) = link {
         l.send_frame(frame.to_vec());
@@ -568,18 +705,32 @@ fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
     };
     let multicast = dmac[0] & 1 != 0;
     if multicast && !src.eth_rx.local_lb.mc_disabled.load(Ordering::Relaxed) {
-        receive_from(src, frame, Some(Looped { td, multicast }));
+        receive_from(src, frame, Some(Looped { td, multicast }), true);
     }
 }
 
 /// `dst`'s port takes in `frame`: steering, then each RQ it picked.
 pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
-    receive_from(dst, frame, None);
+    receive_from(dst, frame, None, false);
+}
+
+/// A local SQ's burst ended: the LRO sessions its frames opened on the
+/// ports it reaches (its cable's other functions, its own by loopback)
+/// close ([`super::lro`]).
+pub(crate) fn end_burst(src: &Rdma) {
+    let wire = crate::fabric::wire_of(src);
+    let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
+    for dst in peers.iter().map(|d| &**d).chain([src]) {
+        if dst.eth_rx.lro_open.load(Ordering::Acquire) {
+            dst.eth_rx.flush_lro(dst, &dst.dma.memory(), true);
+        }
+    }
 }
 
 /// [`receive`] of a frame from the wire (`looped` none) or one the
-/// function sent itself ([`loop_back`]).
-fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>) {
+/// function sent itself ([`loop_back`]); `burst`: a local SQ's burst sent
+/// it ([`end_burst`]).
+fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: bool) {
     let c = &dst.counters;
     if frame.len() < ETH_HLEN {
         if looped.is_none() {
@@ -618,7 +769,8 @@ fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>) {
         return;
     }
     let mem = dst.dma.memory();
-    for d in v.to {
+    for mut d in v.to {
+        d.burst = burst;
         let rq = rlock(&dst.eth_rx.rqs).get(&d.rqn).cloned();
         match rq {
             Some(rq) => rq.deliver(dst, &mem, frame, &p, d),

@@ -81,6 +81,11 @@ pub(crate) struct EthSq {
     /// (`enhanced_multi_pkt_send_wqe`, ConnectX-5 and later); without it
     /// their opcode is a local QP operation error.
     pub empw: bool,
+    /// It takes UMR WQEs (`sqc.reg_umr`, where the card offers
+    /// `reg_umr_sq`: mlx5e's internal control SQ maps its striding RQs'
+    /// pages by UMR); without it their opcode is a local QP operation
+    /// error.
+    pub reg_umr: bool,
     /// The transport domain of its TIS (none without one).
     pub td: Option<u32>,
     /// Where the ring stands.
@@ -205,6 +210,10 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, rung: bool) -> bool
         }
         *ci = at.wrapping_add(nbb);
     }
+    drop(ring);
+    if busy {
+        eth_rx::end_burst(rdma);
+    }
     busy
 }
 
@@ -270,6 +279,7 @@ fn read_wqe(
 fn execute(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
     match WqeOpcode::from(w[3]) {
         WqeOpcode::Nop => Outcome::Done(0, 0),
+        WqeOpcode::Umr if sq.reg_umr => umr(rdma, sq, mem, w),
         WqeOpcode::Send => send(rdma, sq, mem, w, false),
         WqeOpcode::Lso if w[0] == OPC_MOD_MPW => match sq.mpw {
             true => legacy_mpw(rdma, sq, mem, w),
@@ -406,6 +416,30 @@ fn leave(
     }
     eth_rx::transmit(rdma, f, sq.td);
     f.len() as u32
+}
+
+/// A UMR WQE (`sq.reg_umr`): the mkey its control segment names is
+/// modified as on a QP ([`super::umr`]), within the SQ's protection domain.
+fn umr(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, w: &[u8]) -> Outcome {
+    let by = super::umr::Poster {
+        qpn: sq.sqn,
+        pd: sq.pd,
+        privileged: false,
+    };
+    let mkey = wqe_ctrl_seg::IMM.get(w) as u32;
+    match super::umr::execute(rdma, by, mem, mkey, w, w.len()) {
+        Ok(()) => Outcome::Done(0, 0),
+        Err((synd, v)) => {
+            tracing::debug!(
+                sqn = sq.sqn,
+                mkey = format_args!("{mkey:#x}"),
+                ?synd,
+                vendor = v,
+                "UMR refused"
+            );
+            Outcome::Error(synd, v)
+        }
+    }
 }
 
 /// The Ethernet segment of a multi-packet send WQE `w` (eMPW or legacy

@@ -40,6 +40,7 @@ pub(crate) mod cq;
 pub(crate) mod dc;
 pub(crate) mod eth_rx;
 pub(crate) mod eth_sq;
+pub(crate) mod lro;
 pub(crate) mod lso;
 pub(crate) mod mem;
 pub(crate) mod odp;
@@ -850,6 +851,8 @@ impl Rdma {
             }
         }
         lock(&self.poll).hint = hint;
+        // LRO sessions idle since the last pass end (the device's timeout).
+        busy |= self.eth_rx.flush_lro(self, &mem, false);
         let mut attention: Vec<u32> = std::mem::take(&mut *lock(&self.attention))
             .into_iter()
             .collect();

@@ -740,7 +740,12 @@ fn run_wqe(
         return Outcome::Done(0);
     }
     if w.opcode == W::Umr {
-        return match super::umr::execute(rdma, qp, mem, w.imm, buf, end) {
+        let by = super::umr::Poster {
+            qpn: qp.qpn,
+            pd: qp.pd,
+            privileged: qp.st == qp::st::REG_UMR,
+        };
+        return match super::umr::execute(rdma, by, mem, w.imm, buf, end) {
             Ok(()) => Outcome::Done(0),
             Err((synd, v)) => {
                 tracing::debug!(

@@ -82,6 +82,8 @@ struct PlanTir {
     td: u32,
     /// `tirc.self_lb_block` (`TIRC_SELF_LB_BLOCK_BLOCK_*`).
     self_lb_block: u64,
+    /// Its LRO configuration, if it merges.
+    lro: Option<super::lro::Lro>,
 }
 
 /// A frame the function sent, looped back to its own NIC RX.
@@ -122,6 +124,10 @@ pub(crate) struct Delivery {
     /// The RSS hash (indirect TIRs), 0 otherwise.
     pub hash: u32,
     pub hashed: bool,
+    /// The TIR merges TCP segments ([`super::lro`]).
+    pub lro: Option<super::lro::Lro>,
+    /// A local SQ's burst sent the packet (its end closes LRO sessions).
+    pub burst: bool,
 }
 
 /// What steering decided for one packet.
@@ -189,6 +195,7 @@ impl Plan {
                     disp: tir,
                     td: tirc::TRANSPORT_DOMAIN.get(c) as u32,
                     self_lb_block: tirc::SELF_LB_BLOCK.get(c),
+                    lro: super::lro::Lro::of(c),
                 },
             );
         }
@@ -235,11 +242,14 @@ impl Plan {
                     .tirs
                     .get(tirn)
                     .filter(|t| !looped.is_some_and(|l| t.blocks(l)));
+                let lro = tir.and_then(|t| t.lro);
                 match tir.map(|t| &t.disp) {
                     Some(Tir::Direct(rqn)) => v.to.push(Delivery {
                         rqn: *rqn,
                         hash: 0,
                         hashed: false,
+                        lro,
+                        burst: false,
                     }),
                     Some(Tir::Indirect { rqs, hash }) if !rqs.is_empty() => {
                         let h = hash.hash(flow);
@@ -247,6 +257,8 @@ impl Plan {
                             rqn: rqs[h as usize % rqs.len()],
                             hash: h,
                             hashed: true,
+                            lro,
+                            burst: false,
                         });
                     }
                     _ => {}

@@ -34,7 +34,6 @@ use vfio::IovaMemory;
 use zerocopy::FromBytes;
 
 use super::mem::{self, access, klm_entry, Mkey, QPN_ANY};
-use super::qp::{self, Qp};
 use super::{wlock, Rdma};
 
 /// Vendor syndromes of a refused UMR (stable values of this model).
@@ -80,6 +79,20 @@ const CTRL_AT: usize = wqe_ctrl_seg::SIZE_BYTES;
 const SEG_AT: usize = CTRL_AT + wqe_umr_ctrl_seg::SIZE_BYTES;
 const XLT_AT: usize = SEG_AT + mkey_seg::SIZE_BYTES;
 
+/// The send queue a UMR WQE was posted on, as the UMR's checks see it:
+/// a QP (Linux's REG_UMR QP, or a user QP through mlx5dv) or an Ethernet
+/// SQ made with `reg_umr` (mlx5e's internal control SQ, which maps its
+/// striding RQs' pages by UMR).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Poster {
+    /// Its number (a key bound to a QP must be bound to this one).
+    pub qpn: u32,
+    /// Its protection domain (the key's must match, unless privileged).
+    pub pd: u32,
+    /// A REG_UMR QP: no PD of its own, any key, no memory-window binds.
+    pub privileged: bool,
+}
+
 fn malformed() -> Refusal {
     (CqeSyndrome::LocalQpOpErr, vendor::UMR_MALFORMED)
 }
@@ -88,7 +101,7 @@ fn malformed() -> Refusal {
 /// included) whose control segment names `mkey`.
 pub(crate) fn execute(
     rdma: &Rdma,
-    qp: &Arc<Qp>,
+    qp: Poster,
     mem: &IovaMemory,
     mkey: u32,
     buf: &[u8],
@@ -131,7 +144,7 @@ pub(crate) fn execute(
     // refusals are bind errors. (mlx5dv's mkey configuration writes a
     // KLM list or repeat block without the offset: no bind checks, the
     // entries are checked on access.)
-    let bind = qp.st != qp::st::REG_UMR
+    let bind = !qp.privileged
         && octs != 0
         && old.mode == MKC_ACCESS_MODE_KLMS
         && flags & UMR_TRANSLATION_OFFSET_EN != 0;
@@ -144,14 +157,14 @@ pub(crate) fn execute(
     if flags & UMR_CHECK_QPN != 0 && !old.usable_by(qp.qpn) {
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_QPN_CHECK));
     }
-    if qp.st != qp::st::REG_UMR && old.pd != qp.pd {
+    if !qp.privileged && old.pd != qp.pd {
         return Err((CqeSyndrome::LocalProtErr, vendor::UMR_PD_MISMATCH));
     }
     let mut k = (*old).clone();
     if let Some(seg) = seg {
         apply_mask(&mut k, mask, seg)?;
     }
-    if qp.st != qp::st::REG_UMR && k.qpn != QPN_ANY && k.qpn != qp.qpn {
+    if !qp.privileged && k.qpn != QPN_ANY && k.qpn != qp.qpn {
         return Err((CqeSyndrome::MwBindErr, vendor::BIND_QP));
     }
     if octs != 0 {
@@ -282,7 +295,7 @@ fn check_bind(rdma: &Rdma, k: &Mkey) -> Result<(), Refusal> {
 /// through that segment's key (the reserved lkey: IOVAs as they are).
 fn read_pointed(
     rdma: &Rdma,
-    qp: &Qp,
+    qp: Poster,
     mem: &IovaMemory,
     wqe: &[u8],
     bytes: usize,
@@ -302,11 +315,7 @@ fn read_pointed(
         // A UMR QP has no PD (fw/qp.rs): Linux points it at the
         // translation through its UMR PD's DMA key (`local_dma_lkey`, a PA
         // key, mlx5 having no reserved one), any PD's key being usable.
-        let pd = if qp.st == qp::st::REG_UMR {
-            k.pd
-        } else {
-            qp.pd
-        };
+        let pd = if qp.privileged { k.pd } else { qp.pd };
         k.resolve(pd, access::LR, addr, bytes as u64, &mut ext)
             .map_err(|_| (CqeSyndrome::LocalProtErr, vendor::UMR_XLT_KEY))?;
     }

@@ -103,6 +103,9 @@ dpdk_pair() {
     dpdk_stop "$l-tx" $tx
     sleep 2
     dpdk_stop "$l-rx" $rx
+    # Whether the receiver's queue was a Multi-Packet RQ (DPDK's MPRQ on
+    # the device's striding RQ: with mprq_en=1, logged at info level).
+    grep -a -m1 'Multi-Packet RQ is configured' "/tmp/dpdk.$l-rx" | sed 's/^/=== dpdk '"$l"'-rxq: /'
     dpdk_phase "$l-txonly" "$1" "$2"
     [ "${5:-}" = noio ] && return
     dpdk_mark "$1" "$2"

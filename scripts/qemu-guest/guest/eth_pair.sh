@@ -14,7 +14,11 @@
 # tx_mpwqe_pkts counts what mlx5e sent by enhanced multi-packet WQEs
 # (linear SKBs without inline headers), tx_mpwqe_blks those WQEs,
 # tx_csum_partial_inner and tx_tso_inner_packets the tunnelled frames whose
-# inner checksums and segmentation it left to the device. Every
+# inner checksums and segmentation it left to the device; and whether each
+# received through striding RQs (rx_striding_rq) and how many packets the
+# device merged by LRO (rx_lro_packets: DEV1 asks for LRO first, where
+# mlx5e offers it); then DEV0's global pause
+# read, turned off and read back (ethtool -a/-A: the PFCC register). Every
 # line the host checks starts with "=== eth ".
 PKTGEN_COUNT=256
 
@@ -40,6 +44,10 @@ eth_pair() {
     ip addr add 10.9.0.1/24 dev "$1"
     ip netns exec peer ip addr add 10.9.0.2/24 dev "$2"
     ip netns exec peer ip link set dev "$2" up
+    # LRO on the receiving side where mlx5e offers it (its RQs stride):
+    # the TCP stream below then arrives merged by the device.
+    ip netns exec peer ethtool -K "$2" lro on 2>/dev/null
+    echo "=== eth lro $(ip netns exec peer ethtool -k "$2" | awk '/^large-receive-offload:/ { $1 = ""; print substr($0, 2) }')"
     PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.9.0.2 &
     i=0
     while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
@@ -81,8 +89,25 @@ eth_pair() {
     done
     ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.10.0.2
     wait
-    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets; do
+    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets; do
         PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
         PYTHONDONTWRITEBYTECODE=1 ip netns exec peer python3 /guest/eth_traffic.py stats "$2" $c
     done
+    # Whether mlx5e received through striding RQs (its rx_striding_rq
+    # private flag: on where the caps allow its UMR-mapped MPWQEs).
+    striding() { $1 ethtool --show-priv-flags "$2" | awk '$1 == "rx_striding_rq" { print ($3 == "on") }'; }
+    echo "=== eth stat $1 rx_striding_rq $(striding "" "$1")"
+    echo "=== eth stat $2 rx_striding_rq $(striding "ip netns exec peer" "$2")"
+    # The CQE checksums mlx5e handed the stack as CHECKSUM_COMPLETE
+    # (rx_csum_complete on the receiving side) and the stack's verdict on
+    # them: "hw csum failure" where a sum disagreed with the frame.
+    complete=$(ip netns exec peer ethtool -S "$2" | awk '$1 == "rx_csum_complete:" { print $2 }')
+    echo "=== eth csum complete ${complete:-none} faults $(dmesg | grep -c 'hw csum failure')"
+    # Global pause as mlx5e reads and sets it (PFCC): on from power-on,
+    # then off and read back, then on again.
+    pause() { ethtool -a "$1" | awk '/^RX:/ { rx = $2 } /^TX:/ { tx = $2 } END { print rx, tx }'; }
+    echo "=== eth pause $(pause "$1")"
+    ethtool -A "$1" rx off tx off
+    echo "=== eth pause-off rc=$? $(pause "$1")"
+    ethtool -A "$1" rx on tx on
 }

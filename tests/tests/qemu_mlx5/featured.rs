@@ -39,10 +39,17 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_leaves_inner_checksums_to_the_device",
     "cx7/mlx5e_pktgen_bursts_arrive",
     "cx7/mlx5e_sends_by_enhanced_multi_packet_wqes",
+    "cx7/mlx5e_receives_through_striding_rqs",
+    "cx7/mlx5e_reads_and_sets_global_pause",
+    "cx7/mlx5e_checksum_complete_matches_the_frames",
+    "cx7/mlx5e_lro_merges_the_tcp_stream",
     "cx7/dpdk_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_defaults_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_testpmd_io_forwards_both_ways",
     "cx7/dpdk_defaults_testpmd_io_forwards_both_ways",
+    "cx7/dpdk_makes_multi_packet_rqs",
+    "cx7/dpdk_mprq_testpmd_txonly_reaches_rxonly",
+    "cx7/dpdk_mprq_testpmd_io_forwards_both_ways",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -202,7 +209,8 @@ fn dpdk_kernel(lines: &[&str], tag: &str) -> Option<(u64, u64)> {
 
 /// DPDK's testpmd with its mlx5 PMD over mlx5_ib (`dpdk.sh`), with its
 /// queues and flows through verbs (`verbs`) and with DPDK's defaults
-/// (`devx`: DevX queues in UMEMs, DV flows). `txonly` on mlx5_0's
+/// (`devx`: DevX queues in UMEMs, DV flows), and with its Multi-Packet
+/// RQs (`mprq`: the device's striding RQs). `txonly` on mlx5_0's
 /// function to `rxonly` on mlx5_1's: every frame sent (testpmd's and
 /// the netdevs' own) arrived or was counted missed by the receiving
 /// device, except what the sender's queue held when it stopped. Then
@@ -217,8 +225,29 @@ fn judge_dpdk(t: &mut Tally, console: &str, log: &str) {
     let lines = tagged(console, "dpdk ");
     let rc_ok = |tag: &str| lines.contains(&format!("{tag} rc=0").as_str());
     let why = |what: &str| format!("{what}: {lines:?}; {log}");
-    for (l, check) in [("verbs", "dpdk_testpmd"), ("devx", "dpdk_defaults_testpmd")] {
+    for (l, check) in [
+        ("verbs", "dpdk_testpmd"),
+        ("devx", "dpdk_defaults_testpmd"),
+        ("mprq", "dpdk_mprq_testpmd"),
+    ] {
         let tag = |x: &str| format!("{l}-{x}");
+        // The MPRQ run's receiver made Multi-Packet RQs (else DPDK fell
+        // back to its plain RQs and the run judges nothing new).
+        let mprq = lines.iter().any(|x| {
+            x.starts_with(&format!("{l}-rxq: ")) && x.contains("Multi-Packet RQ is configured")
+        });
+        if l == "mprq" {
+            t.check(
+                "cx7/dpdk_makes_multi_packet_rqs",
+                if mprq {
+                    Ok(())
+                } else {
+                    Err(why(
+                        "no \"Multi-Packet RQ is configured\" from the mprq receiver",
+                    ))
+                },
+            );
+        }
         let txonly = match (
             dpdk_port(&lines, &tag("tx"), 0),
             dpdk_port(&lines, &tag("rx"), 0),
