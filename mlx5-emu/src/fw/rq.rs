@@ -128,7 +128,7 @@ impl Firmware {
         rqc::STATE.set(&mut rq.ctx, next);
         if let Some(q) = rlock(&inner.rdma.eth_rx.rqs).get(&rqn) {
             if next == QUEUE_STATE_RST {
-                q.reset();
+                q.reset(&inner.rdma.eth_rx);
             }
             if bitmask & MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID != 0 {
                 let id = rqc::COUNTER_SET_ID.get(c) as u32;
@@ -175,7 +175,10 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResourceState, synd::RQ_IN_USE));
         }
         self.eth.rqs.remove(&rqn);
-        wlock(&inner.rdma.eth_rx.rqs).remove(&rqn);
+        let gone = wlock(&inner.rdma.eth_rx.rqs).remove(&rqn);
+        if let Some(q) = gone {
+            q.reset(&inner.rdma.eth_rx);
+        }
         crate::transport::freed(&inner.rdma.qp_floor, rqn);
         Ok(vec![0; 0x10])
     }

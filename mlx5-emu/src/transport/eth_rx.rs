@@ -34,7 +34,7 @@
 //! strides are.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
@@ -75,8 +75,9 @@ pub(crate) struct EthRx {
     pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
     /// The vport's local loopback as its NIC vport context sets it.
     pub local_lb: LocalLb,
-    /// Some RQ may hold an open LRO session ([`EthRx::flush_lro`]).
-    pub lro_open: AtomicBool,
+    /// LRO sessions open on its RQs (counted under each RQ's ring lock:
+    /// opened +1, closed or dropped -1; [`EthRx::flush_lro`]).
+    pub lro_open: AtomicU32,
 }
 
 /// The NIC vport context's `disable_uc_local_lb` and `disable_mc_local_lb`
@@ -101,25 +102,29 @@ impl EthRx {
         super::wlock(&self.rqs).clear();
         *super::wlock(&self.plan) = Arc::default();
         lock(&self.flow_counts).clear();
+        self.lro_open.store(0, Ordering::Release);
         self.local_lb.uc_disabled.store(false, Ordering::Relaxed);
         self.local_lb.mc_disabled.store(false, Ordering::Relaxed);
     }
 
     /// Ends the LRO sessions no segment joined since the last call (one
-    /// pass of the function's data path), those a local burst delivered
-    /// into excepted; or, `burst_end`, those (a sender's burst ended).
-    /// Whether any stays open (the worker stays awake for it).
-    pub(crate) fn flush_lro(&self, rdma: &Rdma, mem: &IovaMemory, burst_end: bool) -> bool {
-        if !self.lro_open.swap(false, Ordering::AcqRel) {
+    /// pass of the function's data path), those a local burst fed
+    /// excepted; or, `burst_end`, the sessions that sender's burst fed
+    /// (its burst ended). Whether any stays open (the worker stays awake
+    /// for it).
+    pub(crate) fn flush_lro(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        burst_end: Option<lro::Sender>,
+    ) -> bool {
+        if self.lro_open.load(Ordering::Acquire) == 0 {
             return false;
         }
         let rqs: Vec<Arc<EthRq>> = super::rlock(&self.rqs).values().cloned().collect();
         let mut open = false;
         for rq in rqs {
             open |= rq.flush_lro(rdma, mem, burst_end);
-        }
-        if open {
-            self.lro_open.store(true, Ordering::Release);
         }
         open
     }
@@ -192,9 +197,14 @@ pub(crate) struct RqRing {
 }
 
 impl EthRq {
-    /// Back to RST: the ring restarts at 0.
-    pub(crate) fn reset(&self) {
-        *lock(&self.ring) = RqRing::default();
+    /// Back to RST: the ring restarts at 0 (an open LRO session is
+    /// dropped uncompleted, as the WQE it was filling).
+    pub(crate) fn reset(&self, rx: &EthRx) {
+        let mut r = lock(&self.ring);
+        if r.lro.take().is_some() {
+            rx.lro_open.fetch_sub(1, Ordering::AcqRel);
+        }
+        *r = RqRing::default();
     }
 
     /// Takes `frame` into the next WQE and completes it.
@@ -302,7 +312,7 @@ impl EthRq {
                     {
                         sess.join(s, frame, d.burst);
                         if sess.ended() {
-                            self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+                            self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
                         } else {
                             ring.lro = Some(sess);
                         }
@@ -311,9 +321,9 @@ impl EthRq {
                     }
                     // What was merged completes; the frame goes on alone
                     // (and fails there as it would have).
-                    self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+                    self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
                 }
-                _ => self.close_lro(mem, &mut ring, &sess, st, &mut cqes),
+                _ => self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes),
             }
         }
         let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
@@ -370,7 +380,7 @@ impl EthRq {
                         Some((s, cfg)) if !s.psh => {
                             ring.lro =
                                 Some(lro::Session::start(&s, frame, cfg, at, first, c, d.burst));
-                            rdma.eth_rx.lro_open.store(true, Ordering::Release);
+                            rdma.eth_rx.lro_open.fetch_add(1, Ordering::AcqRel);
                         }
                         _ => {
                             cqes.push(c);
@@ -391,12 +401,14 @@ impl EthRq {
     /// LRO session `sess` ends: its CQE, and the strides it took.
     fn close_lro(
         &self,
+        rdma: &Rdma,
         mem: &IovaMemory,
         ring: &mut RqRing,
         sess: &lro::Session,
         st: Striding,
         cqes: &mut Vec<Completion>,
     ) {
+        rdma.eth_rx.lro_open.fetch_sub(1, Ordering::AcqRel);
         let lead = if st.shift2 { 2 } else { 0 };
         let strides = (lead + u64::from(sess.bytes)).div_ceil(1 << st.log_size) as u32;
         cqes.push(sess.completion(strides));
@@ -409,9 +421,9 @@ impl EthRq {
     /// Ends this RQ's LRO session if no segment joined it since the last
     /// call (the device's LRO timeout, counted in passes of the
     /// function's data path); whether one stays open.
-    /// `burst_end`: a local sender's burst ended, and every session it
-    /// delivered into closes now.
-    fn flush_lro(&self, rdma: &Rdma, mem: &IovaMemory, burst_end: bool) -> bool {
+    /// `burst_end`: a local sender's burst ended, and the session it fed
+    /// closes now.
+    fn flush_lro(&self, rdma: &Rdma, mem: &IovaMemory, burst_end: Option<lro::Sender>) -> bool {
         let Some(st) = self.striding else {
             return false;
         };
@@ -419,16 +431,21 @@ impl EthRq {
         let Some(sess) = ring.lro.as_mut() else {
             return false;
         };
-        if burst_end {
-            if !sess.held {
+        if burst_end.is_some() {
+            if sess.held != burst_end {
                 return true;
             }
-        } else if sess.held || std::mem::take(&mut sess.touched) {
+        } else if sess.held.is_some() {
+            sess.idle += 1;
+            if sess.idle < lro::HELD_IDLE_PASSES {
+                return true;
+            }
+        } else if std::mem::take(&mut sess.touched) {
             return true;
         }
         let mut cqes = Vec::with_capacity(1);
         if let Some(sess) = ring.lro.take() {
-            self.close_lro(mem, &mut ring, &sess, st, &mut cqes);
+            self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
         }
         drop(ring);
         self.push_all(rdma, mem, &cqes);
@@ -679,8 +696,9 @@ pub(crate) fn transmit(src: &Rdma, frame: &[u8], td: Option<u32>) {
     if peers.is_empty() && link.is_none() {
         src.counters.dropped.fetch_add(1, Ordering::Relaxed);
     }
+    let me = Some(lro::Sender::of(src));
     for dst in peers {
-        receive_from(&dst, frame, None, true);
+        receive_from(&dst, frame, None, me);
     }
     if let Some(l) = link {
         l.send_frame(frame.to_vec());
@@ -705,13 +723,18 @@ fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
     };
     let multicast = dmac[0] & 1 != 0;
     if multicast && !src.eth_rx.local_lb.mc_disabled.load(Ordering::Relaxed) {
-        receive_from(src, frame, Some(Looped { td, multicast }), true);
+        receive_from(
+            src,
+            frame,
+            Some(Looped { td, multicast }),
+            Some(lro::Sender::of(src)),
+        );
     }
 }
 
 /// `dst`'s port takes in `frame`: steering, then each RQ it picked.
 pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
-    receive_from(dst, frame, None, false);
+    receive_from(dst, frame, None, None);
 }
 
 /// A local SQ's burst ended: the LRO sessions its frames opened on the
@@ -720,17 +743,18 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
 pub(crate) fn end_burst(src: &Rdma) {
     let wire = crate::fabric::wire_of(src);
     let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
+    let me = Some(lro::Sender::of(src));
     for dst in peers.iter().map(|d| &**d).chain([src]) {
-        if dst.eth_rx.lro_open.load(Ordering::Acquire) {
-            dst.eth_rx.flush_lro(dst, &dst.dma.memory(), true);
+        if dst.eth_rx.lro_open.load(Ordering::Acquire) != 0 {
+            dst.eth_rx.flush_lro(dst, &dst.dma.memory(), me);
         }
     }
 }
 
 /// [`receive`] of a frame from the wire (`looped` none) or one the
 /// function sent itself ([`loop_back`]); `burst`: a local SQ's burst sent
-/// it ([`end_burst`]).
-fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: bool) {
+/// it, and which function's ([`end_burst`]).
+fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: Option<lro::Sender>) {
     let c = &dst.counters;
     if frame.len() < ETH_HLEN {
         if looped.is_none() {

@@ -29,6 +29,21 @@ use mlx5_hw::cqe::CQE_LRO_TCPPSH_SHIFT;
 use super::cq::Completion;
 use super::steer::{Parsed, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP};
 
+/// The function whose SQ's burst fed a session (its `Rdma`'s address:
+/// an identity, never dereferenced), so that the burst's end closes
+/// exactly those sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sender(usize);
+
+impl Sender {
+    pub(crate) fn of(rdma: &super::Rdma) -> Self {
+        Self(rdma as *const super::Rdma as usize)
+    }
+}
+
+/// Idle passes after which even a held session closes.
+pub(crate) const HELD_IDLE_PASSES: u32 = 100_000;
+
 /// A TIR's LRO configuration, as steering hands it to the RQ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lro {
@@ -194,9 +209,13 @@ pub(crate) struct Session {
     data: u64,
     /// A segment joined since the function's data path last looked.
     pub touched: bool,
-    /// A local SQ's burst delivered into it: the burst's end closes it
+    /// A local SQ's burst last fed it: that burst's end closes it
     /// ([`super::eth_rx::end_burst`]), not the receiver's idle pass.
-    pub held: bool,
+    pub held: Option<Sender>,
+    /// Passes of the receiver's data path since a segment joined; a held
+    /// session still open after [`HELD_IDLE_PASSES`] closes anyway (a
+    /// safety net: its burst ends in the same call that fed it).
+    pub idle: u32,
 }
 
 /// The one's-complement sum of `b` as 16-bit big-endian words, unfolded.
@@ -223,7 +242,7 @@ impl Session {
         at: u16,
         first: u32,
         cqe: Completion,
-        held: bool,
+        held: Option<Sender>,
     ) -> Self {
         let data = &frame[s.payload()];
         Self {
@@ -246,6 +265,7 @@ impl Session {
             data: data.len() as u64,
             touched: true,
             held,
+            idle: 0,
         }
     }
 
@@ -262,9 +282,10 @@ impl Session {
     }
 
     /// Segment `s` of `frame` joined (its payload already placed);
-    /// `held`: a local SQ's burst sent it.
-    pub(crate) fn join(&mut self, s: &Segment, frame: &[u8], held: bool) {
-        self.held |= held;
+    /// `held`: the function whose SQ's burst sent it, if local.
+    pub(crate) fn join(&mut self, s: &Segment, frame: &[u8], held: Option<Sender>) {
+        self.held = held.or(self.held);
+        self.idle = 0;
         let data = &frame[s.payload()];
         let sum = sum16(data);
         // A payload starting at an odd offset of the whole sums byte-swapped.

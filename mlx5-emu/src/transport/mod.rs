@@ -852,7 +852,7 @@ impl Rdma {
         }
         lock(&self.poll).hint = hint;
         // LRO sessions idle since the last pass end (the device's timeout).
-        busy |= self.eth_rx.flush_lro(self, &mem, false);
+        busy |= self.eth_rx.flush_lro(self, &mem, None);
         let mut attention: Vec<u32> = std::mem::take(&mut *lock(&self.attention))
             .into_iter()
             .collect();

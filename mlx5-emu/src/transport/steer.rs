@@ -126,8 +126,9 @@ pub(crate) struct Delivery {
     pub hashed: bool,
     /// The TIR merges TCP segments ([`super::lro`]).
     pub lro: Option<super::lro::Lro>,
-    /// A local SQ's burst sent the packet (its end closes LRO sessions).
-    pub burst: bool,
+    /// The function whose SQ's burst sent the packet, if a local one
+    /// (the burst's end closes the LRO sessions it fed).
+    pub burst: Option<super::lro::Sender>,
 }
 
 /// What steering decided for one packet.
@@ -249,7 +250,7 @@ impl Plan {
                         hash: 0,
                         hashed: false,
                         lro,
-                        burst: false,
+                        burst: None,
                     }),
                     Some(Tir::Indirect { rqs, hash }) if !rqs.is_empty() => {
                         let h = hash.hash(flow);
@@ -258,7 +259,7 @@ impl Plan {
                             hash: h,
                             hashed: true,
                             lro,
-                            burst: false,
+                            burst: None,
                         });
                     }
                     _ => {}
