@@ -885,6 +885,76 @@ fn rc_inline_writes_around_the_ring_end() {
     assert_eq!(b.d.f.model().stats().messages_received, 80);
 }
 
+/// One-packet WRITEs of one burst, some of them odd: empty (an inline
+/// segment of no bytes), longer than the MTU, with a bad lkey. Each
+/// completes as it would alone, in order: the empty one and the long one
+/// with their lengths, the bad lkey with a local protection error, after
+/// which the QP is in error and the rest are flushed.
+#[test]
+fn rc_odd_writes_in_a_burst_complete_as_alone() {
+    let (_f, mut a, b, mut qa, _qb) = rc_pair(1); // MTU 256
+    let d = fill(&a, 0x2_0000, 1000, 5);
+    let to = |i: u64| raddr_seg(DATA_VA + 0x4_0000 + i * 0x1000, b.lkey).to_vec();
+    let mut wqes = vec![];
+    let mut w = to(0);
+    w.extend_from_slice(&data_seg(100, a.lkey, DATA_VA + 0x2_0000));
+    wqes.push(w);
+    let mut w = to(1);
+    w.extend_from_slice(&inline_seg(&[]));
+    wqes.push(w);
+    let mut w = to(2);
+    w.extend_from_slice(&inline_seg(&d[..200]));
+    wqes.push(w);
+    let mut w = to(3);
+    w.extend_from_slice(&data_seg(1000, a.lkey, DATA_VA + 0x2_0000));
+    wqes.push(w);
+    let mut w = to(4);
+    w.extend_from_slice(&data_seg(50, a.lkey, DATA_VA + 0x2_0000));
+    wqes.push(w);
+    let mut w = to(5);
+    w.extend_from_slice(&data_seg(50, 0xbad00, DATA_VA + 0x2_0000));
+    wqes.push(w);
+    for i in 6..9 {
+        let mut w = to(i);
+        w.extend_from_slice(&data_seg(50, a.lkey, DATA_VA + 0x2_0000));
+        wqes.push(w);
+    }
+    let mut ctrl = [0u8; 8];
+    let mut idx = vec![];
+    for w in &wqes {
+        let (at, c) = a.write_send(&mut qa, 0x08, 0, w, true);
+        idx.push(at);
+        ctrl = c;
+    }
+    a.ring(&qa, &ctrl);
+    for (n, len) in [100, 0, 200, 1000, 50].into_iter().enumerate() {
+        let e = a.poll(0);
+        assert_eq!(
+            (opcode(&e), be16(&e, 0x3c), be32(&e, 0x2c)),
+            (0, idx[n], len),
+            "WRITE {n}"
+        );
+    }
+    let e = a.poll(0);
+    assert_eq!((opcode(&e), e[0x37], be16(&e, 0x3c)), (13, 0x04, idx[5]));
+    for &i in &idx[6..] {
+        let e = a.poll(0);
+        assert_eq!(
+            (opcode(&e), e[0x37], be16(&e, 0x3c)),
+            (13, 0x05, i),
+            "flushed"
+        );
+    }
+    assert_eq!(read(&b, 0x4_0000, 100), d[..100]);
+    assert_eq!(read(&b, 0x4_2000, 200), d[..200]);
+    assert_eq!(read(&b, 0x4_3000, 1000), d);
+    assert_eq!(read(&b, 0x4_4000, 50), d[..50]);
+    assert_eq!(read(&b, 0x4_5000, 50), vec![0; 50]);
+    let s = b.d.f.model().stats();
+    // The 1000 bytes are four packets.
+    assert_eq!((s.messages_received, s.packets_received), (5, 8), "{s:?}");
+}
+
 #[test]
 fn rc_nak_in_a_coalesced_run() {
     let (_f, mut a, b, mut qa, _qb) = rc_pair(5);

@@ -1540,6 +1540,92 @@ impl<'m> Run<'m> {
     }
 }
 
+/// The WQE at `ci` as a [`Pending`] WRITE at PSN `psn`, if it is one
+/// [`write_run`] takes as it reads it, straight from the send queue in one
+/// piece (`ring`), without a copy of the WQE or of its inline data: an
+/// RDMA WRITE, whole before the producer counter `pi` and not wrapping
+/// around the ring's end, its remote-address segment then one segment,
+/// inline data inside the WQE or a data segment whose key gives one
+/// piece of memory, of at most the path MTU `mtu`. What [`read_wqe`],
+/// [`prepare`] and [`Run::push`] make of such a WQE; `None` for any other
+/// (they then read it, and take it or not).
+#[allow(clippy::too_many_arguments)]
+fn simple_write<'m>(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    burst: &Burst<'m>,
+    ring: &VolatileSlice<'m>,
+    (ci, pi): (u16, u16),
+    psn: u32,
+    mtu: u64,
+) -> Option<Pending<'m>> {
+    use mlx5_hw::wqe::{WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE};
+    // The control segment, the remote-address segment and the start of
+    // the next: 48 bytes, in the WQE's first basic block.
+    let entries = qp.sq_entries() as usize;
+    let at = (usize::from(ci) & (entries - 1)) * 64;
+    let mut h = [0u8; 48];
+    ring.subslice(at, 48).ok()?.copy_to(&mut h);
+    let (w0, w1) = (be32(&h, 0), be32(&h, 4));
+    let ds = (w1 & 0x3f) as usize;
+    let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
+    if (w0 & 0xff) as u8 != WqeOpcode::RdmaWrite.to_raw()
+        || ds == 0
+        || (w0 >> 8) as u16 != ci
+        || nbb > usize::from(pi.wrapping_sub(ci))
+        || at + nbb * 64 > entries * 64
+    {
+        return None;
+    }
+    let end = ds * 16;
+    let bc = be32(&h, 32);
+    let (len, src) = if bc & INLINE_SEG != 0 {
+        // One inline segment, its data inside the WQE, nothing after it.
+        let n = (bc & WQE_INLINE_SEG_BYTE_COUNT_MASK) as usize;
+        if end < 36 + n || 32 + (4 + n).div_ceil(16) * 16 + 4 <= end {
+            return None;
+        }
+        let src = match n {
+            0 => Src::None,
+            _ => Src::Slice(ring.subslice(at + 36, n).ok()?),
+        };
+        (n as u64, src)
+    } else {
+        // One data segment, nothing after it.
+        if end != 48 {
+            return None;
+        }
+        let n = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
+        sq.ext.clear();
+        local_data(rdma, qp, sq, access::LR, be32(&h, 36), be64(&h, 40), n).ok()?;
+        let src = match sq.ext.as_slice() {
+            [e] if u64::from(e.len) == n => {
+                Src::Slice(burst.src.slice(e.iova, e.len as usize).ok()?)
+            }
+            _ => return None,
+        };
+        (n, src)
+    };
+    if len > mtu {
+        return None;
+    }
+    let fm = h[11] & 0x0c;
+    Some(Pending {
+        head: Head {
+            index: ci,
+            nbb: nbb as u16,
+            opcode: WqeOpcode::RdmaWrite.to_raw(),
+            signaled: fm == WQE_CTRL_CQ_UPDATE || fm == WQE_CTRL_CQ_UPDATE_AND_EQE,
+        },
+        psn,
+        va: be64(&h, 16),
+        rkey: be32(&h, 24),
+        len: len as u32,
+        src,
+    })
+}
+
 /// Where a run finds the WQEs after its first: the send queue in one
 /// piece, if it is, and the producer counter.
 #[derive(Clone, Copy)]
@@ -1606,6 +1692,13 @@ fn write_run<'m>(
         let psn = (last.psn + 1) & 0xff_ffff;
         if ci == go.pi || qp.state() != state::RTS {
             break;
+        }
+        let ring = go.sqs;
+        if let Some(p) =
+            ring.and_then(|r| simple_write(rdma, qp, sq, burst, r, (ci, go.pi), psn, mtu))
+        {
+            run.msgs.push(p);
+            continue;
         }
         if read_wqe(qp, mem, go.sqs, ci, go.pi, wqe, w).is_err()
             || w.opcode != WqeOpcode::RdmaWrite
