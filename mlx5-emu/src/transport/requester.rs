@@ -797,7 +797,8 @@ fn read_wqe(
 /// Parses the segments after the control segment and resolves the local
 /// data into `sq.ext` / `sq.inline` (`w.len` then the message length):
 /// what is to be sent. The WQE's outcome instead where it is known
-/// without sending anything (a NOP, a UMR, a malformed WQE, a bad key).
+/// without sending anything: a NOP, a UMR (executed here), a malformed
+/// WQE, a bad key, a page fault.
 fn prepare(
     rdma: &Rdma,
     qp: &Arc<Qp>,
