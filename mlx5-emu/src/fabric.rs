@@ -348,13 +348,7 @@ pub(crate) fn write_train(
     let Some(tally) = dst.tally else {
         return false;
     };
-    if dst.wire.is_some_and(|w| {
-        w.wire_check.load(Ordering::Relaxed)
-            || w.drop_next.load(Ordering::Relaxed) != 0
-            || w.drop_responses.load(Ordering::Relaxed) != 0
-    }) || !dst.routed
-        || dst.link.is_some()
-    {
+    if !delivers_as_is(dst.wire) || !dst.routed || dst.link.is_some() {
         return false;
     }
     let done = match dst.hint {
@@ -372,6 +366,67 @@ pub(crate) fn write_train(
         tally.bytes.set(tally.bytes.get() + t.src.len() as u64);
     }
     done
+}
+
+/// Whether the fabric `wire` (none: looped back) would deliver every
+/// packet, and every response, as it is: no wire check, no loss pending.
+/// A train or a run of packets needs it.
+pub(crate) fn delivers_as_is(wire: Option<&Wire>) -> bool {
+    !wire.is_some_and(|w| {
+        w.wire_check.load(Ordering::Relaxed)
+            || w.drop_next.load(Ordering::Relaxed) != 0
+            || w.drop_responses.load(Ordering::Relaxed) != 0
+    })
+}
+
+/// One single-packet RC RDMA WRITE of a run ([`write_run`]): its
+/// WRITE_ONLY packet, AckReq set, at `psn`, the RETH's address and key
+/// (its length the payload's), the payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OneWrite<'a> {
+    pub psn: u32,
+    pub va: u64,
+    pub rkey: u32,
+    pub payload: Payload<'a>,
+}
+
+/// Sends a run of single-packet WRITEs to QP `dest_qp` of `dst`
+/// (addressed as `addr`) when the fabric would deliver each packet as it
+/// is; the receiver takes them in order while each is what its packet
+/// alone would be, accepted with nothing more than an ACK owed, and stops
+/// after one that made it send its ACK. How many it took (0 where the
+/// fabric would not deliver them as they are: the sender then sends them
+/// one by one). Counted as the packets they are.
+pub(crate) fn write_run(
+    dst: &Dest<'_, '_>,
+    addr: &RoceAddr,
+    dest_qp: u32,
+    writes: &[OneWrite<'_>],
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> usize {
+    let Some(tally) = dst.tally else {
+        return 0;
+    };
+    if !delivers_as_is(dst.wire) || !dst.routed || dst.link.is_some() {
+        return 0;
+    }
+    let r = crate::transport::responder::write_run;
+    let n = match dst.hint {
+        Some(h) => r(dst.rdma, h, dst.qp, addr, dest_qp, writes, reply),
+        None => r(
+            dst.rdma,
+            &Hinted::new(dst.mem),
+            dst.qp,
+            addr,
+            dest_qp,
+            writes,
+            reply,
+        ),
+    };
+    let bytes: u64 = writes[..n].iter().map(|w| w.payload.len()).sum();
+    tally.packets.set(tally.packets.get() + n as u64);
+    tally.bytes.set(tally.bytes.get() + bytes);
+    n
 }
 
 /// Tells `dst` that `src` has nothing more queued for its QP `qpn` (the

@@ -139,6 +139,7 @@ fn page_offset_counts_64ths_of_the_queue_page() {
         dbr,
         sq_pi: 0,
         rq_pi: 0,
+        log_sq: LOG_SQ,
     };
     let (ga, gb) = (a.gid, b.gid);
     a.connect(&qa, gb, qb.qpn, 5, false);

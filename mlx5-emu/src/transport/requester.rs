@@ -258,19 +258,14 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         dst: dh.as_ref().zip(dmem.as_ref()),
     };
     let mut busy = false;
-    let mut wqe = [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE];
-    // Each WQE is parsed into the same place (no move of it per WQE).
-    let mut w = Wqe::EMPTY;
-    // The send queue in one piece of memory is looked up once.
-    let sq_bytes = u64::from(qp.sq_entries()) * 64;
-    let sqs = qp
-        .buf
-        .contig
-        .filter(|_| qp.sq_offset + sq_bytes <= (qp.buf.pas.len() as u64) << qp.buf.log_page)
-        .and_then(|b| {
-            mem.get_slice(GuestAddress(b + qp.sq_offset), sq_bytes as usize)
-                .ok()
-        });
+    let mut s = Scratch {
+        wqe: [0u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE],
+        w: Wqe::EMPTY,
+        run: Run::default(),
+        slow_at: None,
+        sqs: sq_ring(qp, mem),
+        pi,
+    };
     loop {
         if sq.ci == pi || qp.state() != state::RTS {
             // The burst ends: the responder sends the ACK it holds back.
@@ -283,16 +278,19 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         }
         busy = true;
         let ci = sq.ci;
-        let parsed = read_wqe(qp, mem, sqs.as_ref(), ci, pi, &mut wqe, &mut w);
+        let parsed = read_wqe(qp, mem, s.sqs.as_ref(), ci, pi, &mut s.wqe, &mut s.w);
         // Only RC SENDs and WRITEs (a DCI's to the target it is connected
         // to) complete by a later, coalesced ACK; anything else completes
         // after the messages before it.
-        let target = parsed.is_ok().then(|| dci_target(qp, &w, &wqe)).flatten();
+        let target = parsed
+            .is_ok()
+            .then(|| dci_target(qp, &s.w, &s.wqe))
+            .flatten();
         let same = target.is_some() && sq.dc.conn.map(|c| c.0) == target;
         let coalesced = (qp.st == qp::st::RC || qp.st == qp::st::XRC || same)
             && parsed.is_ok()
             && matches!(
-                w.opcode,
+                s.w.opcode,
                 WqeOpcode::Send
                     | WqeOpcode::SendImm
                     | WqeOpcode::SendInval
@@ -314,10 +312,13 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
         }
         let (head, outcome) = match parsed {
             Ok(()) => {
-                let head = Head::of(Some(&w), ci);
-                let o = dci_flushed(qp, &mut sq, &wqe)
-                    .unwrap_or_else(|| run_wqe(rdma, qp, &mut sq, mem, &burst, &mut w, &wqe));
-                (head, o)
+                let head = Head::of(Some(&s.w), ci);
+                match take_wqe(rdma, qp, &mut sq, mem, &burst, &mut s) {
+                    Step::One(o) => (head, o),
+                    // It went in a run, with the WQEs after it.
+                    Step::Run => continue,
+                    Step::Stop => break,
+                }
             }
             Err(v) => (
                 Head::of(None, ci),
@@ -366,6 +367,80 @@ fn execute(rdma: &Rdma, qp: &Arc<Qp>, mem: &IovaMemory) -> bool {
     }
     flush_tally(rdma, &sq);
     busy
+}
+
+/// The send queue when it is in one piece of memory (looked up once per
+/// burst).
+fn sq_ring<'m>(qp: &Qp, mem: &'m IovaMemory) -> Option<VolatileSlice<'m>> {
+    let sq_bytes = u64::from(qp.sq_entries()) * 64;
+    let b = qp.buf.contig?;
+    if qp.sq_offset + sq_bytes > (qp.buf.pas.len() as u64) << qp.buf.log_page {
+        return None;
+    }
+    mem.get_slice(GuestAddress(b + qp.sq_offset), sq_bytes as usize)
+        .ok()
+}
+
+/// What a burst parses WQEs into and runs collect in (no move of them
+/// per WQE), and where it reads them: the send queue in one piece of
+/// memory, if it is, and the producer counter.
+struct Scratch<'m> {
+    wqe: [u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE],
+    w: Wqe,
+    run: Run<'m>,
+    /// The WQE a run's responder did not take: it goes on its own.
+    slow_at: Option<u16>,
+    sqs: Option<VolatileSlice<'m>>,
+    pi: u16,
+}
+
+/// What became of a WQE [`take_wqe`] was given.
+enum Step {
+    /// Its outcome.
+    One(Outcome),
+    /// It went in a run of WRITEs, with those after it ([`write_run`]).
+    Run,
+    /// The queue stops (a run met a CQ overrun).
+    Stop,
+}
+
+/// Executes the WQE parsed into `s` (at the consumer counter): alone, or
+/// as the first of a run of single-packet WRITEs.
+fn take_wqe<'m>(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &IovaMemory,
+    burst: &Burst<'m>,
+    s: &mut Scratch<'m>,
+) -> Step {
+    if let Some(o) = dci_flushed(qp, sq, &s.wqe) {
+        return Step::One(o);
+    }
+    if let Err(o) = prepare(rdma, qp, sq, mem, &mut s.w, &s.wqe) {
+        return Step::One(o);
+    }
+    if s.slow_at == Some(sq.ci) || !run_start(rdma, qp, sq, burst, &s.w, &mut s.run) {
+        return Step::One(send_wqe(rdma, qp, sq, mem, burst, &s.w));
+    }
+    let go = Ahead {
+        sqs: s.sqs.as_ref(),
+        pi: s.pi,
+    };
+    if !write_run(
+        rdma,
+        qp,
+        sq,
+        mem,
+        burst,
+        go,
+        (&mut s.wqe, &mut s.w),
+        &mut s.run,
+    ) {
+        return Step::Stop;
+    }
+    s.slow_at = s.run.refused;
+    Step::Run
 }
 
 /// Whether the messages in flight to a peer across a link fill its
@@ -719,25 +794,27 @@ fn read_wqe(
     Ok(())
 }
 
-/// Parses the segments after the control segment, resolves the local
-/// data into `sq.ext` / `sq.inline`, and sends the message.
-fn run_wqe(
+/// Parses the segments after the control segment and resolves the local
+/// data into `sq.ext` / `sq.inline` (`w.len` then the message length):
+/// what is to be sent. The WQE's outcome instead where it is known
+/// without sending anything: a NOP, a UMR (executed here), a malformed
+/// WQE, a bad key, a page fault.
+fn prepare(
     rdma: &Rdma,
     qp: &Arc<Qp>,
     sq: &mut Sq,
     mem: &IovaMemory,
-    burst: &Burst<'_>,
     w: &mut Wqe,
     buf: &[u8],
-) -> Outcome {
+) -> Result<(), Outcome> {
     use WqeOpcode as W;
     let end = w.len as usize;
     let mut at = 16usize;
     if !opcode_allowed(qp.st, w.opcode) {
-        return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE);
+        return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::OPCODE));
     }
     if w.opcode == W::Nop {
-        return Outcome::Done(0);
+        return Err(Outcome::Done(0));
     }
     if w.opcode == W::Umr {
         let by = super::umr::Poster {
@@ -745,7 +822,7 @@ fn run_wqe(
             pd: qp.pd,
             privileged: qp.st == qp::st::REG_UMR,
         };
-        return match super::umr::execute(rdma, by, mem, w.imm, buf, end) {
+        return Err(match super::umr::execute(rdma, by, mem, w.imm, buf, end) {
             Ok(()) => Outcome::Done(0),
             Err((synd, v)) => {
                 tracing::debug!(
@@ -757,14 +834,14 @@ fn run_wqe(
                 );
                 Outcome::Error(synd, v)
             }
-        };
+        });
     }
     if matches!(qp.st, qp::st::UD | qp::st::QP1 | qp::st::DCI) {
         let seg = buf
             .get(at..end)
             .and_then(|b| WqeDatagramSeg::ref_from_prefix(b).ok());
         let Some((seg, _)) = seg else {
-            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+            return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT));
         };
         w.av = Some(datagram_av(seg));
         at += wqe_datagram_seg::SIZE_BYTES;
@@ -773,7 +850,7 @@ fn run_wqe(
         // The XRC segment after the control segment names the target's
         // XRC SRQ (its first word's 24 bits).
         if end < at + wqe_xrc_seg::SIZE_BYTES {
-            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+            return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT));
         }
         w.xrc_srqn = Some(wqe_xrc_seg::XRC_SRQN.get(&buf[at..]) as u32 & 0xff_ffff);
         at += wqe_xrc_seg::SIZE_BYTES;
@@ -783,7 +860,7 @@ fn run_wqe(
         W::RdmaWrite | W::RdmaWriteImm | W::RdmaRead | W::AtomicCs | W::AtomicFa
     ) {
         if end < at + 16 {
-            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+            return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT));
         }
         w.raddr = be64(buf, at);
         w.rkey = be32(buf, at + 8);
@@ -791,20 +868,29 @@ fn run_wqe(
     }
     if matches!(w.opcode, W::AtomicCs | W::AtomicFa) {
         if end < at + 16 {
-            return Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT);
+            return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT));
         }
         w.swap_add = be64(buf, at);
         w.compare = be64(buf, at + 8);
         at += 16;
     }
-    let len = match gather(rdma, qp, sq, w, buf, at) {
-        Ok(len) => len,
-        Err(o) => return o,
-    };
+    let len = gather(rdma, qp, sq, w, buf, at)?;
     w.len = len;
     if len > MAX_MSG {
-        return Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH);
+        return Err(Outcome::Error(CqeSyndrome::LocalLengthErr, vendor::LENGTH));
     }
+    Ok(())
+}
+
+/// Sends the message a WQE [`prepare`]d.
+fn send_wqe(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &IovaMemory,
+    burst: &Burst<'_>,
+    w: &Wqe,
+) -> Outcome {
     match qp.st {
         qp::st::UD | qp::st::QP1 => ud_send(rdma, qp, sq, mem, w),
         _ => connected(rdma, qp, sq, mem, burst, w),
@@ -914,27 +1000,40 @@ fn gather(
         let addr = be64(buf, at + 8);
         let n = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
         at += 16;
-        if lkey == rdma.resd_lkey {
-            mem::push(&mut sq.ext, addr, n);
-        } else {
-            match rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext) {
-                Ok(()) => {}
-                Err(KeyError::NotPresent) => {
-                    return Err(Outcome::PageFault(if need == access::LW {
-                        mlx5_hw::event::WQE_PF_TYPE_REQ_READ_OR_ATOMIC
-                    } else {
-                        mlx5_hw::event::WQE_PF_TYPE_REQ_SEND_OR_WRITE
-                    }));
-                }
-                Err(e) => return Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e))),
-            }
-        }
+        local_data(rdma, qp, sq, need, lkey, addr, n)?;
         len += n;
     }
     if w.inline && !sq.ext.is_empty() {
         return Err(Outcome::Error(CqeSyndrome::LocalQpOpErr, vendor::WQE_FAULT));
     }
     Ok(len)
+}
+
+/// The `n` bytes at `addr` of a data segment's `lkey` (the reserved lkey:
+/// the address itself), checked for the access `need`, added to
+/// `sq.ext`; the WQE's outcome where the key refuses them.
+fn local_data(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    need: u8,
+    lkey: u32,
+    addr: u64,
+    n: u64,
+) -> Result<(), Outcome> {
+    if lkey == rdma.resd_lkey {
+        mem::push(&mut sq.ext, addr, n);
+        return Ok(());
+    }
+    match rdma.resolve_cached(lkey, &mut sq.lkeys, qp.pd, need, addr, n, &mut sq.ext) {
+        Ok(()) => Ok(()),
+        Err(KeyError::NotPresent) => Err(Outcome::PageFault(if need == access::LW {
+            mlx5_hw::event::WQE_PF_TYPE_REQ_READ_OR_ATOMIC
+        } else {
+            mlx5_hw::event::WQE_PF_TYPE_REQ_SEND_OR_WRITE
+        })),
+        Err(e) => Err(Outcome::Error(CqeSyndrome::LocalProtErr, key_error(e))),
+    }
 }
 
 /// The addressing of a connected QP's packets.
@@ -1376,6 +1475,325 @@ fn connected(
         sq.cqe_data = ans.scatter;
     }
     o
+}
+
+/// How many single-packet WRITEs a run holds at most: as many as the
+/// responder acknowledges at once ([`super::responder::ACK_COALESCE`]).
+const RUN_MAX: usize = super::responder::ACK_COALESCE as usize;
+
+/// Consecutive single-packet RC RDMA WRITEs, collected from the send
+/// queue and handed to the responder in one call ([`write_run`]).
+#[derive(Default)]
+struct Run<'m> {
+    msgs: Vec<Pending<'m>>,
+    /// The inline data of the messages, one after another.
+    bytes: Vec<u8>,
+    /// The WQE the responder did not take as part of the run (it goes
+    /// on its own, and meets whatever it meets).
+    refused: Option<u16>,
+}
+
+/// One WRITE of a [`Run`]: its WQE, its PSN, its RETH and its data.
+struct Pending<'m> {
+    head: Head,
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    len: u32,
+    src: Src<'m>,
+}
+
+/// Where a [`Pending`] WRITE's data is.
+#[derive(Clone, Copy)]
+enum Src<'m> {
+    None,
+    /// Inline, at this offset of [`Run::bytes`].
+    Inline(usize),
+    /// One piece of local memory.
+    Slice(VolatileSlice<'m>),
+}
+
+impl<'m> Run<'m> {
+    /// Adds WRITE `w` (prepared: its data in `sq.ext` / `sq.inline`) at
+    /// PSN `psn`; false, with nothing added, if its data is not inline,
+    /// nothing or in one piece of memory (it then goes on its own).
+    fn push(&mut self, sq: &Sq, burst: &Burst<'m>, w: &Wqe, psn: u32) -> bool {
+        let len = w.len as u32;
+        let src = if !sq.inline.is_empty() {
+            let at = self.bytes.len();
+            self.bytes.extend_from_slice(&sq.inline);
+            Src::Inline(at)
+        } else if len == 0 {
+            Src::None
+        } else {
+            match sq.ext.as_slice() {
+                [e] if e.len == len => match burst.src.slice(e.iova, e.len as usize) {
+                    Ok(s) => Src::Slice(s),
+                    Err(_) => return false,
+                },
+                _ => return false,
+            }
+        };
+        self.msgs.push(Pending {
+            head: Head::of(Some(w), w.index),
+            psn,
+            va: w.raddr,
+            rkey: w.rkey,
+            len,
+            src,
+        });
+        true
+    }
+}
+
+/// The WQE at `ci` as a [`Pending`] WRITE at PSN `psn`, if it is one
+/// [`write_run`] takes as it reads it, straight from the send queue in one
+/// piece (`ring`), without a copy of the WQE or of its inline data: an
+/// RDMA WRITE, whole before the producer counter `pi` and not wrapping
+/// around the ring's end, its remote-address segment then one segment,
+/// inline data inside the WQE or a data segment whose key gives one
+/// piece of memory, of at most the path MTU `mtu`. What [`read_wqe`],
+/// [`prepare`] and [`Run::push`] make of such a WQE; `None` for any other
+/// (they then read it, and take it or not).
+#[allow(clippy::too_many_arguments)]
+fn simple_write<'m>(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    burst: &Burst<'m>,
+    ring: &VolatileSlice<'m>,
+    (ci, pi): (u16, u16),
+    psn: u32,
+    mtu: u64,
+) -> Option<Pending<'m>> {
+    use mlx5_hw::wqe::{WQE_CTRL_CQ_UPDATE, WQE_CTRL_CQ_UPDATE_AND_EQE};
+    // The control segment, the remote-address segment and the start of
+    // the next: 48 bytes, in the WQE's first basic block.
+    let entries = qp.sq_entries() as usize;
+    let at = (usize::from(ci) & (entries - 1)) * 64;
+    let mut h = [0u8; 48];
+    ring.subslice(at, 48).ok()?.copy_to(&mut h);
+    let (w0, w1) = (be32(&h, 0), be32(&h, 4));
+    let ds = (w1 & 0x3f) as usize;
+    let nbb = mlx5_hw::wqe::wqebbs_for_ds(ds).max(1);
+    if (w0 & 0xff) as u8 != WqeOpcode::RdmaWrite.to_raw()
+        || ds == 0
+        || (w0 >> 8) as u16 != ci
+        || nbb > usize::from(pi.wrapping_sub(ci))
+        || at + nbb * 64 > entries * 64
+    {
+        return None;
+    }
+    let end = ds * 16;
+    let bc = be32(&h, 32);
+    let (len, src) = if bc & INLINE_SEG != 0 {
+        // One inline segment, its data inside the WQE, nothing after it.
+        let n = (bc & WQE_INLINE_SEG_BYTE_COUNT_MASK) as usize;
+        if end < 36 + n || 32 + (4 + n).div_ceil(16) * 16 + 4 <= end {
+            return None;
+        }
+        let src = match n {
+            0 => Src::None,
+            _ => Src::Slice(ring.subslice(at + 36, n).ok()?),
+        };
+        (n as u64, src)
+    } else {
+        // One data segment, nothing after it.
+        if end != 48 {
+            return None;
+        }
+        let n = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
+        sq.ext.clear();
+        local_data(rdma, qp, sq, access::LR, be32(&h, 36), be64(&h, 40), n).ok()?;
+        let src = match sq.ext.as_slice() {
+            [e] if u64::from(e.len) == n => {
+                Src::Slice(burst.src.slice(e.iova, e.len as usize).ok()?)
+            }
+            _ => return None,
+        };
+        (n, src)
+    };
+    if len > mtu {
+        return None;
+    }
+    let fm = h[11] & 0x0c;
+    Some(Pending {
+        head: Head {
+            index: ci,
+            nbb: nbb as u16,
+            opcode: WqeOpcode::RdmaWrite.to_raw(),
+            signaled: fm == WQE_CTRL_CQ_UPDATE || fm == WQE_CTRL_CQ_UPDATE_AND_EQE,
+        },
+        psn,
+        va: be64(&h, 16),
+        rkey: be32(&h, 24),
+        len: len as u32,
+        src,
+    })
+}
+
+/// Where a run finds the WQEs after its first: the send queue in one
+/// piece, if it is, and the producer counter.
+#[derive(Clone, Copy)]
+struct Ahead<'s, 'm> {
+    sqs: Option<&'s VolatileSlice<'m>>,
+    pi: u16,
+}
+
+/// Starts a run with prepared WQE `w` if it is a single-packet RC RDMA
+/// WRITE to a peer on this fabric that delivers packets as they are:
+/// what [`connected`] would send as one WRITE_ONLY packet. False
+/// otherwise (it goes on its own).
+fn run_start<'m>(
+    rdma: &Rdma,
+    qp: &Qp,
+    sq: &mut Sq,
+    burst: &Burst<'m>,
+    w: &Wqe,
+    run: &mut Run<'m>,
+) -> bool {
+    if qp.st != qp::st::RC
+        || w.opcode != WqeOpcode::RdmaWrite
+        || w.len > u64::from(sq.mtu.max(256))
+        || find_peer(rdma, sq).is_err()
+    {
+        return false;
+    }
+    let Some(p) = sq.peer.as_ref() else {
+        return false;
+    };
+    if p.link.is_some() || !fabric::delivers_as_is(p.wire.as_deref()) {
+        return false;
+    }
+    run.msgs.clear();
+    run.msgs.reserve(RUN_MAX);
+    run.bytes.clear();
+    run.refused = None;
+    run.push(sq, burst, w, sq.psn)
+}
+
+/// A run of single-packet RC RDMA WRITEs from the one [`run_start`]
+/// took: the WQEs after it join while they are such WRITEs too (up to
+/// [`RUN_MAX`]), then the responder takes them in one call, each as it
+/// would take its WRITE_ONLY packet ([`fabric::write_run`]). Each WRITE
+/// taken is sent and owes its ACK, as [`connected`] leaves it; an ACK
+/// the responder sends ends its call, and what it acknowledges completes
+/// before the rest of the run goes, as after a message on its own. The
+/// first WRITE the responder did not take is left in `run.refused`, at
+/// the head of the queue. False when the queue stops (a CQ overrun).
+#[allow(clippy::too_many_arguments)]
+fn write_run<'m>(
+    rdma: &Rdma,
+    qp: &Arc<Qp>,
+    sq: &mut Sq,
+    mem: &IovaMemory,
+    burst: &Burst<'m>,
+    go: Ahead<'_, 'm>,
+    (wqe, w): (&mut [u8; mlx5_hw::wqe::SEND_WQE_MAX_SIZE], &mut Wqe),
+    run: &mut Run<'m>,
+) -> bool {
+    let mtu = u64::from(sq.mtu.max(256));
+    while let Some(last) = run.msgs.last().filter(|_| run.msgs.len() < RUN_MAX) {
+        let ci = last.head.index.wrapping_add(last.head.nbb);
+        let psn = (last.psn + 1) & 0xff_ffff;
+        if ci == go.pi || qp.state() != state::RTS {
+            break;
+        }
+        let ring = go.sqs;
+        if let Some(p) =
+            ring.and_then(|r| simple_write(rdma, qp, sq, burst, r, (ci, go.pi), psn, mtu))
+        {
+            run.msgs.push(p);
+            continue;
+        }
+        if read_wqe(qp, mem, go.sqs, ci, go.pi, wqe, w).is_err()
+            || w.opcode != WqeOpcode::RdmaWrite
+            || prepare(rdma, qp, sq, mem, w, wqe).is_err()
+            || w.len > mtu
+            || !run.push(sq, burst, w, psn)
+        {
+            break;
+        }
+    }
+    let writes: Vec<_> = run
+        .msgs
+        .iter()
+        .map(|m| fabric::OneWrite {
+            psn: m.psn,
+            va: m.va,
+            rkey: m.rkey,
+            payload: match m.src {
+                Src::None => Payload::None,
+                Src::Inline(at) => Payload::Bytes(&run.bytes[at..at + m.len as usize]),
+                Src::Slice(s) => Payload::Slice(s),
+            },
+        })
+        .collect();
+    let mut from = 0;
+    loop {
+        let (k, ans) = send_run(qp, sq, mem, burst, &writes[from..]);
+        for m in &run.msgs[from..from + k] {
+            sq.ci = m.head.index.wrapping_add(m.head.nbb);
+            sq.psn = (m.psn + 1) & 0xff_ffff;
+            sq.unacked.push_back(qp::Unacked {
+                index: m.head.index,
+                nbb: m.head.nbb,
+                opcode: m.head.opcode,
+                signaled: m.head.signaled,
+                bytes: m.len,
+                first_psn: m.psn,
+                last_psn: m.psn,
+            });
+        }
+        from += k;
+        if ans.acks != 0 {
+            rdma.counters.acks.fetch_add(ans.acks, Ordering::Relaxed);
+        }
+        if !settle(rdma, qp, sq, mem, ans.acked) {
+            return false;
+        }
+        if from == run.msgs.len() {
+            return true;
+        }
+        if ans.acks == 0 {
+            run.refused = Some(run.msgs[from].head.index);
+            return true;
+        }
+    }
+}
+
+/// Hands `writes` of a run to the responder of `sq`'s peer: how many it
+/// took, and its answers.
+fn send_run(
+    qp: &Qp,
+    sq: &Sq,
+    mem: &IovaMemory,
+    burst: &Burst<'_>,
+    writes: &[fabric::OneWrite<'_>],
+) -> (usize, Answer) {
+    let mut ans = Answer::default();
+    let Some(p) = sq.peer.as_ref() else {
+        return (0, ans);
+    };
+    let hint = burst
+        .dst
+        .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+        .map(|(h, _)| h);
+    let dst = Dest {
+        rdma: &p.rdma,
+        mem: &p.mem,
+        hint,
+        tally: Some(&sq.tally),
+        routed: true,
+        wire: p.wire.as_deref(),
+        qp: p.qp.as_ref(),
+        link: None,
+        src_qpn: qp.qpn,
+    };
+    let k = fabric::write_run(&dst, &p.addr, sq.remote_qpn, writes, &mut |r| {
+        note(&mut ans, r, 0, 0, mem, &[])
+    });
+    (k, ans)
 }
 
 /// The peer of the connection: found again (address path, route, remote

@@ -1122,6 +1122,96 @@ pub(crate) fn write_train(
     true
 }
 
+/// A run of single-packet RC RDMA WRITEs ([`crate::fabric::OneWrite`])
+/// to QP `dest_qp`, their requests addressed as `addr`: each taken, in
+/// order, as [`rc`] takes its WRITE_ONLY packet when all goes well (the
+/// expected PSN, no WRITE in progress, remote write allowed, the rkey
+/// granting the range, the payload landed), its ACK owed; the run stops
+/// at the first that is anything else, with nothing of it changed but
+/// what taking its packet alone does again (the target, bytes that
+/// landed), and after the one whose ACK goes out (every
+/// [`ACK_COALESCE`]). How many were taken.
+pub(crate) fn write_run(
+    rdma: &Rdma,
+    dmem: &Hinted<'_>,
+    hint: Option<&Arc<Qp>>,
+    addr: &RoceAddr,
+    dest_qp: u32,
+    writes: &[crate::fabric::OneWrite<'_>],
+    reply: &mut dyn FnMut(&Packet<'_>),
+) -> usize {
+    let found;
+    let qp = match hint {
+        Some(q) if q.qpn == dest_qp && q.state() != qp::state::DESTROYED => q,
+        _ => {
+            let Some(q) = rdma.qp(dest_qp) else {
+                return 0;
+            };
+            found = q;
+            &found
+        }
+    };
+    // QP 1 is the GSI QP's alias, never an RC QP's number.
+    if dest_qp == 1 || qp.st != qp::st::RC || !qp.receives() || rdma.odp.responder_waits(qp.qpn) {
+        return 0;
+    }
+    let mut guard = lock(&qp.rq);
+    let rq = &mut *guard;
+    let mut taken = 0;
+    let mut acked = None;
+    for t in writes {
+        if rq.epsn != t.psn || rq.write_on || !rq.rwe {
+            break;
+        }
+        // The RETH's target, as [`write_target`] checks it.
+        let len = t.payload.len();
+        let pd = qp.access_pd(rq);
+        let w = &mut rq.write;
+        w.ext.clear();
+        w.off = 0;
+        w.cap = len;
+        let ok = len == 0
+            || (bound_ok(rdma, &mut rq.rkeys, t.rkey, qp.qpn)
+                && rdma
+                    .resolve_cached(
+                        t.rkey,
+                        &mut rq.rkeys,
+                        pd,
+                        access::RW,
+                        t.va,
+                        len,
+                        &mut rq.write.ext,
+                    )
+                    .is_ok());
+        if !ok || t.payload.copy_to_hinted(dmem, &rq.write.ext, 0).is_err() {
+            break;
+        }
+        // Landed: [`write_complete`], then [`in_sequence`]'s and
+        // [`ack`]'s part.
+        rq.write.off = len;
+        rq.msn = psn_add(rq.msn, 1);
+        rq.seq_nak = false;
+        rq.epsn = psn_add(t.psn, 1);
+        taken += 1;
+        rq.ack_owed += 1;
+        if rq.ack_owed >= ACK_COALESCE {
+            rq.ack_owed = 0;
+            acked = Some(t.psn);
+            break;
+        }
+    }
+    if taken != 0 {
+        rdma.counters
+            .messages_received
+            .fetch_add(taken as u64, Ordering::Relaxed);
+    }
+    if let Some(psn) = acked {
+        let ack = aeth::ACK | aeth::CREDITS_INVALID;
+        respond(reply, addr, rq.remote_qpn, psn, ack, rq.msn);
+    }
+    taken
+}
+
 /// SEND with invalidate: the named key of this PD becomes free.
 /// Whether `rkey` may be used by QP `qpn` (a type-2 window only through
 /// the QP it is bound on); an unknown key is left to the resolution.
