@@ -1101,6 +1101,9 @@ pub(crate) fn write_train(
     rq.write = w;
     let last = psn_add(t.psn, t.npkts - 1);
     rq.epsn = psn_add(last, 1);
+    // The expected PSN arrived, as in_sequence notes it: a gap after the
+    // train draws a PSN sequence NAK again.
+    rq.seq_nak = false;
     rq.msn = psn_add(rq.msn, 1);
     rdma.counters
         .messages_received
