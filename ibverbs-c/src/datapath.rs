@@ -368,13 +368,14 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 }
 
 /// `ibv_poll_cq` once the CQ may hold a completion: under its lock. Out
-/// of line, so that an empty poll (its caller) needs no stack frame.
+/// of line, so that an empty poll (its caller) needs no stack frame; the
+/// C ABI, so that its caller jumps to it rather than calls it.
 ///
 /// # Safety
 ///
 /// `p` is a live CQ of this library; `wc` holds `n > 0` entries.
 #[inline(never)]
-unsafe fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe extern "C" fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: only its lock is borrowed (the `ibv_cq_ex` fields are
     // written through raw pointers by the extended poll and resize).
     let lock = unsafe { &(*p).cq };
@@ -386,7 +387,9 @@ unsafe fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     unsafe { poll_locked(p, g, n, wc) }
 }
 
-/// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`.
+/// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`: the
+/// driver's poll with no owner-bit test of its own (the caller's
+/// [`Cq::may_have_cqe`] was that), a one-slot poll inlined.
 ///
 /// # Safety
 ///
@@ -401,12 +404,12 @@ unsafe fn poll_locked(
     // SAFETY: the caller's array holds `n` entries of `ibv_wc`, which
     // `Wc` is laid out as; the poll writes only whole completions into it.
     let out = unsafe { std::slice::from_raw_parts_mut(wc.cast::<MaybeUninit<Wc>>(), n as usize) };
-    let r = g.poll_uninit(out);
+    let r = g.poll_uninit_inline(out);
     // SAFETY: `p` is live and its lock held through `g`.
-    unsafe { Cq::polled(p, &g, *r.as_ref().unwrap_or(&0)) };
+    unsafe { Cq::polled(p, &g, r.unwrap_or(0)) };
     match r {
-        Ok(got) => got as c_int,
-        Err(e) => poll_cq_failed(e),
+        Some(got) => got as c_int,
+        None => poll_cq_failed(&g),
     }
 }
 
@@ -425,12 +428,18 @@ unsafe fn poll_cq_contended(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     unsafe { poll_locked(p, lock.lock(), n, wc) }
 }
 
-/// `ibv_poll_cq` once the device failed: -1 with its errno.
+/// `ibv_poll_cq` that found nothing on a failed device: -1 with its
+/// errno (0 if the failure is not recorded yet).
 #[cold]
 #[inline(never)]
-fn poll_cq_failed(e: verbs::Error) -> c_int {
-    crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
-    -1
+fn poll_cq_failed(cq: &verbs::cq::Cq) -> c_int {
+    match cq.failure() {
+        Some(e) => {
+            crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
+            -1
+        }
+        None => 0,
+    }
 }
 
 /// `ibv_poll_cq` with no CQ, no array or no room: nothing polled for
