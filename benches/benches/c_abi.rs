@@ -13,11 +13,14 @@
 //!   `poll_1cqe_empty_calls` counts the timed calls that found none (the
 //!   CQEs can trail the bytes), whose time, at `poll_empty`'s cost each,
 //!   is taken off;
+//! - `poll_16`: the same completions polled up to 16 a call
+//!   (`ibv_poll_cq(cq, 16, wc)`), ns per completion, `poll_16_empty_calls`
+//!   alike;
 //! - `write_roundtrip`: one signaled WRITE posted and its completion
 //!   polled, back to back (the model's time dominates).
 //!
 //! Instruction counts: the timed loops are functions of their own, in C
-//! (`loop_poll_empty`, `loop_post`, `loop_poll_full`) and here
+//! (`loop_poll_empty`, `loop_post`, `loop_poll_full`, `loop_poll16`) and here
 //! (`c_abi::loop_*`), so callgrind collects them alone:
 //! `valgrind --tool=callgrind --toggle-collect='loop_post*' EXE 100000 4`
 //! on the C program, and on this bench's binary with
@@ -251,41 +254,25 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
         "post_write".into(),
         posting / (rounds as f64 * f64::from(SQ - 1)),
     ));
-    // SQ-1 signaled WRITEs, WR i from and to slot i; once the last one's
-    // bytes landed at B, their completions polled one per call (timed).
-    let mut polling = 0f64;
-    let mut empty = 0u64;
-    for r in 0..rounds {
-        let stamp = (r + 1) << 16;
-        for i in 0..u64::from(SQ) - 1 {
-            buf[0].write_u64_be(64 * i as usize, stamp + i).unwrap();
-            let s = mr[0].sge(64 * i, 64).unwrap();
-            let wr = SendWr {
-                wr_id: i,
-                op: SendOp::RdmaWrite {
-                    raddr: raddr + 64 * i,
-                    rkey,
-                },
-                payload: Payload::Sges(std::slice::from_ref(&s)),
-                flags: send_flags::SIGNALED,
-                ud: None,
+    // SQ-1 signaled WRITEs; once the last one's bytes landed at B, their
+    // completions polled one per call (timed), then up to 16 a call.
+    for (case, per_call) in [("poll_1cqe", 1), ("poll_16", 16)] {
+        let mut polling = 0f64;
+        let mut empty = 0u64;
+        for r in 0..rounds {
+            let stamp = (r + 1 + if per_call == 1 { 0 } else { rounds }) << 16;
+            post_round(&mut qp[0], &mr[0], [&buf[0], &buf[1]], raddr, rkey, stamp);
+            let t0 = Instant::now();
+            empty += if per_call == 1 {
+                loop_poll_full(&mut cq[0], u64::from(SQ) - 1)
+            } else {
+                loop_poll16(&mut cq[0], u64::from(SQ) - 1)
             };
-            qp[0].post_send(std::slice::from_ref(&wr)).unwrap();
+            polling += t0.elapsed().as_nanos() as f64;
         }
-        let last = u64::from(SQ) - 2;
-        // Until the last WRITE's bytes are at B.
-        while buf[1].read_u64_be(64 * last as usize).unwrap() != stamp + last {
-            std::thread::yield_now();
-        }
-        let t0 = Instant::now();
-        empty += loop_poll_full(&mut cq[0], u64::from(SQ) - 1);
-        polling += t0.elapsed().as_nanos() as f64;
+        out.push((case.into(), polling / (rounds as f64 * f64::from(SQ - 1))));
+        out.push((format!("{case}_empty_calls"), empty as f64));
     }
-    out.push((
-        "poll_1cqe".into(),
-        polling / (rounds as f64 * f64::from(SQ - 1)),
-    ));
-    out.push(("poll_1cqe_empty_calls".into(), empty as f64));
     let t0 = Instant::now();
     for i in 0..rounds * 10 {
         let wr = SendWr {
@@ -303,6 +290,37 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
         t0.elapsed().as_nanos() as f64 / (rounds * 10) as f64,
     ));
     out
+}
+
+/// SQ-1 signaled WRITEs, WR i from and to slot i (`stamp + i` in its
+/// first 8 bytes), and the wait until the last one's bytes are at B.
+fn post_round(
+    qp: &mut verbs::qp::Qp,
+    mr: &verbs::mr::Mr,
+    buf: [&DmaBuffer; 2],
+    raddr: u64,
+    rkey: u32,
+    stamp: u64,
+) {
+    for i in 0..u64::from(SQ) - 1 {
+        buf[0].write_u64_be(64 * i as usize, stamp + i).unwrap();
+        let s = mr.sge(64 * i, 64).unwrap();
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::RdmaWrite {
+                raddr: raddr + 64 * i,
+                rkey,
+            },
+            payload: Payload::Sges(std::slice::from_ref(&s)),
+            flags: send_flags::SIGNALED,
+            ud: None,
+        };
+        qp.post_send(std::slice::from_ref(&wr)).unwrap();
+    }
+    let last = u64::from(SQ) - 2;
+    while buf[1].read_u64_be(64 * last as usize).unwrap() != stamp + last {
+        std::thread::yield_now();
+    }
 }
 
 fn wait(cq: &mut verbs::cq::Cq) {
@@ -341,6 +359,20 @@ fn loop_post(qp: &mut verbs::qp::Qp, sge: &verbs::mr::Sge, raddr: u64, rkey: u32
     }
 }
 
+/// Polls `n` completions up to 16 per call; the calls that found none.
+#[inline(never)]
+fn loop_poll16(cq: &mut verbs::cq::Cq, n: u64) -> u64 {
+    let mut wc = [Wc::default(); 16];
+    let (mut got, mut empty) = (0u64, 0u64);
+    while got < n {
+        let k = cq.poll(&mut wc).unwrap();
+        assert!(wc[..k].iter().all(|w| w.status == WcStatus::Success));
+        got += k as u64;
+        empty += u64::from(k == 0);
+    }
+    empty
+}
+
 /// Polls `n` completions one per call; the calls that found none.
 #[inline(never)]
 fn loop_poll_full(cq: &mut verbs::cq::Cq, n: u64) -> u64 {
@@ -355,14 +387,19 @@ fn loop_poll_full(cq: &mut verbs::cq::Cq, n: u64) -> u64 {
     empty
 }
 
-/// `poll_1cqe` less the time of the polls in it that found nothing (at
-/// `poll_empty`'s cost each): the CQEs can trail the last WRITE's bytes.
+/// `poll_1cqe` and `poll_16` less the time of the polls in them that
+/// found nothing (at `poll_empty`'s cost each): the CQEs can trail the
+/// last WRITE's bytes.
 fn net_of_empty(mut v: Vec<(String, f64)>, rounds: u64) -> Vec<(String, f64)> {
-    let get = |k: &str| v.iter().find(|(n, _)| n == k).map_or(0.0, |(_, x)| *x);
-    let (empty, calls) = (get("poll_empty"), get("poll_1cqe_empty_calls"));
+    let get =
+        |v: &[(String, f64)], k: &str| v.iter().find(|(n, _)| n == k).map_or(0.0, |(_, x)| *x);
+    let empty = get(&v, "poll_empty");
     let cqes = rounds as f64 * f64::from(SQ - 1);
-    if let Some((_, t)) = v.iter_mut().find(|(n, _)| n == "poll_1cqe") {
-        *t -= calls * empty / cqes;
+    for case in ["poll_1cqe", "poll_16"] {
+        let calls = get(&v, &format!("{case}_empty_calls"));
+        if let Some((_, t)) = v.iter_mut().find(|(n, _)| n == case) {
+            *t -= calls * empty / cqes;
+        }
     }
     v
 }

@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 use libc::c_int;
 use verbs::cq::Wc;
 use verbs::mr::Sge;
-use verbs::qp::{Payload, PostError, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
+use verbs::qp::{Payload, PostError, QpType, RecvWr, SendOp, SendWr, UdDest, MAX_INLINE, MAX_SGE};
 
 use crate::abi::*;
 use crate::objects::{ah_of, Cq, Srq};
@@ -26,6 +26,10 @@ const IBV_WR_RDMA_WRITE: c_int = 0;
 /// `IBV_SEND_INLINE` (`enum ibv_send_flags`).
 const IBV_SEND_INLINE: libc::c_uint = 8;
 
+/// The errno of a failed post (off the fast path: a post that succeeds
+/// only tests the result).
+#[cold]
+#[inline(never)]
 pub(crate) fn post_errno(e: PostError) -> c_int {
     match e {
         PostError::QueueFull => libc::ENOMEM,
@@ -145,14 +149,14 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
 /// `w`'s SGE list and inline buffers are the caller's, as ibv_post_send
 /// requires.
 #[inline(always)]
-unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(), c_int> {
+unsafe fn post_one(q: &mut verbs::qp::Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     // The common WR, an RDMA WRITE of one SGE, straight to the WQE writer
-    // (the same WQE as through `SendWr`).
+    // (the same WQE as through `SendWr`; on a UD QP the driver refuses it
+    // as `post_one_general` would, EINVAL).
     if w.opcode == IBV_WR_RDMA_WRITE
         && w.num_sge == 1
         && !w.sg_list.is_null()
         && w.send_flags & IBV_SEND_INLINE == 0
-        && !ud
     {
         // SAFETY: one readable SGE (ibv_post_send's contract).
         let s = unsafe { w.sg_list.read() };
@@ -161,18 +165,20 @@ unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(
         // SAFETY: ibv_post_send's contract: the SGE lies in a live MR of
         // that lkey until its WR completes.
         let sge = unsafe { Sge::new_unchecked(s.addr, s.length, s.lkey) };
-        return q
-            .write_rdma_write(
-                w.wr_id,
-                &sge,
-                rdma.remote_addr,
-                rdma.rkey,
-                w.send_flags & 0x7,
-            )
-            .map_err(post_errno);
+        // Matched, not mapped: the errno is worked out only on failure.
+        return match q.write_rdma_write(
+            w.wr_id,
+            &sge,
+            rdma.remote_addr,
+            rdma.rkey,
+            w.send_flags & 0x7,
+        ) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(post_errno(e)),
+        };
     }
     // SAFETY: forwarded from this function's contract.
-    unsafe { post_one_general(q, ud, w) }
+    unsafe { post_one_general(q, w) }
 }
 
 /// [`post_one`] for any WR: through the driver's `SendWr`.
@@ -181,7 +187,7 @@ unsafe fn post_one(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(
 ///
 /// As [`post_one`].
 #[inline(never)]
-unsafe fn post_one_general(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> Result<(), c_int> {
+unsafe fn post_one_general(q: &mut verbs::qp::Qp, w: &ibv_send_wr) -> Result<(), c_int> {
     let mut sg = [const { MaybeUninit::uninit() }; MAX_SGE];
     let mut buf = [const { MaybeUninit::uninit() }; MAX_INLINE];
     // SAFETY: forwarded from this function's contract.
@@ -192,7 +198,7 @@ unsafe fn post_one_general(q: &mut verbs::qp::Qp, ud: bool, w: &ibv_send_wr) -> 
     } else {
         Payload::Sges(s)
     };
-    let dest = if ud {
+    let dest = if q.qp_type() == QpType::Ud {
         // SAFETY: `wr.ud` is the member a UD QP's WR uses.
         let u = unsafe { w.wr.ud };
         let ah = ah_of(u.ah).ok_or(libc::EINVAL)?;
@@ -220,41 +226,64 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    let fail = |at: *mut ibv_send_wr, e: c_int| {
-        if !bad.is_null() {
-            // SAFETY: the caller's out pointer, non-NULL.
-            unsafe { *bad = at };
-        }
-        e
-    };
     if qp.is_null() {
-        return fail(wr, libc::EINVAL);
+        return post_send_failed(bad, wr, libc::EINVAL);
     }
     // SAFETY: a QP this library made (the data path's contract).
     let q = unsafe { &*(qp as *const Qp) };
-    let ud = q.c.qp_base.qp_type == 4;
     let mut g = q.qp.lock();
-    let mut cur = wr;
-    let mut r = 0;
-    // The device and state checks, once for the list (a post of no WR
-    // checks nothing, as before).
-    if !cur.is_null() {
-        if let Err(e) = g.send_ready() {
-            return fail(cur, post_errno(e));
-        }
+    // SAFETY: the caller's WR list and buffers (ibv_post_send's contract).
+    match unsafe { post_list(&mut g, wr) } {
+        Ok(()) => 0,
+        Err((at, e)) => post_send_failed(bad, at, e),
     }
-    while !cur.is_null() {
+}
+
+/// Writes the WRs of the list from `wr` and rings once: the WR that
+/// failed and its errno, those before it posted.
+///
+/// # Safety
+///
+/// `wr` is the caller's list, its buffers as ibv_post_send requires.
+#[inline(always)]
+unsafe fn post_list(
+    q: &mut verbs::qp::Qp,
+    wr: *mut ibv_send_wr,
+) -> Result<(), (*mut ibv_send_wr, c_int)> {
+    // The device and state checks, once for the list (a post of no WR
+    // checks nothing).
+    if wr.is_null() {
+        return Ok(());
+    }
+    if let Err(e) = q.send_ready() {
+        return Err((wr, post_errno(e)));
+    }
+    let mut cur = wr;
+    let r = loop {
         // SAFETY: the caller's WR list.
         let w = unsafe { &*cur };
         // SAFETY: ibv_post_send's contract on the WR's buffers.
-        if let Err(e) = unsafe { post_one(&mut g, ud, w) } {
-            r = fail(cur, e);
-            break;
+        if let Err(e) = unsafe { post_one(q, w) } {
+            break Err((cur, e));
         }
         cur = w.next;
-    }
-    g.ring_send();
+        if cur.is_null() {
+            break Ok(());
+        }
+    };
+    q.ring_send();
     r
+}
+
+/// `ibv_post_send` failing at `at`: `*bad` set (when given), the errno.
+#[cold]
+#[inline(never)]
+fn post_send_failed(bad: *mut *mut ibv_send_wr, at: *mut ibv_send_wr, e: c_int) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: the caller's out pointer, non-NULL.
+        unsafe { *bad = at };
+    }
+    e
 }
 
 /// `ibv_post_recv`.
@@ -368,13 +397,14 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 }
 
 /// `ibv_poll_cq` once the CQ may hold a completion: under its lock. Out
-/// of line, so that an empty poll (its caller) needs no stack frame.
+/// of line, so that an empty poll (its caller) needs no stack frame; the
+/// C ABI, so that its caller jumps to it rather than calls it.
 ///
 /// # Safety
 ///
 /// `p` is a live CQ of this library; `wc` holds `n > 0` entries.
 #[inline(never)]
-unsafe fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+unsafe extern "C" fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: only its lock is borrowed (the `ibv_cq_ex` fields are
     // written through raw pointers by the extended poll and resize).
     let lock = unsafe { &(*p).cq };
@@ -386,7 +416,9 @@ unsafe fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     unsafe { poll_locked(p, g, n, wc) }
 }
 
-/// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`.
+/// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`: the
+/// driver's poll with no owner-bit test of its own (the caller's
+/// [`Cq::may_have_cqe`] was that), a one-slot poll inlined.
 ///
 /// # Safety
 ///
@@ -401,12 +433,12 @@ unsafe fn poll_locked(
     // SAFETY: the caller's array holds `n` entries of `ibv_wc`, which
     // `Wc` is laid out as; the poll writes only whole completions into it.
     let out = unsafe { std::slice::from_raw_parts_mut(wc.cast::<MaybeUninit<Wc>>(), n as usize) };
-    let r = g.poll_uninit(out);
+    let r = g.poll_uninit_inline(out);
     // SAFETY: `p` is live and its lock held through `g`.
-    unsafe { Cq::polled(p, &g, *r.as_ref().unwrap_or(&0)) };
+    unsafe { Cq::polled(p, &g, r.unwrap_or(0)) };
     match r {
-        Ok(got) => got as c_int,
-        Err(e) => poll_cq_failed(e),
+        Some(got) => got as c_int,
+        None => poll_cq_failed(&g),
     }
 }
 
@@ -425,12 +457,18 @@ unsafe fn poll_cq_contended(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     unsafe { poll_locked(p, lock.lock(), n, wc) }
 }
 
-/// `ibv_poll_cq` once the device failed: -1 with its errno.
+/// `ibv_poll_cq` that found nothing on a failed device: -1 with its
+/// errno (0 if the failure is not recorded yet).
 #[cold]
 #[inline(never)]
-fn poll_cq_failed(e: verbs::Error) -> c_int {
-    crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
-    -1
+fn poll_cq_failed(cq: &verbs::cq::Cq) -> c_int {
+    match cq.failure() {
+        Some(e) => {
+            crate::set_errno(crate::errno_of("ibv_poll_cq", &e));
+            -1
+        }
+        None => 0,
+    }
 }
 
 /// `ibv_poll_cq` with no CQ, no array or no room: nothing polled for

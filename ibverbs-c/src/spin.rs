@@ -212,37 +212,21 @@ impl<T> SpinLock<T> {
     /// The lock's fast path: taken by its owner (plain stores) or, once
     /// revoked, free (one compare-and-swap); else `None`, for a caller
     /// whose slow path ([`lock`](Self::lock)) is its own cold function.
+    /// The owner is tested first: a lock that takes nothing
+    /// (`MLX5_SINGLE_THREADED`) is [`REVOKED`], never a thread, so the
+    /// biased lock of a thread-safe program pays no test for it.
     #[inline]
     pub(crate) fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        if self.single {
-            return Some(SpinGuard {
-                l: self,
-                biased: false,
-            });
-        }
         // Acquire: once REVOKED, the last biased holder's writes (released
         // to the revoker, which released REVOKED) are seen before `held`.
         let o = self.owner.load(Ordering::Acquire);
-        if o == REVOKED {
-            // A guard only once taken: a guard made and dropped would
-            // give back a lock another thread holds.
-            let taken = self
-                .held
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok();
-            return match taken {
-                true => Some(SpinGuard {
-                    l: self,
-                    biased: false,
-                }),
-                false => None,
-            };
+        if o != me() {
+            return self.try_lock_unbiased(o);
         }
-        // Not ours, or ours and already inside (a call made between
-        // `ibv_start_poll` and `ibv_end_poll` on the same CQ): the slow
-        // path, which for the latter waits forever as a spinlock would,
-        // instead of a second guard.
-        if o != me() || self.inside.load(Ordering::Relaxed) {
+        // Ours and already inside (a call made between `ibv_start_poll`
+        // and `ibv_end_poll` on the same CQ): the slow path, which waits
+        // forever as a spinlock would, instead of a second guard.
+        if self.inside.load(Ordering::Relaxed) {
             return None;
         }
         self.inside.store(true, Ordering::Relaxed);
@@ -258,6 +242,37 @@ impl<T> SpinLock<T> {
         // Revoked meanwhile: back off, and let the revoker see it.
         self.inside.store(false, Ordering::Release);
         None
+    }
+
+    /// [`try_lock`](Self::try_lock) of a lock not biased to this thread
+    /// (`owner` read as `o`): nothing to take (`single`), or the spinlock
+    /// once revoked; `None` for anything else (the slow path claims or
+    /// revokes a bias).
+    #[inline(always)]
+    fn try_lock_unbiased(&self, o: usize) -> Option<SpinGuard<'_, T>> {
+        if self.single {
+            return Some(SpinGuard {
+                l: self,
+                biased: false,
+            });
+        }
+        if o != REVOKED {
+            return None;
+        }
+        let taken = self
+            .held
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok();
+        // A guard only once taken (not `then_some`, which would make one
+        // either way): a guard made and dropped would give back a lock
+        // another thread holds.
+        match taken {
+            true => Some(SpinGuard {
+                l: self,
+                biased: false,
+            }),
+            false => None,
+        }
     }
 
     /// The slow path: claim an unowned lock's bias, or revoke another

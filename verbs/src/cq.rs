@@ -1011,6 +1011,25 @@ impl Cq {
         self.poll_slots(wc)
     }
 
+    /// [`poll_uninit`](Self::poll_uninit) for a caller that tells an
+    /// empty CQ itself, before it takes its own lock (the C library's
+    /// `ibv_poll_cq`): no owner-bit test up front (the poll's own finds the
+    /// CQ empty, at the cost of a doorbell-record store) and, into one
+    /// slot, the whole poll inlined into the caller, no call. `None` when
+    /// nothing was polled and the device failed ([`failure`](Self::failure)
+    /// says why): no [`crate::Error`] in the caller's frame.
+    #[inline(always)]
+    pub fn poll_uninit_inline(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Option<usize> {
+        let n = match wc {
+            [one] => self.poll_found_in(std::slice::from_mut(one)),
+            _ => self.poll_found(wc),
+        };
+        if n == 0 && self.cmd.is_failed() {
+            return None;
+        }
+        Some(n)
+    }
+
     #[inline(always)]
     fn poll_slots<S: WcSlot>(&mut self, wc: &mut [S]) -> Result<usize> {
         if wc.is_empty() || !self.ring.has_cqe() {
@@ -1069,10 +1088,11 @@ impl Cq {
         n
     }
 
-    /// Why an empty poll fails once the device did (off the fast path).
+    /// Why an empty poll fails once the device did (off the fast path);
+    /// `None` while it has not.
     #[cold]
     #[inline(never)]
-    fn failure(&self) -> Option<crate::Error> {
+    pub fn failure(&self) -> Option<crate::Error> {
         self.shared.ctx.hca.cmd().failure()
     }
 

@@ -307,6 +307,10 @@ pub struct Qp {
     pub(crate) sq: SendRing,
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
+    /// A 1-SGE RDMA WRITE goes straight to [`SendRing::write_rdma_write`]
+    /// (a connected QP with send SGEs): [`Qp::write_rdma_write`]'s one test
+    /// of the QP, fixed at creation.
+    pub(crate) rdma_write_direct: bool,
     bfreg: Option<Bfreg>,
     region: DmaSlice,
     dbrec: Dbrec,
@@ -675,9 +679,11 @@ impl Qp {
             sizes.rq_stride,
             sizes.rq_cnt,
         );
+        let cap = sizes.granted(a.cap);
         Ok(Qp {
             qpn,
             qp_type: a.qp_type,
+            rdma_write_direct: a.qp_type != QpType::Ud && cap.max_send_sge != 0,
             st,
             state: QpState::Reset,
             ctx: ctx.clone(),
@@ -687,7 +693,7 @@ impl Qp {
             _srq: srq,
             sq,
             rq,
-            cap: sizes.granted(a.cap),
+            cap,
             bfreg: Some(bufs.bfreg),
             region: bufs.region,
             dbrec: bufs.dbrec,

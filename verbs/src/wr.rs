@@ -231,17 +231,33 @@ impl Qp {
         rkey: u32,
         flags: u32,
     ) -> std::result::Result<(), PostError> {
-        let one = [*sge];
-        if sge.length == 0 || self.qp_type == QpType::Ud || self.cap.max_send_sge == 0 {
-            return self.write_send(&SendWr {
-                wr_id,
-                op: SendOp::RdmaWrite { raddr, rkey },
-                payload: Payload::Sges(&one),
-                flags,
-                ud: None,
-            });
+        if sge.length == 0 || !self.rdma_write_direct {
+            return self.write_rdma_write_general(wr_id, *sge, raddr, rkey, flags);
         }
         self.sq.write_rdma_write(wr_id, raddr, rkey, sge, flags)
+    }
+
+    /// [`Qp::write_rdma_write`] through [`Qp::write_send`] (an SGE of
+    /// length 0, a UD QP, a QP without send SGEs). Out of line, the SGE by
+    /// value: the fast path's caller keeps it in registers, not in memory
+    /// for a `Payload::Sges` slice.
+    #[cold]
+    #[inline(never)]
+    fn write_rdma_write_general(
+        &mut self,
+        wr_id: u64,
+        sge: Sge,
+        raddr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> std::result::Result<(), PostError> {
+        self.write_send(&SendWr {
+            wr_id,
+            op: SendOp::RdmaWrite { raddr, rkey },
+            payload: Payload::Sges(std::slice::from_ref(&sge)),
+            flags,
+            ud: None,
+        })
     }
 
     /// One WR of an `ibv_post_send` list, written without its doorbell:
