@@ -14,7 +14,8 @@
 # drivers keep identity DMA and vfio-pci gets translated domains),
 # MLX5_QEMU_BINS (host binaries copied, without debug info, into the run
 # directory: /guest/NAME in the guest), MLX5_EMU (the repo's mlx5-emu binary; default
-# target/debug/mlx5-emu beside this script's repo; `served`: the caller
+# debug/mlx5-emu under CARGO_TARGET_DIR, else target/ beside this script's repo;
+# `served`: the caller
 # already serves OUT_DIR/cx.sock and cx.sock.1, as tests/tests/qemu_mlx5.rs
 # does in-process), MLX5_EMU_PROFILE (default cx4lx), MLX5_QEMU_TIMEOUT
 # (seconds, default 900), MLX5_QEMU_APPEND (more kernel command-line words:
@@ -37,7 +38,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 script="${1:?usage: run.sh GUEST_SCRIPT [OUT_DIR]}"
 out="${2:-$(mktemp -d /tmp/mlx5-qemu-run.XXXXXX)}"
-emu="${MLX5_EMU:-$repo/target/debug/mlx5-emu}"
+emu="${MLX5_EMU:-${CARGO_TARGET_DIR:-$repo/target}/debug/mlx5-emu}"
 profile="${MLX5_EMU_PROFILE:-cx4lx}"
 tmo="${MLX5_QEMU_TIMEOUT:-900}"
 functions="${MLX5_QEMU_FUNCTIONS:-2}"
