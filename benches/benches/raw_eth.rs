@@ -398,6 +398,9 @@ fn side_by_side(raw: &mut RawRig, rig: &mut ApiRig, bench: bool) {
             format!("{:.2} ({:.2})", a.0 / b.0, a.1 / b.1)
         })
     };
+    if !bench {
+        println!("(no --bench: one short smoke run, the driver possibly a debug build; no figure here means anything)");
+    }
     if let Some(e) = &why {
         println!("rdma-core libmlx5: NOT RUN ({e})");
     }
