@@ -1390,6 +1390,33 @@ fn requester_scatter(qp: &Qp, w: &Wqe, local: &[Extent]) -> Option<InlineScatter
     })
 }
 
+/// Where `sq`'s messages go: its peer, with the burst's hint to the
+/// peer's memory unless the peer was found again since; across the
+/// peer's link only if `link`.
+fn peer_dest<'a, 'b: 'a>(
+    p: &'a qp::Peer,
+    sq: &'a Sq,
+    burst: &Burst<'b>,
+    src_qpn: u32,
+    link: bool,
+) -> Dest<'a, 'b> {
+    let hint = burst
+        .dst
+        .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
+        .map(|(h, _)| h);
+    Dest {
+        rdma: &p.rdma,
+        mem: &p.mem,
+        hint,
+        tally: Some(&sq.tally),
+        routed: true,
+        wire: p.wire.as_deref(),
+        qp: p.qp.as_ref(),
+        link: if link { p.link.as_deref() } else { None },
+        src_qpn,
+    }
+}
+
 /// The memories of one burst, with their region hints: this function's,
 /// and the peer's as the burst began.
 struct Burst<'a> {
@@ -1775,21 +1802,8 @@ fn send_run(
     let Some(p) = sq.peer.as_ref() else {
         return (0, ans);
     };
-    let hint = burst
-        .dst
-        .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
-        .map(|(h, _)| h);
-    let dst = Dest {
-        rdma: &p.rdma,
-        mem: &p.mem,
-        hint,
-        tally: Some(&sq.tally),
-        routed: true,
-        wire: p.wire.as_deref(),
-        qp: p.qp.as_ref(),
-        link: None,
-        src_qpn: qp.qpn,
-    };
+    // A run never crosses a link (its WRITEs are taken in this process).
+    let dst = peer_dest(p, sq, burst, qp.qpn, false);
     let k = fabric::write_run(&dst, &p.addr, sq.remote_qpn, writes, &mut |r| {
         note(&mut ans, r, 0, 0, mem, &[])
     });
@@ -1863,22 +1877,7 @@ impl<'a, 'b> Link<'a, 'b> {
         span: Span,
     ) -> Option<Self> {
         let p = sq.peer.as_ref()?;
-        // The burst's hint, unless the peer was found again since.
-        let hint = burst
-            .dst
-            .filter(|(_, m)| Arc::ptr_eq(&p.mem, m))
-            .map(|(h, _)| h);
-        let dst = Dest {
-            rdma: &p.rdma,
-            mem: &p.mem,
-            hint,
-            tally: Some(&sq.tally),
-            routed: true,
-            wire: p.wire.as_deref(),
-            qp: p.qp.as_ref(),
-            link: p.link.as_deref(),
-            src_qpn: qpn,
-        };
+        let dst = peer_dest(p, sq, burst, qpn, true);
         Some(Self {
             rdma,
             dst,
