@@ -1547,6 +1547,10 @@ impl<'m> Run<'m> {
     fn push(&mut self, sq: &Sq, burst: &Burst<'m>, w: &Wqe, psn: u32) -> bool {
         let len = w.len as u32;
         let src = if !sq.inline.is_empty() {
+            // The run slices its bytes by the WQE's length.
+            if sq.inline.len() != w.len as usize {
+                return false;
+            }
             let at = self.bytes.len();
             self.bytes.extend_from_slice(&sq.inline);
             Src::Inline(at)
