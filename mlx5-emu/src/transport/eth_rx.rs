@@ -311,6 +311,9 @@ impl EthRq {
                         .is_ok()
                     {
                         sess.join(s, frame, d.burst);
+                        if d.burst.is_some() {
+                            lro::note_fed();
+                        }
                         if sess.ended() {
                             self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
                         } else {
@@ -380,6 +383,9 @@ impl EthRq {
                         Some((s, cfg)) if !s.psh => {
                             ring.lro =
                                 Some(lro::Session::start(&s, frame, cfg, at, first, c, d.burst));
+                            if d.burst.is_some() {
+                                lro::note_fed();
+                            }
                             rdma.eth_rx.lro_open.fetch_add(1, Ordering::AcqRel);
                         }
                         _ => {
@@ -741,6 +747,10 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
 /// ports it reaches (its cable's other functions, its own by loopback)
 /// close ([`super::lro`]).
 pub(crate) fn end_burst(src: &Rdma) {
+    // Most bursts fed no session: nothing to look up.
+    if !lro::take_fed() {
+        return;
+    }
     let wire = crate::fabric::wire_of(src);
     let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
     let me = Some(lro::Sender::of(src));
