@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rdma-core's raw packet send path (libmlx5 44.0), timed without a NIC:
 # compiles benches/c/rdma_core_raw.c against the rdma-core 44.0-2 build that
-# ../shared/reference/rdma-core-bench/build.sh leaves in its cache, then runs
+# the rdma-core-bench reference tool's build.sh (outside this repository)
+# leaves in its cache (~/.cache/rdma-core-bench), then runs
 # it; one JSON line per case on stdout (see the program's header comment and
 # benches/README.md, `raw_eth`).
 #
@@ -38,7 +39,7 @@ for need in "$BUILD/build.ninja" "$BUILD/lib/libibverbs.so.1" \
 	    "$BUILD/include/infiniband/verbs.h" "$SRC/providers/mlx5/mlx5.h" \
 	    "$BUILD/ccan/libccan_pic.a" "$BUILD/util/librdma_util_pic.a" \
 	    "${objs[0]}"; do
-	[ -e "$need" ] || die "no rdma-core $DEB_VER build in $ROOT (missing $need): run the reference tool's build.sh first (../shared/reference/rdma-core-bench/build.sh, from the repository's parent; it needs RDMA_CORE_GIT when the Debian mirror lacks the orig tarball)"
+	[ -e "$need" ] || die "no rdma-core $DEB_VER build in $ROOT (missing $need): run the rdma-core-bench reference tool's build.sh first (it is not part of this repository; it needs RDMA_CORE_GIT when the Debian mirror lacks the orig tarball)"
 done
 command -v gcc >/dev/null || die "gcc not found"
 

@@ -2,7 +2,8 @@
  * rdma-core's raw packet send path, timed without a NIC (issue 26).
  *
  * libmlx5 of rdma-core 44.0 (Debian 12's 44.0-2), built from source by
- * ../shared/reference/rdma-core-bench/build.sh, is linked in as its
+ * the team's rdma-core-bench reference tool (its build.sh, outside this
+ * repository; its cache is ~/.cache/rdma-core-bench), is linked in as its
  * objects (providers/mlx5/ *.o) and its libibverbs.so.1.  An
  * IBV_QPT_RAW_PACKET QP is made by the provider's own functions
  * (mlx5_alloc_pd, mlx5_reg_mr, mlx5_create_cq, mlx5_create_qp,
