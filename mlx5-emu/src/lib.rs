@@ -262,6 +262,10 @@ pub struct Stats {
     pub dropped: u64,
     /// Send and CQ doorbells noticed.
     pub doorbells: u64,
+    /// CQEs written in compressed sessions (`cqe_comp_en`).
+    pub cqes_compressed: u64,
+    /// Compressed sessions written (title and mini CQE arrays).
+    pub compressed_sessions: u64,
     /// DC targets alive.
     pub dcts: usize,
     /// DC connections open at this function's DCTs (one per connected DCI).
@@ -597,6 +601,8 @@ impl Device {
         s.acks = g(&c.acks);
         s.dropped = g(&c.dropped);
         s.doorbells = g(&c.doorbells);
+        s.cqes_compressed = g(&c.cqes_compressed);
+        s.compressed_sessions = g(&c.compressed_sessions);
         s.qp_state_bytes = s.qps * std::mem::size_of::<transport::qp::Qp>();
         for d in transport::rlock(&r.dcts).values() {
             let (dct, conns) = d.footprint();

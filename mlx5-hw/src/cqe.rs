@@ -62,6 +62,29 @@ pub const CQE_STRIDE_128: u8 = 1;
 /// CQ context `cqe_sz`: 64-byte CQEs padded to 128 bytes (`CQE_STRIDE_128_PAD`).
 pub const CQE_STRIDE_128_PAD: u8 = 2;
 
+/// CQ context `mini_cqe_res_format`: a mini CQE carries the RSS hash
+/// result and the byte count (`MLX5_CQE_RES_FORMAT_HASH` of mlx5_ib).
+pub const MINI_CQE_RES_FORMAT_HASH: u8 = 0;
+/// `mini_cqe_res_format`: the checksum and the byte count
+/// (`MLX5_CQE_FORMAT_CSUM`).
+pub const MINI_CQE_RES_FORMAT_CSUM: u8 = 1;
+/// `mini_cqe_res_format`: the flow tag and the stride index (DPDK's
+/// `MLX5_CQE_RESP_FORMAT_FTAG_STRIDX`; cap `mini_cqe_resp_flow_tag`).
+pub const MINI_CQE_RES_FORMAT_FTAG_STRIDX: u8 = 2;
+/// `mini_cqe_res_format`: the checksum, the stride index and the byte
+/// count (`MLX5_CQE_FORMAT_CSUM_STRIDX`; cap `mini_cqe_resp_stride_index`).
+pub const MINI_CQE_RES_FORMAT_CSUM_STRIDX: u8 = 3;
+/// CQ context `cqe_compression_layout`: a title CQE counting the session
+/// in `byte_cnt`, then arrays of eight mini CQEs
+/// (`MLX5_CQE_COMPRESS_LAYOUT_BASIC`).
+pub const CQE_COMPRESS_LAYOUT_BASIC: u8 = 0;
+/// `cqe_compression_layout`: mini CQE arrays that carry their own count
+/// and validity iteration (`MLX5_CQE_COMPRESS_LAYOUT_ENHANCED`; cap
+/// `enhanced_cqe_compression`).
+pub const CQE_COMPRESS_LAYOUT_ENHANCED: u8 = 1;
+/// Mini CQEs in one CQE slot (`MLX5_MINI_CQE_ARRAY_SIZE`).
+pub const MINI_CQE_ARRAY_SIZE: usize = CQE_SIZE / crate::ifc::mini_cqe8::SIZE_BYTES;
+
 /// `modify_cq_in.op_mod`: resize the CQ (`MLX5_CQ_OPMOD_RESIZE`); 0
 /// modifies moderation.
 pub const CQ_OPMOD_RESIZE: u16 = 1;

@@ -14,6 +14,7 @@ use mlx5_hw::status::CmdStatus;
 use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Firmware};
 use crate::transport::cq::{CqState, ResizeError};
+use crate::transport::cqe_comp::{Compression, MiniFormat};
 use crate::transport::qp::Buf;
 use crate::transport::{freed, lowest_free, rlock, wlock, Cq};
 use crate::{lock, Inner};
@@ -67,6 +68,7 @@ impl Firmware {
         )?;
         let c = &input[CTX..CTX + cqc::SIZE_BYTES];
         let (log_size, stride) = self.cq_geometry(c)?;
+        let comp = self.cq_compression(c, stride)?;
         let uar = cqc::UAR_PAGE.get(c) as u32;
         if !self.uars.contains(&uar) {
             return Err(fail(CmdStatus::BadResource, synd::CQ_BAD_UAR));
@@ -90,6 +92,7 @@ impl Firmware {
                 eqn: eqn as u8,
                 uar,
                 dbr,
+                comp,
                 st: Mutex::new(CqState {
                     log_size,
                     stride,
@@ -122,6 +125,40 @@ impl Firmware {
             _ => return Err(fail(CmdStatus::BadParameter, synd::CQ_BAD_CQE_SIZE)),
         };
         Ok((log_size, stride))
+    }
+
+    /// A CQ context's CQE compression (`cqe_comp_en`), checked against
+    /// the caps: `cqe_compression` for 64-byte CQEs,
+    /// `cqe_compression_128` for 128-byte ones, the basic layout unless
+    /// `enhanced_cqe_compression`, a mini CQE format the model writes
+    /// (the stride index one only with `mini_cqe_resp_stride_index`).
+    fn cq_compression(&self, c: &[u8], stride: u64) -> Result<Option<Compression>, super::Fail> {
+        if cqc::CQE_COMP_EN.get(c) == 0 {
+            return Ok(None);
+        }
+        let bad = || fail(CmdStatus::BadParameter, synd::CQ_BAD_COMPRESSION);
+        let offered = if stride == 128 {
+            cmd_hca_cap::CQE_COMPRESSION_128
+        } else {
+            cmd_hca_cap::CQE_COMPRESSION
+        };
+        if self.cap(offered) == 0 {
+            return Err(bad());
+        }
+        let layout = cqc::CQE_COMPRESSION_LAYOUT.get(c) as u8;
+        if layout != mlx5_hw::cqe::CQE_COMPRESS_LAYOUT_BASIC {
+            // The enhanced layout (`enhanced_cqe_compression`) is later
+            // firmware's: no profile offers it.
+            return Err(bad());
+        }
+        let format = MiniFormat::from_raw(cqc::MINI_CQE_RES_FORMAT.get(c) as u8).ok_or_else(bad)?;
+        if format == MiniFormat::CsumStridx
+            && self.cap(cmd_hca_cap::MINI_CQE_RESP_STRIDE_INDEX) == 0
+        {
+            return Err(bad());
+        }
+        let max = (self.cap(cmd_hca_cap::CQE_COMPRESSION_MAX_NUM) as u32).max(2);
+        Ok(Some(Compression { format, max }))
     }
 
     /// Where a new CQ's `bytes` of CQEs and its doorbell record lie: the
@@ -189,7 +226,10 @@ impl Firmware {
         if used || queues {
             return Err(fail(CmdStatus::BadResourceState, synd::CQ_IN_USE));
         }
-        wlock(&r.cqs).remove(&cqn);
+        if let Some(cq) = wlock(&r.cqs).remove(&cqn) {
+            // CQEs it was gathering for a compression session go with it.
+            cq.drop_session(r);
+        }
         freed(&r.cq_floor, cqn);
         Ok(vec![0; 0x10])
     }
@@ -214,6 +254,10 @@ impl Firmware {
             let c = &mut out[at..at + cqc::SIZE_BYTES];
             cqc::STATUS.set(c, if st.error { 9 } else { 0 });
             cqc::CQE_SZ.set(c, if st.stride == 128 { 1 } else { 0 });
+            if let Some(comp) = cq.comp {
+                cqc::CQE_COMP_EN.set(c, 1);
+                cqc::MINI_CQE_RES_FORMAT.set(c, u64::from(comp.format.to_raw()));
+            }
             cqc::ST.set(
                 c,
                 u64::from(if st.armed.is_some() {
@@ -298,11 +342,17 @@ impl Firmware {
             return Err(fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED));
         }
         let mem = inner.rdma.dma.memory();
-        cq.resize(&mem, log_size, stride, Buf::new(pas, log_page, offset))
-            .map_err(|e| match e {
-                ResizeError::InError => fail(CmdStatus::BadResourceState, synd::CQ_RESIZE),
-                ResizeError::TooSmall => fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE),
-                ResizeError::Fault => fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED),
-            })
+        cq.resize(
+            &inner.rdma,
+            &mem,
+            log_size,
+            stride,
+            Buf::new(pas, log_page, offset),
+        )
+        .map_err(|e| match e {
+            ResizeError::InError => fail(CmdStatus::BadResourceState, synd::CQ_RESIZE),
+            ResizeError::TooSmall => fail(CmdStatus::BadParameter, synd::CQ_BAD_SIZE),
+            ResizeError::Fault => fail(CmdStatus::BadParameter, synd::CQ_NOT_MAPPED),
+        })
     }
 }

@@ -252,6 +252,7 @@ pub(crate) mod synd {
     pub const CQ_UNKNOWN: u32 = 0x0c90_0007;
     pub const CQ_IN_USE: u32 = 0x0c90_0008;
     pub const CQ_RESIZE: u32 = 0x0c90_0009;
+    pub const CQ_BAD_COMPRESSION: u32 = 0x0c90_000a;
     pub const QP_BAD_ST: u32 = 0x0a90_0001;
     pub const QP_BAD_PD: u32 = 0x0a90_0002;
     pub const QP_BAD_CQ: u32 = 0x0a90_0003;

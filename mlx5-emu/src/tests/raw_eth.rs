@@ -31,6 +31,8 @@ use super::eth::{num, setup_on, Eth, DATA, DBR_IOVA, RING_IOVA};
 use super::{cmd_in, Drv};
 use crate::{Fabric, Profile};
 
+mod cqe_comp;
+
 const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();
 /// NIC RX flow tables (`FS_FT_NIC_RX`) as the commands' table_type.
 const NIC_RX: u64 = mlx5_hw::eth::FS_FT_NIC_RX as u64;

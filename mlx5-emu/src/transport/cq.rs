@@ -5,6 +5,7 @@
 //! record's arm word) that turns the next CQE, or the next solicited or
 //! error CQE, into a completion EQE.
 
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use mlx5_hw::cqe::{self, CqeOpcode};
@@ -14,6 +15,8 @@ use mlx5_hw::ifc::{Cqe64, EqeComp, EqeCqErr, ErrCqe};
 use vfio::IovaMemory;
 use zerocopy::{FromZeros, IntoBytes};
 
+use super::cqe_comp::{self, Compression, Sequel, Session};
+use super::lro::Sender;
 use super::mem;
 use super::qp::Buf;
 use super::{PendingEvent, Rdma};
@@ -37,7 +40,18 @@ pub(crate) struct Cq {
     pub eqn: u8,
     pub uar: u32,
     pub dbr: u64,
+    /// CQE compression (`cqe_comp_en`), fixed at creation.
+    pub comp: Option<Compression>,
     pub st: Mutex<CqState>,
+}
+
+/// Why the CQ stopped taking CQEs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// No free slot (`MLX5_CQ_ERROR_SYNDROME_CQ_OVERRUN`).
+    Overrun,
+    /// A CQE write faulted.
+    Fault,
 }
 
 /// Producer side of a CQ, and its ring (which MODIFY_CQ's resize
@@ -62,6 +76,8 @@ pub(crate) struct CqState {
     /// Moderation settings (MODIFY_CQ), kept for QUERY_CQ.
     pub period: u16,
     pub max_count: u16,
+    /// The compression session being gathered ([`cqe_comp`]).
+    pub session: Option<Session>,
 }
 
 /// Why a resize was refused.
@@ -147,6 +163,60 @@ impl Completion {
     }
 }
 
+/// CQE `c` stamped `ts`, and its `op_own` without format and owner bit.
+fn encode(c: &Completion, ts: u64) -> (Cqe64, u8) {
+    let sop_qpn =
+        u32::from(c.s_wqe_opcode) << cqe::CQE_S_WQE_OPCODE_SHIFT | (c.qpn & cqe::CQE_QPN_MASK);
+    let mut e = Cqe64::new_zeroed();
+    match c.error {
+        Some((synd, vendor)) => {
+            let err: &mut ErrCqe = zerocopy::transmute_mut!(&mut e);
+            err.srqn.set(c.srqn);
+            err.vendor_err_synd = vendor;
+            err.syndrome = synd;
+            err.s_wqe_opcode_qpn.set(sop_qpn);
+        }
+        None => {
+            e.flags_rqpn.set(c.flags_rqpn);
+            e.l4_l3_hdr_type = c.l3;
+            let segs = c
+                .lro
+                .map_or(0, |l| u32::from(l.num_seg) << cqe::CQE_LRO_NUM_SEG_SHIFT);
+            e.srqn.set(c.srqn & cqe::CQE_QPN_MASK | segs);
+            if let Some(l) = c.lro {
+                e.tcppsh_abort_dupack = l.tcppsh_abort_dupack;
+                e.min_ttl = l.min_ttl;
+                e.tcp_win.set(l.tcp_win);
+                e.ack_seq_num.set(l.ack_seq_num);
+            }
+            e.immediate.set(c.imm);
+            e.byte_cnt.set(c.byte_cnt);
+            e.timestamp_h.set((ts >> 32) as u32);
+            e.timestamp_l.set(ts as u32);
+            e.sop_drop_qpn.set(sop_qpn);
+            if let Some(x) = c.eth {
+                e.hds_ip_ext = x.hds_ip_ext;
+                e.rss_hash_type = x.rss_hash_type;
+                e.rss_hash_result.set(x.rss_hash_result);
+                e.vlan_info.set(x.vlan_info);
+                e.check_sum.set(x.check_sum);
+            }
+        }
+    }
+    e.wqe_counter.set(c.wqe_counter);
+    e.wqe_id.set(c.wqe_id);
+    let op_own = c.opcode << cqe::CQE_OPCODE_SHIFT | if c.solicited { cqe::CQE_SE_MASK } else { 0 };
+    (e, op_own)
+}
+
+/// Whether `c` fires a CQ armed for solicited CQEs only.
+fn sol(c: &Completion) -> bool {
+    c.solicited
+        || c.error.is_some()
+        || c.opcode == CqeOpcode::ReqErr.to_raw()
+        || c.opcode == CqeOpcode::RespErr.to_raw()
+}
+
 impl Cq {
     /// Raises the CQ error event (`cqn`, then the syndrome at byte 11).
     fn cq_error(&self, rdma: &Rdma, syndrome: u8) {
@@ -167,97 +237,217 @@ impl Cq {
         lock(&self.st).stride
     }
 
-    /// A CQE write faulted: the CQ is in error, with its event; false.
-    fn faulted(&self, rdma: &Rdma, mut st: std::sync::MutexGuard<'_, CqState>) -> bool {
+    /// The CQ stops: in error, with its event (an overrun or a faulted
+    /// write, `c` the CQE that found it); false.
+    fn stop(
+        &self,
+        rdma: &Rdma,
+        mut st: std::sync::MutexGuard<'_, CqState>,
+        why: Stop,
+        c: Option<&Completion>,
+    ) -> bool {
         st.error = true;
         drop(st);
-        tracing::warn!(cqn = self.cqn, "CQE write faulted");
-        self.cq_error(rdma, CQ_ERROR_ACCESS_VIOLATION);
+        let syndrome = match why {
+            Stop::Overrun => {
+                tracing::warn!(
+                    cqn = self.cqn,
+                    qpn = c.map(|c| c.qpn),
+                    opcode = c.map(|c| c.opcode),
+                    error = ?c.and_then(|c| c.error),
+                    "CQ overrun"
+                );
+                CQ_ERROR_OVERRUN
+            }
+            Stop::Fault => {
+                tracing::warn!(cqn = self.cqn, "CQE write faulted");
+                CQ_ERROR_ACCESS_VIOLATION
+            }
+        };
+        self.cq_error(rdma, syndrome);
         false
     }
 
-    /// Writes one CQE; false if the CQ overran (or is in error).
+    /// Writes one CQE; false if the CQ overran (or is in error). An open
+    /// compression session is written before it.
     pub(crate) fn push(&self, rdma: &Rdma, mem: &IovaMemory, c: &Completion) -> bool {
         let mut st = lock(&self.st);
         if st.error {
             return false;
         }
-        let n = 1u32 << st.log_size;
-        if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
-            if let Ok(ci) = mem::load_be32(mem, self.dbr) {
-                st.ci = ci & 0xff_ffff;
-            }
-            if st.pi.wrapping_sub(st.ci) & 0xff_ffff >= n {
-                st.error = true;
-                drop(st);
-                tracing::warn!(
-                    cqn = self.cqn,
-                    qpn = c.qpn,
-                    opcode = c.opcode,
-                    error = ?c.error,
-                    "CQ overrun"
-                );
-                self.cq_error(rdma, CQ_ERROR_OVERRUN);
-                return false;
+        let mut fire = false;
+        if let Some(s) = self.take_session(rdma, &mut st) {
+            match self.put_session(rdma, mem, &mut st, s) {
+                Ok(f) => fire |= f,
+                Err(why) => return self.stop(rdma, st, why, Some(c)),
             }
         }
-        let index = st.pi & (n - 1);
-        let Some(at) = st
-            .buf
-            .addr(u64::from(index) * st.stride + (st.stride - cqe::CQE_SIZE as u64))
-        else {
+        let (e, op_own) = encode(c, rdma.ticks());
+        match self.put(rdma, mem, &mut st, &e, op_own, c.inline.as_ref(), sol(c)) {
+            Ok(f) => fire |= f,
+            Err(why) => return self.stop(rdma, st, why, Some(c)),
+        }
+        self.fired(rdma, st, fire);
+        true
+    }
+
+    /// Writes a receive CQE of an RQ whose CQEs follow as `sequel` says,
+    /// delivered by `held`'s burst: on a CQ with compression, into the
+    /// open session where it can join ([`cqe_comp`]); otherwise as
+    /// [`Cq::push`]. False if the CQ overran (or is in error).
+    pub(crate) fn push_rx(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        c: &Completion,
+        sequel: Option<Sequel>,
+        held: Option<Sender>,
+    ) -> bool {
+        let (Some(comp), Some(sequel), Some(_)) = (self.comp, sequel, held) else {
+            return self.push(rdma, mem, c);
+        };
+        if !cqe_comp::compressible(c) {
+            return self.push(rdma, mem, c);
+        }
+        let mut st = lock(&self.st);
+        if st.error {
+            return false;
+        }
+        let (e, _) = encode(c, rdma.ticks());
+        let mut fire = false;
+        if let Some(s) = st.session.as_mut() {
+            if s.join(&e, sequel, held) {
+                super::eth_rx::note_held();
+                if s.cqes.len() as u32 >= comp.max {
+                    let s = self.take_session(rdma, &mut st);
+                    if let Some(s) = s {
+                        match self.put_session(rdma, mem, &mut st, s) {
+                            Ok(f) => fire = f,
+                            Err(why) => return self.stop(rdma, st, why, Some(c)),
+                        }
+                    }
+                }
+                self.fired(rdma, st, fire);
+                return true;
+            }
+            if let Some(s) = self.take_session(rdma, &mut st) {
+                match self.put_session(rdma, mem, &mut st, s) {
+                    Ok(f) => fire = f,
+                    Err(why) => return self.stop(rdma, st, why, Some(c)),
+                }
+            }
+        }
+        st.session = Some(Session::start(e, sequel, held));
+        rdma.cq_sessions.fetch_add(1, Ordering::AcqRel);
+        super::eth_rx::note_held();
+        self.fired(rdma, st, fire);
+        true
+    }
+
+    /// Writes the open compression session if `burst_end` names the
+    /// burst that holds it, or (`None`) if it has been idle long enough or
+    /// no burst holds it; whether one stays open.
+    pub(crate) fn flush_session(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        burst_end: Option<Sender>,
+    ) -> bool {
+        let mut st = lock(&self.st);
+        let Some(s) = st.session.as_mut() else {
             return false;
         };
+        match burst_end {
+            Some(b) if s.held != Some(b) => return true,
+            Some(_) => {}
+            None if s.held.is_some() => {
+                s.idle += 1;
+                if s.idle < cqe_comp::HELD_IDLE_PASSES {
+                    return true;
+                }
+            }
+            None => {}
+        }
+        if let Some(s) = self.take_session(rdma, &mut st) {
+            match self.put_session(rdma, mem, &mut st, s) {
+                Ok(fire) => self.fired(rdma, st, fire),
+                Err(why) => {
+                    self.stop(rdma, st, why, None);
+                }
+            }
+        }
+        false
+    }
+
+    /// Drops the open session unwritten (the CQ is destroyed).
+    pub(crate) fn drop_session(&self, rdma: &Rdma) {
+        let mut st = lock(&self.st);
+        drop(self.take_session(rdma, &mut st));
+    }
+
+    /// Takes the open session out of the CQ (and the function's count).
+    fn take_session(&self, rdma: &Rdma, st: &mut CqState) -> Option<Session> {
+        let s = st.session.take()?;
+        rdma.cq_sessions.fetch_sub(1, Ordering::AcqRel);
+        Some(s)
+    }
+
+    /// Raises the completion event when a CQE written under `st` fired
+    /// the armed CQ.
+    fn fired(&self, rdma: &Rdma, st: std::sync::MutexGuard<'_, CqState>, fire: bool) {
+        drop(st);
+        if fire {
+            self.completion_event(rdma);
+        }
+    }
+
+    /// Free slots of the ring, the consumer counter read again when fewer
+    /// than `want`.
+    fn room(&self, mem: &IovaMemory, st: &mut CqState, want: u32) -> u32 {
+        let n = 1u32 << st.log_size;
+        let used = st.pi.wrapping_sub(st.ci) & 0xff_ffff;
+        if n.saturating_sub(used) >= want {
+            return n - used;
+        }
+        if let Ok(ci) = mem::load_be32(mem, self.dbr) {
+            st.ci = ci & 0xff_ffff;
+        }
+        n.saturating_sub(st.pi.wrapping_sub(st.ci) & 0xff_ffff)
+    }
+
+    /// Where the 64-byte CQE of ring slot `pi` lies (the second half of a
+    /// 128-byte entry).
+    fn slot(st: &CqState, pi: u32) -> Option<u64> {
+        let index = pi & ((1u32 << st.log_size) - 1);
+        st.buf
+            .addr(u64::from(index) * st.stride + (st.stride - cqe::CQE_SIZE as u64))
+    }
+
+    /// Writes CQE `e` at the producer index: `op_own` (opcode and `se`;
+    /// the format and owner bit added here) last; `inline`: data scattered
+    /// to the CQE. Whether the armed CQ fires (`sol`: a solicited or error
+    /// CQE).
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        st: &mut CqState,
+        e: &Cqe64,
+        op_own: u8,
+        inline: Option<&InlineScatter>,
+        sol: bool,
+    ) -> Result<bool, Stop> {
+        if self.room(mem, st, 1) == 0 {
+            return Err(Stop::Overrun);
+        }
+        let at = Self::slot(st, st.pi).ok_or(Stop::Fault)?;
         let owner = ((st.pi >> st.log_size) & 1) as u8;
-        let sop_qpn =
-            u32::from(c.s_wqe_opcode) << cqe::CQE_S_WQE_OPCODE_SHIFT | (c.qpn & cqe::CQE_QPN_MASK);
-        let mut e = Cqe64::new_zeroed();
-        let opcode = match c.error {
-            Some((synd, vendor)) => {
-                let err: &mut ErrCqe = zerocopy::transmute_mut!(&mut e);
-                err.srqn.set(c.srqn);
-                err.vendor_err_synd = vendor;
-                err.syndrome = synd;
-                err.s_wqe_opcode_qpn.set(sop_qpn);
-                c.opcode
-            }
-            None => {
-                e.flags_rqpn.set(c.flags_rqpn);
-                e.l4_l3_hdr_type = c.l3;
-                let segs = c
-                    .lro
-                    .map_or(0, |l| u32::from(l.num_seg) << cqe::CQE_LRO_NUM_SEG_SHIFT);
-                e.srqn.set(c.srqn & cqe::CQE_QPN_MASK | segs);
-                if let Some(l) = c.lro {
-                    e.tcppsh_abort_dupack = l.tcppsh_abort_dupack;
-                    e.min_ttl = l.min_ttl;
-                    e.tcp_win.set(l.tcp_win);
-                    e.ack_seq_num.set(l.ack_seq_num);
-                }
-                e.immediate.set(c.imm);
-                e.byte_cnt.set(c.byte_cnt);
-                let ts = rdma.ticks();
-                e.timestamp_h.set((ts >> 32) as u32);
-                e.timestamp_l.set(ts as u32);
-                e.sop_drop_qpn.set(sop_qpn);
-                if let Some(x) = c.eth {
-                    e.hds_ip_ext = x.hds_ip_ext;
-                    e.rss_hash_type = x.rss_hash_type;
-                    e.rss_hash_result.set(x.rss_hash_result);
-                    e.vlan_info.set(x.vlan_info);
-                    e.check_sum.set(x.check_sum);
-                }
-                c.opcode
-            }
-        };
-        e.wqe_counter.set(c.wqe_counter);
-        e.wqe_id.set(c.wqe_id);
-        let format = match &c.inline {
+        let mut e = *e;
+        let format = match inline {
             Some(s) if s.len > 32 && st.stride >= 128 => {
                 // The entry's first 64 bytes, before the CQE itself.
-                if mem::write(mem, at - 64, &s.data).is_err() {
-                    return self.faulted(rdma, st);
-                }
+                mem::write(mem, at - 64, &s.data).map_err(|_| Stop::Fault)?;
                 cqe::CQE_FORMAT_INLINE_DATA64_SEG
             }
             Some(s) => {
@@ -266,28 +456,24 @@ impl Cq {
             }
             None => cqe::CQE_FORMAT_NO_INLINE_DATA,
         };
-        let op_own = opcode << cqe::CQE_OPCODE_SHIFT
-            | format << cqe::CQE_FORMAT_SHIFT
-            | if c.solicited { cqe::CQE_SE_MASK } else { 0 }
-            | owner;
+        let op_own = op_own | format << cqe::CQE_FORMAT_SHIFT | owner;
         // Everything but op_own, then op_own (the owner bit) last.
         let body = &e.as_bytes()[..cqe::CQE_OP_OWN_OFFSET];
         if mem::write(mem, at, body).is_err()
             || mem::store_u8_release(mem, at + OP_OWN_AT, op_own).is_err()
         {
-            return self.faulted(rdma, st);
+            return Err(Stop::Fault);
         }
         st.pi = st.pi.wrapping_add(1);
-        rdma.counters
-            .cqes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let sol = c.solicited
-            || c.error.is_some()
-            || opcode == CqeOpcode::ReqErr.to_raw()
-            || opcode == CqeOpcode::RespErr.to_raw();
+        rdma.counters.cqes.fetch_add(1, Ordering::Relaxed);
         if sol {
             st.last_sol = st.pi;
         }
+        Ok(self.arm_fires(st, sol))
+    }
+
+    /// Whether the armed CQ fires on a CQE just written (disarming it).
+    fn arm_fires(&self, st: &mut CqState, sol: bool) -> bool {
         let fire = match st.armed {
             Some(false) => true,
             Some(true) => sol,
@@ -295,10 +481,59 @@ impl Cq {
         };
         if fire {
             st.armed = None;
-            drop(st);
-            self.completion_event(rdma);
         }
-        true
+        fire
+    }
+
+    /// Writes compression session `s` ([`cqe_comp`]): one CQE alone as
+    /// itself, more as a title and mini CQE arrays. Where the ring has
+    /// room for fewer, those are written and the CQ overruns.
+    fn put_session(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        st: &mut CqState,
+        s: Session,
+    ) -> Result<bool, Stop> {
+        let Some(comp) = self.comp else {
+            return Err(Stop::Fault);
+        };
+        let want = s.cqes.len() as u32;
+        let n = self.room(mem, st, want).min(want);
+        let op = CqeOpcode::RespSend.to_raw() << cqe::CQE_OPCODE_SHIFT;
+        let fire = match n {
+            0 => return Err(Stop::Overrun),
+            1 => self.put(rdma, mem, st, &s.cqes[0], op, None, false)?,
+            _ => {
+                let cqes = &s.cqes[..n as usize];
+                for k in 0..(n as usize).div_ceil(cqe::MINI_CQE_ARRAY_SIZE) {
+                    let at = Self::slot(st, st.pi.wrapping_add(cqe_comp::array_slot(k)))
+                        .ok_or(Stop::Fault)?;
+                    mem::write(mem, at, &cqe_comp::mini_array(cqes, k, comp.format))
+                        .map_err(|_| Stop::Fault)?;
+                }
+                let at = Self::slot(st, st.pi).ok_or(Stop::Fault)?;
+                let owner = ((st.pi >> st.log_size) & 1) as u8;
+                let t = cqe_comp::title(&cqes[0], n);
+                let op_own = op | cqe::CQE_FORMAT_COMPRESSED << cqe::CQE_FORMAT_SHIFT | owner;
+                if mem::write(mem, at, &t.as_bytes()[..cqe::CQE_OP_OWN_OFFSET]).is_err()
+                    || mem::store_u8_release(mem, at + OP_OWN_AT, op_own).is_err()
+                {
+                    return Err(Stop::Fault);
+                }
+                st.pi = st.pi.wrapping_add(n);
+                let c = &rdma.counters;
+                c.cqes.fetch_add(u64::from(n), Ordering::Relaxed);
+                c.cqes_compressed.fetch_add(u64::from(n), Ordering::Relaxed);
+                c.compressed_sessions.fetch_add(1, Ordering::Relaxed);
+                self.arm_fires(st, false)
+            }
+        };
+        tracing::trace!(cqn = self.cqn, cqes = n, "compressed session");
+        if n < want {
+            return Err(Stop::Overrun);
+        }
+        Ok(fire)
     }
 
     /// MODIFY_CQ's resize to `log_size` entries of `stride` bytes in
@@ -309,8 +544,10 @@ impl Cq {
     /// `mlx5_cq_resize_copy_cqes`, mlx5_ib's `copy_resize_cqes`), each one
     /// index later. Refused if the new ring cannot hold what is
     /// outstanding, or the old one has no room for the RESIZE_CQ CQE.
+    /// An open compression session is written into the old ring first.
     pub(crate) fn resize(
         &self,
+        rdma: &Rdma,
         mem: &IovaMemory,
         log_size: u8,
         stride: u64,
@@ -319,6 +556,16 @@ impl Cq {
         let mut st = lock(&self.st);
         if st.error {
             return Err(ResizeError::InError);
+        }
+        let mut fire = false;
+        if let Some(s) = self.take_session(rdma, &mut st) {
+            match self.put_session(rdma, mem, &mut st, s) {
+                Ok(f) => fire = f,
+                Err(why) => {
+                    self.stop(rdma, st, why, None);
+                    return Err(ResizeError::InError);
+                }
+            }
         }
         if let Ok(ci) = mem::load_be32(mem, self.dbr) {
             st.ci = ci & 0xff_ffff;
@@ -349,6 +596,7 @@ impl Cq {
         st.log_size = log_size;
         st.stride = stride;
         st.buf = buf;
+        self.fired(rdma, st, fire);
         Ok(())
     }
 

@@ -49,6 +49,7 @@ use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
 use vfio::IovaMemory;
 
 use super::cq::{Completion, EthCqe};
+use super::cqe_comp::Sequel;
 use super::lro;
 use super::mem::{self, access};
 use super::qp::Buf;
@@ -263,7 +264,7 @@ impl EthRq {
         };
         ring.consumed = ring.consumed.wrapping_add(1);
         drop(ring);
-        self.cq.push(rdma, mem, &c);
+        self.cq.push_rx(rdma, mem, &c, self.sequel(), d.burst);
     }
 
     /// Counts a frame that found no WQE posted (the Q counter set's
@@ -312,7 +313,7 @@ impl EthRq {
                     {
                         sess.join(s, frame, d.burst);
                         if d.burst.is_some() {
-                            lro::note_fed();
+                            note_held();
                         }
                         if sess.ended() {
                             self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
@@ -320,7 +321,7 @@ impl EthRq {
                             ring.lro = Some(sess);
                         }
                         drop(ring);
-                        return self.push_all(rdma, mem, &cqes);
+                        return self.push_all(rdma, mem, &cqes, d.burst);
                     }
                     // What was merged completes; the frame goes on alone
                     // (and fails there as it would have).
@@ -332,7 +333,7 @@ impl EthRq {
         let pi = mem::load_be32(mem, self.dbr).map_or(ring.consumed, |v| v as u16);
         if pi == ring.consumed {
             drop(ring);
-            self.push_all(rdma, mem, &cqes);
+            self.push_all(rdma, mem, &cqes, d.burst);
             return self.out_of_buffer(rdma);
         }
         if need > total || frame.len() > 0xffff {
@@ -362,7 +363,7 @@ impl EthRq {
             }
             if pi == ring.consumed {
                 drop(ring);
-                self.push_all(rdma, mem, &cqes);
+                self.push_all(rdma, mem, &cqes, d.burst);
                 return self.out_of_buffer(rdma);
             }
             let (at, first) = (ring.head, ring.stride);
@@ -384,7 +385,7 @@ impl EthRq {
                             ring.lro =
                                 Some(lro::Session::start(&s, frame, cfg, at, first, c, d.burst));
                             if d.burst.is_some() {
-                                lro::note_fed();
+                                note_held();
                             }
                             rdma.eth_rx.lro_open.fetch_add(1, Ordering::AcqRel);
                         }
@@ -401,7 +402,7 @@ impl EthRq {
             }
         }
         drop(ring);
-        self.push_all(rdma, mem, &cqes);
+        self.push_all(rdma, mem, &cqes, d.burst);
     }
 
     /// LRO session `sess` ends: its CQE, and the strides it took.
@@ -454,7 +455,7 @@ impl EthRq {
             self.close_lro(rdma, mem, &mut ring, &sess, st, &mut cqes);
         }
         drop(ring);
-        self.push_all(rdma, mem, &cqes);
+        self.push_all(rdma, mem, &cqes, None);
         false
     }
 
@@ -502,9 +503,29 @@ impl EthRq {
         });
     }
 
-    fn push_all(&self, rdma: &Rdma, mem: &IovaMemory, cqes: &[Completion]) {
+    /// How the reader of a compressed session works out this RQ's WQE
+    /// counters ([`super::cqe_comp`]); none for a linked list, whose next
+    /// WQE its link names.
+    fn sequel(&self) -> Option<Sequel> {
+        if self.striding.is_some() {
+            Some(Sequel::Striding)
+        } else if self.linked_list {
+            None
+        } else {
+            Some(Sequel::Cyclic)
+        }
+    }
+
+    /// Completes `cqes` in order (`held`: the burst that delivered them).
+    fn push_all(
+        &self,
+        rdma: &Rdma,
+        mem: &IovaMemory,
+        cqes: &[Completion],
+        held: Option<lro::Sender>,
+    ) {
         for c in cqes {
-            if !self.cq.push(rdma, mem, c) {
+            if !self.cq.push_rx(rdma, mem, c, self.sequel(), held) {
                 break;
             }
         }
@@ -743,22 +764,52 @@ pub(crate) fn receive(dst: &Rdma, frame: &[u8]) {
     receive_from(dst, frame, None, None);
 }
 
-/// A local SQ's burst ended: the LRO sessions its frames opened on the
-/// ports it reaches (its cable's other functions, its own by loopback)
-/// close ([`super::lro`]).
+thread_local! {
+    /// A local SQ's burst on this thread fed an LRO session or a CQE
+    /// compression session (frames are delivered on the sender's
+    /// thread): only then does its end look for sessions to close.
+    static HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A session was opened or joined by a frame of this thread's burst.
+pub(crate) fn note_held() {
+    HELD.with(|f| f.set(true));
+}
+
+/// Whether this thread's burst fed a session since the last call.
+fn take_held() -> bool {
+    HELD.with(|f| f.replace(false))
+}
+
+/// A local SQ's burst ended: the LRO sessions ([`super::lro`]) and CQE
+/// compression sessions ([`super::cqe_comp`]) its frames fed on the ports
+/// it reaches (its cable's other functions, its own by loopback) close.
 pub(crate) fn end_burst(src: &Rdma) {
     // Most bursts fed no session: nothing to look up.
-    if !lro::take_fed() {
+    if !take_held() {
         return;
     }
     let wire = crate::fabric::wire_of(src);
     let peers = wire.as_ref().map(|w| w.peers(src)).unwrap_or_default();
     let me = Some(lro::Sender::of(src));
     for dst in peers.iter().map(|d| &**d).chain([src]) {
-        if dst.eth_rx.lro_open.load(Ordering::Acquire) != 0 {
-            dst.eth_rx.flush_lro(dst, &dst.dma.memory(), me);
+        flush_held(dst, &dst.dma.memory(), me);
+    }
+}
+
+/// Closes `dst`'s sessions that `burst_end`'s burst fed, or (`None`) those
+/// idle since the last pass of its data path: LRO sessions first (their
+/// CQEs go to the CQs after what those hold), then CQE compression
+/// sessions. Whether any stays open (the worker stays awake for it).
+pub(crate) fn flush_held(dst: &Rdma, mem: &IovaMemory, burst_end: Option<lro::Sender>) -> bool {
+    let mut open = dst.eth_rx.flush_lro(dst, mem, burst_end);
+    if dst.cq_sessions.load(Ordering::Acquire) != 0 {
+        let cqs: Vec<Arc<Cq>> = rlock(&dst.cqs).values().cloned().collect();
+        for cq in cqs {
+            open |= cq.flush_session(dst, mem, burst_end);
         }
     }
+    open
 }
 
 /// [`receive`] of a frame from the wire (`looped` none) or one the

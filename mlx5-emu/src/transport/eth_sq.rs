@@ -203,12 +203,17 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, rung: bool) -> bool
                 })
             }
         };
+        *ci = at.wrapping_add(nbb);
         if let Some(c) = c {
             if !sq.cq.push(rdma, mem, &c) {
+                // The CQ overran (or is in error): the WQE ran, its CQE is
+                // lost, and the SQ goes to ERR (as a QP whose CQ overran
+                // does) rather than run it again.
+                tracing::debug!(sqn = sq.sqn, at, "CQ refused the CQE: SQ to ERR");
+                sq.state.store(QUEUE_STATE_ERR as u8, Ordering::Release);
                 break;
             }
         }
-        *ci = at.wrapping_add(nbb);
     }
     drop(ring);
     if busy {
@@ -217,7 +222,8 @@ pub(crate) fn run(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, rung: bool) -> bool
     busy
 }
 
-/// Completes the WQE at `at` as flushed; false when the CQ takes no more.
+/// Completes the WQE at `at` as flushed (the flush CQE lost where the CQ
+/// takes no more: it is in error); false when the WQE cannot be read.
 fn flush_one(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, at: u16, pi: u16, ci: &mut u16) -> bool {
     let mut b = [0u8; 16];
     let Some(addr) = sq.bb(at) else {
@@ -238,9 +244,7 @@ fn flush_one(rdma: &Rdma, sq: &EthSq, mem: &IovaMemory, at: u16, pi: u16, ci: &m
         error: Some((CqeSyndrome::WrFlushErr.to_raw(), vendor::FLUSH)),
         ..Completion::default()
     };
-    if !sq.cq.push(rdma, mem, &c) {
-        return false;
-    }
+    sq.cq.push(rdma, mem, &c);
     *ci = at.wrapping_add(nbb);
     true
 }

@@ -41,23 +41,6 @@ impl Sender {
     }
 }
 
-thread_local! {
-    /// A local SQ's burst on this thread fed a session (frames are
-    /// delivered on the sender's thread): only then does its end look
-    /// for sessions to close.
-    static FED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// A session was opened or joined by a frame of this thread's burst.
-pub(crate) fn note_fed() {
-    FED.with(|f| f.set(true));
-}
-
-/// Whether this thread's burst fed a session since the last call.
-pub(crate) fn take_fed() -> bool {
-    FED.with(|f| f.replace(false))
-}
-
 /// Idle passes after which even a held session closes.
 pub(crate) const HELD_IDLE_PASSES: u32 = 100_000;
 

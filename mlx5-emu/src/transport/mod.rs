@@ -37,6 +37,7 @@
 //! time, so no clock (real or a test's) decides what it finds.
 
 pub(crate) mod cq;
+pub(crate) mod cqe_comp;
 pub(crate) mod dc;
 pub(crate) mod eth_rx;
 pub(crate) mod eth_sq;
@@ -157,6 +158,10 @@ pub(crate) struct Counters {
     pub acks: AtomicU64,
     pub dropped: AtomicU64,
     pub doorbells: AtomicU64,
+    /// CQEs written in compressed sessions ([`cqe_comp`]).
+    pub cqes_compressed: AtomicU64,
+    /// Compressed sessions written.
+    pub compressed_sessions: AtomicU64,
 }
 
 impl Counters {
@@ -177,6 +182,8 @@ impl Counters {
             &self.acks,
             &self.dropped,
             &self.doorbells,
+            &self.cqes_compressed,
+            &self.compressed_sessions,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -267,6 +274,9 @@ pub(crate) struct Rdma {
     pub host_endian_atomics: AtomicBool,
     /// Raw Ethernet receive: RQs, NIC RX steering, flow counters.
     pub eth_rx: eth_rx::EthRx,
+    /// CQE compression sessions open on its CQs ([`cqe_comp`]; counted
+    /// under each CQ's lock: opened +1, written or dropped -1).
+    pub cq_sessions: AtomicU32,
     /// Multicast groups (ATTACH_TO_MCG): the UD QPs each multicast GID
     /// delivers to.
     pub mcgs: Mutex<BTreeMap<[u8; 16], BTreeSet<u32>>>,
@@ -487,11 +497,11 @@ impl Rdma {
             odp: odp::Odp::default(),
             host_endian_atomics: AtomicBool::new(false),
             eth_rx: eth_rx::EthRx::default(),
+            cq_sessions: AtomicU32::new(0),
             mcgs: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// Forgets every object (power-on, FLR, fast teardown).
     /// Objects alive (PDs, transport domains, MKEYs, CQs, QPs, SRQs).
     pub(crate) fn objects(&self) -> usize {
         lock(&self.pds).len()
@@ -505,6 +515,7 @@ impl Rdma {
             + lock(&self.q_counters).len()
     }
 
+    /// Forgets every object (power-on, FLR, fast teardown).
     pub(crate) fn reset(&self) {
         for qp in wlock(&self.qps).drain() {
             qp.1.destroyed();
@@ -530,6 +541,7 @@ impl Rdma {
         self.qp_floor.store(0, Ordering::Relaxed);
         self.odp.reset();
         self.eth_rx.reset();
+        self.cq_sessions.store(0, Ordering::Release);
         lock(&self.mcgs).clear();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
@@ -851,8 +863,9 @@ impl Rdma {
             }
         }
         lock(&self.poll).hint = hint;
-        // LRO sessions idle since the last pass end (the device's timeout).
-        busy |= self.eth_rx.flush_lro(self, &mem, None);
+        // LRO and CQE compression sessions idle since the last pass end
+        // (the device's timeouts).
+        busy |= eth_rx::flush_held(self, &mem, None);
         let mut attention: Vec<u32> = std::mem::take(&mut *lock(&self.attention))
             .into_iter()
             .collect();
