@@ -84,6 +84,7 @@ const CHECKS: &[&str] = &[
     "mlx5e_reads_and_sets_global_pause",
     "mlx5e_checksum_complete_matches_the_frames",
     "mlx5e_offers_no_lro_without_striding_rqs",
+    "mlx5e_expands_compressed_cqes",
 ];
 
 use tests::qemu_guest::{cached_or_built as guest, repo};
@@ -629,6 +630,29 @@ pub(crate) fn judge_eth_traffic(
         } else {
             Err(format!(
                 "lro {lro:?}, rx_lro_packets {merged:?}; {lines:?}; {log}"
+            ))
+        },
+    );
+    // CQE compression on both netdevs ("cqe_compress rc=0,0 on on"): the
+    // receiving netdev expanded sessions (rx_cqe_compress_blks) of
+    // several CQEs each (rx_cqe_compress_pkts), the traffic judged intact
+    // above.
+    let (blks, pkts) = (stat("rx_cqe_compress_blks"), stat("rx_cqe_compress_pkts"));
+    let on = lines.contains(&"cqe_compress rc=0,0 on on");
+    let expanded = match (
+        blks.get(1).copied().flatten(),
+        pkts.get(1).copied().flatten(),
+    ) {
+        (Some(b), Some(p)) => b > 0 && p > b,
+        _ => false,
+    };
+    t.check(
+        &format!("{prefix}mlx5e_expands_compressed_cqes"),
+        if on && expanded {
+            Ok(())
+        } else {
+            Err(format!(
+                "rx_cqe_compress_blks {blks:?}, rx_cqe_compress_pkts {pkts:?}; {lines:?}; {log}"
             ))
         },
     );

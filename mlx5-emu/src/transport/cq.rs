@@ -315,8 +315,13 @@ impl Cq {
         }
         let (e, _) = encode(c, rdma.ticks());
         let mut fire = false;
+        // The session starts at the producer index (any other CQE closes
+        // it first) and never runs past the ring's end: readers walk its
+        // slots without wrapping (DPDK's vectorized `rxq_cq_decompress_v`).
+        let n = 1u32 << st.log_size;
+        let to_end = n - (st.pi & (n - 1));
         if let Some(s) = st.session.as_mut() {
-            if s.join(&e, sequel, held) {
+            if (s.cqes.len() as u32) < to_end && s.join(&e, sequel, held) {
                 super::eth_rx::note_held();
                 if s.cqes.len() as u32 >= comp.max {
                     let s = self.take_session(rdma, &mut st);

@@ -5,7 +5,8 @@
 //! `byte_cnt`), then arrays of eight 8-byte mini CQEs, the first in the
 //! next slot and each next one eight slots after the one before (slots
 //! 1, 8, 16, ...). The session takes as many slots of the ring as it has
-//! CQEs; the slots between its arrays are left as they were. The owner bit
+//! CQEs, before the ring's end; the slots between its arrays are left as
+//! they were. The owner bit
 //! is the title's, written last. This is the layout mlx5e
 //! (`mlx5e_decompress_cqes_start`) and DPDK's mlx5 PMD (`mlx5_rx_poll_len`,
 //! `rxq_cq_decompress_v`) read.
@@ -19,7 +20,10 @@
 //! CQE joins the session only if it is the same as the title but for those
 //! fields (its timestamp becomes the title's) and its WQE counter is the
 //! one the reader will work out; error, filler, LRO and inline-scatter
-//! CQEs never do. A session holds at most `cqe_compression_max_num` CQEs.
+//! CQEs never do. A session holds at most `cqe_compression_max_num` CQEs
+//! and ends at the ring's last slot: it never wraps (DPDK's vectorized
+//! receive walks a session's slots and its buffers without wrapping, and
+//! writes past both ends where one does).
 //!
 //! When: the device compresses CQEs it has ready together. In the model,
 //! those of one burst of a local send queue (frames delivered on the

@@ -104,8 +104,11 @@ dpdk_pair() {
     sleep 2
     dpdk_stop "$l-rx" $rx
     # Whether the receiver's queue was a Multi-Packet RQ (DPDK's MPRQ on
-    # the device's striding RQ: with mprq_en=1, logged at info level).
+    # the device's striding RQ: with mprq_en=1, logged at info level) and
+    # asked for compressed CQEs (logged at debug level, with the mini CQE
+    # format).
     grep -a -m1 'Multi-Packet RQ is configured' "/tmp/dpdk.$l-rx" | sed 's/^/=== dpdk '"$l"'-rxq: /'
+    grep -a -m1 'Rx CQE compression is enabled' "/tmp/dpdk.$l-rx" | sed 's/^/=== dpdk '"$l"'-rxq: /'
     dpdk_phase "$l-txonly" "$1" "$2"
     [ "${5:-}" = noio ] && return
     dpdk_mark "$1" "$2"

@@ -17,7 +17,9 @@
 # inner checksums and segmentation it left to the device; and whether each
 # received through striding RQs (rx_striding_rq) and how many packets the
 # device merged by LRO (rx_lro_packets: DEV1 asks for LRO first, where
-# mlx5e offers it); then DEV0's global pause
+# mlx5e offers it) and how many receive CQEs came compressed
+# (rx_cqe_compress_pkts in rx_cqe_compress_blks sessions: both netdevs turn
+# CQE compression on first); then DEV0's global pause
 # read, turned off and read back (ethtool -a/-A: the PFCC register). Every
 # line the host checks starts with "=== eth ".
 PKTGEN_COUNT=256
@@ -39,6 +41,11 @@ suite_ipv4() {
     echo "=== suite ipv4 $(ip -4 -o addr show "$2" | awk '{print $4}') gid3 $(cat "/sys/class/infiniband/$1/ports/1/gids/3")"
 }
 
+# cqe_compress NETNS-PREFIX DEV: DEV's rx_cqe_compress private flag (on/off).
+cqe_compress() {
+    $1 ethtool --show-priv-flags "$2" | awk '$1 == "rx_cqe_compress" { print $3 }'
+}
+
 eth_pair() {
     ip netns add peer && ip link set dev "$2" netns peer
     ip addr add 10.9.0.1/24 dev "$1"
@@ -48,6 +55,14 @@ eth_pair() {
     # the TCP stream below then arrives merged by the device.
     ip netns exec peer ethtool -K "$2" lro on 2>/dev/null
     echo "=== eth lro $(ip netns exec peer ethtool -k "$2" | awk '/^large-receive-offload:/ { $1 = ""; print substr($0, 2) }')"
+    # CQE compression on both netdevs' receive CQs (mlx5e's rx_cqe_compress
+    # private flag, off by default on a fast link): the device then writes
+    # a burst's receive CQEs as a title and mini CQE arrays, which mlx5e
+    # expands (rx_cqe_compress_blks / _pkts below).
+    ethtool --set-priv-flags "$1" rx_cqe_compress on
+    rc0=$?
+    ip netns exec peer ethtool --set-priv-flags "$2" rx_cqe_compress on
+    echo "=== eth cqe_compress rc=$rc0,$? $(cqe_compress "" "$1") $(cqe_compress "ip netns exec peer" "$2")"
     PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.9.0.2 &
     i=0
     while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
@@ -89,7 +104,8 @@ eth_pair() {
     done
     ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.10.0.2
     wait
-    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets; do
+    for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets \
+        rx_cqe_compress_blks rx_cqe_compress_pkts; do
         PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
         PYTHONDONTWRITEBYTECODE=1 ip netns exec peer python3 /guest/eth_traffic.py stats "$2" $c
     done

@@ -113,13 +113,15 @@ grep -m 40 '^Player .* got: ' /tmp/suite.log | cut -c1-300 | sed 's/^/=== suite 
 # DPDK's testpmd between the two functions (dpdk.sh, issue 26), beside
 # the netdevs: its mlx5 PMD with queues and flows through verbs
 # (dv_flow_en=0), then with DPDK's defaults (DevX queues in UMEMs, DV
-# flows, eMPW); txonly to rxonly, then io both ways. Last with its
-# Multi-Packet RQs (mprq_en=1, from one queue on: the device's striding
-# RQs, 64 strides of 2 KiB a WQE by the extended stride range), logged at
-# info level so the receiver says it made them.
+# flows, eMPW; logged at debug level so the receiver says it asked for
+# compressed CQEs, which it does by default); txonly to rxonly, then io
+# both ways. Last with its Multi-Packet RQs (mprq_en=1, from one queue
+# on: the device's striding RQs, 64 strides of 2 KiB a WQE by the
+# extended stride range), logged at info level so the receiver says it
+# made them.
 . /guest/dpdk.sh
 dpdk_pair mlx5_0 mlx5_1 verbs dv_flow_en=0
-dpdk_pair mlx5_0 mlx5_1 devx -
+DPDK_LOG=debug dpdk_pair mlx5_0 mlx5_1 devx -
 DPDK_LOG=info dpdk_pair mlx5_0 mlx5_1 mprq mprq_en=1,rxqs_min_mprq=1
 # mlx5e's own data path between the two functions (eth_pair.sh): on
 # ConnectX-7 it sends by enhanced multi-packet WQEs (issue 26).

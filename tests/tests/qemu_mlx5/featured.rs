@@ -43,6 +43,7 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_reads_and_sets_global_pause",
     "cx7/mlx5e_checksum_complete_matches_the_frames",
     "cx7/mlx5e_lro_merges_the_tcp_stream",
+    "cx7/mlx5e_expands_compressed_cqes",
     "cx7/dpdk_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_defaults_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_testpmd_io_forwards_both_ways",
@@ -50,6 +51,7 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/dpdk_makes_multi_packet_rqs",
     "cx7/dpdk_mprq_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_mprq_testpmd_io_forwards_both_ways",
+    "cx7/dpdk_expands_compressed_cqes",
     "cx7/rdma_core_suite_runs_whole",
     "cx7/rdma_core_suite_ratchet",
 ];
@@ -77,11 +79,13 @@ pub fn featured_boot(t: &mut Tally, dir: &Path) {
     };
     print_mlx5_lines(&console);
     let log = format!("see {}", dir.join("console.log").display());
-    judge(t, &console, &log);
+    let emu = std::fs::read_to_string(dir.join("emu.log")).unwrap_or_default();
+    judge(t, &console, &emu, &log);
     suite::judge(t, &console, &log, &suite::CX7);
 }
 
-fn judge(t: &mut Tally, console: &str, log: &str) {
+/// `emu`: the model's log (`mlx5-emu serve`'s counts at exit).
+fn judge(t: &mut Tally, console: &str, emu: &str, log: &str) {
     let has = |s: &str| console.contains(s);
     let up = tagged(console, "up ");
     let probed = tagged(console, "probed at ");
@@ -162,7 +166,52 @@ fn judge(t: &mut Tally, console: &str, log: &str) {
     judge_odp_srq(t, console, log);
     super::judge_eth_traffic(t, console, log, "cx7/", true);
     judge_dpdk(t, console, log);
+    judge_dpdk_compressed(t, console, emu, log);
 }
+
+/// DPDK's receivers asked for compressed CQEs (its default; the devx run
+/// logs it at debug level) and read them: the model wrote more compressed
+/// sessions in the boot (`mlx5-emu serve`'s counts at exit, both
+/// functions) than mlx5e expanded (its `rx_cqe_compress_blks`, both
+/// netdevs; mlx5e compresses only once eth_pair.sh turns it on, after
+/// DPDK's runs), by at least [`DPDK_MIN_SESSIONS`]; the frames' counts
+/// are judged by the DPDK checks.
+fn judge_dpdk_compressed(t: &mut Tally, console: &str, emu: &str, log: &str) {
+    let asked = tagged(console, "dpdk devx-rxq: ")
+        .iter()
+        .any(|l| l.contains("Rx CQE compression is enabled"));
+    let model: u64 = emu
+        .lines()
+        .filter_map(|l| l.strip_prefix("mlx5-emu: function "))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let at = w.iter().position(|x| *x == "compressed_sessions")?;
+            w.get(at + 1)?.parse::<u64>().ok()
+        })
+        .sum();
+    let mlx5e: u64 = tagged(console, "eth stat ")
+        .iter()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [_, "rx_cqe_compress_blks", v] => v.parse::<u64>().ok(),
+            _ => None,
+        })
+        .sum();
+    t.check(
+        "cx7/dpdk_expands_compressed_cqes",
+        if asked && model >= mlx5e + DPDK_MIN_SESSIONS {
+            println!("qemu_mlx5: compressed sessions {model} in the model, {mlx5e} read by mlx5e");
+            Ok(())
+        } else {
+            Err(format!(
+                "asked {asked}, sessions {model} in the model, {mlx5e} read by mlx5e; {log}"
+            ))
+        },
+    );
+}
+
+/// Compressed sessions DPDK's runs must have read at the least (they
+/// receive hundreds of thousands of frames in bursts of 32).
+const DPDK_MIN_SESSIONS: u64 = 1000;
 
 /// One port's forward statistics from testpmd as it stopped (`dpdk.sh`):
 /// frames received, missed by the device (no buffer posted), sent.

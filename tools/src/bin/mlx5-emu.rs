@@ -14,7 +14,8 @@
 //! RoCEv2 frames on a socket; `--pcap FILE` captures them, `--wire-faults`
 //! loses, duplicates, reorders, corrupts and delays them from a seed. Two
 //! processes on one wire need different MACs (`--mac`). The wire's counts
-//! are logged while they move and printed at exit.
+//! are logged while they move and printed at exit, as are each
+//! function's data-path counts (packets, CQEs, compressed CQEs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -141,6 +142,7 @@ fn serve(
     // RDMA traffic. Each function has its own MAC, hence its own GIDs.
     let fabric = Fabric::new();
     let mut servers = Vec::new();
+    let mut devs = Vec::new();
     for i in 0..functions {
         let path = socket_of(&socket, i);
         let bus = Bus::new();
@@ -149,6 +151,7 @@ fn serve(
         cfg.trap_control_pages = trap_control_pages;
         let dev = Arc::new(Device::new(cfg, bus.clone()));
         fabric.attach(&dev);
+        devs.push(dev.clone());
         let dev: Arc<dyn DeviceModel> = dev;
         let server =
             Server::bind(&path, dev, bus).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -187,9 +190,13 @@ fn serve(
     );
     let mut last = None;
     let mut ticks = 0u32;
+    let mut totals = vec![Totals::default(); devs.len()];
     while !STOP.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         ticks += 1;
+        for (t, d) in totals.iter_mut().zip(&devs) {
+            t.update(&d.stats());
+        }
         // The wire's counts, every 5 s while they move.
         if let Some(l) = link.as_ref().filter(|_| ticks % 50 == 0) {
             let s = l.stats();
@@ -204,11 +211,74 @@ fn serve(
         l.close();
         eprintln!("mlx5-emu: wire {}", wire_summary(&l.stats()));
     }
+    // Each function's data-path counts while it was served (what a test
+    // or a person reads at exit).
+    for (i, (t, d)) in totals.iter_mut().zip(&devs).enumerate() {
+        t.update(&d.stats());
+        let line: Vec<String> = Totals::NAMES
+            .iter()
+            .zip(t.total())
+            .map(|(n, v)| format!("{n} {v}"))
+            .collect();
+        eprintln!("mlx5-emu: function {i} {}", line.join(" "));
+    }
     // Each server stops, releases its function and removes its socket.
     drop(servers);
     drop(fabric);
     eprintln!("mlx5-emu: stopped");
     Ok(())
+}
+
+/// A function's data-path counts since the server started. The device
+/// restarts its own at every reset (FLR, teardown: a guest's shutdown
+/// resets its functions), so the server adds up what it read before each
+/// reset; what a function counted between the last read (every 100 ms)
+/// and a reset is lost.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    /// The device's counts at the last read.
+    seen: [u64; Totals::NAMES.len()],
+    /// What earlier lives of the counts added up to.
+    before: [u64; Totals::NAMES.len()],
+}
+
+impl Totals {
+    const NAMES: [&'static str; 7] = [
+        "packets_sent",
+        "packets_received",
+        "cqes",
+        "cqes_compressed",
+        "compressed_sessions",
+        "error_cqes",
+        "dropped",
+    ];
+
+    fn update(&mut self, s: &mlx5_emu::Stats) {
+        let now = [
+            s.packets_sent,
+            s.packets_received,
+            s.cqes,
+            s.cqes_compressed,
+            s.compressed_sessions,
+            s.error_cqes,
+            s.dropped,
+        ];
+        // Every count only grows between resets: one that fell was reset.
+        if now.iter().zip(&self.seen).any(|(n, s)| n < s) {
+            for (b, s) in self.before.iter_mut().zip(&self.seen) {
+                *b += s;
+            }
+        }
+        self.seen = now;
+    }
+
+    fn total(&self) -> [u64; Totals::NAMES.len()] {
+        let mut t = self.before;
+        for (t, s) in t.iter_mut().zip(&self.seen) {
+            *t += s;
+        }
+        t
+    }
 }
 
 /// The wire's counts in one line (what a test or a person reads at exit).
