@@ -1321,3 +1321,130 @@ fn tcp_headers(dport: u16, payload: usize) -> Vec<u8> {
     h.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
     h
 }
+
+/// What B received of `rounds` bursts of 30 UDP frames (20-1400 payload
+/// bytes) from A on ConnectX-5, B's receive CQ holding 64 CQEs (so its
+/// ring wraps) made with CQE compression `format` or without: the
+/// packets, the frames, and the model's compressed sessions. Each
+/// round's frames are checked in B's buffers (a cyclic RQ, 30 posted a
+/// round) or, on a striding RQ (`striding`), collected for the caller.
+fn compressed_run(
+    format: Option<verbs::cq::CqeCompression>,
+    striding: bool,
+    rounds: usize,
+) -> (Vec<RxPkt>, Vec<Vec<u8>>, u64) {
+    const BUF: u64 = 32 << 10;
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let cap = RawQpCap {
+        log_sq_bbs: 8,
+        log_rq_wqes: if striding { 2 } else { 6 },
+        strip_vlan: false,
+        striding: striding.then_some(StridingRq {
+            log_num_strides: 9,
+            log_stride_size: 6,
+        }),
+    };
+    let b_tx = p.b.ctx.create_cq(63, None, None).unwrap();
+    let mut b_rx = match format {
+        Some(f) => p.b.ctx.create_cq_compressed(63, None, None, f).unwrap(),
+        None => p.b.ctx.create_cq(63, None, None).unwrap(),
+    };
+    let mut qb =
+        p.b.ctx
+            .create_raw_packet_qp(&p.b.pd, &b_tx, &b_rx, cap)
+            .unwrap();
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    steer
+        .create_flow(&udp_to(1000), FlowAction::Queue(&qb))
+        .unwrap();
+    if striding {
+        let bufs: Vec<_> = (0..4)
+            .map(|k| p.b.mr.sge(k * BUF, BUF as u32).unwrap())
+            .collect();
+        assert_eq!(qb.post_rx(&bufs), 4);
+    }
+    let (mut got, mut all) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        if !striding {
+            post_b(&p, &mut qb, 30);
+        }
+        let lens: Vec<usize> = (0..30)
+            .map(|k| 20 + (k * 389 + round * 97) % 1380)
+            .collect();
+        let frames = frames_in_a(&p, round, &lens);
+        let pkts: Vec<_> = frames
+            .iter()
+            .enumerate()
+            .map(|(k, f)| TxPkt {
+                headers: &f[..HDRS],
+                payload: Some(
+                    p.a.mr
+                        .sge((k * 2048 + HDRS) as u64, (f.len() - HDRS) as u32)
+                        .unwrap(),
+                ),
+                csum: true,
+                mss: 0,
+                vlan: None,
+            })
+            .collect();
+        assert_eq!(qa.tx_burst(&pkts), pkts.len());
+        tx_done(&mut qa, &mut a_tx);
+        let r = rx_n(&mut qb, &mut b_rx, frames.len());
+        if !striding {
+            check_rx(&p, &r, &frames, round);
+        }
+        got.extend(r);
+        all.extend(frames);
+    }
+    let sessions = stats(&p.fabric, 1).compressed_sessions;
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    qb.destroy().unwrap();
+    (got, all, sessions)
+}
+
+/// CQE compression through the driver: B's receive CQ made with
+/// compression (the hash and the checksum mini CQE formats, a cyclic and
+/// a striding RQ); the model writes each burst's CQEs as sessions (one
+/// burst of 30 fills two: 16 and 14, or fewer where the 64-entry ring's
+/// end cuts one), and `rx_burst` expands them to the packets a CQ
+/// without compression gives (in order, in their buffers, intact; only
+/// the timestamp, shared in a session, and the hash the checksum format
+/// drops may differ), the ring wrapping.
+#[test]
+fn compressed_receive_cqes_expand_to_the_same_packets() {
+    use verbs::cq::CqeCompression;
+    let same = |a: &RxPkt, b: &RxPkt, hash_kept: bool| {
+        let strip = |p: &RxPkt| RxPkt {
+            timestamp: 0,
+            rss_hash: if hash_kept { p.rss_hash } else { 0 },
+            ..*p
+        };
+        strip(a) == strip(b)
+    };
+    for striding in [false, true] {
+        // A striding RQ's four buffers (128 KiB) hold four rounds.
+        let rounds = if striding { 4 } else { 8 };
+        let (want, frames, none) = compressed_run(None, striding, rounds);
+        assert_eq!(none, 0);
+        for format in [CqeCompression::Hash, CqeCompression::Csum] {
+            if striding && format == CqeCompression::Csum {
+                continue;
+            }
+            let (got, _, sessions) = compressed_run(Some(format), striding, rounds);
+            assert!(
+                sessions >= 2 * rounds as u64,
+                "{format:?} striding {striding}: {sessions} sessions"
+            );
+            assert_eq!(got.len(), want.len());
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same(g, w, format == CqeCompression::Hash),
+                    "{format:?} striding {striding} frame {k}: {g:?} vs {w:?}"
+                );
+                assert_eq!(g.len as usize, frames[k].len(), "frame {k}");
+            }
+        }
+    }
+}

@@ -347,6 +347,8 @@ impl CqeFields for RingCqe<'_> {
 /// and the UAR for arming. Usable on its own (driver-alone benchmarks).
 #[derive(Debug)]
 pub struct CqRing {
+    /// CQE compression asked at creation ([`CqeCompression`]).
+    pub(crate) compress: Option<CqeCompression>,
     ring: DmaRing<{ c::CQE_SIZE }>,
     log_size: u8,
     ci: u32,
@@ -403,6 +405,7 @@ impl CqRing {
         uar_off: usize,
     ) -> Self {
         Self {
+            compress: None,
             log_size: ring.entries().trailing_zeros() as u8,
             ring,
             shift: 0,
@@ -426,6 +429,11 @@ impl CqRing {
     /// The consumer index.
     pub fn ci(&self) -> u32 {
         self.ci
+    }
+
+    /// log2 of the CQEs the ring holds.
+    pub(crate) fn log_size(&self) -> u8 {
+        self.log_size
     }
 
     /// What a poller that does not hold this ring may read to tell it
@@ -473,6 +481,37 @@ impl CqRing {
             e,
             self.ring.entry(idx.wrapping_sub(u32::from(self.shift))),
         ))
+    }
+
+    /// The 64 bytes of CQE `ci` as they lie, owner bit or not (a slot of
+    /// a compressed session: [`crate::raw_eth`]).
+    pub(crate) fn cqe_bytes(&self, ci: u32) -> [u8; 64] {
+        let idx = (ci << self.shift) | u32::from(self.shift);
+        let words: [u64; 8] = self.ring.load_words(idx, 0).unwrap_or([0; 8]);
+        let mut out = [0u8; 64];
+        for (o, w) in out.chunks_exact_mut(8).zip(words) {
+            o.copy_from_slice(&w.to_ne_bytes());
+        }
+        out
+    }
+
+    /// A compressed session of `n` CQEs whose title is CQE `from` was read:
+    /// its slots are marked INVALID (the device rewrites only some of
+    /// them, and an old one must not pass for a new CQE on a later pass:
+    /// mlx5e's `mlx5e_cqes_update_owner`, DPDK's `MLX5_CQE_INVALIDATE`) and
+    /// the consumer index moves past it.
+    pub(crate) fn retire_session(&mut self, from: u32, n: u32) {
+        for i in 0..n {
+            let idx = (from.wrapping_add(i) << self.shift) | u32::from(self.shift);
+            let e = self.ring.entry(idx);
+            if let Ok([mut w]) = e.load_words::<1>(OP_OWN & !7) {
+                let mut b = w.to_ne_bytes();
+                b[OP_OWN & 7] = CqeOpcode::Invalid.to_raw() << c::CQE_OPCODE_SHIFT;
+                w = u64::from_ne_bytes(b);
+                let _ = e.store_words(OP_OWN & !7, &[w]);
+            }
+        }
+        self.ci = from.wrapping_add(n);
     }
 
     /// Tells the device how far software got (doorbell record `set_ci`).
@@ -836,6 +875,34 @@ impl CqProbe {
     }
 }
 
+/// CQE compression for a CQ an Ethernet RQ completes to
+/// ([`Context::create_cq_compressed`]): the device may write a burst's
+/// receive CQEs as one session, a title and mini CQEs carrying the byte
+/// count and this one field each, which the receive burst
+/// ([`crate::raw_eth::RawPacketQp::rx_burst`], [`crate::rss::Wq::rx_burst`])
+/// expands. Fewer bytes over PCIe per packet, as DPDK's mlx5 PMD asks by
+/// default; [`Cq::poll`] does not expand sessions (as libmlx5's
+/// `ibv_poll_cq` does not): a compressed CQ is for the receive burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqeCompression {
+    /// Each packet keeps its RSS hash (`MLX5_CQE_RES_FORMAT_HASH`); its
+    /// checksum sum is lost (the good/bad flags are the title's).
+    Hash,
+    /// Each packet keeps its checksum sum (`MLX5_CQE_FORMAT_CSUM`); its
+    /// RSS hash is lost (reads 0).
+    Csum,
+}
+
+impl CqeCompression {
+    /// The CQ context's `mini_cqe_res_format`.
+    fn mini_cqe_res_format(self) -> u8 {
+        match self {
+            Self::Hash => c::MINI_CQE_RES_FORMAT_HASH,
+            Self::Csum => c::MINI_CQE_RES_FORMAT_CSUM,
+        }
+    }
+}
+
 /// A completion queue (`struct ibv_cq`).
 #[derive(Debug)]
 pub struct Cq {
@@ -855,12 +922,18 @@ impl Cq {
         channel: Option<&CompChannel>,
         vector: Option<usize>,
         cqe_bytes: usize,
+        compress: Option<CqeCompression>,
     ) -> Result<Self> {
         let c = &ctx.ctx;
         let per = cqe_bytes / c::CQE_SIZE;
         let max = c.hca.caps().max_cq_sz()?;
         if cqe == 0 || cqe >= max {
             return Err(Error::Invalid("CQ size out of range"));
+        }
+        if compress.is_some() && (per != 1 || !c.hca.caps().gen().cqe_compression()) {
+            return Err(Error::NotSupported(
+                "CQE compression (64-byte CQEs, the device's cqe_compression)",
+            ));
         }
         // One more than asked, as mlx5 does (a full ring cannot be told
         // from an empty one by the index alone).
@@ -878,6 +951,7 @@ impl Cq {
         if per == 2 {
             ring.set_cqe_128();
         }
+        ring.compress = compress;
         let uar = c.alloc_uar()?;
         ring.uar_off = uar.offset();
         let eqn = match c.comp_eqn(vector) {
@@ -903,6 +977,11 @@ impl Cq {
                 .set_c_eqn_or_apu_element(u32::from(eqn))
                 .set_log_page_size(log_page as u8)
                 .set_dbr_addr(dbrec.iova().0);
+            if let Some(f) = compress {
+                i.cq_context_mut()
+                    .set_cqe_comp_en(true)
+                    .set_mini_cqe_res_format(f.mini_cqe_res_format());
+            }
             i.set_pas(0, region.iova().0);
         }
         let out = match c.hca.cmd().exec(&inb, create_cq_out::SIZE_BYTES) {

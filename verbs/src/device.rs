@@ -616,7 +616,23 @@ impl Context {
         channel: Option<&crate::channel::CompChannel>,
         vector: Option<usize>,
     ) -> Result<crate::cq::Cq> {
-        crate::cq::Cq::create(self, cqe, channel, vector, mlx5_hw::cqe::CQE_SIZE)
+        crate::cq::Cq::create(self, cqe, channel, vector, mlx5_hw::cqe::CQE_SIZE, None)
+    }
+
+    /// [`Context::create_cq`] whose receive CQEs the device may compress
+    /// ([`crate::cq::CqeCompression`]; mlx5dv's
+    /// `MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE`): for an Ethernet RQ read
+    /// by a receive burst. Refused ([`Error::NotSupported`]) where the
+    /// device offers no `cqe_compression`.
+    pub fn create_cq_compressed(
+        &self,
+        cqe: u32,
+        channel: Option<&crate::channel::CompChannel>,
+        vector: Option<usize>,
+        format: crate::cq::CqeCompression,
+    ) -> Result<crate::cq::Cq> {
+        let size = mlx5_hw::cqe::CQE_SIZE;
+        crate::cq::Cq::create(self, cqe, channel, vector, size, Some(format))
     }
 
     /// `ibv_create_cq_ex` with `cqe_size` 64 or 128 (mlx5dv's
@@ -632,7 +648,7 @@ impl Context {
         if cqe_size != 64 && cqe_size != 128 {
             return Err(Error::Invalid("CQE size other than 64 or 128"));
         }
-        crate::cq::Cq::create(self, cqe, channel, vector, cqe_size)
+        crate::cq::Cq::create(self, cqe, channel, vector, cqe_size, None)
     }
 
     /// `ibv_close_device`: closes now if no object is left (else the HCA

@@ -918,6 +918,28 @@ pub(crate) struct RxRing {
     /// Buffers posted, buffers completed.
     pc: u16,
     ci: u16,
+    /// A compressed session being expanded.
+    zip: Option<Zip>,
+}
+
+/// A compressed session of CQEs being expanded
+/// ([`crate::cq::CqeCompression`]): a title CQE counting them in
+/// `byte_cnt`, then arrays of eight mini CQEs (8 bytes: the RSS hash or
+/// the checksum, then the byte count) at slots 1, 8, 16, ... after it.
+/// Each packet is the title with its mini CQE's fields and the WQE
+/// counter worked out: one more buffer each on a cyclic RQ, the strides
+/// the last one took on a striding RQ (whose WQE is the title's).
+#[derive(Debug)]
+struct Zip {
+    title: [u8; 64],
+    /// The title's CQ index, the session's CQEs, those taken.
+    at: u32,
+    n: u32,
+    taken: u32,
+    /// The mini CQE array of the packets `taken & !7..`.
+    minis: [u8; 64],
+    /// The WQE counter of the next packet.
+    counter: u16,
 }
 
 impl RxRing {
@@ -938,6 +960,7 @@ impl RxRing {
             used: 0,
             pc: 0,
             ci: 0,
+            zip: None,
         }
     }
 
@@ -976,54 +999,124 @@ impl RxRing {
         n
     }
 
-    /// Takes up to `out.len()` received packets from the receive CQ.
+    /// Takes up to `out.len()` received packets from the receive CQ
+    /// (expanding compressed sessions).
     pub(crate) fn burst(&mut self, cq: &mut Cq, out: &mut [RxPkt]) -> usize {
-        let mask = (1u16 << self.log) - 1;
         let ring = cq.ring_mut();
         let mut n = 0;
         while n < out.len() {
+            if self.zip.is_some() {
+                if let Some(p) = self.unzip(ring) {
+                    out[n] = p;
+                    n += 1;
+                }
+                continue;
+            }
             let Some(e) = ring.next_cqe() else {
                 break;
             };
-            let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
-            let counter = e.be16_at(cqe64::WQE_COUNTER.off / 8);
-            if let (Some(st), CqeOpcode::RespSend) = (self.striding, op) {
-                // A striding RQ's CQE: the WQE in `wqe_id`, the frame's
-                // first stride in `wqe_counter`; `byte_cnt`: filler,
-                // strides consumed, the frame's bytes.
-                let slot = e.be16_at(cqe64::WQE_ID.off / 8) & mask;
-                let bc = e.be32_at(cqe64::BYTE_CNT.off / 8);
-                self.used += bc >> MPWRQ_CQE_STRIDES_SHIFT & 0x7fff;
-                if self.used >= 1 << st.log_num_strides {
-                    self.used = 0;
-                    self.ci = self.ci.wrapping_add(1);
-                }
-                if bc & MPWRQ_CQE_FILLER != 0 {
-                    continue;
-                }
-                let mut p = rx_pkt(&e, slot);
-                p.len = bc & 0xffff;
-                p.offset = u32::from(counter) << st.log_stride_size;
-                out[n] = p;
-                n += 1;
+            if c::cqe_format(e.u8_at(cqe64::OP_OWN.off / 8)) == c::CQE_FORMAT_COMPRESSED {
+                self.zip_start(ring);
                 continue;
             }
-            let slot = counter & mask;
-            out[n] = if op == CqeOpcode::RespSend {
-                rx_pkt(&e, slot)
-            } else {
-                let s = e.u8_at(err_cqe::SYNDROME.off / 8);
-                RxPkt {
-                    slot,
-                    error: Some(WcStatus::from_syndrome(CqeSyndrome::from_raw(s))),
-                    ..RxPkt::default()
-                }
-            };
-            self.ci = self.ci.wrapping_add(1);
-            n += 1;
+            if let Some(p) = self.take(&e) {
+                out[n] = p;
+                n += 1;
+            }
         }
         ring.update_ci();
         n
+    }
+
+    /// The CQE just taken from `ring` is a compressed session's title.
+    fn zip_start(&mut self, ring: &crate::cq::CqRing) {
+        let at = ring.ci().wrapping_sub(1);
+        let title = ring.cqe_bytes(at);
+        // A count of 0 (or beyond the ring) from a faulty device is taken
+        // as the title alone / the ring's size: never a loop.
+        let size = 1u32 << ring.log_size();
+        let count = title.be32_at(cqe64::BYTE_CNT.off / 8).clamp(1, size);
+        self.zip = Some(Zip {
+            title,
+            at,
+            n: count,
+            taken: 0,
+            minis: ring.cqe_bytes(at.wrapping_add(1)),
+            counter: title.be16_at(cqe64::WQE_COUNTER.off / 8),
+        });
+    }
+
+    /// The next packet of the session being expanded; at its end its
+    /// slots go back to the device.
+    fn unzip(&mut self, ring: &mut crate::cq::CqRing) -> Option<RxPkt> {
+        let z = self.zip.as_mut()?;
+        let i = z.taken;
+        if i > 0 && i % 8 == 0 {
+            z.minis = ring.cqe_bytes(z.at.wrapping_add(i));
+        }
+        let m = &z.minis[(i as usize % 8) * 8..][..8];
+        let mut e = z.title;
+        e[cqe64::BYTE_CNT.off / 8..][..4].copy_from_slice(&m[4..8]);
+        e[cqe64::WQE_COUNTER.off / 8..][..2].copy_from_slice(&z.counter.to_be_bytes());
+        let hash = cqe64::RSS_HASH_RESULT.off / 8;
+        match ring.compress {
+            Some(crate::cq::CqeCompression::Hash) => e[hash..][..4].copy_from_slice(&m[..4]),
+            _ => {
+                e[hash..][..4].fill(0);
+                e[cqe64::CHECK_SUM.off / 8..][..2].copy_from_slice(&m[..2]);
+            }
+        }
+        let bc = u32::from_be_bytes([m[4], m[5], m[6], m[7]]);
+        z.counter = z.counter.wrapping_add(match self.striding {
+            Some(_) => (bc >> MPWRQ_CQE_STRIDES_SHIFT & 0x7fff) as u16,
+            None => 1,
+        });
+        z.taken += 1;
+        if z.taken >= z.n {
+            let (at, n) = (z.at, z.n);
+            self.zip = None;
+            ring.retire_session(at, n);
+        }
+        self.take(&e)
+    }
+
+    /// The packet CQE `e` completes (`None`: a striding RQ's filler), the
+    /// buffers it used retired.
+    fn take(&mut self, e: &impl CqeFields) -> Option<RxPkt> {
+        let mask = (1u16 << self.log) - 1;
+        let op = c::cqe_opcode(e.u8_at(cqe64::OP_OWN.off / 8));
+        let counter = e.be16_at(cqe64::WQE_COUNTER.off / 8);
+        if let (Some(st), CqeOpcode::RespSend) = (self.striding, op) {
+            // A striding RQ's CQE: the WQE in `wqe_id`, the frame's
+            // first stride in `wqe_counter`; `byte_cnt`: filler, strides
+            // consumed, the frame's bytes.
+            let slot = e.be16_at(cqe64::WQE_ID.off / 8) & mask;
+            let bc = e.be32_at(cqe64::BYTE_CNT.off / 8);
+            self.used += bc >> MPWRQ_CQE_STRIDES_SHIFT & 0x7fff;
+            if self.used >= 1 << st.log_num_strides {
+                self.used = 0;
+                self.ci = self.ci.wrapping_add(1);
+            }
+            if bc & MPWRQ_CQE_FILLER != 0 {
+                return None;
+            }
+            let mut p = rx_pkt(e, slot);
+            p.len = bc & 0xffff;
+            p.offset = u32::from(counter) << st.log_stride_size;
+            return Some(p);
+        }
+        let slot = counter & mask;
+        self.ci = self.ci.wrapping_add(1);
+        Some(if op == CqeOpcode::RespSend {
+            rx_pkt(e, slot)
+        } else {
+            let s = e.u8_at(err_cqe::SYNDROME.off / 8);
+            RxPkt {
+                slot,
+                error: Some(WcStatus::from_syndrome(CqeSyndrome::from_raw(s))),
+                ..RxPkt::default()
+            }
+        })
     }
 }
 
