@@ -114,8 +114,13 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
     steer
         .create_flow(&udp(1000), FlowAction::Queue(&q1))
         .unwrap();
+    // Port 2000's rule tags what it steers (IBV_FLOW_SPEC_ACTION_TAG);
+    // a tag wider than 24 bits is refused.
+    assert!(steer
+        .create_flow_tagged(&udp(2000), FlowAction::Queue(&q2), 1 << 24)
+        .is_err());
     steer
-        .create_flow(&udp(2000), FlowAction::Queue(&q2))
+        .create_flow_tagged(&udp(2000), FlowAction::Queue(&q2), 0xabcdef)
         .unwrap();
     steer.create_flow(&udp(3000), FlowAction::Drop).unwrap();
     // A: 12 packets in one burst, payloads in A's MR (no copy: the WQEs
@@ -148,14 +153,15 @@ fn raw_frames_burst_from_a_to_b_steered_dropped_and_counted() {
         "one doorbell per burst"
     );
     // B: 4 frames on each QP, in order, intact, checksums good.
-    for (q, cq, first, base) in [
-        (&mut q1, &mut b1_rx, 0, 0usize),
-        (&mut q2, &mut b2_rx, 1, 0x10000),
+    for (q, cq, first, base, tag) in [
+        (&mut q1, &mut b1_rx, 0, 0usize, 0),
+        (&mut q2, &mut b2_rx, 1, 0x10000, 0xabcdef),
     ] {
         let got = rx_n(q, cq, 4);
         for (n, r) in got.iter().enumerate() {
             let k = first + 3 * n;
             assert_eq!(r.error, None, "frame {k}");
+            assert_eq!(r.flow_tag, tag, "frame {k}: its rule's tag");
             assert_eq!(r.len as usize, HDRS + 100 + k, "frame {k}");
             assert_eq!(usize::from(r.slot), n);
             assert!(r.ipv4 && r.udp && r.l3_ok && r.l4_ok, "frame {k}: {r:?}");

@@ -315,6 +315,23 @@ impl Context {
 impl FlowSteering {
     /// `ibv_create_flow`: a rule for `spec` doing `action`.
     pub fn create_flow(&mut self, spec: &FlowSpec, action: FlowAction<'_>) -> Result<Flow> {
+        self.create_flow_tagged(spec, action, 0)
+    }
+
+    /// [`create_flow`](Self::create_flow) with a flow tag
+    /// (`IBV_FLOW_SPEC_ACTION_TAG`): the packets it steers carry `tag` in
+    /// their completions ([`crate::raw_eth::RxPkt::flow_tag`], verbs'
+    /// `ibv_wc_read_flow_tag`). At most 24 bits (mlx5's
+    /// `MLX5_FLOW_TAG_MASK`); 0 is no tag.
+    pub fn create_flow_tagged(
+        &mut self,
+        spec: &FlowSpec,
+        action: FlowAction<'_>,
+        tag: u32,
+    ) -> Result<Flow> {
+        if tag > mlx5_hw::cqe::CQE_QPN_MASK {
+            return Err(Error::Invalid("flow tag wider than 24 bits"));
+        }
         let (mask, value, parts) = spec.images()?;
         if spec.vxlan_vni.is_some() && !self.ctx.vxlan_flow_match()? {
             return Err(Error::NotSupported(
@@ -338,6 +355,7 @@ impl FlowSteering {
         set_fte_in::TABLE_ID.set(&mut i, u64::from(table));
         set_fte_in::FLOW_INDEX.set(&mut i, u64::from(index));
         flow_context::GROUP_ID.at(fc).set(&mut i, u64::from(gid));
+        flow_context::FLOW_TAG.at(fc).set(&mut i, u64::from(tag));
         let tir = match action {
             FlowAction::Queue(qp) => Some(qp.tirn()),
             FlowAction::Rss(qp) => Some(qp.tirn()),

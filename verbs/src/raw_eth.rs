@@ -189,6 +189,9 @@ pub struct RxPkt {
     pub l4_ok: bool,
     /// The RSS hash (indirect TIRs), 0 otherwise.
     pub rss_hash: u32,
+    /// The tag of the flow rule that steered it
+    /// ([`crate::flow::FlowSteering::create_flow_tagged`]), 0 without one.
+    pub flow_tag: u32,
     /// The C-VLAN tag's TCI, when the device stripped it from the frame
     /// ([`RawQpCap::strip_vlan`]).
     pub vlan: Option<u16>,
@@ -1231,6 +1234,7 @@ fn rx_pkt(e: &impl CqeFields, slot: u16) -> RxPkt {
         l3_ok: ok & CQE_L3_OK != 0,
         l4_ok: ok & CQE_L4_OK != 0,
         rss_hash: e.be32_at(cqe64::RSS_HASH_RESULT.off / 8),
+        flow_tag: e.be32_at(cqe64::SOP_DROP_QPN.off / 8) & c::CQE_QPN_MASK,
         vlan: (types & CQE_VLAN_PRESENT != 0).then(|| e.be16_at(cqe64::VLAN_INFO.off / 8)),
         error: None,
         timestamp: u64::from(e.be32_at(cqe64::TIMESTAMP_H.off / 8)) << 32

@@ -97,7 +97,15 @@ impl Firmware {
         self.eth.rqs.insert(rqn, Obj { ctx: c.to_vec() });
         if let Some(m) = wq_mem {
             self.umem_used_by(Kind::Rq, rqn, &m.umems);
-            if let Some(rq) = data_path_rq(inner, rqn, c, m) {
+            // Its CQEs name it by `user_index` in `srqn_uidx` under
+            // cqe_version 1 (as a QP's do: mlx5_ib sets it from the raw
+            // packet QP's, libmlx5 finds the queue by it).
+            let uidx = if self.cap(cmd_hca_cap::CQE_VERSION) == 1 {
+                rqc::USER_INDEX.get(c) as u32
+            } else {
+                0
+            };
+            if let Some(rq) = data_path_rq(inner, rqn, c, m, uidx) {
                 wlock(&inner.rdma.eth_rx.rqs).insert(rqn, Arc::new(rq));
             }
         }
@@ -196,7 +204,7 @@ impl Firmware {
 
 /// The data-path side of an RQ on its own ring, striding or not (`c`: its
 /// context, `m`: where its ring and doorbell record lie).
-fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], m: WqMem) -> Option<EthRq> {
+fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], m: WqMem, user_index: u32) -> Option<EthRq> {
     let w = &c[rqc::WQ.off / 8..];
     let ty = wq::WQ_TYPE.get(w);
     let linked_list = matches!(ty, WQ_TYPE_LINKED_LIST | WQ_TYPE_LINKED_LIST_STRIDING_RQ);
@@ -222,6 +230,7 @@ fn data_path_rq(inner: &Inner, rqn: u32, c: &[u8], m: WqMem) -> Option<EthRq> {
         .cloned()?;
     Some(EthRq {
         rqn,
+        user_index,
         cq,
         pd: wq::PD.get(w) as u32,
         log_size: wq::LOG_WQ_SZ.get(w) as u8,

@@ -103,6 +103,7 @@ impl Eth {
         let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
         let x = &mut c[create_rq_in::CTX.off / 8..];
         rqc::CQN.set(x, u64::from(self.cqn));
+        rqc::USER_INDEX.set(x, UIDX + i as u64);
         let w = &mut x[rqc::WQ.off / 8..];
         wq::WQ_TYPE.set(w, WQ_TYPE_CYCLIC);
         wq::PD.set(w, u64::from(self.pd));
@@ -207,6 +208,19 @@ impl Eth {
         tir: Option<u32>,
         counter: Option<u32>,
     ) -> u8 {
+        self.tagged_rule(t, index, to, tir, counter, 0)
+    }
+
+    /// [`Self::ip_rule`] with `flow_context.flow_tag` `tag`.
+    fn tagged_rule(
+        &mut self,
+        t: (u32, u32),
+        index: u32,
+        to: (u8, u16),
+        tir: Option<u32>,
+        counter: Option<u32>,
+        tag: u32,
+    ) -> u8 {
         use set_fte_in as i;
         let (proto, dport) = to;
         let fc = i::FLOW_CONTEXT.off;
@@ -217,6 +231,7 @@ impl Eth {
         i::FLOW_INDEX.set(&mut c, u64::from(index));
         let f = |b: BitField| b.at(fc);
         f(flow_context::GROUP_ID).set(&mut c, u64::from(t.1));
+        f(flow_context::FLOW_TAG).set(&mut c, u64::from(tag));
         let mut action = if tir.is_some() {
             FLOW_CONTEXT_ACTION_FWD_DEST
         } else {
@@ -350,9 +365,27 @@ fn headers(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
     h
 }
 
+/// The user index the tests give RQ `i` (`rqc.user_index`; the striding
+/// RQ's is `UIDX + 8`), which its CQEs carry in `srqn_uidx`.
+const UIDX: u64 = 0x40;
+
+/// The RQ whose CQEs carry user index `uidx` (the one RQ of `b` made with
+/// it).
+fn rq_of_uidx(b: &Eth, uidx: u32) -> u32 {
+    let rx = &b.d.f.model().inner.rdma.eth_rx;
+    let rqs = crate::transport::rlock(&rx.rqs);
+    let found: Vec<u32> = rqs
+        .values()
+        .filter(|r| r.user_index == uidx)
+        .map(|r| r.rqn)
+        .collect();
+    assert_eq!(found.len(), 1, "user index {uidx:#x}: RQs {found:?}");
+    found[0]
+}
+
 /// B's receive CQE `n`, checked as an Ethernet receive of IPv4/UDP with
-/// good checksums (a VLAN tag stripped or not): its RQ number and byte
-/// count.
+/// good checksums (a VLAN tag stripped or not) whose `sop_drop_qpn` holds
+/// the flow tag (none: 0): the RQ its user index names, its byte count.
 fn rx_cqe(b: &Eth, n: usize) -> (u32, u32, Vec<u8>) {
     let c = b.cqe(n);
     assert_eq!(
@@ -372,7 +405,8 @@ fn rx_cqe(b: &Eth, n: usize) -> (u32, u32, Vec<u8>) {
         CQE_L3_OK | CQE_L4_OK,
         "checksums"
     );
-    let qpn = cqe64::SOP_DROP_QPN.get(&c) as u32 & 0xff_ffff;
+    assert_eq!(cqe64::SOP_DROP_QPN.get(&c) & 0xff_ffff, 0, "no flow tag");
+    let qpn = rq_of_uidx(b, cqe64::SRQN.get(&c) as u32 & 0xff_ffff);
     (qpn, cqe64::BYTE_CNT.get(&c) as u32, c)
 }
 
@@ -1125,6 +1159,7 @@ impl Eth {
         let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
         let x = &mut c[create_rq_in::CTX.off / 8..];
         rqc::CQN.set(x, u64::from(self.cqn));
+        rqc::USER_INDEX.set(x, UIDX + 8);
         let w = &mut x[rqc::WQ.off / 8..];
         wq::WQ_TYPE.set(w, WQ_TYPE_CYCLIC_STRIDING_RQ);
         wq::PD.set(w, u64::from(self.pd));
@@ -1499,4 +1534,37 @@ fn legacy_multi_packet_send_by_pointer_and_inline() {
         CqeSyndrome::LocalQpOpErr.to_raw(),
         "not allowed on this SQ"
     );
+}
+
+/// A steering entry's `flow_tag` reaches the CQE's `sop_drop_qpn` (mlx5e's
+/// `skb->mark`, libmlx5's `read_flow_tag`, DPDK's MARK), and the RQ is
+/// named by its user index in `srqn_uidx` (cqe_version 1): frames to
+/// port 1000 tagged 0x1234, to port 1001 untagged (0).
+#[test]
+fn a_flow_tag_reaches_the_cqe_beside_the_rqs_user_index() {
+    let (_fab, mut a, mut b) = pair();
+    let blkey = b.rw_mkey();
+    let rq = b.ready_rq(0);
+    b.post_recv(0, blkey, 8);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    assert_eq!(b.tagged_rule(t, 0, (17, 1000), Some(tir), None, 0x1234), 0);
+    assert_eq!(b.udp_rule(t, 1, 1001, Some(tir), None), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    for (k, dport) in [1000u16, 1001].into_iter().enumerate() {
+        let h = headers(5000, dport, 16);
+        a.bufs[0].write(DATA as usize, &[7u8; 16]).unwrap();
+        a.send(sqn, 2 * k as u16, &h, alkey, 0, 16);
+        a.cqe(k);
+        let c = b.cqe(k);
+        assert_eq!(
+            (
+                cqe64::SOP_DROP_QPN.get(&c) as u32 & 0xff_ffff,
+                cqe64::SRQN.get(&c) as u32 & 0xff_ffff
+            ),
+            (if dport == 1000 { 0x1234 } else { 0 }, UIDX as u32),
+            "dport {dport}"
+        );
+    }
 }

@@ -148,6 +148,11 @@ impl EthRx {
 #[derive(Debug)]
 pub(crate) struct EthRq {
     pub rqn: u32,
+    /// What its CQEs carry in `srqn_uidx`: `rqc.user_index` under
+    /// cqe_version 1, else 0. (A receive CQE's `sop_drop_qpn` carries the
+    /// flow tag of the steering entry that chose the RQ:
+    /// [`super::steer::Delivery::flow_tag`], mlx5e's `skb->mark`.)
+    pub user_index: u32,
     pub cq: Arc<Cq>,
     /// The PD its data segments' keys must belong to (wq.pd).
     pub pd: u32,
@@ -240,7 +245,8 @@ impl EthRq {
                 ring.head = next;
                 Completion {
                     opcode: CqeOpcode::RespSend.to_raw(),
-                    qpn: self.rqn,
+                    qpn: d.flow_tag,
+                    srqn: self.user_index,
                     wqe_counter: at,
                     byte_cnt: frame.len() as u32,
                     l3: hdr_types(p, vlan),
@@ -256,6 +262,7 @@ impl EthRq {
                 Completion {
                     opcode: CqeOpcode::RespErr.to_raw(),
                     qpn: self.rqn,
+                    srqn: self.user_index,
                     wqe_counter: at,
                     error: Some((synd.to_raw(), vendor)),
                     ..Completion::default()
@@ -353,7 +360,8 @@ impl EthRq {
                 let left = total - first;
                 cqes.push(Completion {
                     opcode: CqeOpcode::RespSend.to_raw(),
-                    qpn: self.rqn,
+                    qpn: d.flow_tag,
+                    srqn: self.user_index,
                     wqe_counter: first as u16,
                     wqe_id: at,
                     byte_cnt: MPWRQ_CQE_FILLER | left << MPWRQ_CQE_STRIDES_SHIFT,
@@ -371,7 +379,8 @@ impl EthRq {
                 Ok(()) => {
                     let c = Completion {
                         opcode: CqeOpcode::RespSend.to_raw(),
-                        qpn: self.rqn,
+                        qpn: d.flow_tag,
+                        srqn: self.user_index,
                         wqe_counter: first as u16,
                         wqe_id: at,
                         byte_cnt: need << MPWRQ_CQE_STRIDES_SHIFT | frame.len() as u32,
@@ -496,6 +505,7 @@ impl EthRq {
         cqes.push(Completion {
             opcode: CqeOpcode::RespErr.to_raw(),
             qpn: self.rqn,
+            srqn: self.user_index,
             wqe_counter: at,
             wqe_id: at,
             error: Some((e.0.to_raw(), e.1)),

@@ -56,6 +56,8 @@ struct Entry {
     tables: Vec<u32>,
     tirs: Vec<u32>,
     counters: Vec<u32>,
+    /// `flow_context.flow_tag` (0: none).
+    flow_tag: u32,
 }
 
 #[derive(Debug, Default)]
@@ -129,6 +131,11 @@ pub(crate) struct Delivery {
     /// The function whose SQ's burst sent the packet, if a local one
     /// (the burst's end closes the LRO sessions it fed).
     pub burst: Option<super::lro::Sender>,
+    /// The flow tag of the entries that steered it (the last non-zero
+    /// `flow_tag` on its way through the tables; 0: none), which its CQE
+    /// carries in `sop_drop_qpn` (mlx5e's `skb->mark`, libmlx5's
+    /// `read_flow_tag`, DPDK's MARK).
+    pub flow_tag: u32,
 }
 
 /// What steering decided for one packet.
@@ -167,6 +174,7 @@ impl Plan {
                     tables: f.tables.clone(),
                     tirs: f.tirs.clone(),
                     counters: f.counters.clone(),
+                    flow_tag: flow_context::FLOW_TAG.get(&f.context) as u32,
                 });
             }
             p.tables.insert(id, table);
@@ -210,10 +218,10 @@ impl Plan {
         let mut v = Verdict::default();
         let mut todo = Vec::new();
         if let Some(r) = self.root {
-            todo.push((r, 0));
+            todo.push((r, 0, 0));
         }
         let mut visits = 0u32;
-        while let Some((id, depth)) = todo.pop() {
+        while let Some((id, depth, tag)) = todo.pop() {
             // Forwarding to several tables at once could fan out without
             // end: a packet visits a bounded number of tables.
             visits += 1;
@@ -225,10 +233,11 @@ impl Plan {
             };
             let Some(e) = t.entries.iter().find(|e| matches(e, img)) else {
                 if let Some(m) = t.miss {
-                    todo.push((m, depth + 1));
+                    todo.push((m, depth + 1, tag));
                 }
                 continue;
             };
+            let tag = if e.flow_tag != 0 { e.flow_tag } else { tag };
             v.counters.extend_from_slice(&e.counters);
             if e.action & FLOW_CONTEXT_ACTION_DROP != 0 {
                 v.dropped = true;
@@ -237,7 +246,7 @@ impl Plan {
             if e.action & FLOW_CONTEXT_ACTION_FWD_DEST == 0 {
                 continue;
             }
-            todo.extend(e.tables.iter().map(|&t| (t, depth + 1)));
+            todo.extend(e.tables.iter().map(|&t| (t, depth + 1, tag)));
             for tirn in &e.tirs {
                 let tir = self
                     .tirs
@@ -251,6 +260,7 @@ impl Plan {
                         hashed: false,
                         lro,
                         burst: None,
+                        flow_tag: tag,
                     }),
                     Some(Tir::Indirect { rqs, hash }) if !rqs.is_empty() => {
                         let h = hash.hash(flow);
@@ -260,6 +270,7 @@ impl Plan {
                             hashed: true,
                             lro,
                             burst: None,
+                            flow_tag: tag,
                         });
                     }
                     _ => {}
