@@ -77,6 +77,8 @@ const CHECKS: &[&str] = &[
     "mlx5e_tcp_stream_between_functions",
     "mlx5e_vxlan_udp_echo_between_functions",
     "mlx5e_vxlan_tcp_stream_between_functions",
+    "mlx5e_gre_udp_echo_between_functions",
+    "mlx5e_gre_tcp_stream_between_functions",
     "mlx5e_leaves_inner_checksums_to_the_device",
     "mlx5e_pktgen_bursts_arrive",
     "mlx5e_sends_no_multi_packet_wqe_without_the_cap",
@@ -474,7 +476,7 @@ fn judge_perftest(t: &mut Tally, console: &str, log: &str) {
 
 /// mlx5e's traffic between the two functions (`eth_pair.sh`): the UDP
 /// echo and the TCP stream, judged by Linux's stacks, straight and through
-/// a VXLAN tunnel (mlx5e's inner checksum and tunnel TSO offloads), and how mlx5e sent
+/// a VXLAN and a GRE tunnel (mlx5e's inner checksum and tunnel TSO offloads), and how mlx5e sent
 /// (its ethtool counters, both netdevs): by enhanced multi-packet WQEs where
 /// the profile offers them (`mpwqe`: frames counted in `tx_mpwqe_pkts` on
 /// both sides, pktgen's bursts several to a WQE), never where it does not;
@@ -496,8 +498,8 @@ pub(crate) fn judge_eth_traffic(
         println!("qemu_mlx5: {prefix}mlx5e traffic: {l}");
     }
     // The traffic straight between the netdevs, then through a VXLAN
-    // tunnel over them ("vxlan " lines).
-    for (tag, name) in [("", ""), ("vxlan ", "vxlan_")] {
+    // tunnel over them ("vxlan " lines), then a GRE one ("gre ").
+    for (tag, name) in [("", ""), ("vxlan ", "vxlan_"), ("gre ", "gre_")] {
         let udp = lines
             .iter()
             .filter_map(|l| l.strip_prefix(tag))

@@ -7,17 +7,21 @@
 //! before it), FIN and PSH only on the last frame, CWR only on the first,
 //! and the checksums filled in as `cs_flags` asks ([`super::steer::offload_checksums`]).
 //!
-//! A VXLAN packet (UDP to a port the function parses as VXLAN) whose inner
-//! frame is TCP is cut the same way on its inner headers (mlx5e's tunnel
-//! TSO), the outer IP length and identification and the outer UDP length
-//! fixed per frame too.
+//! A tunnelled packet whose inner packet is TCP, VXLAN (UDP to a port the
+//! function parses as VXLAN) or GRE (an Ethernet frame, IPv4 or IPv6
+//! inside), is cut the same way on its inner headers (mlx5e's tunnel TSO),
+//! the outer IP length and identification and a VXLAN packet's outer UDP
+//! length fixed per frame too (a GRE header has no length; its checksum,
+//! when present, is left as sent).
 //!
 //! What is not TCP over IPv4 or IPv6 (extension headers included), an MSS
 //! of 0, or a frame whose headers do not parse is refused: the WQE
 //! completes with a length error.
 
 use super::packet::{IPV6_HLEN, TCP_HLEN};
-use super::steer::{ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN};
+use super::steer::{
+    Gre, ETH_P_IP, ETH_P_IPV6, IPPROTO_GRE, IPPROTO_TCP, IPPROTO_UDP, UDP_HLEN, VXLAN_HLEN,
+};
 /// TCP flags cleared on all but the last frame (FIN, PSH) and on all but
 /// the first (CWR).
 const TCP_FIN: u8 = 0x01;
@@ -26,8 +30,9 @@ const TCP_CWR: u8 = 0x80;
 
 /// Where the headers of a TCP frame are.
 struct Headers {
-    /// A VXLAN packet's outer IP header (offset, IPv6) and UDP header.
-    outer: Option<(usize, bool, usize)>,
+    /// A tunnelled packet's outer IP header (offset, IPv6) and a VXLAN
+    /// packet's UDP header.
+    outer: Option<(usize, bool, Option<usize>)>,
     /// The IP header's offset, and whether it is IPv6.
     l3: usize,
     ipv6: bool,
@@ -49,6 +54,11 @@ fn put16(b: &mut [u8], at: usize, v: u16) {
 /// tag): its offset, whether IPv6, its protocol, the L4 header's offset.
 fn ip(f: &[u8], at: usize) -> Option<(usize, bool, u8, usize)> {
     let (ty, l3, _) = super::steer::l2(f, at)?;
+    ip_at(f, ty, l3)
+}
+
+/// [`ip`] of the IP packet of ethertype `ty` at `l3`.
+fn ip_at(f: &[u8], ty: u16, l3: usize) -> Option<(usize, bool, u8, usize)> {
     match ty {
         ETH_P_IP => {
             let h = f.get(l3..l3 + 20)?;
@@ -70,8 +80,15 @@ fn headers(f: &[u8], vxlan_ports: &[u16]) -> Option<Headers> {
     let (mut l3, mut ipv6, mut proto, mut l4) = ip(f, 0)?;
     let mut outer = None;
     if proto == IPPROTO_UDP && vxlan_ports.contains(&be16(f.get(l4..l4 + 4)?, 2)) {
-        outer = Some((l3, ipv6, l4));
+        outer = Some((l3, ipv6, Some(l4)));
         (l3, ipv6, proto, l4) = ip(f, l4 + UDP_HLEN + VXLAN_HLEN)?;
+    } else if proto == IPPROTO_GRE {
+        let g = Gre::at(f, l4)?;
+        outer = Some((l3, ipv6, None));
+        (l3, ipv6, proto, l4) = match g.proto {
+            ETH_P_IP | ETH_P_IPV6 => ip_at(f, g.proto, g.payload)?,
+            _ => ip(f, g.payload)?,
+        };
     }
     if proto != IPPROTO_TCP {
         return None;
@@ -124,7 +141,9 @@ pub(crate) fn segment(frame: &[u8], mss: usize, vxlan_ports: &[u16]) -> Option<V
         fix_ip(&mut f, h.l3, h.ipv6, len, inner_id.wrapping_add(i as u16));
         if let Some((l3, v6, udp)) = h.outer {
             fix_ip(&mut f, l3, v6, len, outer_id.wrapping_add(i as u16));
-            put16(&mut f, udp + 4, (len - udp) as u16);
+            if let Some(udp) = udp {
+                put16(&mut f, udp + 4, (len - udp) as u16);
+            }
         }
         let s = seq.wrapping_add((i * mss) as u32);
         f[h.l4 + 4..h.l4 + 8].copy_from_slice(&s.to_be_bytes());
@@ -255,5 +274,71 @@ mod tests {
         let pseudo = u32::from(fold(&g[76..84], 0)) + u32::from(IPPROTO_TCP) + tcp.len() as u32;
         assert_eq!(fold(tcp, pseudo), 0xffff, "inner TCP");
         assert_eq!(be16(&g, 40), 0, "outer UDP checksum left as sent");
+    }
+
+    /// The IPv4 packet of [`tcp4`] (`n` bytes) inside GRE over IPv4: an
+    /// Ethernet frame (`teb`, Linux's gretap) or the IP packet itself
+    /// (Linux's gre), with a key: Ethernet, IPv4 (id 5, GRE), GRE (K,
+    /// key 9), then the inner packet. The inner packet's offset too.
+    fn gre_tcp4(n: usize, teb: bool) -> (Vec<u8>, usize) {
+        let mut inner = tcp4(n);
+        let proto = if teb { 0x6558 } else { ETH_P_IP };
+        if !teb {
+            inner.drain(..14);
+        }
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        put16(&mut f, 16, (28 + inner.len()) as u16);
+        put16(&mut f, 18, 5);
+        f[23] = IPPROTO_GRE;
+        put16(&mut f, 34, 0x2000);
+        put16(&mut f, 36, proto);
+        f[38..42].copy_from_slice(&9u32.to_be_bytes());
+        f.extend(inner);
+        (f, 42)
+    }
+
+    #[test]
+    fn a_gre_packet_is_cut_on_its_inner_tcp_headers_outer_length_fixed() {
+        use mlx5_hw::eth::{ETH_WQE_L3_CSUM, ETH_WQE_L3_INNER_CSUM, ETH_WQE_L4_INNER_CSUM};
+        let fold = |b: &[u8], sum: u32| super::super::steer::csum_fold(b, sum);
+        for teb in [true, false] {
+            let (f, at) = gre_tcp4(2500, teb);
+            // The inner IPv4 header's offset.
+            let ip = at + if teb { 14 } else { 0 };
+            let hdrs = ip + 40;
+            let s = segment(&f, 1000, &[]).unwrap();
+            assert_eq!(s.len(), 3, "teb {teb}");
+            for (i, g) in s.iter().enumerate() {
+                let n = [1000, 1000, 500][i];
+                assert_eq!(g.len(), hdrs + n);
+                assert_eq!(be16(g, 16) as usize, g.len() - 14, "outer total length");
+                assert_eq!(be16(g, 18), 5 + i as u16, "outer identification");
+                assert_eq!(&g[34..42], &f[34..42], "the GRE header as sent");
+                assert_eq!(be16(g, ip + 2) as usize, 40 + n, "inner total length");
+                assert_eq!(be16(g, ip + 4), 7 + i as u16, "inner identification");
+                let seq = u32::from_be_bytes(g[ip + 24..ip + 28].try_into().unwrap());
+                assert_eq!(seq, 1000 + 1000 * i as u32);
+                assert_eq!(&g[hdrs..], &f[hdrs + 1000 * i..hdrs + 1000 * i + n]);
+            }
+            let mut g = s[1].clone();
+            let flags = ETH_WQE_L3_CSUM | ETH_WQE_L3_INNER_CSUM | ETH_WQE_L4_INNER_CSUM;
+            super::super::steer::offload_checksums(&mut g, flags, &[]);
+            assert_eq!(fold(&g[14..34], 0), 0xffff, "outer IPv4 header");
+            assert_eq!(fold(&g[ip..ip + 20], 0), 0xffff, "inner IPv4 header");
+            let tcp = &g[ip + 20..];
+            let pseudo = u32::from(fold(&g[ip + 12..ip + 20], 0))
+                + u32::from(IPPROTO_TCP)
+                + tcp.len() as u32;
+            assert_eq!(fold(tcp, pseudo), 0xffff, "inner TCP, teb {teb}");
+        }
+        // A GRE header with routing (RFC 1701) or another version is not
+        // parsed: refused.
+        let (mut f, _) = gre_tcp4(100, true);
+        put16(&mut f, 34, 0x4000);
+        assert!(segment(&f, 50, &[]).is_none());
+        put16(&mut f, 34, 0x0001);
+        assert!(segment(&f, 50, &[]).is_none());
     }
 }

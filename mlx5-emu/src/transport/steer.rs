@@ -316,6 +316,8 @@ pub(crate) struct Parsed {
     pub tcp_ack: bool,
     /// Where its UDP or TCP header starts.
     pub l4_at: Option<usize>,
+    /// The GRE header after its IP header, if it is a GRE packet.
+    pub gre: Option<Gre>,
 }
 
 /// Ethertypes and IP protocols the parser knows.
@@ -348,20 +350,138 @@ pub(crate) fn parse(f: &[u8], vxlan_ports: &[u16]) -> Parsed {
     let mut p = parsed_empty();
     let o = fte_match_param::OUTER_HEADERS.off;
     let l4 = parse_l2_to_l4(f, 0, o, &mut img, &mut p);
-    if let (Some(l4), Some(vni)) = (&l4, vxlan_vni(f, &p, vxlan_ports)) {
-        let misc = fte_match_param::MISC_PARAMETERS.off;
+    let misc = fte_match_param::MISC_PARAMETERS.off;
+    if let (Some(_), Some(vni)) = (&l4, vxlan_vni(f, &p, vxlan_ports)) {
         fte_match_set_misc::VXLAN_VNI
             .at(misc)
             .set(&mut img, u64::from(vni));
-        // The inner frame's headers; RSS and the CQE keep the outer ones.
-        let inner = l4.at + UDP_HLEN + VXLAN_HLEN;
-        if f.len() >= inner + ETH_HLEN {
-            let o = fte_match_param::INNER_HEADERS.off;
-            parse_l2_to_l4(f, inner, o, &mut img, &mut parsed_empty());
-        }
+    }
+    if let Some(g) = &p.gre {
+        use fte_match_set_misc as m;
+        m::GRE_C_PRESENT.at(misc).set(&mut img, u64::from(g.csum));
+        m::GRE_K_PRESENT
+            .at(misc)
+            .set(&mut img, u64::from(g.key.is_some()));
+        m::GRE_S_PRESENT.at(misc).set(&mut img, u64::from(g.seq));
+        m::GRE_PROTOCOL.at(misc).set(&mut img, u64::from(g.proto));
+        m::GRE_KEY
+            .at(misc)
+            .set(&mut img, u64::from(g.key.unwrap_or(0)));
+    }
+    // The inner packet's headers; RSS and the CQE keep the outer ones.
+    if let Some(inner) = tunnel_inner(f, &p, vxlan_ports) {
+        let o = fte_match_param::INNER_HEADERS.off;
+        inner.parse(f, o, &mut img, &mut parsed_empty());
     }
     p.img = img;
     p
+}
+
+/// IP protocol number of GRE (RFC 2784).
+pub(crate) const IPPROTO_GRE: u8 = 47;
+/// GRE protocol: Transparent Ethernet Bridging, an Ethernet frame
+/// (Linux's `gretap`).
+const ETH_P_TEB: u16 = 0x6558;
+
+/// A GRE header (RFC 2784 with RFC 2890's key and sequence number;
+/// version 0, no routing), as the device's parser reads it
+/// (`tunnel_stateless_gre`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Gre {
+    /// The checksum field is present (C).
+    pub csum: bool,
+    /// The key (K), if present.
+    pub key: Option<u32>,
+    /// A sequence number is present (S).
+    pub seq: bool,
+    /// The protocol of what it carries (an ethertype).
+    pub proto: u16,
+    /// Where what it carries starts.
+    pub payload: usize,
+}
+
+impl Gre {
+    /// The GRE header at `at` of `f`; `None` for another version, a
+    /// routing header (RFC 1701) or a header past the frame's end.
+    pub(crate) fn at(f: &[u8], at: usize) -> Option<Self> {
+        const C: u16 = 0x8000;
+        const R: u16 = 0x4000;
+        const K: u16 = 0x2000;
+        const S: u16 = 0x1000;
+        const VERSION: u16 = 0x7;
+        let h = f.get(at..at + 4)?;
+        let flags = be16(h, 0);
+        if flags & (R | VERSION) != 0 {
+            return None;
+        }
+        let mut next = at + 4 + if flags & C != 0 { 4 } else { 0 };
+        let key = if flags & K != 0 {
+            let k = f.get(next..next + 4)?;
+            next += 4;
+            Some(u32::from_be_bytes([k[0], k[1], k[2], k[3]]))
+        } else {
+            None
+        };
+        if flags & S != 0 {
+            next += 4;
+        }
+        (next <= f.len()).then_some(Self {
+            csum: flags & C != 0,
+            key,
+            seq: flags & S != 0,
+            proto: be16(h, 2),
+            payload: next,
+        })
+    }
+}
+
+/// Where a tunnel's inner packet starts in a frame, and what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Inner {
+    pub at: usize,
+    /// `None`: an Ethernet frame (VXLAN, GRE's TEB); else an IP packet
+    /// of this ethertype (GRE carrying IPv4 or IPv6).
+    pub ip: Option<u16>,
+}
+
+impl Inner {
+    /// Its L2 (if any) to L4 headers into the `fte_match_set_lyr_2_4` at
+    /// bit `o` of `img`; where its L4 part is.
+    fn parse(&self, f: &[u8], o: usize, img: &mut [u8], p: &mut Parsed) -> Option<L4At> {
+        let Some(ty) = self.ip else {
+            return parse_l2_to_l4(f, self.at, o, img, p);
+        };
+        l24::ETHERTYPE.at(o).set(img, u64::from(ty));
+        let l4 = match ty {
+            ETH_P_IP => parse_ipv4(f, self.at, o, img, p),
+            ETH_P_IPV6 => parse_ipv6(f, self.at, o, img, p),
+            _ => None,
+        }?;
+        parse_l4(f, &l4, o, img, p);
+        Some(l4)
+    }
+}
+
+/// The inner packet of a tunnel the device parses: VXLAN (UDP to one of
+/// `vxlan_ports`, the I flag set) carrying an Ethernet frame, or GRE
+/// carrying an Ethernet frame (TEB), IPv4 or IPv6.
+pub(crate) fn tunnel_inner(f: &[u8], p: &Parsed, vxlan_ports: &[u16]) -> Option<Inner> {
+    if let (Some(l4), Some(_)) = (p.l4_at, vxlan_vni(f, p, vxlan_ports)) {
+        let at = l4 + UDP_HLEN + VXLAN_HLEN;
+        return (f.len() >= at + ETH_HLEN).then_some(Inner { at, ip: None });
+    }
+    let g = p.gre?;
+    match g.proto {
+        ETH_P_TEB => (f.len() >= g.payload + ETH_HLEN).then_some(Inner {
+            at: g.payload,
+            ip: None,
+        }),
+        ETH_P_IP | ETH_P_IPV6 => Some(Inner {
+            at: g.payload,
+            ip: Some(g.proto),
+        }),
+        _ => None,
+    }
 }
 
 pub(crate) use super::packet::{UDP_HLEN, VXLAN_HLEN};
@@ -533,6 +653,10 @@ fn parse_l4(f: &[u8], l: &L4At, o: usize, img: &mut [u8], p: &mut Parsed) {
             p.tcp_ack = t[13] & 0x10 != 0;
             p.l4_ok = body.is_some_and(|b| csum_fold(b, pseudo) == 0xffff);
         }
+        IPPROTO_GRE => {
+            p.gre = Gre::at(f, at);
+            return;
+        }
         _ => return,
     }
     p.flow.sport = sp;
@@ -542,11 +666,12 @@ fn parse_l4(f: &[u8], l: &L4At, o: usize, img: &mut [u8], p: &mut Parsed) {
 
 /// Fills in the checksums an Ethernet segment's `cs_flags` asks for: the
 /// IPv4 header's (`MLX5_ETH_WQE_L3_CSUM`), the TCP or UDP one
-/// (`MLX5_ETH_WQE_L4_CSUM`), and in a VXLAN packet (UDP to one of
-/// `vxlan_ports`, as the device's parser finds it) the inner frame's
+/// (`MLX5_ETH_WQE_L4_CSUM`), and in a tunnelled packet (VXLAN: UDP to one
+/// of `vxlan_ports`; GRE carrying an Ethernet frame, IPv4 or IPv6: as the
+/// device's parser finds them, [`tunnel_inner`]) the inner packet's
 /// (`MLX5_ETH_WQE_L3_INNER_CSUM`, `MLX5_ETH_WQE_L4_INNER_CSUM`: what mlx5e
 /// asks for an encapsulated SKB), inner first since the outer L4 checksum
-/// covers them. A frame that is not IP, or too short for the headers it
+/// covers them (a GRE checksum, when present, is left as sent). A frame that is not IP, or too short for the headers it
 /// claims, is sent as it is.
 pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8, vxlan_ports: &[u16]) {
     use mlx5_hw::eth::{
@@ -554,37 +679,39 @@ pub(crate) fn offload_checksums(f: &mut [u8], cs_flags: u8, vxlan_ports: &[u16])
     };
     if cs_flags & (ETH_WQE_L3_INNER_CSUM | ETH_WQE_L4_INNER_CSUM) != 0 && f.len() >= ETH_HLEN {
         let p = parse(f, vxlan_ports);
-        if let (Some(l4), Some(_)) = (p.l4_at, vxlan_vni(f, &p, vxlan_ports)) {
-            let inner = l4 + UDP_HLEN + VXLAN_HLEN;
-            if f.len() >= inner + ETH_HLEN {
+        if let Some(inner) = tunnel_inner(f, &p, vxlan_ports) {
+            let l3 = match inner.ip {
+                Some(ty) => Some((ty, inner.at)),
+                None => l2(f, inner.at).map(|(ty, l3, _)| (ty, l3)),
+            };
+            if let Some((ty, l3)) = l3 {
                 fill_checksums(
                     f,
-                    inner,
+                    ty,
+                    l3,
                     cs_flags & ETH_WQE_L3_INNER_CSUM != 0,
                     cs_flags & ETH_WQE_L4_INNER_CSUM != 0,
                 );
             }
         }
     }
-    if f.len() >= ETH_HLEN {
+    if let Some((ty, l3, _)) = l2(f, 0) {
         fill_checksums(
             f,
-            0,
+            ty,
+            l3,
             cs_flags & ETH_WQE_L3_CSUM != 0,
             cs_flags & ETH_WQE_L4_CSUM != 0,
         );
     }
 }
 
-/// The IPv4 header checksum (`l3`) and the TCP or UDP checksum (`l4`) of
-/// the Ethernet frame at `at` of `f`.
-fn fill_checksums(f: &mut [u8], at: usize, l3_csum: bool, l4_csum: bool) {
+/// The IPv4 header checksum (`l3_csum`) and the TCP or UDP checksum
+/// (`l4_csum`) of the IP packet of ethertype `ty` at `l3` of `f`.
+fn fill_checksums(f: &mut [u8], ty: u16, l3: usize, l3_csum: bool, l4_csum: bool) {
     if !(l3_csum || l4_csum) {
         return;
     }
-    let Some((ty, l3, _)) = l2(f, at) else {
-        return;
-    };
     let (mut img, mut p) = (vec![0u8; fte_match_param::SIZE_BYTES], parsed_empty());
     let l4 = match ty {
         ETH_P_IP => {
@@ -627,6 +754,7 @@ fn parsed_empty() -> Parsed {
         l4_ok: false,
         tcp_ack: false,
         l4_at: None,
+        gre: None,
     }
 }
 
@@ -673,4 +801,88 @@ fn affects(op: mlx5_hw::opcode::Opcode) -> bool {
             | O::AddVxlanUdpDport
             | O::DeleteVxlanUdpDport
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx5_hw::ifc::fte_match_set_misc as misc;
+
+    /// Ethernet, IPv4 (GRE), a GRE header of `flags` and `proto` (the
+    /// checksum, key 0x0a0b0c0d and sequence words as the flags say), then
+    /// `inner`.
+    fn gre(flags: u16, proto: u16, inner: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 34];
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        f[23] = IPPROTO_GRE;
+        f.extend(flags.to_be_bytes());
+        f.extend(proto.to_be_bytes());
+        for (bit, word) in [(0x8000, 0u32), (0x2000, 0x0a0b_0c0d), (0x1000, 77)] {
+            if flags & bit != 0 {
+                f.extend(word.to_be_bytes());
+            }
+        }
+        let len = (f.len() - 14 + inner.len()) as u16;
+        f[16..18].copy_from_slice(&len.to_be_bytes());
+        f.extend_from_slice(inner);
+        f
+    }
+
+    /// An IPv4 TCP packet from port 1234 to 80 (no Ethernet header).
+    fn tcp_packet() -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&40u16.to_be_bytes());
+        p[9] = IPPROTO_TCP;
+        p[20..22].copy_from_slice(&1234u16.to_be_bytes());
+        p[22..24].copy_from_slice(&80u16.to_be_bytes());
+        p[32] = 5 << 4;
+        p
+    }
+
+    /// GRE (`tunnel_stateless_gre`) as the parser reads it for matching:
+    /// the C, K and S flags, the protocol and the key into the misc
+    /// parameters, and the inner packet's headers (an IP packet, or an
+    /// Ethernet frame after TEB) into the inner headers; a GRE header with
+    /// routing or of another version is not parsed.
+    #[test]
+    fn gre_fills_the_misc_parameters_and_the_inner_headers() {
+        let m = fte_match_param::MISC_PARAMETERS.off;
+        let i = fte_match_param::INNER_HEADERS.off;
+        let f = gre(0xb000, ETH_P_IP, &tcp_packet());
+        let p = parse(&f, &[]);
+        let get = |fld: mlx5_hw::bits::BitField, at: usize| fld.at(at).get(&p.img);
+        assert_eq!(
+            (
+                get(misc::GRE_C_PRESENT, m),
+                get(misc::GRE_K_PRESENT, m),
+                get(misc::GRE_S_PRESENT, m)
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(get(misc::GRE_PROTOCOL, m), u64::from(ETH_P_IP));
+        assert_eq!(get(misc::GRE_KEY, m), 0x0a0b_0c0d);
+        assert_eq!(get(l24::IP_PROTOCOL, i), u64::from(IPPROTO_TCP));
+        assert_eq!(get(l24::TCP_DPORT, i), 80);
+        assert_eq!(get(l24::ETHERTYPE, i), u64::from(ETH_P_IP));
+        // An Ethernet frame inside (gretap), no flags.
+        let mut eth = vec![0u8; 14];
+        eth[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+        eth[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        eth.extend(tcp_packet());
+        let f = gre(0, ETH_P_TEB, &eth);
+        let p = parse(&f, &[]);
+        let get = |fld: mlx5_hw::bits::BitField, at: usize| fld.at(at).get(&p.img);
+        assert_eq!(get(misc::GRE_K_PRESENT, m), 0);
+        assert_eq!(get(misc::GRE_PROTOCOL, m), u64::from(ETH_P_TEB));
+        assert_eq!(get(l24::DMAC_15_0, i), 9);
+        assert_eq!(get(l24::TCP_SPORT, i), 1234);
+        // Routing (R) or version 1: not GRE as the device parses it.
+        for flags in [0x4000, 0x0001] {
+            let p = parse(&gre(flags, ETH_P_IP, &tcp_packet()), &[]);
+            assert_eq!(p.gre, None, "flags {flags:#x}");
+            assert_eq!(l24::IP_PROTOCOL.at(i).get(&p.img), 0);
+        }
+    }
 }

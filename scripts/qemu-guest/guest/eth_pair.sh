@@ -9,8 +9,9 @@
 # counter says how many arrived. Then the UDP echo and TCP stream again
 # over a VXLAN tunnel (VNI 42, UDP port 4789) between the two: mlx5e
 # registers the port with the device and asks it for the inner checksums
-# and tunnel segmentation ("=== eth vxlan ..." lines). Last, both netdevs'
-# ethtool TX counters:
+# and tunnel segmentation ("=== eth vxlan ..." lines), and over a GRE
+# tunnel ("=== eth gre ...": the device parses GRE for the same offloads).
+# Last, both netdevs' ethtool TX counters:
 # tx_mpwqe_pkts counts what mlx5e sent by enhanced multi-packet WQEs
 # (linear SKBs without inline headers), tx_mpwqe_blks those WQEs,
 # tx_csum_partial_inner and tx_tso_inner_packets the tunnelled frames whose
@@ -103,6 +104,24 @@ eth_pair() {
         i=$((i + 1))
     done
     ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.10.0.2
+    wait
+    # Then over a GRE tunnel (IPv4 inside GRE, Linux's ip_gre): mlx5e
+    # leaves the inner checksums and the tunnel's segmentation to the
+    # device (tunnel_stateless_gre), which parses the GRE header.
+    ip link add gre1 type gre local 10.9.0.1 remote 10.9.0.2 dev "$1"
+    ip addr add 10.11.0.1/24 dev gre1
+    ip link set gre1 up
+    ip netns exec peer ip link add gre1 type gre local 10.9.0.2 remote 10.9.0.1 dev "$2"
+    ip netns exec peer ip addr add 10.11.0.2/24 dev gre1
+    ip netns exec peer ip link set gre1 up
+    rm -f /tmp/eth.ready
+    ETH_TAG=gre PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.11.0.2 &
+    i=0
+    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    ETH_TAG=gre PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.11.0.2
     wait
     for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets \
         rx_cqe_compress_blks rx_cqe_compress_pkts; do
