@@ -1539,7 +1539,8 @@ fn legacy_multi_packet_send_by_pointer_and_inline() {
 /// A steering entry's `flow_tag` reaches the CQE's `sop_drop_qpn` (mlx5e's
 /// `skb->mark`, libmlx5's `read_flow_tag`, DPDK's MARK), and the RQ is
 /// named by its user index in `srqn_uidx` (cqe_version 1): frames to
-/// port 1000 tagged 0x1234, to port 1001 untagged (0).
+/// port 1000 tagged 0x1234, to port 1001 untagged (0). The frames are 58
+/// bytes: they arrive padded to Ethernet's 60.
 #[test]
 fn a_flow_tag_reaches_the_cqe_beside_the_rqs_user_index() {
     let (_fab, mut a, mut b) = pair();
@@ -1558,6 +1559,14 @@ fn a_flow_tag_reaches_the_cqe_beside_the_rqs_user_index() {
         a.send(sqn, 2 * k as u16, &h, alkey, 0, 16);
         a.cqe(k);
         let c = b.cqe(k);
+        // 58 bytes sent, 60 on the wire: padded (`pad_tx_eth_packet`).
+        assert_eq!(cqe64::BYTE_CNT.get(&c), 60, "a runt leaves padded");
+        let mut tail = [0xffu8; 18];
+        b.bufs[0]
+            .read((rx_buf(0, k as u64) - RING_IOVA) as usize + 42, &mut tail)
+            .unwrap();
+        assert_eq!(tail[..16], [7u8; 16], "the payload");
+        assert_eq!(tail[16..], [0, 0], "the padding");
         assert_eq!(
             (
                 cqe64::SOP_DROP_QPN.get(&c) as u32 & 0xff_ffff,

@@ -418,6 +418,12 @@ fn leave(
     if let Some(tag) = insert {
         f.splice(ETH_ADDRS_LEN..ETH_ADDRS_LEN, tag);
     }
+    // A frame shorter than Ethernet's minimum leaves padded with zeros
+    // (`pad_tx_eth_packet`, which every profile announces: mlx5e sends
+    // runts and leaves the padding to the device).
+    if f.len() < super::packet::ETH_ZLEN {
+        f.resize(super::packet::ETH_ZLEN, 0);
+    }
     eth_rx::transmit(rdma, f, sq.td);
     f.len() as u32
 }
