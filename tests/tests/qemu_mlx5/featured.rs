@@ -81,12 +81,12 @@ pub fn featured_boot(t: &mut Tally, dir: &Path) {
     };
     print_mlx5_lines(&console);
     let log = format!("see {}", dir.join("console.log").display());
-    let emu = std::fs::read_to_string(dir.join("emu.log")).unwrap_or_default();
+    let emu = std::fs::read_to_string(dir.join(super::EMU_COUNTS)).unwrap_or_default();
     judge(t, &console, &emu, &log);
     suite::judge(t, &console, &log, &suite::CX7);
 }
 
-/// `emu`: the model's log (`mlx5-emu serve`'s counts at exit).
+/// `emu`: the functions' counts of the boot ([`super::EMU_COUNTS`]).
 fn judge(t: &mut Tally, console: &str, emu: &str, log: &str) {
     let has = |s: &str| console.contains(s);
     let up = tagged(console, "up ");
@@ -173,8 +173,8 @@ fn judge(t: &mut Tally, console: &str, emu: &str, log: &str) {
 
 /// DPDK's receivers asked for compressed CQEs (its default; the devx run
 /// logs it at debug level) and read them: the model wrote more compressed
-/// sessions in the boot (`mlx5-emu serve`'s counts at exit, both
-/// functions) than mlx5e expanded (its `rx_cqe_compress_blks`, both
+/// sessions in the boot (both functions, [`super::EMU_COUNTS`]) than
+/// mlx5e expanded (its `rx_cqe_compress_blks`, both
 /// netdevs; mlx5e compresses only once eth_pair.sh turns it on, after
 /// DPDK's runs), by at least [`DPDK_MIN_SESSIONS`]; the frames' counts
 /// are judged by the DPDK checks.
@@ -184,7 +184,7 @@ fn judge_dpdk_compressed(t: &mut Tally, console: &str, emu: &str, log: &str) {
         .any(|l| l.contains("Rx CQE compression is enabled"));
     let model: u64 = emu
         .lines()
-        .filter_map(|l| l.strip_prefix("mlx5-emu: function "))
+        .filter_map(|l| l.strip_prefix("function "))
         .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
             let at = w.iter().position(|x| *x == "compressed_sessions")?;
