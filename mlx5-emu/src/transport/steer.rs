@@ -498,16 +498,39 @@ fn vxlan_vni(f: &[u8], p: &Parsed, ports: &[u16]) -> Option<u32> {
     (h[0] & VXLAN_FLAG_I != 0).then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
 }
 
-/// The Ethernet header at `at` of `f`: the ethertype (after an 802.1Q tag,
-/// if the frame carries one whole), where the L3 header starts, and the
-/// tag's TCI; `None` when `f` is shorter than an Ethernet header there.
+/// The Ethernet header at `at` of `f`: the ethertype (after up to two
+/// VLAN tags, 802.1ad or 802.1Q, that the frame carries whole), where the
+/// L3 header starts, and the first tag's TCI if it is an 802.1Q one (the
+/// tag an RQ strips); `None` when `f` is shorter than an Ethernet header
+/// there.
 pub(crate) fn l2(f: &[u8], at: usize) -> Option<(u16, usize, Option<u16>)> {
-    let ty = be16(f.get(at..at + ETH_HLEN)?, 12);
-    let l3 = at + ETH_HLEN;
-    match f.get(l3..l3 + 4) {
-        Some(t) if ty == ETH_P_8021Q => Some((be16(t, 2), l3 + 4, Some(be16(t, 0)))),
-        _ => Some((ty, l3, None)),
+    let (ty, l3, tags) = vlan_tags(f, at)?;
+    let cvlan = tags[0].filter(|t| t.0 == ETH_P_8021Q).map(|t| t.1);
+    Some((ty, l3, cvlan))
+}
+
+/// A VLAN tag: its TPID (802.1Q or 802.1ad) and TCI.
+type Tag = (u16, u16);
+
+/// The Ethernet header at `at` of `f`: the ethertype after its VLAN tags,
+/// where the L3 header starts, and up to two tags in order (an S-tag then
+/// a C-tag in 802.1ad QinQ).
+fn vlan_tags(f: &[u8], at: usize) -> Option<(u16, usize, [Option<Tag>; 2])> {
+    let mut ty = be16(f.get(at..at + ETH_HLEN)?, 12);
+    let mut l3 = at + ETH_HLEN;
+    let mut tags = [None; 2];
+    for t in &mut tags {
+        if ty != ETH_P_8021Q && ty != ETH_P_8021AD {
+            break;
+        }
+        let Some(h) = f.get(l3..l3 + 4) else {
+            break;
+        };
+        *t = Some((ty, be16(h, 0)));
+        ty = be16(h, 2);
+        l3 += 4;
     }
+    Some((ty, l3, tags))
 }
 
 /// The Ethernet frame at `at` of `f`: its L2 headers (an 802.1Q tag
@@ -529,13 +552,47 @@ fn parse_l2_to_l4(f: &[u8], at: usize, o: usize, img: &mut [u8], p: &mut Parsed)
         u64::from(u32::from_be_bytes([e[6], e[7], e[8], e[9]])),
     );
     set(img, l24::SMAC_15_0, u64::from(be16(e, 10)));
-    let (ty, l3, tag) = l2(f, at)?;
-    if let Some(tci) = tag {
-        p.vlan = Some(tci);
-        set(img, l24::CVLAN_TAG, 1);
+    let (ty, l3, tags) = vlan_tags(f, at)?;
+    if let Some((tpid, tci)) = tags[0] {
+        if tpid == ETH_P_8021Q {
+            p.vlan = Some(tci);
+            set(img, l24::CVLAN_TAG, 1);
+        } else {
+            set(img, l24::SVLAN_TAG, 1);
+        }
         set(img, l24::FIRST_PRIO, u64::from(tci >> 13));
         set(img, l24::FIRST_CFI, u64::from(tci >> 12 & 1));
         set(img, l24::FIRST_VID, u64::from(tci & 0xfff));
+    }
+    if let Some((tpid, tci)) = tags[1] {
+        // The second tag goes to the misc parameters, outer or inner.
+        use fte_match_set_misc as m;
+        let outer = o == fte_match_param::OUTER_HEADERS.off;
+        let (cvlan, svlan, prio, cfi, vid) = if outer {
+            let f = (m::OUTER_SECOND_CVLAN_TAG, m::OUTER_SECOND_SVLAN_TAG);
+            (
+                f.0,
+                f.1,
+                m::OUTER_SECOND_PRIO,
+                m::OUTER_SECOND_CFI,
+                m::OUTER_SECOND_VID,
+            )
+        } else {
+            let f = (m::INNER_SECOND_CVLAN_TAG, m::INNER_SECOND_SVLAN_TAG);
+            (
+                f.0,
+                f.1,
+                m::INNER_SECOND_PRIO,
+                m::INNER_SECOND_CFI,
+                m::INNER_SECOND_VID,
+            )
+        };
+        let misc = fte_match_param::MISC_PARAMETERS.off;
+        let kind = if tpid == ETH_P_8021Q { cvlan } else { svlan };
+        kind.at(misc).set(img, 1);
+        prio.at(misc).set(img, u64::from(tci >> 13));
+        cfi.at(misc).set(img, u64::from(tci >> 12 & 1));
+        vid.at(misc).set(img, u64::from(tci & 0xfff));
     }
     set(img, l24::ETHERTYPE, u64::from(ty));
     let l4 = match ty {
@@ -839,6 +896,56 @@ mod tests {
         p[22..24].copy_from_slice(&80u16.to_be_bytes());
         p[32] = 5 << 4;
         p
+    }
+
+    /// VLAN tags as the parser reads them for matching: a C-tag alone
+    /// (`cvlan_tag`, `first_*`: the tag an RQ strips), an S-tag then a
+    /// C-tag (802.1ad QinQ: `svlan_tag`, `first_*` the S-tag's, the
+    /// C-tag in the misc parameters' `outer_second_*`), the IP header
+    /// found after both.
+    #[test]
+    fn an_s_tag_and_a_second_tag_are_matched_and_skipped() {
+        let m = fte_match_param::MISC_PARAMETERS.off;
+        let o = fte_match_param::OUTER_HEADERS.off;
+        let ip = tcp_packet();
+        let frame = |tags: &[(u16, u16)]| {
+            let mut f = vec![0u8; 12];
+            for &(tpid, tci) in tags {
+                f.extend(tpid.to_be_bytes());
+                f.extend(tci.to_be_bytes());
+            }
+            f.extend(ETH_P_IP.to_be_bytes());
+            f.extend(&ip);
+            f
+        };
+        let p = parse(&frame(&[(ETH_P_8021Q, 0x2005)]), &[]);
+        let get = |p: &Parsed, fld: mlx5_hw::bits::BitField, at: usize| fld.at(at).get(&p.img);
+        assert_eq!(p.vlan, Some(0x2005));
+        assert_eq!(
+            (get(&p, l24::CVLAN_TAG, o), get(&p, l24::SVLAN_TAG, o)),
+            (1, 0)
+        );
+        assert_eq!(
+            (get(&p, l24::FIRST_PRIO, o), get(&p, l24::FIRST_VID, o)),
+            (1, 5)
+        );
+        let p = parse(
+            &frame(&[(ETH_P_8021AD, 0x4064), (ETH_P_8021Q, 0x0007)]),
+            &[],
+        );
+        assert_eq!(p.vlan, None, "an S-tag first: nothing to strip");
+        assert_eq!(
+            (get(&p, l24::CVLAN_TAG, o), get(&p, l24::SVLAN_TAG, o)),
+            (0, 1)
+        );
+        assert_eq!(
+            (get(&p, l24::FIRST_PRIO, o), get(&p, l24::FIRST_VID, o)),
+            (2, 100)
+        );
+        assert_eq!(get(&p, misc::OUTER_SECOND_CVLAN_TAG, m), 1);
+        assert_eq!(get(&p, misc::OUTER_SECOND_VID, m), 7);
+        assert_eq!(get(&p, l24::ETHERTYPE, o), u64::from(ETH_P_IP));
+        assert_eq!(get(&p, l24::TCP_DPORT, o), 80);
     }
 
     /// GRE (`tunnel_stateless_gre`) as the parser reads it for matching:
