@@ -50,8 +50,10 @@ const MODIFY_MISS_TABLE_ID: u64 = 1 << 0;
 const SET_FTE_CREATE: u16 = 0;
 const SET_FTE_MODIFY: u16 = 1;
 /// flow_context action bits (mlx5_ifc.h MLX5_FLOW_CONTEXT_ACTION_*).
-const ACTION_FWD_DEST: u64 = 0x4;
-const ACTION_COUNT: u64 = 0x8;
+use mlx5_hw::eth::{
+    FLOW_CONTEXT_ACTION_ALLOW as ACTION_ALLOW, FLOW_CONTEXT_ACTION_COUNT as ACTION_COUNT,
+    FLOW_CONTEXT_ACTION_DROP as ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST as ACTION_FWD_DEST,
+};
 /// dest_format_struct destination_type (MLX5_IFC_FLOW_DESTINATION_TYPE_*).
 const DEST_VPORT: u64 = 0x0;
 const DEST_FLOW_TABLE: u64 = 0x1;
@@ -529,7 +531,13 @@ impl Firmware {
         let ndest = get(flow_context::DESTINATION_LIST_SIZE) as usize;
         let ncount = get(flow_context::FLOW_COUNTER_LIST_SIZE) as usize;
         let extended = get(flow_context::EXTENDED_DESTINATION) != 0;
-        if (action & ACTION_FWD_DEST != 0) != (ndest > 0)
+        // Allow, drop, forward and count; packet reformat, decap, modify
+        // header, VLAN push/pop and the rest are refused: no profile's
+        // flow table properties offer them (`reformat`, `decap`,
+        // `max_modify_header_actions`, `pop_vlan`, `push_vlan` all 0).
+        let known = ACTION_ALLOW | ACTION_DROP | ACTION_FWD_DEST | ACTION_COUNT;
+        if action & !known != 0
+            || (action & ACTION_FWD_DEST != 0) != (ndest > 0)
             || (action & ACTION_COUNT != 0) != (ncount > 0)
         {
             return Err(fail(CmdStatus::BadParameter, synd::FTE_BAD_ACTION));

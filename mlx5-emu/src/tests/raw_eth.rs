@@ -1577,3 +1577,35 @@ fn a_flow_tag_reaches_the_cqe_beside_the_rqs_user_index() {
         );
     }
 }
+
+/// SET_FLOW_TABLE_ENTRY refuses actions no profile's flow table
+/// properties offer (BAD_PARAM): packet reformat (0x10), decap (0x20),
+/// modify header (0x40), VLAN pop (0x80) and push (0x100), each beside a
+/// forward to a TIR that alone is taken.
+#[test]
+fn flow_entries_with_actions_the_caps_do_not_offer_are_refused() {
+    use set_fte_in as i;
+    let (_fab, _a, mut b) = pair();
+    let rq = b.ready_rq(0);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    let fte = |b: &mut Eth, extra: u64| {
+        let fc = i::FLOW_CONTEXT.off;
+        let dests = (fc + flow_context::DESTINATION.off) / 8;
+        let mut c = cmd_in(0x936, 0, dests + dest_format_struct::SIZE_BYTES);
+        i::TABLE_TYPE.set(&mut c, NIC_RX);
+        i::TABLE_ID.set(&mut c, u64::from(t.0));
+        flow_context::GROUP_ID.at(fc).set(&mut c, u64::from(t.1));
+        flow_context::ACTION
+            .at(fc)
+            .set(&mut c, FLOW_CONTEXT_ACTION_FWD_DEST | extra);
+        flow_context::DESTINATION_LIST_SIZE.at(fc).set(&mut c, 1);
+        dest_format_struct::DESTINATION_TYPE.set(&mut c[dests..], 2);
+        dest_format_struct::DESTINATION_ID.set(&mut c[dests..], u64::from(tir));
+        b.d.exec(&c, 16)[0]
+    };
+    for extra in [0x10u64, 0x20, 0x40, 0x80, 0x100] {
+        assert_eq!(fte(&mut b, extra), BAD_PARAM, "action {extra:#x}");
+    }
+    assert_eq!(fte(&mut b, 0), 0);
+}
