@@ -92,6 +92,8 @@ pub const PPCNT_GRP_PHYSICAL_LAYER_STATISTICAL: u64 = 0x16;
 
 /// Flow table type of the NIC receive pipeline (`FS_FT_NIC_RX`).
 pub const FS_FT_NIC_RX: u8 = 0x0;
+/// Flow table type of the NIC transmit pipeline (`FS_FT_NIC_TX`).
+pub const FS_FT_NIC_TX: u8 = 0x1;
 
 /// `match_criteria_enable`: the outer L2-L4 headers (`MLX5_MATCH_OUTER_HEADERS`).
 pub const MATCH_OUTER_HEADERS: u8 = 1 << 0;

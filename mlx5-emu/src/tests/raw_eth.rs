@@ -1609,3 +1609,93 @@ fn flow_entries_with_actions_the_caps_do_not_offer_are_refused() {
     }
     assert_eq!(fte(&mut b, 0), 0);
 }
+
+/// NIC TX steering: A's NIC TX root drops UDP to port 1001 and allows the
+/// rest; of a frame to each port, only port 1000's reaches B, the other
+/// dropped at A's port (A's `dropped`). No NIC TX root: both leave.
+#[test]
+fn a_nic_tx_entry_drops_what_it_matches_before_the_port() {
+    use create_flow_group_in as g;
+    use set_fte_in as i;
+    const NIC_TX: u64 = mlx5_hw::eth::FS_FT_NIC_TX as u64;
+    let (_fab, mut a, mut b) = pair();
+    let blkey = b.rw_mkey();
+    let rq = b.ready_rq(0);
+    b.post_recv(0, blkey, 8);
+    let tir = b.direct_tir(rq);
+    let t = b.udp_table();
+    for (k, port) in [1000u16, 1001].into_iter().enumerate() {
+        assert_eq!(b.udp_rule(t, k as u32, port, Some(tir), None), 0);
+    }
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let mut idx = 0u16;
+    let mut send = |a: &mut Eth, port: u16| {
+        let h = headers(5000, port, 32);
+        a.send(sqn, idx, &h, alkey, 0, 32);
+        a.cqe(usize::from(idx / 2));
+        idx += 2;
+    };
+    send(&mut a, 1001);
+    let rb = &b.d.f.model().inner.rdma;
+    crate::tests::until("B's first frame", || {
+        rb.counters.packets_received.load(Ordering::Acquire) == 1
+    });
+    // A's NIC TX root: a group over the UDP port, port 1001 dropped,
+    // port 1000 allowed.
+    let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
+    create_flow_table_in::TABLE_TYPE.set(&mut c, NIC_TX);
+    flow_table_context::LOG_SIZE
+        .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
+        .set(&mut c, 2);
+    let table =
+        create_flow_table_out::TABLE_ID.get(&a.d.ok(&c, create_flow_table_out::SIZE_BYTES)) as u32;
+    let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
+    set_flow_table_root_in::TABLE_TYPE.set(&mut c, NIC_TX);
+    set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
+    a.d.ok(&c, 16);
+    let mut c = cmd_in(0x933, 0, g::SIZE_BYTES);
+    g::TABLE_TYPE.set(&mut c, NIC_TX);
+    g::TABLE_ID.set(&mut c, u64::from(table));
+    g::END_FLOW_INDEX.set(&mut c, 3);
+    g::MATCH_CRITERIA_ENABLE.set(&mut c, MATCH_OUTER_HEADERS.into());
+    let o = g::MATCH_CRITERIA.off + fte_match_param::OUTER_HEADERS.off;
+    l24::UDP_DPORT.at(o).set(&mut c, 0xffff);
+    let group =
+        create_flow_group_out::GROUP_ID.get(&a.d.ok(&c, create_flow_group_out::SIZE_BYTES)) as u32;
+    for (index, port, action) in [(0u64, 1001u64, FLOW_CONTEXT_ACTION_DROP), (1, 1000, 0x1)] {
+        let fc = i::FLOW_CONTEXT.off;
+        let mut c = cmd_in(0x936, 0, (fc + flow_context::DESTINATION.off) / 8);
+        i::TABLE_TYPE.set(&mut c, NIC_TX);
+        i::TABLE_ID.set(&mut c, u64::from(table));
+        i::FLOW_INDEX.set(&mut c, index);
+        flow_context::GROUP_ID.at(fc).set(&mut c, u64::from(group));
+        flow_context::ACTION.at(fc).set(&mut c, action);
+        let v = fc + flow_context::MATCH_VALUE.off + fte_match_param::OUTER_HEADERS.off;
+        l24::UDP_DPORT.at(v).set(&mut c, port);
+        assert_eq!(a.d.exec(&c, 16)[0], 0, "port {port}");
+    }
+    send(&mut a, 1001);
+    send(&mut a, 1000);
+    crate::tests::until("B's second frame", || {
+        rb.counters.packets_received.load(Ordering::Acquire) == 2
+    });
+    let (_, bytes, c) = rx_cqe(&b, 1);
+    assert_eq!(bytes, 42 + 32);
+    assert_eq!(cqe64::SRQN.get(&c), UIDX);
+    let udp_dport = |n: usize| {
+        let mut h = [0u8; 2];
+        b.bufs[0]
+            .read((rx_buf(0, n as u64) - RING_IOVA) as usize + 36, &mut h)
+            .unwrap();
+        u16::from_be_bytes(h)
+    };
+    assert_eq!(
+        (udp_dport(0), udp_dport(1)),
+        (1001, 1000),
+        "the dropped one never came"
+    );
+    let ra = &a.d.f.model().inner.rdma;
+    assert_eq!(ra.counters.dropped.load(Ordering::Relaxed), 1);
+    assert_eq!(rb.counters.packets_received.load(Ordering::Relaxed), 2);
+}

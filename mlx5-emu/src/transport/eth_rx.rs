@@ -76,6 +76,9 @@ pub(crate) struct EthRx {
     pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
     /// The vport's local loopback as its NIC vport context sets it.
     pub local_lb: LocalLb,
+    /// The plan has a NIC TX root: sent frames are matched there first
+    /// (the flag read per frame, the plan only when set).
+    pub egress: AtomicBool,
     /// LRO sessions open on its RQs (counted under each RQ's ring lock:
     /// opened +1, closed or dropped -1; [`EthRx::flush_lro`]).
     pub lro_open: AtomicU32,
@@ -104,6 +107,7 @@ impl EthRx {
         *super::wlock(&self.plan) = Arc::default();
         lock(&self.flow_counts).clear();
         self.lro_open.store(0, Ordering::Release);
+        self.egress.store(false, Ordering::Release);
         self.local_lb.uc_disabled.store(false, Ordering::Relaxed);
         self.local_lb.mc_disabled.store(false, Ordering::Relaxed);
     }
@@ -822,6 +826,20 @@ pub(crate) fn flush_held(dst: &Rdma, mem: &IovaMemory, burst_end: Option<lro::Se
     open
 }
 
+/// One frame of `len` bytes counted into flow counters `ids` (packets and
+/// octets) of `rdma`.
+pub(crate) fn count_flows(rdma: &Rdma, ids: &[u32], len: usize) {
+    if ids.is_empty() {
+        return;
+    }
+    let mut fc = lock(&rdma.eth_rx.flow_counts);
+    for id in ids {
+        let e = fc.entry(*id).or_default();
+        e[0] += 1;
+        e[1] += len as u64;
+    }
+}
+
 /// [`receive`] of a frame from the wire (`looped` none) or one the
 /// function sent itself ([`loop_back`]); `burst`: a local SQ's burst sent
 /// it, and which function's ([`end_burst`]).
@@ -845,14 +863,7 @@ fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: Option<
     c.packets_received.fetch_add(1, Ordering::Relaxed);
     c.bytes_received
         .fetch_add(frame.len() as u64, Ordering::Relaxed);
-    if !v.counters.is_empty() {
-        let mut fc = lock(&dst.eth_rx.flow_counts);
-        for id in &v.counters {
-            let e = fc.entry(*id).or_default();
-            e[0] += 1;
-            e[1] += frame.len() as u64;
-        }
-    }
+    count_flows(dst, &v.counters, frame.len());
     if v.to.is_empty() {
         c.dropped.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(

@@ -424,6 +424,19 @@ fn leave(
     if f.len() < super::packet::ETH_ZLEN {
         f.resize(super::packet::ETH_ZLEN, 0);
     }
+    // The NIC TX tables, where the function made a root: a matching entry
+    // counts the frame and may drop it here.
+    if rdma.eth_rx.egress.load(Ordering::Acquire) {
+        let plan = super::rlock(&rdma.eth_rx.plan).clone();
+        let p = steer::parse(f, &plan.vxlan_ports);
+        let (dropped, counters) = plan.egress(&p.img);
+        eth_rx::count_flows(rdma, &counters, f.len());
+        if dropped {
+            rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(sqn = sq.sqn, len = f.len(), "dropped by a NIC TX entry");
+            return f.len() as u32;
+        }
+    }
     eth_rx::transmit(rdma, f, sq.td);
     f.len() as u32
 }

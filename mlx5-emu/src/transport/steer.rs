@@ -14,7 +14,9 @@
 //! lists (a TIR: the packet goes to the TIR's RQ, or for an indirect TIR to
 //! the RQ its hash picks from the RQ table; a deeper table: the walk goes
 //! on there). No entry matching follows the table's miss path, and the
-//! default miss drops. The outer L2-L4 headers are parsed, and a UDP
+//! default miss drops. A frame an SQ sends meets the NIC TX root the same
+//! way ([`Plan::egress`]): an entry counts, drops, or lets it leave (allow,
+//! or forward to a deeper NIC TX table), and a miss lets it leave. The outer L2-L4 headers are parsed, and a UDP
 //! datagram to a port the function registered as VXLAN
 //! (ADD_VXLAN_UDP_DPORT, fw/vxlan.rs) is a tunnel: its VNI goes into the
 //! misc parameters (`vxlan_vni`) and the encapsulated frame's L2-L4 headers
@@ -26,8 +28,8 @@
 use std::collections::HashMap;
 
 use mlx5_hw::eth::{
-    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, MATCH_INNER_HEADERS,
-    MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
+    FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, FS_FT_NIC_TX,
+    MATCH_INNER_HEADERS, MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
     TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST, TIRC_SELF_LB_BLOCK_BLOCK_UNICAST,
 };
 use mlx5_hw::ifc::{
@@ -109,10 +111,13 @@ impl PlanTir {
     }
 }
 
-/// The NIC RX pipeline as the last command left it.
+/// The NIC RX and NIC TX pipelines as the last command left them.
 #[derive(Debug, Default)]
 pub(crate) struct Plan {
     root: Option<u32>,
+    /// The NIC TX root table: what the function's SQs send is matched
+    /// there ([`Plan::egress`]).
+    pub tx_root: Option<u32>,
     tables: HashMap<u32, Table>,
     tirs: HashMap<u32, PlanTir>,
     /// The UDP destination ports parsed as VXLAN.
@@ -153,10 +158,14 @@ impl Plan {
     pub(crate) fn build(st: &Steering, eth: &EthObjects) -> Self {
         let mut p = Plan {
             root: st.roots.get(&FS_FT_NIC_RX).copied(),
+            tx_root: st.roots.get(&FS_FT_NIC_TX).copied(),
             vxlan_ports: eth.vxlan_ports.iter().copied().collect(),
             ..Plan::default()
         };
-        for (&id, t) in st.tables.iter().filter(|(_, t)| t.ty == FS_FT_NIC_RX) {
+        // Table ids are the function's, whatever the type: both
+        // pipelines' tables in one map, each walked from its own root.
+        let walked = |t: &crate::fw::flow::FlowTable| t.ty == FS_FT_NIC_RX || t.ty == FS_FT_NIC_TX;
+        for (&id, t) in st.tables.iter().filter(|(_, t)| walked(t)) {
             let mut table = Table {
                 miss: (t.miss_action == 1).then_some(t.miss_id),
                 entries: Vec::new(),
@@ -278,6 +287,39 @@ impl Plan {
             }
         }
         v
+    }
+}
+
+impl Plan {
+    /// Matches a frame the function sends, whose match image is `img`,
+    /// in the NIC TX tables: whether an entry dropped it (else it leaves:
+    /// an entry that allows or forwards to the wire, or no entry, as a
+    /// NIC TX table's miss goes on to the port), and the flow counters the
+    /// matching entries count into.
+    pub(crate) fn egress(&self, img: &[u8]) -> (bool, Vec<u32>) {
+        let mut counters = Vec::new();
+        let mut at = self.tx_root;
+        let mut depth = 0u8;
+        while let Some(id) = at.take() {
+            depth += 1;
+            let Some(t) = self.tables.get(&id).filter(|_| depth <= MAX_DEPTH) else {
+                break;
+            };
+            let Some(e) = t.entries.iter().find(|e| matches(e, img)) else {
+                at = t.miss;
+                continue;
+            };
+            counters.extend_from_slice(&e.counters);
+            if e.action & FLOW_CONTEXT_ACTION_DROP != 0 {
+                return (true, counters);
+            }
+            // A forward goes on to the first deeper table it names (a
+            // NIC TX destination other than a table is the wire).
+            if e.action & FLOW_CONTEXT_ACTION_FWD_DEST != 0 {
+                at = e.tables.first().copied();
+            }
+        }
+        (false, counters)
     }
 }
 
@@ -826,7 +868,11 @@ pub(crate) fn after(
     rdma: &super::Rdma,
 ) {
     if affects(op) {
-        *super::wlock(&rdma.eth_rx.plan) = std::sync::Arc::new(Plan::build(st, eth));
+        let plan = Plan::build(st, eth);
+        rdma.eth_rx
+            .egress
+            .store(plan.tx_root.is_some(), std::sync::atomic::Ordering::Release);
+        *super::wlock(&rdma.eth_rx.plan) = std::sync::Arc::new(plan);
     }
     if op == mlx5_hw::opcode::Opcode::AllocFlowCounter {
         let base = mlx5_hw::ifc::alloc_flow_counter_out::FLOW_COUNTER_ID.get(out) as u32;
