@@ -238,6 +238,29 @@ fn frames_in_a(p: &verbs_common::Pair, round: usize, lens: &[usize]) -> Vec<Vec<
         .collect()
 }
 
+/// Sends `frames` (as [`frames_in_a`] wrote them into A's MR) in one
+/// burst on `qa`: headers inline, payloads by reference, checksums
+/// offloaded; waits for the send completion.
+fn send_frames(p: &verbs_common::Pair, qa: &mut RawPacketQp, a_tx: &mut Cq, frames: &[Vec<u8>]) {
+    let pkts: Vec<_> = frames
+        .iter()
+        .enumerate()
+        .map(|(k, f)| TxPkt {
+            headers: &f[..HDRS],
+            payload: Some(
+                p.a.mr
+                    .sge((k * 2048 + HDRS) as u64, (f.len() - HDRS) as u32)
+                    .unwrap(),
+            ),
+            csum: true,
+            mss: 0,
+            vlan: None,
+        })
+        .collect();
+    assert_eq!(qa.tx_burst(&pkts), pkts.len());
+    tx_done(qa, a_tx);
+}
+
 /// The frames B received in `round` (in B's buffers from its MR's start,
 /// as many a round) are `frames`, in order (the receive ring's slots, 64
 /// of them), intact but for the checksums the device filled in (which B's
@@ -550,23 +573,7 @@ fn striding_rq_packs_frames_into_buffers_by_stride() {
     let mut got = Vec::new();
     for chunk in lens.chunks(30) {
         let frames = frames_in_a(&p, all.len(), chunk);
-        let pkts: Vec<_> = frames
-            .iter()
-            .enumerate()
-            .map(|(k, f)| TxPkt {
-                headers: &f[..HDRS],
-                payload: Some(
-                    p.a.mr
-                        .sge((k * 2048 + HDRS) as u64, (f.len() - HDRS) as u32)
-                        .unwrap(),
-                ),
-                csum: true,
-                mss: 0,
-                vlan: None,
-            })
-            .collect();
-        assert_eq!(qa.tx_burst(&pkts), pkts.len());
-        tx_done(&mut qa, &mut a_tx);
+        send_frames(&p, &mut qa, &mut a_tx, &frames);
         got.extend(rx_n(&mut qb, &mut b_rx, frames.len()));
         all.extend(frames);
     }
@@ -1382,23 +1389,7 @@ fn compressed_run(
             .map(|k| 20 + (k * 389 + round * 97) % 1380)
             .collect();
         let frames = frames_in_a(&p, round, &lens);
-        let pkts: Vec<_> = frames
-            .iter()
-            .enumerate()
-            .map(|(k, f)| TxPkt {
-                headers: &f[..HDRS],
-                payload: Some(
-                    p.a.mr
-                        .sge((k * 2048 + HDRS) as u64, (f.len() - HDRS) as u32)
-                        .unwrap(),
-                ),
-                csum: true,
-                mss: 0,
-                vlan: None,
-            })
-            .collect();
-        assert_eq!(qa.tx_burst(&pkts), pkts.len());
-        tx_done(&mut qa, &mut a_tx);
+        send_frames(&p, &mut qa, &mut a_tx, &frames);
         let r = rx_n(&mut qb, &mut b_rx, frames.len());
         if !striding {
             check_rx(&p, &r, &frames, round);

@@ -275,13 +275,10 @@ impl Cq {
         if st.error {
             return false;
         }
-        let mut fire = false;
-        if let Some(s) = self.take_session(rdma, &mut st) {
-            match self.put_session(rdma, mem, &mut st, s) {
-                Ok(f) => fire |= f,
-                Err(why) => return self.stop(rdma, st, why, Some(c)),
-            }
-        }
+        let mut fire = match self.close_session(rdma, mem, &mut st) {
+            Ok(f) => f,
+            Err(why) => return self.stop(rdma, st, why, Some(c)),
+        };
         let (e, op_own) = encode(c, rdma.ticks());
         match self.put(rdma, mem, &mut st, &e, op_own, c.inline.as_ref(), sol(c)) {
             Ok(f) => fire |= f,
@@ -324,22 +321,17 @@ impl Cq {
             if (s.cqes.len() as u32) < to_end && s.join(&e, sequel, held) {
                 super::eth_rx::note_held();
                 if s.cqes.len() as u32 >= comp.max {
-                    let s = self.take_session(rdma, &mut st);
-                    if let Some(s) = s {
-                        match self.put_session(rdma, mem, &mut st, s) {
-                            Ok(f) => fire = f,
-                            Err(why) => return self.stop(rdma, st, why, Some(c)),
-                        }
+                    match self.close_session(rdma, mem, &mut st) {
+                        Ok(f) => fire = f,
+                        Err(why) => return self.stop(rdma, st, why, Some(c)),
                     }
                 }
                 self.fired(rdma, st, fire);
                 return true;
             }
-            if let Some(s) = self.take_session(rdma, &mut st) {
-                match self.put_session(rdma, mem, &mut st, s) {
-                    Ok(f) => fire = f,
-                    Err(why) => return self.stop(rdma, st, why, Some(c)),
-                }
+            match self.close_session(rdma, mem, &mut st) {
+                Ok(f) => fire = f,
+                Err(why) => return self.stop(rdma, st, why, Some(c)),
             }
         }
         st.session = Some(Session::start(e, sequel, held));
@@ -373,12 +365,10 @@ impl Cq {
             }
             None => {}
         }
-        if let Some(s) = self.take_session(rdma, &mut st) {
-            match self.put_session(rdma, mem, &mut st, s) {
-                Ok(fire) => self.fired(rdma, st, fire),
-                Err(why) => {
-                    self.stop(rdma, st, why, None);
-                }
+        match self.close_session(rdma, mem, &mut st) {
+            Ok(fire) => self.fired(rdma, st, fire),
+            Err(why) => {
+                self.stop(rdma, st, why, None);
             }
         }
         false
@@ -388,6 +378,15 @@ impl Cq {
     pub(crate) fn drop_session(&self, rdma: &Rdma) {
         let mut st = lock(&self.st);
         drop(self.take_session(rdma, &mut st));
+    }
+
+    /// Writes the open session, if any ([`Cq::put_session`]): whether the
+    /// armed CQ fires.
+    fn close_session(&self, rdma: &Rdma, mem: &IovaMemory, st: &mut CqState) -> Result<bool, Stop> {
+        match self.take_session(rdma, st) {
+            Some(s) => self.put_session(rdma, mem, st, s),
+            None => Ok(false),
+        }
     }
 
     /// Takes the open session out of the CQ (and the function's count).
@@ -562,16 +561,13 @@ impl Cq {
         if st.error {
             return Err(ResizeError::InError);
         }
-        let mut fire = false;
-        if let Some(s) = self.take_session(rdma, &mut st) {
-            match self.put_session(rdma, mem, &mut st, s) {
-                Ok(f) => fire = f,
-                Err(why) => {
-                    self.stop(rdma, st, why, None);
-                    return Err(ResizeError::InError);
-                }
+        let fire = match self.close_session(rdma, mem, &mut st) {
+            Ok(f) => f,
+            Err(why) => {
+                self.stop(rdma, st, why, None);
+                return Err(ResizeError::InError);
             }
-        }
+        };
         if let Ok(ci) = mem::load_be32(mem, self.dbr) {
             st.ci = ci & 0xff_ffff;
         }

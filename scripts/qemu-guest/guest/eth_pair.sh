@@ -47,6 +47,31 @@ cqe_compress() {
     $1 ethtool --show-priv-flags "$2" | awk '$1 == "rx_cqe_compress" { print $3 }'
 }
 
+# tunnel_pair TAG NAME NET DEV0 DEV1 LINK-ARGS...: a tunnel device NAME
+# on each side (DEV0's 10.9.0.1 to DEV1's 10.9.0.2 in the peer namespace,
+# `ip link add NAME LINK-ARGS... local A remote B dev DEV`), addresses
+# NET.1 and NET.2, then the UDP echo and TCP stream between them, their
+# lines tagged "=== eth TAG ".
+tunnel_pair() {
+    tag=$1 name=$2 net=$3 d0=$4 d1=$5
+    shift 5
+    ip link add "$name" "$@" local 10.9.0.1 remote 10.9.0.2 dev "$d0"
+    ip addr add "$net.1/24" dev "$name"
+    ip link set "$name" up
+    ip netns exec peer ip link add "$name" "$@" local 10.9.0.2 remote 10.9.0.1 dev "$d1"
+    ip netns exec peer ip addr add "$net.2/24" dev "$name"
+    ip netns exec peer ip link set "$name" up
+    rm -f /tmp/eth.ready
+    ETH_TAG=$tag PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server "$net.2" &
+    i=0
+    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
+        sleep 0.5
+        i=$((i + 1))
+    done
+    ETH_TAG=$tag PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client "$net.2"
+    wait
+}
+
 eth_pair() {
     ip netns add peer && ip link set dev "$2" netns peer
     ip addr add 10.9.0.1/24 dev "$1"
@@ -90,39 +115,11 @@ eth_pair() {
     done
     echo "=== eth pktgen sent ${sent:-none} of $PKTGEN_COUNT received $(($(rx "$@") - before))"
     grep -m1 'Result' "/proc/net/pktgen/$1" | sed 's/^/=== eth pktgen log: /'
-    ip link add vx0 type vxlan id 42 local 10.9.0.1 remote 10.9.0.2 dstport 4789 dev "$1"
-    ip addr add 10.10.0.1/24 dev vx0
-    ip link set vx0 up
-    ip netns exec peer ip link add vx0 type vxlan id 42 local 10.9.0.2 remote 10.9.0.1 dstport 4789 dev "$2"
-    ip netns exec peer ip addr add 10.10.0.2/24 dev vx0
-    ip netns exec peer ip link set vx0 up
-    rm -f /tmp/eth.ready
-    ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.10.0.2 &
-    i=0
-    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
-        sleep 0.5
-        i=$((i + 1))
-    done
-    ETH_TAG=vxlan PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.10.0.2
-    wait
+    tunnel_pair vxlan vx0 10.10.0 "$1" "$2" type vxlan id 42 dstport 4789
     # Then over a GRE tunnel (IPv4 inside GRE, Linux's ip_gre): mlx5e
     # leaves the inner checksums and the tunnel's segmentation to the
     # device (tunnel_stateless_gre), which parses the GRE header.
-    ip link add gre1 type gre local 10.9.0.1 remote 10.9.0.2 dev "$1"
-    ip addr add 10.11.0.1/24 dev gre1
-    ip link set gre1 up
-    ip netns exec peer ip link add gre1 type gre local 10.9.0.2 remote 10.9.0.1 dev "$2"
-    ip netns exec peer ip addr add 10.11.0.2/24 dev gre1
-    ip netns exec peer ip link set gre1 up
-    rm -f /tmp/eth.ready
-    ETH_TAG=gre PYTHONDONTWRITEBYTECODE=1 ip netns exec peer timeout 180 python3 /guest/eth_traffic.py server 10.11.0.2 &
-    i=0
-    while [ ! -e /tmp/eth.ready ] && [ $i -lt 120 ]; do
-        sleep 0.5
-        i=$((i + 1))
-    done
-    ETH_TAG=gre PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.11.0.2
-    wait
+    tunnel_pair gre gre1 10.11.0 "$1" "$2" type gre
     for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets \
         rx_cqe_compress_blks rx_cqe_compress_pkts; do
         PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
