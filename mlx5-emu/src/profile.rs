@@ -436,11 +436,11 @@ impl CapPages {
         }
         // Flow counters: 14.12 of the trace reports max_flow_counter 0, so
         // ALLOC_FLOW_COUNTER has nothing to give (rdma-core's DevX counter
-        // tests, mlx5dv_dr's counter action, DPDK's COUNT action fail
-        // there); later firmware offers 2^24 of them, in DevX bulks of up
-        // to 2^23 (`flow_counter_bulk_log_size`), and NIC RX entries that
-        // count into them (one counter an entry: `log_max_flow_counter`
-        // stays 0). NIC TX and the sniffers keep `flow_counter` 0: the
+        // tests and mlx5dv_dr's counter action fail there, test_mlx5_dr's
+        // ALLOC_FLOW_COUNTER at :321); later firmware offers them: here
+        // 2^24, in DevX bulks of up to 2^23 (`flow_counter_bulk_log_size`),
+        // and NIC RX entries that count into them (one counter an entry:
+        // `log_max_flow_counter` stays 0). NIC TX and the sniffers keep `flow_counter` 0: the
         // model steers NIC RX frames only, so an entry there would never
         // count. `flow_counter_bulk_alloc` stays the trace's 0 (Linux's
         // fs_counters.c then allocates its counters one by one).
