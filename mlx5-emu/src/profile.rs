@@ -434,6 +434,19 @@ impl CapPages {
         ] {
             self.set_both(FLOW_TABLE, f.at(rx), 1);
         }
+        // Flow counters: 14.12 of the trace reports max_flow_counter 0, so
+        // ALLOC_FLOW_COUNTER has nothing to give (rdma-core's DevX counter
+        // tests and mlx5dv_dr's counter action fail there, test_mlx5_dr's
+        // ALLOC_FLOW_COUNTER at :321); later firmware offers them: here
+        // 2^24, in DevX bulks of up to 2^23 (`flow_counter_bulk_log_size`),
+        // and NIC RX entries that count into them (one counter an entry:
+        // `log_max_flow_counter` stays 0). NIC TX and the sniffers keep `flow_counter` 0: the
+        // model steers NIC RX frames only, so an entry there would never
+        // count. `flow_counter_bulk_alloc` stays the trace's 0 (Linux's
+        // fs_counters.c then allocates its counters one by one).
+        self.set_both(GENERAL, cmd_hca_cap::MAX_FLOW_COUNTER_31_16, 0x100);
+        self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_FLOW_COUNTER_BULK, 23);
+        self.set_both(FLOW_TABLE, flow_table_prop_layout::FLOW_COUNTER.at(rx), 1);
         // DevX (firmware 16.2x and later): user contexts, UMEMs (also
         // under uid 0), the user context capabilities Linux asks for at
         // CREATE_UCTX (RAW_TX, INTERNAL_DEV_RES). The table sizes are the
@@ -645,6 +658,39 @@ mod tests {
             assert_eq!(c.get(cap_type::ODP, odp_cap::MEM_PAGE_FAULT), 0);
             assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::PG), 1);
             assert_eq!(c.get(cap_type::GENERAL, cmd_hca_cap::NULL_MKEY), 1);
+        }
+    }
+
+    #[test]
+    fn flow_counters_from_connectx5_on_for_nic_rx_entries() {
+        use flow_table_nic_cap as n;
+        let prop =
+            |c: &CapPages, t: BitField, f: BitField| c.get(cap_type::FLOW_TABLE, f.at(t.off));
+        for p in Profile::ALL {
+            let c = p.caps();
+            let later = p != Profile::ConnectX4Lx;
+            let max = c.get(cap_type::GENERAL, cmd_hca_cap::MAX_FLOW_COUNTER_31_16) << 16
+                | c.get(cap_type::GENERAL, cmd_hca_cap::MAX_FLOW_COUNTER_15_0);
+            assert_eq!(max, if later { 1 << 24 } else { 0 }, "{p:?}");
+            assert_eq!(
+                c.get(cap_type::GENERAL, cmd_hca_cap::LOG_MAX_FLOW_COUNTER_BULK),
+                if later { 23 } else { 0 }
+            );
+            assert_eq!(
+                c.get(cap_type::GENERAL, cmd_hca_cap::FLOW_COUNTER_BULK_ALLOC),
+                0
+            );
+            let rx = n::FLOW_TABLE_PROPERTIES_NIC_RECEIVE;
+            let fc = flow_table_prop_layout::FLOW_COUNTER;
+            assert_eq!(prop(&c, rx, fc), u64::from(later), "{p:?}");
+            // Only NIC RX frames are steered: no other type counts.
+            for t in [
+                n::FLOW_TABLE_PROPERTIES_NIC_TRANSMIT,
+                n::FLOW_TABLE_PROPERTIES_NIC_RECEIVE_SNIFFER,
+                n::FLOW_TABLE_PROPERTIES_NIC_TRANSMIT_SNIFFER,
+            ] {
+                assert_eq!(prop(&c, t, fc), 0, "{p:?}");
+            }
         }
     }
 

@@ -62,6 +62,11 @@ const DEST_UPLINK: u64 = 0x8;
 /// Flow counters handed out per ALLOC_FLOW_COUNTER bulk unit
 /// (`flow_counter_bulk` counts units of 128).
 const COUNTER_BULK_UNIT: u32 = 128;
+/// Flow counter ids are 24 bits wide here (id 0 is never handed out).
+const MAX_COUNTER_ID: u32 = 1 << 24;
+/// A bulk QUERY_FLOW_COUNTER starts at a multiple of 4 and spans a
+/// multiple of 4 ids.
+const QUERY_BULK_ALIGN: u32 = 4;
 
 /// One flow table.
 #[derive(Debug, Clone)]
@@ -543,18 +548,26 @@ impl Firmware {
             return Err(fail(CmdStatus::BadParameter, synd::FTE_BAD_ACTION));
         }
         let prop = |f| self.ft_prop(ty, f).unwrap_or(0);
+        // A table type counts only where its `flow_counter` property says
+        // so, into at most 2^`log_max_flow_counter` counters per entry
+        // (the bound Linux's fs_cmd.c checks before it sends the list).
         if ndest > 1usize << prop(flow_table_prop_layout::LOG_MAX_DESTINATION).min(24)
             || (ncount > 0 && prop(flow_table_prop_layout::FLOW_COUNTER) == 0)
+            || ncount > 1usize << prop(flow_table_prop_layout::LOG_MAX_FLOW_COUNTER).min(24)
         {
             return Err(fail(CmdStatus::BadParameter, synd::FTE_BAD_DEST));
         }
+        // The destination list holds the forward destinations, then the
+        // counters, every element of one size: 16 bytes each when
+        // `extended_destination` is set, 8 otherwise (a flow_counter_list
+        // in the first 8 bytes of its element).
         let stride = if extended {
             extended_dest_format::SIZE_BYTES
         } else {
             dest_format_struct::SIZE_BYTES
         };
         let dests = (fc + flow_context::DESTINATION.off) / 8;
-        let need = dests + ndest * stride + ncount * flow_counter_list::SIZE_BYTES;
+        let need = dests + (ndest + ncount) * stride;
         if input.len() < need {
             return Err(fail(CmdStatus::BadInputLength, synd::BAD_INPUT_LENGTH));
         }
@@ -584,7 +597,7 @@ impl Firmware {
         let mut counters = Vec::new();
         let clist = dests + ndest * stride;
         for k in 0..ncount {
-            let c = &input[clist + k * flow_counter_list::SIZE_BYTES..];
+            let c = &input[clist + k * stride..];
             let cid = flow_counter_list::FLOW_COUNTER_ID.get(c) as u32;
             if !self.steering.counter_alive(cid) {
                 return Err(fail(CmdStatus::BadResource, synd::FC_UNKNOWN));
@@ -686,7 +699,7 @@ impl Firmware {
                 .next_back()
                 .is_none_or(|(&base, &len)| base + len <= b)
         };
-        let Some(base) = (1..=(1u32 << 24) / n).map(|k| k * n).find(|&b| free(b)) else {
+        let Some(base) = (1..MAX_COUNTER_ID / n).map(|k| k * n).find(|&b| free(b)) else {
             return Err(fail(CmdStatus::NoResources, synd::FC_EXHAUSTED));
         };
         self.steering.counters.insert(base, n);
@@ -717,9 +730,18 @@ impl Firmware {
 }
 
 impl Firmware {
-    /// QUERY_FLOW_COUNTER: packets and octets of `num_of_counters` (0: one)
-    /// counters from `flow_counter_id`, all in one allocated bulk, as the
-    /// data path counted them (`clear` zeroes them after the read).
+    /// QUERY_FLOW_COUNTER: packets and octets of one counter
+    /// (`num_of_counters` 0), or of a bulk of `num_of_counters` ids from
+    /// `flow_counter_id`, as the data path counted them (`clear` zeroes
+    /// them after the read).
+    ///
+    /// A bulk query starts at an id aligned to 4 and spans a multiple of 4
+    /// ids (mlx5_ifc.h and Linux's fs_counters.c: "first id must be
+    /// aligned to 4 when using bulk query"); Linux aligns its range down
+    /// from the lowest counter it tracks and up past the highest, so the
+    /// range may hold ids no bulk has (id 0 is never one): those read
+    /// zero. A range without one allocated counter names nothing (bad
+    /// resource), as does a single query of an id no bulk has.
     pub(super) fn query_flow_counter(
         &mut self,
         inner: &crate::Inner,
@@ -730,17 +752,34 @@ impl Firmware {
             query_flow_counter_in as i, query_flow_counter_out as o, traffic_counter,
         };
         let id = i::FLOW_COUNTER_ID.get(input) as u32;
-        let n = (i::NUM_OF_COUNTERS.get(input) as u32).max(1);
+        let bulk = i::NUM_OF_COUNTERS.get(input) as u32;
+        let n = bulk.max(1);
         let need = o::SIZE_BYTES + n as usize * traffic_counter::SIZE_BYTES;
         sized(input, outlen, i::SIZE_BYTES, need)?;
-        if !(0..n).all(|k| self.steering.counter_alive(id + k)) {
+        if bulk > 0 && (id % QUERY_BULK_ALIGN != 0 || bulk % QUERY_BULK_ALIGN != 0) {
+            return Err(fail(CmdStatus::BadParameter, synd::FC_BAD_BULK));
+        }
+        let Some(end) = id.checked_add(n).filter(|&e| e <= MAX_COUNTER_ID) else {
+            return Err(fail(CmdStatus::BadParameter, synd::FC_BAD_BULK));
+        };
+        let alive = |k: u32| self.steering.counter_alive(k);
+        let named = if bulk == 0 {
+            alive(id)
+        } else {
+            self.steering
+                .counters
+                .range(..end)
+                .next_back()
+                .is_some_and(|(&base, &len)| base + len > id)
+        };
+        if !named {
             return Err(fail(CmdStatus::BadResource, synd::FC_UNKNOWN));
         }
         let rx = &inner.rdma.eth_rx;
         let mut out = vec![0u8; need];
-        for k in 0..n {
-            let [packets, octets] = rx.flow_count(id + k);
-            let at = o::SIZE_BYTES + k as usize * traffic_counter::SIZE_BYTES;
+        for k in (id..end).filter(|&k| alive(k)) {
+            let [packets, octets] = rx.flow_count(k);
+            let at = o::SIZE_BYTES + (k - id) as usize * traffic_counter::SIZE_BYTES;
             traffic_counter::PACKETS.set(&mut out[at..], packets);
             traffic_counter::OCTETS.set(&mut out[at..], octets);
         }

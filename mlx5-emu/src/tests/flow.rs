@@ -415,3 +415,145 @@ fn objects_left_at_teardown_count_as_leaked() {
     assert_eq!((s.flow_tables, s.flow_groups), (0, 0));
     assert_eq!(s.leaked_at_teardown, 3);
 }
+
+/// A brought-up ConnectX-7 function (flow counters offered).
+fn setup_cx7() -> Drv {
+    let mut d = Drv::with(crate::DeviceConfig {
+        profile: crate::Profile::ConnectX7,
+        ..crate::DeviceConfig::default()
+    });
+    d.bring_up();
+    d
+}
+
+/// ALLOC_FLOW_COUNTER of 2^`log` counters (`flow_counter_bulk_log_size`,
+/// what DevX users such as mlx5dv_dr and DPDK ask for).
+fn alloc_log(d: &mut Drv, log: u64) -> (u8, u32) {
+    let mut inp = cmd_in(0x939, 0, alloc_flow_counter_in::SIZE_BYTES);
+    alloc_flow_counter_in::FLOW_COUNTER_BULK_LOG_SIZE.set(&mut inp, log);
+    let out = d.exec(&inp, alloc_flow_counter_out::SIZE_BYTES);
+    (
+        status(&out),
+        alloc_flow_counter_out::FLOW_COUNTER_ID.get(&out) as u32,
+    )
+}
+
+/// QUERY_FLOW_COUNTER of `n` counters from `id` (`n` 0: one), clearing
+/// them if `clear`: the status and (packets, octets) of each.
+fn query_counters(d: &mut Drv, id: u32, n: u16, clear: bool) -> (u8, Vec<(u64, u64)>) {
+    use mlx5_hw::ifc::{query_flow_counter_in as i, query_flow_counter_out as o, traffic_counter};
+    let mut inp = cmd_in(0x93b, 0, i::SIZE_BYTES);
+    i::FLOW_COUNTER_ID.set(&mut inp, u64::from(id));
+    i::NUM_OF_COUNTERS.set(&mut inp, u64::from(n));
+    i::CLEAR.set(&mut inp, u64::from(clear));
+    let k = usize::from(n.max(1));
+    let out = d.exec(&inp, o::SIZE_BYTES + k * traffic_counter::SIZE_BYTES);
+    let stats = (0..k)
+        .map(|j| {
+            let s = out.get(o::SIZE_BYTES + j * traffic_counter::SIZE_BYTES..);
+            s.map_or((0, 0), |s| {
+                (
+                    traffic_counter::PACKETS.get(s),
+                    traffic_counter::OCTETS.get(s),
+                )
+            })
+        })
+        .collect();
+    (status(&out), stats)
+}
+
+/// What the data path counted into counter `id` (packets, octets), set by
+/// hand: the query side is under test here.
+fn counted(d: &Drv, id: u32, v: [u64; 2]) {
+    crate::lock(&d.f.model().inner.rdma.eth_rx.flow_counts).insert(id, v);
+}
+
+#[test]
+fn counter_bulks_by_log_size_up_to_the_cap_and_freed_whole() {
+    let mut d = setup_cx7();
+    let (s, one) = alloc_log(&mut d, 0);
+    assert_eq!((s, one), (0, 1), "one counter, the first id");
+    let (s, four) = alloc_log(&mut d, 2);
+    assert_eq!(s, 0);
+    assert_eq!(four % 4, 0, "a bulk of 4 starts at a multiple of 4");
+    // log_max_flow_counter_bulk is 23: the largest bulk is given, a
+    // larger one refused.
+    let (s, big) = alloc_log(&mut d, 23);
+    assert_eq!(s, 0);
+    assert_eq!(big, 1 << 23);
+    assert_eq!(
+        alloc_log(&mut d, 24).0,
+        BAD_PARAM,
+        "past log_max_flow_counter_bulk"
+    );
+    // Bulks by flow_counter_bulk need flow_counter_bulk_alloc, which the
+    // profiles leave at the trace's 0.
+    assert_eq!(alloc_counter(&mut d, 1).0, BAD_PARAM);
+    assert_eq!(d.f.model().stats().flow_counters, 1 + 4 + (1 << 23));
+    // A bulk is freed by its first id only, and whole.
+    assert_eq!(dealloc_counter(&mut d, four + 1), BAD_RES, "inside a bulk");
+    assert_eq!(dealloc_counter(&mut d, 77_777), BAD_RES, "no such counter");
+    assert_eq!(dealloc_counter(&mut d, four), 0);
+    assert_eq!(dealloc_counter(&mut d, four), BAD_RES, "freed already");
+    assert_eq!(dealloc_counter(&mut d, big), 0);
+    assert_eq!(d.f.model().stats().flow_counters, 1);
+    // The ids come back.
+    assert_eq!(alloc_log(&mut d, 2), (0, four));
+    assert_eq!(dealloc_counter(&mut d, one), 0);
+}
+
+#[test]
+fn a_bulk_query_spans_an_aligned_range_with_holes() {
+    let mut d = setup_cx7();
+    // Counters 1, 2, 3, then 2 freed: Linux's fs_counters.c queries its
+    // counters 1 and 3 as the aligned range 0..4 (id 0 is never one).
+    let ids: Vec<u32> = (0..3).map(|_| alloc_log(&mut d, 0).1).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    counted(&d, 1, [5, 500]);
+    counted(&d, 2, [9, 900]);
+    counted(&d, 3, [7, 700]);
+    assert_eq!(dealloc_counter(&mut d, 2), 0);
+    let (s, got) = query_counters(&mut d, 0, 4, false);
+    assert_eq!(s, 0);
+    assert_eq!(got, [(0, 0), (5, 500), (0, 0), (7, 700)], "holes read zero");
+    // Wider than what is allocated: still answered, zeros past the end.
+    let (s, got) = query_counters(&mut d, 0, 8, false);
+    assert_eq!(s, 0);
+    assert_eq!(got[1..4], [(5, 500), (0, 0), (7, 700)]);
+    assert!(got[4..].iter().all(|&c| c == (0, 0)));
+    // A single query names one allocated counter.
+    assert_eq!(query_counters(&mut d, 3, 0, false), (0, vec![(7, 700)]));
+    assert_eq!(query_counters(&mut d, 2, 0, false).0, BAD_RES, "freed");
+    assert_eq!(query_counters(&mut d, 0, 0, false).0, BAD_RES, "id 0");
+    // Refusals: a bulk off the alignment of 4, a range with no counter,
+    // one past the id space.
+    assert_eq!(query_counters(&mut d, 1, 4, false).0, BAD_PARAM);
+    assert_eq!(query_counters(&mut d, 0, 3, false).0, BAD_PARAM);
+    assert_eq!(query_counters(&mut d, 8, 4, false).0, BAD_RES);
+    assert_eq!(query_counters(&mut d, (1 << 24) - 4, 8, false).0, BAD_PARAM);
+    // clear zeroes what the bulk read.
+    let (s, got) = query_counters(&mut d, 0, 4, true);
+    assert_eq!((s, got[3]), (0, (7, 700)));
+    assert_eq!(query_counters(&mut d, 3, 0, false), (0, vec![(0, 0)]));
+}
+
+#[test]
+fn entries_count_into_live_counters_one_each() {
+    let mut d = setup_cx7();
+    let t = table(&mut d, 0, 4);
+    let (_, g) = create_group(&mut d, t, 0, 3);
+    let (_, c) = alloc_log(&mut d, 0);
+    let (_, c2) = alloc_log(&mut d, 0);
+    assert_eq!(
+        set_fte(&mut d, t, g, 0, &[], &[c + 1000]),
+        BAD_RES,
+        "unknown counter"
+    );
+    // log_max_flow_counter 0: one counter an entry.
+    assert_eq!(set_fte(&mut d, t, g, 0, &[], &[c, c2]), BAD_PARAM);
+    assert_eq!(set_fte(&mut d, t, g, 0, &[], &[c]), 0);
+    assert_eq!(dealloc_counter(&mut d, c), BUSY);
+    assert_eq!(delete_fte(&mut d, t, 0), 0);
+    assert_eq!(dealloc_counter(&mut d, c), 0);
+    assert_eq!(dealloc_counter(&mut d, c2), 0);
+}

@@ -550,6 +550,149 @@ fn an_rq_bound_to_a_q_counter_set_counts_frames_it_had_no_wqe_for() {
     );
 }
 
+impl Eth {
+    /// SET_FLOW_TABLE_ENTRY at `index` of `t` (`op_mod` 0 create, 1 modify)
+    /// for IPv4/UDP to `dport`, in the shape Linux's fs_cmd.c writes: the
+    /// forward destinations (`tirs`) first, then the counters, each an
+    /// element of the destination list (16 bytes with `extended`, else 8);
+    /// `action` FWD_DEST where there are destinations, COUNT where there
+    /// are counters; `modify_enable_mask` what fs_core says changed.
+    #[allow(clippy::too_many_arguments)]
+    fn linux_fte(
+        &mut self,
+        t: (u32, u32),
+        index: u32,
+        op_mod: u16,
+        dport: u16,
+        tirs: &[u32],
+        counters: &[u32],
+        extended: bool,
+    ) -> u8 {
+        use mlx5_hw::ifc::extended_dest_format;
+        use set_fte_in as i;
+        let stride = if extended {
+            extended_dest_format::SIZE_BYTES
+        } else {
+            dest_format_struct::SIZE_BYTES
+        };
+        let fc = i::FLOW_CONTEXT.off;
+        let dests = (fc + flow_context::DESTINATION.off) / 8;
+        let mut c = cmd_in(
+            0x936,
+            op_mod,
+            dests + (tirs.len() + counters.len()) * stride,
+        );
+        i::TABLE_TYPE.set(&mut c, NIC_RX);
+        i::TABLE_ID.set(&mut c, u64::from(t.0));
+        i::FLOW_INDEX.set(&mut c, u64::from(index));
+        if op_mod == 1 {
+            // action, destination list, flow counters (MLX5_SET_FTE_MODIFY_ENABLE_MASK_*).
+            i::MODIFY_ENABLE_MASK.set(&mut c, 0b1011);
+        }
+        let f = |b: BitField| b.at(fc);
+        f(flow_context::GROUP_ID).set(&mut c, u64::from(t.1));
+        f(flow_context::EXTENDED_DESTINATION).set(&mut c, u64::from(extended));
+        let mut action = 0;
+        if !tirs.is_empty() {
+            action |= FLOW_CONTEXT_ACTION_FWD_DEST;
+            f(flow_context::DESTINATION_LIST_SIZE).set(&mut c, tirs.len() as u64);
+        }
+        if !counters.is_empty() {
+            action |= FLOW_CONTEXT_ACTION_COUNT;
+            f(flow_context::FLOW_COUNTER_LIST_SIZE).set(&mut c, counters.len() as u64);
+        }
+        f(flow_context::ACTION).set(&mut c, action);
+        for (k, &tirn) in tirs.iter().enumerate() {
+            let e = &mut c[dests + k * stride..];
+            dest_format_struct::DESTINATION_TYPE.set(e, 2);
+            dest_format_struct::DESTINATION_ID.set(e, u64::from(tirn));
+        }
+        for (k, &id) in counters.iter().enumerate() {
+            let e = &mut c[dests + (tirs.len() + k) * stride..];
+            flow_counter_list::FLOW_COUNTER_ID.set(e, u64::from(id));
+        }
+        let o = fc + flow_context::MATCH_VALUE.off + fte_match_param::OUTER_HEADERS.off;
+        l24::ETHERTYPE.at(o).set(&mut c, 0x0800);
+        l24::IP_PROTOCOL.at(o).set(&mut c, 17);
+        l24::UDP_DPORT.at(o).set(&mut c, u64::from(dport));
+        self.d.exec(&c, 16)[0]
+    }
+
+    /// ALLOC_FLOW_COUNTER of one counter, as the profile offers them.
+    fn alloc_counter(&mut self) -> u32 {
+        use mlx5_hw::ifc::{alloc_flow_counter_in, alloc_flow_counter_out};
+        let c = cmd_in(0x939, 0, alloc_flow_counter_in::SIZE_BYTES);
+        let out = self.d.ok(&c, alloc_flow_counter_out::SIZE_BYTES);
+        alloc_flow_counter_out::FLOW_COUNTER_ID.get(&out) as u32
+    }
+}
+
+/// The entries Linux writes once flow counters exist (ConnectX-7 profile,
+/// no capability poked): fs_core makes an entry forwarding to a TIR, then
+/// a rule counting the same match joins it (SET_FLOW_TABLE_ENTRY modify:
+/// the TIR, then the counter, action FWD_DEST | COUNT), then leaves it
+/// again (modify: the TIR alone, COUNT cleared), as mlx5_ib does for a
+/// flow with a DevX counter beside its raw packet QP. Every frame reaches
+/// the RQ; the counter counts exactly those sent while it was listed. An
+/// entry of 16-byte elements (`extended_destination`) counts the same.
+#[test]
+fn a_counter_beside_a_tir_counts_and_forwards_in_linuxs_entry_shapes() {
+    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX7);
+    let blkey = b.rw_mkey();
+    let rqs = [b.ready_rq(0), b.ready_rq(1)];
+    b.post_recv(0, blkey, 16);
+    b.post_recv(1, blkey, 16);
+    let tirs = rqs.map(|r| b.direct_tir(r));
+    let t = b.udp_table();
+    let (c1, c2) = (b.alloc_counter(), b.alloc_counter());
+    assert_eq!(b.linux_fte(t, 0, 0, 1000, &[tirs[0]], &[], false), 0);
+    assert_eq!(b.linux_fte(t, 1, 0, 2000, &[tirs[1]], &[c2], true), 0);
+    let alkey = a.rw_mkey();
+    let sqn = a.ready_sq();
+    let mut sent = 0u16;
+    let mut send = |a: &mut Eth, dport: u16, n: u16| {
+        for _ in 0..n {
+            a.send(sqn, sent * 2, &headers(5000, dport, 64), alkey, 0, 64);
+            assert_eq!(a.cqe(usize::from(sent))[63] >> 4, CqeOpcode::Req.to_raw());
+            sent += 1;
+        }
+    };
+    // Forward only: 2 frames.
+    send(&mut a, 1000, 2);
+    // The counting rule joins: 3 frames forwarded and counted.
+    assert_eq!(b.linux_fte(t, 0, 1, 1000, &[tirs[0]], &[c1], false), 0);
+    send(&mut a, 1000, 3);
+    // It leaves: 1 frame forwarded, not counted.
+    assert_eq!(b.linux_fte(t, 0, 1, 1000, &[tirs[0]], &[], false), 0);
+    send(&mut a, 1000, 1);
+    // The extended entry: 4 frames forwarded and counted.
+    send(&mut a, 2000, 4);
+    let mut on = [0usize; 2];
+    for n in 0..10 {
+        let (qpn, bytes, _) = rx_cqe(&b, n);
+        let q = rqs.iter().position(|&r| r == qpn).expect("one of B's RQs");
+        assert_eq!(bytes as usize, HDRS + 64);
+        on[q] += 1;
+    }
+    assert_eq!(on, [6, 4], "every frame on its entry's RQ");
+    let octets = |n: u64| n * (HDRS + 64) as u64;
+    assert_eq!(b.flow_count(c1), (3, octets(3)));
+    assert_eq!(b.flow_count(c2), (4, octets(4)));
+    // No longer listed, the counter may go; c2 is still counted into.
+    use mlx5_hw::ifc::dealloc_flow_counter_in as dealloc;
+    let mut d = cmd_in(0x93a, 0, dealloc::SIZE_BYTES);
+    dealloc::FLOW_COUNTER_ID.set(&mut d, u64::from(c1));
+    assert_eq!(b.d.exec(&d, 16)[0], 0);
+    dealloc::FLOW_COUNTER_ID.set(&mut d, u64::from(c2));
+    assert_eq!(
+        b.d.exec(&d, 16)[0],
+        CmdStatus::BadResourceState.to_raw(),
+        "an entry counts into it"
+    );
+    let rc = &b.d.f.model().inner.rdma.counters;
+    assert_eq!(rc.dropped.load(Ordering::Relaxed), 0);
+}
+
 /// Local loopback: a multicast frame a function sends comes back to its
 /// own NIC RX too, where a TIR of the sending SQ's transport domain
 /// refuses it if its `self_lb_block` covers multicast (as mlx5e's TIRs
