@@ -191,6 +191,9 @@ pub const VLAN_HLEN: usize = 4;
 pub const ETH_P_8021Q: u16 = 0x8100;
 /// Tag protocol identifier of an 802.1ad S-VLAN tag (`ETH_P_8021AD`).
 pub const ETH_P_8021AD: u16 = 0x88a8;
+/// Ethernet's minimum frame, FCS excluded (Linux's `ETH_ZLEN`): the port
+/// pads a shorter one with zeros (`pad_tx_eth_packet`).
+pub const ETH_ZLEN: usize = 60;
 
 /// `wqe_eth_seg.insert.type` (the place of `inline_hdr.sz`, a union in
 /// `mlx5_wqe_eth_seg`): the device inserts the VLAN tag of

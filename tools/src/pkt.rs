@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use mlx5_hw::eth::ETH_ZLEN;
 use verbs::cq::Cq;
 use verbs::device::Context;
 use verbs::flow::{FlowAction, FlowSpec, FlowSteering};
@@ -523,8 +524,9 @@ fn receive(c: &Cli, p: &mut Port, back: bool) -> Result<(), String> {
         for (i, r) in got[..n].iter().enumerate() {
             let at = rx_at(c.flows, q, usize::from(r.slot));
             let mut frame = vec![0u8; r.len as usize];
+            // A frame under Ethernet's 60 bytes arrives padded to 60.
             let good = r.error.is_none()
-                && r.len as usize == c.size
+                && r.len as usize == c.size.max(ETH_ZLEN)
                 && p.buf.read(at, &mut frame).is_ok()
                 && frame_ok(&frame);
             ok[i] = good;
@@ -583,7 +585,10 @@ fn frame_ok(f: &[u8]) -> bool {
         return false;
     }
     let flow = u16::from_be_bytes([f[34], f[35]]).wrapping_sub(10_000);
-    f[HDRS..]
+    let Some(payload) = udp_payload(f) else {
+        return false;
+    };
+    payload
         .iter()
         .enumerate()
         .all(|(i, b)| *b == (i as u8).wrapping_mul(31) ^ flow as u8)
@@ -664,7 +669,7 @@ fn udp_echo(c: &Cli, dev: Dev, out: &mut dyn Write) -> Result<(), String> {
             _ => (ECHO_WAIT, None),
         };
         match echo_once(&mut p, c, &frame, wait, again)? {
-            Some(echo) if echo[HDRS..] == frame[HDRS..] => intact += 1,
+            Some(echo) if udp_payload(&echo) == udp_payload(&frame) => intact += 1,
             Some(_) => {}
             None => {
                 writeln!(out, "no echo of datagram {k} ({len} bytes)")
@@ -732,6 +737,14 @@ fn echo_once(
     }
 }
 
+/// The UDP payload of a [`udp_frame`]-shaped frame (Ethernet, a 20-byte
+/// IPv4 header, UDP), as long as its IPv4 total length says: a frame under
+/// Ethernet's 60 bytes arrives padded with zeros past it.
+fn udp_payload(f: &[u8]) -> Option<&[u8]> {
+    let total = usize::from(u16::from_be_bytes([*f.get(16)?, *f.get(17)?]));
+    f.get(HDRS..14 + total)
+}
+
 /// `aa:bb:cc:dd:ee:ff`.
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let v: Vec<u8> = s
@@ -740,4 +753,28 @@ fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         .collect::<Result<_, _>>()
         .map_err(|e| format!("MAC {s:?}: {e}"))?;
     v.try_into().map_err(|_| format!("MAC {s:?}: six bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A datagram's payload is what its IPv4 length says: the zeros a
+    /// runt is padded with on the wire are not part of it.
+    #[test]
+    fn a_padded_echo_carries_the_same_payload() {
+        let ends = Ends {
+            macs: ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]),
+            ips: ([10, 0, 0, 1], [10, 0, 0, 2]),
+            ports: (9001, 7000),
+        };
+        let frame = udp_frame(&ends, HDRS + 3, 5);
+        let mut padded = frame.clone();
+        padded.resize(60, 0);
+        assert_eq!(udp_payload(&padded), udp_payload(&frame));
+        assert_eq!(udp_payload(&frame).map(<[u8]>::len), Some(3));
+        padded[HDRS] ^= 1;
+        assert_ne!(udp_payload(&padded), udp_payload(&frame));
+        assert_eq!(udp_payload(&frame[..10]), None, "too short");
+    }
 }

@@ -21,9 +21,7 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 /// Bytes of the Ethernet header (no VLAN tag).
 pub const ETH_HLEN: usize = 14;
-/// Ethernet's minimum frame, FCS excluded (Linux's `ETH_ZLEN`): a
-/// shorter one leaves the port padded with zeros.
-pub const ETH_ZLEN: usize = 60;
+pub use mlx5_hw::eth::ETH_ZLEN;
 pub use mlx5_hw::eth::{ETH_ADDRS_LEN, VLAN_HLEN};
 /// Bytes of a TCP header without options.
 pub const TCP_HLEN: usize = 20;
