@@ -180,6 +180,26 @@ impl DeviceConfig {
     }
 }
 
+/// A function's data-path counts since it was made, its resets
+/// included ([`Stats::lifetime`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lifetime {
+    /// Packets sent.
+    pub packets_sent: u64,
+    /// Packets received.
+    pub packets_received: u64,
+    /// CQEs written.
+    pub cqes: u64,
+    /// CQEs written in compressed sessions.
+    pub cqes_compressed: u64,
+    /// Compressed sessions written.
+    pub compressed_sessions: u64,
+    /// Error CQEs written.
+    pub error_cqes: u64,
+    /// Packets dropped.
+    pub dropped: u64,
+}
+
 /// Counters for leak checks and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -266,6 +286,10 @@ pub struct Stats {
     pub cqes_compressed: u64,
     /// Compressed sessions written (title and mini CQE arrays).
     pub compressed_sessions: u64,
+    /// Data-path counts over the function's life, across its resets (the
+    /// counts above restart at each; a guest's shutdown resets its
+    /// functions).
+    pub lifetime: Lifetime,
     /// DC targets alive.
     pub dcts: usize,
     /// DC connections open at this function's DCTs (one per connected DCI).
@@ -603,6 +627,15 @@ impl Device {
         s.doorbells = g(&c.doorbells);
         s.cqes_compressed = g(&c.cqes_compressed);
         s.compressed_sessions = g(&c.compressed_sessions);
+        s.lifetime = Lifetime {
+            packets_sent: c.lifetime(&c.packets_sent),
+            packets_received: c.lifetime(&c.packets_received),
+            cqes: c.lifetime(&c.cqes),
+            cqes_compressed: c.lifetime(&c.cqes_compressed),
+            compressed_sessions: c.lifetime(&c.compressed_sessions),
+            error_cqes: c.lifetime(&c.error_cqes),
+            dropped: c.lifetime(&c.dropped),
+        };
         s.qp_state_bytes = s.qps * std::mem::size_of::<transport::qp::Qp>();
         for d in transport::rlock(&r.dcts).values() {
             let (dct, conns) = d.footprint();

@@ -126,7 +126,6 @@ fn run_guest(dir: &Path, boot: &Boot<'_>) -> Result<String, String> {
             Server::bind(&path, dev, bus).map_err(|e| format!("{}: {e}", path.display()))?;
         servers.push(server.spawn().map_err(|e| e.to_string())?);
     }
-    let counts = CountWatch::start(devs);
     let run = repo().join("scripts/qemu-guest/run.sh");
     let bins: Vec<String> = boot.bins.iter().map(|b| b.display().to_string()).collect();
     let status = Command::new("bash")
@@ -139,7 +138,18 @@ fn run_guest(dir: &Path, boot: &Boot<'_>) -> Result<String, String> {
         .env("MLX5_QEMU_BINS", bins.join(" "))
         .status()
         .map_err(|e| format!("running {}: {e}", run.display()))?;
-    let _ = std::fs::write(dir.join(EMU_COUNTS), counts.finish());
+    let counts: String = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let l = d.stats().lifetime;
+            format!(
+                "function {i} compressed_sessions {} cqes_compressed {}\n",
+                l.compressed_sessions, l.cqes_compressed
+            )
+        })
+        .collect();
+    let _ = std::fs::write(dir.join(EMU_COUNTS), counts);
     drop(servers);
     drop(fabric);
     let console = std::fs::read_to_string(dir.join("console.log"))
@@ -147,69 +157,10 @@ fn run_guest(dir: &Path, boot: &Boot<'_>) -> Result<String, String> {
     Ok(console)
 }
 
-/// Where [`run_guest`] leaves the functions' counts of the boot: a line
-/// "function N compressed_sessions S cqes_compressed C" each.
+/// Where [`run_guest`] leaves the functions' counts of the boot (their
+/// lifetime counts: a guest's shutdown resets them): a line "function N
+/// compressed_sessions S cqes_compressed C" each.
 pub(crate) const EMU_COUNTS: &str = "emu-counts.txt";
-
-/// The functions' compressed-CQE counts over a whole boot: each device
-/// restarts its counters at every reset (FLR, teardown; the guest's
-/// shutdown resets both), so a thread reads them every 50 ms and adds up
-/// what each life counted (what a function counted in its last 50 ms
-/// before a reset is lost).
-struct CountWatch {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<[u64; 2]>>,
-}
-
-impl CountWatch {
-    fn start(devs: Vec<Arc<Device>>) -> Self {
-        use std::sync::atomic::Ordering;
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let done = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut seen = vec![[0u64; 2]; devs.len()];
-            let mut before = vec![[0u64; 2]; devs.len()];
-            loop {
-                let last = done.load(Ordering::Acquire);
-                for (i, d) in devs.iter().enumerate() {
-                    let s = d.stats();
-                    let now = [s.compressed_sessions, s.cqes_compressed];
-                    if now[0] < seen[i][0] || now[1] < seen[i][1] {
-                        before[i][0] += seen[i][0];
-                        before[i][1] += seen[i][1];
-                    }
-                    seen[i] = now;
-                }
-                if last {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            before
-                .iter()
-                .zip(&seen)
-                .map(|(b, s)| [b[0] + s[0], b[1] + s[1]])
-                .collect()
-        });
-        Self { stop, thread }
-    }
-
-    /// Stops the thread: the counts, a line per function.
-    fn finish(self) -> String {
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
-        let totals = self.thread.join().unwrap_or_default();
-        totals
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                format!(
-                    "function {i} compressed_sessions {} cqes_compressed {}\n",
-                    t[0], t[1]
-                )
-            })
-            .collect()
-    }
-}
 
 fn main() {
     let start = Instant::now();

@@ -162,12 +162,18 @@ pub(crate) struct Counters {
     pub cqes_compressed: AtomicU64,
     /// Compressed sessions written.
     pub compressed_sessions: AtomicU64,
+    /// What each counter of [`Counters::all`] had counted at the resets
+    /// so far (a guest's shutdown resets its functions).
+    earlier: [AtomicU64; COUNTERS],
 }
 
+/// Counters a reset zeroes ([`Counters::all`]).
+const COUNTERS: usize = 16;
+
 impl Counters {
-    /// Back to zero (power-on, FLR).
-    fn reset(&self) {
-        for c in [
+    /// The counters a reset zeroes, in [`Counters::earlier`]'s order.
+    fn all(&self) -> [&AtomicU64; COUNTERS] {
+        [
             &self.packets_sent,
             &self.packets_received,
             &self.messages_sent,
@@ -184,9 +190,25 @@ impl Counters {
             &self.doorbells,
             &self.cqes_compressed,
             &self.compressed_sessions,
-        ] {
-            c.store(0, Ordering::Relaxed);
+        ]
+    }
+
+    /// Back to zero (power-on, FLR); what they had counted is kept in
+    /// [`Counters::earlier`].
+    fn reset(&self) {
+        for (c, e) in self.all().into_iter().zip(&self.earlier) {
+            e.fetch_add(c.swap(0, Ordering::Relaxed), Ordering::Relaxed);
         }
+    }
+
+    /// Counter `c` (one of [`Counters::all`]) over the function's life,
+    /// across its resets.
+    pub(crate) fn lifetime(&self, c: &AtomicU64) -> u64 {
+        let now = c.load(Ordering::Relaxed);
+        self.all()
+            .iter()
+            .position(|x| std::ptr::eq(*x, c))
+            .map_or(now, |i| now + self.earlier[i].load(Ordering::Relaxed))
     }
 }
 

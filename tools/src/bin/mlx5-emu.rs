@@ -190,13 +190,9 @@ fn serve(
     );
     let mut last = None;
     let mut ticks = 0u32;
-    let mut totals = vec![Totals::default(); devs.len()];
     while !STOP.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         ticks += 1;
-        for (t, d) in totals.iter_mut().zip(&devs) {
-            t.update(&d.stats());
-        }
         // The wire's counts, every 5 s while they move.
         if let Some(l) = link.as_ref().filter(|_| ticks % 50 == 0) {
             let s = l.stats();
@@ -211,74 +207,27 @@ fn serve(
         l.close();
         eprintln!("mlx5-emu: wire {}", wire_summary(&l.stats()));
     }
-    // Each function's data-path counts while it was served (what a test
-    // or a person reads at exit).
-    for (i, (t, d)) in totals.iter_mut().zip(&devs).enumerate() {
-        t.update(&d.stats());
-        let line: Vec<String> = Totals::NAMES
-            .iter()
-            .zip(t.total())
-            .map(|(n, v)| format!("{n} {v}"))
-            .collect();
-        eprintln!("mlx5-emu: function {i} {}", line.join(" "));
+    // Each function's data-path counts while it was served, its resets
+    // included (what a test or a person reads at exit).
+    for (i, d) in devs.iter().enumerate() {
+        let l = d.stats().lifetime;
+        eprintln!(
+            "mlx5-emu: function {i} packets_sent {} packets_received {} cqes {} \
+             cqes_compressed {} compressed_sessions {} error_cqes {} dropped {}",
+            l.packets_sent,
+            l.packets_received,
+            l.cqes,
+            l.cqes_compressed,
+            l.compressed_sessions,
+            l.error_cqes,
+            l.dropped
+        );
     }
     // Each server stops, releases its function and removes its socket.
     drop(servers);
     drop(fabric);
     eprintln!("mlx5-emu: stopped");
     Ok(())
-}
-
-/// A function's data-path counts since the server started. The device
-/// restarts its own at every reset (FLR, teardown: a guest's shutdown
-/// resets its functions), so the server adds up what it read before each
-/// reset; what a function counted between the last read (every 100 ms)
-/// and a reset is lost.
-#[derive(Debug, Clone, Default)]
-struct Totals {
-    /// The device's counts at the last read.
-    seen: [u64; Totals::NAMES.len()],
-    /// What earlier lives of the counts added up to.
-    before: [u64; Totals::NAMES.len()],
-}
-
-impl Totals {
-    const NAMES: [&'static str; 7] = [
-        "packets_sent",
-        "packets_received",
-        "cqes",
-        "cqes_compressed",
-        "compressed_sessions",
-        "error_cqes",
-        "dropped",
-    ];
-
-    fn update(&mut self, s: &mlx5_emu::Stats) {
-        let now = [
-            s.packets_sent,
-            s.packets_received,
-            s.cqes,
-            s.cqes_compressed,
-            s.compressed_sessions,
-            s.error_cqes,
-            s.dropped,
-        ];
-        // Every count only grows between resets: one that fell was reset.
-        if now.iter().zip(&self.seen).any(|(n, s)| n < s) {
-            for (b, s) in self.before.iter_mut().zip(&self.seen) {
-                *b += s;
-            }
-        }
-        self.seen = now;
-    }
-
-    fn total(&self) -> [u64; Totals::NAMES.len()] {
-        let mut t = self.before;
-        for (t, s) in t.iter_mut().zip(&self.seen) {
-            *t += s;
-        }
-        t
-    }
 }
 
 /// The wire's counts in one line (what a test or a person reads at exit).

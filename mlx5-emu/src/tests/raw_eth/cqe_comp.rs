@@ -240,6 +240,16 @@ fn a_bursts_cqes_are_compressed_into_sessions_that_expand_to_the_same_cqes() {
     let sums: std::collections::BTreeSet<u64> =
         got.iter().map(|c| cqe64::CHECK_SUM.get(c)).collect();
     assert!(sums.len() > 16, "{sums:?}");
+    // A reset restarts the counts; their lifetime figures keep them.
+    let model = comp.d.f.model();
+    model.inner.rdma.reset();
+    let st = model.stats();
+    assert_eq!((st.compressed_sessions, st.cqes_compressed), (0, 0));
+    let l = st.lifetime;
+    assert_eq!(
+        (l.compressed_sessions, l.cqes_compressed, l.cqes),
+        (4, 40, 41)
+    );
 }
 
 /// A session ends at the ring's last slot: B's CQ consumed after each
