@@ -3,7 +3,8 @@
 //! netdev opens). An RQ is born in RST on its own `wq` (linked list,
 //! cyclic, or striding where the card has it) or on an RMP, completes to a
 //! CQ and counts into a Q counter set; MODIFY_RQ moves its state and the
-//! fields its bitmask selects (vsd, scatter_fcs, counter_set_id). RQ
+//! fields its bitmask selects (vsd, counter_set_id; scatter_fcs only where
+//! the caps offer it, which no profile does). RQ
 //! numbers share the QP number space with SQs. An RQ on its own cyclic or
 //! linked-list ring, striding or not, is also a data-path queue
 //! ([`crate::transport::eth_rx`]) that steering delivers frames into; RQs
@@ -15,14 +16,16 @@ use mlx5_hw::eth::{
     WQ_TYPE_CYCLIC_STRIDING_RQ, WQ_TYPE_LINKED_LIST, WQ_TYPE_LINKED_LIST_STRIDING_RQ,
 };
 use mlx5_hw::ifc::{
-    cmd_hca_cap, create_rq_in, create_rq_out, destroy_rq_in, modify_rq_in, query_rq_in,
-    query_rq_out, rq_num, rqc, rqtc, tirc, wq,
+    cmd_hca_cap, create_rq_in, create_rq_out, destroy_rq_in, modify_rq_in,
+    per_protocol_networking_offload_caps as eth_cap, query_rq_in, query_rq_out, rq_num, rqc, rqtc,
+    tirc, wq,
 };
 use mlx5_hw::status::CmdStatus;
 
 use super::eth::{known, queue_transition, Obj, WqMem};
 use super::uctx::Kind;
 use super::{fail, sized, synd, CmdResult, Fail, Firmware};
+use crate::profile::cap_type;
 use crate::transport::eth_rx::{EthRq, RqRing, Striding};
 use crate::transport::{rlock, wlock};
 use crate::{lock, Inner};
@@ -39,6 +42,20 @@ impl Firmware {
         Ok(())
     }
 
+    /// `rqc.scatter_fcs` (the frame check sequence kept at the end of
+    /// each frame) only where the card offers it: no profile does, so a
+    /// request for it is refused rather than stored and ignored.
+    fn check_scatter_fcs(&self, c: &[u8]) -> Result<(), Fail> {
+        let offered = self
+            .caps
+            .get(cap_type::ETHERNET_OFFLOADS, eth_cap::SCATTER_FCS)
+            != 0;
+        if rqc::SCATTER_FCS.get(c) != 0 && !offered {
+            return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_PARAM));
+        }
+        Ok(())
+    }
+
     /// The RQ's own checks (state, ring type, CQ, RMP).
     fn check_rqc(&self, inner: &Inner, c: &[u8]) -> Result<(), Fail> {
         if rqc::STATE.get(c) != QUEUE_STATE_RST {
@@ -47,6 +64,7 @@ impl Firmware {
         if rqc::HAIRPIN.get(c) != 0 {
             return Err(fail(CmdStatus::BadParameter, synd::WQ_BAD_PARAM));
         }
+        self.check_scatter_fcs(c)?;
         let w = &c[rqc::WQ.off / 8..];
         let striding = self.cap(cmd_hca_cap::STRIDING_RQ) != 0;
         match wq::WQ_TYPE.get(w) {
@@ -129,6 +147,9 @@ impl Firmware {
         let bitmask = i::MODIFY_BITMASK.get(input);
         if bitmask & MODIFY_RQ_BITMASK_RQ_COUNTER_SET_ID != 0 {
             self.check_counter_set(inner, rqc::COUNTER_SET_ID.get(c))?;
+        }
+        if bitmask & MODIFY_RQ_BITMASK_SCATTER_FCS != 0 {
+            self.check_scatter_fcs(c)?;
         }
         let Some(rq) = self.eth.rqs.get_mut(&rqn) else {
             return Err(fail(CmdStatus::BadResource, synd::RQ_UNKNOWN));

@@ -561,6 +561,44 @@ fn sq_runs_nops_and_eth_sends_with_cqes_then_errs_and_flushes() {
     assert_eq!(c[55], CqeSyndrome::LocalQpOpErr.to_raw());
 }
 
+/// No profile offers `scatter_fcs` (the frame check sequence kept on
+/// each received frame): CREATE_RQ and MODIFY_RQ asking for it are refused
+/// as the card refuses what its caps lack, not stored and ignored.
+#[test]
+fn scatter_fcs_is_refused_where_the_caps_lack_it() {
+    use mlx5_hw::eth::MODIFY_RQ_BITMASK_SCATTER_FCS;
+    use mlx5_hw::ifc::modify_rq_in;
+    let mut e = setup();
+    let mut c = cmd_in(0x908, 0, create_rq_in::SIZE_BYTES + 8);
+    let x = &mut c[create_rq_in::CTX.off / 8..];
+    rqc::CQN.set(x, u64::from(e.cqn));
+    rqc::SCATTER_FCS.set(x, 1);
+    set_wq(&mut x[rqc::WQ.off / 8..], 0, 0, 4);
+    c[create_rq_in::SIZE_BYTES..].copy_from_slice(&(RING_IOVA + 0x1000).to_be_bytes());
+    assert_eq!(e.d.exec(&c, 16)[0], BAD_PARAM, "CREATE_RQ with scatter_fcs");
+
+    let rqn = num(&e.rq(e.cqn, QUEUE_STATE_RST));
+    let modify = |e: &mut Eth, bitmask: u64| {
+        let mut m = cmd_in(0x909, 0, modify_rq_in::SIZE_BYTES);
+        modify_rq_in::RQ_STATE.set(&mut m, QUEUE_STATE_RST);
+        modify_rq_in::RQN.set(&mut m, u64::from(rqn));
+        modify_rq_in::MODIFY_BITMASK.set(&mut m, bitmask);
+        let x = &mut m[modify_rq_in::CTX.off / 8..];
+        rqc::STATE.set(x, QUEUE_STATE_RDY);
+        rqc::SCATTER_FCS.set(x, 1);
+        e.d.exec(&m, 16)[0]
+    };
+    assert_eq!(modify(&mut e, MODIFY_RQ_BITMASK_SCATTER_FCS), BAD_PARAM);
+    let mut q = cmd_in(0x90b, 0, query_rq_in::SIZE_BYTES);
+    query_rq_in::RQN.set(&mut q, u64::from(rqn));
+    let out = e.d.ok(&q, query_rq_out::SIZE_BYTES);
+    let ctx = query_rq_out::RQ_CONTEXT.off;
+    assert_eq!(rqc::STATE.at(ctx).get(&out), QUEUE_STATE_RST, "unchanged");
+    assert_eq!(rqc::SCATTER_FCS.at(ctx).get(&out), 0);
+    // Without the bitmask bit the field is not looked at.
+    assert_eq!(modify(&mut e, 0), 0);
+}
+
 #[test]
 fn qps_sqs_and_rqs_share_one_number_space() {
     use mlx5_hw::ifc::{create_qp_in, qpc};
