@@ -434,6 +434,32 @@ impl CapPages {
         ] {
             self.set_both(FLOW_TABLE, f.at(rx), 1);
         }
+        // Matching on the IP version, outer and inner (14.12 of the trace
+        // announces neither): with `inner_ip_version` Linux's mlx5e makes
+        // its inner traffic-type table (GRE packets steered by their inner
+        // headers to TIRs that hash them, `mlx5_tunnel_inner_ft_supported`)
+        // and asks every RSS TIR to parse tunnels (`tunneled_offload_en`),
+        // as on ConnectX-5 and later; the parser fills both fields. The
+        // prop layouts announce the same fields, as the trace's do.
+        {
+            use mlx5_hw::ifc::flow_table_fields_supported as fs;
+            let layouts = [
+                flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE,
+                flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE_SNIFFER,
+                flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_TRANSMIT,
+                flow_table_nic_cap::FLOW_TABLE_PROPERTIES_NIC_TRANSMIT_SNIFFER,
+            ];
+            for l in layouts {
+                for set in [
+                    flow_table_prop_layout::FT_FIELD_SUPPORT,
+                    flow_table_prop_layout::FT_FIELD_BITMASK_SUPPORT,
+                ] {
+                    for f in [fs::OUTER_IP_VERSION, fs::INNER_IP_VERSION] {
+                        self.set_both(FLOW_TABLE, f.at(l.off + set.off), 1);
+                    }
+                }
+            }
+        }
         // Flow counters: 14.12 of the trace reports max_flow_counter 0, so
         // ALLOC_FLOW_COUNTER has nothing to give (rdma-core's DevX counter
         // tests and mlx5dv_dr's counter action fail there, test_mlx5_dr's

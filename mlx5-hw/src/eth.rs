@@ -138,6 +138,14 @@ pub const CQE_L2_OK: u8 = 1 << 0;
 pub const CQE_L3_OK: u8 = 1 << 1;
 /// `cqe64.hds_ip_ext`: the TCP/UDP checksum is good (`CQE_L4_OK`).
 pub const CQE_L4_OK: u8 = 1 << 2;
+/// `cqe64.tls_outer_l3_tunneled` bit 0: a tunnelled packet whose inner
+/// headers the CQE's header types and checksum bits describe, for a TIR
+/// with `tunneled_offload_en` (Linux's `cqe_is_tunneled`, DPDK's
+/// `MLX5_CQE_RX_TUNNEL_PACKET`).
+pub const CQE_RX_TUNNEL_PACKET: u8 = 1 << 0;
+/// `cqe64.tls_outer_l3_tunneled` bit 1: a tunnelled packet's outer L3
+/// header is IPv6 (0: IPv4; DPDK's `MLX5_CQE_RX_OUTER_PACKET`).
+pub const CQE_RX_OUTER_IPV6: u8 = 1 << 1;
 /// `cqe64.l4_l3_hdr_type` bit 0: the frame had a VLAN tag (`cqe_has_vlan`).
 pub const CQE_VLAN_PRESENT: u8 = 1 << 0;
 /// Shift of the L3 header type in `cqe64.l4_l3_hdr_type` (bits 3:2, `get_cqe_l3_hdr_type`).

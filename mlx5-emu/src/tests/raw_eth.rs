@@ -32,6 +32,7 @@ use super::{cmd_in, Drv};
 use crate::{Fabric, Profile};
 
 mod cqe_comp;
+mod tunnel;
 
 const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();
 /// NIC RX flow tables (`FS_FT_NIC_RX`) as the commands' table_type.

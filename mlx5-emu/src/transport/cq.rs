@@ -132,6 +132,8 @@ pub(crate) struct EthCqe {
     pub vlan_info: u16,
     /// The one's-complement sum of the frame from its IP header on.
     pub check_sum: u16,
+    /// `tls_outer_l3_tunneled`: `CQE_RX_TUNNEL_PACKET`, `CQE_RX_OUTER_IPV6`.
+    pub tunneled: u8,
 }
 
 /// Up to 64 bytes of a message written into its CQE: 32 into the CQE's
@@ -200,6 +202,7 @@ fn encode(c: &Completion, ts: u64) -> (Cqe64, u8) {
                 e.rss_hash_result.set(x.rss_hash_result);
                 e.vlan_info.set(x.vlan_info);
                 e.check_sum.set(x.check_sum);
+                e.tls_outer_l3_tunneled = x.tunneled;
             }
         }
     }

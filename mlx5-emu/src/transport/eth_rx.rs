@@ -42,7 +42,8 @@ use mlx5_hw::eth::{
     CQE_L2_OK, CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK,
     CQE_L4_HDR_TYPE_SHIFT, CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA, CQE_L4_HDR_TYPE_TCP_NO_ACK,
     CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_RSS_IPV4, CQE_RSS_IPV6, CQE_RSS_TCP, CQE_RSS_UDP,
-    CQE_VLAN_PRESENT, MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT, QUEUE_STATE_RDY,
+    CQE_RX_OUTER_IPV6, CQE_RX_TUNNEL_PACKET, CQE_VLAN_PRESENT, MPWRQ_CQE_FILLER,
+    MPWRQ_CQE_STRIDES_SHIFT, QUEUE_STATE_RDY,
 };
 use mlx5_hw::ifc::wqe_data_seg;
 use mlx5_hw::wqe::TERMINATE_SCATTER_LIST_LKEY;
@@ -253,7 +254,7 @@ impl EthRq {
                     srqn: self.user_index,
                     wqe_counter: at,
                     byte_cnt: frame.len() as u32,
-                    l3: hdr_types(p, vlan),
+                    l3: hdr_types(p, &d, vlan),
                     eth: Some(eth_cqe(p, d, vlan, frame)),
                     ..Completion::default()
                 }
@@ -388,7 +389,7 @@ impl EthRq {
                         wqe_counter: first as u16,
                         wqe_id: at,
                         byte_cnt: need << MPWRQ_CQE_STRIDES_SHIFT | frame.len() as u32,
-                        l3: hdr_types(p, vlan),
+                        l3: hdr_types(p, &d, vlan),
                         eth: Some(eth_cqe(p, d, vlan, frame)),
                         ..Completion::default()
                     };
@@ -656,16 +657,21 @@ fn strip_vlan(frame: &[u8]) -> Vec<u8> {
     f
 }
 
-/// The CQE's `l4_l3_hdr_type` byte for `p`; `vlan`: the tag stripped.
-fn hdr_types(p: &Parsed, vlan: Option<u16>) -> u8 {
-    let l3 = match p.flow.ipv6 {
+/// The CQE's `l4_l3_hdr_type` byte for `p` delivered as `d` (a tunnelled
+/// packet's inner L3 and L4 types); `vlan`: the tag stripped.
+fn hdr_types(p: &Parsed, d: &Delivery, vlan: Option<u16>) -> u8 {
+    let (flow, tcp_ack) = match (&p.inner, d.tunneled) {
+        (Some(i), true) => (&i.flow, i.tcp_ack),
+        _ => (&p.flow, p.tcp_ack),
+    };
+    let l3 = match flow.ipv6 {
         Some(false) => CQE_L3_HDR_TYPE_IPV4,
         Some(true) => CQE_L3_HDR_TYPE_IPV6,
         None => 0,
     };
-    let l4 = match p.flow.udp {
+    let l4 = match flow.udp {
         Some(true) => CQE_L4_HDR_TYPE_UDP,
-        Some(false) if p.tcp_ack => CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA,
+        Some(false) if tcp_ack => CQE_L4_HDR_TYPE_TCP_ACK_AND_DATA,
         Some(false) => CQE_L4_HDR_TYPE_TCP_NO_ACK,
         None => 0,
     };
@@ -675,23 +681,54 @@ fn hdr_types(p: &Parsed, vlan: Option<u16>) -> u8 {
 }
 
 /// The Ethernet part of the CQE: checksums, RSS, the VLAN tag stripped.
+/// A tunnelled packet delivered as one ([`Delivery::tunneled`]) is marked
+/// so (and whether its outer L3 header is IPv6); its L3 and L4 bits then
+/// say that its inner headers' checksums are good and its outer ones too
+/// (the outer IPv4 header's, a VXLAN datagram's UDP checksum if it sent
+/// one), which is what mlx5e's CHECKSUM_UNNECESSARY at `csum_level` 1
+/// takes them for.
 fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>, frame: &[u8]) -> EthCqe {
-    let ip = p.flow.ipv6.is_some();
     let mut ok = CQE_L2_OK;
-    if ip && p.l3_ok {
+    let mut tunneled = 0;
+    let (ip, l4, l3_ok, l4_ok) = match (&p.inner, d.tunneled) {
+        (Some(i), true) => {
+            tunneled = CQE_RX_TUNNEL_PACKET;
+            if p.flow.ipv6 == Some(true) {
+                tunneled |= CQE_RX_OUTER_IPV6;
+            }
+            let outer_ok = p.l3_ok && (p.flow.udp.is_none() || p.l4_ok);
+            (
+                i.flow.ipv6.is_some(),
+                i.flow.udp.is_some(),
+                outer_ok && i.l3_ok,
+                outer_ok && i.l3_ok && i.l4_ok,
+            )
+        }
+        _ => (
+            p.flow.ipv6.is_some(),
+            p.flow.udp.is_some(),
+            p.l3_ok,
+            p.l4_ok,
+        ),
+    };
+    if ip && l3_ok {
         ok |= CQE_L3_OK;
     }
-    if p.flow.udp.is_some() && p.l4_ok {
+    if l4 && l4_ok {
         ok |= CQE_L4_OK;
     }
+    let hashed = match (&p.inner, d.hashed_inner) {
+        (Some(i), true) => &i.flow,
+        _ => &p.flow,
+    };
     let mut ht = 0;
     if d.hashed {
-        ht |= match p.flow.ipv6 {
+        ht |= match hashed.ipv6 {
             Some(false) => CQE_RSS_IPV4,
             Some(true) => CQE_RSS_IPV6,
             None => 0,
         };
-        ht |= match p.flow.udp {
+        ht |= match hashed.udp {
             Some(true) => CQE_RSS_UDP,
             Some(false) => CQE_RSS_TCP,
             None => 0,
@@ -703,6 +740,7 @@ fn eth_cqe(p: &Parsed, d: Delivery, vlan: Option<u16>, frame: &[u8]) -> EthCqe {
         rss_hash_result: d.hash,
         vlan_info: vlan.unwrap_or(0),
         check_sum: l3_sum(frame),
+        tunneled,
     }
 }
 
@@ -856,7 +894,7 @@ fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: Option<
     }
     let plan = rlock(&dst.eth_rx.plan).clone();
     let p = super::steer::parse(frame, &plan.vxlan_ports);
-    let v = plan.steer(&p.img, &p.flow, looped);
+    let v = plan.steer(&p, looped);
     if looped.is_some() && v.to.is_empty() {
         return;
     }

@@ -1,7 +1,10 @@
 //! Receive-side scaling: the hash an indirect TIR spreads packets with
-//! over its RQ table (`tirc.rx_hash_fn`, the fields its outer selector
-//! picks, `rx_hash_symmetric`), and the check CREATE/MODIFY_TIR make on
-//! the selectors.
+//! over its RQ table (`tirc.rx_hash_fn`, the fields its selectors pick,
+//! `rx_hash_symmetric`), and the check CREATE/MODIFY_TIR make on the
+//! selectors. The outer selector reads the packet's outer headers; the
+//! inner one, where it names fields, a tunnelled packet's inner headers
+//! when the TIR parses tunnels (`tunneled_offload_en`: mlx5e's inner TTC
+//! TIRs, DPDK's and mlx5_ib's `IBV_RX_HASH_INNER`).
 //!
 //! Toeplitz is Microsoft's RSS hash: for every set bit of the input (most
 //! significant first), the 32 key bits starting at that bit position are
@@ -55,21 +58,38 @@ pub(crate) struct Flow {
     pub dport: u16,
 }
 
+/// The fields one selector of a TIR hashes (`rx_hash_field_select`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Selector {
+    pub l3_ipv6: bool,
+    pub l4_udp: bool,
+    pub fields: u64,
+}
+
+impl Selector {
+    /// The selector at bit `s` of TIR context `c`.
+    fn at(c: &[u8], s: usize) -> Self {
+        Self {
+            l3_ipv6: sel::L3_PROT_TYPE.at(s).get(c) == L3_PROT_TYPE_IPV6,
+            l4_udp: sel::L4_PROT_TYPE.at(s).get(c) == L4_PROT_TYPE_UDP,
+            fields: sel::SELECTED_FIELDS.at(s).get(c),
+        }
+    }
+}
+
 /// An indirect TIR's hash.
 #[derive(Debug, Clone)]
 pub(crate) struct Hash {
     pub func: u64,
     pub key: [u8; TOEPLITZ_KEY_LEN],
     pub symmetric: bool,
-    pub l3_ipv6: bool,
-    pub l4_udp: bool,
-    pub fields: u64,
+    pub outer: Selector,
+    pub inner: Selector,
 }
 
 impl Hash {
-    /// The hash of a TIR context (its outer selector).
+    /// The hash of a TIR context.
     pub(crate) fn of(c: &[u8]) -> Self {
-        let s = tirc::RX_HASH_FIELD_SELECTOR_OUTER.off;
         let k = tirc::RX_HASH_TOEPLITZ_KEY.off / 8;
         let mut key = [0u8; TOEPLITZ_KEY_LEN];
         key.copy_from_slice(&c[k..k + TOEPLITZ_KEY_LEN]);
@@ -77,20 +97,19 @@ impl Hash {
             func: tirc::RX_HASH_FN.get(c),
             key,
             symmetric: tirc::RX_HASH_SYMMETRIC.get(c) != 0,
-            l3_ipv6: sel::L3_PROT_TYPE.at(s).get(c) == L3_PROT_TYPE_IPV6,
-            l4_udp: sel::L4_PROT_TYPE.at(s).get(c) == L4_PROT_TYPE_UDP,
-            fields: sel::SELECTED_FIELDS.at(s).get(c),
+            outer: Selector::at(c, tirc::RX_HASH_FIELD_SELECTOR_OUTER.off),
+            inner: Selector::at(c, tirc::RX_HASH_FIELD_SELECTOR_INNER.off),
         }
     }
 
-    /// The hash input for `f`: empty when the packet is not of the
-    /// selector's protocols (it then hashes to 0).
-    fn input(&self, f: &Flow) -> Vec<u8> {
+    /// The hash input for `f` under selector `sel`: empty when the packet
+    /// is not of the selector's protocols (it then hashes to 0).
+    fn input(&self, sel: &Selector, f: &Flow) -> Vec<u8> {
         let mut v = Vec::with_capacity(36);
         let Some(ipv6) = f.ipv6 else {
             return v;
         };
-        if ipv6 != self.l3_ipv6 {
+        if ipv6 != sel.l3_ipv6 {
             return v;
         }
         let ip = |a: &[u8; 16]| if ipv6 { a.to_vec() } else { a[12..].to_vec() };
@@ -104,27 +123,38 @@ impl Hash {
                 std::mem::swap(&mut sp, &mut dp);
             }
         }
-        if self.fields & HASH_FIELD_SEL_SRC_IP != 0 {
+        if sel.fields & HASH_FIELD_SEL_SRC_IP != 0 {
             v.extend_from_slice(&s);
         }
-        if self.fields & HASH_FIELD_SEL_DST_IP != 0 {
+        if sel.fields & HASH_FIELD_SEL_DST_IP != 0 {
             v.extend_from_slice(&d);
         }
-        if self.fields & PORTS != 0 && f.udp != Some(self.l4_udp) {
+        if sel.fields & PORTS != 0 && f.udp != Some(sel.l4_udp) {
             return Vec::new();
         }
-        if self.fields & HASH_FIELD_SEL_L4_SPORT != 0 {
+        if sel.fields & HASH_FIELD_SEL_L4_SPORT != 0 {
             v.extend_from_slice(&sp.to_be_bytes());
         }
-        if self.fields & HASH_FIELD_SEL_L4_DPORT != 0 {
+        if sel.fields & HASH_FIELD_SEL_L4_DPORT != 0 {
             v.extend_from_slice(&dp.to_be_bytes());
         }
         v
     }
 
-    /// The packet's hash (0 for none or a packet the selector skips).
-    pub(crate) fn hash(&self, f: &Flow) -> u32 {
-        let input = self.input(f);
+    /// The packet's hash (0 for none or a packet the selector skips),
+    /// and whether it read the inner headers: those of `inner` (a
+    /// tunnelled packet's, where its TIR parses tunnels) when the inner
+    /// selector names fields, else the outer ones of `f`.
+    pub(crate) fn hash(&self, f: &Flow, inner: Option<&Flow>) -> (u32, bool) {
+        match inner {
+            Some(i) if self.inner.fields != 0 => (self.hash_by(&self.inner, i), true),
+            _ => (self.hash_by(&self.outer, f), false),
+        }
+    }
+
+    /// The hash of flow `f` under selector `sel`.
+    fn hash_by(&self, sel: &Selector, f: &Flow) -> u32 {
+        let input = self.input(sel, f);
         match self.func {
             RX_HASH_FN_TOEPLITZ => toeplitz(&self.key, &input),
             RX_HASH_FN_INVERTED_XOR8 if !input.is_empty() => {
@@ -181,9 +211,12 @@ mod tests {
             func: RX_HASH_FN_TOEPLITZ,
             key: MS_KEY,
             symmetric: true,
-            l3_ipv6: false,
-            l4_udp: true,
-            fields: KNOWN_FIELDS & !HASH_FIELD_SEL_IPSEC_SPI,
+            outer: Selector {
+                l3_ipv6: false,
+                l4_udp: true,
+                fields: KNOWN_FIELDS & !HASH_FIELD_SEL_IPSEC_SPI,
+            },
+            inner: Selector::default(),
         };
         let mut a = Flow {
             ipv6: Some(false),
@@ -201,17 +234,20 @@ mod tests {
             dport: a.sport,
             ..a
         };
-        assert_eq!(h.hash(&a), h.hash(&b));
-        assert_ne!(h.hash(&a), 0);
+        assert_eq!(h.hash(&a, None), h.hash(&b, None));
+        assert_ne!(h.hash(&a, None).0, 0);
         h.symmetric = false;
-        assert_ne!(h.hash(&a), h.hash(&b));
+        assert_ne!(h.hash(&a, None), h.hash(&b, None));
         // A TCP packet under a UDP selector that names ports hashes to 0.
-        assert_eq!(
-            h.hash(&Flow {
-                udp: Some(false),
-                ..a
-            }),
-            0
-        );
+        let tcp = Flow {
+            udp: Some(false),
+            ..a
+        };
+        assert_eq!(h.hash(&tcp, None), (0, false));
+        // The inner headers of a tunnelled packet are read only where the
+        // inner selector names fields; then the outer ones are not.
+        assert_eq!(h.hash(&a, Some(&tcp)), h.hash(&a, None));
+        h.inner = h.outer;
+        assert_eq!(h.hash(&tcp, Some(&a)), (h.hash(&a, None).0, true));
     }
 }

@@ -22,8 +22,12 @@
 //! misc parameters (`vxlan_vni`) and the encapsulated frame's L2-L4 headers
 //! into the inner headers (RFC 7348: the VXLAN header's I flag set, the
 //! inner Ethernet frame after it), as the flow-table caps announce
-//! (`outer_vxlan_vni`, `inner_*`). Anything else reads as zero there; RSS
-//! and the CQE's checksum and header flags stay the outer headers'.
+//! (`outer_vxlan_vni`, `inner_*`); GRE likewise ([`Gre`]). Anything else
+//! reads as zero there. A TIR that parses tunnels (`tunneled_offload_en`)
+//! hands a tunnelled packet on as one ([`Delivery::tunneled`]): its RSS
+//! hash reads the inner headers where the inner selector names fields,
+//! and its CQE is marked tunnelled, its header types and checksum bits
+//! the inner packet's; other TIRs see the outer headers only.
 
 use std::collections::HashMap;
 
@@ -88,6 +92,9 @@ struct PlanTir {
     self_lb_block: u64,
     /// Its LRO configuration, if it merges.
     lro: Option<super::lro::Lro>,
+    /// `tirc.tunneled_offload_en`: tunnelled packets are parsed and
+    /// offloaded by their inner headers.
+    tunneled: bool,
 }
 
 /// A frame the function sent, looped back to its own NIC RX.
@@ -131,6 +138,11 @@ pub(crate) struct Delivery {
     /// The RSS hash (indirect TIRs), 0 otherwise.
     pub hash: u32,
     pub hashed: bool,
+    /// The hash read the inner headers of a tunnelled packet.
+    pub hashed_inner: bool,
+    /// A tunnelled packet through a TIR that parses tunnels: its CQE
+    /// describes the inner headers ([`Parsed::inner`]).
+    pub tunneled: bool,
     /// The TIR merges TCP segments ([`super::lro`]).
     pub lro: Option<super::lro::Lro>,
     /// The function whose SQ's burst sent the packet, if a local one
@@ -214,16 +226,18 @@ impl Plan {
                     td: tirc::TRANSPORT_DOMAIN.get(c) as u32,
                     self_lb_block: tirc::SELF_LB_BLOCK.get(c),
                     lro: super::lro::Lro::of(c),
+                    tunneled: tirc::TUNNELED_OFFLOAD_EN.get(c) != 0,
                 },
             );
         }
         p
     }
 
-    /// Steers a packet whose match image is `img` and hash input `flow`;
+    /// Steers packet `p` (its match image, its flows for the hash);
     /// `looped`: the function sent it itself, and a TIR of the sender's
     /// transport domain that blocks self loopback of its kind takes none.
-    pub(crate) fn steer(&self, img: &[u8], flow: &Flow, looped: Option<Looped>) -> Verdict {
+    pub(crate) fn steer(&self, p: &Parsed, looped: Option<Looped>) -> Verdict {
+        let img = &p.img[..];
         let mut v = Verdict::default();
         let mut todo = Vec::new();
         if let Some(r) = self.root {
@@ -262,24 +276,27 @@ impl Plan {
                     .get(tirn)
                     .filter(|t| !looped.is_some_and(|l| t.blocks(l)));
                 let lro = tir.and_then(|t| t.lro);
+                let inner = p.inner.as_ref().filter(|_| tir.is_some_and(|t| t.tunneled));
+                let to = Delivery {
+                    rqn: 0,
+                    hash: 0,
+                    hashed: false,
+                    hashed_inner: false,
+                    tunneled: inner.is_some(),
+                    lro,
+                    burst: None,
+                    flow_tag: tag,
+                };
                 match tir.map(|t| &t.disp) {
-                    Some(Tir::Direct(rqn)) => v.to.push(Delivery {
-                        rqn: *rqn,
-                        hash: 0,
-                        hashed: false,
-                        lro,
-                        burst: None,
-                        flow_tag: tag,
-                    }),
+                    Some(Tir::Direct(rqn)) => v.to.push(Delivery { rqn: *rqn, ..to }),
                     Some(Tir::Indirect { rqs, hash }) if !rqs.is_empty() => {
-                        let h = hash.hash(flow);
+                        let (h, hashed_inner) = hash.hash(&p.flow, inner.map(|i| &i.flow));
                         v.to.push(Delivery {
                             rqn: rqs[h as usize % rqs.len()],
                             hash: h,
                             hashed: true,
-                            lro,
-                            burst: None,
-                            flow_tag: tag,
+                            hashed_inner,
+                            ..to
                         });
                     }
                     _ => {}
@@ -360,6 +377,21 @@ pub(crate) struct Parsed {
     pub l4_at: Option<usize>,
     /// The GRE header after its IP header, if it is a GRE packet.
     pub gre: Option<Gre>,
+    /// A tunnel's inner packet as the device parses it (VXLAN to a
+    /// registered port, GRE: [`tunnel_inner`]).
+    pub inner: Option<InnerHeaders>,
+}
+
+/// What the device reads of a tunnelled packet's inner headers, for a TIR
+/// that parses tunnels.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InnerHeaders {
+    pub flow: Flow,
+    /// Inner IPv4 header checksum good (IPv6: true).
+    pub l3_ok: bool,
+    /// Inner UDP/TCP checksum good (or none sent).
+    pub l4_ok: bool,
+    pub tcp_ack: bool,
 }
 
 /// Ethertypes and IP protocols the parser knows.
@@ -410,10 +442,18 @@ pub(crate) fn parse(f: &[u8], vxlan_ports: &[u16]) -> Parsed {
             .at(misc)
             .set(&mut img, u64::from(g.key.unwrap_or(0)));
     }
-    // The inner packet's headers; RSS and the CQE keep the outer ones.
+    // The inner packet's headers, for matching and for the TIRs that
+    // parse tunnels.
     if let Some(inner) = tunnel_inner(f, &p, vxlan_ports) {
         let o = fte_match_param::INNER_HEADERS.off;
-        inner.parse(f, o, &mut img, &mut parsed_empty());
+        let mut q = parsed_empty();
+        inner.parse(f, o, &mut img, &mut q);
+        p.inner = Some(InnerHeaders {
+            flow: q.flow,
+            l3_ok: q.l3_ok,
+            l4_ok: q.l4_ok,
+            tcp_ack: q.tcp_ack,
+        });
     }
     p.img = img;
     p
@@ -854,6 +894,7 @@ fn parsed_empty() -> Parsed {
         tcp_ack: false,
         l4_at: None,
         gre: None,
+        inner: None,
     }
 }
 
