@@ -71,6 +71,7 @@ fn raw_rig(profile: Profile) -> &'static mut RawRig {
         log_sq_bbs: 11,
         log_rq_wqes: 4,
         strip_vlan: false,
+        tunnel_offloads: false,
         striding: None,
     };
     let qp = ctx

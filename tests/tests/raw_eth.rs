@@ -67,6 +67,7 @@ fn raw_qp(s: &Side) -> (RawPacketQp, Cq, Cq) {
             log_sq_bbs: 8,
             log_rq_wqes: 6,
             strip_vlan: false,
+            tunnel_offloads: false,
             striding: None,
         },
     )
@@ -189,6 +190,7 @@ fn raw_qp_refuses_one_cq_and_short_headers() {
         log_sq_bbs: 4,
         log_rq_wqes: 4,
         strip_vlan: false,
+        tunnel_offloads: false,
         striding: None,
     };
     assert!(p
@@ -304,6 +306,7 @@ fn small_ring(
         log_sq_bbs: 4,
         log_rq_wqes: 6,
         strip_vlan: false,
+        tunnel_offloads: false,
         striding: None,
     };
     let (qa, a_tx, a_rx) = raw_qp_of(&p.a, cap);
@@ -557,6 +560,7 @@ fn striding_rq_packs_frames_into_buffers_by_stride() {
         log_sq_bbs: 8,
         log_rq_wqes: 2,
         strip_vlan: false,
+        tunnel_offloads: false,
         striding: Some(st),
     };
     let (mut qb, _b_tx, mut b_rx) = raw_qp_of(&p.b, cap);
@@ -640,6 +644,7 @@ fn vlan_tags_inserted_by_the_driver_and_stripped_into_the_completion_only_where_
         log_sq_bbs: 8,
         log_rq_wqes: 6,
         strip_vlan: true,
+        tunnel_offloads: false,
         striding: None,
     };
     let (mut qs, _s_tx, mut s_rx) = raw_qp_of(&p.b, strip);
@@ -1036,6 +1041,164 @@ fn rss_spreads_frames_over_work_queues_by_the_published_toeplitz_hashes() {
     qa.destroy().unwrap();
 }
 
+/// [`vxlan_frame`] (VNI 42, the I flag) whose inner frame goes from `src`
+/// to `dst` with its IPv4 header checksum filled in (spoilt if `bad`);
+/// its UDP checksum is none (0), as a tunnel endpoint may send it.
+fn vxlan_between(src: ([u8; 4], u16), dst: ([u8; 4], u16), bad: bool) -> Vec<u8> {
+    let mut inner = headers_between(src, dst, 16);
+    let sum = inner[14..34]
+        .chunks(2)
+        .fold(0u32, |a, w| a + u32::from(u16::from_be_bytes([w[0], w[1]])));
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let c = !(((folded & 0xffff) + (folded >> 16)) as u16) ^ if bad { 0x0101 } else { 0 };
+    inner[24..26].copy_from_slice(&c.to_be_bytes());
+    inner.extend([0x22; 16]);
+    let mut f = headers_between(
+        ([10, 0, 0, 1], 40000),
+        ([10, 0, 0, 2], 4789),
+        8 + inner.len(),
+    );
+    f.extend([0x08, 0, 0, 0, 0, 0, 42, 0]);
+    f.extend(inner);
+    f
+}
+
+/// Tunnel offloads: on B, port 4789 parsed as VXLAN. A raw packet QP
+/// made with `tunnel_offloads` gets VXLAN frames marked tunnelled, their
+/// types and checksum verdicts the inner packet's (an inner IPv4 header
+/// with a bad checksum is not `l3_ok`, though the outer is good); one made
+/// without sees the outer headers. An RSS QP hashing the inner IPv4
+/// addresses (`IBV_RX_HASH_INNER`) spreads VXLAN frames by their inner
+/// flows with Microsoft's published Toeplitz values.
+#[test]
+fn tunnel_offloads_report_and_hash_the_inner_packet() {
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    p.b.ctx.add_vxlan_udp_dport(4789).unwrap();
+    let cap = RawQpCap {
+        log_sq_bbs: 4,
+        log_rq_wqes: 4,
+        strip_vlan: false,
+        tunnel_offloads: true,
+        striding: None,
+    };
+    let mut parsing = raw_qp_of(&p.b, cap);
+    let mut plain = raw_qp(&p.b);
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let by_inner = |dport: u16| FlowSpec {
+        vxlan_vni: Some(42),
+        inner: Some(Box::new(udp_to(dport))),
+        ..FlowSpec::default()
+    };
+    let mut send = |f: &[u8]| {
+        p.a.buf.write(0, f).unwrap();
+        let pkt = TxPkt {
+            headers: &f[..HDRS],
+            payload: Some(p.a.mr.sge(HDRS as u64, (f.len() - HDRS) as u32).unwrap()),
+            csum: true,
+            mss: 0,
+            vlan: None,
+        };
+        assert_eq!(qa.tx_burst(&[pkt]), 1);
+        tx_done(&mut qa, &mut a_tx);
+    };
+    let flows = [
+        steer
+            .create_flow(&by_inner(1000), FlowAction::Queue(&parsing.0))
+            .unwrap(),
+        steer
+            .create_flow(&by_inner(2000), FlowAction::Queue(&plain.0))
+            .unwrap(),
+    ];
+    let src = ([192, 168, 1, 1], 5000);
+    for (k, (dport, bad)) in [(1000, false), (1000, true), (2000, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let f = vxlan_between(src, ([192, 168, 1, 2], dport), bad);
+        let (q, _, rx) = if dport == 1000 {
+            &mut parsing
+        } else {
+            &mut plain
+        };
+        assert_eq!(q.post_rx(&[p.b.mr.sge(0, RX_BUF as u32).unwrap()]), 1);
+        send(&f);
+        let r = rx_n(q, rx, 1)[0];
+        assert_eq!(r.len as usize, f.len(), "frame {k}");
+        // Intact but for the outer checksums the device filled in.
+        assert_eq!(read(&p.b.buf, 0, f.len())[HDRS..], f[HDRS..], "frame {k}");
+        assert_eq!(
+            (r.tunneled, r.ipv4, r.udp, r.l3_ok, r.l4_ok),
+            (dport == 1000, true, true, !bad, !bad),
+            "frame {k}: {r:?}"
+        );
+    }
+    for f in flows {
+        steer.destroy_flow(f).unwrap();
+    }
+
+    // Inner RSS over four work queues.
+    let wcap = WqCap {
+        log_wqes: 4,
+        strip_vlan: false,
+    };
+    let mut cqs: Vec<Cq> = (0..4)
+        .map(|_| p.b.ctx.create_cq(64, None, None).unwrap())
+        .collect();
+    let mut wqs: Vec<Wq> = cqs
+        .iter()
+        .map(|cq| p.b.ctx.create_wq(&p.b.pd, cq, wcap).unwrap())
+        .collect();
+    for (q, w) in wqs.iter_mut().enumerate() {
+        let bufs: Vec<_> = (0..8)
+            .map(|k| {
+                p.b.mr
+                    .sge(((q * 8 + k) * RX_BUF) as u64, RX_BUF as u32)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(w.post_rx(&bufs), 8);
+    }
+    let table =
+        p.b.ctx
+            .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
+            .unwrap();
+    let conf = RxHashConf {
+        table: &table,
+        key: MS_RSS_KEY,
+        fields: rh::SRC_IPV4 | rh::DST_IPV4 | rh::INNER,
+    };
+    let rss = p.b.ctx.create_rss_qp(&conf).unwrap();
+    let flow = steer
+        .create_flow(&udp_to(4789), FlowAction::Rss(&rss))
+        .unwrap();
+    for (i, (src, dst, h_ip, _)) in MS_RSS_FLOWS.iter().enumerate() {
+        send(&vxlan_between(*src, *dst, false));
+        let q = *h_ip as usize % 4;
+        let mut got = [RxPkt::default()];
+        tests::wait::until("the frame on the queue its inner hash picks", || {
+            wqs[q].rx_burst(&mut cqs[q], &mut got) == 1
+        });
+        let r = got[0];
+        assert_eq!(r.rss_hash, *h_ip, "flow {i}: the published hash");
+        assert!(r.tunneled && r.l3_ok, "flow {i}: {r:?}");
+    }
+    steer.destroy_flow(flow).unwrap();
+    rss.destroy().unwrap();
+    settle(&p.fabric);
+    for (w, cq) in wqs.iter_mut().zip(cqs.iter_mut()) {
+        assert_eq!(w.rx_burst(cq, &mut [RxPkt::default()]), 0);
+    }
+    steer.destroy().unwrap();
+    table.destroy().unwrap();
+    for w in wqs {
+        w.destroy().unwrap();
+    }
+    qa.destroy().unwrap();
+    parsing.0.destroy().unwrap();
+    plain.0.destroy().unwrap();
+}
+
 /// What an RSS QP and its table refuse, as mlx5_ib does: a table of other
 /// than 2^n queues, IPv4 with IPv6 fields, TCP with UDP fields, no fields
 /// over several queues (a one-queue table takes none), fields it does not
@@ -1356,6 +1519,7 @@ fn compressed_run(
         log_sq_bbs: 8,
         log_rq_wqes: if striding { 2 } else { 6 },
         strip_vlan: false,
+        tunnel_offloads: false,
         striding: striding.then_some(StridingRq {
             log_num_strides: 9,
             log_stride_size: 6,

@@ -171,6 +171,7 @@ impl Port {
             log_sq_bbs: LOG_TX,
             log_rq_wqes: 0,
             strip_vlan: false,
+            tunnel_offloads: false,
             striding: None,
         };
         let qp = ctx

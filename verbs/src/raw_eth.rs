@@ -27,9 +27,10 @@ use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
 use mlx5_hw::eth::{
     CAP_INLINE_MODE_NOT_REQUIRED, CAP_INLINE_MODE_VPORT_CONTEXT, CQE_L3_HDR_TYPE_IPV4,
     CQE_L3_HDR_TYPE_IPV6, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK, CQE_L4_HDR_TYPE_SHIFT,
-    CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_VLAN_PRESENT, ETH_ADDRS_LEN, ETH_P_8021Q, ETH_WQE_L3_CSUM,
-    ETH_WQE_L4_CSUM, INLINE_MODE_NONE, MIN_INLINE, MPWRQ_CQE_FILLER, MPWRQ_CQE_STRIDES_SHIFT,
-    QUEUE_STATE_RDY, QUEUE_STATE_RST, TIRC_DISP_TYPE_DIRECT, VLAN_HLEN, WQ_TYPE_CYCLIC,
+    CQE_L4_HDR_TYPE_UDP, CQE_L4_OK, CQE_RX_TUNNEL_PACKET, CQE_VLAN_PRESENT, ETH_ADDRS_LEN,
+    ETH_P_8021Q, ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM, INLINE_MODE_NONE, MIN_INLINE, MPWRQ_CQE_FILLER,
+    MPWRQ_CQE_STRIDES_SHIFT, QUEUE_STATE_RDY, QUEUE_STATE_RST, TIRC_DISP_TYPE_DIRECT, VLAN_HLEN,
+    WQ_TYPE_CYCLIC,
 };
 use mlx5_hw::ifc::{
     alloc_transport_domain_out, cqe64, create_rq_in, create_rq_out, create_sq_in, create_sq_out,
@@ -110,6 +111,12 @@ pub struct RawQpCap {
     /// refused where the device offers no VLAN offload (`vlan_cap`).
     /// Without it the tag stays in the frame (mlx5_ib sets `vsd`).
     pub strip_vlan: bool,
+    /// Parse tunnels (mlx5dv's `MLX5DV_QP_CREATE_TUNNEL_OFFLOADS`, the
+    /// TIR's `tunneled_offload_en`): a tunnelled frame (VXLAN to a port
+    /// the function registered, [`Context::add_vxlan_udp_dport`], or GRE)
+    /// completes as one ([`RxPkt::tunneled`]), its types and checksum
+    /// verdicts the inner packet's.
+    pub tunnel_offloads: bool,
     /// Multi-packet receive (a striding RQ, DPDK's MPRQ): each posted
     /// buffer is a WQE of strides that many frames land in; `None`: one
     /// frame a buffer.
@@ -177,6 +184,11 @@ pub struct RxPkt {
     /// Where in the slot's buffer the frame starts: 0, or on a striding
     /// RQ the first stride it took times the stride's bytes.
     pub offset: u32,
+    /// A tunnelled frame, through a QP that parses tunnels
+    /// ([`RawQpCap::tunnel_offloads`]): the fields below describe its
+    /// inner packet, and `l3_ok`/`l4_ok` say its outer checksums are good
+    /// too.
+    pub tunneled: bool,
     /// IPv4 frame.
     pub ipv4: bool,
     /// IPv6 frame.
@@ -227,6 +239,8 @@ pub struct RawPacketQp {
     log_sq: u8,
     /// The RQ strips C-VLAN tags (`rqc.vsd` clear).
     strip_vlan: bool,
+    /// Its TIR parses tunnels ([`RawQpCap::tunnel_offloads`]).
+    tunnel_offloads: bool,
     /// Send: next block, first block not yet completed.
     sq_pc: u16,
     sq_ci: u16,
@@ -265,6 +279,11 @@ impl Context {
         if cap.strip_vlan && !self.vlan_offload()? {
             return Err(Error::NotSupported(
                 "raw packet QP: VLAN stripping (no vlan_cap)",
+            ));
+        }
+        if cap.tunnel_offloads && !self.tunnel_offload()? {
+            return Err(Error::NotSupported(
+                "raw packet QP: tunnel offloads (no tunnel_stateless_vxlan or _gre)",
             ));
         }
         let empw_ds = match self.empw_offered()? {
@@ -307,6 +326,7 @@ impl Context {
             uar: Some(uar),
             log_sq: cap.log_sq_bbs,
             strip_vlan: cap.strip_vlan,
+            tunnel_offloads: cap.tunnel_offloads,
             sq_pc: 0,
             sq_ci: 0,
             sq_last: 0,
@@ -344,6 +364,16 @@ impl Context {
     /// and the Ethernet offload caps' `vlan_cap` (as mlx5_ib checks before
     /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
     /// bring-up.
+    /// Whether the device parses some tunnel for its offloads
+    /// (`tunnel_stateless_vxlan` or `tunnel_stateless_gre`), as mlx5_ib
+    /// asks before it gives a QP `MLX5_QP_FLAG_TUNNEL_OFFLOADS`.
+    pub(crate) fn tunnel_offload(&self) -> Result<bool> {
+        Ok(self.eth_offload_caps()?.is_some_and(|p| {
+            let c = PerProtocolNetworkingOffloadCaps::new_unchecked(&p[..]);
+            c.tunnel_stateless_vxlan() || c.tunnel_stateless_gre()
+        }))
+    }
+
     pub(crate) fn vlan_offload(&self) -> Result<bool> {
         Ok(self
             .eth_offload_caps()?
@@ -480,6 +510,9 @@ impl RawPacketQp {
             .set(&mut i, u64::from(self.td));
         tirc::DISP_TYPE.at(ctx).set(&mut i, TIRC_DISP_TYPE_DIRECT);
         tirc::INLINE_RQN.at(ctx).set(&mut i, u64::from(self.rqn));
+        tirc::TUNNELED_OFFLOAD_EN
+            .at(ctx)
+            .set(&mut i, u64::from(self.tunnel_offloads));
         let out = hca.cmd().exec(&i, create_tir_out::SIZE_BYTES)?;
         self.tirn = create_tir_out::TIRN.get(&out) as u32;
         Ok(())
@@ -1228,6 +1261,7 @@ fn rx_pkt(e: &impl CqeFields, slot: u16) -> RxPkt {
         len: e.be32_at(cqe64::BYTE_CNT.off / 8),
         slot,
         offset: 0,
+        tunneled: e.u8_at(cqe64::TLS_OUTER_L3_TUNNELED.off / 8) & CQE_RX_TUNNEL_PACKET != 0,
         ipv4: l3 == CQE_L3_HDR_TYPE_IPV4,
         ipv6: l3 == CQE_L3_HDR_TYPE_IPV6,
         udp: l4 == CQE_L4_HDR_TYPE_UDP,

@@ -60,6 +60,11 @@ pub mod rx_hash_fields {
     pub const DST_PORT_UDP: u32 = 1 << 7;
     /// Every field this driver can hash over.
     pub const ALL: u32 = (1 << 8) - 1;
+    /// `IBV_RX_HASH_INNER`: the fields are a tunnelled packet's inner
+    /// headers (the TIR's inner selector, and it parses tunnels:
+    /// `tunneled_offload_en`, as mlx5_ib's `create_rss_raw_qp_tir` sets
+    /// them); a packet that is not tunnelled hashes to 0.
+    pub const INNER: u32 = 1 << 31;
 }
 
 /// Bytes of a Toeplitz key (`tirc.rx_hash_toeplitz_key`).
@@ -176,6 +181,11 @@ impl Context {
     /// indirect TIR hashing as `conf` says over its table.
     pub fn create_rss_qp(&self, conf: &RxHashConf<'_>) -> Result<RssQp> {
         let sel = field_select(conf.fields, conf.table.log_size)?;
+        if conf.fields & rx_hash_fields::INNER != 0 && !self.tunnel_offload()? {
+            return Err(Error::NotSupported(
+                "RSS QP: inner hashing (no tunnel_stateless_vxlan or _gre)",
+            ));
+        }
         let ctx = self.ctx.clone();
         let td = alloc_transport_domain(&ctx)?;
         let mut qp = RssQp { ctx, td, tirn: 0 };
@@ -190,7 +200,14 @@ impl Context {
         let k = (at + tirc::RX_HASH_TOEPLITZ_KEY.off) / 8;
         i[k..k + RSS_KEY_LEN].copy_from_slice(&conf.key);
         if let Some((l3, l4, fields)) = sel {
-            let s = at + tirc::RX_HASH_FIELD_SELECTOR_OUTER.off;
+            let inner = conf.fields & rx_hash_fields::INNER != 0;
+            let s = at
+                + if inner {
+                    tirc::TUNNELED_OFFLOAD_EN.at(at).set(&mut i, 1);
+                    tirc::RX_HASH_FIELD_SELECTOR_INNER.off
+                } else {
+                    tirc::RX_HASH_FIELD_SELECTOR_OUTER.off
+                };
             rx_hash_field_select::L3_PROT_TYPE.at(s).set(&mut i, l3);
             rx_hash_field_select::L4_PROT_TYPE.at(s).set(&mut i, l4);
             rx_hash_field_select::SELECTED_FIELDS
@@ -205,11 +222,13 @@ impl Context {
     }
 }
 
-/// `ibv_rx_hash_fields` as the TIR's outer field selector (L3 type, L4
-/// type, selected fields), as mlx5_ib's `create_rss_raw_qp_tir` maps them;
+/// `ibv_rx_hash_fields` as a TIR's field selector, the outer one or with
+/// [`rx_hash_fields::INNER`] the inner one (L3 type, L4 type, selected
+/// fields), as mlx5_ib's `create_rss_raw_qp_tir` maps them;
 /// `None`: no hashing (only over a one-entry table).
 fn field_select(f: u32, log_size: u8) -> Result<Option<(u64, u64, u64)>> {
     use rx_hash_fields::*;
+    let f = f & !INNER;
     if f & !ALL != 0 {
         return Err(Error::NotSupported(
             "RSS QP: hash fields beyond IP and TCP/UDP ports",
