@@ -101,6 +101,13 @@ pub const CQ_MODIFY_PERIOD: u32 = 1 << 0;
 /// ... `cq_max_count` (`MLX5_CQ_MODIFY_COUNT`).
 pub const CQ_MODIFY_COUNT: u32 = 1 << 1;
 
+/// CQ context `cq_period_mode`: the moderation period runs from the last
+/// completion event (`MLX5_CQ_PERIOD_MODE_START_FROM_EQE`).
+pub const CQ_PERIOD_MODE_START_FROM_EQE: u8 = 0;
+/// CQ context `cq_period_mode`: the moderation period runs from the first
+/// CQE after the last event (`MLX5_CQ_PERIOD_MODE_START_FROM_CQE`).
+pub const CQ_PERIOD_MODE_START_FROM_CQE: u8 = 1;
+
 /// CQ context state: armed (`MLX5_CQ_STATE_ARMED`).
 pub const CQ_STATE_ARMED: u8 = 0x9;
 /// CQ context state: fired, needs re-arming (`MLX5_CQ_STATE_FIRED`).

@@ -100,6 +100,9 @@ impl Firmware {
                     armed: armed.then_some(false),
                     period: cqc::CQ_PERIOD.get(c) as u16,
                     max_count: cqc::CQ_MAX_COUNT.get(c) as u16,
+                    period_from_cqe: cqc::CQ_PERIOD_MODE.get(c)
+                        == u64::from(mlx5_hw::cqe::CQ_PERIOD_MODE_START_FROM_CQE),
+                    sol_breaks: cqc::SCQE_BREAK_MODERATION_EN.get(c) != 0,
                     ..CqState::default()
                 }),
             }),
@@ -229,6 +232,7 @@ impl Firmware {
         if let Some(cq) = wlock(&r.cqs).remove(&cqn) {
             // CQEs it was gathering for a compression session go with it.
             cq.drop_session(r);
+            cq.drop_timer(r);
         }
         freed(&r.cq_floor, cqn);
         Ok(vec![0; 0x10])

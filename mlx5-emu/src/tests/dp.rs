@@ -1951,3 +1951,85 @@ fn xrc_srq_query_and_arm() {
         CmdStatus::BadResource.to_raw()
     );
 }
+
+/// CQ event moderation on a clock the test moves: CQ 0 of A (the send
+/// CQ) set by MODIFY_CQ to `cq_period` 100 µs and `cq_max_count` 4, the
+/// period from the last event (`cq_period_mode` 0). Armed, one CQE raises
+/// no event until the period has run (the model waits on
+/// [`crate::transport::cq::CQ_MODERATION`]), then one; armed again, the
+/// fourth CQE since that event raises it at once; an arm that finds CQEs
+/// already there raises it at once.
+#[test]
+fn cq_moderation_holds_the_event_for_the_period_or_the_count() {
+    use crate::transport::cq::CQ_MODERATION;
+    use mlx5_hw::cqe::{CQ_MODIFY_COUNT, CQ_MODIFY_PERIOD};
+    use mlx5_hw::ifc::modify_cq_in;
+    let clock = ManualClock::new();
+    let (f, mut a, b, mut qa, _qb) = rc_pair_on(&clock, 5);
+    let dev = f.function(0).unwrap();
+    let dev = dev.model();
+    let cqn = a.cq[0].0;
+    let mut c = cmd_in(0x403, 0, modify_cq_in::SIZE_BYTES);
+    modify_cq_in::CQN.set(&mut c, u64::from(cqn));
+    modify_cq_in::MODIFY_FIELD_SELECT_RESIZE_FIELD_SELECT
+        .set(&mut c, u64::from(CQ_MODIFY_PERIOD | CQ_MODIFY_COUNT));
+    let at = modify_cq_in::CQ_CONTEXT.off / 8;
+    cqc::CQ_PERIOD.set(&mut c[at..], 100);
+    cqc::CQ_MAX_COUNT.set(&mut c[at..], 4);
+    a.d.ok(&c, 16);
+    let db = (u64::from(a.uar) << 12) + mlx5_hw::uar::CQ_DOORBELL as u64;
+    let arm = |a: &mut Node, sn: u32| {
+        let ci = a.cq[0].2;
+        let word = sn << 28 | ci & 0xff_ffff;
+        a.dbr.write_u32_be(a.cq[0].3 + 4, word).unwrap();
+        a.d.f
+            .region_write(
+                0,
+                db,
+                &(u64::from(word) << 32 | u64::from(cqn)).to_be_bytes(),
+            )
+            .unwrap();
+    };
+    let mut segs = raddr_seg(DATA_VA, b.lkey).to_vec();
+    segs.extend_from_slice(&data_seg(8, a.lkey, DATA_VA));
+    arm(&mut a, 1);
+    super::settle(dev);
+    let eqes = dev.stats().eqes;
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    let due = clock
+        .wait_armed(CQ_MODERATION, HANG_GUARD)
+        .expect("the moderation period waits on the clock");
+    super::settle(dev);
+    assert_eq!(dev.stats().eqes, eqes, "an event before the period ran");
+    clock.advance_to(due - Duration::from_micros(1));
+    super::settle(dev);
+    assert_eq!(dev.stats().eqes, eqes, "an event before the period ran");
+    clock.advance_to(due);
+    until("the event once the period ran", || {
+        dev.stats().eqes == eqes + 1
+    });
+    assert!(clock.armed().is_empty(), "{:?}", clock.armed());
+
+    // Four CQEs since that event: the fourth raises it, no time passing.
+    arm(&mut a, 2);
+    for k in 0..4 {
+        a.post_send(&mut qa, 0x08, 0, &segs, true);
+        assert_eq!(opcode(&a.poll(0)), 0);
+        if k < 3 {
+            super::settle(dev);
+            assert_eq!(dev.stats().eqes, eqes + 1, "an event at CQE {k}");
+        }
+    }
+    until("the event at the fourth CQE", || {
+        dev.stats().eqes == eqes + 2
+    });
+    // A CQE unpolled, then an arm with the consumer index before it.
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    super::settle(dev);
+    arm(&mut a, 3);
+    until("the event for the CQE already there", || {
+        dev.stats().eqes == eqes + 3
+    });
+    assert_eq!(opcode(&a.poll(0)), 0);
+}

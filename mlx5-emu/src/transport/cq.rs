@@ -4,14 +4,30 @@
 //! counter in the doorbell record, and arming (UAR 0x20 or the doorbell
 //! record's arm word) that turns the next CQE, or the next solicited or
 //! error CQE, into a completion EQE.
+//!
+//! Event moderation (`cq_moderation`: the context's `cq_period` in
+//! microseconds and `cq_max_count` in CQEs, set at CREATE_CQ or by
+//! MODIFY_CQ, what mlx5e's DIM and `ibv_modify_cq` change): an armed CQ
+//! raises its event once `cq_max_count` CQEs were written since the last
+//! event, or once `cq_period` has run, from the first CQE after the last
+//! event (`cq_period_mode` start-from-CQE) or from the last event
+//! (start-from-EQE), whichever comes first; a value of 0 turns its half
+//! off, both 0 raise the event on the first CQE. A solicited or error CQE
+//! raises it at once where `scqe_break_moderation_en` asks for that. An
+//! arm that finds CQEs already there raises it at once. A
+//! period not yet run waits on the function's clock ([`CQ_MODERATION`]);
+//! each data-path pass raises the events whose period has run
+//! ([`moderation_timers`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::{self, CqeOpcode};
 use mlx5_hw::event::EventType;
 use mlx5_hw::event::EQE_RESOURCE_NUMBER_MASK;
 use mlx5_hw::ifc::{Cqe64, EqeComp, EqeCqErr, ErrCqe};
+use vfio::clock::{later, Deadline};
 use vfio::IovaMemory;
 use zerocopy::{FromZeros, IntoBytes};
 
@@ -29,6 +45,10 @@ const CQ_ERROR_OVERRUN: u8 = 1;
 const CQ_ERROR_ACCESS_VIOLATION: u8 = 2;
 /// `flags_rqpn` bits 29:28: a GRH is present.
 const FLAGS_GRH: u32 = 1 << cqe::CQE_GRH_SHIFT;
+
+/// Names an armed CQ's wait for its moderation period, for a test's
+/// `ManualClock::wait_armed`.
+pub const CQ_MODERATION: &str = "CQ event moderation";
 
 /// Where `op_own` (opcode and owner bit) sits in a CQE.
 const OP_OWN_AT: u64 = cqe::CQE_OP_OWN_OFFSET as u64;
@@ -73,9 +93,25 @@ pub(crate) struct CqState {
     pub last_sol: u32,
     /// Overrun: no more CQEs.
     pub error: bool,
-    /// Moderation settings (MODIFY_CQ), kept for QUERY_CQ.
+    /// Event moderation: `cq_period` (microseconds, 0: off).
     pub period: u16,
+    /// Event moderation: `cq_max_count` (CQEs, 0: off).
     pub max_count: u16,
+    /// `cq_period_mode` start-from-CQE: the period runs from the first
+    /// CQE after the last event (else from the last event).
+    pub period_from_cqe: bool,
+    /// `scqe_break_moderation_en`: a solicited CQE raises the event at
+    /// once.
+    pub sol_breaks: bool,
+    /// CQEs written since the last completion event.
+    pub since_event: u32,
+    /// When the last completion event was raised.
+    pub last_event: Option<Instant>,
+    /// When the first CQE after the last event was written (armed).
+    pub first_cqe: Option<Instant>,
+    /// The armed CQ's moderation period, not yet run (counted in
+    /// [`Rdma::cq_timers`]).
+    pub timer: Option<Deadline>,
     /// The compression session being gathered ([`cqe_comp`]).
     pub session: Option<Session>,
 }
@@ -377,6 +413,18 @@ impl Cq {
         false
     }
 
+    /// Raises the events of `rdma`'s armed CQs whose moderation period
+    /// has run (one data-path pass; nothing to do while none waits).
+    pub(crate) fn moderation_timers(rdma: &Rdma) {
+        if rdma.cq_timers.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let cqs: Vec<std::sync::Arc<Cq>> = super::rlock(&rdma.cqs).values().cloned().collect();
+        for cq in cqs {
+            cq.moderation_timer(rdma);
+        }
+    }
+
     /// Drops the open session unwritten (the CQ is destroyed).
     pub(crate) fn drop_session(&self, rdma: &Rdma) {
         let mut st = lock(&self.st);
@@ -476,20 +524,87 @@ impl Cq {
         if sol {
             st.last_sol = st.pi;
         }
-        Ok(self.arm_fires(st, sol))
+        Ok(self.arm_fires(rdma, st, sol))
     }
 
-    /// Whether the armed CQ fires on a CQE just written (disarming it).
-    fn arm_fires(&self, st: &mut CqState, sol: bool) -> bool {
+    /// Whether the armed CQ fires on a CQE just written (disarming it):
+    /// at once for an arm on solicited CQEs that this one answers, else
+    /// as moderation allows (`sol`: a solicited or error CQE).
+    fn arm_fires(&self, rdma: &Rdma, st: &mut CqState, sol: bool) -> bool {
+        st.since_event = st.since_event.saturating_add(1);
         let fire = match st.armed {
-            Some(false) => true,
+            Some(false) => (sol && st.sol_breaks) || Self::moderation_done(rdma, st),
             Some(true) => sol,
             None => false,
         };
         if fire {
-            st.armed = None;
+            Self::event_raised(rdma, st);
         }
         fire
+    }
+
+    /// Whether an armed CQ's moderation lets its event go now; if only
+    /// its period holds it, the period's timer is set.
+    fn moderation_done(rdma: &Rdma, st: &mut CqState) -> bool {
+        if st.period == 0 && st.max_count == 0 {
+            return true;
+        }
+        if st.max_count != 0 && st.since_event >= u32::from(st.max_count) {
+            return true;
+        }
+        if st.period == 0 {
+            return false;
+        }
+        let now = rdma.clock.now();
+        let first = *st.first_cqe.get_or_insert(now);
+        let start = match (st.period_from_cqe, st.last_event) {
+            (false, Some(e)) => e,
+            _ => first,
+        };
+        let at = later(start, Duration::from_micros(u64::from(st.period)));
+        if now >= at {
+            return true;
+        }
+        if st.timer.is_none() {
+            st.timer = Some(Deadline::until(&rdma.clock, at, CQ_MODERATION));
+            rdma.cq_timers.fetch_add(1, Ordering::AcqRel);
+        }
+        false
+    }
+
+    /// The completion event is raised (or the arm answered): disarmed,
+    /// moderation starts again.
+    fn event_raised(rdma: &Rdma, st: &mut CqState) {
+        st.armed = None;
+        st.since_event = 0;
+        st.first_cqe = None;
+        if st.period != 0 {
+            st.last_event = Some(rdma.clock.now());
+        }
+        Self::cancel_timer(rdma, st);
+    }
+
+    /// Drops the moderation timer, if set.
+    fn cancel_timer(rdma: &Rdma, st: &mut CqState) {
+        if st.timer.take().is_some() {
+            rdma.cq_timers.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Raises the event whose moderation period has run.
+    fn moderation_timer(&self, rdma: &Rdma) {
+        let mut st = lock(&self.st);
+        if !st.timer.as_ref().is_some_and(Deadline::passed) {
+            return;
+        }
+        let fire = st.armed.is_some() && !st.error;
+        Self::event_raised(rdma, &mut st);
+        self.fired(rdma, st, fire);
+    }
+
+    /// The CQ is destroyed: its moderation timer goes.
+    pub(crate) fn drop_timer(&self, rdma: &Rdma) {
+        Self::cancel_timer(rdma, &mut lock(&self.st));
     }
 
     /// Writes compression session `s` ([`cqe_comp`]): one CQE alone as
@@ -533,7 +648,8 @@ impl Cq {
                 c.cqes.fetch_add(u64::from(n), Ordering::Relaxed);
                 c.cqes_compressed.fetch_add(u64::from(n), Ordering::Relaxed);
                 c.compressed_sessions.fetch_add(1, Ordering::Relaxed);
-                self.arm_fires(st, false)
+                st.since_event = st.since_event.saturating_add(n - 1);
+                self.arm_fires(rdma, st, false)
             }
         };
         tracing::trace!(cqn = self.cqn, cqes = n, "compressed session");
@@ -641,7 +757,7 @@ impl Cq {
             st.pi.wrapping_sub(ci) & 0xff_ffff != 0
         };
         if pending {
-            st.armed = None;
+            Self::event_raised(rdma, &mut st);
             drop(st);
             self.completion_event(rdma);
         } else {

@@ -299,6 +299,9 @@ pub(crate) struct Rdma {
     /// CQE compression sessions open on its CQs ([`cqe_comp`]; counted
     /// under each CQ's lock: opened +1, written or dropped -1).
     pub cq_sessions: AtomicU32,
+    /// Armed CQs waiting for their moderation period ([`cq`]; counted
+    /// under each CQ's lock: set +1, run out or dropped -1).
+    pub cq_timers: AtomicU32,
     /// Multicast groups (ATTACH_TO_MCG): the UD QPs each multicast GID
     /// delivers to.
     pub mcgs: Mutex<BTreeMap<[u8; 16], BTreeSet<u32>>>,
@@ -520,6 +523,7 @@ impl Rdma {
             host_endian_atomics: AtomicBool::new(false),
             eth_rx: eth_rx::EthRx::default(),
             cq_sessions: AtomicU32::new(0),
+            cq_timers: AtomicU32::new(0),
             mcgs: Mutex::new(BTreeMap::new()),
         })
     }
@@ -564,6 +568,7 @@ impl Rdma {
         self.odp.reset();
         self.eth_rx.reset();
         self.cq_sessions.store(0, Ordering::Release);
+        self.cq_timers.store(0, Ordering::Release);
         lock(&self.mcgs).clear();
         *lock(&self.trapped_cq) = TrappedCq::default();
         lock(&self.timers).clear();
@@ -888,6 +893,8 @@ impl Rdma {
         // LRO and CQE compression sessions idle since the last pass end
         // (the device's timeouts).
         busy |= eth_rx::flush_held(self, &mem, None);
+        // Completion events whose moderation period has run.
+        cq::Cq::moderation_timers(self);
         let mut attention: Vec<u32> = std::mem::take(&mut *lock(&self.attention))
             .into_iter()
             .collect();
