@@ -489,3 +489,89 @@ fn ud_multicast_reaches_every_member_on_both_ports() {
         Err(verbs::Error::Invalid(_))
     ));
 }
+
+/// Multicast loopback blocked (`IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`,
+/// `qpc.block_lb_mc`): a UD QP made with it sends to a group whose members
+/// are a QP on its own function and one on the other; only the other
+/// port's member gets the datagram, while a plain UD QP's SEND to the same
+/// group reaches both. Another QP type is refused.
+#[test]
+fn a_qp_blocking_multicast_loopback_reaches_the_other_port_only() {
+    let mut p = pair(1 << 16);
+    let attr = verbs::qp::QpInitAttr {
+        send_cq: &p.a.cq,
+        recv_cq: &p.a.cq,
+        srq: None,
+        cap: cap(8),
+        qp_type: QpType::Ud,
+        sq_sig_all: false,
+    };
+    let mut blocking = p.a.pd.create_qp_blocking_mcast_loopback(&attr).unwrap();
+    let rc = verbs::qp::QpInitAttr {
+        qp_type: QpType::Rc,
+        ..attr
+    };
+    assert!(matches!(
+        p.a.pd.create_qp_blocking_mcast_loopback(&rc),
+        Err(verbs::Error::Invalid(_))
+    ));
+    connect(&mut blocking, &p.a.ctx, &p.b.ctx, 0);
+    let (mut qa, mut qb) = qp_pair(&p, QpType::Ud, cap(8));
+    let (mut qa2, _qb2) = qp_pair(&p, QpType::Ud, cap(8));
+    let mgid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x56, 0x78];
+    qb.attach_mcast(&mgid).unwrap();
+    qa2.attach_mcast(&mgid).unwrap();
+    let recv = |q: &mut verbs::qp::Qp, s: &Side, wr_id: u64| {
+        let r = s.mr.sge(0x1000 * wr_id, 2048).unwrap();
+        q.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: &[r],
+        }])
+        .unwrap();
+    };
+    recv(&mut qb, &p.b, 1);
+    recv(&mut qa2, &p.a, 2);
+    let group =
+        p.a.pd
+            .create_ah(&verbs::qp::AhAttr {
+                dgid: mgid,
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    fill(&p.a.buf, 0, 100, 7);
+    let s = p.a.mr.sge(0, 100).unwrap();
+    let send = |q: &mut verbs::qp::Qp, wr_id| {
+        q.post_send(&[SendWr {
+            wr_id,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[s]),
+            flags: sf::SIGNALED,
+            ud: Some(UdDest {
+                ah: &group,
+                remote_qpn: verbs::mcast::MULTICAST_QPN,
+                remote_qkey: QKEY,
+            }),
+        }])
+        .unwrap();
+    };
+    send(&mut blocking, 10);
+    let wb = poll_n(&mut p.b.cq, 1);
+    assert_eq!((wb[0].wr_id, wb[0].src_qp), (1, blocking.qp_num()));
+    let wa = poll_n(&mut p.a.cq, 1);
+    assert_eq!((wa[0].wr_id, wa[0].opcode), (10, WcOpcode::Send));
+    assert!(
+        nothing_more(&p.fabric, &mut p.a.cq),
+        "the sender's own port delivered to a2"
+    );
+    // The plain QP's SEND loops back to a2 (still waiting with its WR).
+    recv(&mut qb, &p.b, 3);
+    send(&mut qa, 11);
+    let mut wa = poll_n(&mut p.a.cq, 2);
+    wa.sort_by_key(|w| w.wr_id);
+    assert_eq!((wa[0].wr_id, wa[0].qp_num), (2, qa2.qp_num()));
+    assert_eq!(wa[1].wr_id, 11);
+    assert_eq!(poll_n(&mut p.b.cq, 1)[0].wr_id, 3);
+}

@@ -204,6 +204,7 @@ impl Firmware {
                 log_dci_errored,
                 cs_req: qpc::CS_REQ.get(c) as u8,
                 cs_res: qpc::CS_RES.get(c) as u8,
+                block_lb_mc: qpc::BLOCK_LB_MC.get(c) != 0,
                 xrcd: if service == st::XRC {
                     qpc::XRCD.get(c) as u32
                 } else {
@@ -314,6 +315,7 @@ impl Firmware {
         // QP (rdma-core asks only in RTS).
         qpc::CS_REQ.set(c, u64::from(qp.cs_req));
         qpc::CS_RES.set(c, u64::from(qp.cs_res));
+        qpc::BLOCK_LB_MC.set(c, u64::from(qp.block_lb_mc));
         qpc::DATA_IN_ORDER.set(c, self.cap(cmd_hca_cap::QP_DATA_IN_ORDER));
         qpc::UAR_PAGE.set(c, u64::from(qp.uar));
         qpc::LOG_PAGE_SIZE.set(c, u64::from(qp.buf.log_page - 12));

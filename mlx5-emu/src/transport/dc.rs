@@ -124,6 +124,7 @@ impl Dct {
             // A target sends no requests; its receives scatter as the
             // DCT context says.
             cs_req: 0,
+            block_lb_mc: false,
             cs_res: self.cs_res,
             xrcd: 0,
             no_sq: false,

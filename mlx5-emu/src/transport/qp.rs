@@ -275,6 +275,10 @@ pub(crate) struct Qp {
     /// SENDs to the CQE (`mlx5_hw::qp::REQ_SCAT_*`, `RES_SCAT_*`).
     pub cs_req: u8,
     pub cs_res: u8,
+    /// `qpc.block_lb_mc`: a multicast datagram it sends does not come
+    /// back to its own function's QPs (mlx5_ib's
+    /// `IB_QP_CREATE_BLOCK_MULTICAST_LOOPBACK`).
+    pub block_lb_mc: bool,
     /// An XRC QP's domain (`qpc.xrcd`): a target takes requests only for
     /// XRC SRQs of this domain. 0 for other QPs.
     pub xrcd: u32,

@@ -1185,13 +1185,16 @@ fn datagram_on_link(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, pkt: &Packet<'_>) {
 }
 
 /// A UD SEND to a multicast group: every function of the cable takes a
-/// copy, this one included (each port's responder hands it to the QPs its
-/// ATTACH_TO_MCG put in the group; qpc.block_lb_mc is not modelled), and
-/// the link to another process carries one.
+/// copy, this one included unless the QP blocks multicast loopback
+/// (`qpc.block_lb_mc`; each port's responder hands it to the QPs its
+/// ATTACH_TO_MCG put in the group), and the link to another process
+/// carries one.
 fn multicast(rdma: &Rdma, qp: &Qp, mem: &IovaMemory, pkt: &Packet<'_>) {
     let wire = fabric::wire_of(rdma);
     let mut ports = wire.as_ref().map(|w| w.peers(rdma)).unwrap_or_default();
-    ports.extend(rdma.me.upgrade());
+    if !qp.block_lb_mc {
+        ports.extend(rdma.me.upgrade());
+    }
     for dst in &ports {
         datagram_to(rdma, qp, dst, pkt);
     }
