@@ -87,6 +87,7 @@ const CHECKS: &[&str] = &[
     "mlx5e_checksum_complete_matches_the_frames",
     "mlx5e_offers_no_lro_without_striding_rqs",
     "mlx5e_expands_compressed_cqes",
+    "mlx5e_gets_no_tunnelled_cqes_without_inner_ip_version",
 ];
 
 use tests::qemu_guest::{cached_or_built as guest, repo};
@@ -674,6 +675,35 @@ pub(crate) fn judge_eth_traffic(
         } else {
             Err(format!(
                 "rx_cqe_compress_blks {blks:?}, rx_cqe_compress_pkts {pkts:?}; {lines:?}; {log}"
+            ))
+        },
+    );
+    // Tunnelled packets through TIRs that parse tunnels: where the caps
+    // announce inner_ip_version (`later`), mlx5e asks that of its RSS
+    // TIRs and the receiving netdev (taking the CQEs' verdicts for the
+    // tunnels: "no_csum_complete rc=0") counted packets whose CQE said
+    // tunnelled with good inner checksums; on the trace's caps it does
+    // not ask, and none are.
+    let inner_ok = stat("rx_csum_unnecessary_inner");
+    let verdicts = lines.contains(&"no_csum_complete rc=0");
+    let (check, ok) = if later {
+        (
+            "mlx5e_takes_the_inner_checksums_from_tunnelled_cqes",
+            inner_ok.get(1).is_some_and(|v| v.is_some_and(|n| n > 0)),
+        )
+    } else {
+        (
+            "mlx5e_gets_no_tunnelled_cqes_without_inner_ip_version",
+            inner_ok.len() == 2 && inner_ok.iter().all(|v| *v == Some(0)),
+        )
+    };
+    t.check(
+        &format!("{prefix}{check}"),
+        if verdicts && ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "rx_csum_unnecessary_inner {inner_ok:?}; {lines:?}; {log}"
             ))
         },
     );

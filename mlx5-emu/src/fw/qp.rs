@@ -168,6 +168,11 @@ impl Firmware {
             *g = Some(qpn);
         }
         let cqe_uidx = self.cqe_user_index(c);
+        let xrcd = if service == st::XRC {
+            qpc::XRCD.get(c) as u32
+        } else {
+            0
+        };
         tracing::debug!(
             qpn,
             st = service,
@@ -205,11 +210,7 @@ impl Firmware {
                 cs_req: qpc::CS_REQ.get(c) as u8,
                 cs_res: qpc::CS_RES.get(c) as u8,
                 block_lb_mc: qpc::BLOCK_LB_MC.get(c) != 0,
-                xrcd: if service == st::XRC {
-                    qpc::XRCD.get(c) as u32
-                } else {
-                    0
-                },
+                xrcd,
                 no_sq,
             }),
         );

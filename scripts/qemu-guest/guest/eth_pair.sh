@@ -20,7 +20,10 @@
 # device merged by LRO (rx_lro_packets: DEV1 asks for LRO first, where
 # mlx5e offers it) and how many receive CQEs came compressed
 # (rx_cqe_compress_pkts in rx_cqe_compress_blks sessions: both netdevs turn
-# CQE compression on first); then DEV0's global pause
+# CQE compression on first) and how many tunnelled packets the device
+# said were tunnelled with good inner checksums (rx_csum_unnecessary_inner,
+# counted while DEV1 takes the CQEs' verdicts: rx_no_csum_complete, on
+# before the tunnels); then DEV0's global pause
 # read, turned off and read back (ethtool -a/-A: the PFCC register). Every
 # line the host checks starts with "=== eth ".
 PKTGEN_COUNT=256
@@ -115,13 +118,22 @@ eth_pair() {
     done
     echo "=== eth pktgen sent ${sent:-none} of $PKTGEN_COUNT received $(($(rx "$@") - before))"
     grep -m1 'Result' "/proc/net/pktgen/$1" | sed 's/^/=== eth pktgen log: /'
+    # From here the receiving netdev hands the stack the CQEs' checksum
+    # verdicts rather than their sums (mlx5e's rx_no_csum_complete): a
+    # tunnelled packet whose CQE says tunnelled with good inner checksums
+    # (its TIR parses tunnels: mlx5e asks that of every RSS TIR where the
+    # caps announce inner_ip_version, and steers GRE by its inner headers)
+    # counts in rx_csum_unnecessary_inner, one whose CQE gives the outer
+    # headers only in rx_csum_unnecessary or rx_csum_none.
+    ip netns exec peer ethtool --set-priv-flags "$2" rx_no_csum_complete on
+    echo "=== eth no_csum_complete rc=$?"
     tunnel_pair vxlan vx0 10.10.0 "$1" "$2" type vxlan id 42 dstport 4789
     # Then over a GRE tunnel (IPv4 inside GRE, Linux's ip_gre): mlx5e
     # leaves the inner checksums and the tunnel's segmentation to the
     # device (tunnel_stateless_gre), which parses the GRE header.
     tunnel_pair gre gre1 10.11.0 "$1" "$2" type gre
     for c in tx_packets tx_mpwqe_blks tx_mpwqe_pkts tx_csum_partial_inner tx_tso_inner_packets rx_lro_packets \
-        rx_cqe_compress_blks rx_cqe_compress_pkts; do
+        rx_cqe_compress_blks rx_cqe_compress_pkts rx_csum_unnecessary_inner; do
         PYTHONDONTWRITEBYTECODE=1 python3 /guest/eth_traffic.py stats "$1" $c
         PYTHONDONTWRITEBYTECODE=1 ip netns exec peer python3 /guest/eth_traffic.py stats "$2" $c
     done

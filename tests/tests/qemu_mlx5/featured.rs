@@ -46,6 +46,7 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_checksum_complete_matches_the_frames",
     "cx7/mlx5e_lro_merges_the_tcp_stream",
     "cx7/mlx5e_expands_compressed_cqes",
+    "cx7/mlx5e_takes_the_inner_checksums_from_tunnelled_cqes",
     "cx7/dpdk_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_defaults_testpmd_txonly_reaches_rxonly",
     "cx7/dpdk_testpmd_io_forwards_both_ways",
