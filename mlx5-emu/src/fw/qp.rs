@@ -63,6 +63,26 @@ fn read_path(c: &[u8]) -> Path {
     }
 }
 
+/// A QP context's receive queue: its `rq_type` and, on an SRQ, the SRQ
+/// (one that exists), or the PRM's refusal.
+fn qp_receive_queue(
+    r: &crate::transport::Rdma,
+    c: &[u8],
+) -> Result<(u8, Option<Arc<crate::transport::qp::Srq>>), super::Fail> {
+    let rqt = qpc::RQ_TYPE.get(c) as u8;
+    if rqt == rq_type::SRQ {
+        let n = qpc::SRQN_RMPN_XRQN.get(c) as u32;
+        return match rlock(&r.srqs).get(&n).cloned() {
+            Some(s) => Ok((rqt, Some(s))),
+            None => Err(fail(CmdStatus::BadResource, synd::QP_BAD_SRQ)),
+        };
+    }
+    if rqt == rq_type::REGULAR || rqt == rq_type::ZERO {
+        return Ok((rqt, None));
+    }
+    Err(fail(CmdStatus::BadParameter, synd::QP_BAD_RQ_TYPE))
+}
+
 impl Firmware {
     /// What the QP's CQEs carry in `srqn_uidx`: `qpc.user_index` where the
     /// function reports `cqe_version` 1, else nothing (the SRQ number).
@@ -124,18 +144,7 @@ impl Firmware {
             return Err(fail(CmdStatus::BadResource, synd::QP_BAD_CQ));
         };
         drop(cqs);
-        let rqt = qpc::RQ_TYPE.get(c) as u8;
-        let srq = if rqt == rq_type::SRQ {
-            let n = qpc::SRQN_RMPN_XRQN.get(c) as u32;
-            match rlock(&r.srqs).get(&n).cloned() {
-                Some(s) => Some(s),
-                None => return Err(fail(CmdStatus::BadResource, synd::QP_BAD_SRQ)),
-            }
-        } else if rqt == rq_type::REGULAR || rqt == rq_type::ZERO {
-            None
-        } else {
-            return Err(fail(CmdStatus::BadParameter, synd::QP_BAD_RQ_TYPE));
-        };
+        let (rqt, srq) = qp_receive_queue(r, c)?;
         let no_sq = qpc::NO_SQ.get(c) != 0;
         // A QP without a send queue rings no doorbell: its UAR is not
         // read (Linux leaves it 0 for an XRC target).
