@@ -466,9 +466,11 @@ impl CapPages {
         // ALLOC_FLOW_COUNTER at :321); later firmware offers them: here
         // 2^24, in DevX bulks of up to 2^23 (`flow_counter_bulk_log_size`),
         // and NIC RX entries that count into them (one counter an entry:
-        // `log_max_flow_counter` stays 0). NIC TX and the sniffers keep `flow_counter` 0: the
-        // model steers NIC RX frames only, so an entry there would never
-        // count. `flow_counter_bulk_alloc` stays the trace's 0 (Linux's
+        // `log_max_flow_counter` stays 0). NIC TX and the sniffers keep
+        // the trace's `flow_counter` 0 (SET_FLOW_TABLE_ENTRY refuses a
+        // counter there), though their walks would count one
+        // (`Plan::egress`, `Plan::sniff`): no driver here asks for one.
+        // `flow_counter_bulk_alloc` stays the trace's 0 (Linux's
         // fs_counters.c then allocates its counters one by one).
         self.set_both(GENERAL, cmd_hca_cap::MAX_FLOW_COUNTER_31_16, 0x100);
         self.set_both(GENERAL, cmd_hca_cap::LOG_MAX_FLOW_COUNTER_BULK, 23);

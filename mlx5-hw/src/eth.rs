@@ -94,6 +94,12 @@ pub const PPCNT_GRP_PHYSICAL_LAYER_STATISTICAL: u64 = 0x16;
 pub const FS_FT_NIC_RX: u8 = 0x0;
 /// Flow table type of the NIC transmit pipeline (`FS_FT_NIC_TX`).
 pub const FS_FT_NIC_TX: u8 = 0x1;
+/// Flow table type of the receive sniffer (`FS_FT_SNIFFER_RX`): a copy
+/// of every frame the port takes in.
+pub const FS_FT_SNIFFER_RX: u8 = 0x5;
+/// Flow table type of the transmit sniffer (`FS_FT_SNIFFER_TX`): a copy
+/// of every frame the function sends.
+pub const FS_FT_SNIFFER_TX: u8 = 0x6;
 
 /// `match_criteria_enable`: the outer L2-L4 headers (`MLX5_MATCH_OUTER_HEADERS`).
 pub const MATCH_OUTER_HEADERS: u8 = 1 << 0;

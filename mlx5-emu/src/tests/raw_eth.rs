@@ -32,6 +32,7 @@ use super::{cmd_in, Drv};
 use crate::{Fabric, Profile};
 
 mod cqe_comp;
+mod sniffer;
 mod tunnel;
 
 const BAD_PARAM: u8 = CmdStatus::BadParameter.to_raw();

@@ -77,8 +77,9 @@ pub(crate) struct EthRx {
     pub flow_counts: Mutex<HashMap<u32, [u64; 2]>>,
     /// The vport's local loopback as its NIC vport context sets it.
     pub local_lb: LocalLb,
-    /// The plan has a NIC TX root: sent frames are matched there first
-    /// (the flag read per frame, the plan only when set).
+    /// The plan has a NIC TX root or a transmit sniffer root: sent
+    /// frames are matched there first (the flag read per frame, the plan
+    /// only when set).
     pub egress: AtomicBool,
     /// LRO sessions open on its RQs (counted under each RQ's ring lock:
     /// opened +1, closed or dropped -1; [`EthRx::flush_lro`]).
@@ -894,6 +895,9 @@ fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: Option<
     }
     let plan = rlock(&dst.eth_rx.plan).clone();
     let p = super::steer::parse(frame, &plan.vxlan_ports);
+    if plan.sniffing(false) {
+        sniffed(dst, frame, &p, plan.sniff(&p, false));
+    }
     let v = plan.steer(&p, looped);
     if looped.is_some() && v.to.is_empty() {
         return;
@@ -912,16 +916,41 @@ fn receive_from(dst: &Rdma, frame: &[u8], looped: Option<Looped>, burst: Option<
         );
         return;
     }
+    deliver_all(dst, frame, &p, v.to, burst);
+}
+
+/// `frame` (parsed as `p`) into each RQ of `to`; `burst`: the local SQ's
+/// burst that sent it.
+fn deliver_all(
+    dst: &Rdma,
+    frame: &[u8],
+    p: &super::steer::Parsed,
+    to: Vec<super::steer::Delivery>,
+    burst: Option<lro::Sender>,
+) {
     let mem = dst.dma.memory();
-    for mut d in v.to {
+    for mut d in to {
         d.burst = burst;
         let rq = rlock(&dst.eth_rx.rqs).get(&d.rqn).cloned();
         match rq {
-            Some(rq) => rq.deliver(dst, &mem, frame, &p, d),
+            Some(rq) => rq.deliver(dst, &mem, frame, p, d),
             None => {
-                c.dropped.fetch_add(1, Ordering::Relaxed);
+                dst.counters.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(rqn = d.rqn, "steered to no RQ: dropped");
             }
         }
     }
+}
+
+/// A sniffer's copy of `frame` (parsed as `p`) on `rdma`, as its sniffer
+/// tables decided ([`super::steer::Plan::sniff`]): counted, and into the
+/// RQs they name.
+pub(crate) fn sniffed(
+    rdma: &Rdma,
+    frame: &[u8],
+    p: &super::steer::Parsed,
+    v: super::steer::Verdict,
+) {
+    count_flows(rdma, &v.counters, frame.len());
+    deliver_all(rdma, frame, p, v.to, None);
 }

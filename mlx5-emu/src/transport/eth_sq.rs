@@ -425,7 +425,8 @@ fn leave(
         f.resize(super::packet::ETH_ZLEN, 0);
     }
     // The NIC TX tables, where the function made a root: a matching entry
-    // counts the frame and may drop it here.
+    // counts the frame and may drop it here. Then the transmit sniffer's
+    // copy of what leaves.
     if rdma.eth_rx.egress.load(Ordering::Acquire) {
         let plan = super::rlock(&rdma.eth_rx.plan).clone();
         let p = steer::parse(f, &plan.vxlan_ports);
@@ -435,6 +436,9 @@ fn leave(
             rdma.counters.dropped.fetch_add(1, Ordering::Relaxed);
             tracing::trace!(sqn = sq.sqn, len = f.len(), "dropped by a NIC TX entry");
             return f.len() as u32;
+        }
+        if plan.sniffing(true) {
+            eth_rx::sniffed(rdma, f, &p, plan.sniff(&p, true));
         }
     }
     eth_rx::transmit(rdma, f, sq.td);

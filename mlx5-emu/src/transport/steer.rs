@@ -16,7 +16,12 @@
 //! on there). No entry matching follows the table's miss path, and the
 //! default miss drops. A frame an SQ sends meets the NIC TX root the same
 //! way ([`Plan::egress`]): an entry counts, drops, or lets it leave (allow,
-//! or forward to a deeper NIC TX table), and a miss lets it leave. The outer L2-L4 headers are parsed, and a UDP
+//! or forward to a deeper NIC TX table), and a miss lets it leave. The
+//! sniffer tables, where the function made their roots, see copies: the
+//! receive sniffer every frame the port takes in, whatever NIC RX does
+//! with it, the transmit sniffer every frame an SQ sends that leaves; each
+//! walks them as NIC RX is walked and its TIRs deliver the copy
+//! ([`Plan::sniff`]). The outer L2-L4 headers are parsed, and a UDP
 //! datagram to a port the function registered as VXLAN
 //! (ADD_VXLAN_UDP_DPORT, fw/vxlan.rs) is a tunnel: its VNI goes into the
 //! misc parameters (`vxlan_vni`) and the encapsulated frame's L2-L4 headers
@@ -33,8 +38,9 @@ use std::collections::HashMap;
 
 use mlx5_hw::eth::{
     FLOW_CONTEXT_ACTION_DROP, FLOW_CONTEXT_ACTION_FWD_DEST, FS_FT_NIC_RX, FS_FT_NIC_TX,
-    MATCH_INNER_HEADERS, MATCH_MISC_PARAMETERS, MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT,
-    TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST, TIRC_SELF_LB_BLOCK_BLOCK_UNICAST,
+    FS_FT_SNIFFER_RX, FS_FT_SNIFFER_TX, MATCH_INNER_HEADERS, MATCH_MISC_PARAMETERS,
+    MATCH_OUTER_HEADERS, TIRC_DISP_TYPE_DIRECT, TIRC_SELF_LB_BLOCK_BLOCK_MULTICAST,
+    TIRC_SELF_LB_BLOCK_BLOCK_UNICAST,
 };
 use mlx5_hw::ifc::{
     flow_context, fte_match_param, fte_match_set_lyr_2_4 as l24, fte_match_set_misc, ipv4_layout,
@@ -125,6 +131,9 @@ pub(crate) struct Plan {
     /// The NIC TX root table: what the function's SQs send is matched
     /// there ([`Plan::egress`]).
     pub tx_root: Option<u32>,
+    /// The receive and transmit sniffers' root tables.
+    pub sniffer_rx_root: Option<u32>,
+    pub sniffer_tx_root: Option<u32>,
     tables: HashMap<u32, Table>,
     tirs: HashMap<u32, PlanTir>,
     /// The UDP destination ports parsed as VXLAN.
@@ -171,12 +180,22 @@ impl Plan {
         let mut p = Plan {
             root: st.roots.get(&FS_FT_NIC_RX).copied(),
             tx_root: st.roots.get(&FS_FT_NIC_TX).copied(),
+            sniffer_rx_root: st.roots.get(&FS_FT_SNIFFER_RX).copied(),
+            sniffer_tx_root: st.roots.get(&FS_FT_SNIFFER_TX).copied(),
             vxlan_ports: eth.vxlan_ports.iter().copied().collect(),
             ..Plan::default()
         };
-        // Table ids are the function's, whatever the type: both
-        // pipelines' tables in one map, each walked from its own root.
-        let walked = |t: &crate::fw::flow::FlowTable| t.ty == FS_FT_NIC_RX || t.ty == FS_FT_NIC_TX;
+        // Table ids are the function's, whatever the type: every
+        // pipeline's tables in one map, each walked from its own root.
+        let walked = |t: &crate::fw::flow::FlowTable| {
+            [
+                FS_FT_NIC_RX,
+                FS_FT_NIC_TX,
+                FS_FT_SNIFFER_RX,
+                FS_FT_SNIFFER_TX,
+            ]
+            .contains(&t.ty)
+        };
         for (&id, t) in st.tables.iter().filter(|(_, t)| walked(t)) {
             let mut table = Table {
                 miss: (t.miss_action == 1).then_some(t.miss_id),
@@ -237,10 +256,36 @@ impl Plan {
     /// `looped`: the function sent it itself, and a TIR of the sender's
     /// transport domain that blocks self loopback of its kind takes none.
     pub(crate) fn steer(&self, p: &Parsed, looped: Option<Looped>) -> Verdict {
+        self.walk(self.root, p, looped)
+    }
+
+    /// Packet `p`'s copy through the receive sniffer (`tx` false) or the
+    /// transmit sniffer: where its entries send it (no sniffer root:
+    /// nowhere).
+    pub(crate) fn sniff(&self, p: &Parsed, tx: bool) -> Verdict {
+        let root = if tx {
+            self.sniffer_tx_root
+        } else {
+            self.sniffer_rx_root
+        };
+        self.walk(root, p, None)
+    }
+
+    /// Whether a sniffer root exists: receive (`tx` false) or transmit.
+    pub(crate) fn sniffing(&self, tx: bool) -> bool {
+        if tx {
+            self.sniffer_tx_root.is_some()
+        } else {
+            self.sniffer_rx_root.is_some()
+        }
+    }
+
+    /// Walks packet `p` through the tables from `root`.
+    fn walk(&self, root: Option<u32>, p: &Parsed, looped: Option<Looped>) -> Verdict {
         let img = &p.img[..];
         let mut v = Verdict::default();
         let mut todo = Vec::new();
-        if let Some(r) = self.root {
+        if let Some(r) = root {
             todo.push((r, 0, 0));
         }
         let mut visits = 0u32;
@@ -910,9 +955,10 @@ pub(crate) fn after(
 ) {
     if affects(op) {
         let plan = Plan::build(st, eth);
-        rdma.eth_rx
-            .egress
-            .store(plan.tx_root.is_some(), std::sync::atomic::Ordering::Release);
+        rdma.eth_rx.egress.store(
+            plan.tx_root.is_some() || plan.sniffing(true),
+            std::sync::atomic::Ordering::Release,
+        );
         *super::wlock(&rdma.eth_rx.plan) = std::sync::Arc::new(plan);
     }
     if op == mlx5_hw::opcode::Opcode::AllocFlowCounter {
