@@ -520,6 +520,10 @@ impl Device {
             cfg.trap_control_pages.then_some(initseg::FIRST_UAR),
             transport::UmrCaps::of(&profile.caps()),
         );
+        rdma.eth_rx
+            .local_lb
+            .permanent
+            .store(cfg.mac, std::sync::atomic::Ordering::Relaxed);
         let memic_ops = fw.memic_op_windows();
         let inner = Arc::new(Inner {
             memic_ops,

@@ -31,7 +31,19 @@ impl Firmware {
         1u32 << self.cap(cmd_hca_cap::LOG_MAX_L2_TABLE).min(24)
     }
 
-    pub(super) fn set_l2_table_entry(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    /// The L2 table's MACs to the data path (the vport's unicast
+    /// addresses for its local loopback, `transport::eth_rx::LocalLb`).
+    fn publish_l2(&self, inner: &Inner) {
+        let macs = self.eth.l2_table.values().map(|e| e.mac).collect();
+        *crate::transport::wlock(&inner.rdma.eth_rx.local_lb.l2) = macs;
+    }
+
+    pub(super) fn set_l2_table_entry(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
         use set_l2_table_entry_in as i;
         sized(
             input,
@@ -60,10 +72,16 @@ impl Firmware {
             "SET_L2_TABLE_ENTRY"
         );
         self.eth.l2_table.insert(index, entry);
+        self.publish_l2(inner);
         Ok(vec![0; set_l2_table_entry_out::SIZE_BYTES])
     }
 
-    pub(super) fn delete_l2_table_entry(&mut self, input: &[u8], outlen: usize) -> CmdResult {
+    pub(super) fn delete_l2_table_entry(
+        &mut self,
+        inner: &Inner,
+        input: &[u8],
+        outlen: usize,
+    ) -> CmdResult {
         use delete_l2_table_entry_in as i;
         sized(
             input,
@@ -78,6 +96,7 @@ impl Firmware {
         if self.eth.l2_table.remove(&index).is_none() {
             return Err(fail(CmdStatus::BadParameter, synd::L2_UNKNOWN));
         }
+        self.publish_l2(inner);
         Ok(vec![0; delete_l2_table_entry_out::SIZE_BYTES])
     }
 

@@ -812,6 +812,94 @@ fn a_vport_with_local_loopback_disabled_does_not_hear_its_own_multicast() {
     assert_eq!(received, vec![rq]);
 }
 
+/// Unicast local loopback: a frame a function sends to a unicast address
+/// of its own (its permanent MAC, or one its L2 table holds: mlx5e's
+/// SET_L2_TABLE_ENTRY) comes back to its own NIC RX unless the vport
+/// context's `disable_uc_local_lb` is set; one to another MAC, or to an
+/// L2 entry deleted since, does not.
+#[test]
+fn a_unicast_to_an_own_mac_loops_back_unless_disabled() {
+    use mlx5_hw::ifc::{
+        delete_l2_table_entry_in, mac_address_layout, modify_nic_vport_context_in as mod_in,
+        modify_nic_vport_field_select as sel, nic_vport_context as nvc, set_l2_table_entry_in,
+    };
+    let (_fab, mut a, _b) = pair_on(Profile::ConnectX7);
+    let lkey = a.rw_mkey();
+    let rq = a.ready_rq(0);
+    a.post_recv(0, lkey, 16);
+    let tir = a.self_lb_tir(rq, 0);
+    let t = a.udp_table();
+    assert_eq!(a.udp_rule(t, 0, 2000, Some(tir), None), 0);
+    let sqn = a.ready_sq();
+    let own = a.d.f.model().config().mac;
+    const EXTRA: u64 = 0x02aa_bbcc_dd01;
+    let to = |mac: u64| {
+        let mut h = headers(5000, 2000, 64);
+        h[..6].copy_from_slice(&mac.to_be_bytes()[2..]);
+        h
+    };
+    let l2 = |e: &mut Eth, set: bool| {
+        let op = if set { 0x829 } else { 0x82b };
+        let mut c = cmd_in(op, 0, set_l2_table_entry_in::SIZE_BYTES);
+        if set {
+            let m = &mut c[set_l2_table_entry_in::MAC_ADDRESS.off / 8..];
+            mac_address_layout::MAC_ADDR_47_32.set(m, EXTRA >> 32);
+            mac_address_layout::MAC_ADDR_31_0.set(m, EXTRA & 0xffff_ffff);
+        }
+        let index = if set {
+            set_l2_table_entry_in::TABLE_INDEX
+        } else {
+            delete_l2_table_entry_in::TABLE_INDEX
+        };
+        index.set(&mut c, 3);
+        e.d.exec(&c, 16)[0]
+    };
+    let uc_lb_off = |e: &mut Eth| {
+        let mut c = cmd_in(0x755, 0, mod_in::SIZE_BYTES);
+        sel::DISABLE_UC_LOCAL_LB.set(&mut c[mod_in::FIELD_SELECT.off / 8..], 1);
+        nvc::DISABLE_UC_LOCAL_LB.set(&mut c[mod_in::NIC_VPORT_CONTEXT.off / 8..], 1);
+        e.d.exec(&c, 16)[0]
+    };
+    // (destination MAC, comes back), each after what the step before set.
+    let mut steps = Vec::new();
+    steps.push((own, true));
+    steps.push((0x0200_0000_0002, false));
+    assert_eq!(l2(&mut a, true), 0);
+    steps.push((EXTRA, true));
+    let mut idx = 0u16;
+    let mut cqes = 0usize;
+    let mut run = |a: &mut Eth, mac: u64, back: bool| {
+        a.send(sqn, idx, &to(mac), lkey, u64::from(idx) * 256, 64);
+        idx += 2;
+        let want = if back { 2 } else { 1 };
+        let mut got = Vec::new();
+        for n in cqes..cqes + want {
+            got.push(a.cqe(n)[63] >> 4);
+        }
+        cqes += want;
+        super::settle(a.d.f.model());
+        assert_eq!(
+            a.bufs[0].load_u8_acquire(cqes * 64 + 63).unwrap() >> 4,
+            0xf,
+            "{mac:012x}: nothing more"
+        );
+        got.sort_unstable();
+        let mut expect = vec![CqeOpcode::Req.to_raw()];
+        if back {
+            expect.push(CqeOpcode::RespSend.to_raw());
+            expect.sort_unstable();
+        }
+        assert_eq!(got, expect, "{mac:012x}");
+    };
+    for (mac, back) in steps {
+        run(&mut a, mac, back);
+    }
+    assert_eq!(l2(&mut a, false), 0);
+    run(&mut a, EXTRA, false);
+    assert_eq!(uc_lb_off(&mut a), 0);
+    run(&mut a, own, false);
+}
+
 /// An SQ made with `reg_umr` (ConnectX-5 and later offer `reg_umr_sq`)
 /// maps pages into a free, UMR-enabled MTT key as mlx5e maps its striding
 /// RQs' pages from its control SQ: a UMR WQE with inline MTT entries at a

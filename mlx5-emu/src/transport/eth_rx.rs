@@ -34,7 +34,7 @@
 //! strides are.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mlx5_hw::cqe::{CqeOpcode, CqeSyndrome};
@@ -98,6 +98,11 @@ pub(crate) struct EthRx {
 pub(crate) struct LocalLb {
     /// `disable_uc_local_lb`.
     pub uc_disabled: AtomicBool,
+    /// The function's permanent MAC (48 bits), set once when it is made.
+    pub permanent: AtomicU64,
+    /// The MACs of the L2 table (SET_L2_TABLE_ENTRY: mlx5e's unicast
+    /// addresses), which the vport answers to beside its permanent one.
+    pub l2: RwLock<Vec<u64>>,
     /// `disable_mc_local_lb`.
     pub mc_disabled: AtomicBool,
 }
@@ -111,6 +116,7 @@ impl EthRx {
         self.lro_open.store(0, Ordering::Release);
         self.egress.store(false, Ordering::Release);
         self.local_lb.uc_disabled.store(false, Ordering::Relaxed);
+        super::wlock(&self.local_lb.l2).clear();
         self.local_lb.mc_disabled.store(false, Ordering::Relaxed);
     }
 
@@ -788,21 +794,32 @@ pub(crate) fn transmit(src: &Rdma, frame: &[u8], td: Option<u32>) {
 /// The vport's local loopback: a frame the function sends to a multicast
 /// or broadcast address comes back to its own NIC RX as well (the
 /// e-switch delivers it to the vport as to any other) unless the vport
-/// context's `disable_mc_local_lb` is set ([`LocalLb`]; a unicast to the
-/// function's own MAC, which the e-switch would loop back too unless
-/// `disable_uc_local_lb`, is not modelled: it goes to the cable only).
-/// There a TIR of the sending SQ's transport domain refuses it if its
-/// `self_lb_block` covers the kind (mlx5e's TIRs block both, so a netdev
-/// never hears itself; a raw packet QP's TIR of another context takes
-/// what a first context sends, as rdma-core's flow tests expect, mlx5_ib
-/// having turned the loopback on for the second context).
+/// context's `disable_mc_local_lb` is set, and one to a unicast address
+/// of its own (its permanent MAC or one of its L2 table) unless
+/// `disable_uc_local_lb` is ([`LocalLb`]; the frame still goes to the
+/// cable too). There a TIR of the sending SQ's transport domain refuses it
+/// if its `self_lb_block` covers the kind (mlx5e's TIRs block both, so a
+/// netdev never hears itself; a raw packet QP's TIR of another context
+/// takes what a first context sends, as rdma-core's flow tests expect,
+/// mlx5_ib having turned the loopback on for the second context).
 /// A copy no RQ takes is not counted.
 fn loop_back(src: &Rdma, frame: &[u8], td: Option<u32>) {
     let Some(dmac) = frame.get(..6) else {
         return;
     };
     let multicast = dmac[0] & 1 != 0;
-    if multicast && !src.eth_rx.local_lb.mc_disabled.load(Ordering::Relaxed) {
+    let lb = &src.eth_rx.local_lb;
+    let back = if multicast {
+        !lb.mc_disabled.load(Ordering::Relaxed)
+    } else {
+        !lb.uc_disabled.load(Ordering::Relaxed) && {
+            let mut m = [0u8; 8];
+            m[2..].copy_from_slice(dmac);
+            let mac = u64::from_be_bytes(m);
+            lb.permanent.load(Ordering::Relaxed) == mac || rlock(&lb.l2).contains(&mac)
+        }
+    };
+    if back {
         receive_from(
             src,
             frame,
