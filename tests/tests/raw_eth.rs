@@ -959,29 +959,8 @@ const MS_RSS_FLOWS: [(([u8; 4], u16), ([u8; 4], u16), u32, u32); 5] = [
 fn rss_spreads_frames_over_work_queues_by_the_published_toeplitz_hashes() {
     let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
     let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
-    let cap = WqCap {
-        log_wqes: 4,
-        strip_vlan: false,
-    };
-    let mut cqs: Vec<Cq> = (0..4)
-        .map(|_| p.b.ctx.create_cq(64, None, None).unwrap())
-        .collect();
-    let mut wqs: Vec<Wq> = cqs
-        .iter()
-        .map(|cq| p.b.ctx.create_wq(&p.b.pd, cq, cap).unwrap())
-        .collect();
-    let table =
-        p.b.ctx
-            .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
-            .unwrap();
-    // Each WQ's buffers: 16 of RX_BUF bytes at (queue * 16 + k) * RX_BUF.
+    let (mut cqs, mut wqs, table) = rss_queues(&p.b, 16);
     let slot = |q: usize, k: usize| ((q * 16 + k) * RX_BUF) as u64;
-    for (q, w) in wqs.iter_mut().enumerate() {
-        let bufs: Vec<_> = (0..16)
-            .map(|k| p.b.mr.sge(slot(q, k), RX_BUF as u32).unwrap())
-            .collect();
-        assert_eq!(w.post_rx(&bufs), 16);
-    }
     let all_udp = FlowSpec {
         ethertype: Some(0x0800),
         ip_protocol: Some(17),
@@ -1029,16 +1008,58 @@ fn rss_spreads_frames_over_work_queues_by_the_published_toeplitz_hashes() {
         rss.destroy().unwrap();
     }
     // Nothing went astray: every queue empty now.
+    steer.destroy().unwrap();
+    rss_queues_empty(&p, cqs, wqs, table);
+    qa.destroy().unwrap();
+}
+
+/// On side `s`, four receive work queues, each on a CQ of its own with
+/// `per` buffers of [`RX_BUF`] bytes posted (queue `q`'s buffer `k` at
+/// `(q * per + k) * RX_BUF`), and an indirection table over them.
+fn rss_queues(s: &Side, per: usize) -> (Vec<Cq>, Vec<Wq>, verbs::rss::RwqIndTable) {
+    let cap = WqCap {
+        log_wqes: 4,
+        strip_vlan: false,
+    };
+    let cqs: Vec<Cq> = (0..4)
+        .map(|_| s.ctx.create_cq(64, None, None).unwrap())
+        .collect();
+    let mut wqs: Vec<Wq> = cqs
+        .iter()
+        .map(|cq| s.ctx.create_wq(&s.pd, cq, cap).unwrap())
+        .collect();
+    let table = s
+        .ctx
+        .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
+        .unwrap();
+    for (q, w) in wqs.iter_mut().enumerate() {
+        let bufs: Vec<_> = (0..per)
+            .map(|k| {
+                s.mr.sge(((q * per + k) * RX_BUF) as u64, RX_BUF as u32)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(w.post_rx(&bufs), per);
+    }
+    (cqs, wqs, table)
+}
+
+/// Every queue of [`rss_queues`] empty once the models settled, then the
+/// table and the queues destroyed.
+fn rss_queues_empty(
+    p: &verbs_common::Pair,
+    mut cqs: Vec<Cq>,
+    mut wqs: Vec<Wq>,
+    table: verbs::rss::RwqIndTable,
+) {
     settle(&p.fabric);
     for (w, cq) in wqs.iter_mut().zip(cqs.iter_mut()) {
         assert_eq!(w.rx_burst(cq, &mut [RxPkt::default()]), 0);
     }
-    steer.destroy().unwrap();
     table.destroy().unwrap();
     for w in wqs {
         w.destroy().unwrap();
     }
-    qa.destroy().unwrap();
 }
 
 /// [`vxlan_frame`] (VNI 42, the I flag) whose inner frame goes from `src`
@@ -1138,31 +1159,7 @@ fn tunnel_offloads_report_and_hash_the_inner_packet() {
     }
 
     // Inner RSS over four work queues.
-    let wcap = WqCap {
-        log_wqes: 4,
-        strip_vlan: false,
-    };
-    let mut cqs: Vec<Cq> = (0..4)
-        .map(|_| p.b.ctx.create_cq(64, None, None).unwrap())
-        .collect();
-    let mut wqs: Vec<Wq> = cqs
-        .iter()
-        .map(|cq| p.b.ctx.create_wq(&p.b.pd, cq, wcap).unwrap())
-        .collect();
-    for (q, w) in wqs.iter_mut().enumerate() {
-        let bufs: Vec<_> = (0..8)
-            .map(|k| {
-                p.b.mr
-                    .sge(((q * 8 + k) * RX_BUF) as u64, RX_BUF as u32)
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(w.post_rx(&bufs), 8);
-    }
-    let table =
-        p.b.ctx
-            .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
-            .unwrap();
+    let (mut cqs, mut wqs, table) = rss_queues(&p.b, 8);
     let conf = RxHashConf {
         table: &table,
         key: MS_RSS_KEY,
@@ -1185,15 +1182,8 @@ fn tunnel_offloads_report_and_hash_the_inner_packet() {
     }
     steer.destroy_flow(flow).unwrap();
     rss.destroy().unwrap();
-    settle(&p.fabric);
-    for (w, cq) in wqs.iter_mut().zip(cqs.iter_mut()) {
-        assert_eq!(w.rx_burst(cq, &mut [RxPkt::default()]), 0);
-    }
     steer.destroy().unwrap();
-    table.destroy().unwrap();
-    for w in wqs {
-        w.destroy().unwrap();
-    }
+    rss_queues_empty(&p, cqs, wqs, table);
     qa.destroy().unwrap();
     parsing.0.destroy().unwrap();
     plain.0.destroy().unwrap();

@@ -364,6 +364,23 @@ fn completion_channel_fires_after_arm() {
     assert_eq!(poll_n(&mut rcq, 1)[0].wr_id, 2);
 }
 
+/// A signaled UD SEND of `s` on `q` to the multicast group `group`
+/// addresses (remote QPN 0xFFFFFF).
+fn send_to_group(q: &mut verbs::qp::Qp, wr_id: u64, s: verbs::mr::Sge, group: &verbs::ah::Ah) {
+    q.post_send(&[SendWr {
+        wr_id,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[s]),
+        flags: sf::SIGNALED,
+        ud: Some(UdDest {
+            ah: group,
+            remote_qpn: verbs::mcast::MULTICAST_QPN,
+            remote_qkey: QKEY,
+        }),
+    }])
+    .unwrap();
+}
+
 /// Multicast: UD QPs on both cabled functions join a group
 /// (`attach_mcast`, ATTACH_TO_MCG); a SEND to the group's GID and QP
 /// 0xFFFFFF reaches each member once, on the other port and on the
@@ -403,20 +420,7 @@ fn ud_multicast_reaches_every_member_on_both_ports() {
     let group = group_ah(mgid);
     let d = fill(&p.a.buf, 0, 500, 31);
     let s = p.a.mr.sge(0, 500).unwrap();
-    let send = |q: &mut verbs::qp::Qp, wr_id| {
-        q.post_send(&[SendWr {
-            wr_id,
-            op: SendOp::Send,
-            payload: Payload::Sges(&[s]),
-            flags: sf::SIGNALED,
-            ud: Some(UdDest {
-                ah: &group,
-                remote_qpn: verbs::mcast::MULTICAST_QPN,
-                remote_qkey: QKEY,
-            }),
-        }])
-        .unwrap();
-    };
+    let send = |q: &mut verbs::qp::Qp, wr_id| send_to_group(q, wr_id, s, &group);
     send(&mut qa, 10);
     // A: the send and the copy its own port gave QP a2.
     let mut wa = poll_n(&mut p.a.cq, 2);
@@ -543,20 +547,7 @@ fn a_qp_blocking_multicast_loopback_reaches_the_other_port_only() {
             .unwrap();
     fill(&p.a.buf, 0, 100, 7);
     let s = p.a.mr.sge(0, 100).unwrap();
-    let send = |q: &mut verbs::qp::Qp, wr_id| {
-        q.post_send(&[SendWr {
-            wr_id,
-            op: SendOp::Send,
-            payload: Payload::Sges(&[s]),
-            flags: sf::SIGNALED,
-            ud: Some(UdDest {
-                ah: &group,
-                remote_qpn: verbs::mcast::MULTICAST_QPN,
-                remote_qkey: QKEY,
-            }),
-        }])
-        .unwrap();
-    };
+    let send = |q: &mut verbs::qp::Qp, wr_id| send_to_group(q, wr_id, s, &group);
     send(&mut blocking, 10);
     let wb = poll_n(&mut p.b.cq, 1);
     assert_eq!((wb[0].wr_id, wb[0].src_qp), (1, blocking.qp_num()));
