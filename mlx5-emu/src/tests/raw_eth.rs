@@ -55,7 +55,27 @@ fn pair() -> (Fabric, Eth, Eth) {
 
 /// [`pair`] of `p`.
 fn pair_on(p: Profile) -> (Fabric, Eth, Eth) {
-    let fab = Fabric::cabled(2, p);
+    pair_of(Fabric::cabled(2, p))
+}
+
+/// [`pair`] of `p` on a clock the test moves (`fw_start` 0: ready at
+/// power-on).
+fn pair_on_clock(
+    p: Profile,
+    clock: &std::sync::Arc<vfio::clock::ManualClock>,
+) -> (Fabric, Eth, Eth) {
+    pair_of(Fabric::cabled_as(
+        2,
+        &crate::DeviceConfig {
+            fw_start: std::time::Duration::ZERO,
+            clock: clock.shared(),
+            ..crate::DeviceConfig::for_profile(p)
+        },
+    ))
+}
+
+/// Two functions of `fab` set up as [`pair`] does.
+fn pair_of(fab: Fabric) -> (Fabric, Eth, Eth) {
     let mut e = [0, 1].map(|i| setup_on(Drv::on(fab.function(i).unwrap())));
     for x in &mut e {
         for i in 0..64 {
@@ -1564,7 +1584,10 @@ fn lro_merges_a_flows_in_order_segments_into_one_striding_cqe() {
     use mlx5_hw::eth::{MPWRQ_CQE_STRIDES_SHIFT, TIRC_PACKET_MERGE_MASK_IPV4_LRO};
     const ACK: u8 = 0x10;
     const PSH: u8 = 0x08;
-    let (_fab, mut a, mut b) = pair_on(Profile::ConnectX7);
+    // The TIR's 32 us timer on a clock that stands still: only the
+    // segments and bursts end sessions here.
+    let clock = vfio::clock::ManualClock::new();
+    let (_fab, mut a, mut b) = pair_on_clock(Profile::ConnectX7, &clock);
     let blkey = b.rw_mkey();
     let rq = b.striding_rq();
     b.post_striding(blkey);

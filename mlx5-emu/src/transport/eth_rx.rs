@@ -403,8 +403,16 @@ impl EthRq {
                     match seg {
                         // A session opens on it; its CQE waits.
                         Some((s, cfg)) if !s.psh => {
-                            ring.lro =
-                                Some(lro::Session::start(&s, frame, cfg, at, first, c, d.burst));
+                            ring.lro = Some(lro::Session::start(
+                                &s,
+                                frame,
+                                cfg,
+                                at,
+                                first,
+                                c,
+                                d.burst,
+                                rdma.clock.now(),
+                            ));
                             if d.burst.is_some() {
                                 note_held();
                             }
@@ -459,16 +467,7 @@ impl EthRq {
         let Some(sess) = ring.lro.as_mut() else {
             return false;
         };
-        if burst_end.is_some() {
-            if sess.held != burst_end {
-                return true;
-            }
-        } else if sess.held.is_some() {
-            sess.idle += 1;
-            if sess.idle < lro::HELD_IDLE_PASSES {
-                return true;
-            }
-        } else if std::mem::take(&mut sess.touched) {
+        if !sess.closes(burst_end, || rdma.clock.now()) {
             return true;
         }
         let mut cqes = Vec::with_capacity(1);

@@ -12,17 +12,22 @@
 //! flow whose sequence number follows on lands its payload right after,
 //! while the merged IP payload stays within `lro_max_ip_payload_size` (256
 //! byte units) and the WQE's strides hold it. A segment with PSH ends the
-//! session after it; anything else for the RQ ends it before itself; and
-//! the end of the sending SQ's burst ends it (a frame from another
+//! session after it; anything else for the RQ ends it before itself; the
+//! TIR's `lro_timeout_period_usecs` ends it once it has been open that
+//! long (on the function's clock, looked at each pass of its data path);
+//! and the end of the sending SQ's burst ends it (a frame from another
 //! process's port, over the wire, has no such burst: the RQ's function
-//! ends its session idle for one pass of its data path), as the device's
-//! `lro_timeout_period_usecs` would between bursts. The CQE of a session of two or more segments carries, as
+//! ends its session idle for one pass of its data path), which the
+//! device's timer would do only later. `lro_min_mss_size` is not applied
+//! (no driver reads it; DPDK only logs it). The CQE of a session of two or more segments carries, as
 //! mlx5e's `mlx5e_lro_update_hdr` reads them: the segment count in the top
 //! byte of `srqn`, PSH (`tcppsh_abort_dupack` bit 6), the least TTL or hop
 //! limit, the last segment's window and acknowledgement number, and
 //! `check_sum` the one's-complement sum of the merged TCP payload only;
 //! the headers in the buffer stay the first segment's. A session of one
 //! segment completes as any frame does.
+
+use std::time::{Duration, Instant};
 
 use mlx5_hw::cqe::CQE_LRO_TCPPSH_SHIFT;
 
@@ -53,6 +58,9 @@ pub(crate) struct Lro {
     pub ipv6: bool,
     /// The largest merged IP payload, in bytes.
     pub max_payload: u32,
+    /// `lro_timeout_period_usecs`: a session closes once open this long
+    /// (0: no timer).
+    pub timeout: Duration,
 }
 
 impl Lro {
@@ -67,6 +75,7 @@ impl Lro {
             ipv4: mask & V4 != 0,
             ipv6: mask & V6 != 0,
             max_payload: (tirc::LRO_MAX_IP_PAYLOAD_SIZE.get(tirc) as u32) << 8,
+            timeout: Duration::from_micros(tirc::LRO_TIMEOUT_PERIOD_USECS.get(tirc)),
         })
     }
 }
@@ -216,6 +225,9 @@ pub(crate) struct Session {
     /// session still open after [`HELD_IDLE_PASSES`] closes anyway (a
     /// safety net: its burst ends in the same call that fed it).
     pub idle: u32,
+    /// When the session's timer runs out (`lro_timeout_period_usecs` from
+    /// its first segment, on the function's clock); none without one.
+    pub expires: Option<Instant>,
 }
 
 /// The one's-complement sum of `b` as 16-bit big-endian words, unfolded.
@@ -235,6 +247,7 @@ fn fold(mut s: u64) -> u16 {
 impl Session {
     /// A session of segment `s` of `frame`, placed at stride `first` of
     /// WQE `at`; `cqe`: the completion it would have had alone.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         s: &Segment,
         frame: &[u8],
@@ -243,6 +256,7 @@ impl Session {
         first: u32,
         cqe: Completion,
         held: Option<Sender>,
+        now: Instant,
     ) -> Self {
         let data = &frame[s.payload()];
         Self {
@@ -266,6 +280,27 @@ impl Session {
             touched: true,
             held,
             idle: 0,
+            expires: (!cfg.timeout.is_zero()).then(|| vfio::clock::later(now, cfg.timeout)),
+        }
+    }
+
+    /// Whether the session closes now: at a pass of the function's data
+    /// path (`burst_end` none) once its timer has run out (`now`: the
+    /// clock), or once it was idle for a pass (held by a burst: for
+    /// [`HELD_IDLE_PASSES`]); at the end of the burst that holds it.
+    pub(crate) fn closes(
+        &mut self,
+        burst_end: Option<Sender>,
+        now: impl FnOnce() -> Instant,
+    ) -> bool {
+        match burst_end {
+            Some(b) => self.held == Some(b),
+            None if self.expires.is_some_and(|t| now() >= t) => true,
+            None if self.held.is_some() => {
+                self.idle += 1;
+                self.idle >= HELD_IDLE_PASSES
+            }
+            None => !std::mem::take(&mut self.touched),
         }
     }
 
@@ -341,4 +376,58 @@ pub(crate) struct LroCqe {
     pub min_ttl: u8,
     pub tcp_win: u16,
     pub ack_seq_num: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session of one 100-byte segment, its TIR's timer `timeout`,
+    /// started at `now`, held by `held`.
+    fn session(timeout: Duration, now: Instant, held: Option<Sender>) -> Session {
+        let s = Segment {
+            key: [1; 36],
+            ipv6: false,
+            seq: 1,
+            ack: 2,
+            win: 3,
+            ttl: 64,
+            psh: false,
+            hdr_len: 66,
+            payload: 100,
+        };
+        let cfg = Lro {
+            ipv4: true,
+            ipv6: false,
+            max_payload: 64 << 10,
+            timeout,
+        };
+        Session::start(&s, &[0; 166], cfg, 0, 0, Completion::default(), held, now)
+    }
+
+    /// The TIR's `lro_timeout_period_usecs` closes a session at the first
+    /// pass after it ran out, however busy (touched) or held it is; before
+    /// that a touched session stays, and one idle for a pass closes; a
+    /// timer of 0 is none.
+    #[test]
+    fn the_timer_closes_a_session_once_it_ran_out() {
+        let t0 = Instant::now();
+        let us = Duration::from_micros;
+        let mut s = session(us(32), t0, None);
+        assert!(!s.closes(None, || t0 + us(31)), "touched, 31 us");
+        s.touched = true;
+        assert!(s.closes(None, || t0 + us(32)), "touched, 32 us: the timer");
+        let mut s = session(us(32), t0, None);
+        assert!(!s.closes(None, || t0), "touched");
+        assert!(s.closes(None, || t0), "idle for a pass");
+        let held = Some(Sender(1));
+        let mut s = session(us(32), t0, held);
+        assert!(!s.closes(None, || t0 + us(1)), "held");
+        assert!(!s.closes(Some(Sender(2)), || t0), "another burst's end");
+        assert!(s.closes(None, || t0 + us(40)), "held, the timer ran out");
+        let mut s = session(us(32), t0, held);
+        assert!(s.closes(held, || t0), "its burst's end");
+        let mut s = session(Duration::ZERO, t0, None);
+        assert!(!s.closes(None, || t0 + Duration::from_secs(9)), "no timer");
+    }
 }
