@@ -1958,7 +1958,8 @@ fn xrc_srq_query_and_arm() {
 /// no event until the period has run (the model waits on
 /// [`crate::transport::cq::CQ_MODERATION`]), then one; armed again, the
 /// fourth CQE since that event raises it at once; an arm that finds CQEs
-/// already there raises it at once.
+/// already there raises it at once; an arm after the consumer polled the
+/// CQE a period waited for drops the period.
 #[test]
 fn cq_moderation_holds_the_event_for_the_period_or_the_count() {
     use crate::transport::cq::CQ_MODERATION;
@@ -2032,4 +2033,18 @@ fn cq_moderation_holds_the_event_for_the_period_or_the_count() {
         dev.stats().eqes == eqes + 3
     });
     assert_eq!(opcode(&a.poll(0)), 0);
+    // A CQE under the period, polled, then an arm past it: the period
+    // goes with it, and running the clock raises no event.
+    arm(&mut a, 4);
+    a.post_send(&mut qa, 0x08, 0, &segs, true);
+    assert_eq!(opcode(&a.poll(0)), 0);
+    clock
+        .wait_armed(CQ_MODERATION, HANG_GUARD)
+        .expect("the period waits");
+    arm(&mut a, 5);
+    super::settle(dev);
+    assert!(clock.armed().is_empty(), "{:?}", clock.armed());
+    clock.advance(Duration::from_millis(1));
+    super::settle(dev);
+    assert_eq!(dev.stats().eqes, eqes + 3, "an event with nothing new");
 }

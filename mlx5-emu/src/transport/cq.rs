@@ -597,7 +597,7 @@ impl Cq {
         if !st.timer.as_ref().is_some_and(Deadline::passed) {
             return;
         }
-        let fire = st.armed.is_some() && !st.error;
+        let fire = st.armed == Some(false) && !st.error;
         Self::event_raised(rdma, &mut st);
         self.fired(rdma, st, fire);
     }
@@ -761,6 +761,10 @@ impl Cq {
             drop(st);
             self.completion_event(rdma);
         } else {
+            // Nothing after `ci`: a period set for CQEs the consumer has
+            // since polled waits for the next CQE instead.
+            Self::cancel_timer(rdma, &mut st);
+            st.first_cqe = None;
             st.armed = Some(sol_only);
         }
     }
