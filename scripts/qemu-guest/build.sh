@@ -5,7 +5,9 @@
 # mlx5_ib, ib_uverbs as modules), rdma-core userspace, pyverbs, perftest,
 # rdmacm-utils, scapy (rdma-core's DevX and steering tests build packets
 # with it), DPDK's testpmd with its mlx5 PMD (issue 26's outside judge of
-# raw Ethernet queues through mlx5_ib), ethtool and tcpdump, rdma-core's own tests/ (from the upstream tarball), and an
+# raw Ethernet queues through mlx5_ib), ethtool, tcpdump, ping and iperf3
+# (mlx5e's traffic as users measure it), rdma-core's own tests/ (from the
+# upstream tarball), and an
 # initrd whose init mounts that root read-only over 9p and runs the guest
 # script /guest/init.sh (see run.sh).
 #
@@ -98,7 +100,8 @@ in_root '
     apt-get install -y -qq --no-install-recommends \
         linux-image-amd64 busybox-static kmod pciutils iproute2 \
         rdma-core ibverbs-utils ibverbs-providers perftest python3-pyverbs rdmacm-utils \
-        python3-scapy dpdk-dev libelf-dev/trixie-backports librte-net-mlx5-25 ethtool tcpdump
+        python3-scapy dpdk-dev libelf-dev/trixie-backports librte-net-mlx5-25 ethtool tcpdump \
+        iputils-ping iperf3
     apt-get clean
 ' >"$build/apt.log" 2>&1 || {
     tail -30 "$build/apt.log" >&2

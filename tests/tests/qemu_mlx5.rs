@@ -79,6 +79,7 @@ const CHECKS: &[&str] = &[
     "mlx5e_vxlan_tcp_stream_between_functions",
     "mlx5e_gre_udp_echo_between_functions",
     "mlx5e_gre_tcp_stream_between_functions",
+    "mlx5e_ping_and_iperf3_between_functions",
     "mlx5e_leaves_inner_checksums_to_the_device",
     "mlx5e_pktgen_bursts_arrive",
     "mlx5e_sends_no_multi_packet_wqe_without_the_cap",
@@ -556,6 +557,25 @@ pub(crate) fn judge_eth_traffic(
             })
             .collect()
     };
+    // "ping N received", "iperf3 sent S received R mbps M": three pings
+    // answered and iperf3's 4 MiB received whole.
+    let ping = lines.contains(&"ping 3 received");
+    let iperf = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("iperf3 sent "))
+        .map(|r| r.split_whitespace().collect::<Vec<_>>());
+    let whole = matches!(
+        iperf.as_deref(),
+        Some(["4194304", "received", "4194304", "mbps", _])
+    );
+    t.check(
+        &format!("{prefix}mlx5e_ping_and_iperf3_between_functions"),
+        if ping && whole {
+            Ok(())
+        } else {
+            Err(format!("{lines:?}; {log}"))
+        },
+    );
     // The tunnel's traffic went through the device's inner offloads: the
     // sending side left inner checksums to it (and, where TSO applied,
     // the tunnel segmentation).

@@ -6,7 +6,8 @@
 # crosses the cable. Then Linux's pktgen sends PKTGEN_COUNT UDP frames from
 # DEV0 to DEV1 in bursts of 8 (xmit_more: mlx5e puts a burst in one
 # enhanced multi-packet WQE where the caps offer them) and DEV1's receive
-# counter says how many arrived. Then the UDP echo and TCP stream again
+# counter says how many arrived (ping and iperf3 before it,
+# ping_iperf3). Then the UDP echo and TCP stream again
 # over a VXLAN tunnel (VNI 42, UDP port 4789) between the two: mlx5e
 # registers the port with the device and asks it for the inner checksums
 # and tunnel segmentation ("=== eth vxlan ..." lines), and over a GRE
@@ -75,6 +76,29 @@ tunnel_pair() {
     wait
 }
 
+# ping_iperf3 ADDR: what a user runs first between two hosts, towards
+# ADDR in the peer namespace: three pings ("=== eth ping N received"),
+# then iperf3 sending 4 MiB over TCP to a one-off server there ("=== eth
+# iperf3 sent S received R mbps M", from its JSON report).
+ping_iperf3() {
+    echo "=== eth ping $(ping -c 3 -i 0.2 -W 5 "$1" | grep -o '[0-9]* received')"
+    ip netns exec peer timeout 150 iperf3 -s -1 -B "$1" >/dev/null 2>&1 &
+    i=0
+    until out=$(timeout 120 iperf3 -c "$1" -n 4M -J 2>/dev/null); do
+        i=$((i + 1))
+        [ $i -lt 20 ] || break
+        sleep 0.5
+    done
+    echo "$out" | python3 -c 'import json, sys
+try:
+    e = json.load(sys.stdin)["end"]
+    print("=== eth iperf3 sent", e["sum_sent"]["bytes"], "received", e["sum_received"]["bytes"],
+          "mbps", round(e["sum_received"]["bits_per_second"] / 1e6, 1))
+except Exception as x:
+    print("=== eth iperf3 failed", repr(x))'
+    wait
+}
+
 eth_pair() {
     ip netns add peer && ip link set dev "$2" netns peer
     ip addr add 10.9.0.1/24 dev "$1"
@@ -100,6 +124,7 @@ eth_pair() {
     done
     PYTHONDONTWRITEBYTECODE=1 timeout 180 python3 /guest/eth_traffic.py client 10.9.0.2
     wait
+    ping_iperf3 10.9.0.2
     rx() { ip netns exec peer cat "/sys/class/net/$2/statistics/rx_packets"; }
     before=$(rx "$@")
     modprobe pktgen

@@ -38,6 +38,7 @@ pub const CX7_CHECKS: &[&str] = &[
     "cx7/mlx5e_vxlan_tcp_stream_between_functions",
     "cx7/mlx5e_gre_udp_echo_between_functions",
     "cx7/mlx5e_gre_tcp_stream_between_functions",
+    "cx7/mlx5e_ping_and_iperf3_between_functions",
     "cx7/mlx5e_leaves_inner_checksums_to_the_device",
     "cx7/mlx5e_pktgen_bursts_arrive",
     "cx7/mlx5e_sends_by_enhanced_multi_packet_wqes",
