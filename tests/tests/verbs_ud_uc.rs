@@ -364,6 +364,16 @@ fn completion_channel_fires_after_arm() {
     assert_eq!(poll_n(&mut rcq, 1)[0].wr_id, 2);
 }
 
+/// A receive WR `wr_id` on `q`: 2 KiB of `s`'s region at `0x1000 * wr_id`.
+fn recv(q: &mut verbs::qp::Qp, s: &Side, wr_id: u64) {
+    let r = s.mr.sge(0x1000 * wr_id, 2048).unwrap();
+    q.post_recv(&[RecvWr {
+        wr_id,
+        sg_list: &[r],
+    }])
+    .unwrap();
+}
+
 /// A signaled UD SEND of `s` on `q` to the multicast group `group`
 /// addresses (remote QPN 0xFFFFFF).
 fn send_to_group(q: &mut verbs::qp::Qp, wr_id: u64, s: verbs::mr::Sge, group: &verbs::ah::Ah) {
@@ -395,14 +405,6 @@ fn ud_multicast_reaches_every_member_on_both_ports() {
     let mgid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34];
     qb.attach_mcast(&mgid).unwrap();
     qa2.attach_mcast(&mgid).unwrap();
-    let recv = |q: &mut verbs::qp::Qp, s: &Side, wr_id: u64| {
-        let r = s.mr.sge(0x1000 * wr_id, 2048).unwrap();
-        q.post_recv(&[RecvWr {
-            wr_id,
-            sg_list: &[r],
-        }])
-        .unwrap();
-    };
     recv(&mut qb, &p.b, 1);
     recv(&mut qa2, &p.a, 2);
     recv(&mut qb2, &p.b, 3);
@@ -525,14 +527,6 @@ fn a_qp_blocking_multicast_loopback_reaches_the_other_port_only() {
     let mgid = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x56, 0x78];
     qb.attach_mcast(&mgid).unwrap();
     qa2.attach_mcast(&mgid).unwrap();
-    let recv = |q: &mut verbs::qp::Qp, s: &Side, wr_id: u64| {
-        let r = s.mr.sge(0x1000 * wr_id, 2048).unwrap();
-        q.post_recv(&[RecvWr {
-            wr_id,
-            sg_list: &[r],
-        }])
-        .unwrap();
-    };
     recv(&mut qb, &p.b, 1);
     recv(&mut qa2, &p.a, 2);
     let group =

@@ -174,20 +174,27 @@ impl Eth {
     /// The NIC RX root table (level 0, 16 entries) with one group over
     /// ethertype, IP protocol and UDP destination port.
     fn udp_table(&mut self) -> (u32, u32) {
-        let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
-        create_flow_table_in::TABLE_TYPE.set(&mut c, NIC_RX);
-        flow_table_context::LOG_SIZE
-            .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
-            .set(&mut c, 4);
-        let out = self.d.ok(&c, create_flow_table_out::SIZE_BYTES);
-        let table = create_flow_table_out::TABLE_ID.get(&out) as u32;
-        let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
-        set_flow_table_root_in::TABLE_TYPE.set(&mut c, NIC_RX);
-        set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
-        self.d.ok(&c, 16);
+        let table = self.root_table(NIC_RX, 4);
         let (s, group) = self.group(table, MATCH_OUTER_HEADERS.into());
         assert_eq!(s, 0);
         (table, group)
+    }
+
+    /// CREATE_FLOW_TABLE of type `ty` (2^`log_size` entries, level 0),
+    /// made that type's root by SET_FLOW_TABLE_ROOT: its id.
+    fn root_table(&mut self, ty: u64, log_size: u64) -> u32 {
+        let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
+        create_flow_table_in::TABLE_TYPE.set(&mut c, ty);
+        flow_table_context::LOG_SIZE
+            .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
+            .set(&mut c, log_size);
+        let out = self.d.ok(&c, create_flow_table_out::SIZE_BYTES);
+        let table = create_flow_table_out::TABLE_ID.get(&out) as u32;
+        let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
+        set_flow_table_root_in::TABLE_TYPE.set(&mut c, ty);
+        set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
+        self.d.ok(&c, 16);
+        table
     }
 
     /// CREATE_FLOW_GROUP over indices 0..15 of `table`, its criteria
@@ -1899,17 +1906,7 @@ fn a_nic_tx_entry_drops_what_it_matches_before_the_port() {
     });
     // A's NIC TX root: a group over the UDP port, port 1001 dropped,
     // port 1000 allowed.
-    let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
-    create_flow_table_in::TABLE_TYPE.set(&mut c, NIC_TX);
-    flow_table_context::LOG_SIZE
-        .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
-        .set(&mut c, 2);
-    let table =
-        create_flow_table_out::TABLE_ID.get(&a.d.ok(&c, create_flow_table_out::SIZE_BYTES)) as u32;
-    let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
-    set_flow_table_root_in::TABLE_TYPE.set(&mut c, NIC_TX);
-    set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
-    a.d.ok(&c, 16);
+    let table = a.root_table(NIC_TX, 2);
     let mut c = cmd_in(0x933, 0, g::SIZE_BYTES);
     g::TABLE_TYPE.set(&mut c, NIC_TX);
     g::TABLE_ID.set(&mut c, u64::from(table));

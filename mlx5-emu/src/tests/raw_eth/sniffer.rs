@@ -13,17 +13,7 @@ fn catch_all(e: &mut Eth, ty: u8, tir: u32) {
     use create_flow_group_in as g;
     use set_fte_in as i;
     let ty = u64::from(ty);
-    let mut c = cmd_in(0x930, 0, create_flow_table_in::SIZE_BYTES);
-    create_flow_table_in::TABLE_TYPE.set(&mut c, ty);
-    flow_table_context::LOG_SIZE
-        .at(create_flow_table_in::FLOW_TABLE_CONTEXT.off)
-        .set(&mut c, 1);
-    let table =
-        create_flow_table_out::TABLE_ID.get(&e.d.ok(&c, create_flow_table_out::SIZE_BYTES)) as u32;
-    let mut c = cmd_in(0x92f, 0, set_flow_table_root_in::SIZE_BYTES);
-    set_flow_table_root_in::TABLE_TYPE.set(&mut c, ty);
-    set_flow_table_root_in::TABLE_ID.set(&mut c, u64::from(table));
-    e.d.ok(&c, 16);
+    let table = e.root_table(ty, 1);
     let mut c = cmd_in(0x933, 0, g::SIZE_BYTES);
     g::TABLE_TYPE.set(&mut c, ty);
     g::TABLE_ID.set(&mut c, u64::from(table));
