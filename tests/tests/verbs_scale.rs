@@ -248,3 +248,74 @@ fn a_one_gib_mr() {
     assert_eq!(poll_n(&mut a.cq, 1)[0].status, WcStatus::RemAccessErr);
     let _ = &mut qb;
 }
+
+/// A list of 1-SGE RDMA WRITEs (the path that goes straight into the
+/// ring) longer than the send queue: posted up to the first WR without
+/// room, that one's index and QueueFull back, and the WRs before it
+/// executed; with room again, a list mixing that path with an inline
+/// WRITE (the general writer) in the middle goes whole, in order.
+#[test]
+fn a_list_longer_than_the_send_queue_stops_at_the_first_wr_without_room() {
+    let mut p = pair(4096);
+    // Every WQE one block, so that a WR takes one of the ring's blocks.
+    let c = QpCap {
+        max_send_sge: 1,
+        max_inline_data: 16,
+        ..cap(8)
+    };
+    let mut qa = create_qp(&p.a, QpType::Rc, c);
+    let mut qb = create_qp(&p.b, QpType::Rc, c);
+    let (na, nb) = (qa.qp_num(), qb.qp_num());
+    connect(&mut qa, &p.a.ctx, &p.b.ctx, nb);
+    connect(&mut qb, &p.b.ctx, &p.a.ctx, na);
+    let n = qa.send_ring().free() as usize;
+    assert!(n >= qa.cap().max_send_wr as usize);
+    let data = fill(&p.a.buf, 0, (n + 3) * 64, 9);
+    let inline = [0xa5u8; 16];
+    let sges: Vec<_> = (0..n + 3)
+        .map(|i| p.a.mr.sge((i * 64) as u64, 64).unwrap())
+        .collect();
+    let write = |i: usize| SendWr {
+        wr_id: i as u64,
+        op: SendOp::RdmaWrite {
+            raddr: p.b.mr.addr() + (i * 64) as u64,
+            rkey: p.b.mr.rkey(),
+        },
+        payload: Payload::Sges(std::slice::from_ref(&sges[i])),
+        flags: sf::SIGNALED,
+        ud: None,
+    };
+    let wrs: Vec<_> = (0..n + 2).map(write).collect();
+    assert_eq!(qa.post_send(&wrs), Err((n, PostError::QueueFull)));
+    let w = poll_n(&mut p.a.cq, n);
+    for (i, w) in w.iter().enumerate() {
+        assert_eq!((w.wr_id, w.status), (i as u64, WcStatus::Success));
+    }
+    assert_eq!(read(&p.b.buf, 0, n * 64), data[..n * 64]);
+    assert_eq!(
+        read(&p.b.buf, n * 64, 128),
+        vec![0; 128],
+        "WRs n, n+1 not posted"
+    );
+    // Room again: WRITE n, an inline WRITE into n+1's place, WRITE n+2.
+    let mixed = [
+        write(n),
+        SendWr {
+            payload: Payload::Inline(&inline),
+            ..write(n + 1)
+        },
+        write(n + 2),
+    ];
+    qa.post_send(&mixed).unwrap();
+    let w = poll_n(&mut p.a.cq, 3);
+    let ids: Vec<_> = w.iter().map(|w| (w.wr_id, w.status)).collect();
+    let want: Vec<_> = (n..n + 3).map(|i| (i as u64, WcStatus::Success)).collect();
+    assert_eq!(ids, want);
+    assert_eq!(read(&p.b.buf, n * 64, 64), data[n * 64..(n + 1) * 64]);
+    assert_eq!(read(&p.b.buf, (n + 1) * 64, 16), inline);
+    assert_eq!(
+        read(&p.b.buf, (n + 2) * 64, 64),
+        data[(n + 2) * 64..(n + 3) * 64]
+    );
+    let _ = &mut qb;
+}

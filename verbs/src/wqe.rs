@@ -111,13 +111,15 @@ pub struct SendRing {
     cnt: u32,
     /// `pc` at the last doorbell: the WQEs from here on are pending.
     rung: u32,
-    /// `(start, end)` of the last multi-block WQE, while it is the last
-    /// WQE written (else the last WQE is the one block at `pc - 1`).
-    multi: Option<(u32, u32)>,
+    /// The first 8 bytes of the last WQE written (the 8-byte doorbell),
+    /// in memory order.
+    last_ctrl: u64,
     dbrec: DmaRing<4>,
-    /// The two BlueFlame buffers, rung in turn; `bf` the next one.
+    /// The two BlueFlame buffers, rung in turn; `bf` the next one (a byte,
+    /// as its toggle is stored: a wider load after a one-byte store would
+    /// miss store forwarding on the next post).
     bf_regs: MmioRing<BF_BUF_SIZE>,
-    bf: u32,
+    bf: u8,
     qpn8: u32,
     /// Word 0 of a 1-SGE RDMA WRITE's control segment, WQE index zero.
     rdma_write_ctrl: u64,
@@ -187,10 +189,10 @@ impl SendRing {
             limit: cnt,
             cnt,
             rung: 0,
-            multi: None,
+            last_ctrl: 0,
             dbrec,
             bf_regs,
-            bf: u32::from(bf_off & BF_BUF_SIZE != 0),
+            bf: u8::from(bf_off & BF_BUF_SIZE != 0),
             qpn8,
             rdma_write_ctrl: ctrl_word0(WqeOpcode::RdmaWrite, qpn8 | RDMA_WRITE_DS),
             ce_all: 0,
@@ -253,7 +255,6 @@ impl SendRing {
     pub fn rewind(&mut self, pc: u32) {
         self.pc = pc;
         self.rung = pc;
-        self.multi = None;
     }
 
     /// Back to an empty ring at counter 0, as the device starts the queue
@@ -299,6 +300,34 @@ impl SendRing {
         if !self.room_for(1) {
             return Err(PostError::QueueFull);
         }
+        self.put_rdma_write(wr_id, raddr, rkey, sge, flags);
+        Ok(())
+    }
+
+    /// [`write_rdma_write`](Self::write_rdma_write) within the room known
+    /// from the last look at the tail: `false`, nothing written, once that
+    /// is used up (the caller's general path reads the tail again), so that
+    /// a post loop of these holds no call.
+    #[inline(always)]
+    pub(crate) fn write_rdma_write_in_room(
+        &mut self,
+        wr_id: u64,
+        raddr: u64,
+        rkey: u32,
+        sge: &Sge,
+        flags: u32,
+    ) -> bool {
+        if self.limit == self.pc {
+            return false;
+        }
+        self.put_rdma_write(wr_id, raddr, rkey, sge, flags);
+        true
+    }
+
+    /// The one block of a 1-SGE RDMA WRITE at the producer counter, which
+    /// has room for it.
+    #[inline(always)]
+    fn put_rdma_write(&mut self, wr_id: u64, raddr: u64, rkey: u32, sge: &Sge, flags: u32) {
         // The three segments (ctrl, raddr, data: ds = 3) as six words in
         // memory order, written straight into the ring (the block's last
         // 16 bytes are beyond ds and left alone, as rdma-core does).
@@ -314,11 +343,11 @@ impl SendRing {
             sge.addr.to_be(),
         ];
         self.ring.store_words_at::<0, 6>(pc, &words);
+        self.last_ctrl = ctrl;
         self.pc = pc.wrapping_add(1);
         if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
             s.set(wr_id, self.pc);
         }
-        Ok(())
     }
 
     /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
@@ -407,7 +436,9 @@ impl SendRing {
         if let Some(s) = self.slots.get(self.ring.slot(start) as usize) {
             s.set(wr_id, self.pc);
         }
-        self.multi = (nbb > 1).then_some((start, self.pc));
+        if let Some(c) = wqe.first_chunk::<8>() {
+            self.last_ctrl = u64::from_ne_bytes(*c);
+        }
         Ok(())
     }
 
@@ -428,19 +459,17 @@ impl SendRing {
         // 4. The record before the UAR write (Linux `wmb()`, as mlx5e's
         // `mlx5e_notify_hw` and mlx5_ib's post_send).
         wmb();
-        // 5. BlueFlame copy of a lone one-block WQE, else the 8-byte
-        // doorbell: the first 8 bytes of the last WQE's control segment.
-        // Both read back from the ring (as rdma-core copies them).
+        // 5. BlueFlame copy of a lone one-block WQE (read back from the
+        // ring, as rdma-core copies it), else the 8-byte doorbell: the
+        // first 8 bytes of the last WQE's control segment, kept when it
+        // was written.
         if self.blueflame && n == 1 {
             let block = self.ring.load_words_at::<0, 8>(self.rung);
-            self.bf_regs.write_block64_at::<0>(self.bf, &block);
+            self.bf_regs
+                .write_block64_at::<0>(u32::from(self.bf), &block);
         } else {
-            let last = match self.multi {
-                Some((start, end)) if end == self.pc => start,
-                _ => self.pc.wrapping_sub(1),
-            };
-            let [ctrl] = self.ring.load_words_at::<0, 1>(last);
-            self.bf_regs.write64_at::<0>(self.bf, ctrl.to_ne_bytes());
+            self.bf_regs
+                .write64_at::<0>(u32::from(self.bf), self.last_ctrl.to_ne_bytes());
         }
         // 6. Out of the write-combining buffers before anything later, and
         // before the next post may take the other BlueFlame buffer
@@ -451,7 +480,6 @@ impl SendRing {
         }
         self.bf ^= 1;
         self.rung = self.pc;
-        self.multi = None;
     }
 
     /// Builds and writes one WQE for `wr`; the doorbell is left for

@@ -179,9 +179,41 @@ impl Qp {
     /// `ibv_post_send`: writes every WR, then one doorbell. On failure the
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
+    ///
+    /// Inlined into the caller: the common WR, a 1-SGE RDMA WRITE on a
+    /// connected QP while the ring's room is known, goes straight into the
+    /// ring with no call; at the first other WR the rest of the list goes
+    /// through the general writer, out of line.
+    #[inline]
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
         self.send_ready().map_err(|e| (0, e))?;
         for (i, wr) in wrs.iter().enumerate() {
+            let written = match (wr.op, wr.payload) {
+                (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s]))
+                    if s.length != 0 && self.rdma_write_direct =>
+                {
+                    self.sq
+                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags)
+                }
+                _ => false,
+            };
+            if !written {
+                return self.post_send_from(wrs, i);
+            }
+        }
+        self.sq.ring();
+        Ok(())
+    }
+
+    /// [`Qp::post_send`] from WR `start` on, each by [`Qp::write_send`],
+    /// then the doorbell for the whole list.
+    #[inline(never)]
+    fn post_send_from(
+        &mut self,
+        wrs: &[SendWr<'_>],
+        start: usize,
+    ) -> std::result::Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate().skip(start) {
             if let Err(e) = self.write_send(wr) {
                 self.sq.ring();
                 return Err((i, e));
