@@ -574,7 +574,7 @@ impl WrBatch<'_> {
     /// writes for it); anything else goes through the general builder.
     ///
     /// [`SendRing::write_wr`]: crate::wqe::SendRing
-    #[inline]
+    #[inline(always)]
     pub fn set_sge(&mut self, sge: Sge) -> &mut Self {
         if let (Some(SendOp::RdmaWrite { raddr, rkey }), None, None) =
             (self.op, &self.err, &self.mkey)
@@ -614,7 +614,7 @@ impl WrBatch<'_> {
 
     /// `ibv_wr_complete`: one doorbell for the batch; or the first error
     /// (then nothing of the batch is posted).
-    #[inline]
+    #[inline(always)]
     pub fn complete(mut self) -> std::result::Result<(), PostError> {
         if self.qp.device_failed() {
             self.abort();
