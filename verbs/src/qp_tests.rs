@@ -253,6 +253,8 @@ fn flags_set_fence_solicited_and_signaled_bits() {
             send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED,
             0x8a,
         ),
+        // INLINE sets no bit of its own.
+        (send_flags::INLINE | send_flags::SIGNALED, 0x08),
         (0, 0),
     ] {
         let pc = r.sq.pc();

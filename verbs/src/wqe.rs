@@ -151,6 +151,50 @@ fn ctrl_idx(idx: u16) -> u64 {
     u64::from_ne_bytes([0, i[0], i[1], 0, 0, 0, 0, 0])
 }
 
+/// A 1-SGE RDMA WRITE's three segments (ctrl, raddr, data: ds = 3) as six
+/// words in memory order, `ctrl` its control segment's first word: written
+/// straight into the ring (the block's last 16 bytes are beyond ds and
+/// left alone, as rdma-core does).
+#[inline(always)]
+fn rdma_write_words(ctrl: u64, fm_ce_se: u8, raddr: u64, rkey: u32, sge: &Sge) -> [u64; 6] {
+    let be2 = |hi: u32, lo: u32| ((u64::from(hi) << 32) | u64::from(lo)).to_be();
+    [
+        ctrl,
+        u64::from_ne_bytes([0, 0, 0, fm_ce_se, 0, 0, 0, 0]),
+        raddr.to_be(),
+        be2(rkey, 0),
+        be2(sge.length, sge.lkey),
+        sge.addr.to_be(),
+    ]
+}
+
+/// The `IBV_SEND_*` flags that set `fm_ce_se` bits: FENCE (1), SIGNALED
+/// (2), SOLICITED (4), the table's index.
+const FM_CE_SE_FLAGS: u32 = send_flags::FENCE | send_flags::SIGNALED | send_flags::SOLICITED;
+
+/// `fm_ce_se` for each combination of [`FM_CE_SE_FLAGS`] (one load per WQE
+/// instead of a test and a shift per flag).
+const FM_CE_SE: [u8; 8] = {
+    let mut t = [0u8; 8];
+    let mut i = 0;
+    while i < 8 {
+        let f = i as u32;
+        let mut b = 0;
+        if f & send_flags::SIGNALED != 0 {
+            b |= w::WQE_CTRL_CQ_UPDATE;
+        }
+        if f & send_flags::SOLICITED != 0 {
+            b |= w::WQE_CTRL_SOLICITED;
+        }
+        if f & send_flags::FENCE != 0 {
+            b |= w::WQE_CTRL_FENCE;
+        }
+        t[i] = b;
+        i += 1;
+    }
+    t
+};
+
 impl SendRing {
     /// A send queue of `2^log_cnt` 64-byte blocks at `base` of `buf`, its
     /// counter at `dbrec_off` of `dbrec` (the `snd_counter` dword), ringing
@@ -273,17 +317,7 @@ impl SendRing {
 
     #[inline(always)]
     fn fm_ce_se(&self, flags: u32) -> u8 {
-        let mut f = self.ce_all;
-        if flags & send_flags::SIGNALED != 0 {
-            f |= w::WQE_CTRL_CQ_UPDATE;
-        }
-        if flags & send_flags::SOLICITED != 0 {
-            f |= w::WQE_CTRL_SOLICITED;
-        }
-        if flags & send_flags::FENCE != 0 {
-            f |= w::WQE_CTRL_FENCE;
-        }
-        f
+        self.ce_all | FM_CE_SE[(flags & FM_CE_SE_FLAGS) as usize]
     }
 
     /// Writes one 1-SGE RDMA WRITE (one block) and leaves the doorbell for
@@ -306,8 +340,9 @@ impl SendRing {
 
     /// [`write_rdma_write`](Self::write_rdma_write) within the room known
     /// from the last look at the tail: `false`, nothing written, once that
-    /// is used up (the caller's general path reads the tail again), so that
-    /// a post loop of these holds no call.
+    /// is used up (the caller's general path reads the tail again). A post
+    /// of one WR; [`write_rdma_write_run`](Self::write_rdma_write_run) is
+    /// the same for a list, whose set-up one WR would not earn back.
     #[inline(always)]
     pub(crate) fn write_rdma_write_in_room(
         &mut self,
@@ -324,24 +359,50 @@ impl SendRing {
         true
     }
 
+    /// The leading run of `wrs` that are 1-SGE RDMA WRITEs of a non-empty
+    /// entry, as many as the room known from the last look at the tail
+    /// holds, written as [`write_rdma_write`](Self::write_rdma_write)
+    /// writes each: how many. The post loop's common case, with no call
+    /// and the ring's state in registers across the run (stored once at
+    /// its end); the caller's general path takes the WR it stopped at.
+    #[inline(always)]
+    pub(crate) fn write_rdma_write_run(&mut self, wrs: &[SendWr<'_>]) -> usize {
+        let (ring, slots) = (&self.ring, &*self.slots);
+        let (ctrl0, ce_all) = (self.rdma_write_ctrl, self.ce_all);
+        let room = self.limit.wrapping_sub(self.pc) as usize;
+        let mut pc = self.pc;
+        let mut last = self.last_ctrl;
+        let mut n = 0;
+        for wr in wrs.iter().take(room) {
+            let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([sge])) = (wr.op, wr.payload)
+            else {
+                break;
+            };
+            if sge.length == 0 {
+                break;
+            }
+            let ctrl = ctrl0 | ctrl_idx(pc as u16);
+            let fm = ce_all | FM_CE_SE[(wr.flags & FM_CE_SE_FLAGS) as usize];
+            ring.store_words_at::<0, 6>(pc, &rdma_write_words(ctrl, fm, raddr, rkey, sge));
+            last = ctrl;
+            pc = pc.wrapping_add(1);
+            if let Some(s) = slots.get(ring.slot(pc.wrapping_sub(1)) as usize) {
+                s.set(wr.wr_id, pc);
+            }
+            n += 1;
+        }
+        self.pc = pc;
+        self.last_ctrl = last;
+        n
+    }
+
     /// The one block of a 1-SGE RDMA WRITE at the producer counter, which
     /// has room for it.
     #[inline(always)]
     fn put_rdma_write(&mut self, wr_id: u64, raddr: u64, rkey: u32, sge: &Sge, flags: u32) {
-        // The three segments (ctrl, raddr, data: ds = 3) as six words in
-        // memory order, written straight into the ring (the block's last
-        // 16 bytes are beyond ds and left alone, as rdma-core does).
-        let be2 = |hi: u32, lo: u32| ((u64::from(hi) << 32) | u64::from(lo)).to_be();
         let pc = self.pc;
         let ctrl = self.rdma_write_ctrl | ctrl_idx(pc as u16);
-        let words = [
-            ctrl,
-            u64::from_ne_bytes([0, 0, 0, self.fm_ce_se(flags), 0, 0, 0, 0]),
-            raddr.to_be(),
-            be2(rkey, 0),
-            be2(sge.length, sge.lkey),
-            sge.addr.to_be(),
-        ];
+        let words = rdma_write_words(ctrl, self.fm_ce_se(flags), raddr, rkey, sge);
         self.ring.store_words_at::<0, 6>(pc, &words);
         self.last_ctrl = ctrl;
         self.pc = pc.wrapping_add(1);

@@ -180,26 +180,28 @@ impl Qp {
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
     ///
-    /// Inlined into the caller: the common WR, a 1-SGE RDMA WRITE on a
-    /// connected QP while the ring's room is known, goes straight into the
-    /// ring with no call; at the first other WR the rest of the list goes
-    /// through the general writer, out of line.
+    /// Inlined into the caller: the leading run of common WRs, 1-SGE RDMA
+    /// WRITEs on a connected QP while the ring's room is known, goes
+    /// straight into the ring with no call; from the first other WR the
+    /// rest of the list goes through the general writer, out of line.
     #[inline]
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
         self.send_ready().map_err(|e| (0, e))?;
-        for (i, wr) in wrs.iter().enumerate() {
-            let written = match (wr.op, wr.payload) {
-                (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s]))
-                    if s.length != 0 && self.rdma_write_direct =>
-                {
-                    self.sq
-                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags)
+        let n = match wrs {
+            _ if !self.rdma_write_direct => 0,
+            [wr] => match (wr.op, wr.payload) {
+                (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) if s.length != 0 => {
+                    let written = self
+                        .sq
+                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags);
+                    usize::from(written)
                 }
-                _ => false,
-            };
-            if !written {
-                return self.post_send_from(wrs, i);
-            }
+                _ => 0,
+            },
+            _ => self.sq.write_rdma_write_run(wrs),
+        };
+        if n < wrs.len() {
+            return self.post_send_from(wrs, n);
         }
         self.sq.ring();
         Ok(())
