@@ -474,6 +474,67 @@ fn the_doorbell_carries_the_last_wqe_whatever_its_size() {
     assert_eq!(opcode_index(&ctrl(&block(&r, 7, 1))), (0x08, 7));
 }
 
+/// A list's run of 1-SGE RDMA WRITEs: the same WQEs one by one writes,
+/// up to the first other WR and the room known, and the doorbell names
+/// the run's last WQE.
+#[test]
+fn a_run_of_writes_stops_at_another_wr_or_the_room() {
+    let s = sge(0x1000, 16, 1);
+    let write = |id: u64| SendWr {
+        wr_id: id,
+        ..wr(
+            SendOp::RdmaWrite {
+                raddr: 0x9000 + id,
+                rkey: 5,
+            },
+            Payload::Sges(std::slice::from_ref(&s)),
+            send_flags::SIGNALED,
+        )
+    };
+    let mut r = rig(2);
+    let mut one = rig(2);
+    r.sq.set_blueflame(false);
+    one.sq.set_blueflame(false);
+    // A SEND third: the run is the two WRITEs before it.
+    let send = wr(SendOp::Send, Payload::Sges(std::slice::from_ref(&s)), 0);
+    assert_eq!(
+        r.sq.write_rdma_write_run(&[write(0), write(1), send, write(3)]),
+        2
+    );
+    for id in 0..2 {
+        one.sq
+            .write_rdma_write(id, 0x9000 + id, 5, &s, send_flags::SIGNALED)
+            .unwrap();
+    }
+    assert_eq!(block(&r, 0, 2), block(&one, 0, 2), "the WQEs one by one");
+    r.sq.ring();
+    assert_eq!(uar_bytes(&r, 0x800, 8), block(&r, 1, 1)[..8]);
+    assert_eq!(opcode_index(&ctrl(&block(&r, 1, 1))), (0x08, 1));
+    // Two blocks of room left in a ring of four: two of the three.
+    assert_eq!(
+        r.sq.write_rdma_write_run(&[write(4), write(5), write(6)]),
+        2
+    );
+    assert_eq!(r.sq.pc(), 4);
+    assert_eq!(r.sq.write_rdma_write_run(&[write(7)]), 0, "no room known");
+    r.sq.ring();
+    assert_eq!(uar_bytes(&r, 0x900, 8), block(&r, 3, 1)[..8]);
+    assert_eq!(opcode_index(&ctrl(&block(&r, 3, 1))), (0x08, 3));
+    // Completions free the ring, but a run reads no tail: the general
+    // path does (the WRITE after it then runs with the room it saw).
+    r.track.sq_complete(3);
+    assert_eq!(r.sq.write_rdma_write_run(&[write(8)]), 0, "tail not read");
+    r.sq.write_rdma_write(8, 0x9008, 5, &s, 0).unwrap();
+    assert_eq!(r.sq.write_rdma_write_run(&[write(9)]), 1);
+    // An empty entry is the general writer's (no data segment).
+    let empty = sge(0x1000, 0, 1);
+    let w = SendWr {
+        payload: Payload::Sges(std::slice::from_ref(&empty)),
+        ..write(10)
+    };
+    assert_eq!(r.sq.write_rdma_write_run(&[w]), 0);
+}
+
 #[test]
 fn a_full_ring_refuses_and_completions_free_it() {
     let s = sge(0x1000, 16, 1);

@@ -369,11 +369,10 @@ impl SendRing {
     pub(crate) fn write_rdma_write_run(&mut self, wrs: &[SendWr<'_>]) -> usize {
         let (ring, slots) = (&self.ring, &*self.slots);
         let (ctrl0, ce_all) = (self.rdma_write_ctrl, self.ce_all);
-        let room = self.limit.wrapping_sub(self.pc) as usize;
-        let mut pc = self.pc;
-        let mut last = self.last_ctrl;
-        let mut n = 0;
-        for wr in wrs.iter().take(room) {
+        let start = self.pc;
+        let room = self.limit.wrapping_sub(start) as usize;
+        let mut pc = start;
+        for wr in &wrs[..wrs.len().min(room)] {
             let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([sge])) = (wr.op, wr.payload)
             else {
                 break;
@@ -384,16 +383,16 @@ impl SendRing {
             let ctrl = ctrl0 | ctrl_idx(pc as u16);
             let fm = ce_all | FM_CE_SE[(wr.flags & FM_CE_SE_FLAGS) as usize];
             ring.store_words_at::<0, 6>(pc, &rdma_write_words(ctrl, fm, raddr, rkey, sge));
-            last = ctrl;
-            pc = pc.wrapping_add(1);
-            if let Some(s) = slots.get(ring.slot(pc.wrapping_sub(1)) as usize) {
-                s.set(wr.wr_id, pc);
+            if let Some(s) = slots.get(ring.slot(pc) as usize) {
+                s.set(wr.wr_id, pc.wrapping_add(1));
             }
-            n += 1;
+            pc = pc.wrapping_add(1);
         }
-        self.pc = pc;
-        self.last_ctrl = last;
-        n
+        if pc != start {
+            self.last_ctrl = ctrl0 | ctrl_idx(pc.wrapping_sub(1) as u16);
+            self.pc = pc;
+        }
+        pc.wrapping_sub(start) as usize
     }
 
     /// The one block of a 1-SGE RDMA WRITE at the producer counter, which

@@ -180,25 +180,40 @@ impl Qp {
     /// WRs before the failing one are posted (and rung); the index and the
     /// reason come back.
     ///
-    /// Inlined into the caller: the leading run of common WRs, 1-SGE RDMA
-    /// WRITEs on a connected QP while the ring's room is known, goes
-    /// straight into the ring with no call; from the first other WR the
-    /// rest of the list goes through the general writer, out of line.
-    #[inline]
+    /// Inlined into the caller, one WR: a 1-SGE RDMA WRITE on a connected
+    /// QP while the ring's room is known goes straight into the ring and
+    /// is rung, with no call. A list (or any other WR) goes out of line
+    /// (`post_send_list`), so that the one-WR path saves no
+    /// registers for the list's loop.
+    #[inline(always)]
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
         self.send_ready().map_err(|e| (0, e))?;
-        let n = match wrs {
-            _ if !self.rdma_write_direct => 0,
-            [wr] => match (wr.op, wr.payload) {
-                (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) if s.length != 0 => {
-                    let written = self
+        if let ([wr], true) = (wrs, self.rdma_write_direct) {
+            if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) = (wr.op, wr.payload) {
+                if s.length != 0
+                    && self
                         .sq
-                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags);
-                    usize::from(written)
+                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags)
+                {
+                    self.sq.ring();
+                    return Ok(());
                 }
-                _ => 0,
-            },
-            _ => self.sq.write_rdma_write_run(wrs),
+            }
+        }
+        self.post_send_list(wrs)
+    }
+
+    /// [`Qp::post_send`] of a list: its leading run of 1-SGE RDMA WRITEs
+    /// (while the ring's room is known) straight into the ring by one
+    /// loop, from the first other WR on by the general writer.
+    #[inline(never)]
+    fn post_send_list(
+        &mut self,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), (usize, PostError)> {
+        let n = match self.rdma_write_direct {
+            true => self.sq.write_rdma_write_run(wrs),
+            false => 0,
         };
         if n < wrs.len() {
             return self.post_send_from(wrs, n);
