@@ -559,15 +559,20 @@ impl CqRing {
 /// completion needs the CQE's last 8 bytes alone.
 #[inline(always)]
 pub fn cqe_to_wc(e: &impl CqeFields, t: &WqTrack, wc: &mut impl WcSlot) {
-    cqe_to_wc_as::<true>(e, t, wc)
+    cqe_to_wc_as::<true>(e, e.tail(), t, wc)
 }
 
-/// [`cqe_to_wc`]; with `COPY` false a receive whose data came in the CQE
+/// [`cqe_to_wc`] of the CQE whose last 8 bytes (`CqeFields::tail`) the
+/// caller read; with `COPY` false a receive whose data came in the CQE
 /// leaves the receive buffer alone (the caller takes the bytes from the
 /// CQE: [`Cq::poll_inline`]).
 #[inline(always)]
-fn cqe_to_wc_as<const COPY: bool>(e: &impl CqeFields, t: &WqTrack, wc: &mut impl WcSlot) {
-    let tail = e.tail();
+fn cqe_to_wc_as<const COPY: bool>(
+    e: &impl CqeFields,
+    tail: u64,
+    t: &WqTrack,
+    wc: &mut impl WcSlot,
+) {
     let op_own = tail as u8;
     let sop_qpn = (tail >> 32) as u32;
     let wqe_counter = (tail >> 16) as u16;
@@ -1278,10 +1283,13 @@ fn complete<const COPY: bool>(
     e: &impl CqeFields,
     wc: &mut impl WcSlot,
 ) -> bool {
-    let qpn = e.be32_at(SOP_QPN) & c::CQE_QPN_MASK;
+    // The last 8 bytes once (the QPN for the look-up, the rest for the
+    // decode): two loads of the ring are two volatile loads.
+    let tail = e.tail();
+    let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
     match track(cache, shared, qpn) {
         Some(t) => {
-            cqe_to_wc_as::<COPY>(e, t, wc);
+            cqe_to_wc_as::<COPY>(e, tail, t, wc);
             true
         }
         None => {
