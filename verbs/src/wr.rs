@@ -211,9 +211,10 @@ impl Qp {
         &mut self,
         wrs: &[SendWr<'_>],
     ) -> std::result::Result<(), (usize, PostError)> {
-        let n = match self.rdma_write_direct {
-            true => self.sq.write_rdma_write_run(wrs),
-            false => 0,
+        let n = if self.rdma_write_direct {
+            self.sq.write_rdma_write_run(wrs)
+        } else {
+            0
         };
         if n < wrs.len() {
             return self.post_send_from(wrs, n);
@@ -630,7 +631,9 @@ impl WrBatch<'_> {
     }
 
     /// `ibv_wr_complete`: one doorbell for the batch; or the first error
-    /// (then nothing of the batch is posted).
+    /// (then nothing of the batch is posted). Inlined always, as
+    /// [`set_sge`](Self::set_sge): out of line, the whole batch was copied
+    /// into it.
     #[inline(always)]
     pub fn complete(mut self) -> std::result::Result<(), PostError> {
         if self.qp.device_failed() {
