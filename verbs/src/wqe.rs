@@ -338,25 +338,15 @@ impl SendRing {
         Ok(())
     }
 
-    /// [`write_rdma_write`](Self::write_rdma_write) within the room known
-    /// from the last look at the tail: `false`, nothing written, once that
-    /// is used up (the caller's general path reads the tail again). A post
-    /// of one WR; [`write_rdma_write_run`](Self::write_rdma_write_run) is
-    /// the same for a list, whose set-up one WR would not earn back.
+    /// Whether the room known from the last look at the tail holds one
+    /// more block: a post of one WR then writes it by
+    /// [`put_rdma_write`](Self::put_rdma_write) with no call (when not,
+    /// the caller's general path reads the tail again).
+    /// [`write_rdma_write_run`](Self::write_rdma_write_run) is the same
+    /// for a list, whose set-up one WR would not earn back.
     #[inline(always)]
-    pub(crate) fn write_rdma_write_in_room(
-        &mut self,
-        wr_id: u64,
-        raddr: u64,
-        rkey: u32,
-        sge: &Sge,
-        flags: u32,
-    ) -> bool {
-        if self.limit == self.pc {
-            return false;
-        }
-        self.put_rdma_write(wr_id, raddr, rkey, sge, flags);
-        true
+    pub(crate) fn has_known_room(&self) -> bool {
+        self.limit != self.pc
     }
 
     /// The leading run of `wrs` that are 1-SGE RDMA WRITEs of a non-empty
@@ -398,7 +388,14 @@ impl SendRing {
     /// The one block of a 1-SGE RDMA WRITE at the producer counter, which
     /// has room for it.
     #[inline(always)]
-    fn put_rdma_write(&mut self, wr_id: u64, raddr: u64, rkey: u32, sge: &Sge, flags: u32) {
+    pub(crate) fn put_rdma_write(
+        &mut self,
+        wr_id: u64,
+        raddr: u64,
+        rkey: u32,
+        sge: &Sge,
+        flags: u32,
+    ) {
         let pc = self.pc;
         let ctrl = self.rdma_write_ctrl | ctrl_idx(pc as u16);
         let words = rdma_write_words(ctrl, self.fm_ce_se(flags), raddr, rkey, sge);

@@ -190,11 +190,8 @@ impl Qp {
         self.send_ready().map_err(|e| (0, e))?;
         if let ([wr], true) = (wrs, self.rdma_write_direct) {
             if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) = (wr.op, wr.payload) {
-                if s.length != 0
-                    && self
-                        .sq
-                        .write_rdma_write_in_room(wr.wr_id, raddr, rkey, s, wr.flags)
-                {
+                if s.length != 0 && self.sq.has_known_room() {
+                    self.sq.put_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
                     self.sq.ring();
                     return Ok(());
                 }
