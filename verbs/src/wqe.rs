@@ -195,6 +195,13 @@ const FM_CE_SE: [u8; 8] = {
     t
 };
 
+/// A WQE's `fm_ce_se`: the bits every WQE of the ring gets (`ce_all`) and
+/// those `IBV_SEND_*` `flags` ask for.
+#[inline(always)]
+fn fm_ce_se(ce_all: u8, flags: u32) -> u8 {
+    ce_all | FM_CE_SE[(flags & FM_CE_SE_FLAGS) as usize]
+}
+
 impl SendRing {
     /// A send queue of `2^log_cnt` 64-byte blocks at `base` of `buf`, its
     /// counter at `dbrec_off` of `dbrec` (the `snd_counter` dword), ringing
@@ -317,7 +324,7 @@ impl SendRing {
 
     #[inline(always)]
     fn fm_ce_se(&self, flags: u32) -> u8 {
-        self.ce_all | FM_CE_SE[(flags & FM_CE_SE_FLAGS) as usize]
+        fm_ce_se(self.ce_all, flags)
     }
 
     /// Writes one 1-SGE RDMA WRITE (one block) and leaves the doorbell for
@@ -371,7 +378,7 @@ impl SendRing {
                 break;
             }
             let ctrl = ctrl0 | ctrl_idx(pc as u16);
-            let fm = ce_all | FM_CE_SE[(wr.flags & FM_CE_SE_FLAGS) as usize];
+            let fm = fm_ce_se(ce_all, wr.flags);
             ring.store_words_at::<0, 6>(pc, &rdma_write_words(ctrl, fm, raddr, rkey, sge));
             if let Some(s) = slots.get(ring.slot(pc) as usize) {
                 s.set(wr.wr_id, pc.wrapping_add(1));
