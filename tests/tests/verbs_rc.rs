@@ -406,3 +406,48 @@ fn rc_fast_path_post_rdma_write() {
         );
     }
 }
+
+/// Two QPs share a CQ and their completions are polled 16 at a time, so
+/// one poll runs across both QPs' CQEs (the poll frees a QP's send queue
+/// once per run of its completions): each wr_id comes back once with its
+/// QP's number, and each QP's queue is freed up to its own last
+/// completion: each round fills both queues (eight one-block WQEs in
+/// eight blocks), so a queue left unfreed by one poll refuses the next
+/// round's last post.
+#[test]
+fn qps_sharing_a_cq_polled_sixteen_at_a_time_free_each_send_queue() {
+    use verbs::cq::Wc;
+    use verbs::qp::QpCap;
+    let mut p = pair(4096);
+    let c = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (mut a1, _b1) = qp_pair(&p, QpType::Rc, c);
+    let (mut a2, _b2) = qp_pair(&p, QpType::Rc, c);
+    let (n1, n2) = (a1.qp_num(), a2.qp_num());
+    for round in 0..16u64 {
+        let before = cqes_written(&p);
+        for i in 0..8 {
+            post_writes(&p, &mut a1, round * 100 + i, 1);
+            post_writes(&p, &mut a2, 10_000 + round * 100 + i, 1);
+        }
+        tests::wait::until("16 CQEs", || cqes_written(&p) >= before + 16);
+        let mut wc = [Wc::default(); 16];
+        assert_eq!(p.a.cq.poll(&mut wc).expect("poll"), 16, "round {round}");
+        let mut got: Vec<(u32, u64)> = wc.iter().map(|w| (w.qp_num, w.wr_id)).collect();
+        got.sort_unstable();
+        let mut want: Vec<(u32, u64)> = (0..8)
+            .map(|i| (n1, round * 100 + i))
+            .chain((0..8).map(|i| (n2, 10_000 + round * 100 + i)))
+            .collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "round {round}");
+        assert!(wc
+            .iter()
+            .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::RdmaWrite));
+    }
+}

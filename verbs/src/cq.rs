@@ -447,16 +447,66 @@ impl CqRing {
         }
     }
 
+    /// The ring entry of CQE `i` (a 128-byte CQE is its second entry).
+    #[inline(always)]
+    fn cqe_index(&self, i: u32) -> u32 {
+        (i << self.shift) | u32::from(self.shift)
+    }
+
+    /// Whether CQE `i` is software's (its owner bit, read with acquire
+    /// ordering).
+    #[inline(always)]
+    fn sw_owned(&self, i: u32) -> bool {
+        let e = self.ring.entry(self.cqe_index(i));
+        e.load_u8_acquire(OP_OWN)
+            .is_ok_and(|o| c::cqe_is_sw_owned(o, i, self.log_size))
+    }
+
     /// Whether the next CQE is software-owned ([`next_cqe`](Self::next_cqe)
     /// would return it), without reading it.
     #[inline(always)]
     pub fn has_cqe(&self) -> bool {
-        let ci = self.ci;
-        let idx = (ci << self.shift) | u32::from(self.shift);
-        self.ring
-            .entry(idx)
-            .load_u8_acquire(OP_OWN)
-            .is_ok_and(|op_own| c::cqe_is_sw_owned(op_own, ci, self.log_size))
+        self.sw_owned(self.ci)
+    }
+
+    /// How many CQEs from the consumer index on, at most `max`, software
+    /// owns: their owner bytes read in turn up to the first the device
+    /// still owns, then one read barrier, so that the CQEs counted may be
+    /// read ([`owned_cqe`](Self::owned_cqe)) and consumed
+    /// ([`consume`](Self::consume)).
+    #[inline(always)]
+    pub fn owned(&self, max: usize) -> u32 {
+        let mut k = 0u32;
+        while (k as usize) < max && self.sw_owned(self.ci.wrapping_add(k)) {
+            k += 1;
+        }
+        if k > 0 {
+            // The rest of a CQE is read only after its owner bit, also as
+            // the device sees memory (Linux's `dma_rmb()` in mlx5_ib's
+            // `get_sw_cqe` callers; rdma-core's `udma_from_device_barrier`):
+            // a compiler barrier on x86-64, `dmb oshld` on arm64, where the
+            // acquire loads alone order only the inner shareable domain.
+            vfio::mmio::dma_rmb();
+        }
+        k
+    }
+
+    /// CQE `k` after the consumer index, in place: one that
+    /// [`owned`](Self::owned) counted.
+    #[inline(always)]
+    pub fn owned_cqe(&self, k: u32) -> RingCqe<'_> {
+        let idx = self.cqe_index(self.ci.wrapping_add(k));
+        RingCqe(
+            self.ring.entry(idx),
+            self.ring.entry(idx.wrapping_sub(u32::from(self.shift))),
+        )
+    }
+
+    /// Moves the consumer index past `k` CQEs that [`owned`](Self::owned)
+    /// counted (the device learns it at [`update_ci`](Self::update_ci)).
+    #[inline(always)]
+    pub fn consume(&mut self, k: u32) {
+        self.ci = self.ci.wrapping_add(k);
     }
 
     /// The next software-owned CQE in place, advancing past it, or `None`.
@@ -582,9 +632,7 @@ fn cqe_to_wc_as<const COPY: bool>(
     let opc = op_own >> c::CQE_OPCODE_SHIFT;
     if opc == CqeOpcode::Req.to_raw() {
         let s_op = (sop_qpn >> c::CQE_S_WQE_OPCODE_SHIFT) as u8;
-        let (opcode, byte_len) = if s_op == WqeOpcode::RdmaWrite.to_raw() {
-            (WcOpcode::RdmaWrite, 0)
-        } else if s_op == WqeOpcode::Umr.to_raw() {
+        let (opcode, byte_len) = if s_op == WqeOpcode::Umr.to_raw() {
             // What the posting recorded, as libmlx5's `handle_good_req`.
             (WcOpcode::from_umr_slot(t.sq_wc_op(wqe_counter)), 0)
         } else {
@@ -605,34 +653,92 @@ fn cqe_to_wc_as<const COPY: bool>(
         if op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT) != 0 {
             return scattered_recv::<COPY>(e, t, op_own, qpn, wqe_counter, wc);
         }
-        let fr = e.be32_at(FLAGS_RQPN);
-        let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
-        // RESP_SEND_INV: the immediate field carries the invalidated rkey.
-        let inv = opc == CqeOpcode::RespSendInv.to_raw();
-        // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
-        let grh = if (fr >> 28) & 3 != 0 {
-            wc_flags::GRH
-        } else {
-            0
-        };
-        wc.put(Wc {
-            wr_id: t.rq_complete(wqe_counter),
-            opcode: if opc == CqeOpcode::RespWrImm.to_raw() {
-                WcOpcode::RecvRdmaWithImm
-            } else {
-                WcOpcode::Recv
-            },
-            byte_len: e.be32_at(BYTE_CNT),
-            imm_data: imm_field(e, imm, inv),
-            qp_num: qpn,
-            src_qp: fr & c::CQE_QPN_MASK,
-            wc_flags: grh
-                | if imm { wc_flags::WITH_IMM } else { 0 }
-                | if inv { wc_flags::WITH_INV } else { 0 },
-            ..Wc::default()
-        });
+        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)));
     } else {
         error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
+    }
+}
+
+/// The work completion of a receive CQE (opcode `opc`, format 0) of QP
+/// `qpn` whose WR was `wr_id`.
+#[inline(always)]
+fn recv_wc(e: &impl CqeFields, opc: u8, qpn: u32, wr_id: u64) -> Wc {
+    let fr = e.be32_at(FLAGS_RQPN);
+    let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
+    // RESP_SEND_INV: the immediate field carries the invalidated rkey.
+    let inv = opc == CqeOpcode::RespSendInv.to_raw();
+    // flags_rqpn bits 29:28: a GRH (L3 header) came with it.
+    let grh = if (fr >> 28) & 3 != 0 {
+        wc_flags::GRH
+    } else {
+        0
+    };
+    Wc {
+        wr_id,
+        opcode: if opc == CqeOpcode::RespWrImm.to_raw() {
+            WcOpcode::RecvRdmaWithImm
+        } else {
+            WcOpcode::Recv
+        },
+        byte_len: e.be32_at(BYTE_CNT),
+        imm_data: imm_field(e, imm, inv),
+        qp_num: qpn,
+        src_qp: fr & c::CQE_QPN_MASK,
+        wc_flags: grh
+            | if imm { wc_flags::WITH_IMM } else { 0 }
+            | if inv { wc_flags::WITH_INV } else { 0 },
+        ..Wc::default()
+    }
+}
+
+/// `op_own` of a successful requester CQE with nothing scattered to it:
+/// opcode REQ, format 0 (the solicited and owner bits aside).
+const PLAIN_REQ_MASK: u8 =
+    (0xf << c::CQE_OPCODE_SHIFT) | (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT);
+const _: () = assert!(CqeOpcode::Req.to_raw() == 0);
+
+/// The completions a poll's loop decodes inline, for the QP `t` of the
+/// last one: a successful requester CQE with nothing scattered to it and
+/// not a UMR's, or a receive with nothing scattered to it on a QP without
+/// an SRQ. A requester completion leaves the send counter to free the
+/// queue to in `sq_end` (stored once the run ends: [`WqTrack::sq_free_to`]).
+/// `false`, with nothing written, for any other CQE: [`complete`] then.
+#[inline(always)]
+fn complete_usual(
+    t: &WqTrack,
+    e: &RingCqe<'_>,
+    tail: u64,
+    sq_end: &mut Option<u32>,
+    wc: &mut impl WcSlot,
+) -> bool {
+    let op_own = tail as u8;
+    let sop_qpn = (tail >> 32) as u32;
+    let wqe_counter = (tail >> 16) as u16;
+    let qpn = sop_qpn & c::CQE_QPN_MASK;
+    let opc = op_own >> c::CQE_OPCODE_SHIFT;
+    let format = op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT);
+    if op_own & PLAIN_REQ_MASK == 0 {
+        let s_op = (sop_qpn >> c::CQE_S_WQE_OPCODE_SHIFT) as u8;
+        if s_op == WqeOpcode::Umr.to_raw() {
+            return false;
+        }
+        let (opcode, byte_len) = req_opcode(e, s_op);
+        let (wr_id, end) = t.sq_take(wqe_counter);
+        *sq_end = Some(end);
+        wc.put(Wc {
+            wr_id,
+            opcode,
+            byte_len,
+            qp_num: qpn,
+            ..Wc::default()
+        });
+        true
+    } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST && format == 0 && !t.has_srq()
+    {
+        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)));
+        true
+    } else {
+        false
     }
 }
 
@@ -730,17 +836,37 @@ const _: () = assert!(
         && RESP_LAST == RESP_FIRST + 3
 );
 
+/// The work-completion opcode of a requester completion by WQE opcode
+/// (libmlx5's `handle_good_req`): one load, where a `match` made a jump
+/// table; every other opcode (SEND, SEND with immediate or invalidate,
+/// NOP, local invalidate) completes as SEND. UMR WQEs are told apart
+/// before (their slot recorded what they did).
+const REQ_WC_OPCODE: [WcOpcode; 64] = {
+    let mut t = [WcOpcode::Send; 64];
+    t[WqeOpcode::RdmaWrite.to_raw() as usize] = WcOpcode::RdmaWrite;
+    t[WqeOpcode::RdmaWriteImm.to_raw() as usize] = WcOpcode::RdmaWrite;
+    t[WqeOpcode::RdmaRead.to_raw() as usize] = WcOpcode::RdmaRead;
+    t[WqeOpcode::AtomicCs.to_raw() as usize] = WcOpcode::CompSwap;
+    t[WqeOpcode::AtomicMaskedCs.to_raw() as usize] = WcOpcode::CompSwap;
+    t[WqeOpcode::AtomicFa.to_raw() as usize] = WcOpcode::FetchAdd;
+    t[WqeOpcode::AtomicMaskedFa.to_raw() as usize] = WcOpcode::FetchAdd;
+    t
+};
+
 /// The work-completion opcode and byte count of a requester completion
-/// for WQE opcode `s_op`.
+/// for WQE opcode `s_op`: a READ's bytes from the CQE, an atomic's 8.
 #[inline(always)]
 fn req_opcode(e: &impl CqeFields, s_op: u8) -> (WcOpcode, u32) {
-    match WqeOpcode::from_raw(s_op) {
-        WqeOpcode::RdmaWrite | WqeOpcode::RdmaWriteImm => (WcOpcode::RdmaWrite, 0),
-        WqeOpcode::RdmaRead => (WcOpcode::RdmaRead, e.be32_at(BYTE_CNT)),
-        WqeOpcode::AtomicCs | WqeOpcode::AtomicMaskedCs => (WcOpcode::CompSwap, 8),
-        WqeOpcode::AtomicFa | WqeOpcode::AtomicMaskedFa => (WcOpcode::FetchAdd, 8),
-        _ => (WcOpcode::Send, 0),
-    }
+    let op = REQ_WC_OPCODE
+        .get(usize::from(s_op))
+        .copied()
+        .unwrap_or(WcOpcode::Send);
+    let byte_len = match op {
+        WcOpcode::RdmaRead => e.be32_at(BYTE_CNT),
+        WcOpcode::CompSwap | WcOpcode::FetchAdd => 8,
+        _ => 0,
+    };
+    (op, byte_len)
 }
 
 /// An error CQE, or one with an opcode a QP's CQ does not expect.
@@ -1095,18 +1221,19 @@ impl Cq {
         self.poll_slots(wc)
     }
 
-    /// [`poll_uninit`](Self::poll_uninit) for a caller that tells an
-    /// empty CQ itself, before it takes its own lock (the C library's
-    /// `ibv_poll_cq`): no owner-bit test up front (the poll's own finds the
-    /// CQ empty, at the cost of a doorbell-record store) and, into one
-    /// slot, the whole poll inlined into the caller, no call. `None` when
-    /// nothing was polled and the device failed ([`failure`](Self::failure)
-    /// says why): no [`crate::Error`] in the caller's frame.
+    /// [`poll_uninit`](Self::poll_uninit) inlined into the caller whole
+    /// for any number of slots up to the first found CQE (the C library's
+    /// `ibv_poll_cq`, which tells an empty CQ itself before it takes its
+    /// lock). `None` when nothing was polled and the device failed
+    /// ([`failure`](Self::failure) says why): no [`crate::Error`] in the
+    /// caller's frame.
     #[inline(always)]
     pub fn poll_uninit_inline(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Option<usize> {
+        let k = self.ring.owned(wc.len());
         let n = match wc {
-            [one] => self.poll_found_in(std::slice::from_mut(one)),
-            _ => self.poll_found(wc),
+            _ if k == 0 => 0,
+            [one] => self.poll_owned_in(std::slice::from_mut(one), k),
+            _ => self.poll_owned(wc, k),
         };
         if n == 0 && self.cmd.is_failed() {
             return None;
@@ -1116,7 +1243,8 @@ impl Cq {
 
     #[inline(always)]
     fn poll_slots<S: WcSlot>(&mut self, wc: &mut [S]) -> Result<usize> {
-        if wc.is_empty() || !self.ring.has_cqe() {
+        let k = self.ring.owned(wc.len());
+        if k == 0 {
             // Empty: first and short, so that an empty poll costs little
             // more than its two loads.
             if self.cmd.is_failed() {
@@ -1130,41 +1258,71 @@ impl Cq {
         // poll inlined into the caller, compiled for a length of one (an
         // empty poll measured no dearer for it).
         Ok(match wc {
-            [one] => self.poll_found_in(std::slice::from_mut(one)),
-            _ => self.poll_found(wc),
+            [one] => self.poll_owned_in(std::slice::from_mut(one), k),
+            _ => self.poll_owned(wc, k),
         })
     }
 
-    /// [`poll_found_in`](Self::poll_found_in) out of line, so that an
+    /// [`poll_owned_in`](Self::poll_owned_in) out of line, so that an
     /// empty poll (its caller, inlined) saves no registers for it.
     #[inline(never)]
-    fn poll_found<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
-        self.poll_found_in(wc)
+    fn poll_owned<S: WcSlot>(&mut self, wc: &mut [S], k: u32) -> usize {
+        self.poll_owned_in(wc, k)
     }
 
-    /// [`poll`](Self::poll) once a CQE is there: the QPs' changes first
-    /// (a destroyed QP's CQEs cleaned), then up to `wc.len()` CQEs, and
-    /// the consumer index once.
+    /// [`poll`](Self::poll) once `k` CQEs were counted software's
+    /// ([`CqRing::owned`], `k` <= `wc.len()`): the QPs' changes first (a
+    /// destroyed QP's CQEs cleaned, the CQEs then counted again), then the
+    /// CQEs counted, read with no owner-bit test each, more counted while
+    /// a dropped CQE left slots, and the consumer index once.
     #[inline(always)]
-    fn poll_found_in<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
+    fn poll_owned_in<S: WcSlot>(&mut self, wc: &mut [S], mut k: u32) -> usize {
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.generation_changed(g);
+            k = self.ring.owned(wc.len());
         }
         let mut n = 0;
-        while n < wc.len() {
-            let Some(e) = self.ring.next_cqe() else {
+        // The send counter the cached QP's queue is free to, stored once
+        // (no release store a CQE, which kept the ring's place in memory).
+        let mut sq_end = None;
+        loop {
+            let want = wc.len() - n;
+            for j in 0..k {
+                let Some(slot) = wc.get_mut(n) else { break };
+                let e = self.ring.owned_cqe(j);
+                let tail = e.tail();
+                let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
+                let done = match &self.cache {
+                    Some((q, t)) if *q == qpn && complete_usual(t, &e, tail, &mut sq_end, slot) => {
+                        true
+                    }
+                    _ => {
+                        free_sq_to(&self.cache, &mut sq_end);
+                        self.complete_other(j, slot)
+                    }
+                };
+                n += usize::from(done);
+            }
+            self.ring.consume(k);
+            if (k as usize) < want || n == wc.len() {
                 break;
-            };
-            n += usize::from(complete::<true>(
-                &mut self.cache,
-                &self.shared,
-                &e,
-                &mut wc[n],
-            ));
+            }
+            k = self.ring.owned(wc.len() - n);
         }
+        free_sq_to(&self.cache, &mut sq_end);
         self.ring.update_ci();
         n
+    }
+
+    /// [`complete`] of CQE `j` after the consumer index, one
+    /// [`complete_usual`] does not decode: another QP's, an error, a UMR's,
+    /// scattered data, an SRQ receive (out of line, the CQE found again
+    /// from `j`, so that the poll's loop keeps its registers).
+    #[inline(never)]
+    fn complete_other<S: WcSlot>(&mut self, j: u32, wc: &mut S) -> bool {
+        let e = self.ring.owned_cqe(j);
+        complete::<true>(&mut self.cache, &self.shared, &e, wc)
     }
 
     /// Why an empty poll fails once the device did (off the fast path);
@@ -1264,15 +1422,32 @@ fn track<'c>(
 ) -> Option<&'c WqTrack> {
     let hit = matches!(cache, Some((q, _)) if *q == qpn);
     if !hit {
-        let t = shared
-            .qps
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&qpn)
-            .cloned()?;
-        *cache = Some((qpn, t));
+        track_miss(cache, shared, qpn)?;
     }
     cache.as_ref().map(|(_, t)| &**t)
+}
+
+/// [`track`] from the CQ's table, which refills the cache (out of line: a
+/// poll's loop keeps no registers for the table's lock and hash).
+#[inline(never)]
+fn track_miss(cache: &mut Option<(u32, Arc<WqTrack>)>, shared: &CqShared, qpn: u32) -> Option<()> {
+    let t = shared
+        .qps
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&qpn)
+        .cloned()?;
+    *cache = Some((qpn, t));
+    Some(())
+}
+
+/// Frees the cached QP's send queue to the counter a poll's run of its
+/// completions left ([`complete_usual`]), if any.
+#[inline(always)]
+fn free_sq_to(cache: &Option<(u32, Arc<WqTrack>)>, sq_end: &mut Option<u32>) {
+    if let (Some(end), Some((_, t))) = (sq_end.take(), cache) {
+        t.sq_free_to(end);
+    }
 }
 
 /// One completion of a CQ that QPs share: finds its QP, then decodes.

@@ -117,15 +117,41 @@ impl WqTrack {
     /// queue up to the end of that WQE.
     #[inline(always)]
     pub fn sq_complete(&self, wqe_counter: u16) -> u64 {
-        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
-        let s = &self.sq[i];
         // The slot is read before the tail frees it: once the tail moves,
         // a poster on another thread may reuse the slot for a new WR
         // (seen under load as a wr_id completed twice).
-        let wrid = s.wrid.load(Ordering::Relaxed);
-        self.sq_tail
-            .store(s.end.load(Ordering::Relaxed), Ordering::Release);
+        let (wrid, end) = self.sq_take(wqe_counter);
+        self.sq_free_to(end);
         wrid
+    }
+
+    /// [`sq_complete`](Self::sq_complete) in two steps, for a poll that
+    /// completes a run of this QP's WQEs and frees the queue once at the
+    /// end of it: the wr_id of WQE `wqe_counter` and the send counter after
+    /// it, read; the queue is freed by [`sq_free_to`](Self::sq_free_to)
+    /// with the last of the run's counters, after every slot was read.
+    #[inline(always)]
+    pub(crate) fn sq_take(&self, wqe_counter: u16) -> (u64, u32) {
+        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
+        let s = &self.sq[i];
+        (
+            s.wrid.load(Ordering::Relaxed),
+            s.end.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Frees the send queue up to counter `end`
+    /// ([`sq_take`](Self::sq_take)): the slots before it may be reused.
+    #[inline(always)]
+    pub(crate) fn sq_free_to(&self, end: u32) {
+        self.sq_tail.store(end, Ordering::Release);
+    }
+
+    /// Whether receive completions come from an SRQ (their wr_ids are in
+    /// its table).
+    #[inline(always)]
+    pub(crate) fn has_srq(&self) -> bool {
+        self.srq.is_some()
     }
 
     /// The `ibv_wc_opcode` recorded for the UMR WQE at index

@@ -167,16 +167,6 @@ impl CqRing {
         freed
     }
 
-    pub(super) fn cqe_index(&self, i: u32) -> u32 {
-        (i << self.shift) | u32::from(self.shift)
-    }
-
-    pub(super) fn sw_owned(&self, i: u32) -> bool {
-        let e = self.ring.entry(self.cqe_index(i));
-        e.load_u8_acquire(OP_OWN)
-            .is_ok_and(|o| c::cqe_is_sw_owned(o, i, self.log_size))
-    }
-
     /// Copies CQE `from` over CQE `to` (both halves of a 128-byte one),
     /// keeping `to`'s owner bit.
     fn move_cqe(&self, from: u32, to: u32) {
