@@ -837,10 +837,11 @@ const _: () = assert!(
 );
 
 /// The work-completion opcode of a requester completion by WQE opcode
-/// (libmlx5's `handle_good_req`): one load for any of the CQE's 256 values (no bound test), where a `match` made a jump
-/// table; every other opcode (SEND, SEND with immediate or invalidate,
-/// NOP, local invalidate) completes as SEND. UMR WQEs are told apart
-/// before (their slot recorded what they did).
+/// (libmlx5's `handle_good_req`): one load for any of the byte's 256
+/// values (no bound test), where a `match` made a jump table; every other
+/// opcode (SEND, SEND with immediate or invalidate, NOP, local
+/// invalidate) completes as SEND. UMR WQEs are told apart before (their
+/// slot recorded what they did).
 const REQ_WC_OPCODE: [WcOpcode; 256] = {
     let mut t = [WcOpcode::Send; 256];
     t[WqeOpcode::RdmaWrite.to_raw() as usize] = WcOpcode::RdmaWrite;
