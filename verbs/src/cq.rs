@@ -1227,12 +1227,7 @@ impl Cq {
     /// caller's frame.
     #[inline(always)]
     pub fn poll_uninit_inline(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Option<usize> {
-        let k = self.ring.owned(wc.len());
-        let n = match wc {
-            _ if k == 0 => 0,
-            [one] => self.poll_owned_in(std::slice::from_mut(one), k),
-            _ => self.poll_owned(wc, k),
-        };
+        let n = self.poll_counted(wc);
         if n == 0 && self.cmd.is_failed() {
             return None;
         }
@@ -1241,24 +1236,31 @@ impl Cq {
 
     #[inline(always)]
     fn poll_slots<S: WcSlot>(&mut self, wc: &mut [S]) -> Result<usize> {
-        let k = self.ring.owned(wc.len());
-        if k == 0 {
-            // Empty: first and short, so that an empty poll costs little
-            // more than its two loads.
-            if self.cmd.is_failed() {
-                if let Some(e) = self.failure() {
-                    return Err(e);
-                }
+        let n = self.poll_counted(wc);
+        if n == 0 && self.cmd.is_failed() {
+            if let Some(e) = self.failure() {
+                return Err(e);
             }
-            return Ok(0);
         }
-        // Into one slot, the usual `ibv_poll_cq(cq, 1, &wc)`: the whole
-        // poll inlined into the caller, compiled for a length of one (an
-        // empty poll measured no dearer for it).
-        Ok(match wc {
-            [one] => self.poll_owned_in(std::slice::from_mut(one), k),
-            _ => self.poll_owned(wc, k),
-        })
+        Ok(n)
+    }
+
+    /// The poll, a failed device aside: the CQEs software owns counted,
+    /// then polled. Into one slot, the usual `ibv_poll_cq(cq, 1, &wc)`, the
+    /// whole poll inlined into the caller and compiled for one CQE (the
+    /// count a constant once one was found); into more, out of line.
+    #[inline(always)]
+    fn poll_counted<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
+        match wc {
+            [one] => match self.ring.owned(1) {
+                0 => 0,
+                _ => self.poll_owned_in(std::slice::from_mut(one), 1),
+            },
+            _ => match self.ring.owned(wc.len()) {
+                0 => 0,
+                k => self.poll_owned(wc, k),
+            },
+        }
     }
 
     /// [`poll_owned_in`](Self::poll_owned_in) out of line, so that an
