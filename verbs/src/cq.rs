@@ -469,30 +469,29 @@ impl CqRing {
         self.sw_owned(self.ci)
     }
 
-    /// How many CQEs from the consumer index on, at most `max`, software
-    /// owns: their owner bytes read in turn up to the first the device
-    /// still owns, then one read barrier, so that the CQEs counted may be
-    /// read ([`owned_cqe`](Self::owned_cqe)) and consumed
-    /// ([`consume`](Self::consume)).
+    /// CQE `k` after the consumer index and its last 8 bytes
+    /// ([`CqeFields::tail`]) if software owns it: the 8 bytes in one
+    /// acquire load, the owner byte among them (the device writes it after
+    /// the rest), then the read barrier before any other field.
     #[inline(always)]
-    pub fn owned(&self, max: usize) -> u32 {
-        let mut k = 0u32;
-        while (k as usize) < max && self.sw_owned(self.ci.wrapping_add(k)) {
-            k += 1;
+    pub fn owned_at(&self, k: u32) -> Option<(RingCqe<'_>, u64)> {
+        let i = self.ci.wrapping_add(k);
+        let e = self.owned_cqe(k);
+        let tail = e.0.load_u64_be_acquire(SOP_QPN).ok()?;
+        if !c::cqe_is_sw_owned(tail as u8, i, self.log_size) {
+            return None;
         }
-        if k > 0 {
-            // The rest of a CQE is read only after its owner bit, also as
-            // the device sees memory (Linux's `dma_rmb()` in mlx5_ib's
-            // `get_sw_cqe` callers; rdma-core's `udma_from_device_barrier`):
-            // a compiler barrier on x86-64, `dmb oshld` on arm64, where the
-            // acquire loads alone order only the inner shareable domain.
-            vfio::mmio::dma_rmb();
-        }
-        k
+        // The rest of a CQE is read only after its owner bit, also as
+        // the device sees memory (Linux's `dma_rmb()` in mlx5_ib's
+        // `get_sw_cqe` callers; rdma-core's `udma_from_device_barrier`):
+        // a compiler barrier on x86-64, `dmb oshld` on arm64, where the
+        // acquire load alone orders only the inner shareable domain.
+        vfio::mmio::dma_rmb();
+        Some((e, tail))
     }
 
-    /// CQE `k` after the consumer index, in place: one that
-    /// [`owned`](Self::owned) counted.
+    /// CQE `k` after the consumer index, in place, owned or not (the
+    /// caller knows: [`owned_at`](Self::owned_at)).
     #[inline(always)]
     pub fn owned_cqe(&self, k: u32) -> RingCqe<'_> {
         let idx = self.cqe_index(self.ci.wrapping_add(k));
@@ -502,8 +501,8 @@ impl CqRing {
         )
     }
 
-    /// Moves the consumer index past `k` CQEs that [`owned`](Self::owned)
-    /// counted (the device learns it at [`update_ci`](Self::update_ci)).
+    /// Moves the consumer index past `k` CQEs software owned (the device
+    /// learns it at [`update_ci`](Self::update_ci)).
     #[inline(always)]
     pub fn consume(&mut self, k: u32) {
         self.ci = self.ci.wrapping_add(k);
@@ -1245,71 +1244,99 @@ impl Cq {
         Ok(n)
     }
 
-    /// The poll, a failed device aside: the CQEs software owns counted,
-    /// then polled. Into one slot, the usual `ibv_poll_cq(cq, 1, &wc)`, the
-    /// whole poll inlined into the caller and compiled for one CQE (the
-    /// count a constant once one was found); into more, out of line.
+    /// The poll, a failed device aside: the owner byte of the CQE at the
+    /// consumer index tested first (an empty poll is that load), then the
+    /// poll: into one slot, the usual `ibv_poll_cq(cq, 1, &wc)`, the usual
+    /// completion inlined into the caller ([`poll_one_in`](Self::poll_one_in));
+    /// anything else out of line.
     #[inline(always)]
     fn poll_counted<S: WcSlot>(&mut self, wc: &mut [S]) -> usize {
         match wc {
-            [one] => match self.ring.owned(1) {
-                0 => 0,
-                _ => self.poll_owned_in(std::slice::from_mut(one), 1),
-            },
-            _ => match self.ring.owned(wc.len()) {
-                0 => 0,
-                k => self.poll_owned(wc, k),
-            },
+            [one] => self.poll_one_in(one),
+            [_, _, ..] if self.ring.has_cqe() => self.poll_owned(wc, 1),
+            _ => 0,
         }
+    }
+
+    /// [`poll_owned_in`](Self::poll_owned_in) into one slot: the CQE at the
+    /// consumer index tested and its last 8 bytes read in one load
+    /// ([`CqRing::owned_at`]), the usual completion ([`complete_usual`])
+    /// in straight-line code, anything else (the QPs changed, another
+    /// QP's CQE, an error, a CQE dropped) by the general poll out of line.
+    #[inline(always)]
+    fn poll_one_in<S: WcSlot>(&mut self, one: &mut S) -> usize {
+        let Some((e, tail)) = self.ring.owned_at(0) else {
+            return 0;
+        };
+        let g = self.shared.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            return self.poll_owned(std::slice::from_mut(one), 0);
+        }
+        let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
+        let mut sq_end = None;
+        if let Some((q, t)) = &self.cache {
+            if *q == qpn && complete_usual(t, &e, tail, &mut sq_end, one) {
+                if let Some(end) = sq_end {
+                    t.sq_free_to(end);
+                }
+                self.ring.consume(1);
+                self.ring.update_ci();
+                return 1;
+            }
+        }
+        self.poll_owned(std::slice::from_mut(one), 1)
     }
 
     /// [`poll_owned_in`](Self::poll_owned_in) out of line, so that an
     /// empty poll (its caller, inlined) saves no registers for it.
     #[inline(never)]
-    fn poll_owned<S: WcSlot>(&mut self, wc: &mut [S], k: u32) -> usize {
-        self.poll_owned_in(wc, k)
+    fn poll_owned<S: WcSlot>(&mut self, wc: &mut [S], known: u32) -> usize {
+        self.poll_owned_in(wc, known)
     }
 
-    /// [`poll`](Self::poll) once `k` CQEs were counted software's
-    /// ([`CqRing::owned`], `k` <= `wc.len()`): the QPs' changes first (a
-    /// destroyed QP's CQEs cleaned, the CQEs then counted again), then the
-    /// CQEs counted, read with no owner-bit test each, more counted while
-    /// a dropped CQE left slots, and the consumer index once.
+    /// [`poll`](Self::poll) once the first `known` CQEs were seen to be
+    /// software's: the QPs' changes first (a destroyed QP's CQEs cleaned,
+    /// so nothing is known any more), then CQE after CQE, each after the
+    /// first `known` tested as it is read ([`CqRing::owned_at`]: one load
+    /// for the test and the fields a requester completion needs), up to
+    /// `wc.len()` completions, and the consumer index once.
     #[inline(always)]
-    fn poll_owned_in<S: WcSlot>(&mut self, wc: &mut [S], mut k: u32) -> usize {
+    fn poll_owned_in<S: WcSlot>(&mut self, wc: &mut [S], mut known: u32) -> usize {
+        // The caller's owner-bit test was an acquire load of one byte: the
+        // barrier that orders the CQE's other fields after it.
+        vfio::mmio::dma_rmb();
         let g = self.shared.gen.load(Ordering::Acquire);
         if g != self.gen {
             self.generation_changed(g);
-            k = self.ring.owned(wc.len());
+            known = 0;
         }
-        let mut n = 0;
+        let (mut n, mut j) = (0, 0u32);
         // The send counter the cached QP's queue is free to, stored once
         // (no release store a CQE, which kept the ring's place in memory).
         let mut sq_end = None;
-        loop {
-            let want = wc.len() - n;
-            for j in 0..k {
-                let Some(slot) = wc.get_mut(n) else { break };
+        while n < wc.len() {
+            let (e, tail) = if j < known {
                 let e = self.ring.owned_cqe(j);
-                let tail = e.tail();
-                let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
-                let done = match &self.cache {
-                    Some((q, t)) if *q == qpn && complete_usual(t, &e, tail, &mut sq_end, slot) => {
-                        true
-                    }
-                    _ => {
-                        free_sq_to(&self.cache, &mut sq_end);
-                        self.complete_other(j, slot)
-                    }
-                };
-                n += usize::from(done);
-            }
-            self.ring.consume(k);
-            if (k as usize) < want || n == wc.len() {
-                break;
-            }
-            k = self.ring.owned(wc.len() - n);
+                (e, e.tail())
+            } else {
+                match self.ring.owned_at(j) {
+                    Some(et) => et,
+                    None => break,
+                }
+            };
+            let slot = &mut wc[n];
+            let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
+            let done = match &self.cache {
+                Some((q, t)) if *q == qpn && complete_usual(t, &e, tail, &mut sq_end, slot) => true,
+                _ => {
+                    free_sq_to(&self.cache, &mut sq_end);
+                    self.complete_other(j, slot)
+                }
+            };
+            n += usize::from(done);
+            j += 1;
         }
+        self.ring.consume(j);
         free_sq_to(&self.cache, &mut sq_end);
         self.ring.update_ci();
         n

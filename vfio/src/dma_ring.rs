@@ -8,7 +8,7 @@
 //! field one load. A non-constant offset is still checked, against the
 //! entry size.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::dma::DmaBuffer;
@@ -346,6 +346,20 @@ impl<const S: usize> DmaEntry<'_, S> {
         let p = self.at(off, 4)?.cast::<u32>();
         // SAFETY: inside the entry and the mapping, 4-byte aligned (checked); volatile.
         Ok(u32::from_be(unsafe { p.read_volatile() }))
+    }
+
+    /// Loads a big-endian u64 at `off` (8-byte aligned) with acquire
+    /// ordering, in one load: 8 bytes with an ownership byte among them
+    /// (a CQE's last 8), which the device writes after the bytes before
+    /// it, so that the other 7 come from the same write.
+    #[inline(always)]
+    pub fn load_u64_be_acquire(&self, off: usize) -> Result<u64> {
+        let p = self.at(off, 8)?.cast::<u64>();
+        // SAFETY: `p` is inside the live mapping and 8-byte aligned
+        // (checked); an AtomicU64 has the size and alignment of u64, and
+        // this process accesses the word only atomically or volatile.
+        let a = unsafe { AtomicU64::from_ptr(p) };
+        Ok(u64::from_be(a.load(Ordering::Acquire)))
     }
 
     /// Loads a big-endian u64 at `off` (8-byte aligned).
