@@ -443,6 +443,34 @@ fn blueflame_is_used_only_over_a_write_combining_uar() {
     );
 }
 
+/// A post of one WR rings with the control word it has just written
+/// (`ring_one`, the count known to be one block): the same doorbell,
+/// BlueFlame copy and record as `ring` after the same WQE.
+#[test]
+fn ring_one_rings_as_ring_does() {
+    let s = sge(0x1000, 16, 1);
+    for bf in [true, false] {
+        let (mut a, mut b) = (rig(4), rig(4));
+        a.sq.set_blueflame(bf);
+        b.sq.set_blueflame(bf);
+        for id in 0..3 {
+            a.sq.write_rdma_write(id, 0x10 + id, 2, &s, 0).unwrap();
+            a.sq.ring();
+            assert!(b.sq.has_known_room());
+            let ctrl = b.sq.put_rdma_write(id, 0x10 + id, 2, &s, 0);
+            b.sq.ring_one(ctrl);
+            assert_eq!(block(&a, id as usize, 1), block(&b, id as usize, 1));
+            assert_eq!(
+                uar_bytes(&a, 0x800, 0x200),
+                uar_bytes(&b, 0x800, 0x200),
+                "BlueFlame {bf}, WQE {id}"
+            );
+            assert_eq!(a.dbrec.read_u32_be(4).unwrap(), id as u32 + 1);
+            assert_eq!(b.dbrec.read_u32_be(4).unwrap(), id as u32 + 1);
+        }
+    }
+}
+
 #[test]
 fn the_doorbell_carries_the_last_wqe_whatever_its_size() {
     let s = sge(0x1000, 16, 1);

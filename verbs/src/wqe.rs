@@ -402,7 +402,7 @@ impl SendRing {
         rkey: u32,
         sge: &Sge,
         flags: u32,
-    ) {
+    ) -> u64 {
         let pc = self.pc;
         let ctrl = self.rdma_write_ctrl | ctrl_idx(pc as u16);
         let words = rdma_write_words(ctrl, self.fm_ce_se(flags), raddr, rkey, sge);
@@ -412,6 +412,7 @@ impl SendRing {
         if let Some(s) = self.slots.get(self.ring.slot(pc) as usize) {
             s.set(wr_id, self.pc);
         }
+        ctrl
     }
 
     /// Writes a WQE of any size (`wqe.len()` a multiple of 16), wrapping
@@ -514,6 +515,21 @@ impl SendRing {
         if n == 0 {
             return;
         }
+        self.ring_blocks(n == 1, self.last_ctrl);
+    }
+
+    /// [`ring`](Self::ring) right after [`put_rdma_write`](Self::put_rdma_write)
+    /// wrote the one block since the last ring, whose control word the
+    /// caller holds: no count of blocks, no reload of the word.
+    #[inline(always)]
+    pub(crate) fn ring_one(&mut self, ctrl: u64) {
+        self.ring_blocks(true, ctrl);
+    }
+
+    /// The doorbell for the blocks since the last ring, `one` when they are
+    /// a single one-block WQE, `ctrl` the last WQE's first 8 bytes.
+    #[inline(always)]
+    fn ring_blocks(&mut self, one: bool, ctrl: u64) {
         // 2. The WQEs are in memory before the record says so (a compiler
         // barrier on x86-64, where stores are not reordered with stores).
         dma_wmb();
@@ -527,13 +543,13 @@ impl SendRing {
         // ring, as rdma-core copies it), else the 8-byte doorbell: the
         // first 8 bytes of the last WQE's control segment, kept when it
         // was written.
-        if self.blueflame && n == 1 {
+        if self.blueflame && one {
             let block = self.ring.load_words_at::<0, 8>(self.rung);
             self.bf_regs
                 .write_block64_at::<0>(u32::from(self.bf), &block);
         } else {
             self.bf_regs
-                .write64_at::<0>(u32::from(self.bf), self.last_ctrl.to_ne_bytes());
+                .write64_at::<0>(u32::from(self.bf), ctrl.to_ne_bytes());
         }
         // 6. Out of the write-combining buffers before anything later, and
         // before the next post may take the other BlueFlame buffer

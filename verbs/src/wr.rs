@@ -191,8 +191,8 @@ impl Qp {
         if let ([wr], true) = (wrs, self.rdma_write_direct) {
             if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) = (wr.op, wr.payload) {
                 if s.length != 0 && self.sq.has_known_room() {
-                    self.sq.put_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
-                    self.sq.ring();
+                    let ctrl = self.sq.put_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
+                    self.sq.ring_one(ctrl);
                     return Ok(());
                 }
             }
