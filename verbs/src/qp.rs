@@ -299,6 +299,9 @@ pub struct Qp {
     pub(crate) st: u8,
     pub(crate) state: QpState,
     pub(crate) ctx: Arc<Ctx>,
+    /// The device's command queue, for its failed flag: a post tests it
+    /// with two loads (through `ctx`, three).
+    pub(crate) cmd: crate::cmd::Cmd,
     pd: Arc<PdInner>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
@@ -687,6 +690,7 @@ impl Qp {
             st,
             state: QpState::Reset,
             ctx: ctx.clone(),
+            cmd: ctx.hca.cmd().clone(),
             pd: pd.clone(),
             send_cq: a.send_cq.shared.clone(),
             recv_cq: a.recv_cq.shared.clone(),

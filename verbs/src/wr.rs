@@ -242,7 +242,7 @@ impl Qp {
     /// device alive, the QP in RTS or SQD.
     #[inline]
     pub fn send_ready(&self) -> std::result::Result<(), PostError> {
-        if self.ctx.hca.cmd().is_failed() {
+        if self.cmd.is_failed() {
             return Err(PostError::DeviceFailed);
         }
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
@@ -324,7 +324,7 @@ impl Qp {
 
     /// Whether the device failed (then nothing more is posted).
     pub(crate) fn device_failed(&self) -> bool {
-        self.ctx.hca.cmd().is_failed()
+        self.cmd.is_failed()
     }
 
     /// Posts one 1-SGE RDMA WRITE with its doorbell: the fast path.
@@ -337,7 +337,7 @@ impl Qp {
         rkey: u32,
         flags: u32,
     ) -> std::result::Result<(), PostError> {
-        if self.ctx.hca.cmd().is_failed() {
+        if self.cmd.is_failed() {
             return Err(PostError::DeviceFailed);
         }
         if self.state != QpState::Rts || self.qp_type == QpType::Ud {
@@ -386,7 +386,7 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
-        if self.ctx.hca.cmd().is_failed() {
+        if self.cmd.is_failed() {
             return Err((0, PostError::DeviceFailed));
         }
         if self.state == QpState::Reset {
