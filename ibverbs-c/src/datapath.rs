@@ -417,8 +417,8 @@ unsafe extern "C" fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c
 }
 
 /// `ibv_poll_cq` with the CQ locked, `wc` non-NULL and `n > 0`: the
-/// driver's poll with no owner-bit test of its own (the caller's
-/// [`Cq::may_have_cqe`] was that), a one-slot poll inlined.
+/// driver's poll (its own owner-bit test in the load of the CQE's last 8
+/// bytes), a one-slot poll inlined.
 ///
 /// # Safety
 ///
