@@ -142,17 +142,14 @@ fn send_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {
     })
 }
 
-/// Writes one C send WR (no doorbell; the list's checks made).
+/// The common WR, an RDMA WRITE of one SGE, not inline: its SGE, remote
+/// address and rkey, or `None` for any other.
 ///
 /// # Safety
 ///
-/// `w`'s SGE list and inline buffers are the caller's, as ibv_post_send
-/// requires.
+/// As [`post_one`].
 #[inline(always)]
-unsafe fn post_one(q: &mut verbs::qp::Qp, w: &ibv_send_wr) -> Result<(), c_int> {
-    // The common WR, an RDMA WRITE of one SGE, straight to the WQE writer
-    // (the same WQE as through `SendWr`; on a UD QP the driver refuses it
-    // as `post_one_general` would, EINVAL).
+unsafe fn plain_write(w: &ibv_send_wr) -> Option<(Sge, u64, u32)> {
     if w.opcode == IBV_WR_RDMA_WRITE
         && w.num_sge == 1
         && !w.sg_list.is_null()
@@ -165,14 +162,26 @@ unsafe fn post_one(q: &mut verbs::qp::Qp, w: &ibv_send_wr) -> Result<(), c_int> 
         // SAFETY: ibv_post_send's contract: the SGE lies in a live MR of
         // that lkey until its WR completes.
         let sge = unsafe { Sge::new_unchecked(s.addr, s.length, s.lkey) };
+        return Some((sge, rdma.remote_addr, rdma.rkey));
+    }
+    None
+}
+
+/// Writes one C send WR (no doorbell; the list's checks made).
+///
+/// # Safety
+///
+/// `w`'s SGE list and inline buffers are the caller's, as ibv_post_send
+/// requires.
+#[inline(always)]
+unsafe fn post_one(q: &mut verbs::qp::Qp, w: &ibv_send_wr) -> Result<(), c_int> {
+    // The common WR straight to the WQE writer (the same WQE as through
+    // `SendWr`; on a UD QP the driver refuses it as `post_one_general`
+    // would, EINVAL).
+    // SAFETY: forwarded from this function's contract.
+    if let Some((sge, raddr, rkey)) = unsafe { plain_write(w) } {
         // Matched, not mapped: the errno is worked out only on failure.
-        return match q.write_rdma_write(
-            w.wr_id,
-            &sge,
-            rdma.remote_addr,
-            rdma.rkey,
-            w.send_flags & 0x7,
-        ) {
+        return match q.write_rdma_write(w.wr_id, &sge, raddr, rkey, w.send_flags & 0x7) {
             Ok(()) => Ok(()),
             Err(e) => Err(post_errno(e)),
         };
@@ -257,6 +266,18 @@ unsafe fn post_list(
     }
     if let Err(e) = q.send_ready() {
         return Err((wr, post_errno(e)));
+    }
+    // SAFETY: the caller's WR list.
+    let first = unsafe { &*wr };
+    if first.next.is_null() {
+        // One WR, the common one, with the room known: written and rung
+        // as the driver's `post_send` of one WR does.
+        // SAFETY: the caller's WR and its buffers.
+        if let Some((sge, raddr, rkey)) = unsafe { plain_write(first) } {
+            if q.post_one_rdma_write(first.wr_id, &sge, raddr, rkey, first.send_flags & 0x7) {
+                return Ok(());
+            }
+        }
     }
     let mut cur = wr;
     let r = loop {

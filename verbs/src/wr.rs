@@ -188,16 +188,35 @@ impl Qp {
     #[inline(always)]
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), (usize, PostError)> {
         self.send_ready().map_err(|e| (0, e))?;
-        if let ([wr], true) = (wrs, self.rdma_write_direct) {
+        if let [wr] = wrs {
             if let (SendOp::RdmaWrite { raddr, rkey }, Payload::Sges([s])) = (wr.op, wr.payload) {
-                if s.length != 0 && self.sq.has_known_room() {
-                    let ctrl = self.sq.put_rdma_write(wr.wr_id, raddr, rkey, s, wr.flags);
-                    self.sq.ring_one(ctrl);
+                if self.post_one_rdma_write(wr.wr_id, s, raddr, rkey, wr.flags) {
                     return Ok(());
                 }
             }
         }
         self.post_send_list(wrs)
+    }
+
+    /// A post of one 1-SGE RDMA WRITE on its own, the state checked: when
+    /// the QP takes it directly and the room is known, the WQE and the
+    /// doorbell (from the control word just built), with no call, and
+    /// `true`; else nothing done and `false` (the caller's general path).
+    #[inline(always)]
+    pub fn post_one_rdma_write(
+        &mut self,
+        wr_id: u64,
+        sge: &Sge,
+        raddr: u64,
+        rkey: u32,
+        flags: u32,
+    ) -> bool {
+        if !self.rdma_write_direct || sge.length == 0 || !self.sq.has_known_room() {
+            return false;
+        }
+        let ctrl = self.sq.put_rdma_write(wr_id, raddr, rkey, sge, flags);
+        self.sq.ring_one(ctrl);
+        true
     }
 
     /// [`Qp::post_send`] of a list: its leading run of 1-SGE RDMA WRITEs
