@@ -1218,12 +1218,12 @@ impl Cq {
         self.poll_slots(wc)
     }
 
-    /// [`poll_uninit`](Self::poll_uninit) inlined into the caller whole
-    /// for any number of slots up to the first found CQE (the C library's
-    /// `ibv_poll_cq`, which tells an empty CQ itself before it takes its
-    /// lock). `None` when nothing was polled and the device failed
-    /// ([`failure`](Self::failure) says why): no [`crate::Error`] in the
-    /// caller's frame.
+    /// [`poll_uninit`](Self::poll_uninit) for the C library's
+    /// `ibv_poll_cq` (which tells an empty CQ itself before it takes its
+    /// lock): inlined into the caller, a one-slot poll's usual completion
+    /// in straight-line code, anything else out of line. `None` when
+    /// nothing was polled and the device failed ([`failure`](Self::failure)
+    /// says why): no [`crate::Error`] in the caller's frame.
     #[inline(always)]
     pub fn poll_uninit_inline(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Option<usize> {
         let n = self.poll_counted(wc);
