@@ -407,6 +407,26 @@ fn rc_fast_path_post_rdma_write() {
     }
 }
 
+/// The fast path's RDMA WRITE of an empty SGE moves no bytes (a WQE with
+/// no data segment, as `post_send` writes it: a data segment's byte count
+/// of 0 would mean 2 GiB to the device).
+#[test]
+fn rc_fast_path_post_rdma_write_of_nothing() {
+    let mut p = pair(1 << 16);
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(16));
+    fill(&p.a.buf, 0, 64, 7);
+    let before = fill(&p.b.buf, 0, 4096, 3);
+    let sge = p.a.mr.sge(0, 0).unwrap();
+    qa.post_rdma_write(1, &sge, p.b.mr.addr(), p.b.mr.rkey(), SIG)
+        .unwrap();
+    let w = poll_n(&mut p.a.cq, 1);
+    assert_eq!(
+        (w[0].wr_id, w[0].status, w[0].opcode),
+        (1, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(read(&p.b.buf, 0, 4096), before);
+}
+
 /// Two QPs share a CQ and their completions are polled 16 at a time, so
 /// one poll runs across both QPs' CQEs (the poll frees a QP's send queue
 /// once per run of its completions): each wr_id comes back once with its

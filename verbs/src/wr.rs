@@ -362,7 +362,12 @@ impl Qp {
         if self.state != QpState::Rts || self.qp_type == QpType::Ud {
             return Err(PostError::BadState(self.state));
         }
-        self.sq.write_rdma_write(wr_id, raddr, rkey, sge, flags)?;
+        // The one-WR post of `post_send`; else (room to look up, an empty
+        // SGE, which takes no data segment) the same WQE as `write_send`.
+        if self.post_one_rdma_write(wr_id, sge, raddr, rkey, flags) {
+            return Ok(());
+        }
+        self.write_rdma_write(wr_id, sge, raddr, rkey, flags)?;
         self.sq.ring();
         Ok(())
     }
