@@ -301,7 +301,17 @@ impl CqeFields for [u8; 64] {
 #[derive(Debug, Clone, Copy)]
 pub struct RingCqe<'a>(DmaEntry<'a, { c::CQE_SIZE }>, DmaEntry<'a, { c::CQE_SIZE }>);
 
-impl RingCqe<'_> {
+impl<'a> RingCqe<'a> {
+    /// The CQE at ring entry `idx` ([`CqRing::cqe_index`]); for 128-byte
+    /// CQEs (`shift` 1) its first half is the entry before.
+    #[inline(always)]
+    fn at(ring: &'a DmaRing<{ c::CQE_SIZE }>, idx: u32, shift: u8) -> Self {
+        RingCqe(
+            ring.entry(idx),
+            ring.entry(idx.wrapping_sub(u32::from(shift))),
+        )
+    }
+
     /// The bytes the CQE carries in place of its buffer (scatter to CQE)
     /// into `out`: how many, or `None` when it carries none.
     #[inline]
@@ -495,10 +505,7 @@ impl CqRing {
     #[inline(always)]
     pub fn owned_cqe(&self, k: u32) -> RingCqe<'_> {
         let idx = self.cqe_index(self.ci.wrapping_add(k));
-        RingCqe(
-            self.ring.entry(idx),
-            self.ring.entry(idx.wrapping_sub(u32::from(self.shift))),
-        )
+        RingCqe::at(&self.ring, idx, self.shift)
     }
 
     /// Moves the consumer index past `k` CQEs software owned (the device
@@ -513,10 +520,7 @@ impl CqRing {
     #[inline(always)]
     pub fn next_cqe(&mut self) -> Option<RingCqe<'_>> {
         let ci = self.ci;
-        let idx = (ci << self.shift) | u32::from(self.shift);
-        let e = self.ring.entry(idx);
-        let op_own = e.load_u8_acquire(OP_OWN).ok()?;
-        if !c::cqe_is_sw_owned(op_own, ci, self.log_size) {
+        if !self.sw_owned(ci) {
             return None;
         }
         // The rest of the CQE is read only after its owner bit, also as
@@ -526,10 +530,7 @@ impl CqRing {
         // acquire load alone orders only the inner shareable domain.
         vfio::mmio::dma_rmb();
         self.ci = ci.wrapping_add(1);
-        Some(RingCqe(
-            e,
-            self.ring.entry(idx.wrapping_sub(u32::from(self.shift))),
-        ))
+        Some(RingCqe::at(&self.ring, self.cqe_index(ci), self.shift))
     }
 
     /// The 64 bytes of CQE `ci` as they lie, owner bit or not (a slot of
