@@ -116,6 +116,7 @@ fn dc_case(a: &mut Side, b: &Side, ahs: &[Ah], dcts: &[Dct], batched: bool, msgs
             },
             sq_sig_all: false,
             streams: None,
+            create_flags: 0,
         })
         .expect("dci");
     dci.to_rts(&DciPath {
@@ -348,6 +349,7 @@ fn main() {
                 },
                 sq_sig_all: false,
                 streams: None,
+                create_flags: 0,
             })
             .expect("dci");
         let m = a.ctx.hca().queue_memory().piece_bytes - q0;

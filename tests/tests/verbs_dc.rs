@@ -47,6 +47,7 @@ fn dci(s: &Side, streams: Option<DciStreams>, rnr_retry: u8) -> Dci {
             },
             sq_sig_all: true,
             streams,
+            create_flags: 0,
         })
         .unwrap();
     d.to_rts(&path(rnr_retry)).unwrap();
@@ -455,6 +456,7 @@ fn impatient_dci(s: &Side) -> Dci {
             },
             sq_sig_all: true,
             streams: None,
+            create_flags: 0,
         })
         .unwrap();
     d.to_rts(&DciPath {
@@ -549,4 +551,67 @@ fn drain_and_destroy_under_traffic() {
         "destroy under traffic: {ok} of 100 delivered, {} failed, {got} received",
         failed.len()
     );
+}
+
+/// A DCT that received, its SRQ, its MR and its PD destroyed while its CQ
+/// is not polled again (perftest's `ib_send_bw -c DC` server leaves its
+/// receive CQ so): what the CQ keeps for its next poll (the last QP it
+/// completed for, the DCT's cleaning) holds neither the SRQ nor the PD,
+/// so the PD goes (it was busy); the CQ's next poll drops the DCT's
+/// unpolled CQE.
+#[test]
+fn a_dct_its_srq_and_pd_go_while_its_cq_is_not_polled_again() {
+    let (_fabric, mut s) = dc_fabric(2);
+    let ah0 = ah(&s[1], &s[0]);
+    let mut d = dci(&s[1], None, 7);
+    let pd = s[0].ctx.alloc_pd().unwrap();
+    let mr = pd.reg_mr_buffer(&s[0].buf, 0, 4 * MSG, ALL).unwrap();
+    let srq = pd.create_srq(16, 1).unwrap();
+    for i in 0..2u64 {
+        let sge = mr.sge(i * MSG as u64, MSG as u32).unwrap();
+        srq.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: &[sge],
+        }])
+        .unwrap();
+    }
+    let t = pd
+        .create_dct(&DctInitAttr {
+            cq: &s[0].cq,
+            srq: &srq,
+            access_key: KEY,
+            access_flags: ALL,
+            path_mtu: 3,
+            min_rnr_timer: 1,
+            ah_attr: AhAttr {
+                sgid_index: 0,
+                hop_limit: 64,
+                port_num: 1,
+                ..AhAttr::default()
+            },
+            pkey_index: 0,
+            create_flags: 0,
+        })
+        .unwrap();
+    for seq in 0..2 {
+        let av = DcAv::new(&ah0, t.dctn(), KEY, 0);
+        d.post_send(&[(tagged(u64::from(seq), &tag(1, seq)), av)])
+            .unwrap();
+        let w = poll_n(&mut s[1].cq, 1);
+        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+        if seq == 0 {
+            // Polled: the CQ's cache holds the DCT's completion tracking.
+            let r = poll_n(&mut s[0].cq, 1);
+            assert_eq!((r[0].status, r[0].qp_num), (WcStatus::Success, t.dctn()));
+        }
+    }
+    // The second receive's CQE stays in the ring: the DCT's destroy files
+    // its cleaning for the CQ's next poll.
+    t.destroy().unwrap();
+    drop(srq);
+    mr.dereg().unwrap();
+    pd.dealloc()
+        .expect("the PD goes once its objects went, whatever its CQs hold");
+    let mut wc = [Wc::default(); 4];
+    assert_eq!(s[0].cq.poll(&mut wc).unwrap(), 0, "the DCT's CQE cleaned");
 }

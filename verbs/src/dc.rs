@@ -137,7 +137,7 @@ impl Pd {
         let out = ctx.hca.cmd().exec(&inb, create_dct_out::SIZE_BYTES)?;
         let dctn = create_dct_out::DCTN.get(&out) as u32;
         // Receive completions name the DCT; their wr_ids are the SRQ's.
-        let track = WqTrack::with_srq(dctn, 0, 0, Some(a.srq.shared.clone()));
+        let track = WqTrack::with_srq(dctn, 0, 0, Some(&a.srq.shared));
         a.cq.shared.attach(dctn, track);
         tracing::debug!(dctn, "CREATE_DCT");
         Ok(Dct {
@@ -252,6 +252,10 @@ pub struct DciInitAttr<'a> {
     pub sq_sig_all: bool,
     /// Streams, if any.
     pub streams: Option<DciStreams>,
+    /// `mlx5dv_qp_create_flags` ([`crate::scatter_cqe::dv_flags`]):
+    /// `DISABLE_SCATTER_TO_CQE` keeps READ and atomic responses out of the
+    /// CQE, as `Pd::create_qp_dv`.
+    pub create_flags: u32,
 }
 
 /// How a DCI reaches RTS (its `ibv_modify_qp` attributes).
@@ -267,6 +271,29 @@ pub struct DciPath {
     pub rnr_retry: u8,
     /// First send PSN.
     pub sq_psn: u32,
+}
+
+/// `(required, optional)` attribute masks of a DCI's transition, as
+/// mlx5_ib's `modify_dci_qp_is_ok` checks them (its `STATE` aside): no
+/// access flags, destination QPN or PSN of a peer, since a DCI has none;
+/// `None` if the transition does not exist.
+pub fn dci_transition_masks(from: QpState, to: QpState) -> Option<(u32, u32)> {
+    use attr_mask::*;
+    use QpState::*;
+    Some(match (from, to) {
+        (_, Reset) => (0, 0),
+        (Reset, Err) => return None,
+        (_, Err) => (0, 0),
+        (Reset, Init) => (PKEY_INDEX | PORT, 0),
+        (Init, Init) => (0, PKEY_INDEX | PORT),
+        (Init, Rtr) => (PATH_MTU, PKEY_INDEX | AV),
+        (Rtr, Rts) => (
+            TIMEOUT | RETRY_CNT | RNR_RETRY | MAX_QP_RD_ATOMIC | SQ_PSN,
+            MIN_RNR_TIMER,
+        ),
+        (Rts, Rts) => (0, MIN_RNR_TIMER),
+        _ => return None,
+    })
 }
 
 /// A DC initiator.
@@ -305,8 +332,17 @@ impl Pd {
             qp_type: QpType::Rc,
             sq_sig_all: a.sq_sig_all,
         };
+        use crate::scatter_cqe::dv_flags::*;
+        let f = a.create_flags;
+        if f & !(DISABLE_SCATTER_TO_CQE | ALLOW_SCATTER_TO_CQE) != 0
+            || (f & DISABLE_SCATTER_TO_CQE != 0 && f & ALLOW_SCATTER_TO_CQE != 0)
+        {
+            return Err(Error::Invalid(
+                "unsupported mlx5dv QP create flags for a DCI",
+            ));
+        }
         let streams = a.streams;
-        let qp = Qp::create_tuned(&self.inner, &init, QPC_ST_DCI, 0, false, |q| {
+        let qp = Qp::create_tuned(&self.inner, &init, QPC_ST_DCI, f, false, |q| {
             if let Some(s) = streams {
                 qpc::LOG_NUM_DCI_STREAM_CHANNELS.set(q, s.log_num_concurent.into());
                 qpc::LOG_NUM_DCI_ERRORED_STREAMS.set(q, s.log_num_errored.into());
@@ -461,5 +497,15 @@ impl Dci {
     /// `ibv_destroy_qp`.
     pub fn destroy(self) -> Result<()> {
         self.qp.destroy()
+    }
+
+    /// The DCI as a plain [`Qp`] (the C library holds every QP so):
+    /// [`Qp::modify`] takes a DCI's transitions
+    /// ([`dci_transition_masks`]), the `wr_*` batch and
+    /// [`Qp::post_send_deferred_dc`] its WRs with their targets;
+    /// [`Qp::post_send`] refuses them (a WR without a target). Stream
+    /// resets need the `Dci`.
+    pub fn into_qp(self) -> Qp {
+        self.qp
     }
 }

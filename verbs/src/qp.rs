@@ -658,7 +658,7 @@ impl Qp {
                 return Err(e);
             }
         };
-        let track = WqTrack::with_srq(qpn, sizes.sq_cnt, sizes.rq_cnt, srq.clone());
+        let track = WqTrack::with_srq(qpn, sizes.sq_cnt, sizes.rq_cnt, srq.as_ref());
         let (sq, rq) = match wire_rings(ctx, a, &sizes, &bufs, &track) {
             Ok(rings) => rings,
             Err(e) => {
@@ -686,7 +686,8 @@ impl Qp {
         Ok(Qp {
             qpn,
             qp_type: a.qp_type,
-            rdma_write_direct: a.qp_type != QpType::Ud && cap.max_send_sge != 0,
+            // A DCI's WQEs name their target: never the direct WRITE.
+            rdma_write_direct: a.qp_type != QpType::Ud && st != QPC_ST_DCI && cap.max_send_sge != 0,
             st,
             state: QpState::Reset,
             ctx: ctx.clone(),
@@ -705,8 +706,13 @@ impl Qp {
         })
     }
 
-    /// Whether the QP is a DC initiator (`crate::dc::Dci`).
-    pub(crate) fn is_dci(&self) -> bool {
+    /// Whether the QP is a DC initiator (made by [`Pd::create_dci`]):
+    /// its WQEs name their target ([`crate::wr::WrBatch::set_dc_addr`],
+    /// [`Qp::post_send_deferred_dc`]) and it moves between states as
+    /// [`crate::dc::dci_transition_masks`] allows.
+    ///
+    /// [`Pd::create_dci`]: crate::pd::Pd::create_dci
+    pub fn is_dci(&self) -> bool {
         self.st == QPC_ST_DCI
     }
 
@@ -760,8 +766,12 @@ impl Qp {
         } else {
             self.state
         };
-        let (req, opt) = transition_masks(self.qp_type, from, to)
-            .ok_or(Error::Invalid("no such QP state transition"))?;
+        let masks = if self.is_dci() {
+            crate::dc::dci_transition_masks(from, to)
+        } else {
+            transition_masks(self.qp_type, from, to)
+        };
+        let (req, opt) = masks.ok_or(Error::Invalid("no such QP state transition"))?;
         let allowed = req | opt | STATE | CUR_STATE;
         if mask & req != req {
             return Err(Error::Invalid("attribute mask lacks a required attribute"));

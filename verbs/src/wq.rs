@@ -9,7 +9,7 @@
 //! posting order (or defers to the SRQ's table).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::srq::SrqShared;
 
@@ -53,7 +53,12 @@ pub struct WqTrack {
     /// The receive counter up to which WQEs have completed.
     pub(crate) rq_tail: AtomicU32,
     rq_mask: u32,
-    srq: Option<Arc<SrqShared>>,
+    /// The SRQ receive WQEs come from. Weak: a CQ's poll cache keeps the
+    /// track of a destroyed QP until its next poll, and that must not
+    /// keep the SRQ (and through it the PD) alive: `ibv_dealloc_pd` after
+    /// the QP and the SRQ went would be busy on a CQ nobody polls again.
+    /// The QP holds the SRQ while it lives.
+    srq: Option<Weak<SrqShared>>,
     /// The receive ring read back by the poller, set when the QP asked
     /// for scatter to CQE (`crate::scatter_cqe`).
     pub(crate) recv_view: std::sync::OnceLock<crate::scatter_cqe::RecvView>,
@@ -77,7 +82,7 @@ impl WqTrack {
         qpn: u32,
         sq_cnt: u32,
         rq_cnt: u32,
-        srq: Option<Arc<SrqShared>>,
+        srq: Option<&Arc<SrqShared>>,
     ) -> Arc<Self> {
         let v64 = |n: u32| (0..n.max(1)).map(|_| AtomicU64::new(0)).collect();
         Arc::new(Self {
@@ -88,7 +93,7 @@ impl WqTrack {
             rq_wrid: v64(rq_cnt),
             rq_tail: AtomicU32::new(0),
             rq_mask: rq_cnt.max(1) - 1,
-            srq,
+            srq: srq.map(Arc::downgrade),
             recv_view: std::sync::OnceLock::new(),
             send_view: std::sync::OnceLock::new(),
             send_dbrec: std::sync::OnceLock::new(),
@@ -166,11 +171,12 @@ impl WqTrack {
     /// Copies received bytes that came in a CQE into receive WQE
     /// `wqe_counter` (the QP's RQ, or its SRQ's), before it completes.
     pub(crate) fn copy_scattered(&self, wqe_counter: u16, data: &[u8]) -> crate::cq::WcStatus {
-        match (self.recv_view.get(), &self.srq) {
+        match (self.recv_view.get(), self.srq.as_ref().map(Weak::upgrade)) {
             (Some(v), _) => v.copy_to_wqe(wqe_counter, data),
-            (None, Some(s)) => s.copy_to_wqe(wqe_counter, data),
-            // A QP that did not ask for it: nowhere to put the bytes.
-            (None, None) => crate::cq::WcStatus::GeneralErr,
+            (None, Some(Some(s))) => s.copy_to_wqe(wqe_counter, data),
+            // A QP that did not ask for it (or whose SRQ is gone):
+            // nowhere to put the bytes.
+            (None, _) => crate::cq::WcStatus::GeneralErr,
         }
     }
 
@@ -178,7 +184,9 @@ impl WqTrack {
     #[inline(always)]
     pub fn rq_complete(&self, wqe_counter: u16) -> u64 {
         if let Some(s) = &self.srq {
-            return s.complete(wqe_counter);
+            // A QP's receive CQEs go when it is destroyed (before its SRQ
+            // can be), so the SRQ is there; were it not, no wr_id.
+            return s.upgrade().map_or(0, |s| s.complete(wqe_counter));
         }
         let t = self.rq_tail.load(Ordering::Relaxed);
         // As for the send queue: read the slot before freeing it.

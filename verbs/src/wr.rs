@@ -280,8 +280,33 @@ impl Qp {
                 return Err(PostError::TooLarge);
             }
         }
+        if self.is_dci() {
+            // A DCI's WR names its DCT: `post_send_deferred_dc`.
+            return Err(PostError::BadOp);
+        }
         self.sq
             .write_wr(wr, self.qp_type, self.cap.max_inline_data as usize)
+    }
+
+    /// [`Qp::post_send_deferred`] on a DCI ([`Qp::is_dci`]): one WR to the
+    /// DCT `dc` names, written without its doorbell ([`Qp::ring_send`]).
+    /// `BadOp` on any other QP.
+    pub fn post_send_deferred_dc(
+        &mut self,
+        wr: &SendWr<'_>,
+        dc: &crate::dc::DcAv,
+    ) -> std::result::Result<(), PostError> {
+        self.send_ready()?;
+        if !self.is_dci() {
+            return Err(PostError::BadOp);
+        }
+        if let Payload::Sges(s) = wr.payload {
+            if s.len() > self.cap.max_send_sge as usize {
+                return Err(PostError::TooLarge);
+            }
+        }
+        self.sq
+            .write_wr_dc(wr, self.cap.max_inline_data as usize, dc)
     }
 
     /// A 1-SGE RDMA WRITE after [`Qp::send_ready`], without its doorbell:

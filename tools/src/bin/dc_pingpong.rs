@@ -108,6 +108,7 @@ fn node(f: Arc<dyn PciFunction>, o: &Opts, mtu: u8, slots: u32) -> Result<Node, 
             },
             sq_sig_all: true,
             streams: None,
+            create_flags: 0,
         })
         .map_err(e("create DCI"))?;
     dci.to_rts(&DciPath {

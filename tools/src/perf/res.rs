@@ -520,6 +520,7 @@ fn dc_res(
                 },
                 sq_sig_all: false,
                 streams: None,
+                create_flags: 0,
             })
             .map_err(e("create DCI"))?;
         let dct = pd

@@ -24,7 +24,7 @@
 //! from RESET, or a new QP that took the number) and stay. What the poller
 //! returned before it saw the request was polled as if before the destroy.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use mlx5_hw::cqe::{self as c, CqeOpcode};
 use mlx5_hw::uar as u;
@@ -40,7 +40,10 @@ pub(crate) struct Clean {
     qpn: u32,
     stop: u32,
     /// The QP's SRQ, which gets the WQEs of dropped receive CQEs back.
-    srq: Option<Arc<SrqShared>>,
+    /// Weak: the request waits for the CQ's next poll, and a CQ nobody
+    /// polls again must not keep the SRQ (and its PD) alive once the
+    /// program destroyed them; a destroyed SRQ needs nothing back.
+    srq: Option<Weak<SrqShared>>,
 }
 
 /// The QP side's view of a CQ's ring: enough to find the producer.
@@ -115,6 +118,7 @@ impl CqPeek {
         // the scan and the filing.
         let v = self.hold();
         let stop = Self::producer(&v);
+        let srq = srq.as_ref().map(Arc::downgrade);
         self.lock().push(Clean { qpn, stop, srq });
     }
 
@@ -215,7 +219,7 @@ fn give_back_srq_wqe(r: &Clean, tail: u64) {
     ]
     .iter()
     .any(|o| o.to_raw() == op);
-    if responder {
+    if let Some(srq) = responder.then(|| srq.upgrade()).flatten() {
         srq.complete((tail >> 16) as u16);
     }
 }
