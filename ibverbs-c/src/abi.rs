@@ -1,6 +1,6 @@
 //! The structures of rdma-core's `infiniband/verbs.h` (v44, Debian 12),
-//! laid out field for field as C lays them out, under C's names so they can
-//! be diffed against the header. Only what this library fills or reads is
+//! and of `infiniband/mlx5dv.h` for DC QPs, laid out field for field as C
+//! lays them out, under C's names so they can be diffed against the header. Only what this library fills or reads is
 //! declared; `tests` compiles a C program against the installed header and
 //! compares every `sizeof` and `offsetof` listed in [`layout_checks`].
 //!
@@ -788,6 +788,62 @@ pub struct ibv_qp_ex {
     pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
+/// `struct mlx5dv_dci_streams` (mlx5dv.h).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_dci_streams {
+    pub log_num_concurent: u8,
+    pub log_num_errored: u8,
+}
+
+/// `struct mlx5dv_dc_init_attr`: `dct_access_key` (a DCT's) or
+/// `dci_streams` (a DCI's) in one union, read by `dc_type`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mlx5dv_dc_init_attr {
+    pub dc_type: c_int,
+    pub u: mlx5dv_dc_init_attr_u,
+}
+
+/// The union of [`mlx5dv_dc_init_attr`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union mlx5dv_dc_init_attr_u {
+    pub dct_access_key: u64,
+    pub dci_streams: mlx5dv_dci_streams,
+}
+
+/// `struct mlx5dv_qp_init_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mlx5dv_qp_init_attr {
+    pub comp_mask: u64,
+    pub create_flags: u32,
+    pub dc_init_attr: mlx5dv_dc_init_attr,
+    pub send_ops_flags: u64,
+}
+
+/// `struct mlx5dv_qp_ex`: libmlx5's work-request setters beyond verbs'.
+/// Only the DC address setters are filled (on a DCI); the rest are NULL,
+/// as libmlx5 leaves those a QP was not made with.
+#[repr(C)]
+pub struct mlx5dv_qp_ex {
+    pub comp_mask: u64,
+    pub wr_set_dc_addr: Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, *mut ibv_ah, u32, u64)>,
+    pub wr_mr_interleaved: Option<unsafe extern "C" fn()>,
+    pub wr_mr_list: Option<unsafe extern "C" fn()>,
+    pub wr_mkey_configure: Option<unsafe extern "C" fn()>,
+    pub wr_set_mkey_access_flags: Option<unsafe extern "C" fn()>,
+    pub wr_set_mkey_layout_list: Option<unsafe extern "C" fn()>,
+    pub wr_set_mkey_layout_interleaved: Option<unsafe extern "C" fn()>,
+    pub wr_set_mkey_sig_block: Option<unsafe extern "C" fn()>,
+    pub wr_raw_wqe: Option<unsafe extern "C" fn()>,
+    pub wr_set_dc_addr_stream:
+        Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, *mut ibv_ah, u32, u64, u16)>,
+    pub wr_memcpy: Option<unsafe extern "C" fn()>,
+    pub wr_set_mkey_crypto: Option<unsafe extern "C" fn()>,
+}
+
 /// `struct ibv_comp_channel`.
 #[repr(C)]
 #[derive(Debug)]
@@ -1332,6 +1388,48 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_ah, [context, pd, handle]);
+    layout!(v, mlx5dv_dci_streams, [log_num_concurent, log_num_errored]);
+    layout!(v, mlx5dv_dc_init_attr, [dc_type]);
+    layout!(
+        v,
+        mlx5dv_qp_init_attr,
+        [comp_mask, create_flags, dc_init_attr, send_ops_flags]
+    );
+    layout!(
+        v,
+        mlx5dv_qp_ex,
+        [
+            comp_mask,
+            wr_set_dc_addr,
+            wr_mr_interleaved,
+            wr_mr_list,
+            wr_mkey_configure,
+            wr_set_mkey_access_flags,
+            wr_set_mkey_layout_list,
+            wr_set_mkey_layout_interleaved,
+            wr_set_mkey_sig_block,
+            wr_raw_wqe,
+            wr_set_dc_addr_stream,
+            wr_memcpy,
+            wr_set_mkey_crypto
+        ]
+    );
+    let dc = std::mem::offset_of!(mlx5dv_dc_init_attr, u);
+    for (path, off) in [
+        (
+            "dct_access_key",
+            std::mem::offset_of!(mlx5dv_dc_init_attr_u, dct_access_key),
+        ),
+        (
+            "dci_streams",
+            std::mem::offset_of!(mlx5dv_dc_init_attr_u, dci_streams),
+        ),
+    ] {
+        v.push(LayoutCheck {
+            c_expr: format!("offsetof(struct mlx5dv_dc_init_attr, {path})"),
+            rust: dc + off,
+        });
+    }
     // Members of unions, by their C paths.
     let wr = std::mem::offset_of!(ibv_send_wr, wr);
     for (path, off) in [
@@ -1395,7 +1493,7 @@ mod tests {
         );
         let checks = layout_checks();
         let mut c = String::from(
-            "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",
+            "#include <infiniband/verbs.h>\n#include <infiniband/mlx5dv.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n",
         );
         for k in &checks {
             c.push_str(&format!("  printf(\"%zu\\n\", (size_t){});\n", k.c_expr));

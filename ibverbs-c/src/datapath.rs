@@ -235,10 +235,13 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    if qp.is_null() {
+    // A DC QP takes no `ibv_send_wr` (a DCI's WRs name their DCT through
+    // `mlx5dv_wr_set_dc_addr`; a DCT sends nothing), and a DCT is no `Qp`.
+    // SAFETY: a QP this library made (the data path's contract).
+    if qp.is_null() || unsafe { (*qp).qp_type } == crate::dc::IBV_QPT_DRIVER {
         return post_send_failed(bad, wr, libc::EINVAL);
     }
-    // SAFETY: a QP this library made (the data path's contract).
+    // SAFETY: as above; not a DCT.
     let q = unsafe { &*(qp as *const Qp) };
     let mut g = q.qp.lock();
     // SAFETY: the caller's WR list and buffers (ibv_post_send's contract).
@@ -313,10 +316,12 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if qp.is_null() {
+    // DC QPs have no receive queue (a DCT receives through its SRQ).
+    // SAFETY: a QP this library made (the data path's contract).
+    if qp.is_null() || unsafe { (*qp).qp_type } == crate::dc::IBV_QPT_DRIVER {
         return fail_recv(bad, wr, libc::EINVAL);
     }
-    // SAFETY: a QP this library made (the data path's contract).
+    // SAFETY: as above; not a DCT.
     let q = unsafe { &*(qp as *const Qp) };
     let mut g = q.qp.lock();
     // SAFETY: the caller's WR list and buffers.

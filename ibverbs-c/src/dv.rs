@@ -6,10 +6,12 @@
 //!
 //! What the driver has is done: `mlx5dv_open_device` opens the device,
 //! `mlx5dv_devx_general_cmd` runs the command on the device's command
-//! queue under a DevX user context (CREATE_UCTX, made at the first call).
-//! What it lacks answers `EOPNOTSUPP` (crypto, DEKs, mlx5dv QPs and mkeys,
-//! `mlx5dv_qp_ex`), and the EFA calls say this is not an EFA device, as
-//! libefa does for a foreign context.
+//! queue under a DevX user context (CREATE_UCTX, made at the first call),
+//! `mlx5dv_create_qp` and `mlx5dv_qp_ex_from_ibv_qp_ex` make DC QPs and
+//! their DC address setters (`crate::dc`). What it lacks answers
+//! `EOPNOTSUPP` (crypto, DEKs, mkeys and the `mlx5dv_qp_ex` builders
+//! for them), and the EFA calls say this is not an EFA device, as libefa
+//! does for a foreign context.
 
 use libc::{c_int, c_void};
 
@@ -63,22 +65,6 @@ pub extern "C" fn mlx5dv_devx_general_cmd(
         }
         Err(e) => ret_errno(crate::errno_of("mlx5dv_devx_general_cmd", &e)),
     }
-}
-
-/// `mlx5dv_create_qp`: mlx5dv QP attributes (DC, ...) are not offered.
-#[no_mangle]
-pub extern "C" fn mlx5dv_create_qp(
-    _c: *mut ibv_context,
-    _a: *mut c_void,
-    _dv: *mut c_void,
-) -> *mut ibv_qp {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-/// `mlx5dv_qp_ex_from_ibv_qp_ex`: no extended QPs are made.
-#[no_mangle]
-pub extern "C" fn mlx5dv_qp_ex_from_ibv_qp_ex(_qp: *mut c_void) -> *mut c_void {
-    null_errno(libc::EOPNOTSUPP)
 }
 
 /// `mlx5dv_create_mkey`: indirect mkeys are not offered.

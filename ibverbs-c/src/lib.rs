@@ -39,6 +39,7 @@ pub mod abi;
 mod async_event;
 mod cq_ex;
 mod datapath;
+mod dc;
 mod device;
 mod dm;
 mod dv;

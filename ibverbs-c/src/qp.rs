@@ -31,9 +31,12 @@ pub(crate) struct Qp {
     sq_sig_all: c_int,
     /// The `ibv_wr_*` batch under way.
     pub wr: Mutex<crate::qp_ex::WrState>,
+    /// What `mlx5dv_qp_ex_from_ibv_qp_ex` returns: a DCI's DC address
+    /// setters (`crate::dc`).
+    pub dv: mlx5dv_qp_ex,
 }
 
-fn qp_type_of(t: c_int) -> Option<QpType> {
+pub(crate) fn qp_type_of(t: c_int) -> Option<QpType> {
     match t {
         2 => Some(QpType::Rc),
         3 => Some(QpType::Uc),
@@ -86,11 +89,27 @@ pub(crate) fn qp_of<'a>(p: *mut ibv_qp) -> Option<&'a Qp> {
 }
 
 fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> {
-    let pd = pd_of(p).ok_or(libc::EINVAL)?;
     let qp_type = qp_type_of(a.qp_type).ok_or_else(|| {
         tracing::debug!("ibv_create_qp: QP type {} not offered", a.qp_type);
         libc::EOPNOTSUPP
     })?;
+    // RC send WQEs with room for a memory-window bind, as libmlx5 makes
+    // every RC QP (`ibv_bind_mw`, BIND_MW work requests).
+    create_with(p, a, qp_type, false, |pd, init| pd.create_qp_for_mw(init))
+}
+
+/// Makes the QP `make` creates on the PD, CQs and SRQ `a` names (`init`
+/// gives it them, the transport `qp_type` and `a`'s capacities), and
+/// its C object: `a.qp_type` is the type C sees (`IBV_QPT_DRIVER` for a
+/// DCI), `dci` whether its `mlx5dv_qp_ex` has the DC address setters.
+pub(crate) fn create_with(
+    p: *mut ibv_pd,
+    a: &mut ibv_qp_init_attr,
+    qp_type: QpType,
+    dci: bool,
+    make: impl FnOnce(&verbs::pd::Pd, &QpInitAttr<'_>) -> verbs::Result<verbs::qp::Qp>,
+) -> Result<*mut ibv_qp, i32> {
+    let pd = pd_of(p).ok_or(libc::EINVAL)?;
     let scq = cq_of(a.send_cq).ok_or(libc::EINVAL)?;
     let rcq = cq_of(a.recv_cq).ok_or(libc::EINVAL)?;
     let srq = if a.srq.is_null() {
@@ -112,12 +131,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         qp_type,
         sq_sig_all: a.sq_sig_all != 0,
     };
-    // RC send WQEs with room for a memory-window bind, as libmlx5 makes
-    // every RC QP (`ibv_bind_mw`, BIND_MW work requests).
-    let qp = pd
-        .pd
-        .create_qp_for_mw(&init)
-        .map_err(|e| crate::errno_of("ibv_create_qp", &e))?;
+    let qp = make(&pd.pd, &init).map_err(|e| crate::errno_of("ibv_create_qp", &e))?;
     drop((sg, rg));
     a.cap = ibv_cap(qp.cap());
     let qpn = qp.qp_num();
@@ -157,6 +171,7 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
         attr: Mutex::new(attr),
         sq_sig_all: a.sq_sig_all,
         wr: Mutex::default(),
+        dv: crate::dc::dv_qp_ex(dci),
     }));
     lock(&pd.shared.qps).insert(qpn, b as usize);
     registry::add(b, Kind::Qp);
@@ -221,6 +236,37 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     let q = ibv_create_qp(a.pd, &mut base);
     a.cap = base.cap;
     q
+}
+
+/// `mlx5dv_create_qp` of an RC, UC or UD QP with `mlx5dv_qp_create_flags`
+/// (scatter to CQE disabled or allowed: `verbs::scatter_cqe::dv_flags`).
+pub(crate) fn create_dv(a: &mut ibv_qp_init_attr_ex, flags: u32) -> Result<*mut ibv_qp, i32> {
+    const PD: u32 = 1;
+    const SEND_OPS_FLAGS: u32 = 1 << 6;
+    if a.comp_mask & PD == 0 {
+        return Err(libc::EINVAL);
+    }
+    if a.comp_mask & !(PD | SEND_OPS_FLAGS) != 0
+        || (a.comp_mask & SEND_OPS_FLAGS != 0
+            && a.send_ops_flags & !crate::qp_ex::SEND_OPS_SUPPORTED != 0)
+    {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let qp_type = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    let mut base = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let q = create_with(a.pd, &mut base, qp_type, false, |pd, init| {
+        pd.create_qp_dv(init, flags)
+    })?;
+    a.cap = base.cap;
+    Ok(q)
 }
 
 fn attr_of(a: &ibv_qp_attr, mask: c_int) -> Result<QpAttr, i32> {
@@ -320,14 +366,17 @@ fn merge(kept: &mut ibv_qp_attr, a: &ibv_qp_attr, mask: u32) {
 /// `ibv_modify_qp`: 0 or an errno.
 #[no_mangle]
 pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
-    let Some(q) = qp_of(p) else {
-        return libc::EINVAL;
-    };
     if attr.is_null() {
         return ret_errno(libc::EINVAL);
     }
     // SAFETY: the caller's attributes, non-NULL.
     let a = unsafe { &*attr };
+    if crate::dc::is_dct(p) {
+        return crate::dc::modify_dct(p, a, mask);
+    }
+    let Some(q) = qp_of(p) else {
+        return libc::EINVAL;
+    };
     let va = match attr_of(a, mask) {
         Ok(v) => v,
         Err(e) => return ret_errno(e),
@@ -355,12 +404,17 @@ pub extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
-    let Some(q) = qp_of(p) else {
-        return libc::EINVAL;
-    };
     if attr.is_null() || init.is_null() {
         return ret_errno(libc::EINVAL);
     }
+    if crate::dc::is_dct(p) {
+        // SAFETY: the caller's out attributes, non-NULL.
+        crate::dc::query_dct(p, unsafe { &mut *attr }, unsafe { &mut *init });
+        return 0;
+    }
+    let Some(q) = qp_of(p) else {
+        return libc::EINVAL;
+    };
     let state = q.qp.lock_control().state() as c_int;
     let mut a = *lock(&q.attr);
     a.qp_state = state;
@@ -384,6 +438,9 @@ pub extern "C" fn ibv_query_qp(
 /// `ibv_destroy_qp`.
 #[no_mangle]
 pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
+    if crate::dc::is_dct(p) {
+        return crate::dc::destroy_dct(p);
+    }
     if !registry::remove(p, Kind::Qp) {
         return ret_errno(libc::EINVAL);
     }

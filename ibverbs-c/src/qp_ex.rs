@@ -26,6 +26,11 @@ use crate::qp::Qp;
 /// invalidate, send with invalidate.
 pub(crate) const SEND_OPS_SUPPORTED: u64 = 0x7f | (1 << 7) | (1 << 9);
 
+/// The `IBV_QP_EX_WITH_*` operations a DCI offers (libmlx5's
+/// `MLX5_SUPPORTED_SEND_OPS_FLAGS_DCI`): RDMA write (with immediate),
+/// send (with immediate), RDMA read, both atomics.
+pub(crate) const SEND_OPS_DCI: u64 = 0x7f;
+
 /// The batch under way on one QP.
 #[derive(Debug, Default)]
 pub(crate) struct WrState {
@@ -33,6 +38,9 @@ pub(crate) struct WrState {
     wr_id: u64,
     flags: u32,
     ud: Option<(usize, u32, u32)>,
+    /// A DCI's target for the current WR (`mlx5dv_wr_set_dc_addr`), or
+    /// `Some(None)` when it named no live AH.
+    dc: Option<Option<verbs::dc::DcAv>>,
     /// The first failure of the batch (an errno).
     err: c_int,
     start_pc: u32,
@@ -118,6 +126,13 @@ fn set_op(qpx: *mut ibv_qp_ex, op: SendOp) {
     st.wr_id = q.c.wr_id;
     st.flags = q.c.wr_flags & 0x7;
     st.ud = None;
+    st.dc = None;
+}
+
+/// A DCI's target for the current WR (`crate::dc`'s
+/// `mlx5dv_wr_set_dc_addr`): `None` for an AH that is not live.
+pub(crate) fn set_dc(q: &Qp, dc: Option<verbs::dc::DcAv>) {
+    lock(&q.wr).dc = Some(dc);
 }
 
 /// Records a failure of the batch (the first one counts).
@@ -140,6 +155,28 @@ fn post(qpx: *mut ibv_qp_ex, payload: Payload<'_>) {
         }
         return;
     };
+    if q.c.qp_base.qp_type == crate::dc::IBV_QPT_DRIVER {
+        // A DCI: the WR goes to the DCT its `mlx5dv_wr_set_dc_addr` named.
+        let r = match st.dc.take() {
+            Some(Some(dc)) if crate::dc::dci_sends(&op) => {
+                let wr = SendWr {
+                    wr_id: st.wr_id,
+                    op,
+                    payload,
+                    flags: st.flags,
+                    ud: None,
+                };
+                q.qp.lock().post_send_deferred_dc(&wr, &dc)
+            }
+            _ => Err(verbs::wr::PostError::BadOp),
+        };
+        if let Err(e) = r {
+            if st.err == 0 {
+                st.err = crate::datapath::post_errno(e);
+            }
+        }
+        return;
+    }
     let ud = q.c.qp_base.qp_type == 4;
     let dest = match (ud, st.ud) {
         (false, _) => None,

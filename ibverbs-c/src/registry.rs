@@ -19,6 +19,8 @@ pub(crate) enum Kind {
     Ah,
     Dm,
     Mw,
+    /// A DC target (`crate::dc::Dct`): an `ibv_qp` that is not a `Qp`.
+    Dct,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

@@ -11,9 +11,12 @@
 //!   `ib_write_lat`, `ib_send_lat` with `-a` the same way, through the
 //!   `ibv_wr_*` API (perftest's default) and, for `ib_write_bw` and
 //!   `ib_send_bw`, through `ibv_post_send` (`--use_old_post_send`);
+//! - perftest's Dynamically Connected runs (`-c DC`: mlx5dv DCIs and
+//!   DCTs) of the bandwidth and latency tests on two ConnectX-6 functions;
 //! - the repo's C programs built against Debian's headers and linked
-//!   with the library: `examples/embed.c` (SPDK-style embedding) and
-//!   `examples/bad_use.c` (errno, never a crash).
+//!   with the library: `examples/embed.c` (SPDK-style embedding),
+//!   `examples/bad_use.c` (errno, never a crash) and `examples/dc.c` (DC
+//!   QPs through mlx5dv, bytes checked).
 //!
 //! The binaries come from `ibverbs-utils`, `perftest` and
 //! `libibverbs-dev` (scripts/test-all.sh installs them); without them a
@@ -154,11 +157,23 @@ struct Served {
 
 impl Served {
     fn start(tag: &str) -> Self {
+        Self::start_profile(tag, "cx4lx")
+    }
+
+    /// Two functions of card `profile` (`mlx5-emu serve --profile`).
+    fn start_profile(tag: &str, profile: &str) -> Self {
         lib_dir();
         let sock =
             std::env::temp_dir().join(format!("mlx5-cabi-{tag}-{}.sock", std::process::id()));
         let mut child = Command::new(target_dir().join("mlx5-emu"))
-            .args(["serve", "--functions", "2", "--socket"])
+            .args([
+                "serve",
+                "--profile",
+                profile,
+                "--functions",
+                "2",
+                "--socket",
+            ])
             .arg(&sock)
             .stderr(Stdio::piped())
             .spawn()
@@ -362,6 +377,80 @@ fn perftest_all_sizes_between_two_processes_over_vfio_user() {
         assert!(tc.contains(wr_api), "{bin} ({api}):\n{tc}");
         eprintln!("{bin} ({api}): {want_rows} sizes, server and client exit 0");
     }
+}
+
+/// perftest's Dynamically Connected runs (`-c DC`: `mlx5dv_create_qp` of
+/// a DCI on the client and a DCT with its SRQ on the server, the DCT's
+/// number exchanged after RTR, `ibv_wr_*` with `mlx5dv_wr_set_dc_addr`)
+/// between two processes on two cabled ConnectX-6 functions over
+/// vfio-user: every test and size, both sides exit 0. The latency tests
+/// make a DCI and a DCT on each side.
+#[test]
+fn perftest_dc_between_two_processes_over_vfio_user() {
+    let s = Served::start_profile("perftest-dc", "cx6");
+    for (i, (bin, all, want_rows)) in [
+        ("ib_write_bw", true, 23),
+        ("ib_read_bw", true, 23),
+        ("ib_send_bw", true, 23),
+        ("ib_atomic_bw", false, 1),
+        ("ib_write_lat", true, 23),
+        ("ib_read_lat", true, 23),
+        ("ib_send_lat", true, 23),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut args = vec!["-c", "DC", "-x", "0", "-n", "5"];
+        if all {
+            args.push("-a");
+        }
+        let p = 40 + 4 * i as u16;
+        let mut r = pair(&s, bin, &args, port(p), "-p");
+        for again in 1..=3u16 {
+            if !calibration_failed(&r) {
+                break;
+            }
+            eprintln!("{bin} -c DC: perftest's CPU clock calibration failed; again ({again})");
+            r = pair(&s, bin, &args, port(p + again), "-p");
+        }
+        let (ts, tc) = (text(&r.0), text(&r.1));
+        assert!(
+            r.0.status.success() && r.1.status.success(),
+            "{bin} -c DC: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
+            r.0.status,
+            r.1.status
+        );
+        assert!(
+            tc.contains("Connection type : DC") && ts.contains("Connection type : DC"),
+            "{bin}:\n{tc}"
+        );
+        assert_eq!(rows(&tc), want_rows, "{bin} -c DC client rows:\n{tc}");
+        eprintln!("{bin} -c DC: {want_rows} sizes, server and client exit 0");
+    }
+}
+
+/// DC QPs through `mlx5dv_create_qp` in a C program built against
+/// Debian's mlx5dv.h (`examples/dc.c`): a DCT moved RESET -> INIT -> RTR
+/// gets its number, a DCI's WRITE, SEND, READ and fetch-and-add (through
+/// `ibv_wr_*` and `mlx5dv_wr_set_dc_addr`) land and are checked in
+/// memory, and bad use gets errnos (posting to DC QPs through
+/// `ibv_post_send`/`ibv_post_recv`, wrong transitions, a DCT without an
+/// SRQ, a WR without its DC address, a wrong DC key).
+#[test]
+fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
+    let exe = build_c("dc");
+    let o = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("MLX5_DEVICES")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("dc: 0 failed") && !t.contains("FAIL"), "{t}");
+    assert!(
+        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 27,
+        "{t}"
+    );
 }
 
 /// Builds one of the repo's C programs against Debian's verbs.h and this
