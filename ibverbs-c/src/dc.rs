@@ -174,17 +174,13 @@ fn create_dci(
         a.recv_cq = a.send_cq;
     }
     let mut base = ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
         srq: std::ptr::null_mut(),
         cap: ibv_qp_cap {
             max_recv_wr: 0,
             max_recv_sge: 0,
             ..a.cap
         },
-        qp_type: IBV_QPT_DRIVER,
-        sq_sig_all: a.sq_sig_all,
+        ..crate::qp::base_of(a)
     };
     let q = crate::qp::create_with(p, &mut base, QpType::Rc, true, |pd, init| {
         pd.create_dci(&verbs::dc::DciInitAttr {

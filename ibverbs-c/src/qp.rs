@@ -224,7 +224,15 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         );
         return null_errno(libc::EOPNOTSUPP);
     }
-    let mut base = ibv_qp_init_attr {
+    let mut base = base_of(a);
+    let q = ibv_create_qp(a.pd, &mut base);
+    a.cap = base.cap;
+    q
+}
+
+/// The `ibv_qp_init_attr` of an `ibv_qp_init_attr_ex` (its PD aside).
+pub(crate) fn base_of(a: &ibv_qp_init_attr_ex) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
         qp_context: a.qp_context,
         send_cq: a.send_cq,
         recv_cq: a.recv_cq,
@@ -232,10 +240,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         cap: a.cap,
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all,
-    };
-    let q = ibv_create_qp(a.pd, &mut base);
-    a.cap = base.cap;
-    q
+    }
 }
 
 /// `mlx5dv_create_qp` of an RC, UC or UD QP with `mlx5dv_qp_create_flags`
@@ -253,15 +258,7 @@ pub(crate) fn create_dv(a: &mut ibv_qp_init_attr_ex, flags: u32) -> Result<*mut 
         return Err(libc::EOPNOTSUPP);
     }
     let qp_type = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
-    let mut base = ibv_qp_init_attr {
-        qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
-        cap: a.cap,
-        qp_type: a.qp_type,
-        sq_sig_all: a.sq_sig_all,
-    };
+    let mut base = base_of(a);
     let q = create_with(a.pd, &mut base, qp_type, false, |pd, init| {
         pd.create_qp_dv(init, flags)
     })?;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use mlx5_emu::{Fabric, Profile};
 use verbs::ah::Ah;
-use verbs::cq::{Wc, WcOpcode, WcStatus};
+use verbs::cq::{Cq, Wc, WcOpcode, WcStatus};
 use verbs::dc::{DcAv, Dci, DciInitAttr, DciPath, DciStreams, Dct, DctInitAttr};
 use verbs::qp::{send_flags as sf, AhAttr, Payload, QpCap, QpState, RecvWr, SendOp, SendWr};
 use verbs::srq::Srq;
@@ -66,24 +66,30 @@ fn dct_flags(s: &Side, key: u64, recvs: u32, create_flags: u32) -> (Dct, Srq) {
     let srq = s.pd.create_srq(512, 1).unwrap();
     post_recvs(s, &srq, 0, recvs);
     let d =
-        s.pd.create_dct(&DctInitAttr {
-            cq: &s.cq,
-            srq: &srq,
-            access_key: key,
-            access_flags: ALL,
-            path_mtu: 3,
-            min_rnr_timer: 1,
-            ah_attr: AhAttr {
-                sgid_index: 0,
-                hop_limit: 64,
-                port_num: 1,
-                ..AhAttr::default()
-            },
-            pkey_index: 0,
-            create_flags,
-        })
-        .unwrap();
+        s.pd.create_dct(&dct_attr(&s.cq, &srq, key, create_flags))
+            .unwrap();
     (d, srq)
+}
+
+/// A DCT's attributes: on `cq` and `srq`, every remote access, MTU 1024,
+/// GID 0.
+fn dct_attr<'a>(cq: &'a Cq, srq: &'a Srq, key: u64, create_flags: u32) -> DctInitAttr<'a> {
+    DctInitAttr {
+        cq,
+        srq,
+        access_key: key,
+        access_flags: ALL,
+        path_mtu: 3,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr {
+            sgid_index: 0,
+            hop_limit: 64,
+            port_num: 1,
+            ..AhAttr::default()
+        },
+        pkey_index: 0,
+        create_flags,
+    }
 }
 
 fn post_recvs(s: &Side, srq: &Srq, from: u32, n: u32) {
@@ -575,24 +581,7 @@ fn a_dct_its_srq_and_pd_go_while_its_cq_is_not_polled_again() {
         }])
         .unwrap();
     }
-    let t = pd
-        .create_dct(&DctInitAttr {
-            cq: &s[0].cq,
-            srq: &srq,
-            access_key: KEY,
-            access_flags: ALL,
-            path_mtu: 3,
-            min_rnr_timer: 1,
-            ah_attr: AhAttr {
-                sgid_index: 0,
-                hop_limit: 64,
-                port_num: 1,
-                ..AhAttr::default()
-            },
-            pkey_index: 0,
-            create_flags: 0,
-        })
-        .unwrap();
+    let t = pd.create_dct(&dct_attr(&s[0].cq, &srq, KEY, 0)).unwrap();
     for seq in 0..2 {
         let av = DcAv::new(&ah0, t.dctn(), KEY, 0);
         d.post_send(&[(tagged(u64::from(seq), &tag(1, seq)), av)])
