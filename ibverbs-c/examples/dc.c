@@ -6,9 +6,12 @@
  * number), a DCI on A moved to RTS, and work requests through
  * ibv_wr_* with mlx5dv_wr_set_dc_addr: an RDMA WRITE, a SEND (inline) to
  * the DCT's SRQ, an RDMA READ and a fetch-and-add, each checked in
- * memory. Bad use on the way gets errnos: posting to a DC QP through
- * ibv_post_send / ibv_post_recv, a DCT moved with the wrong attributes,
- * a DCT without an SRQ, a DCI WR without its DC address.
+ * memory. mlx5dv_query_device gives the DCI stream limits; the DCI has
+ * two streams, and a WR refused by the DCT (a wrong DC key) errs its
+ * stream only: the other still works. Bad use on the way gets errnos:
+ * posting to a DC QP through ibv_post_send / ibv_post_recv, a DCT moved
+ * with the wrong attributes, a DCT without an SRQ, a DCI WR without its
+ * DC address.
  *
  * Prints "ok: ..." per check and "dc: N failed" at the end.
  */
@@ -97,6 +100,9 @@ static struct ibv_qp *create_dc(struct side *s, struct ibv_srq *srq, int dct)
 		dv.dc_init_attr.dct_access_key = KEY;
 	} else {
 		dv.dc_init_attr.dc_type = MLX5DV_DCTYPE_DCI;
+		dv.comp_mask |= MLX5DV_QP_INIT_ATTR_MASK_DCI_STREAMS;
+		dv.dc_init_attr.dci_streams.log_num_concurent = 1;
+		dv.dc_init_attr.dci_streams.log_num_errored = 1;
 		a.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 		a.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND |
 				   IBV_QP_EX_WITH_RDMA_READ |
@@ -125,6 +131,17 @@ int main(void)
 		die("devices");
 	open_side(list[0], &a);
 	open_side(list[1], &b);
+
+	struct mlx5dv_context dvc = {
+		.comp_mask = MLX5DV_CONTEXT_MASK_DCI_STREAMS | MLX5DV_CONTEXT_MASK_CQE_COMPRESION |
+			     MLX5DV_CONTEXT_MASK_HCA_CORE_CLOCK,
+	};
+	CHECK(!mlx5dv_query_device(a.ctx, &dvc) &&
+	      dvc.comp_mask == (MLX5DV_CONTEXT_MASK_DCI_STREAMS |
+				MLX5DV_CONTEXT_MASK_CQE_COMPRESION) &&
+	      dvc.dci_streams_caps.max_log_num_concurent >= 1 &&
+	      dvc.dci_streams_caps.max_log_num_errored >= 1 && dvc.cqe_comp_caps.max_num == 0,
+	      "mlx5dv_query_device: DCI stream limits, no CQE compression, no clock mapping");
 
 	/* B: the DC target over an SRQ, with one receive posted. */
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };
@@ -266,15 +283,27 @@ int main(void)
 	CHECK(*(uint64_t *)(a.buf + 1024) == 1000 && *counter == 1005,
 	      "the fetch-and-add read 1000 and left 1005");
 
-	/* A wrong DC key: the WR fails (the DCT counts a key violation). */
+	/* A wrong DC key on stream 0: the WR fails (the DCT counts a key
+	 * violation); stream 1 still writes. */
 	ibv_wr_start(qx);
 	qx->wr_id = 5;
+	qx->wr_flags = IBV_SEND_SIGNALED;
 	ibv_wr_rdma_write(qx, b.mr->rkey, (uintptr_t)b.buf);
-	mlx5dv_wr_set_dc_addr(dv, ah, dctn, KEY + 1);
+	mlx5dv_wr_set_dc_addr_stream(dv, ah, dctn, KEY + 1, 0);
 	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 8);
 	ibv_wr_complete(qx);
 	w1 = poll_one(a.cq);
 	CHECK(w1.wr_id == 5 && w1.status != IBV_WC_SUCCESS, "a WR with the wrong DC key fails");
+	memset(a.buf + 3072, 0x5a, 32);
+	ibv_wr_start(qx);
+	qx->wr_id = 6;
+	ibv_wr_rdma_write(qx, b.mr->rkey, (uintptr_t)b.buf + 3072);
+	mlx5dv_wr_set_dc_addr_stream(dv, ah, dctn, KEY, 1);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf + 3072, 32);
+	CHECK(ibv_wr_complete(qx) == 0, "a WRITE on the other stream posted");
+	w1 = poll_one(a.cq);
+	CHECK(w1.wr_id == 6 && w1.status == IBV_WC_SUCCESS && !memcmp(b.buf + 3072, a.buf + 3072, 32),
+	      "the other stream still writes (one errored stream of two allowed)");
 
 	CHECK(!ibv_destroy_qp(dct) && !ibv_destroy_srq(srq), "the DCT, then its SRQ, destroyed");
 	CHECK(!ibv_destroy_ah(ah) && !ibv_destroy_qp(dci), "the AH and the DCI destroyed");

@@ -788,6 +788,86 @@ pub struct ibv_qp_ex {
     pub wr_atomic_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void)>,
 }
 
+/// `struct mlx5dv_cqe_comp_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_cqe_comp_caps {
+    pub max_num: u32,
+    pub supported_format: u32,
+}
+
+/// `struct mlx5dv_sw_parsing_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_sw_parsing_caps {
+    pub sw_parsing_offloads: u32,
+    pub supported_qpts: u32,
+}
+
+/// `struct mlx5dv_striding_rq_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_striding_rq_caps {
+    pub min_single_stride_log_num_of_bytes: u32,
+    pub max_single_stride_log_num_of_bytes: u32,
+    pub min_single_wqe_log_num_of_strides: u32,
+    pub max_single_wqe_log_num_of_strides: u32,
+    pub supported_qpts: u32,
+}
+
+/// `struct mlx5dv_sig_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_sig_caps {
+    pub block_size: u64,
+    pub block_prot: u32,
+    pub t10dif_bg: u16,
+    pub crc_type: u16,
+}
+
+/// `struct mlx5dv_dci_streams_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_dci_streams_caps {
+    pub max_log_num_concurent: u8,
+    pub max_log_num_errored: u8,
+}
+
+/// `struct mlx5dv_crypto_caps`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_crypto_caps {
+    pub failed_selftests: u16,
+    pub crypto_engines: u8,
+    pub wrapped_import_method: u8,
+    pub log_max_num_deks: u8,
+    pub flags: u32,
+}
+
+/// `struct mlx5dv_context` (`mlx5dv_query_device`), as rdma-core 44
+/// lays it out; a caller's struct may end earlier (an older header), so
+/// only the fields its `comp_mask` asks for are written.
+#[repr(C)]
+pub struct mlx5dv_context {
+    pub version: u8,
+    pub flags: u64,
+    pub comp_mask: u64,
+    pub cqe_comp_caps: mlx5dv_cqe_comp_caps,
+    pub sw_parsing_caps: mlx5dv_sw_parsing_caps,
+    pub striding_rq_caps: mlx5dv_striding_rq_caps,
+    pub tunnel_offloads_caps: u32,
+    pub max_dynamic_bfregs: u32,
+    pub max_clock_info_update_nsec: u64,
+    pub flow_action_flags: u32,
+    pub dc_odp_caps: u32,
+    pub hca_core_clock: *mut c_void,
+    pub num_lag_ports: u8,
+    pub sig_caps: mlx5dv_sig_caps,
+    pub dci_streams_caps: mlx5dv_dci_streams_caps,
+    pub max_wr_memcpy_length: size_t,
+    pub crypto_caps: mlx5dv_crypto_caps,
+}
+
 /// `struct mlx5dv_dci_streams` (mlx5dv.h).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -1388,6 +1468,67 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_ah, [context, pd, handle]);
+    layout!(v, mlx5dv_cqe_comp_caps, [max_num, supported_format]);
+    layout!(
+        v,
+        mlx5dv_sw_parsing_caps,
+        [sw_parsing_offloads, supported_qpts]
+    );
+    layout!(
+        v,
+        mlx5dv_striding_rq_caps,
+        [
+            min_single_stride_log_num_of_bytes,
+            max_single_stride_log_num_of_bytes,
+            min_single_wqe_log_num_of_strides,
+            max_single_wqe_log_num_of_strides,
+            supported_qpts
+        ]
+    );
+    layout!(
+        v,
+        mlx5dv_sig_caps,
+        [block_size, block_prot, t10dif_bg, crc_type]
+    );
+    layout!(
+        v,
+        mlx5dv_dci_streams_caps,
+        [max_log_num_concurent, max_log_num_errored]
+    );
+    layout!(
+        v,
+        mlx5dv_crypto_caps,
+        [
+            failed_selftests,
+            crypto_engines,
+            wrapped_import_method,
+            log_max_num_deks,
+            flags
+        ]
+    );
+    layout!(
+        v,
+        mlx5dv_context,
+        [
+            version,
+            flags,
+            comp_mask,
+            cqe_comp_caps,
+            sw_parsing_caps,
+            striding_rq_caps,
+            tunnel_offloads_caps,
+            max_dynamic_bfregs,
+            max_clock_info_update_nsec,
+            flow_action_flags,
+            dc_odp_caps,
+            hca_core_clock,
+            num_lag_ports,
+            sig_caps,
+            dci_streams_caps,
+            max_wr_memcpy_length,
+            crypto_caps
+        ]
+    );
     layout!(v, mlx5dv_dci_streams, [log_num_concurent, log_num_errored]);
     layout!(v, mlx5dv_dc_init_attr, [dc_type]);
     layout!(

@@ -7,8 +7,9 @@
 //! What the driver has is done: `mlx5dv_open_device` opens the device,
 //! `mlx5dv_devx_general_cmd` runs the command on the device's command
 //! queue under a DevX user context (CREATE_UCTX, made at the first call),
-//! `mlx5dv_create_qp` and `mlx5dv_qp_ex_from_ibv_qp_ex` make DC QPs and
-//! their DC address setters (`crate::dc`). What it lacks answers
+//! `mlx5dv_query_device` answers from the caps, `mlx5dv_create_qp` and
+//! `mlx5dv_qp_ex_from_ibv_qp_ex` make DC QPs and their DC address setters
+//! (`crate::dc`). What it lacks answers
 //! `EOPNOTSUPP` (crypto, DEKs, mkeys and the `mlx5dv_qp_ex` builders
 //! for them), and the EFA calls say this is not an EFA device, as libefa
 //! does for a foreign context.
@@ -65,6 +66,94 @@ pub extern "C" fn mlx5dv_devx_general_cmd(
         }
         Err(e) => ret_errno(crate::errno_of("mlx5dv_devx_general_cmd", &e)),
     }
+}
+
+/// `enum mlx5dv_context_comp_mask` bits `mlx5dv_query_device` answers.
+mod ctx_mask {
+    pub const CQE_COMPRESION: u64 = 1 << 0;
+    pub const SWP: u64 = 1 << 1;
+    pub const STRIDING_RQ: u64 = 1 << 2;
+    pub const TUNNEL_OFFLOADS: u64 = 1 << 3;
+    pub const FLOW_ACTION_FLAGS: u64 = 1 << 6;
+    pub const DC_ODP_CAPS: u64 = 1 << 7;
+    pub const NUM_LAG_PORTS: u64 = 1 << 9;
+    pub const SIGNATURE_OFFLOAD: u64 = 1 << 10;
+    pub const DCI_STREAMS: u64 = 1 << 11;
+    pub const WR_MEMCPY_LENGTH: u64 = 1 << 12;
+    pub const CRYPTO_OFFLOAD: u64 = 1 << 13;
+}
+
+/// `mlx5dv_query_device`, as libmlx5's `_mlx5dv_query_device`: `comp_mask`
+/// in says which fields the caller's struct has and wants, `comp_mask`
+/// out which were written. The DCI stream limits and the LAG port count
+/// come from the HCA caps; what the driver does not do reads as none
+/// (CQE compression, software parsing, striding RQ, tunnel offloads,
+/// flow actions, ODP on DC through this library, signature and crypto
+/// offloads, MMO memcpy). Not answered (their bits stay clear): the
+/// dynamic bfreg count, the clock-info page and the HCA core clock
+/// mapping, which this library does not give out. `flags` is 0: CQEs
+/// are version 0 (QPs carry no user index) and multi-packet send is not
+/// offered.
+#[no_mangle]
+pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_context) -> c_int {
+    use ctx_mask::*;
+    let Some(ctx) = checked_ctx(c) else {
+        return libc::EINVAL;
+    };
+    if out.is_null() {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's struct: its first three fields always exist.
+    let want = unsafe { (*out).comp_mask };
+    let caps = ctx.vc.hca().caps().gen();
+    let mut got = 0u64;
+    // Each field is written only if asked for: the caller's struct may be
+    // an older, shorter one.
+    macro_rules! put {
+        ($bit:expr, $field:ident, $v:expr) => {
+            if want & $bit != 0 {
+                // SAFETY: the caller asked for this field: its struct has it.
+                unsafe { std::ptr::addr_of_mut!((*out).$field).write($v) };
+                got |= $bit;
+            }
+        };
+    }
+    put!(
+        CQE_COMPRESION,
+        cqe_comp_caps,
+        mlx5dv_cqe_comp_caps::default()
+    );
+    put!(SWP, sw_parsing_caps, mlx5dv_sw_parsing_caps::default());
+    put!(
+        STRIDING_RQ,
+        striding_rq_caps,
+        mlx5dv_striding_rq_caps::default()
+    );
+    put!(TUNNEL_OFFLOADS, tunnel_offloads_caps, 0);
+    put!(FLOW_ACTION_FLAGS, flow_action_flags, 0);
+    put!(DC_ODP_CAPS, dc_odp_caps, 0);
+    put!(NUM_LAG_PORTS, num_lag_ports, caps.num_lag_ports());
+    put!(SIGNATURE_OFFLOAD, sig_caps, mlx5dv_sig_caps::default());
+    let streams = if caps.dct() {
+        mlx5dv_dci_streams_caps {
+            max_log_num_concurent: caps.log_max_dci_stream_channels(),
+            max_log_num_errored: caps.log_max_dci_errored_streams(),
+        }
+    } else {
+        mlx5dv_dci_streams_caps::default()
+    };
+    put!(DCI_STREAMS, dci_streams_caps, streams);
+    put!(WR_MEMCPY_LENGTH, max_wr_memcpy_length, 0);
+    put!(CRYPTO_OFFLOAD, crypto_caps, mlx5dv_crypto_caps::default());
+    // SAFETY: as above: the first three fields.
+    unsafe {
+        (*out).version = 0;
+    }
+    // SAFETY: as above.
+    unsafe { (*out).flags = 0 };
+    // SAFETY: as above.
+    unsafe { (*out).comp_mask = got };
+    0
 }
 
 /// `mlx5dv_create_mkey`: indirect mkeys are not offered.
@@ -142,7 +231,7 @@ not_offered!(
         mlx5dv_devx_umem_reg, mlx5dv_devx_alloc_msi_vector, mlx5dv_devx_create_eq,
         efadv_create_driver_qp, efadv_cq_from_ibv_cq_ex, efadv_create_cq,
         mlx5dv_create_flow, mlx5dv_create_flow_action_packet_reformat, mlx5dv_create_flow_matcher, mlx5dv_crypto_login_create, mlx5dv_dr_action_create_default_miss, mlx5dv_dr_action_create_dest_array, mlx5dv_dr_action_create_dest_devx_tir, mlx5dv_dr_action_create_dest_ib_port, mlx5dv_dr_action_create_dest_ibv_qp, mlx5dv_dr_action_create_dest_table, mlx5dv_dr_action_create_dest_vport, mlx5dv_dr_action_create_drop, mlx5dv_dr_action_create_modify_header, mlx5dv_dr_action_create_flow_counter, mlx5dv_dr_action_create_flow_sampler, mlx5dv_dr_action_create_packet_reformat, mlx5dv_dr_action_create_pop_vlan, mlx5dv_dr_action_create_push_vlan, mlx5dv_dr_action_create_tag, mlx5dv_dr_domain_create, mlx5dv_dr_matcher_create, mlx5dv_dr_rule_create, mlx5dv_dr_table_create, mlx5dv_get_vfio_device_list, mlx5dv_sched_leaf_create, mlx5dv_sched_node_create;
-    int: mlx5dv_query_device, mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_devx_free_uar,
+    int: mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_devx_free_uar,
         mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
         mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
         _mlx5dv_query_port, mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,

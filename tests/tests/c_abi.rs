@@ -430,10 +430,12 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
 }
 
 /// DC QPs through `mlx5dv_create_qp` in a C program built against
-/// Debian's mlx5dv.h (`examples/dc.c`): a DCT moved RESET -> INIT -> RTR
-/// gets its number, a DCI's WRITE, SEND, READ and fetch-and-add (through
-/// `ibv_wr_*` and `mlx5dv_wr_set_dc_addr`) land and are checked in
-/// memory, and bad use gets errnos (posting to DC QPs through
+/// Debian's mlx5dv.h (`examples/dc.c`): `mlx5dv_query_device`'s DCI
+/// stream limits, a DCT moved RESET -> INIT -> RTR gets its number, a
+/// DCI's WRITE, SEND, READ and fetch-and-add (through `ibv_wr_*` and
+/// `mlx5dv_wr_set_dc_addr`) land and are checked in memory, a wrong DC
+/// key errs one of the DCI's two streams and the other still writes, and
+/// bad use gets errnos (posting to DC QPs through
 /// `ibv_post_send`/`ibv_post_recv`, wrong transitions, a DCT without an
 /// SRQ, a WR without its DC address, a wrong DC key).
 #[test]
@@ -448,7 +450,7 @@ fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
     assert!(o.status.success(), "{t}");
     assert!(t.contains("dc: 0 failed") && !t.contains("FAIL"), "{t}");
     assert!(
-        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 27,
+        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 30,
         "{t}"
     );
 }
