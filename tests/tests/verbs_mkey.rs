@@ -580,3 +580,26 @@ fn a_1_gib_region_through_the_mkey_cache_takes_one_umr_and_no_command() {
     assert_eq!(b_commands(&p) - c1, 0, "dereg by UMR");
     assert_eq!(cache.counts().returned, 1);
 }
+
+/// `mlx5dv_destroy_mkey`, then the PD: the key's destroy lets go of the
+/// PD (it had forgotten its reference, and the PD stayed busy for good);
+/// a key dropped without `destroy` lets go too.
+#[test]
+fn a_destroyed_or_dropped_mkey_leaves_its_pd_free() {
+    let p = pair(1 << 12);
+    for destroy in [true, false] {
+        let pd = p.b.ctx.alloc_pd().unwrap();
+        let mut attr = MkeyInitAttr {
+            create_flags: mf::INDIRECT,
+            max_entries: 4,
+        };
+        let k = pd.create_mkey(&mut attr).unwrap();
+        if destroy {
+            k.destroy().unwrap();
+        } else {
+            drop(k);
+        }
+        pd.dealloc()
+            .unwrap_or_else(|e| panic!("PD after the key (destroy {destroy}): {e}"));
+    }
+}

@@ -96,6 +96,9 @@ pub struct MrInterleaved {
 pub struct DvMkey {
     pd: Arc<PdInner>,
     shared: Arc<MkeyShared>,
+    /// DESTROY_MKEY was sent ([`destroy`](Self::destroy)): the drop
+    /// sends nothing.
+    destroyed: bool,
 }
 
 /// What a posted configuration records of the key.
@@ -149,6 +152,7 @@ impl Pd {
                 length: AtomicU64::new(0),
                 access: AtomicU32::new(0),
             }),
+            destroyed: false,
         })
     }
 }
@@ -181,10 +185,11 @@ impl DvMkey {
 
     /// `mlx5dv_destroy_mkey`: DESTROY_MKEY now (dropping does the same,
     /// logging a failure).
-    pub fn destroy(self) -> Result<()> {
-        let r = destroy(&self.pd, self.shared.lkey);
-        std::mem::forget(self);
-        r
+    pub fn destroy(mut self) -> Result<()> {
+        // Dropped after, not forgotten: the PD's and the key's references
+        // go with it (a forgotten key kept its PD busy for good).
+        self.destroyed = true;
+        destroy(&self.pd, self.shared.lkey)
     }
 }
 
@@ -194,6 +199,9 @@ fn destroy(pd: &PdInner, lkey: u32) -> Result<()> {
 
 impl Drop for DvMkey {
     fn drop(&mut self) {
+        if self.destroyed {
+            return;
+        }
         if let Err(e) = destroy(&self.pd, self.shared.lkey) {
             tracing::warn!("DESTROY_MKEY of mkey {:#x}: {e}", self.shared.lkey);
         }
