@@ -868,6 +868,41 @@ pub struct mlx5dv_context {
     pub crypto_caps: mlx5dv_crypto_caps,
 }
 
+/// `struct mlx5dv_mkey_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_mkey_init_attr {
+    pub pd: *mut ibv_pd,
+    pub create_flags: u32,
+    pub max_entries: u16,
+}
+
+/// `struct mlx5dv_mkey`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_mkey {
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct mlx5dv_mkey_conf_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_mkey_conf_attr {
+    pub conf_flags: u32,
+    pub comp_mask: u64,
+}
+
+/// `struct mlx5dv_mr_interleaved`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_mr_interleaved {
+    pub addr: u64,
+    pub bytes_count: u32,
+    pub bytes_skip: u32,
+    pub lkey: u32,
+}
+
 /// `struct mlx5dv_dci_streams` (mlx5dv.h).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -910,12 +945,26 @@ pub struct mlx5dv_qp_init_attr {
 pub struct mlx5dv_qp_ex {
     pub comp_mask: u64,
     pub wr_set_dc_addr: Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, *mut ibv_ah, u32, u64)>,
-    pub wr_mr_interleaved: Option<unsafe extern "C" fn()>,
-    pub wr_mr_list: Option<unsafe extern "C" fn()>,
-    pub wr_mkey_configure: Option<unsafe extern "C" fn()>,
-    pub wr_set_mkey_access_flags: Option<unsafe extern "C" fn()>,
-    pub wr_set_mkey_layout_list: Option<unsafe extern "C" fn()>,
-    pub wr_set_mkey_layout_interleaved: Option<unsafe extern "C" fn()>,
+    pub wr_mr_interleaved: Option<
+        unsafe extern "C" fn(
+            *mut mlx5dv_qp_ex,
+            *mut mlx5dv_mkey,
+            u32,
+            u32,
+            u16,
+            *mut mlx5dv_mr_interleaved,
+        ),
+    >,
+    pub wr_mr_list:
+        Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, *mut mlx5dv_mkey, u32, u16, *mut ibv_sge)>,
+    pub wr_mkey_configure: Option<
+        unsafe extern "C" fn(*mut mlx5dv_qp_ex, *mut mlx5dv_mkey, u8, *mut mlx5dv_mkey_conf_attr),
+    >,
+    pub wr_set_mkey_access_flags: Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, u32)>,
+    pub wr_set_mkey_layout_list:
+        Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, u16, *const ibv_sge)>,
+    pub wr_set_mkey_layout_interleaved:
+        Option<unsafe extern "C" fn(*mut mlx5dv_qp_ex, u32, u16, *const mlx5dv_mr_interleaved)>,
     pub wr_set_mkey_sig_block: Option<unsafe extern "C" fn()>,
     pub wr_raw_wqe: Option<unsafe extern "C" fn()>,
     pub wr_set_dc_addr_stream:
@@ -1468,6 +1517,14 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_ah, [context, pd, handle]);
+    layout!(v, mlx5dv_mkey_init_attr, [pd, create_flags, max_entries]);
+    layout!(v, mlx5dv_mkey, [lkey, rkey]);
+    layout!(v, mlx5dv_mkey_conf_attr, [conf_flags, comp_mask]);
+    layout!(
+        v,
+        mlx5dv_mr_interleaved,
+        [addr, bytes_count, bytes_skip, lkey]
+    );
     layout!(v, mlx5dv_cqe_comp_caps, [max_num, supported_format]);
     layout!(
         v,

@@ -28,6 +28,7 @@ use crate::abi::*;
 use crate::device::CtxShared;
 use crate::objects::{ah_attr_of, ah_of, cq_of, lock, pd_of, srq_of, unuse, Cq, Pd, Srq};
 use crate::qp::Qp;
+use crate::qp_ex::DvOps;
 use crate::registry::{self, Kind};
 use crate::{null_errno, ret_errno};
 
@@ -43,6 +44,9 @@ const MASK_QP_CREATE_FLAGS: u64 = 1 << 0;
 const MASK_DC: u64 = 1 << 1;
 const MASK_SEND_OPS_FLAGS: u64 = 1 << 2;
 const MASK_DCI_STREAMS: u64 = 1 << 3;
+/// `enum mlx5dv_qp_create_send_ops_flags` offered: MR_INTERLEAVED,
+/// MR_LIST, MKEY_CONFIGURE.
+const SEND_OPS_MKEY: u64 = 0x7;
 /// `enum mlx5dv_dc_type`.
 const DCTYPE_DCT: c_int = 1;
 const DCTYPE_DCI: c_int = 2;
@@ -50,26 +54,6 @@ const DCTYPE_DCI: c_int = 2;
 /// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 const INIT_ATTR_PD: u32 = 1 << 0;
 const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
-
-/// The `mlx5dv_qp_ex` of a QP: the DC address setters on a DCI, nothing
-/// else (the mkey, raw-WQE and memcpy builders are not offered).
-pub(crate) fn dv_qp_ex(dci: bool) -> mlx5dv_qp_ex {
-    mlx5dv_qp_ex {
-        comp_mask: 0,
-        wr_set_dc_addr: dci.then_some(wr_set_dc_addr as _),
-        wr_mr_interleaved: None,
-        wr_mr_list: None,
-        wr_mkey_configure: None,
-        wr_set_mkey_access_flags: None,
-        wr_set_mkey_layout_list: None,
-        wr_set_mkey_layout_interleaved: None,
-        wr_set_mkey_sig_block: None,
-        wr_raw_wqe: None,
-        wr_set_dc_addr_stream: dci.then_some(wr_set_dc_addr_stream as _),
-        wr_memcpy: None,
-        wr_set_mkey_crypto: None,
-    }
-}
 
 /// `mlx5dv_create_qp`: a DCI or a DCT (`MLX5DV_QP_INIT_ATTR_MASK_DC`),
 /// or, without it, `ibv_create_qp_ex` with the scatter-to-CQE create
@@ -97,16 +81,19 @@ pub extern "C" fn mlx5dv_create_qp(
         },
         send_ops_flags: 0,
     });
-    if d.comp_mask & !(MASK_QP_CREATE_FLAGS | MASK_DC | MASK_DCI_STREAMS) != 0 {
-        // MASK_SEND_OPS_FLAGS: mkey configuration, raw WQEs, memcpy.
+    // mlx5dv send operations: the mkey builders (`crate::mkey`) on RC;
+    // raw WQEs and memcpy are not offered.
+    let mlx5_ops = if d.comp_mask & MASK_SEND_OPS_FLAGS != 0 {
+        d.send_ops_flags
+    } else {
+        0
+    };
+    if d.comp_mask & !(MASK_QP_CREATE_FLAGS | MASK_DC | MASK_DCI_STREAMS | MASK_SEND_OPS_FLAGS) != 0
+        || mlx5_ops & !SEND_OPS_MKEY != 0
+    {
         tracing::debug!(
-            "mlx5dv_create_qp: comp_mask {:#x} not offered (send ops {:#x})",
-            d.comp_mask,
-            if d.comp_mask & MASK_SEND_OPS_FLAGS != 0 {
-                d.send_ops_flags
-            } else {
-                0
-            }
+            "mlx5dv_create_qp: comp_mask {:#x} / send ops {mlx5_ops:#x} not offered",
+            d.comp_mask
         );
         return null_errno(libc::EOPNOTSUPP);
     }
@@ -116,6 +103,9 @@ pub extern "C" fn mlx5dv_create_qp(
         0
     };
     let r = match (d.comp_mask & MASK_DC != 0, a.qp_type == IBV_QPT_DRIVER) {
+        // A DCI takes no mkey builders (libmlx5: raw WQEs and memcpy
+        // only), a DCT nothing to send.
+        (true, true) if mlx5_ops != 0 => Err(libc::EOPNOTSUPP),
         (true, true) => match d.dc_init_attr.dc_type {
             DCTYPE_DCI => create_dci(a, &d, flags),
             DCTYPE_DCT if d.comp_mask & MASK_DCI_STREAMS == 0 => {
@@ -128,11 +118,11 @@ pub extern "C" fn mlx5dv_create_qp(
         // libmlx5: a driver QP is a DC QP, and DC is a driver QP.
         (true, false) | (false, true) => Err(libc::EINVAL),
         (false, false) if d.comp_mask & MASK_DCI_STREAMS != 0 => Err(libc::EINVAL),
-        (false, false) if flags == 0 => {
+        (false, false) if flags == 0 && mlx5_ops == 0 => {
             // SAFETY: forwarded: the caller's attributes.
             return unsafe { crate::qp::create_qp_ex(c, attr) };
         }
-        (false, false) => crate::qp::create_dv(a, flags),
+        (false, false) => crate::qp::create_dv(a, flags, mlx5_ops != 0),
     };
     match r {
         Ok(q) => q,
@@ -182,7 +172,7 @@ fn create_dci(
         },
         ..crate::qp::base_of(a)
     };
-    let q = crate::qp::create_with(p, &mut base, QpType::Rc, true, |pd, init| {
+    let q = crate::qp::create_with(p, &mut base, QpType::Rc, DvOps::Dc, |pd, init| {
         pd.create_dci(&verbs::dc::DciInitAttr {
             send_cq: init.send_cq,
             cap: init.cap,
@@ -422,7 +412,7 @@ pub extern "C" fn mlx5dv_qp_ex_from_ibv_qp_ex(qpx: *mut ibv_qp_ex) -> *mut mlx5d
 ///
 /// `mqp` is the `dv` field of a live [`Qp`] (from
 /// [`mlx5dv_qp_ex_from_ibv_qp_ex`]: the data path's contract).
-unsafe fn qp_of_dv<'a>(mqp: *mut mlx5dv_qp_ex) -> &'a Qp {
+pub(crate) unsafe fn qp_of_dv<'a>(mqp: *mut mlx5dv_qp_ex) -> &'a Qp {
     let at = std::mem::offset_of!(Qp, dv);
     let q = mqp.cast::<u8>().wrapping_sub(at).cast::<Qp>();
     // SAFETY: the caller's contract: `mqp` lies `at` bytes into a live Qp.
@@ -431,14 +421,19 @@ unsafe fn qp_of_dv<'a>(mqp: *mut mlx5dv_qp_ex) -> &'a Qp {
 
 /// `mlx5dv_wr_set_dc_addr`: the current WR goes to DCT `dctn` at `ah`,
 /// presenting `key`.
-unsafe extern "C" fn wr_set_dc_addr(mqp: *mut mlx5dv_qp_ex, ah: *mut ibv_ah, dctn: u32, key: u64) {
+pub(crate) unsafe extern "C" fn wr_set_dc_addr(
+    mqp: *mut mlx5dv_qp_ex,
+    ah: *mut ibv_ah,
+    dctn: u32,
+    key: u64,
+) {
     // SAFETY: forwarded from the data path's contract.
     unsafe { wr_set_dc_addr_stream(mqp, ah, dctn, key, 0) }
 }
 
 /// `mlx5dv_wr_set_dc_addr_stream`: as [`wr_set_dc_addr`], on DCI stream
 /// `stream` (a DCI without streams has one: any id names it).
-unsafe extern "C" fn wr_set_dc_addr_stream(
+pub(crate) unsafe extern "C" fn wr_set_dc_addr_stream(
     mqp: *mut mlx5dv_qp_ex,
     ah: *mut ibv_ah,
     dctn: u32,

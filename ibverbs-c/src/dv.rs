@@ -9,10 +9,10 @@
 //! queue under a DevX user context (CREATE_UCTX, made at the first call),
 //! `mlx5dv_query_device` answers from the caps, `mlx5dv_create_qp` and
 //! `mlx5dv_qp_ex_from_ibv_qp_ex` make DC QPs and their DC address setters
-//! (`crate::dc`). What it lacks answers
-//! `EOPNOTSUPP` (crypto, DEKs, mkeys and the `mlx5dv_qp_ex` builders
-//! for them), and the EFA calls say this is not an EFA device, as libefa
-//! does for a foreign context.
+//! (`crate::dc`), and RC QPs with the mkey builders for
+//! `mlx5dv_create_mkey`'s keys (`crate::mkey`). What it lacks answers
+//! `EOPNOTSUPP` (crypto, DEKs, signature), and the EFA calls say this is
+//! not an EFA device, as libefa does for a foreign context.
 
 use libc::{c_int, c_void};
 
@@ -154,18 +154,6 @@ pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_cont
     // SAFETY: as above.
     unsafe { (*out).comp_mask = got };
     0
-}
-
-/// `mlx5dv_create_mkey`: indirect mkeys are not offered.
-#[no_mangle]
-pub extern "C" fn mlx5dv_create_mkey(_attr: *mut c_void) -> *mut c_void {
-    null_errno(libc::EOPNOTSUPP)
-}
-
-/// `mlx5dv_destroy_mkey`: none exist.
-#[no_mangle]
-pub extern "C" fn mlx5dv_destroy_mkey(_mkey: *mut c_void) -> c_int {
-    ret_errno(libc::EINVAL)
 }
 
 /// `mlx5dv_crypto_login`: no crypto engine.

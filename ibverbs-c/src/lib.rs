@@ -44,6 +44,7 @@ mod device;
 mod dm;
 mod dv;
 mod misc;
+mod mkey;
 mod mw;
 mod objects;
 mod qp;

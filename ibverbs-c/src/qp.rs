@@ -13,6 +13,7 @@ use verbs::qp::{QpAttr, QpCap, QpInitAttr, QpState, QpType};
 use crate::abi::*;
 use crate::device::CtxShared;
 use crate::objects::{cq_of, lock, pd_of, srq_of, unuse, Cq, Pd, Srq};
+use crate::qp_ex::DvOps;
 use crate::registry::{self, Kind};
 use crate::{null_errno, ret_errno, set_errno};
 
@@ -95,18 +96,20 @@ fn create(p: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> Result<*mut ibv_qp, i32> 
     })?;
     // RC send WQEs with room for a memory-window bind, as libmlx5 makes
     // every RC QP (`ibv_bind_mw`, BIND_MW work requests).
-    create_with(p, a, qp_type, false, |pd, init| pd.create_qp_for_mw(init))
+    create_with(p, a, qp_type, DvOps::None, |pd, init| {
+        pd.create_qp_for_mw(init)
+    })
 }
 
 /// Makes the QP `make` creates on the PD, CQs and SRQ `a` names (`init`
 /// gives it them, the transport `qp_type` and `a`'s capacities), and
 /// its C object: `a.qp_type` is the type C sees (`IBV_QPT_DRIVER` for a
-/// DCI), `dci` whether its `mlx5dv_qp_ex` has the DC address setters.
+/// DCI), `dv` the builders of its `mlx5dv_qp_ex`.
 pub(crate) fn create_with(
     p: *mut ibv_pd,
     a: &mut ibv_qp_init_attr,
     qp_type: QpType,
-    dci: bool,
+    dv: DvOps,
     make: impl FnOnce(&verbs::pd::Pd, &QpInitAttr<'_>) -> verbs::Result<verbs::qp::Qp>,
 ) -> Result<*mut ibv_qp, i32> {
     let pd = pd_of(p).ok_or(libc::EINVAL)?;
@@ -171,7 +174,7 @@ pub(crate) fn create_with(
         attr: Mutex::new(attr),
         sq_sig_all: a.sq_sig_all,
         wr: Mutex::default(),
-        dv: crate::dc::dv_qp_ex(dci),
+        dv: crate::qp_ex::dv_qp_ex(dv),
     }));
     lock(&pd.shared.qps).insert(qpn, b as usize);
     registry::add(b, Kind::Qp);
@@ -244,8 +247,13 @@ pub(crate) fn base_of(a: &ibv_qp_init_attr_ex) -> ibv_qp_init_attr {
 }
 
 /// `mlx5dv_create_qp` of an RC, UC or UD QP with `mlx5dv_qp_create_flags`
-/// (scatter to CQE disabled or allowed: `verbs::scatter_cqe::dv_flags`).
-pub(crate) fn create_dv(a: &mut ibv_qp_init_attr_ex, flags: u32) -> Result<*mut ibv_qp, i32> {
+/// (scatter to CQE disabled or allowed: `verbs::scatter_cqe::dv_flags`)
+/// and, on RC, the mkey builders (`mkey`: mlx5dv send operations asked).
+pub(crate) fn create_dv(
+    a: &mut ibv_qp_init_attr_ex,
+    flags: u32,
+    mkey: bool,
+) -> Result<*mut ibv_qp, i32> {
     const PD: u32 = 1;
     const SEND_OPS_FLAGS: u32 = 1 << 6;
     if a.comp_mask & PD == 0 {
@@ -258,8 +266,12 @@ pub(crate) fn create_dv(a: &mut ibv_qp_init_attr_ex, flags: u32) -> Result<*mut 
         return Err(libc::EOPNOTSUPP);
     }
     let qp_type = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    if mkey && qp_type != QpType::Rc {
+        return Err(libc::EOPNOTSUPP);
+    }
     let mut base = base_of(a);
-    let q = create_with(a.pd, &mut base, qp_type, false, |pd, init| {
+    let dv = if mkey { DvOps::Mkey } else { DvOps::None };
+    let q = create_with(a.pd, &mut base, qp_type, dv, |pd, init| {
         pd.create_qp_dv(init, flags)
     })?;
     a.cap = base.cap;

@@ -41,9 +41,79 @@ pub(crate) struct WrState {
     /// A DCI's target for the current WR (`mlx5dv_wr_set_dc_addr`), or
     /// `Some(None)` when it named no live AH.
     dc: Option<Option<verbs::dc::DcAv>>,
+    /// An mkey configuration waiting for its setters (`crate::mkey`).
+    carry: verbs::wr::WrCarry,
     /// The first failure of the batch (an errno).
     err: c_int,
     start_pc: u32,
+}
+
+impl WrState {
+    /// Records a failure of the batch (the first one counts).
+    pub(crate) fn fail(&mut self, e: c_int) {
+        if self.err == 0 {
+            self.err = e;
+        }
+    }
+
+    /// Where the batch began in the send ring.
+    pub(crate) fn start_pc(&self) -> u32 {
+        self.start_pc
+    }
+
+    /// What the last mkey step left (`crate::mkey`).
+    pub(crate) fn take_carry(&mut self) -> verbs::wr::WrCarry {
+        std::mem::take(&mut self.carry)
+    }
+
+    /// What this mkey step leaves for the next.
+    pub(crate) fn put_carry(&mut self, c: verbs::wr::WrCarry) {
+        self.carry = c;
+    }
+
+    /// A WR other than an mkey setter begins: a configuration still
+    /// waiting for setters fails the batch (libmlx5's EINVAL).
+    fn end_mkey(&mut self) {
+        if self.take_carry().mkey_pending() {
+            self.fail(libc::EINVAL);
+        }
+    }
+}
+
+/// Which `mlx5dv_qp_ex` builders a QP has, as libmlx5 fills them: a
+/// DCI's DC address setters, or an RC QP's mkey builders (made with
+/// mlx5dv send operations).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DvOps {
+    /// None (a QP made by plain verbs).
+    None,
+    /// `wr_set_dc_addr[_stream]`.
+    Dc,
+    /// `wr_mkey_configure`, its setters, `wr_mr_list`, `wr_mr_interleaved`.
+    Mkey,
+}
+
+/// The `mlx5dv_qp_ex` of a QP with `ops` (the rest NULL: raw WQEs, memcpy,
+/// signature and crypto are not offered).
+pub(crate) fn dv_qp_ex(ops: DvOps) -> mlx5dv_qp_ex {
+    let dc = ops == DvOps::Dc;
+    let mk = ops == DvOps::Mkey;
+    mlx5dv_qp_ex {
+        comp_mask: 0,
+        wr_set_dc_addr: dc.then_some(crate::dc::wr_set_dc_addr as _),
+        wr_mr_interleaved: mk.then_some(crate::mkey::wr_mr_interleaved as _),
+        wr_mr_list: mk.then_some(crate::mkey::wr_mr_list as _),
+        wr_mkey_configure: mk.then_some(crate::mkey::wr_mkey_configure as _),
+        wr_set_mkey_access_flags: mk.then_some(crate::mkey::wr_set_mkey_access_flags as _),
+        wr_set_mkey_layout_list: mk.then_some(crate::mkey::wr_set_mkey_layout_list as _),
+        wr_set_mkey_layout_interleaved: mk
+            .then_some(crate::mkey::wr_set_mkey_layout_interleaved as _),
+        wr_set_mkey_sig_block: None,
+        wr_raw_wqe: None,
+        wr_set_dc_addr_stream: dc.then_some(crate::dc::wr_set_dc_addr_stream as _),
+        wr_memcpy: None,
+        wr_set_mkey_crypto: None,
+    }
 }
 
 /// The `ibv_qp_ex` of a new QP, its `wr_*` pointers filled.
@@ -101,6 +171,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
         return libc::EINVAL;
     };
     let mut st = lock(&q.wr);
+    st.end_mkey();
     let mut g = q.qp.lock();
     if st.err != 0 {
         g.send_ring().rewind(st.start_pc);
@@ -116,12 +187,14 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     q.qp.lock().send_ring().rewind(st.start_pc);
     st.err = 0;
     st.op = None;
+    st.take_carry();
 }
 
 /// Records operation `op` with the WR id and flags the caller set.
 fn set_op(qpx: *mut ibv_qp_ex, op: SendOp) {
     let Some(q) = qp(qpx) else { return };
     let mut st = lock(&q.wr);
+    st.end_mkey();
     st.op = Some(op);
     st.wr_id = q.c.wr_id;
     st.flags = q.c.wr_flags & 0x7;
@@ -138,10 +211,7 @@ pub(crate) fn set_dc(q: &Qp, dc: Option<verbs::dc::DcAv>) {
 /// Records a failure of the batch (the first one counts).
 fn fail(qpx: *mut ibv_qp_ex, e: c_int) {
     if let Some(q) = qp(qpx) {
-        let mut st = lock(&q.wr);
-        if st.err == 0 {
-            st.err = e;
-        }
+        lock(&q.wr).fail(e);
     }
 }
 

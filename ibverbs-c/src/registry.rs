@@ -21,6 +21,8 @@ pub(crate) enum Kind {
     Mw,
     /// A DC target (`crate::dc::Dct`): an `ibv_qp` that is not a `Qp`.
     Dct,
+    /// An mlx5dv indirect mkey (`crate::mkey::Mkey`).
+    Mkey,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

@@ -15,8 +15,9 @@
 //!   DCTs) of the bandwidth and latency tests on two ConnectX-6 functions;
 //! - the repo's C programs built against Debian's headers and linked
 //!   with the library: `examples/embed.c` (SPDK-style embedding),
-//!   `examples/bad_use.c` (errno, never a crash) and `examples/dc.c` (DC
-//!   QPs through mlx5dv, bytes checked).
+//!   `examples/bad_use.c` (errno, never a crash), `examples/dc.c` (DC
+//!   QPs through mlx5dv) and `examples/mkey.c` (mlx5dv indirect mkeys),
+//!   bytes checked.
 //!
 //! The binaries come from `ibverbs-utils`, `perftest` and
 //! `libibverbs-dev` (scripts/test-all.sh installs them); without them a
@@ -451,6 +452,31 @@ fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
     assert!(t.contains("dc: 0 failed") && !t.contains("FAIL"), "{t}");
     assert!(
         t.lines().filter(|l| l.starts_with("ok: ")).count() >= 30,
+        "{t}"
+    );
+}
+
+/// mlx5dv indirect mkeys in a C program built against Debian's mlx5dv.h
+/// (`examples/mkey.c`): an RC QP made by `mlx5dv_create_qp` with the mkey
+/// send operations configures a key by `mlx5dv_wr_mr_list` and by
+/// `mlx5dv_wr_mkey_configure` with its access and interleaved-layout
+/// setters (each a UMR completing as `MLX5DV_WC_UMR`); the peer's WRITE
+/// and READ through the key land where the layouts put them; bad use
+/// gets errnos (a setter alone, no `IBV_SEND_INLINE`, another WR before
+/// the setters, no INDIRECT, a double destroy); the PD goes after the key.
+#[test]
+fn mkeys_through_mlx5dv_move_bytes_where_their_layouts_say() {
+    let exe = build_c("mkey");
+    let o = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env_remove("MLX5_DEVICES")
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("mkey: 0 failed") && !t.contains("FAIL"), "{t}");
+    assert!(
+        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 23,
         "{t}"
     );
 }

@@ -494,7 +494,51 @@ impl Qp {
     }
 }
 
+/// What a `wr_*` batch carries from one call to the next when its caller
+/// cannot keep the [`WrBatch`] (the C library's `ibv_qp_ex`, each of whose
+/// calls takes the QP's lock anew): an mlx5dv mkey configuration waiting
+/// for its setters ([`crate::mkey`]).
+#[derive(Debug, Default)]
+pub struct WrCarry {
+    mkey: Option<Box<crate::mkey::PendingMkey>>,
+}
+
+impl WrCarry {
+    /// Whether an mkey configuration waits for setters.
+    pub fn mkey_pending(&self) -> bool {
+        self.mkey.is_some()
+    }
+}
+
+impl Qp {
+    /// A batch picking up what an earlier call left ([`WrBatch::suspend`]),
+    /// rewound to `start_pc` (its `wr_start`'s [`SendRing::pc`]) by an
+    /// abort.
+    ///
+    /// [`SendRing::pc`]: crate::wqe::SendRing::pc
+    pub fn wr_resume(&mut self, start_pc: u32, carry: WrCarry) -> WrBatch<'_> {
+        WrBatch {
+            qp: self,
+            start_pc,
+            wr_id: 0,
+            flags: 0,
+            op: None,
+            ud: None,
+            dc: None,
+            err: None,
+            mkey: carry.mkey,
+        }
+    }
+}
+
 impl WrBatch<'_> {
+    /// Ends this call's share of the batch without ringing: what the next
+    /// call needs ([`Qp::wr_resume`]) and the first failure of this one.
+    /// An operation begun and not given its data is dropped.
+    pub fn suspend(self) -> (WrCarry, Option<PostError>) {
+        (WrCarry { mkey: self.mkey }, self.err)
+    }
+
     /// Sets the id and `IBV_SEND_*` flags of the next WR (`qpx->wr_id`,
     /// `qpx->wr_flags`).
     #[inline]
