@@ -25,26 +25,11 @@
 
 #include "mlx5_userspace.h"
 
+#define EXAMPLE "dc"
+#include "example_checks.h"
+
 #define SIZE 4096
 #define KEY 0x00dc00000000beefULL
-
-static int failed;
-
-#define CHECK(cond, what)                                                     \
-	do {                                                                  \
-		if (cond)                                                     \
-			printf("ok: %s\n", what);                             \
-		else {                                                        \
-			printf("FAIL: %s (errno %d)\n", what, errno);         \
-			failed++;                                             \
-		}                                                             \
-	} while (0)
-
-static void die(const char *what)
-{
-	fprintf(stderr, "dc: %s: %s\n", what, strerror(errno));
-	exit(1);
-}
 
 struct side {
 	struct ibv_context *ctx;
@@ -67,21 +52,6 @@ static void open_side(struct ibv_device *dev, struct side *s)
 			   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
 	if (!s->mr || ibv_query_gid(s->ctx, 1, 0, &s->gid))
 		die("ibv_reg_mr / ibv_query_gid");
-}
-
-/* Polls until one completion; returns it. */
-static struct ibv_wc poll_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	long spins = 0;
-	int n;
-
-	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
-		if (++spins > 2000000000L)
-			die("no completion");
-	if (n < 0)
-		die("ibv_poll_cq");
-	return wc;
 }
 
 static struct ibv_qp *create_dc(struct side *s, struct ibv_srq *srq, int dct)

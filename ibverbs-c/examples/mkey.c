@@ -22,25 +22,10 @@
 
 #include "mlx5_userspace.h"
 
+#define EXAMPLE "mkey"
+#include "example_checks.h"
+
 #define SIZE 16384
-
-static int failed;
-
-#define CHECK(cond, what)                                                     \
-	do {                                                                  \
-		if (cond)                                                     \
-			printf("ok: %s\n", what);                             \
-		else {                                                        \
-			printf("FAIL: %s (errno %d)\n", what, errno);         \
-			failed++;                                             \
-		}                                                             \
-	} while (0)
-
-static void die(const char *what)
-{
-	fprintf(stderr, "mkey: %s: %s\n", what, strerror(errno));
-	exit(1);
-}
 
 struct side {
 	struct ibv_context *ctx;
@@ -108,20 +93,6 @@ static void connect_to(struct side *s, struct side *peer)
 	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 		die("to RTS");
-}
-
-static struct ibv_wc poll_one(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	long spins = 0;
-	int n;
-
-	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
-		if (++spins > 2000000000L)
-			die("no completion");
-	if (n < 0)
-		die("ibv_poll_cq");
-	return wc;
 }
 
 /* A's one WR through B's key (zero-based), signaled; its status. */

@@ -441,19 +441,7 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
 /// SRQ, a WR without its DC address, a wrong DC key).
 #[test]
 fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
-    let exe = build_c("dc");
-    let o = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env_remove("MLX5_DEVICES")
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    assert!(t.contains("dc: 0 failed") && !t.contains("FAIL"), "{t}");
-    assert!(
-        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 30,
-        "{t}"
-    );
+    checked_example("dc", None, 30);
 }
 
 /// mlx5dv indirect mkeys in a C program built against Debian's mlx5dv.h
@@ -466,19 +454,29 @@ fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
 /// the setters, no INDIRECT, a double destroy); the PD goes after the key.
 #[test]
 fn mkeys_through_mlx5dv_move_bytes_where_their_layouts_say() {
-    let exe = build_c("mkey");
-    let o = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env_remove("MLX5_DEVICES")
-        .output()
-        .unwrap();
+    checked_example("mkey", None, 23);
+}
+
+/// Runs `examples/NAME.c` (built by [`build_c`]) with `MLX5_DEVICES` =
+/// `devices` (`None`: the program names its own): it exits 0, prints
+/// "NAME: 0 failed" and no "FAIL", and passed at least `min_ok` checks.
+fn checked_example(name: &str, devices: Option<&str>, min_ok: usize) {
+    let exe = build_c(name);
+    let mut c = Command::new(&exe);
+    c.env("LD_LIBRARY_PATH", lib_dir());
+    match devices {
+        Some(d) => c.env("MLX5_DEVICES", d),
+        None => c.env_remove("MLX5_DEVICES"),
+    };
+    let o = c.output().unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    assert!(t.contains("mkey: 0 failed") && !t.contains("FAIL"), "{t}");
     assert!(
-        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 23,
+        t.contains(&format!("{name}: 0 failed")) && !t.contains("FAIL"),
         "{t}"
     );
+    let ok = t.lines().filter(|l| l.starts_with("ok: ")).count();
+    assert!(ok >= min_ok, "{ok} checks passed, {min_ok} expected:\n{t}");
 }
 
 /// Builds one of the repo's C programs against Debian's verbs.h and this
@@ -515,22 +513,7 @@ fn the_embedding_example_moves_bytes_through_the_c_abi() {
 
 #[test]
 fn bad_use_gets_errno_never_a_crash() {
-    let exe = build_c("bad_use");
-    let o = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", lib_dir())
-        .env("MLX5_DEVICES", "emu")
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    assert!(
-        t.contains("bad_use: 0 failed") && !t.contains("FAIL"),
-        "{t}"
-    );
-    assert!(
-        t.lines().filter(|l| l.starts_with("ok: ")).count() >= 30,
-        "{t}"
-    );
+    checked_example("bad_use", Some("emu"), 30);
 }
 
 /// Two contexts on one device: an async event reaches the context whose

@@ -480,17 +480,7 @@ impl Qp {
     #[inline]
     pub fn wr_start(&mut self) -> WrBatch<'_> {
         let start_pc = self.send_ring().pc();
-        WrBatch {
-            qp: self,
-            start_pc,
-            wr_id: 0,
-            flags: 0,
-            op: None,
-            ud: None,
-            dc: None,
-            err: None,
-            mkey: None,
-        }
+        self.wr_resume(start_pc, WrCarry::default())
     }
 }
 
