@@ -8,7 +8,8 @@
  * the DCT's SRQ, an RDMA READ and a fetch-and-add, each checked in
  * memory. mlx5dv_query_device gives the DCI stream limits; the DCI has
  * two streams, and a WR refused by the DCT (a wrong DC key) errs its
- * stream only: the other still works. Bad use on the way gets errnos:
+ * stream only: the other still works, and mlx5dv_dci_stream_id_reset
+ * brings the errored one back. Bad use on the way gets errnos:
  * posting to a DC QP through ibv_post_send / ibv_post_recv, a DCT moved
  * with the wrong attributes, a DCT without an SRQ, a DCI WR without its
  * DC address.
@@ -274,6 +275,19 @@ int main(void)
 	w1 = poll_one(a.cq);
 	CHECK(w1.wr_id == 6 && w1.status == IBV_WC_SUCCESS && !memcmp(b.buf + 3072, a.buf + 3072, 32),
 	      "the other stream still writes (one errored stream of two allowed)");
+	CHECK(mlx5dv_dci_stream_id_reset(dct, 0) == EINVAL, "a stream reset of a DCT: EINVAL");
+	CHECK(mlx5dv_dci_stream_id_reset(dci, 1) != 0, "a stream not in error: the device refuses its reset");
+	CHECK(mlx5dv_dci_stream_id_reset(dci, 0) == 0, "mlx5dv_dci_stream_id_reset of the errored stream");
+	memset(a.buf + 3072, 0xa5, 32);
+	ibv_wr_start(qx);
+	qx->wr_id = 7;
+	ibv_wr_rdma_write(qx, b.mr->rkey, (uintptr_t)b.buf + 3072);
+	mlx5dv_wr_set_dc_addr_stream(dv, ah, dctn, KEY, 0);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf + 3072, 32);
+	ibv_wr_complete(qx);
+	w1 = poll_one(a.cq);
+	CHECK(w1.wr_id == 7 && w1.status == IBV_WC_SUCCESS && !memcmp(b.buf + 3072, a.buf + 3072, 32),
+	      "the reset stream writes again");
 
 	CHECK(!ibv_destroy_qp(dct) && !ibv_destroy_srq(srq), "the DCT, then its SRQ, destroyed");
 	CHECK(!ibv_destroy_ah(ah) && !ibv_destroy_qp(dci), "the AH and the DCI destroyed");

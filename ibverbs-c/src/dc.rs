@@ -7,7 +7,9 @@
 //!   mlx5_ib's `modify_dci_qp_is_ok` allows; `ibv_qp_to_qp_ex` and
 //!   `mlx5dv_qp_ex_from_ibv_qp_ex` give the `ibv_wr_*` batch, where
 //!   `mlx5dv_wr_set_dc_addr[_stream]` names each WR's DCT between the
-//!   operation and its data, as libmlx5 takes them. `ibv_post_send` has
+//!   operation and its data, as libmlx5 takes them;
+//!   `mlx5dv_dci_stream_id_reset` takes an errored stream out of error.
+//!   `ibv_post_send` has
 //!   no way to name a DCT: EINVAL (libmlx5 would write a WQE without
 //!   its datagram segment).
 //! - A **DCT** is an object of its own ([`Dct`], registry kind `Dct`):
@@ -404,6 +406,23 @@ pub extern "C" fn mlx5dv_qp_ex_from_ibv_qp_ex(qpx: *mut ibv_qp_ex) -> *mut mlx5d
         return std::ptr::null_mut();
     };
     std::ptr::addr_of!(q.dv).cast_mut()
+}
+
+/// `mlx5dv_dci_stream_id_reset`: stream `stream_id` of the DCI `p` (in
+/// RTS) out of error; EINVAL for another QP (a DCT among them), the
+/// device's refusal for a stream not in error or a DCI without streams.
+#[no_mangle]
+pub extern "C" fn mlx5dv_dci_stream_id_reset(p: *mut ibv_qp, stream_id: u16) -> c_int {
+    let Some(q) = crate::qp::qp_of(p) else {
+        return libc::EINVAL;
+    };
+    if q.c.qp_base.qp_type != IBV_QPT_DRIVER {
+        return ret_errno(libc::EINVAL);
+    }
+    match q.qp.lock_control().dci_stream_id_reset(stream_id) {
+        Ok(()) => 0,
+        Err(e) => ret_errno(crate::errno_of("mlx5dv_dci_stream_id_reset", &e)),
+    }
 }
 
 /// The QP whose `dv` is `mqp`.

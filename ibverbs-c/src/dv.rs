@@ -223,7 +223,7 @@ not_offered!(
         mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
         mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
         _mlx5dv_query_port, mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
-        mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout, mlx5dv_dci_stream_id_reset,
+        mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout,
         mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector, mlx5dv_get_clock_info,
         mlx5dv_devx_obj_destroy, mlx5dv_devx_obj_modify, mlx5dv_devx_obj_query,
         mlx5dv_devx_query_eqn, mlx5dv_devx_umem_dereg, efadv_query_ah,

@@ -435,13 +435,14 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
 /// stream limits, a DCT moved RESET -> INIT -> RTR gets its number, a
 /// DCI's WRITE, SEND, READ and fetch-and-add (through `ibv_wr_*` and
 /// `mlx5dv_wr_set_dc_addr`) land and are checked in memory, a wrong DC
-/// key errs one of the DCI's two streams and the other still writes, and
-/// bad use gets errnos (posting to DC QPs through
+/// key errs one of the DCI's two streams, the other still writes and
+/// `mlx5dv_dci_stream_id_reset` brings the first back, and bad use gets
+/// errnos (posting to DC QPs through
 /// `ibv_post_send`/`ibv_post_recv`, wrong transitions, a DCT without an
 /// SRQ, a WR without its DC address, a wrong DC key).
 #[test]
 fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
-    checked_example("dc", None, 30);
+    checked_example("dc", None, 34);
 }
 
 /// mlx5dv indirect mkeys in a C program built against Debian's mlx5dv.h

@@ -273,6 +273,34 @@ pub struct DciPath {
     pub sq_psn: u32,
 }
 
+impl Qp {
+    /// `mlx5dv_dci_stream_id_reset` on a DCI ([`Qp::is_dci`], in RTS):
+    /// stream `stream_id` is out of error (RTS2RTS, `qpc_ext`,
+    /// `opt_param_mask_95_32` naming `dci_stream_channel_id`). Any 16-bit
+    /// id, as libmlx5 takes it: the device maps it to its channel and
+    /// refuses a channel not in error, or a DCI made without streams.
+    pub fn dci_stream_id_reset(&mut self, stream_id: u16) -> Result<()> {
+        if !self.is_dci() {
+            return Err(Error::Invalid("stream reset of a QP that is not a DCI"));
+        }
+        if self.state() != QpState::Rts {
+            return Err(Error::Invalid("stream reset needs RTS"));
+        }
+        let mut inb = vec![0u8; rts2rts_qp_in::SIZE_BYTES];
+        rts2rts_qp_in::OPCODE.set(&mut inb, Opcode::Rts2RtsQp.to_raw().into());
+        rts2rts_qp_in::QPN.set(&mut inb, self.qp_num().into());
+        rts2rts_qp_in::QPC_EXT.set(&mut inb, 1);
+        rts2rts_qp_in::OPT_PARAM_MASK_95_32.set(&mut inb, QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID);
+        let at = rts2rts_qp_in::QPC_DATA_EXT.off / 8;
+        qpc_ext::DCI_STREAM_CHANNEL_ID.set(&mut inb[at..], stream_id.into());
+        self.ctx
+            .hca
+            .cmd()
+            .exec(&inb, rts2rts_qp_out::SIZE_BYTES)
+            .map(drop)
+    }
+}
+
 /// `(required, optional)` attribute masks of a DCI's transition, as
 /// mlx5_ib's `modify_dci_qp_is_ok` checks them (its `STATE` aside): no
 /// access flags, destination QPN or PSN of a peer, since a DCI has none;
@@ -435,29 +463,13 @@ impl Dci {
     }
 
     /// `mlx5dv_dci_stream_id_reset`: stream `stream_id` is out of error
-    /// (RTS2RTS, `qpc_ext`, `opt_param_mask_95_32` naming
-    /// `dci_stream_channel_id`). Any 16-bit id, as libmlx5 takes it: the
-    /// device maps it to its channel and refuses a channel not in error.
+    /// ([`Qp::dci_stream_id_reset`]); a DCI made without streams is
+    /// refused here.
     pub fn stream_id_reset(&mut self, stream_id: u16) -> Result<()> {
         if self.streams.is_none() {
             return Err(Error::Invalid("a DCI without streams"));
         }
-        if self.qp.state() != QpState::Rts {
-            return Err(Error::Invalid("stream reset needs RTS"));
-        }
-        let mut inb = vec![0u8; rts2rts_qp_in::SIZE_BYTES];
-        rts2rts_qp_in::OPCODE.set(&mut inb, Opcode::Rts2RtsQp.to_raw().into());
-        rts2rts_qp_in::QPN.set(&mut inb, self.qp.qp_num().into());
-        rts2rts_qp_in::QPC_EXT.set(&mut inb, 1);
-        rts2rts_qp_in::OPT_PARAM_MASK_95_32.set(&mut inb, QPC_OPT_MASK_32_DCI_STREAM_CHANNEL_ID);
-        let at = rts2rts_qp_in::QPC_DATA_EXT.off / 8;
-        qpc_ext::DCI_STREAM_CHANNEL_ID.set(&mut inb[at..], stream_id.into());
-        self.qp
-            .ctx
-            .hca
-            .cmd()
-            .exec(&inb, rts2rts_qp_out::SIZE_BYTES)
-            .map(drop)
+        self.qp.dci_stream_id_reset(stream_id)
     }
 
     /// `ibv_post_send` on a DCI: each WR with its target; one doorbell.
