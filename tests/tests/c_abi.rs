@@ -385,18 +385,23 @@ fn perftest_all_sizes_between_two_processes_over_vfio_user() {
 /// number exchanged after RTR, `ibv_wr_*` with `mlx5dv_wr_set_dc_addr`)
 /// between two processes on two cabled ConnectX-6 functions over
 /// vfio-user: every test and size, both sides exit 0. The latency tests
-/// make a DCI and a DCT on each side.
+/// make a DCI and a DCT on each side; two runs give the DCI streams
+/// (`--log_dci_streams=2`).
 #[test]
 fn perftest_dc_between_two_processes_over_vfio_user() {
     let s = Served::start_profile("perftest-dc", "cx6");
-    for (i, (bin, all, want_rows)) in [
-        ("ib_write_bw", true, 23),
-        ("ib_read_bw", true, 23),
-        ("ib_send_bw", true, 23),
-        ("ib_atomic_bw", false, 1),
-        ("ib_write_lat", true, 23),
-        ("ib_read_lat", true, 23),
-        ("ib_send_lat", true, 23),
+    // The last two: the DCI with 4 streams (perftest's DCS,
+    // `mlx5dv_wr_set_dc_addr_stream` over them in turn).
+    for (i, (bin, all, streams, want_rows)) in [
+        ("ib_write_bw", true, false, 23),
+        ("ib_read_bw", true, false, 23),
+        ("ib_send_bw", true, false, 23),
+        ("ib_atomic_bw", false, false, 1),
+        ("ib_write_lat", true, false, 23),
+        ("ib_read_lat", true, false, 23),
+        ("ib_send_lat", true, false, 23),
+        ("ib_write_bw", true, true, 23),
+        ("ib_send_bw", true, true, 23),
     ]
     .into_iter()
     .enumerate()
@@ -404,6 +409,9 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
         let mut args = vec!["-c", "DC", "-x", "0", "-n", "5"];
         if all {
             args.push("-a");
+        }
+        if streams {
+            args.push("--log_dci_streams=2");
         }
         let p = 40 + 4 * i as u16;
         let mut r = pair(&s, bin, &args, port(p), "-p");
@@ -426,7 +434,10 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
             "{bin}:\n{tc}"
         );
         assert_eq!(rows(&tc), want_rows, "{bin} -c DC client rows:\n{tc}");
-        eprintln!("{bin} -c DC: {want_rows} sizes, server and client exit 0");
+        if streams {
+            assert!(tc.contains("DCS num streams : 2"), "{bin}:\n{tc}");
+        }
+        eprintln!("{bin} -c DC (streams {streams}): {want_rows} sizes, server and client exit 0");
     }
 }
 
