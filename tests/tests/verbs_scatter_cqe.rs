@@ -247,3 +247,71 @@ fn srq_receives_scatter_too_and_are_copied_into_the_srq_wqe() {
         assert_eq!(read(&p.b.buf, 1000 + len - 16, 1), vec![0xee], "{len}");
     }
 }
+
+/// An empty SEND (rdma-core's remote-invalidate test sends one) has
+/// nothing to scatter: its receive completes as any, with scatter to CQE
+/// on or disabled. The model had put it "in the CQE" even on a QP without
+/// `cs_res` (limit 0 >= length 0), and the poll, with no receive ring to
+/// copy into, reported GENERAL_ERR.
+#[test]
+fn an_empty_send_completes_plainly_with_or_without_scatter() {
+    for flags in [0, dv_flags::DISABLE_SCATTER_TO_CQE] {
+        let (mut p, mut qa, mut qb) = rig(64, QpType::Rc, flags);
+        let sge = p.b.mr.sge(0, 64).unwrap();
+        qb.post_recv(&[RecvWr {
+            wr_id: 5,
+            sg_list: &[sge],
+        }])
+        .unwrap();
+        qa.post_send(&[SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            payload: Payload::Sges(&[]),
+            flags: sf::SIGNALED,
+            ud: None,
+        }])
+        .unwrap();
+        assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+        let w = poll_n(&mut p.b.cq, 1)[0];
+        assert_eq!(
+            (w.wr_id, w.status, w.byte_len),
+            (5, WcStatus::Success, 0),
+            "flags {flags:#x}"
+        );
+    }
+}
+
+/// A receive entry of length 0 is left out of the WQE, as libmlx5's
+/// `mlx5_post_recv` leaves it out (to the device a byte count of 0 is
+/// 2 GiB): the bytes land in the next entry, none at the empty one.
+#[test]
+fn a_zero_length_receive_entry_takes_no_bytes() {
+    let (mut p, mut qa, mut qb) = rig(64, QpType::Rc, dv_flags::DISABLE_SCATTER_TO_CQE);
+    p.b.buf.write(0, &[0xee; 1024]).unwrap();
+    let empty = p.b.mr.sge(0, 0).unwrap();
+    let real = p.b.mr.sge(512, 64).unwrap();
+    qb.post_recv(&[RecvWr {
+        wr_id: 6,
+        sg_list: &[empty, real],
+    }])
+    .unwrap();
+    let data = fill(&p.a.buf, 0, 16, 3);
+    let sge = p.a.mr.sge(0, 16).unwrap();
+    qa.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Sges(&[sge]),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+    let w = poll_n(&mut p.b.cq, 1)[0];
+    assert_eq!((w.wr_id, w.status, w.byte_len), (6, WcStatus::Success, 16));
+    assert_eq!(read(&p.b.buf, 512, 16), data, "in the second entry");
+    assert_eq!(
+        read(&p.b.buf, 0, 16),
+        vec![0xee; 16],
+        "none at the empty one"
+    );
+}

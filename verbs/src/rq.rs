@@ -81,20 +81,24 @@ impl RecvRing {
         let slot = (self.pc & self.mask) as usize;
         let base = self.pc << self.log_segs;
         // Data segments as two words each (byte_count:lkey, addr), no
-        // staging copy; a short list ends with a zero-length segment whose
+        // staging copy. An entry of length 0 is left out, as libmlx5's
+        // `mlx5_post_recv` leaves it out: a byte count of 0 means 2 GiB to
+        // the device. A short list ends with a zero-length segment whose
         // lkey is MLX5_INVALID_LKEY, as rdma-core writes it.
-        for (i, s) in wr.sg_list.iter().enumerate() {
+        let mut j = 0u32;
+        for s in wr.sg_list.iter().filter(|s| s.length != 0) {
             let words = [
                 ((u64::from(s.length) << 32) | u64::from(s.lkey)).to_be(),
                 s.addr.to_be(),
             ];
             self.segs
-                .store_words_at::<0, 2>(base.wrapping_add(i as u32), &words);
+                .store_words_at::<0, 2>(base.wrapping_add(j), &words);
+            j += 1;
         }
-        if wr.sg_list.len() < self.max_sge {
+        if (j as usize) < self.max_sge {
             let words = [u64::from(w::TERMINATE_SCATTER_LIST_LKEY).to_be(), 0];
-            let end = base.wrapping_add(wr.sg_list.len() as u32);
-            self.segs.store_words_at::<0, 2>(end, &words);
+            self.segs
+                .store_words_at::<0, 2>(base.wrapping_add(j), &words);
         }
         self.track.rq_wrid[slot].store(wr.wr_id, Ordering::Relaxed);
         self.pc = self.pc.wrapping_add(1);

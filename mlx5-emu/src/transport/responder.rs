@@ -334,7 +334,10 @@ fn scatter_to_cqe(qp: &Qp, payload: &Payload<'_>) -> Option<InlineScatter> {
     };
     let limit = mlx5_hw::qp::res_scatter_limit(qp.cs_res, cqe_bytes);
     let len = payload.len();
-    if len > limit || !(qp.st == qp::st::RC || qp.st == qp::st::UC) {
+    // A QP without `cs_res` (limit 0) scatters nothing, an empty SEND
+    // included; an empty SEND has nothing to scatter (as the requester's
+    // side, `len > 0`).
+    if len == 0 || len > limit || !(qp.st == qp::st::RC || qp.st == qp::st::UC) {
         return None;
     }
     let mut s = InlineScatter {
