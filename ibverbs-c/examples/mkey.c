@@ -210,6 +210,41 @@ int main(void)
 	memcpy(want + 12, b.buf + 0x2010, 8);
 	memcpy(want + 20, b.buf + 0x3004, 4);
 	CHECK(!memcmp(a.buf + 0x400, want, 24), "in the interleaved order");
+	/* A key made for remote invalidation, configured, then invalidated by
+	 * A's SEND with invalidate (a zero-length receive on B, as rdma-core's
+	 * test_mkey_remote_invalidate posts it). */
+	ka.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT |
+			  MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE;
+	struct mlx5dv_mkey *ki = mlx5dv_create_mkey(&ka);
+	CHECK(ki != NULL, "a key that may be invalidated remotely");
+	ibv_wr_start(qx);
+	qx->wr_id = 9;
+	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	mlx5dv_wr_mr_list(dv, ki, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, 2, kl);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(b.cq).status == IBV_WC_SUCCESS,
+	      "configured by mlx5dv_wr_mr_list");
+	/* The receive the SEND takes scatters through the very key it
+	 * invalidates (rdma-core's test leaves one so); a zero-length one
+	 * follows. */
+	struct ibv_sge rk = { 0, 16, ki->lkey }, rz = { 0, 0, ki->lkey };
+	struct ibv_recv_wr rw2 = { .wr_id = 11, .sg_list = &rz, .num_sge = 1 };
+	struct ibv_recv_wr rw = { .wr_id = 10, .sg_list = &rk, .num_sge = 1, .next = &rw2 }, *bad_r;
+	CHECK(!ibv_post_recv(b.qp, &rw, &bad_r), "B posts a receive through the key, then a zero-length one");
+	struct ibv_sge sz = { 0, 0, a.mr->lkey };
+	struct ibv_send_wr inv = { .wr_id = 12, .sg_list = &sz, .num_sge = 1,
+				   .opcode = IBV_WR_SEND_WITH_INV,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	inv.invalidate_rkey = ki->rkey;
+	CHECK(!ibv_post_send(a.qp, &inv, &bad_s), "A sends with invalidate of B's key");
+	w = poll_one(a.cq);
+	printf("A: status %d\n", w.status);
+	w = poll_one(b.cq);
+	printf("B: status %d vendor %u flags %#x inv %#x\n", w.status, w.vendor_err, w.wc_flags, w.invalidated_rkey);
+	CHECK(w.status == IBV_WC_SUCCESS && (w.wc_flags & IBV_WC_WITH_INV) &&
+	      w.invalidated_rkey == ki->rkey,
+	      "B's receive names the invalidated key");
+	CHECK(!mlx5dv_destroy_mkey(ki), "that key destroyed");
+
 	/* Last of A's WRs: an error moves its QP to ERR. */
 	CHECK(a_does(&a, IBV_WR_RDMA_WRITE, k->rkey, 0, 0, 8) != IBV_WC_SUCCESS,
 	      "a WRITE to the key, now read-only, fails");

@@ -104,6 +104,15 @@ pub extern "C" fn mlx5dv_create_qp(
     } else {
         0
     };
+    // Create flags libmlx5 takes only from a device that has what they
+    // need: signature pipelining (SQD2RTS), packet-based credits. The
+    // driver does neither: EOPNOTSUPP, as libmlx5 answers for such a
+    // device (the scatter-to-CQE flags are the driver's to check).
+    const PACKET_BASED_CREDIT_MODE: u32 = 1 << 5;
+    const SIG_PIPELINING: u32 = 1 << 6;
+    if flags & (PACKET_BASED_CREDIT_MODE | SIG_PIPELINING) != 0 {
+        return null_errno(libc::EOPNOTSUPP);
+    }
     let r = match (d.comp_mask & MASK_DC != 0, a.qp_type == IBV_QPT_DRIVER) {
         // A DCI takes no mkey builders (libmlx5: raw WQEs and memcpy
         // only), a DCT nothing to send.

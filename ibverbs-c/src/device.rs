@@ -144,6 +144,11 @@ pub(crate) fn devices() -> &'static [DevEntry] {
     })
 }
 
+/// Whether `dev` is a device of this library's list.
+pub(crate) fn is_our_device(dev: *const ibv_device) -> bool {
+    entry_of(dev).is_some()
+}
+
 fn entry_of(dev: *const ibv_device) -> Option<(usize, &'static DevEntry)> {
     devices()
         .iter()

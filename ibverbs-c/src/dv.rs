@@ -230,9 +230,10 @@ not_offered!(
         _mlx5dv_mkey_check, mlx5dv_crypto_login_destroy, mlx5dv_crypto_login_query, mlx5dv_dek_query, mlx5dv_destroy_flow_matcher, mlx5dv_dr_action_destroy, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_dr_domain_destroy, mlx5dv_dr_domain_sync, mlx5dv_dr_matcher_destroy, mlx5dv_dr_matcher_set_layout, mlx5dv_dr_rule_destroy, mlx5dv_dr_table_destroy, mlx5dv_dump_dr_domain, mlx5dv_init_obj, mlx5dv_sched_leaf_destroy, mlx5dv_sched_leaf_modify, mlx5dv_sched_node_destroy, mlx5dv_sched_node_modify, mlx5dv_vfio_get_events_fd, mlx5dv_vfio_process_events
 );
 
-/// `mlx5dv_is_supported`: false: the mlx5 direct-verbs provider is not
-/// what drives these devices (programs take the plain verbs path).
+/// `mlx5dv_is_supported`: true for a device of this library (every one
+/// is an mlx5 function), as libmlx5 answers for its own: the `mlx5dv_*`
+/// calls above serve it; false for anything else.
 #[no_mangle]
-pub extern "C" fn mlx5dv_is_supported(_dev: *mut ibv_device) -> bool {
-    false
+pub extern "C" fn mlx5dv_is_supported(dev: *mut ibv_device) -> bool {
+    crate::device::is_our_device(dev)
 }

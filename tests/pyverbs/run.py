@@ -35,6 +35,14 @@ def bridge_pyverbs_versions():
 
         mem.madvise = madvise
         BRIDGED.append("pyverbs.mem_alloc.madvise")
+    # Work-request opcodes of the newer verbs.h (56.1: IBV_WR_FLUSH = 14,
+    # IBV_WR_ATOMIC_WRITE = 15) that tests/utils.py compares a send_op
+    # with; 44.0's pyverbs.enums has neither.
+    import pyverbs.enums as enums
+    for name, value in (("IBV_WR_FLUSH", 14), ("IBV_WR_ATOMIC_WRITE", 15)):
+        if not hasattr(enums, name):
+            setattr(enums, name, value)
+            BRIDGED.append(f"pyverbs.enums.{name} = {value}")
 
 
 BRIDGED = []
@@ -62,6 +70,9 @@ def main():
     base = importlib.import_module("tests.base")
     base.RDMATestCase.get_net_name = staticmethod(lambda dev, port=None: None)
     BRIDGED.append("tests.base.RDMATestCase.get_net_name (no netdev)")
+    # tests.utils and tests.mlx5_base import each other; upstream's package
+    # __init__ has utils loaded first, which the mlx5 modules rely on.
+    importlib.import_module("tests.utils")
     suite = unittest.TestSuite()
     lines = []
     for m in modules:

@@ -9,7 +9,9 @@
 //! recorded) does not pass, or a module does not load. A second run puts
 //! `test_device` and `test_mr` on a ConnectX-7 model (`emu:cx7`,
 //! target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what the
-//! ConnectX-4 Lx has not: device memory.
+//! ConnectX-4 Lx has not: device memory; a third runs the mlx5
+//! direct-verbs modules `test_mlx5_dc` and `test_mlx5_mkey` there
+//! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -132,6 +134,24 @@ const MUST_PASS_CX7: &[&str] = &[
     "tests.test_mr.MWTest.test_reg_mw_wrong_type",
 ];
 
+/// rdma-core's mlx5 direct-verbs tests that pass on a ConnectX-7 model
+/// (docs/PYVERBS.md): DC QPs (DCIs with and without streams, stream
+/// errors and resets, the DCT over an SRQ) and indirect mkeys (KLM lists
+/// and interleaved layouts through both UMR APIs, remote invalidation).
+const MUST_PASS_MLX5: &[&str] = &[
+    "tests.test_mlx5_dc.DCTest.test_dc_rdma_write",
+    "tests.test_mlx5_dc.DCTest.test_dc_rdma_write_stream",
+    "tests.test_mlx5_dc.DCTest.test_dc_send",
+    "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow",
+    "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow_qp",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved_new_api",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_bad_flow",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_new_api",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_remote_invalidate",
+];
+
 #[test]
 fn rdma_core_tests_on_pyverbs_over_the_c_library() {
     run_suite(
@@ -160,6 +180,16 @@ fn rdma_core_memory_tests_on_a_connectx7_model() {
     );
 }
 
+#[test]
+fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
+    run_suite(
+        "emu:cx7",
+        &["test_mlx5_dc", "test_mlx5_mkey"],
+        MUST_PASS_MLX5,
+        "pyverbs-results-mlx5.txt",
+    );
+}
+
 /// Runs rdma-core's `modules` on pyverbs over ibverbs-c against the
 /// function `devices` names (`MLX5_DEVICES`); fails if one of
 /// `must_pass` does not pass or a module does not load.
@@ -182,8 +212,8 @@ fn run_suite(devices: &str, modules: &[&str], must_pass: &[&str], results_file: 
         .parent()
         .unwrap()
         .to_path_buf();
-    // A directory per suite: the two tests run at once.
-    let lib = target.join(format!("ibverbs-pyverbs-{}", devices.replace(':', "-")));
+    // A directory per suite: the suites run at once.
+    let lib = target.join(format!("ibverbs-{}", results_file.trim_end_matches(".txt")));
     std::fs::create_dir_all(&lib).unwrap();
     for n in ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"] {
         let l = lib.join(n);

@@ -223,21 +223,17 @@ pub(crate) struct PendingMkey {
     access: u32,
 }
 
-/// Most translation entries one UMR WQE of `qp` carries (libmlx5's bound,
-/// `(max_inline_data + 4) / 16`, capped by the room a send WQE of this QP
-/// has after the control, UMR control and mkey context segments: libmlx5
-/// enlarges the WQE of a QP made with `MLX5DV_QP_EX_WITH_MR_*`, this
-/// driver sizes it by `max_inline_data` only).
+/// Most translation entries one UMR WQE of `qp` carries: libmlx5's bound,
+/// `(max_inline_data + 4) / 16` of the granted inline room (an RC QP of
+/// `Pd::create_qp_dv` or `create_qp_for_mw` is sized for a bind WQE, as
+/// libmlx5 sizes one made with `MLX5DV_QP_EX_WITH_MR_*`: 60 bytes of
+/// inline room with one SGE, so 4 entries), capped by what the send WQE
+/// the QP is sized for holds after the control, UMR control and mkey
+/// context segments.
 fn qp_xlt_max(batch: &WrBatch<'_>) -> usize {
     let inline = batch.qp.cap().max_inline_data as usize;
-    // A send WQE of an RC QP is at least the raddr and atomic segments and
-    // the inline header over `max_inline_data` (`QpSizes`).
-    let wqe = CTRL_SIZE
-        + crate::wqe::RADDR_SIZE
-        + crate::wqe::ATOMIC_SIZE
-        + crate::wqe::INLINE_HDR_SIZE
-        + inline;
-    let room = wqe.saturating_sub(CTRL_SIZE + wqe_umr_ctrl_seg::SIZE_BYTES + mkey_seg::SIZE_BYTES);
+    let room = (batch.qp.wqe_bytes as usize)
+        .saturating_sub(CTRL_SIZE + wqe_umr_ctrl_seg::SIZE_BYTES + mkey_seg::SIZE_BYTES);
     ((inline + crate::wqe::INLINE_HDR_SIZE) / 16).min(room / 16)
 }
 

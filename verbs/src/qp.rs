@@ -310,6 +310,9 @@ pub struct Qp {
     pub(crate) sq: SendRing,
     pub(crate) rq: Option<RecvRing>,
     pub(crate) cap: QpCap,
+    /// The bytes of a send WQE this QP is sized for (`wqe_bbs` blocks):
+    /// what a UMR WQE's translation may fill (`crate::mkey`).
+    pub(crate) wqe_bytes: u32,
     /// A 1-SGE RDMA WRITE goes straight to [`SendRing::write_rdma_write`]
     /// (a connected QP with send SGEs): [`Qp::write_rdma_write`]'s one test
     /// of the QP, fixed at creation.
@@ -615,18 +618,9 @@ impl Qp {
     }
 
     /// [`create_st`](Self::create_st) with `mlx5dv_qp_create_flags`
-    /// ([`crate::scatter_cqe::dv_flags`]).
-    pub(crate) fn create_flags(
-        pd: &Arc<PdInner>,
-        a: &QpInitAttr<'_>,
-        st: u8,
-        flags: u32,
-    ) -> Result<Self> {
-        Self::create_tuned(pd, a, st, flags, false, |_| {})
-    }
-
-    /// [`create_flags`](Self::create_flags), RC send WQEs with room for a
-    /// memory-window bind when `bind` (`Pd::create_qp_for_mw`), `tune`
+    /// ([`crate::scatter_cqe::dv_flags`]), RC send WQEs with room for a
+    /// memory-window bind when `bind` (`Pd::create_qp_for_mw`,
+    /// `Pd::create_qp_dv`), `tune`
     /// setting more of the QPC (a DCI's stream fields: `crate::dc`).
     pub(crate) fn create_tuned(
         pd: &Arc<PdInner>,
@@ -699,6 +693,7 @@ impl Qp {
             sq,
             rq,
             cap,
+            wqe_bytes: sizes.wqe_bbs * BB as u32,
             bfreg: Some(bufs.bfreg),
             region: bufs.region,
             dbrec: bufs.dbrec,

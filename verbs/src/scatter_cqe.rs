@@ -252,7 +252,8 @@ pub(crate) fn copy_to_segments(
 impl crate::pd::Pd {
     /// `mlx5dv_create_qp` with `create_flags` ([`dv_flags`]):
     /// `DISABLE_SCATTER_TO_CQE` keeps every received byte in the receive
-    /// buffer.
+    /// buffer. An RC QP's send WQEs have room for a memory-window bind
+    /// or a UMR of a few entries (`crate::mkey`), as libmlx5 makes them.
     pub fn create_qp_dv(
         &self,
         attr: &crate::qp::QpInitAttr<'_>,
@@ -270,7 +271,16 @@ impl crate::pd::Pd {
                 "DISABLE and ALLOW_SCATTER_TO_CQE together",
             ));
         }
-        crate::qp::Qp::create_flags(&self.inner, attr, attr.qp_type.st(), create_flags)
+        // RC send WQEs with room for a bind (or a small UMR), as libmlx5
+        // sizes an RC QP (`_sq_overhead`'s bind/UMR size).
+        crate::qp::Qp::create_tuned(
+            &self.inner,
+            attr,
+            attr.qp_type.st(),
+            create_flags,
+            true,
+            |_| {},
+        )
     }
 
     /// [`create_qp`](crate::pd::Pd::create_qp) whose RC send WQEs have
