@@ -868,6 +868,16 @@ pub struct mlx5dv_context {
     pub crypto_caps: mlx5dv_crypto_caps,
 }
 
+/// `struct mlx5dv_cq_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_cq_init_attr {
+    pub comp_mask: u64,
+    pub cqe_comp_res_format: u8,
+    pub flags: u32,
+    pub cqe_size: u16,
+}
+
 /// `struct mlx5dv_mkey_init_attr`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -1517,6 +1527,11 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         ]
     );
     layout!(v, ibv_ah, [context, pd, handle]);
+    layout!(
+        v,
+        mlx5dv_cq_init_attr,
+        [comp_mask, cqe_comp_res_format, flags, cqe_size]
+    );
     layout!(v, mlx5dv_mkey_init_attr, [pd, create_flags, max_entries]);
     layout!(v, mlx5dv_mkey, [lkey, rkey]);
     layout!(v, mlx5dv_mkey_conf_attr, [conf_flags, comp_mask]);

@@ -78,6 +78,45 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     c: *mut ibv_context,
     a: *mut ibv_cq_init_attr_ex,
 ) -> *mut ibv_cq_ex {
+    // SAFETY: forwarded: the caller's attributes.
+    unsafe { create_cq_dv(c, a, None) }
+}
+
+/// `enum mlx5dv_cq_init_attr_mask`.
+const DV_MASK_COMPRESSED_CQE: u64 = 1 << 0;
+const DV_MASK_FLAGS: u64 = 1 << 1;
+const DV_MASK_CQE_SIZE: u64 = 1 << 2;
+/// `MLX5DV_CQ_INIT_ATTR_FLAGS_CQE_PAD`, and the first reserved flag.
+const DV_FLAGS_CQE_PAD: u32 = 1 << 0;
+const DV_FLAGS_RESERVED: u32 = 1 << 1;
+
+/// `mlx5dv_create_cq`: `ibv_create_cq_ex` with the mlx5 attributes, as
+/// libmlx5's `create_cq` checks them: the CQE size (64 or 128, else
+/// EINVAL; `MLX5_CQE_SIZE` when not given); CQE compression and 128-byte
+/// CQE padding, which the driver does not do (`mlx5dv_query_device`
+/// reports neither), EINVAL as libmlx5 answers a device without them.
+#[no_mangle]
+pub unsafe extern "C" fn mlx5dv_create_cq(
+    c: *mut ibv_context,
+    a: *mut ibv_cq_init_attr_ex,
+    dv: *mut mlx5dv_cq_init_attr,
+) -> *mut ibv_cq_ex {
+    // SAFETY: the caller's mlx5 attributes, when given.
+    let d = (!dv.is_null()).then(|| unsafe { dv.read() });
+    // SAFETY: forwarded: the caller's attributes.
+    unsafe { create_cq_dv(c, a, d) }
+}
+
+/// `ibv_create_cq_ex` and `mlx5dv_create_cq` (`dv`: its attributes).
+///
+/// # Safety
+///
+/// `a` is NULL or the caller's attributes.
+unsafe fn create_cq_dv(
+    c: *mut ibv_context,
+    a: *mut ibv_cq_init_attr_ex,
+    dv: Option<mlx5dv_cq_init_attr>,
+) -> *mut ibv_cq_ex {
     let Some(ctx) = checked_ctx(c) else {
         return std::ptr::null_mut();
     };
@@ -86,6 +125,32 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: the caller's attributes, non-NULL.
     let a = unsafe { *a };
+    let mut asked_size = None;
+    if let Some(d) = dv {
+        if d.comp_mask & !(DV_MASK_COMPRESSED_CQE | DV_MASK_FLAGS | DV_MASK_CQE_SIZE) != 0 {
+            return null_errno(libc::EINVAL);
+        }
+        if d.comp_mask & DV_MASK_COMPRESSED_CQE != 0 {
+            tracing::debug!("mlx5dv_create_cq: CQE compression not offered");
+            return null_errno(libc::EINVAL);
+        }
+        if d.comp_mask & DV_MASK_FLAGS != 0
+            && (d.flags & !(DV_FLAGS_RESERVED - 1) != 0 || d.flags & DV_FLAGS_CQE_PAD != 0)
+        {
+            tracing::debug!(
+                "mlx5dv_create_cq: flags {:#x} (128-byte CQE padding not offered)",
+                d.flags
+            );
+            return null_errno(libc::EINVAL);
+        }
+        if d.comp_mask & DV_MASK_CQE_SIZE != 0 {
+            asked_size = Some(d.cqe_size);
+        }
+    }
+    let cqe_bytes = match crate::objects::cqe_size_of(asked_size) {
+        Ok(b) => b,
+        Err(e) => return null_errno(e),
+    };
     if a.comp_mask & !(MASK_FLAGS | MASK_PD) != 0 {
         return null_errno(libc::EINVAL);
     }
@@ -113,6 +178,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         a.channel,
         a.comp_vector as usize,
         flags & ATTR_SINGLE_THREADED != 0,
+        cqe_bytes,
     )
 }
 

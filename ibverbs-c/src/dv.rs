@@ -214,7 +214,7 @@ macro_rules! not_offered {
 }
 
 not_offered!(
-    ptr: mlx5dv_create_cq, mlx5dv_alloc_var, mlx5dv_pp_alloc, mlx5dv_devx_umem_reg_ex,
+    ptr: mlx5dv_alloc_var, mlx5dv_pp_alloc, mlx5dv_devx_umem_reg_ex,
         mlx5dv_dm_map_op_addr, mlx5dv_devx_alloc_uar, mlx5dv_devx_obj_create,
         mlx5dv_devx_umem_reg, mlx5dv_devx_alloc_msi_vector, mlx5dv_devx_create_eq,
         efadv_create_driver_qp, efadv_cq_from_ibv_cq_ex, efadv_create_cq,

@@ -513,12 +513,38 @@ pub extern "C" fn ibv_create_cq(
     let (Ok(cqe), Ok(vector)) = (u32::try_from(cqe), usize::try_from(comp_vector)) else {
         return null_errno(libc::EINVAL);
     };
-    make_cq(ctx, c, cqe, cq_context, channel, vector, false).cast()
+    let cqe_bytes = match cqe_size_of(None) {
+        Ok(b) => b,
+        Err(e) => return null_errno(e),
+    };
+    make_cq(ctx, c, cqe, cq_context, channel, vector, false, cqe_bytes).cast()
+}
+
+/// The CQE size of a new CQ, as libmlx5's `get_cqe_size`: the mlx5dv
+/// attributes' `cqe_size` when given, else `MLX5_CQE_SIZE` from the
+/// environment, else 64; 64 or 128, anything else EINVAL.
+pub(crate) fn cqe_size_of(asked: Option<u16>) -> Result<usize, i32> {
+    let size = match asked {
+        Some(s) => usize::from(s),
+        None => std::env::var("MLX5_CQE_SIZE")
+            .ok()
+            .map_or(Some(64), |v| v.trim().parse().ok())
+            .unwrap_or(0),
+    };
+    match size {
+        64 | 128 => Ok(size),
+        _ => {
+            tracing::debug!("CQE size {size}: 64 or 128 (MLX5_CQE_SIZE)");
+            Err(libc::EINVAL)
+        }
+    }
 }
 
 /// A CQ of `ctx` (whose `ibv_context` is `c`), for `ibv_create_cq` and
 /// `ibv_create_cq_ex`: its `ibv_cq_ex`, or NULL with errno set. `single`:
-/// the creator promises one thread at a time (no lock taken).
+/// the creator promises one thread at a time (no lock taken);
+/// `cqe_bytes`: 64 or 128 ([`cqe_size_of`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn make_cq(
     ctx: &crate::device::Ctx,
     c: *mut ibv_context,
@@ -527,6 +553,7 @@ pub(crate) fn make_cq(
     channel: *mut ibv_comp_channel,
     vector: usize,
     single: bool,
+    cqe_bytes: usize,
 ) -> *mut ibv_cq_ex {
     if cqe == 0 || cqe > i32::MAX as u32 {
         return null_errno(libc::EINVAL);
@@ -539,7 +566,10 @@ pub(crate) fn make_cq(
     } else {
         return null_errno(libc::EINVAL);
     };
-    let cq = match ctx.vc.create_cq(cqe, ch.map(|c| &c.ch), Some(vector)) {
+    let cq = match ctx
+        .vc
+        .create_cq_sized(cqe, ch.map(|c| &c.ch), Some(vector), cqe_bytes)
+    {
         Ok(cq) => cq,
         Err(e) => return null_errno(crate::errno_of("ibv_create_cq", &e)),
     };

@@ -10,7 +10,8 @@
 //! `test_device` and `test_mr` on a ConnectX-7 model (`emu:cx7`,
 //! target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what the
 //! ConnectX-4 Lx has not: device memory; a third runs the mlx5
-//! direct-verbs modules `test_mlx5_dc` and `test_mlx5_mkey` there
+//! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc` and
+//! `test_mlx5_mkey` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
 use std::path::{Path, PathBuf};
@@ -135,10 +136,17 @@ const MUST_PASS_CX7: &[&str] = &[
 ];
 
 /// rdma-core's mlx5 direct-verbs tests that pass on a ConnectX-7 model
-/// (docs/PYVERBS.md): DC QPs (DCIs with and without streams, stream
-/// errors and resets, the DCT over an SRQ) and indirect mkeys (KLM lists
-/// and interleaved layouts through both UMR APIs, remote invalidation).
+/// (docs/PYVERBS.md): mlx5dv CQs (CQE sizes, `MLX5_CQE_SIZE`, scatter to
+/// CQE per QP), DC QPs (DCIs with and without streams, stream errors and
+/// resets, the DCT over an SRQ) and indirect mkeys (KLM lists and
+/// interleaved layouts through both UMR APIs, remote invalidation).
 const MUST_PASS_MLX5: &[&str] = &[
+    "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_128",
+    "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_64",
+    "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_environment_var",
+    "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_with_bad_size",
+    "tests.test_mlx5_cq.DvCqTest.test_dv_cq_traffic",
+    "tests.test_mlx5_cq.DvCqTest.test_scatter_to_cqe_control_by_qp",
     "tests.test_mlx5_dc.DCTest.test_dc_rdma_write",
     "tests.test_mlx5_dc.DCTest.test_dc_rdma_write_stream",
     "tests.test_mlx5_dc.DCTest.test_dc_send",
@@ -184,7 +192,7 @@ fn rdma_core_memory_tests_on_a_connectx7_model() {
 fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
     run_suite(
         "emu:cx7",
-        &["test_mlx5_dc", "test_mlx5_mkey"],
+        &["test_mlx5_cq", "test_mlx5_dc", "test_mlx5_mkey"],
         MUST_PASS_MLX5,
         "pyverbs-results-mlx5.txt",
     );
