@@ -758,6 +758,9 @@ pub extern "C" fn ibv_create_srq(p: *mut ibv_pd, init: *mut ibv_srq_init_attr) -
         Ok(s) => s,
         Err(e) => return null_errno(crate::errno_of("ibv_create_srq", &e)),
     };
+    // What was made, as libmlx5 writes it back.
+    init.attr.max_wr = srq.max_wr();
+    init.attr.max_sge = srq.max_sge();
     let srqn = srq.srqn();
     pd.users.fetch_add(1, Ordering::AcqRel);
     let b = Box::into_raw(Box::new(Srq {

@@ -421,3 +421,22 @@ fn looped_back_write_outside_the_mr_is_a_remote_access_error() {
         "nothing written"
     );
 }
+
+/// An SRQ of no WQEs and no entries, as libmlx5 and mlx5_ib make one
+/// (rdma-core's tests create `SRQ(pd, SrqInitAttr())`, all zeros): a
+/// queue of one WQE, the list's tail, so no receive fits (QueueFull), and
+/// WQEs of one entry; it had been refused as "SRQ capacities".
+#[test]
+fn an_srq_of_no_wqes_and_no_entries_is_made_and_takes_no_receive() {
+    let p = pair(1 << 12);
+    let srq = p.a.pd.create_srq(0, 0).unwrap();
+    assert_eq!((srq.max_wr(), srq.max_sge()), (0, 1));
+    let sge = p.a.mr.sge(0, 64).unwrap();
+    let r = srq.post_recv(&[verbs::qp::RecvWr {
+        wr_id: 1,
+        sg_list: &[sge],
+    }]);
+    assert_eq!(r, Err((0, PostError::QueueFull)));
+    let big = p.a.pd.create_srq(100, 2).unwrap();
+    assert!(big.max_wr() >= 100 && big.max_sge() >= 2);
+}

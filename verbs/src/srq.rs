@@ -146,16 +146,24 @@ pub struct Srq {
 
 impl Pd {
     /// `ibv_create_srq` with at least `max_wr` WQEs of `max_sge` entries.
+    ///
+    /// `max_wr` and `max_sge` of 0 are taken, as libmlx5 and mlx5_ib take
+    /// them: a queue of one WQE (the list's tail: no receive fits) and a
+    /// WQE of one entry (`mlx5_alloc_srq_buf`'s 32-byte minimum).
+    /// [`Srq::max_wr`] and [`Srq::max_sge`] say what was made.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
         let ctx = &self.inner.ctx;
-        if max_sge == 0 || max_sge as usize >= crate::qp::MAX_SGE || max_wr == 0 {
+        if max_sge as usize >= crate::qp::MAX_SGE {
             return Err(Error::Invalid("SRQ capacities"));
         }
-        let n = (max_wr + 1).next_power_of_two();
+        let n = max_wr
+            .checked_add(1)
+            .and_then(u32::checked_next_power_of_two)
+            .ok_or(Error::Invalid("max_wr beyond the device's"))?;
         if n > ctx.hca.caps().max_srq_sz()? {
             return Err(Error::Invalid("max_wr beyond the device's"));
         }
-        let stride = (SEG + 16 * max_sge as usize).next_power_of_two();
+        let stride = (SEG + 16 * max_sge.max(1) as usize).next_power_of_two();
         let dma = ctx.hca.dma();
         let region = dma.alloc_buf(n as usize * stride)?;
         let dbrec = dma.alloc_dbrec()?;
@@ -205,6 +213,18 @@ impl Pd {
 }
 
 impl Srq {
+    /// The receives it holds at once (at least those asked for).
+    pub fn max_wr(&self) -> u32 {
+        let s = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        // One WQE stays in the list as its tail.
+        s.wrid.len() as u32 - 1
+    }
+
+    /// The entries a receive WQE holds (at least those asked for).
+    pub fn max_sge(&self) -> u32 {
+        self.shared.max_sge as u32
+    }
+
     /// The SRQ number.
     pub fn srqn(&self) -> u32 {
         self.shared.srqn
