@@ -35,11 +35,22 @@ def bridge_pyverbs_versions():
 
         mem.madvise = madvise
         BRIDGED.append("pyverbs.mem_alloc.madvise")
-    # Work-request opcodes of the newer verbs.h (56.1: IBV_WR_FLUSH = 14,
-    # IBV_WR_ATOMIC_WRITE = 15) that tests/utils.py compares a send_op
-    # with; 44.0's pyverbs.enums has neither.
+    # Constants of the newer verbs.h (56.1) that the tests name at import
+    # or compare with (tests/utils.py's send_op, test_qpex's flush
+    # cases); 44.0's pyverbs.enums lacks them. Values as 56.1's verbs.h.
     import pyverbs.enums as enums
-    for name, value in (("IBV_WR_FLUSH", 14), ("IBV_WR_ATOMIC_WRITE", 15)):
+    for name, value in (
+        ("IBV_WR_FLUSH", 14),
+        ("IBV_WR_ATOMIC_WRITE", 15),
+        ("IBV_ACCESS_FLUSH_GLOBAL", 1 << 8),
+        ("IBV_ACCESS_FLUSH_PERSISTENT", 1 << 9),
+        ("IBV_QP_EX_WITH_FLUSH", 1 << 11),
+        ("IBV_QP_EX_WITH_ATOMIC_WRITE", 1 << 12),
+        ("IBV_FLUSH_GLOBAL", 1 << 0),
+        ("IBV_FLUSH_PERSISTENT", 1 << 1),
+        ("IBV_FLUSH_RANGE", 0),
+        ("IBV_FLUSH_MR", 1),
+    ):
         if not hasattr(enums, name):
             setattr(enums, name, value)
             BRIDGED.append(f"pyverbs.enums.{name} = {value}")

@@ -1,5 +1,6 @@
 //! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
-//! `test_cqex`, `test_qp`, `test_srq`) on Debian's `python3-pyverbs`, which loads
+//! `test_cqex`, `test_qp`, `test_srq`, `test_qpex`, `test_addr`,
+//! `test_cq_events`, `test_relaxed_ordering`) on Debian's `python3-pyverbs`, which loads
 //! `ibverbs-c` as libibverbs.so.1, against one built-in model function
 //! (`MLX5_DEVICES=emu`). The suite is fetched by
 //! `scripts/rdma-core-tests.sh` (apt-get source, cached by hash) and run by
@@ -85,6 +86,30 @@ const MUST_PASS: &[&str] = &[
     "tests.test_qp.QPTest.test_query_ud_qp",
     "tests.test_srq.SrqTestCase.test_modify_srq_limit",
     "tests.test_srq.SrqTestCase.test_rc_srq_traffic",
+    // Session 23: the ibv_wr_* API, AHs, completion events, relaxed ordering.
+    "tests.test_qpex.QpExTestCase.test_full_rq_bad_flow",
+    "tests.test_qpex.QpExTestCase.test_post_receive_qp_state_bad_flow",
+    "tests.test_qpex.QpExTestCase.test_post_send_qp_state_bad_flow",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_cmp_swp",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_fetch_add",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_read",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_read_zero_size",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_write",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_write_imm",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_write_zero_length",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_send",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_send_imm",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_ud_send",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_ud_send_imm",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_ud_zero_size",
+    "tests.test_qpex.QpExTestCase.test_rq_with_larger_sgl_bad_flow",
+    "tests.test_addr.AHTest.test_create_ah",
+    "tests.test_addr.AHTest.test_create_ah_roce",
+    "tests.test_addr.AHTest.test_destroy_ah",
+    "tests.test_cq_events.CqEventsTestCase.test_cq_events_rc",
+    "tests.test_cq_events.CqEventsTestCase.test_cq_events_ud",
+    "tests.test_relaxed_ordering.RoTestCase.test_ro_rc_traffic",
+    "tests.test_relaxed_ordering.RoTestCase.test_ro_ud_traffic",
 ];
 
 /// What must pass on a ConnectX-7 model (`emu:cx7`), which has what the
@@ -172,6 +197,10 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
             "test_cqex",
             "test_qp",
             "test_srq",
+            "test_qpex",
+            "test_addr",
+            "test_cq_events",
+            "test_relaxed_ordering",
         ],
         MUST_PASS,
         "pyverbs-results.txt",
