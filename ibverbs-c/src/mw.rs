@@ -97,6 +97,18 @@ pub(crate) fn bind_of(info: &ibv_mw_bind_info) -> Result<MwBind, c_int> {
     })
 }
 
+/// The BIND_MW operation of window `p` to `rkey` over `info`
+/// (`ibv_wr_bind_mw`; type 2: the window takes `rkey` when it executes).
+pub(crate) fn wr_bind_op(
+    p: *mut ibv_mw,
+    rkey: u32,
+    info: &ibv_mw_bind_info,
+) -> Result<SendOp, c_int> {
+    let mw = mw_of(p).ok_or(libc::EINVAL)?;
+    let bind = bind_of(info)?;
+    Ok(lock(&mw.mw).bind_op(rkey, bind))
+}
+
 /// The BIND_MW work request of `ibv_post_send`'s `wr` (type 2: the window
 /// keeps its key until the WR's `rkey` is used by the application).
 pub(crate) fn bind_op(w: &ibv_send_wr) -> Result<SendOp, c_int> {

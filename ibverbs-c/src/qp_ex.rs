@@ -8,8 +8,9 @@
 //! or, if any WR of the batch failed, winds the ring back to where
 //! `wr_start` found it and returns that WR's errno (`wr_abort` winds back
 //! too). A UD WR takes its address from `wr_set_ud_addr`, which comes
-//! before the data setter. Memory-window binds, TSO, XRC and atomic writes
-//! are `EOPNOTSUPP` at `wr_complete`.
+//! before the data setter. `wr_bind_mw` is a whole WR (a type-2 window's
+//! bind, as `ibv_post_send`'s BIND_MW). TSO, XRC and atomic writes are
+//! `EOPNOTSUPP` at `wr_complete`.
 
 use std::mem::MaybeUninit;
 
@@ -23,8 +24,8 @@ use crate::qp::Qp;
 
 /// The `IBV_QP_EX_WITH_*` operations offered: RDMA write (with
 /// immediate), send (with immediate), RDMA read, both atomics, local
-/// invalidate, send with invalidate.
-pub(crate) const SEND_OPS_SUPPORTED: u64 = 0x7f | (1 << 7) | (1 << 9);
+/// invalidate, memory-window bind, send with invalidate.
+pub(crate) const SEND_OPS_SUPPORTED: u64 = 0x7f | (1 << 7) | (1 << 8) | (1 << 9);
 
 /// The `IBV_QP_EX_WITH_*` operations a DCI offers (libmlx5's
 /// `MLX5_SUPPORTED_SEND_OPS_FLAGS_DCI`): RDMA write (with immediate),
@@ -335,13 +336,26 @@ unsafe extern "C" fn wr_local_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
     post(qpx, Payload::Sges(&[]));
 }
 
+/// `ibv_wr_bind_mw`: a type-2 window bound to `rkey` over `bind`, a
+/// whole WR (no data setter follows), as `ibv_post_send`'s BIND_MW.
 unsafe extern "C" fn wr_bind_mw(
     qpx: *mut ibv_qp_ex,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _bind: *const ibv_mw_bind_info,
+    mw: *mut c_void,
+    rkey: u32,
+    bind: *const ibv_mw_bind_info,
 ) {
-    fail(qpx, libc::EOPNOTSUPP);
+    if bind.is_null() {
+        return fail(qpx, libc::EINVAL);
+    }
+    // SAFETY: the caller's bind information, non-NULL.
+    let info = unsafe { &*bind };
+    match crate::mw::wr_bind_op(mw.cast(), rkey, info) {
+        Ok(op) => {
+            set_op(qpx, op);
+            post(qpx, Payload::Sges(&[]));
+        }
+        Err(e) => fail(qpx, e),
+    }
 }
 
 unsafe extern "C" fn wr_send_tso(qpx: *mut ibv_qp_ex, _hdr: *mut c_void, _sz: u16, _mss: u16) {

@@ -92,6 +92,7 @@ const MUST_PASS: &[&str] = &[
     "tests.test_qpex.QpExTestCase.test_post_send_qp_state_bad_flow",
     "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_cmp_swp",
     "tests.test_qpex.QpExTestCase.test_qp_ex_rc_atomic_fetch_add",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_bind_mw",
     "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_read",
     "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_read_zero_size",
     "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_write",
