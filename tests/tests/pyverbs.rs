@@ -1,6 +1,7 @@
 //! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
 //! `test_cqex`, `test_qp`, `test_srq`, `test_qpex`, `test_addr`,
-//! `test_cq_events`, `test_relaxed_ordering`) on Debian's `python3-pyverbs`, which loads
+//! `test_cq_events`, `test_relaxed_ordering`, `test_atomic`, `test_fork`) on
+//! Debian's `python3-pyverbs`, which loads
 //! `ibverbs-c` as libibverbs.so.1, against one built-in model function
 //! (`MLX5_DEVICES=emu`). The suite is fetched by
 //! `scripts/rdma-core-tests.sh` (apt-get source, cached by hash) and run by
@@ -111,6 +112,14 @@ const MUST_PASS: &[&str] = &[
     "tests.test_cq_events.CqEventsTestCase.test_cq_events_ud",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_rc_traffic",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_ud_traffic",
+    "tests.test_atomic.AtomicTest.test_atomic_cmp_and_swap",
+    "tests.test_atomic.AtomicTest.test_atomic_fetch_and_add",
+    "tests.test_atomic.AtomicTest.test_atomic_invalid_lkey",
+    "tests.test_atomic.AtomicTest.test_atomic_invalid_mr_access",
+    "tests.test_atomic.AtomicTest.test_atomic_invalid_qp_access",
+    "tests.test_atomic.AtomicTest.test_atomic_invalid_rkey",
+    "tests.test_atomic.AtomicTest.test_atomic_non_aligned_addr",
+    "tests.test_fork.ForkAPITest.test_is_fork_initialized",
 ];
 
 /// What must pass on a ConnectX-7 model (`emu:cx7`), which has what the
@@ -202,6 +211,8 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
             "test_addr",
             "test_cq_events",
             "test_relaxed_ordering",
+            "test_atomic",
+            "test_fork",
         ],
         MUST_PASS,
         "pyverbs-results.txt",
