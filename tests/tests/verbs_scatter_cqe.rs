@@ -69,6 +69,19 @@ fn send(p: &mut Pair, qa: &mut Qp, qb: &mut Qp, segs: &[(u64, u32)], len: usize)
     data
 }
 
+/// a SENDs the bytes of `sges` (signaled); its completion is a success.
+fn a_sends(p: &mut Pair, qa: &mut Qp, sges: &[verbs::mr::Sge]) {
+    qa.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        payload: Payload::Sges(sges),
+        flags: sf::SIGNALED,
+        ud: None,
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+}
+
 /// Polls one completion in place.
 fn poll_inline_one(cq: &mut Cq) -> (Wc, InlineRecv) {
     let mut wc = [Wc::default()];
@@ -215,15 +228,7 @@ fn srq_receives_scatter_too_and_are_copied_into_the_srq_wqe() {
         .unwrap();
         let data = fill(&p.a.buf, 0, len, len as u8 + 1);
         let sge = p.a.mr.sge(0, len as u32).unwrap();
-        qa.post_send(&[SendWr {
-            wr_id: 1,
-            op: SendOp::Send,
-            payload: Payload::Sges(&[sge]),
-            flags: sf::SIGNALED,
-            ud: None,
-        }])
-        .unwrap();
-        assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+        a_sends(&mut p, &mut qa, &[sge]);
         if i == 3 {
             // In place: from the CQE, the SRQ's buffer untouched.
             let (wc, d) = poll_inline_one(&mut p.b.cq);
@@ -263,15 +268,7 @@ fn an_empty_send_completes_plainly_with_or_without_scatter() {
             sg_list: &[sge],
         }])
         .unwrap();
-        qa.post_send(&[SendWr {
-            wr_id: 1,
-            op: SendOp::Send,
-            payload: Payload::Sges(&[]),
-            flags: sf::SIGNALED,
-            ud: None,
-        }])
-        .unwrap();
-        assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+        a_sends(&mut p, &mut qa, &[]);
         let w = poll_n(&mut p.b.cq, 1)[0];
         assert_eq!(
             (w.wr_id, w.status, w.byte_len),
@@ -297,15 +294,7 @@ fn a_zero_length_receive_entry_takes_no_bytes() {
     .unwrap();
     let data = fill(&p.a.buf, 0, 16, 3);
     let sge = p.a.mr.sge(0, 16).unwrap();
-    qa.post_send(&[SendWr {
-        wr_id: 1,
-        op: SendOp::Send,
-        payload: Payload::Sges(&[sge]),
-        flags: sf::SIGNALED,
-        ud: None,
-    }])
-    .unwrap();
-    assert_eq!(poll_n(&mut p.a.cq, 1)[0].status, WcStatus::Success);
+    a_sends(&mut p, &mut qa, &[sge]);
     let w = poll_n(&mut p.b.cq, 1)[0];
     assert_eq!((w.wr_id, w.status, w.byte_len), (6, WcStatus::Success, 16));
     assert_eq!(read(&p.b.buf, 512, 16), data, "in the second entry");
