@@ -868,6 +868,10 @@ pub struct mlx5dv_context {
     pub crypto_caps: mlx5dv_crypto_caps,
 }
 
+/// The size of `struct mlx5dv_port` (`mlx5_ib_uapi_query_port`), which
+/// `_mlx5dv_query_port` zeroes.
+pub const MLX5DV_PORT_SIZE: usize = 40;
+
 /// `struct mlx5dv_cq_init_attr`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -1682,6 +1686,10 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
             rust: wr + off,
         });
     }
+    v.push(LayoutCheck {
+        c_expr: "sizeof(struct mlx5dv_port)".into(),
+        rust: MLX5DV_PORT_SIZE,
+    });
     v.push(LayoutCheck {
         c_expr: "sizeof(union ibv_gid)".into(),
         rust: std::mem::size_of::<ibv_gid>(),

@@ -156,6 +156,32 @@ pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_cont
     0
 }
 
+/// `_mlx5dv_query_port` (`mlx5dv_query_port`): the port's vport,
+/// VHCA-id and steering attributes. A function of this driver is neither
+/// an eswitch representor in switchdev mode nor a multiport (LAG) one,
+/// so, as mlx5_ib's `MLX5_IB_METHOD_QUERY_PORT` answers for such a
+/// function, the struct comes back zeroed, `flags` 0: none of them is
+/// reported. EINVAL for a port the device has not.
+#[no_mangle]
+pub extern "C" fn _mlx5dv_query_port(
+    c: *mut ibv_context,
+    port_num: u32,
+    info: *mut c_void,
+    info_len: usize,
+) -> c_int {
+    let Some(ctx) = checked_ctx(c) else {
+        return libc::EINVAL;
+    };
+    let ports = ctx.vc.hca().caps().gen().num_ports().max(1);
+    if info.is_null() || port_num == 0 || port_num > u32::from(ports) {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's struct of `info_len` bytes; at most the
+    // uapi struct's size is written.
+    unsafe { std::ptr::write_bytes(info.cast::<u8>(), 0, info_len.min(MLX5DV_PORT_SIZE)) };
+    0
+}
+
 /// `mlx5dv_crypto_login`: no crypto engine.
 #[no_mangle]
 pub extern "C" fn mlx5dv_crypto_login(_c: *mut ibv_context, _a: *mut c_void) -> c_int {
@@ -222,7 +248,7 @@ not_offered!(
     int: mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_devx_free_uar,
         mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
         mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
-        _mlx5dv_query_port, mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
+        mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
         mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout,
         mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector, mlx5dv_get_clock_info,
         mlx5dv_devx_obj_destroy, mlx5dv_devx_obj_modify, mlx5dv_devx_obj_query,

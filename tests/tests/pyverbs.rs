@@ -12,8 +12,8 @@
 //! `test_device` and `test_mr` on a ConnectX-7 model (`emu:cx7`,
 //! target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what the
 //! ConnectX-4 Lx has not: device memory; a third runs the mlx5
-//! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc` and
-//! `test_mlx5_mkey` there
+//! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_mkey`
+//! and `test_mlx5_query_port` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
 use std::path::{Path, PathBuf};
@@ -193,6 +193,7 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_bad_flow",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_new_api",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_remote_invalidate",
+    "tests.test_mlx5_query_port.Mlx5DVQueryPortTestCase.test_dv_query_port",
 ];
 
 #[test]
@@ -233,7 +234,12 @@ fn rdma_core_memory_tests_on_a_connectx7_model() {
 fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
     run_suite(
         "emu:cx7",
-        &["test_mlx5_cq", "test_mlx5_dc", "test_mlx5_mkey"],
+        &[
+            "test_mlx5_cq",
+            "test_mlx5_dc",
+            "test_mlx5_mkey",
+            "test_mlx5_query_port",
+        ],
         MUST_PASS_MLX5,
         "pyverbs-results-mlx5.txt",
     );
