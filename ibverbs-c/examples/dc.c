@@ -103,6 +103,31 @@ int main(void)
 	open_side(list[0], &a);
 	open_side(list[1], &b);
 
+	/* mlx5dv entry points handed NULL or nonsense: errnos, no crash. */
+	struct mlx5dv_port mport;
+	struct mlx5dv_qp_init_attr bad_dv = { .comp_mask = MLX5DV_QP_INIT_ATTR_MASK_DC };
+	struct ibv_qp_init_attr_ex bad_ex = { .qp_type = IBV_QPT_DRIVER, .pd = a.pd,
+					      .comp_mask = IBV_QP_INIT_ATTR_PD,
+					      .send_cq = a.cq, .recv_cq = a.cq };
+	errno = 0;
+	CHECK(!mlx5dv_create_qp(a.ctx, NULL, NULL) && errno == EINVAL, "mlx5dv_create_qp(NULL attributes): EINVAL");
+	bad_dv.dc_init_attr.dc_type = 7;
+	errno = 0;
+	CHECK(!mlx5dv_create_qp(a.ctx, &bad_ex, &bad_dv) && errno == EINVAL, "a DC QP of no DC type: EINVAL");
+	CHECK(!mlx5dv_qp_ex_from_ibv_qp_ex(NULL), "mlx5dv_qp_ex_from_ibv_qp_ex(NULL): NULL");
+	errno = 0;
+	CHECK(!mlx5dv_create_mkey(NULL) && errno == EINVAL, "mlx5dv_create_mkey(NULL): EINVAL");
+	CHECK(mlx5dv_destroy_mkey(NULL) == EINVAL, "mlx5dv_destroy_mkey(NULL): EINVAL");
+	CHECK(mlx5dv_query_device(NULL, NULL) == EINVAL && mlx5dv_query_device(a.ctx, NULL) == EINVAL,
+	      "mlx5dv_query_device without a context or a struct: EINVAL");
+	CHECK(mlx5dv_query_port(a.ctx, 9, &mport) == EINVAL && mlx5dv_query_port(NULL, 1, &mport) == EINVAL,
+	      "mlx5dv_query_port of port 9 or no context: EINVAL");
+	CHECK(!mlx5dv_query_port(a.ctx, 1, &mport) && mport.flags == 0,
+	      "mlx5dv_query_port of port 1: no switchdev or multiport attributes");
+	errno = 0;
+	CHECK(!mlx5dv_create_cq(a.ctx, NULL, NULL) && errno == EINVAL, "mlx5dv_create_cq(NULL attributes): EINVAL");
+	CHECK(mlx5dv_dci_stream_id_reset(NULL, 0) == EINVAL, "mlx5dv_dci_stream_id_reset(NULL): EINVAL");
+
 	struct mlx5dv_context dvc = {
 		.comp_mask = MLX5DV_CONTEXT_MASK_DCI_STREAMS | MLX5DV_CONTEXT_MASK_CQE_COMPRESION |
 			     MLX5DV_CONTEXT_MASK_HCA_CORE_CLOCK,

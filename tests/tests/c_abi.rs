@@ -453,7 +453,7 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
 /// SRQ, a WR without its DC address, a wrong DC key).
 #[test]
 fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
-    checked_example("dc", None, 34);
+    checked_example("dc", None, 44);
 }
 
 /// mlx5dv indirect mkeys in a C program built against Debian's mlx5dv.h
