@@ -12,7 +12,7 @@
  * brings the errored one back. Bad use on the way gets errnos:
  * posting to a DC QP through ibv_post_send / ibv_post_recv, a DCT moved
  * with the wrong attributes, a DCT without an SRQ, a DCI WR without its
- * DC address.
+ * DC address, and the mlx5dv entry points handed NULL or nonsense.
  *
  * Prints "ok: ..." per check and "dc: N failed" at the end.
  */
