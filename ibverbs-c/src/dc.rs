@@ -171,10 +171,13 @@ fn create_dci(
     });
     // A DCI has no receive queue; its "receive CQ" is the send CQ unless
     // one is named (libmlx5 takes either).
-    if a.recv_cq.is_null() {
-        a.recv_cq = a.send_cq;
-    }
+    let recv_cq = if a.recv_cq.is_null() {
+        a.send_cq
+    } else {
+        a.recv_cq
+    };
     let mut base = ibv_qp_init_attr {
+        recv_cq,
         srq: std::ptr::null_mut(),
         cap: ibv_qp_cap {
             max_recv_wr: 0,
