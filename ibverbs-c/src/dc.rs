@@ -52,10 +52,6 @@ const SEND_OPS_MKEY: u64 = 0x7;
 /// `enum mlx5dv_dc_type`.
 const DCTYPE_DCT: c_int = 1;
 const DCTYPE_DCI: c_int = 2;
-/// `ibv_qp_init_attr_ex.comp_mask`: `IBV_QP_INIT_ATTR_PD`,
-/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
-const INIT_ATTR_PD: u32 = 1 << 0;
-const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 /// `mlx5dv_create_qp`: a DCI or a DCT (`MLX5DV_QP_INIT_ATTR_MASK_DC`),
 /// or, without it, `ibv_create_qp_ex` with the scatter-to-CQE create
@@ -143,7 +139,7 @@ pub extern "C" fn mlx5dv_create_qp(
 
 /// The PD of an `ibv_qp_init_attr_ex`, which must name it.
 fn pd_in(a: &ibv_qp_init_attr_ex) -> Result<*mut ibv_pd, c_int> {
-    if a.comp_mask & INIT_ATTR_PD == 0 {
+    if a.comp_mask & crate::qp::PD == 0 {
         return Err(libc::EINVAL);
     }
     Ok(a.pd)
@@ -156,7 +152,7 @@ fn create_dci(
     flags: u32,
 ) -> Result<*mut ibv_qp, c_int> {
     let p = pd_in(a)?;
-    if a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0
+    if a.comp_mask & crate::qp::SEND_OPS_FLAGS != 0
         && a.send_ops_flags & !crate::qp_ex::SEND_OPS_DCI != 0
     {
         return Err(libc::EOPNOTSUPP);
@@ -242,7 +238,7 @@ fn create_dct(
     access_key: u64,
 ) -> Result<*mut ibv_qp, c_int> {
     let p = pd_in(a)?;
-    if a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0 {
+    if a.comp_mask & crate::qp::SEND_OPS_FLAGS != 0 {
         // libmlx5: a DCT sends nothing.
         return Err(libc::EINVAL);
     }

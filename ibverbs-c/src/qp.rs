@@ -37,6 +37,12 @@ pub(crate) struct Qp {
     pub dv: mlx5dv_qp_ex,
 }
 
+/// `ibv_qp_init_attr_ex.comp_mask` bits: `IBV_QP_INIT_ATTR_PD`,
+/// `IBV_QP_INIT_ATTR_CREATE_FLAGS`, `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+pub(crate) const PD: u32 = 1 << 0;
+pub(crate) const CREATE_FLAGS: u32 = 1 << 2;
+pub(crate) const SEND_OPS_FLAGS: u32 = 1 << 6;
+
 pub(crate) fn qp_type_of(t: c_int) -> Option<QpType> {
     match t {
         2 => Some(QpType::Rc),
@@ -206,12 +212,9 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: the caller's attributes, non-NULL.
     let a = unsafe { &mut *attr };
-    const PD: u32 = 1;
     if a.comp_mask & PD == 0 {
         return null_errno(libc::EINVAL);
     }
-    const CREATE_FLAGS: u32 = 1 << 2;
-    const SEND_OPS_FLAGS: u32 = 1 << 6;
     const BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
     if a.comp_mask & !(PD | CREATE_FLAGS | SEND_OPS_FLAGS) != 0
         // BLOCK_SELF_MCAST_LB holds trivially: there is no multicast.
@@ -254,8 +257,6 @@ pub(crate) fn create_dv(
     flags: u32,
     mkey: bool,
 ) -> Result<*mut ibv_qp, i32> {
-    const PD: u32 = 1;
-    const SEND_OPS_FLAGS: u32 = 1 << 6;
     if a.comp_mask & PD == 0 {
         return Err(libc::EINVAL);
     }
