@@ -75,6 +75,10 @@ pub const WQE_INLINE_SEG_BYTE_COUNT_MASK: u32 = 0x3ff;
 pub const TERMINATE_SCATTER_LIST_LKEY: u32 = 0x100;
 /// `av.dqp_dct` bit 31: the address vector is the extended (48-byte) form (`MLX5_EXTENDED_UD_AV`).
 pub const EXTENDED_UD_AV: u32 = 0x8000_0000;
+/// Bytes of the base address vector (`struct mlx5_base_av`: the key, `dqp_dct`,
+/// `stat_rate_sl`, `fl_mlid`, `rlid`), the form a datagram segment takes without
+/// [`EXTENDED_UD_AV`].
+pub const BASE_AV_BYTES: usize = 16;
 /// Most scatter entries an RDMA read WQE of 512 bytes can hold (`MLX5_MAX_SGE_RD`).
 pub const MAX_SGE_RD: usize = (512 - 16 - 16) / 16;
 

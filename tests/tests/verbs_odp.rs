@@ -696,3 +696,163 @@ fn odp_refusals_by_name() {
         .is_err());
     assert!(r.sge(mem.addr() + (1 << 16), 1).is_err());
 }
+
+/// A UD send from never-mapped ODP memory: the requester's WQE fault names
+/// a WQE whose data segments follow the address vector (the datagram
+/// segment), which the fault handler steps over as
+/// `mlx5_ib_mr_initiator_pfault_handler` does. rdma-core's
+/// `test_odp_ud_traffic` found it stepping over nothing.
+#[test]
+fn a_ud_send_from_never_mapped_odp_memory_faults_and_lands() {
+    let clock = ManualClock::new();
+    let mut p = cx5_pair(&clock);
+    let mut ua = create_qp(&p.a, QpType::Ud, cap(8));
+    let mut ub = create_qp(&p.b, QpType::Ud, cap(8));
+    connect(&mut ua, &p.a.ctx, &p.b.ctx, ub.qp_num());
+    connect(&mut ub, &p.b.ctx, &p.a.ctx, ua.qp_num());
+    let ma = Anon::new(1 << 16);
+    let ra = odp(&p.a, &ma, ODP_ALL);
+    ub.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &[p.b.mr.sge(0, 40 + 2000).unwrap()],
+    }])
+    .unwrap();
+    let data = pattern(2000, 11);
+    ma.write(0x3f00, &data);
+    let ah = ah(&p.a, &p.b);
+    ua.post_send(&[SendWr {
+        wr_id: 70,
+        op: SendOp::Send,
+        // Across a page boundary: two pages fault in.
+        payload: Payload::Sges(&[ra.sge(ma.addr() + 0x3f00, 2000).unwrap()]),
+        flags: SIG,
+        ud: Some(verbs::qp::UdDest {
+            ah: &ah,
+            remote_qpn: ub.qp_num(),
+            remote_qkey: QKEY,
+        }),
+    }])
+    .unwrap();
+    let wc = complete(&clock, &mut p.a.cq, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (70, WcStatus::Success),
+        "{wc:?}"
+    );
+    let wc = poll_n(&mut p.b.cq, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len),
+        (7, WcStatus::Success, 40 + 2000)
+    );
+    let mut got = vec![0u8; 2000];
+    p.b.buf.read(40, &mut got).unwrap();
+    assert_eq!(got, data);
+    let st = ra.stats();
+    assert!(st.page_faults >= 1 && st.pages_faulted == 2, "{st:?}");
+    assert_eq!(st.fault_errors, 0, "{st:?}");
+}
+
+/// `ibv_query_device_ex`'s ODP caps as `mlx5_ib` derives them: none on a
+/// ConnectX-4 Lx (no `pg`); on a ConnectX-5 explicit and implicit ODP,
+/// every RC and XRC operation, UD's send and SRQ receive, nothing for UC.
+#[test]
+fn odp_caps_as_mlx5_ib_reports_them() {
+    use verbs::odp::odp_caps as c;
+    let p = pair(1 << 12);
+    assert_eq!(p.a.ctx.odp_caps(), verbs::odp::OdpCaps::default());
+    let clock = ManualClock::new();
+    let q = cx5_pair(&clock);
+    let caps = q.a.ctx.odp_caps();
+    let all = c::SEND | c::RECV | c::WRITE | c::READ | c::ATOMIC | c::SRQ_RECV;
+    assert_eq!(caps.general_caps, c::SUPPORT | c::SUPPORT_IMPLICIT);
+    assert_eq!(
+        (
+            caps.rc_odp_caps,
+            caps.uc_odp_caps,
+            caps.ud_odp_caps,
+            caps.xrc_odp_caps
+        ),
+        (all, 0, c::SEND | c::SRQ_RECV, all)
+    );
+}
+
+/// `Pd::advise_mr` (`ibv_advise_mr`) refuses as `mlx5_ib_advise_mr` does:
+/// an lkey of no ODP region ENOENT, another PD's region or PREFETCH_WRITE
+/// of a read-only one EPERM, an unknown advice or flag EOPNOTSUPP, a range
+/// outside its region EFAULT with FLUSH (and nothing without: the kernel
+/// would fail it in its worker). Its prefetches land and are counted.
+#[test]
+fn advise_mr_over_a_list_and_its_refusals() {
+    use verbs::odp::AdviseSge;
+    let clock = ManualClock::new();
+    let q = cx5_pair(&clock);
+    let (m1, m2) = (Anon::new(1 << 16), Anon::new(1 << 16));
+    let r1 = odp(&q.a, &m1, ODP_ALL);
+    // SAFETY: `m2` outlives the region.
+    let ro = unsafe {
+        q.a.pd
+            .reg_mr_odp(m2.ptr, m2.len, access::REMOTE_READ | access::ON_DEMAND)
+    }
+    .unwrap();
+    let sge = |mr: &OdpMr, m: &Anon, off: u64, length: u32| AdviseSge {
+        addr: m.addr() + off,
+        length,
+        lkey: mr.lkey(),
+    };
+    let flush = advice::FLAG_FLUSH;
+    // One call over two regions: 3 pages of one, 1 of the other.
+    q.a.pd
+        .advise_mr(
+            advice::PREFETCH,
+            flush,
+            &[sge(&r1, &m1, 0x800, 3 * 4096 - 0x800), sge(&ro, &m2, 0, 16)],
+        )
+        .unwrap();
+    assert_eq!((r1.stats().prefetches, r1.stats().pages_prefetched), (1, 3));
+    assert_eq!((ro.stats().prefetches, ro.stats().pages_prefetched), (1, 1));
+
+    let errno = |r: verbs::Result<()>| r.map_err(|e| e.errno()).err();
+    let pd = &q.a.pd;
+    let plain = AdviseSge {
+        addr: q.a.mr.addr(),
+        length: 8,
+        lkey: q.a.mr.lkey(),
+    };
+    assert_eq!(
+        errno(pd.advise_mr(advice::PREFETCH, flush, &[plain])),
+        Some(2)
+    );
+    let stale = AdviseSge {
+        lkey: r1.lkey() ^ 0xff,
+        ..sge(&r1, &m1, 0, 8)
+    };
+    assert_eq!(
+        errno(pd.advise_mr(advice::PREFETCH, flush, &[stale])),
+        Some(2)
+    );
+    let other = q.a.ctx.alloc_pd().unwrap();
+    let s = sge(&r1, &m1, 0, 8);
+    assert_eq!(
+        errno(other.advise_mr(advice::PREFETCH, flush, &[s])),
+        Some(1)
+    );
+    let w = sge(&ro, &m2, 0, 8);
+    assert_eq!(
+        errno(pd.advise_mr(advice::PREFETCH_WRITE, flush, &[w])),
+        Some(1)
+    );
+    assert_eq!(errno(pd.advise_mr(7, flush, &[s])), Some(95));
+    assert_eq!(errno(pd.advise_mr(advice::PREFETCH, 2, &[s])), Some(95));
+    assert_eq!(errno(pd.advise_mr(advice::PREFETCH, flush, &[])), Some(22));
+    let past = sge(&r1, &m1, (1 << 16) - 8, 16);
+    assert_eq!(
+        errno(pd.advise_mr(advice::PREFETCH, flush, &[past])),
+        Some(14)
+    );
+    assert_eq!(errno(pd.advise_mr(advice::PREFETCH, 0, &[past])), None);
+    // A refused key fails the whole list before anything is mapped.
+    let before = r1.stats().prefetches;
+    let list = [sge(&r1, &m1, 0x8000, 8), plain];
+    assert_eq!(errno(pd.advise_mr(advice::PREFETCH, 0, &list)), Some(2));
+    assert_eq!(r1.stats().prefetches, before);
+}

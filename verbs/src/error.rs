@@ -113,6 +113,14 @@ pub enum Error {
         /// The context's `num_comp_vectors`.
         count: usize,
     },
+    /// No object has that key or number (verbs' ENOENT, as
+    /// `ibv_advise_mr` of an lkey that is no ODP region).
+    #[error("not found: {0}")]
+    NotFound(&'static str),
+    /// The object may not be used so (verbs' EPERM, as `ibv_advise_mr`
+    /// of another PD's region).
+    #[error("not permitted: {0}")]
+    Denied(&'static str),
     /// An access outside the object's memory (verbs' EFAULT, as
     /// `ibv_memcpy_to_dm` past the device memory).
     #[error("outside the memory: {0}")]
@@ -159,7 +167,9 @@ impl Error {
             Error::NotSupported(_) => status::EOPNOTSUPP,
             Error::Invalid(_) | Error::CompVector { .. } => status::EINVAL,
             Error::Busy(_) => status::EBUSY,
-            Error::Fault(_) => 14, // EFAULT
+            Error::Fault(_) => 14,   // EFAULT
+            Error::NotFound(_) => 2, // ENOENT
+            Error::Denied(_) => 1,   // EPERM
             Error::QueueFull(_) | Error::PageBudget { .. } => status::ENOMEM,
             Error::Closed => status::EIO,
             Error::Open(_) => 19, // ENODEV

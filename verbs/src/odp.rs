@@ -100,6 +100,123 @@ pub mod advice {
     pub const FLAG_FLUSH: u32 = 1;
 }
 
+/// The advice and flags `ibv_advise_mr` takes: anything else is
+/// `EOPNOTSUPP`, as `mlx5_ib_advise_mr` answers.
+fn check_advice(advice: u32, flags: u32) -> Result<()> {
+    if advice > advice::PREFETCH_NO_FAULT || flags & !advice::FLAG_FLUSH != 0 {
+        return Err(Error::NotSupported("ibv_advise_mr advice or flags"));
+    }
+    Ok(())
+}
+
+/// One entry of [`Pd::advise_mr`]'s list (`struct ibv_sge`): a range of
+/// the ODP region whose key is `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdviseSge {
+    /// Start of the range.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub length: u32,
+    /// The ODP region's lkey.
+    pub lkey: u32,
+}
+
+/// `IBV_ODP_SUPPORT*` (`enum ibv_odp_general_caps`) and the per-transport
+/// bits (`enum ibv_odp_transport_cap_bits`).
+pub mod odp_caps {
+    /// IBV_ODP_SUPPORT.
+    pub const SUPPORT: u64 = 1 << 0;
+    /// IBV_ODP_SUPPORT_IMPLICIT.
+    pub const SUPPORT_IMPLICIT: u64 = 1 << 1;
+    /// IBV_ODP_SUPPORT_SEND.
+    pub const SEND: u32 = 1 << 0;
+    /// IBV_ODP_SUPPORT_RECV.
+    pub const RECV: u32 = 1 << 1;
+    /// IBV_ODP_SUPPORT_WRITE.
+    pub const WRITE: u32 = 1 << 2;
+    /// IBV_ODP_SUPPORT_READ.
+    pub const READ: u32 = 1 << 3;
+    /// IBV_ODP_SUPPORT_ATOMIC.
+    pub const ATOMIC: u32 = 1 << 4;
+    /// IBV_ODP_SUPPORT_SRQ_RECV.
+    pub const SRQ_RECV: u32 = 1 << 5;
+}
+
+/// What on-demand paging the device offers this driver (`struct
+/// ibv_odp_caps`, `xrc_odp_caps`, mlx5dv's `dc_odp_caps`), as
+/// `mlx5_ib`'s `internal_fill_odp_caps` derives it from the HCA caps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OdpCaps {
+    /// [`odp_caps::SUPPORT`], [`odp_caps::SUPPORT_IMPLICIT`].
+    pub general_caps: u64,
+    /// RC: [`odp_caps`]'s transport bits.
+    pub rc_odp_caps: u32,
+    /// UC (none: mlx5_ib reports none).
+    pub uc_odp_caps: u32,
+    /// UD.
+    pub ud_odp_caps: u32,
+    /// XRC.
+    pub xrc_odp_caps: u32,
+    /// DC (`mlx5dv_context.dc_odp_caps`): what the device offers; no test
+    /// here faults through a DCI or DCT yet.
+    pub dc_odp_caps: u32,
+}
+
+impl crate::device::Context {
+    /// The device's ODP caps as verbs reports them. None where the
+    /// function has no page requests (`pg`), UMR cannot load translations
+    /// (`umr_modify_entity_size_disabled`), or firmware reports faults by
+    /// the memory scheme (`mem_page_fault`), whose events this driver does
+    /// not handle; implicit ODP where `null_mkey`, `fixed_buffer_size`
+    /// and `umr_extended_translation_offset` are set and indirect UMR is
+    /// not disabled.
+    pub fn odp_caps(&self) -> OdpCaps {
+        let caps = self.ctx.hca.caps();
+        let g = caps.gen();
+        let Some(odp) = caps.odp() else {
+            return OdpCaps::default();
+        };
+        if !g.pg() || g.umr_modify_entity_size_disabled() || odp.mem_page_fault() {
+            return OdpCaps::default();
+        }
+        let scheme = odp.transport_page_fault_scheme_cap();
+        let bits = |t: mlx5_hw::ifc::OdpPerTransportServiceCap<&[u8]>, mask: u32| {
+            let mut b = 0;
+            for (on, bit) in [
+                (t.send(), odp_caps::SEND),
+                (t.receive(), odp_caps::RECV),
+                (t.write(), odp_caps::WRITE),
+                (t.read(), odp_caps::READ),
+                (t.atomic(), odp_caps::ATOMIC),
+                (t.srq_receive(), odp_caps::SRQ_RECV),
+            ] {
+                if on {
+                    b |= bit;
+                }
+            }
+            b & mask
+        };
+        let all = !0;
+        let mut general_caps = odp_caps::SUPPORT;
+        if g.fixed_buffer_size()
+            && g.null_mkey()
+            && g.umr_extended_translation_offset()
+            && !g.umr_indirect_mkey_disabled()
+        {
+            general_caps |= odp_caps::SUPPORT_IMPLICIT;
+        }
+        OdpCaps {
+            general_caps,
+            rc_odp_caps: bits(scheme.rc_odp_caps(), all),
+            uc_odp_caps: 0,
+            // mlx5_ib reports UD's SEND and SRQ_RECV only.
+            ud_odp_caps: bits(scheme.ud_odp_caps(), odp_caps::SEND | odp_caps::SRQ_RECV),
+            xrc_odp_caps: bits(scheme.xrc_odp_caps(), all),
+            dc_odp_caps: bits(scheme.dc_odp_caps(), all),
+        }
+    }
+}
+
 /// On-demand paging counters (per region, or summed over a context).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OdpStats {
@@ -154,15 +271,42 @@ impl Counters {
     }
 }
 
-/// Where a QP's WQEs live (read by the fault handler).
+/// Where a QP's WQEs live (read by the fault handler): `sq_cnt` send
+/// WQE blocks at `sq_base` and `rq_cnt` receive WQEs of `rq_stride` bytes
+/// at the start of `region`.
 #[derive(Debug, Clone)]
-struct QpMem {
-    buf: Arc<DmaBuffer>,
-    base: usize,
-    sq_base: usize,
-    sq_cnt: u32,
-    rq_stride: usize,
-    rq_cnt: u32,
+pub(crate) struct QpMem {
+    pub buf: Arc<DmaBuffer>,
+    pub base: usize,
+    pub sq_base: usize,
+    pub sq_cnt: u32,
+    pub rq_stride: usize,
+    pub rq_cnt: u32,
+    /// UD or DCI: its send WQEs carry an address vector after the
+    /// control segment.
+    pub datagram: bool,
+}
+
+impl QpMem {
+    /// The queues of a QP whose buffer is `region`.
+    pub(crate) fn new(
+        region: &DmaSlice,
+        sq_base: usize,
+        sq_cnt: u32,
+        rq_stride: usize,
+        rq_cnt: u32,
+        datagram: bool,
+    ) -> Self {
+        QpMem {
+            buf: region.buf().clone(),
+            base: region.offset(),
+            sq_base,
+            sq_cnt,
+            rq_stride,
+            rq_cnt,
+            datagram,
+        }
+    }
 }
 
 /// Where an SRQ's WQEs live: `cnt` WQEs of `stride` bytes, each a next
@@ -187,23 +331,7 @@ pub(crate) struct CtxOdp {
 
 impl CtxOdp {
     /// A QP was created: where its queues are.
-    pub(crate) fn qp_created(
-        &self,
-        qpn: u32,
-        region: &DmaSlice,
-        sq_base: usize,
-        sq_cnt: u32,
-        rq_stride: usize,
-        rq_cnt: u32,
-    ) {
-        let m = QpMem {
-            buf: region.buf().clone(),
-            base: region.offset(),
-            sq_base,
-            sq_cnt,
-            rq_stride,
-            rq_cnt,
-        };
+    pub(crate) fn qp_created(&self, qpn: u32, m: QpMem) {
         lock(&self.qps).insert(qpn, m);
     }
 
@@ -447,8 +575,10 @@ fn srq_wqe_ranges(ctx: &Ctx, srqn: u32, index: u16) -> Result<Vec<Range>> {
     Ok(data_segs(w.get(next..).unwrap_or_default()))
 }
 
-/// The data segments of send WQE `index` (control segment, the remote
-/// address and atomic segments its opcode carries, then data segments).
+/// The data segments of send WQE `index` (control segment, a UD or DCI
+/// WQE's address vector, the remote address and atomic segments its
+/// opcode carries, then data segments), as
+/// `mlx5_ib_mr_initiator_pfault_handler` walks it.
 fn send_wqe_ranges(q: &QpMem, index: u16) -> Result<Vec<Range>> {
     use mlx5_hw::wqe::WqeOpcode as W;
     let bb = |i: u16, out: &mut [u8]| {
@@ -466,6 +596,18 @@ fn send_wqe_ranges(q: &QpMem, index: u16) -> Result<Vec<Range>> {
     w.truncate(ds * 16);
     let opcode = W::from(w[3]);
     let mut at = 16;
+    if q.datagram {
+        // The address vector: extended (48 bytes) or base (16).
+        let d = at + mlx5_hw::ifc::av::DQP_DCT.off / 8;
+        let dqp_dct = w
+            .get(d..d + 4)
+            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        at += if dqp_dct & mlx5_hw::wqe::EXTENDED_UD_AV != 0 {
+            mlx5_hw::ifc::av::SIZE_BYTES
+        } else {
+            mlx5_hw::wqe::BASE_AV_BYTES
+        };
+    }
     if matches!(
         opcode,
         W::RdmaWrite | W::RdmaWriteImm | W::RdmaRead | W::AtomicCs | W::AtomicFa
@@ -682,6 +824,68 @@ impl Pd {
     }
 }
 
+impl Pd {
+    /// `ibv_advise_mr` (`mlx5_ib_advise_mr`): prefetch each range of
+    /// `sges` in the ODP region its lkey names. Each key must be an ODP
+    /// region of the device (else `ENOENT`) on this PD (else `EPERM`), and
+    /// writable for PREFETCH_WRITE (else `EPERM`). With
+    /// [`advice::FLAG_FLUSH`] the ranges are mapped in order and the first
+    /// failure is returned (a range outside its region is `EFAULT`);
+    /// without it the kernel maps them later and reports nothing, so
+    /// after the keys are checked a failure to map is only logged. Either
+    /// way the mapping is done when this returns.
+    pub fn advise_mr(&self, advice: u32, flags: u32, sges: &[AdviseSge]) -> Result<()> {
+        check_advice(advice, flags)?;
+        if sges.is_empty() {
+            return Err(Error::Invalid("ibv_advise_mr with no SGE"));
+        }
+        let mrs = sges
+            .iter()
+            .map(|s| self.prefetchable(advice, s.lkey))
+            .collect::<Result<Vec<_>>>()?;
+        for (mr, s) in mrs.iter().zip(sges) {
+            let r = mr.prefetch(advice, s.addr, u64::from(s.length));
+            match r {
+                Err(e) if flags & advice::FLAG_FLUSH != 0 => return Err(e),
+                Err(e) => tracing::debug!("ibv_advise_mr of {:#x}: {e}", s.lkey),
+                Ok(()) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The ODP region `lkey` names, if a prefetch with `advice` may use
+    /// it (`get_prefetchable_mr`).
+    fn prefetchable(&self, advice: u32, lkey: u32) -> Result<Arc<OdpMrInner>> {
+        let mrs = self
+            .inner
+            .ctx
+            .odp
+            .mrs
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let mr = mrs
+            .get(&(lkey >> 8))
+            .and_then(Weak::upgrade)
+            .filter(|m| m.mkey == lkey)
+            .ok_or(Error::NotFound(
+                "ibv_advise_mr: no ODP region has that lkey",
+            ))?;
+        if !Arc::ptr_eq(&mr.pd, &self.inner) {
+            return Err(Error::Denied("ibv_advise_mr: the region is on another PD"));
+        }
+        // `ib_access_writable`.
+        let writable =
+            access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_ATOMIC | access::MW_BIND;
+        if advice == advice::PREFETCH_WRITE && mr.access & writable == 0 {
+            return Err(Error::Denied(
+                "ibv_advise_mr: PREFETCH_WRITE of a read-only region",
+            ));
+        }
+        Ok(mr)
+    }
+}
+
 /// CREATE_MKEY of a free MTT key with room for `entries` (UMR-enabled,
 /// `pg_access`: its entries' present bits count), as the mkey cache makes.
 fn create_free_mtt(pd: &PdInner, entries: u64) -> Result<u32> {
@@ -868,22 +1072,9 @@ impl OdpMr {
     /// (PREFETCH_NO_FAULT: the resident pages of them). A range the
     /// process does not map is `EFAULT`, as the kernel answers.
     pub fn advise(&self, advice: u32, flags: u32, ranges: &[(u64, u64)]) -> Result<()> {
-        if advice > advice::PREFETCH_NO_FAULT || flags & !advice::FLAG_FLUSH != 0 {
-            return Err(Error::Invalid("ibv_advise_mr advice or flags"));
-        }
-        let why = if advice == advice::PREFETCH_NO_FAULT {
-            MapWhy::Resident
-        } else {
-            MapWhy::Prefetch
-        };
-        let c = &self.inner.counters;
-        let t = &self.inner.pd.ctx.odp.total;
+        check_advice(advice, flags)?;
         for &(addr, len) in ranges {
-            c.prefetches.fetch_add(1, Ordering::Relaxed);
-            t.prefetches.fetch_add(1, Ordering::Relaxed);
-            let n = self.inner.map_range(addr, len, why)?;
-            c.pages_prefetched.fetch_add(n, Ordering::Relaxed);
-            t.pages_prefetched.fetch_add(n, Ordering::Relaxed);
+            self.inner.prefetch(advice, addr, len)?;
         }
         Ok(())
     }
@@ -909,6 +1100,32 @@ impl OdpMrInner {
         c.pages_invalidated.fetch_add(n, Ordering::Relaxed);
         t.pages_invalidated.fetch_add(n, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// One range of `ibv_advise_mr` (`pagefault_mr` of a prefetch):
+    /// mapped as a fault would map it (PREFETCH_NO_FAULT: its resident
+    /// pages), counted as a prefetch. A range outside the region is
+    /// `EFAULT`.
+    fn prefetch(&self, advice: u32, addr: u64, len: u64) -> Result<()> {
+        let inside = addr
+            .checked_add(len)
+            .is_some_and(|end| addr >= self.addr && end <= self.addr + self.len);
+        if !inside {
+            return Err(Error::Fault("prefetch range outside the ODP region"));
+        }
+        let why = if advice == advice::PREFETCH_NO_FAULT {
+            MapWhy::Resident
+        } else {
+            MapWhy::Prefetch
+        };
+        let c = &self.counters;
+        let t = &self.pd.ctx.odp.total;
+        c.prefetches.fetch_add(1, Ordering::Relaxed);
+        t.prefetches.fetch_add(1, Ordering::Relaxed);
+        let n = self.map_range(addr, len, why)?;
+        c.pages_prefetched.fetch_add(n, Ordering::Relaxed);
+        t.pages_prefetched.fetch_add(n, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Maps the pages of `[va, va + len)` not mapped yet; the pages mapped.

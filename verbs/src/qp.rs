@@ -668,14 +668,15 @@ impl Qp {
         }
         a.send_cq.shared.attach(qpn, track.clone());
         a.recv_cq.shared.attach(qpn, track);
-        ctx.odp.qp_created(
-            qpn,
+        let wqes = crate::odp::QpMem::new(
             &bufs.region,
             sizes.sq_base(),
             sizes.sq_cnt,
             sizes.rq_stride,
             sizes.rq_cnt,
+            a.qp_type == QpType::Ud || st == QPC_ST_DCI,
         );
+        ctx.odp.qp_created(qpn, wqes);
         let cap = sizes.granted(a.cap);
         Ok(Qp {
             qpn,
