@@ -161,6 +161,25 @@ int main(void)
 	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
 			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0,
 	      "ibv_rereg_mr of the access");
+	/* On demand paging on a device without it (the default model, a
+	 * ConnectX-4 Lx: no page requests): refused as mlx5_ib refuses it;
+	 * ibv_advise_mr finds no ODP region behind a pinned MR's lkey. */
+	struct ibv_device_attr_ex dx;
+	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0 && dx.odp_caps.general_caps == 0,
+	      "ibv_query_device_ex: no ODP caps on a ConnectX-4 Lx");
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) &&
+		      errno == EOPNOTSUPP,
+	      "ibv_reg_mr ON_DEMAND without ODP: EOPNOTSUPP");
+	struct ibv_sge pinned = { (uintptr_t)buf, 64, mr->lkey };
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH,
+			    &pinned, 1) == ENOENT,
+	      "ibv_advise_mr of a pinned MR's lkey: ENOENT");
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH,
+			    NULL, 0) == EINVAL,
+	      "ibv_advise_mr of no SGE: EINVAL");
+	CHECK(ibv_advise_mr(pd, 9, 0, &pinned, 1) == EOPNOTSUPP,
+	      "ibv_advise_mr with an unknown advice: EOPNOTSUPP");
 	/* A child forked with the context shares its command queue: its
 	 * commands are refused (EOPNOTSUPP), the parent's device untouched. */
 	fflush(stdout);

@@ -150,13 +150,16 @@ pub type RegDmMrFn =
 pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
 /// `verbs_context.free_dm`.
 pub type FreeDmFn = unsafe extern "C" fn(*mut ibv_dm) -> c_int;
+/// `verbs_context.advise_mr` (`ibv_advise_mr`; the advice an `enum
+/// ibv_advise_mr_advice`).
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 
 /// `struct verbs_context`: the extended operations before the
 /// `ibv_context` (which must be last); `sz` says how far back they reach.
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    pub advise_mr: Unused,
+    pub advise_mr: Option<AdviseMrFn>,
     pub alloc_null_mr: Unused,
     pub read_counters: Unused,
     pub attach_counters_point_flow: Unused,

@@ -233,6 +233,14 @@ pub(crate) struct Ctx {
     pub devx: Mutex<Option<verbs::devx::DevxCtx>>,
 }
 
+impl Ctx {
+    /// Whether the function is reached over vfio-user (the server maps
+    /// only shared memory).
+    pub(crate) fn is_vfio_user(&self) -> bool {
+        matches!(devices()[self.dev].spec, DevSpec::VfioUser(_))
+    }
+}
+
 /// The `Ctx` of an `ibv_context` this library made.
 ///
 /// # Safety
@@ -272,7 +280,7 @@ fn ops() -> ibv_context_ops {
 fn verbs_context_for(dev: *mut ibv_device, vc: &Context, async_fd: c_int) -> verbs_context {
     verbs_context {
         query_port: Some(query_port_ex),
-        advise_mr: None,
+        advise_mr: Some(crate::odp::advise_mr),
         alloc_null_mr: None,
         read_counters: None,
         attach_counters_point_flow: None,
@@ -530,6 +538,14 @@ unsafe extern "C" fn query_device_ex(
     }
     ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
     ex.max_dm_size = c.vc.max_dm_size();
+    let odp = c.vc.odp_caps();
+    ex.odp_caps = ibv_odp_caps {
+        general_caps: odp.general_caps,
+        rc_odp_caps: odp.rc_odp_caps,
+        uc_odp_caps: odp.uc_odp_caps,
+        ud_odp_caps: odp.ud_odp_caps,
+    };
+    ex.xrc_odp_caps = odp.xrc_odp_caps;
     let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's struct holds `size` bytes; we copy at most that.
     unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n) };

@@ -47,6 +47,7 @@ mod misc;
 mod mkey;
 mod mw;
 mod objects;
+mod odp;
 mod qp;
 mod qp_ex;
 mod registry;

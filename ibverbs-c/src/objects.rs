@@ -102,6 +102,8 @@ pub(crate) enum MrKey {
     Host(verbs::mr::Mr),
     /// Device memory (`ibv_reg_dm_mr`), counted on by its `ibv_dm`.
     Dm(verbs::dm::DmMr, *const crate::dm::Dm),
+    /// Process memory on demand (`IBV_ACCESS_ON_DEMAND`, `crate::odp`).
+    Odp(crate::odp::OdpKey),
 }
 
 /// The lkey and access flags of a live host MR (a window binds only
@@ -115,6 +117,7 @@ pub(crate) fn mr_key_and_access(m: *mut ibv_mr) -> Option<(u32, u32)> {
     Some(match &mr.mr {
         MrKey::Host(h) => (h.lkey(), h.access()),
         MrKey::Dm(d, _) => (d.lkey(), 0),
+        MrKey::Odp(o) => (o.mr.lkey(), o.mr.access()),
     })
 }
 
@@ -140,47 +143,73 @@ fn access_of(access: c_int) -> u32 {
     (a & !optional) | (a & optional & verbs::mr::access::SUPPORTED)
 }
 
-fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
-    let Some(pd) = pd_of(p) else {
-        return std::ptr::null_mut();
-    };
+/// A new key over `[addr, addr + len)` of `pd` with access `acc`: on
+/// demand (`crate::odp`) or pinned; an errno if it cannot.
+fn register(pd: &Pd, addr: *mut c_void, len: usize, acc: u32) -> Result<MrKey, c_int> {
+    if crate::odp::on_demand(acc) {
+        return crate::odp::register(pd, addr, len, acc).map(MrKey::Odp);
+    }
     if addr.is_null() || len == 0 {
-        return null_errno(libc::EINVAL);
+        return Err(libc::EINVAL);
     }
-    if access as u32 & verbs::mr::access::ON_DEMAND != 0 {
-        // ODP through this library is not offered (ibv_query_device_ex
-        // reports no ODP caps): EOPNOTSUPP, as mlx5_ib answers for a
-        // device without it, which rdma-core's tests take as a skip.
-        tracing::debug!("ibv_reg_mr: IBV_ACCESS_ON_DEMAND not offered");
-        return null_errno(libc::EOPNOTSUPP);
-    }
-    let acc = access_of(access);
     // SAFETY: ibv_reg_mr's contract: the caller's memory stays mapped
     // while registered, and the device may access it concurrently.
     let mut r = unsafe { pd.pd.reg_mr_raw(addr.cast(), len, acc) };
     if let Err(verbs::Error::Vfio(vfio::Error::NotShareable { why, .. })) = &r {
         // Private memory over vfio-user: make it shared in place, retry.
         tracing::info!("ibv_reg_mr {addr:p}+{len:#x}: {why}; remapping it shared");
-        if let Err(e) = crate::remap::make_shared(addr as usize, len) {
-            return null_errno(e);
-        }
+        crate::remap::make_shared(addr as usize, len)?;
         // SAFETY: as above; the same memory, now a shared mapping.
         r = unsafe { pd.pd.reg_mr_raw(addr.cast(), len, acc) };
     }
-    let mr = match r {
-        Ok(m) => m,
-        Err(e) => return null_errno(crate::errno_of("ibv_reg_mr", &e)),
+    r.map(MrKey::Host)
+        .map_err(|e| crate::errno_of("ibv_reg_mr", &e))
+}
+
+impl MrKey {
+    /// The key's lkey (its rkey too).
+    fn lkey(&self) -> u32 {
+        match self {
+            MrKey::Host(h) => h.lkey(),
+            MrKey::Dm(d, _) => d.lkey(),
+            MrKey::Odp(o) => o.mr.lkey(),
+        }
+    }
+
+    /// Gives the key back (a device-memory key's `ibv_dm` count is the
+    /// caller's).
+    fn dereg(self) -> verbs::Result<()> {
+        match self {
+            MrKey::Host(mr) => mr.dereg(),
+            MrKey::Dm(mr, _) => mr.dereg(),
+            // Dropped: its watch stops, then the key is destroyed and its
+            // mappings undone.
+            MrKey::Odp(k) => {
+                drop(k);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn reg_mr(p: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+    let Some(pd) = pd_of(p) else {
+        return std::ptr::null_mut();
+    };
+    let key = match register(pd, addr, len, access_of(access)) {
+        Ok(k) => k,
+        Err(e) => return null_errno(e),
     };
     let c = ibv_mr {
         context: pd.c.context,
         pd: p,
         addr,
         length: len,
-        handle: mr.lkey(),
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
+        handle: key.lkey(),
+        lkey: key.lkey(),
+        rkey: key.lkey(),
     };
-    Mr::add(pd, c, MrKey::Host(mr))
+    Mr::add(pd, c, key)
 }
 
 /// `ibv_reg_mr`.
@@ -232,14 +261,11 @@ pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
     let b = unsafe { Box::from_raw(m as *mut Mr) };
     // SAFETY: an MR's PD cannot be deallocated while the MR counts on it.
     unuse(unsafe { &(*b.pd).users });
-    let r = match b.mr {
-        MrKey::Host(mr) => mr.dereg(),
-        MrKey::Dm(mr, dm) => {
-            // SAFETY: a DM cannot be freed while an MR counts on it.
-            unuse(unsafe { &(*dm).users });
-            mr.dereg()
-        }
-    };
+    if let MrKey::Dm(_, dm) = &b.mr {
+        // SAFETY: a DM cannot be freed while an MR counts on it.
+        unuse(unsafe { &(**dm).users });
+    }
+    let r = b.mr.dereg();
     match r {
         Ok(()) => 0,
         Err(e) => ret_errno(crate::errno_of("ibv_dereg_mr", &e)),
@@ -251,7 +277,8 @@ pub extern "C" fn ibv_dereg_mr(m: *mut ibv_mr) -> c_int {
 /// a change the device refused, errno set; the MR is then as it was.
 /// A new PD or new access by the driver's `Mr::rereg` (UMR on the same
 /// key where mlx5 can, else a new key); a new translation (`addr`,
-/// `len`) by a new registration of that memory, the old key then
+/// `len`), any change of an ODP region, or one between on-demand and
+/// pinned access by a new registration of that memory, the old key then
 /// deregistered (new lkey and rkey, as the kernel gives when it cannot
 /// reuse the key). A device-memory MR is not re-registered (EINVAL).
 #[no_mangle]
@@ -290,37 +317,49 @@ pub extern "C" fn ibv_rereg_mr(
     let mr = unsafe { &mut *(m as *mut Mr) };
     // SAFETY: an MR's PD is not deallocated while the MR counts on it.
     let old_pd = unsafe { &*mr.pd };
-    let MrKey::Host(h) = &mut mr.mr else {
-        return input(libc::EINVAL);
+    let old_acc = match &mr.mr {
+        MrKey::Host(h) => h.access(),
+        MrKey::Odp(o) => o.mr.access(),
+        MrKey::Dm(..) => return input(libc::EINVAL),
     };
     let acc = if f & CHANGE_ACCESS != 0 {
         access_of(access)
     } else {
-        h.access()
+        old_acc
     };
     let target = new_pd.unwrap_or(old_pd);
-    let r = if f & CHANGE_TRANSLATION != 0 {
-        // SAFETY: ibv_rereg_mr's contract, as ibv_reg_mr's: the memory
-        // stays mapped while registered.
-        match unsafe { target.pd.reg_mr_raw(addr.cast(), len, acc) } {
+    let on_demand = crate::odp::on_demand;
+    // A new translation, an ODP region, or a change between on-demand and
+    // pinned: a new key over the memory, the old one given back
+    // (mlx5_ib's `recreate`). Else a UMR on the same key where it can.
+    let recreate = f & CHANGE_TRANSLATION != 0
+        || matches!(mr.mr, MrKey::Odp(_))
+        || on_demand(acc) != on_demand(old_acc);
+    if recreate {
+        let (a, l) = if f & CHANGE_TRANSLATION != 0 {
+            (addr, len)
+        } else {
+            (mr.c.addr, mr.c.length)
+        };
+        match register(target, a, l, acc) {
             Ok(new) => {
-                let old = std::mem::replace(h, new);
+                let old = std::mem::replace(&mut mr.mr, new);
                 if let Err(e) = old.dereg() {
                     tracing::warn!("ibv_rereg_mr: the old key: {e}");
                 }
-                mr.c.addr = addr;
-                mr.c.length = len;
-                Ok(())
+                mr.c.addr = a;
+                mr.c.length = l;
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                set_errno(e);
+                return ERR_CMD;
+            }
         }
-    } else {
-        let pd = new_pd.map(|n| &n.pd);
-        h.rereg(f, pd, None, acc).map(drop)
-    };
-    if let Err(e) = r {
-        set_errno(crate::errno_of("ibv_rereg_mr", &e));
-        return ERR_CMD;
+    } else if let MrKey::Host(h) = &mut mr.mr {
+        if let Err(e) = h.rereg(f, new_pd.map(|n| &n.pd), None, acc) {
+            set_errno(crate::errno_of("ibv_rereg_mr", &e));
+            return ERR_CMD;
+        }
     }
     if let Some(n) = new_pd {
         n.users.fetch_add(1, Ordering::AcqRel);
@@ -328,9 +367,10 @@ pub extern "C" fn ibv_rereg_mr(
         mr.pd = std::ptr::from_ref(n);
         mr.c.pd = p;
     }
-    mr.c.lkey = h.lkey();
-    mr.c.rkey = h.rkey();
-    mr.c.handle = h.lkey();
+    let k = mr.mr.lkey();
+    mr.c.lkey = k;
+    mr.c.rkey = k;
+    mr.c.handle = k;
     0
 }
 

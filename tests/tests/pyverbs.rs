@@ -9,9 +9,9 @@
 //! prints them, writes them to target/pyverbs-results.txt, and fails if a
 //! test of [`MUST_PASS`] (every one that passed when docs/PYVERBS.md was
 //! recorded) does not pass, or a module does not load. A second run puts
-//! `test_device` and `test_mr` on a ConnectX-7 model (`emu:cx7`,
-//! target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what the
-//! ConnectX-4 Lx has not: device memory; a third runs the mlx5
+//! `test_device`, `test_mr` and `test_odp` on a ConnectX-7 model
+//! (`emu:cx7`, target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what
+//! the ConnectX-4 Lx has not: device memory, on-demand paging; a third runs the mlx5
 //! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_mkey`
 //! and `test_mlx5_query_port` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
@@ -168,6 +168,20 @@ const MUST_PASS_CX7: &[&str] = &[
     "tests.test_mr.MWTest.test_mw_type2_invalidate_local",
     "tests.test_mr.MWTest.test_mw_type2_invalidate_remote",
     "tests.test_mr.MWTest.test_reg_mw_wrong_type",
+    "tests.test_odp.OdpTestCase.test_odp_async_prefetch_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_implicit_async_prefetch_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_implicit_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_implicit_sync_prefetch_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_prefetch_async_no_page_fault_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_prefetch_sync_no_page_fault_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_rc_atomic_cmp_and_swp",
+    "tests.test_odp.OdpTestCase.test_odp_rc_atomic_fetch_and_add",
+    "tests.test_odp.OdpTestCase.test_odp_rc_mixed_mr",
+    "tests.test_odp.OdpTestCase.test_odp_rc_rdma_read",
+    "tests.test_odp.OdpTestCase.test_odp_rc_rdma_write",
+    "tests.test_odp.OdpTestCase.test_odp_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_sync_prefetch_rc_traffic",
+    "tests.test_odp.OdpTestCase.test_odp_ud_traffic",
 ];
 
 /// rdma-core's mlx5 direct-verbs tests that pass on a ConnectX-7 model
@@ -224,7 +238,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
 fn rdma_core_memory_tests_on_a_connectx7_model() {
     run_suite(
         "emu:cx7",
-        &["test_device", "test_mr"],
+        &["test_device", "test_mr", "test_odp"],
         MUST_PASS_CX7,
         "pyverbs-results-cx7.txt",
     );
