@@ -15,8 +15,9 @@ if command -v dpkg >/dev/null; then
         dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
     done
     # tests/tests/c_abi.rs and pyverbs.rs run the distribution's verbs
-    # programs, perftest and pyverbs on ibverbs-c (libibverbs.so.1).
-    for p in ibverbs-utils perftest libibverbs-dev python3-pyverbs; do
+    # programs, perftest and pyverbs on ibverbs-c (libibverbs.so.1);
+    # rdma-core's DevX tests build their PRM commands with scapy.
+    for p in ibverbs-utils perftest libibverbs-dev python3-pyverbs python3-scapy; do
         dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
     done
 fi

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 
 #include "mlx5_userspace.h"
+#include <infiniband/mlx5dv.h>
 
 static int failed;
 
@@ -24,6 +25,78 @@ static int failed;
 			failed++;                                          \
 		}                                                          \
 	} while (0)
+
+/* DevX: raw commands, objects, UMEMs and UARs refused or failed as
+ * libmlx5 over the kernel answers, the outbox holding a failed command's
+ * status; destroyed objects are EINVAL afterwards. */
+static void devx_bad_use(struct ibv_device *cx4lx, struct ibv_device *dev, char *buf)
+{
+	struct mlx5dv_context_attr attr = { .flags = MLX5DV_CONTEXT_FLAGS_DEVX };
+	uint32_t in[4] = { 0 }, out[4] = { 0 };
+	uint32_t eqn;
+
+	errno = 0;
+	CHECK(!mlx5dv_open_device(cx4lx, &attr) && errno == EOPNOTSUPP,
+	      "mlx5dv_open_device with DEVX on a ConnectX-4 Lx (no user contexts): EOPNOTSUPP");
+	struct ibv_context *ctx = mlx5dv_open_device(dev, &attr);
+	CHECK(ctx != NULL, "mlx5dv_open_device with DEVX on a ConnectX-7");
+	if (!ctx)
+		return;
+	errno = 0;
+	in[0] = htobe32(0x7ffeu << 16); /* no such opcode */
+	CHECK(mlx5dv_devx_general_cmd(ctx, in, sizeof(in), out, sizeof(out)) != 0 &&
+		      (be32toh(out[0]) >> 24) != 0,
+	      "mlx5dv_devx_general_cmd of an unknown opcode: an error, the status in the outbox");
+	CHECK(mlx5dv_devx_general_cmd(ctx, NULL, 16, out, sizeof(out)) == EINVAL,
+	      "mlx5dv_devx_general_cmd(NULL inbox): EINVAL");
+	in[0] = htobe32(0x800u << 16); /* ALLOC_PD */
+	struct mlx5dv_devx_obj *o = mlx5dv_devx_obj_create(ctx, in, sizeof(in), out, sizeof(out));
+	CHECK(o != NULL, "mlx5dv_devx_obj_create of ALLOC_PD");
+	CHECK(o && mlx5dv_devx_obj_destroy(o) == 0, "mlx5dv_devx_obj_destroy");
+	CHECK(mlx5dv_devx_obj_destroy(o) == EINVAL, "mlx5dv_devx_obj_destroy twice: EINVAL");
+	CHECK(mlx5dv_devx_obj_query(o, in, sizeof(in), out, sizeof(out)) == EINVAL,
+	      "mlx5dv_devx_obj_query of a destroyed object: EINVAL");
+	errno = 0;
+	CHECK(!mlx5dv_devx_umem_reg(ctx, NULL, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL,
+	      "mlx5dv_devx_umem_reg(NULL): EINVAL");
+	errno = 0;
+	CHECK(!mlx5dv_devx_umem_reg(ctx, buf, 4096, IBV_ACCESS_ON_DEMAND) && errno == EINVAL,
+	      "mlx5dv_devx_umem_reg with ON_DEMAND access: EINVAL");
+	struct mlx5dv_devx_umem_in uin = {
+		.addr = buf, .size = 4096, .access = IBV_ACCESS_LOCAL_WRITE,
+		.pgsz_bitmap = 1u << 21,
+	};
+	errno = 0;
+	CHECK(!mlx5dv_devx_umem_reg_ex(ctx, &uin) && errno == EINVAL,
+	      "mlx5dv_devx_umem_reg_ex allowing 2 MiB pages only: EINVAL");
+	struct mlx5dv_devx_umem *u = mlx5dv_devx_umem_reg(ctx, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(u && u->umem_id != 0, "mlx5dv_devx_umem_reg");
+	CHECK(u && mlx5dv_devx_umem_dereg(u) == 0, "mlx5dv_devx_umem_dereg");
+	CHECK(mlx5dv_devx_umem_dereg(u) == EINVAL, "mlx5dv_devx_umem_dereg twice: EINVAL");
+	errno = 0;
+	CHECK(!mlx5dv_devx_alloc_uar(ctx, 9) && errno == EOPNOTSUPP,
+	      "mlx5dv_devx_alloc_uar of an unknown type: EOPNOTSUPP");
+	struct mlx5dv_devx_uar *uar = mlx5dv_devx_alloc_uar(ctx, MLX5DV_UAR_ALLOC_TYPE_NC);
+	CHECK(uar && uar->page_id != 0 &&
+		      (char *)uar->reg_addr == (char *)uar->base_addr + 0x800,
+	      "mlx5dv_devx_alloc_uar: its page and doorbell register");
+	mlx5dv_devx_free_uar(uar);
+	mlx5dv_devx_free_uar(uar); /* a freed UAR: ignored */
+	CHECK(mlx5dv_devx_query_eqn(ctx, 100000, &eqn) == EINVAL,
+	      "mlx5dv_devx_query_eqn of a vector the context lacks: EINVAL");
+	CHECK(mlx5dv_devx_query_eqn(ctx, 0, &eqn) == 0, "mlx5dv_devx_query_eqn of vector 0");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct mlx5dv_pd dvpd;
+	struct mlx5dv_obj obj = { .pd = { .in = pd, .out = &dvpd } };
+	CHECK(pd && mlx5dv_init_obj(&obj, MLX5DV_OBJ_PD) == 0 && dvpd.pdn != 0,
+	      "mlx5dv_init_obj of a PD: its number");
+	CHECK(mlx5dv_init_obj(&obj, MLX5DV_OBJ_QP) == EOPNOTSUPP,
+	      "mlx5dv_init_obj of a QP (the driver's rings): EOPNOTSUPP");
+	CHECK(pd && ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd of the DevX context's PD");
+	CHECK(mlx5dv_init_obj(&obj, MLX5DV_OBJ_PD) == EINVAL,
+	      "mlx5dv_init_obj of a deallocated PD: EINVAL");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device of the DevX context");
+}
 
 int main(void)
 {
@@ -40,7 +113,7 @@ int main(void)
 	int n;
 
 	list = ibv_get_device_list(&n);
-	CHECK(list && n == 1, "one device from MLX5_DEVICES=emu");
+	CHECK(list && n == 2, "two devices from MLX5_DEVICES=emu,emu:cx7");
 	errno = 0;
 	CHECK(!ibv_open_device(NULL) && errno == EINVAL, "ibv_open_device(NULL): EINVAL");
 	CHECK(!ibv_get_device_name(NULL) && errno == EINVAL, "ibv_get_device_name(NULL): EINVAL");
@@ -200,6 +273,7 @@ int main(void)
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	CHECK(ibv_close_device(ctx) == -1 && errno == EINVAL, "ibv_close_device twice: EINVAL");
 	CHECK(!ibv_alloc_pd(ctx) && errno == EINVAL, "ibv_alloc_pd on a closed context: EINVAL");
+	devx_bad_use(list[0], list[1], buf);
 	ibv_free_device_list(list);
 	free(buf);
 	printf("bad_use: %d failed\n", failed);

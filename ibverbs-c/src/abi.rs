@@ -885,6 +885,74 @@ pub struct mlx5dv_cq_init_attr {
     pub cqe_size: u16,
 }
 
+/// `struct mlx5dv_context_attr` (`mlx5dv_open_device`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_context_attr {
+    pub flags: u32,
+    pub comp_mask: u64,
+}
+
+/// `struct mlx5dv_devx_umem`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_devx_umem {
+    pub umem_id: u32,
+}
+
+/// `struct mlx5dv_devx_umem_in` (`mlx5dv_devx_umem_reg_ex`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_devx_umem_in {
+    pub addr: *mut c_void,
+    pub size: size_t,
+    pub access: u32,
+    pub pgsz_bitmap: u64,
+    pub comp_mask: u64,
+    pub dmabuf_fd: c_int,
+}
+
+/// `struct mlx5dv_devx_uar`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_devx_uar {
+    pub reg_addr: *mut c_void,
+    pub base_addr: *mut c_void,
+    pub page_id: u32,
+    pub mmap_off: libc::off_t,
+    pub comp_mask: u64,
+}
+
+/// `struct mlx5dv_pd`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_pd {
+    pub pdn: u32,
+    pub comp_mask: u64,
+}
+
+/// One `in`/`out` pair of `struct mlx5dv_obj`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_obj_pair {
+    pub in_: *mut c_void,
+    pub out: *mut c_void,
+}
+
+/// `struct mlx5dv_obj` (`mlx5dv_init_obj`): `qp`, `cq`, `srq`, `rwq`,
+/// `dm`, `ah`, `pd`, each an `in` object and an `out` structure.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_obj {
+    pub qp: mlx5dv_obj_pair,
+    pub cq: mlx5dv_obj_pair,
+    pub srq: mlx5dv_obj_pair,
+    pub rwq: mlx5dv_obj_pair,
+    pub dm: mlx5dv_obj_pair,
+    pub ah: mlx5dv_obj_pair,
+    pub pd: mlx5dv_obj_pair,
+}
+
 /// `struct mlx5dv_mkey_init_attr`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -1540,6 +1608,20 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         [comp_mask, cqe_comp_res_format, flags, cqe_size]
     );
     layout!(v, mlx5dv_mkey_init_attr, [pd, create_flags, max_entries]);
+    layout!(v, mlx5dv_context_attr, [flags, comp_mask]);
+    layout!(v, mlx5dv_devx_umem, [umem_id]);
+    layout!(
+        v,
+        mlx5dv_devx_umem_in,
+        [addr, size, access, pgsz_bitmap, comp_mask, dmabuf_fd]
+    );
+    layout!(
+        v,
+        mlx5dv_devx_uar,
+        [reg_addr, base_addr, page_id, mmap_off, comp_mask]
+    );
+    layout!(v, mlx5dv_pd, [pdn, comp_mask]);
+    layout!(v, mlx5dv_obj, [qp, cq, srq, rwq, dm, ah, pd]);
     layout!(v, mlx5dv_mkey, [lkey, rkey]);
     layout!(v, mlx5dv_mkey_conf_attr, [conf_flags, comp_mask]);
     layout!(

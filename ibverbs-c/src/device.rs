@@ -231,6 +231,9 @@ pub(crate) struct Ctx {
     /// The DevX user context of `mlx5dv_devx_general_cmd`, made at its
     /// first call.
     pub devx: Mutex<Option<verbs::devx::DevxCtx>>,
+    /// Opened with `MLX5DV_CONTEXT_FLAGS_DEVX`: its PDs are the DevX user
+    /// context's (`crate::devx`), as the kernel makes them.
+    pub devx_open: std::sync::atomic::AtomicBool,
 }
 
 impl Ctx {
@@ -428,6 +431,7 @@ pub extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         dev: i,
         gid_tbl_len,
         devx: Mutex::new(None),
+        devx_open: Default::default(),
     });
     let p = Box::into_raw(b);
     // SAFETY: `p` is the live box just made.

@@ -5,9 +5,8 @@
 //! libibverbs' private provider ABI.
 //!
 //! What the driver has is done: `mlx5dv_open_device` opens the device,
-//! `mlx5dv_devx_general_cmd` runs the command on the device's command
-//! queue under a DevX user context (CREATE_UCTX, made at the first call),
-//! `mlx5dv_query_device` answers from the caps, `mlx5dv_create_qp` and
+//! the `mlx5dv_devx_*` calls run raw commands under a DevX user context
+//! (`crate::devx`), `mlx5dv_query_device` answers from the caps, `mlx5dv_create_qp` and
 //! `mlx5dv_qp_ex_from_ibv_qp_ex` make DC QPs and their DC address setters
 //! (`crate::dc`), and RC QPs with the mkey builders for
 //! `mlx5dv_create_mkey`'s keys (`crate::mkey`). What it lacks answers
@@ -20,52 +19,34 @@ use crate::abi::*;
 use crate::device::checked_ctx;
 use crate::{null_errno, ret_errno};
 
-/// `mlx5dv_open_device`: `ibv_open_device` (the attributes' flags, DEVX
-/// among them, need nothing more: DevX contexts are made on demand).
+/// `mlx5dv_open_device`: `ibv_open_device`; with
+/// `MLX5DV_CONTEXT_FLAGS_DEVX` the context's DevX user context is made
+/// now (NULL, errno EOPNOTSUPP, on a function without DevX) and its PDs
+/// are that user context's (`crate::devx`).
 #[no_mangle]
-pub extern "C" fn mlx5dv_open_device(dev: *mut ibv_device, _attr: *mut c_void) -> *mut ibv_context {
-    crate::device::ibv_open_device(dev)
-}
-
-/// `mlx5dv_devx_general_cmd`: 0 and the outbox, or an errno (the outbox
-/// then holds the command's status and syndrome when it ran).
-#[no_mangle]
-pub extern "C" fn mlx5dv_devx_general_cmd(
-    c: *mut ibv_context,
-    input: *const c_void,
-    inlen: usize,
-    out: *mut c_void,
-    outlen: usize,
-) -> c_int {
-    let Some(ctx) = checked_ctx(c) else {
-        return libc::EINVAL;
+pub extern "C" fn mlx5dv_open_device(
+    dev: *mut ibv_device,
+    attr: *mut mlx5dv_context_attr,
+) -> *mut ibv_context {
+    const DEVX: u32 = 1 << 0;
+    let flags = if attr.is_null() {
+        0
+    } else {
+        // SAFETY: the caller's attributes, non-NULL.
+        unsafe { (*attr).flags }
     };
-    if input.is_null() || out.is_null() || inlen < 8 || outlen < 8 {
-        return ret_errno(libc::EINVAL);
+    if flags & !DEVX != 0 {
+        return null_errno(libc::EOPNOTSUPP);
     }
-    // SAFETY: the caller's inbox of `inlen` bytes.
-    let inb = unsafe { std::slice::from_raw_parts(input.cast::<u8>(), inlen) };
-    let mut g = crate::objects::lock(&ctx.devx);
-    if g.is_none() {
-        match verbs::devx::DevxCtx::open(&ctx.vc, 0) {
-            Ok(d) => *g = Some(d),
-            Err(e) => {
-                return ret_errno(crate::errno_of("mlx5dv_devx_general_cmd: CREATE_UCTX", &e))
-            }
-        }
+    let c = crate::device::ibv_open_device(dev);
+    if c.is_null() || flags & DEVX == 0 {
+        return c;
     }
-    let Some(d) = g.as_ref() else {
-        return ret_errno(libc::EIO);
-    };
-    match d.general_cmd(inb, outlen) {
-        Ok(o) => {
-            let n = o.len().min(outlen);
-            // SAFETY: the caller's outbox holds `outlen` >= n bytes.
-            unsafe { std::ptr::copy_nonoverlapping(o.as_ptr(), out.cast::<u8>(), n) };
-            0
-        }
-        Err(e) => ret_errno(crate::errno_of("mlx5dv_devx_general_cmd", &e)),
+    if let Err(e) = crate::devx::open(c) {
+        crate::device::ibv_close_device(c);
+        return null_errno(e);
     }
+    c
 }
 
 /// `enum mlx5dv_context_comp_mask` bits `mlx5dv_query_device` answers.
@@ -240,20 +221,16 @@ macro_rules! not_offered {
 }
 
 not_offered!(
-    ptr: mlx5dv_alloc_var, mlx5dv_pp_alloc, mlx5dv_devx_umem_reg_ex,
-        mlx5dv_dm_map_op_addr, mlx5dv_devx_alloc_uar, mlx5dv_devx_obj_create,
-        mlx5dv_devx_umem_reg, mlx5dv_devx_alloc_msi_vector, mlx5dv_devx_create_eq,
+    ptr: mlx5dv_alloc_var, mlx5dv_pp_alloc, mlx5dv_dm_map_op_addr, mlx5dv_devx_alloc_msi_vector, mlx5dv_devx_create_eq,
         efadv_create_driver_qp, efadv_cq_from_ibv_cq_ex, efadv_create_cq,
         mlx5dv_create_flow, mlx5dv_create_flow_action_packet_reformat, mlx5dv_create_flow_matcher, mlx5dv_crypto_login_create, mlx5dv_dr_action_create_default_miss, mlx5dv_dr_action_create_dest_array, mlx5dv_dr_action_create_dest_devx_tir, mlx5dv_dr_action_create_dest_ib_port, mlx5dv_dr_action_create_dest_ibv_qp, mlx5dv_dr_action_create_dest_table, mlx5dv_dr_action_create_dest_vport, mlx5dv_dr_action_create_drop, mlx5dv_dr_action_create_modify_header, mlx5dv_dr_action_create_flow_counter, mlx5dv_dr_action_create_flow_sampler, mlx5dv_dr_action_create_packet_reformat, mlx5dv_dr_action_create_pop_vlan, mlx5dv_dr_action_create_push_vlan, mlx5dv_dr_action_create_tag, mlx5dv_dr_domain_create, mlx5dv_dr_matcher_create, mlx5dv_dr_rule_create, mlx5dv_dr_table_create, mlx5dv_get_vfio_device_list, mlx5dv_sched_leaf_create, mlx5dv_sched_node_create;
-    int: mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_devx_free_uar,
-        mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
+    int: mlx5dv_free_var, mlx5dv_pp_free, mlx5dv_modify_qp_lag_port, mlx5dv_query_qp_lag_port, mlx5dv_modify_qp_sched_elem,
         mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
         mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
         mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout,
         mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector, mlx5dv_get_clock_info,
-        mlx5dv_devx_obj_destroy, mlx5dv_devx_obj_modify, mlx5dv_devx_obj_query,
-        mlx5dv_devx_query_eqn, mlx5dv_devx_umem_dereg, efadv_query_ah,
-        _mlx5dv_mkey_check, mlx5dv_crypto_login_destroy, mlx5dv_crypto_login_query, mlx5dv_dek_query, mlx5dv_destroy_flow_matcher, mlx5dv_dr_action_destroy, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_dr_domain_destroy, mlx5dv_dr_domain_sync, mlx5dv_dr_matcher_destroy, mlx5dv_dr_matcher_set_layout, mlx5dv_dr_rule_destroy, mlx5dv_dr_table_destroy, mlx5dv_dump_dr_domain, mlx5dv_init_obj, mlx5dv_sched_leaf_destroy, mlx5dv_sched_leaf_modify, mlx5dv_sched_node_destroy, mlx5dv_sched_node_modify, mlx5dv_vfio_get_events_fd, mlx5dv_vfio_process_events
+        efadv_query_ah,
+        _mlx5dv_mkey_check, mlx5dv_crypto_login_destroy, mlx5dv_crypto_login_query, mlx5dv_dek_query, mlx5dv_destroy_flow_matcher, mlx5dv_dr_action_destroy, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_dr_domain_destroy, mlx5dv_dr_domain_sync, mlx5dv_dr_matcher_destroy, mlx5dv_dr_matcher_set_layout, mlx5dv_dr_rule_destroy, mlx5dv_dr_table_destroy, mlx5dv_dump_dr_domain, mlx5dv_sched_leaf_destroy, mlx5dv_sched_leaf_modify, mlx5dv_sched_node_destroy, mlx5dv_sched_node_modify, mlx5dv_vfio_get_events_fd, mlx5dv_vfio_process_events
 );
 
 /// `mlx5dv_is_supported`: true for a device of this library (every one

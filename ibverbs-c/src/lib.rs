@@ -41,6 +41,7 @@ mod cq_ex;
 mod datapath;
 mod dc;
 mod device;
+mod devx;
 mod dm;
 mod dv;
 mod misc;

@@ -51,7 +51,12 @@ pub extern "C" fn ibv_alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
     let Some(ctx) = checked_ctx(c) else {
         return std::ptr::null_mut();
     };
-    let pd = match ctx.vc.alloc_pd() {
+    let pd = if ctx.devx_open.load(Ordering::Acquire) {
+        crate::devx::alloc_pd(ctx)
+    } else {
+        ctx.vc.alloc_pd()
+    };
+    let pd = match pd {
         Ok(p) => p,
         Err(e) => return null_errno(crate::errno_of("ibv_alloc_pd", &e)),
     };

@@ -23,6 +23,10 @@ pub(crate) enum Kind {
     Dct,
     /// An mlx5dv indirect mkey (`crate::mkey::Mkey`).
     Mkey,
+    /// A DevX object, UMEM or UAR (`crate::devx`).
+    DevxObj,
+    DevxUmem,
+    DevxUar,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

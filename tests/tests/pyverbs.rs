@@ -12,8 +12,8 @@
 //! `test_device`, `test_mr` and `test_odp` on a ConnectX-7 model
 //! (`emu:cx7`, target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what
 //! the ConnectX-4 Lx has not: device memory, on-demand paging; a third runs the mlx5
-//! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_mkey`
-//! and `test_mlx5_query_port` there
+//! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_devx`,
+//! `test_mlx5_mkey`, `test_mlx5_query_port` and `test_mlx5_uar` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
 use std::path::{Path, PathBuf};
@@ -201,6 +201,7 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_dc.DCTest.test_dc_send",
     "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow",
     "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow_qp",
+    "tests.test_mlx5_devx.Mlx5DevxRcTrafficTest.test_devx_rc_qp_send_imm_traffic",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved_new_api",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list",
@@ -208,6 +209,7 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_new_api",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_remote_invalidate",
     "tests.test_mlx5_query_port.Mlx5DVQueryPortTestCase.test_dv_query_port",
+    "tests.test_mlx5_uar.Mlx5UarTestCase.test_alloc_uar",
 ];
 
 #[test]
@@ -246,13 +248,20 @@ fn rdma_core_memory_tests_on_a_connectx7_model() {
 
 #[test]
 fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
+    assert!(
+        Path::new("/usr/lib/python3/dist-packages/scapy").exists(),
+        "NOT RUN: python3-scapy is missing (rdma-core's DevX tests build their \
+         commands with it; scripts/test-all.sh installs it)"
+    );
     run_suite(
         "emu:cx7",
         &[
             "test_mlx5_cq",
             "test_mlx5_dc",
+            "test_mlx5_devx",
             "test_mlx5_mkey",
             "test_mlx5_query_port",
+            "test_mlx5_uar",
         ],
         MUST_PASS_MLX5,
         "pyverbs-results-mlx5.txt",

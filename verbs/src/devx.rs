@@ -63,7 +63,8 @@ pub struct DevxUmem {
     ctx: Context,
     uid: u16,
     umem_id: u32,
-    _buf: Arc<DmaBuffer>,
+    /// The buffer it holds (none for process memory the caller owns).
+    _buf: Option<Arc<DmaBuffer>>,
     iova: Iova,
     map_len: u64,
     done: bool,
@@ -197,18 +198,79 @@ impl DevxCtx {
         }
         let first = offset as u64 / UMEM_PAGE;
         let last = (offset + len - 1) as u64 / UMEM_PAGE;
-        let n = (last - first + 1) as usize;
+        let at = Iova(iova.0 + first * UMEM_PAGE);
+        let pages = last - first + 1;
+        let page_offset = offset as u64 % UMEM_PAGE;
+        self.create_umem(
+            at,
+            pages,
+            page_offset,
+            write,
+            iova,
+            map_len,
+            Some(buf.clone()),
+        )
+    }
+
+    /// `mlx5dv_devx_umem_reg` over `len` bytes of process memory at
+    /// `addr`: its pages are mapped for DMA (one IOVA range) and
+    /// registered. `write`: the device may write.
+    ///
+    /// # Safety
+    ///
+    /// `addr .. addr + len` stays mapped while the UMEM is registered and
+    /// is touched only through volatile or atomic accesses (the device
+    /// reads and writes it concurrently).
+    #[allow(unsafe_code)] // Process memory the caller vouches for.
+    pub unsafe fn umem_reg_host(&self, addr: *mut u8, len: usize, write: bool) -> Result<DevxUmem> {
+        let a = addr as u64;
+        let end = a
+            .checked_add(len as u64)
+            .and_then(|e| e.checked_next_multiple_of(UMEM_PAGE))
+            .ok_or(Error::Invalid("UMEM range wraps"))?;
+        if len == 0 || addr.is_null() {
+            return Err(Error::Invalid("empty UMEM"));
+        }
+        let start = a & !(UMEM_PAGE - 1);
+        let map_len = end - start;
+        let dma = self.ctx.hca().dma();
+        let iova = dma.alloc_iova(map_len, UMEM_PAGE)?;
+        // SAFETY: forwarded from this function's contract.
+        if let Err(e) = unsafe { dma.func.dma_map_host(iova, start, map_len) } {
+            dma.free_iova(iova, map_len);
+            return Err(e.into());
+        }
+        let pages = map_len / UMEM_PAGE;
+        self.create_umem(iova, pages, a - start, write, iova, map_len, None)
+    }
+
+    /// CREATE_UMEM of `pages` 4 KiB pages mapped from `at`, the memory
+    /// starting `page_offset` into the first; the mapping (`iova`,
+    /// `map_len`) is undone if firmware refuses.
+    #[allow(clippy::too_many_arguments)]
+    fn create_umem(
+        &self,
+        at: Iova,
+        pages: u64,
+        page_offset: u64,
+        write: bool,
+        iova: Iova,
+        map_len: u64,
+        buf: Option<Arc<DmaBuffer>>,
+    ) -> Result<DevxUmem> {
+        let dma = self.ctx.hca().dma();
+        let n = pages as usize;
         let mut c = vec![0u8; create_umem_in::SIZE_BYTES + 8 * n];
         general_obj_in_cmd_hdr::OPCODE.set(&mut c, u64::from(Opcode::CreateUmem.to_raw()));
         general_obj_in_cmd_hdr::UID.set(&mut c, u64::from(self.uid));
         let u = &mut c[create_umem_in::UMEM.off / 8..];
-        umem::PAGE_OFFSET.set(u, offset as u64 % UMEM_PAGE);
-        umem::NUM_OF_MTT.set(u, n as u64);
+        umem::PAGE_OFFSET.set(u, page_offset);
+        umem::NUM_OF_MTT.set(u, pages);
         let flags = MTT_RD_EN | if write { MTT_WR_EN } else { 0 };
         for i in 0..n {
-            let e = (iova.0 + (first + i as u64) * UMEM_PAGE) | flags;
-            let at = umem::MTT.off / 8 + 8 * i;
-            u[at..at + 8].copy_from_slice(&e.to_be_bytes());
+            let e = (at.0 + i as u64 * UMEM_PAGE) | flags;
+            let off = umem::MTT.off / 8 + 8 * i;
+            u[off..off + 8].copy_from_slice(&e.to_be_bytes());
         }
         let out = match self.ctx.hca().cmd().exec(&c, create_umem_out::SIZE_BYTES) {
             Ok(o) => o,
@@ -224,11 +286,26 @@ impl DevxCtx {
             ctx: self.ctx.clone(),
             uid: self.uid,
             umem_id: create_umem_out::UMEM_ID.get(&out) as u32,
-            _buf: buf.clone(),
+            _buf: buf,
             iova,
             map_len,
             done: false,
         })
+    }
+
+    /// A PD of this user context (ALLOC_PD under its uid), as the kernel
+    /// allocates `ibv_alloc_pd` of a context opened with
+    /// `MLX5DV_CONTEXT_FLAGS_DEVX`: raw commands of this context may name
+    /// it (`qpc.pd`, `mkc.pd`), and the verbs use it as any PD.
+    pub fn alloc_pd(&self) -> Result<crate::pd::Pd> {
+        crate::pd::Pd::alloc_uid(&self.ctx, self.uid)
+    }
+
+    /// `mlx5dv_devx_query_eqn`: the EQ number of completion vector
+    /// `vector` (`cqc.c_eqn` of a CQ made by a raw command); a vector the
+    /// context does not have is `EINVAL`, as `mlx5_comp_eqn_get` answers.
+    pub fn query_eqn(&self, vector: u32) -> Result<u32> {
+        self.ctx.ctx.comp_eqn(Some(vector as usize)).map(u32::from)
     }
 
     /// `mlx5dv_devx_obj_create`: runs the raw create command `input` under
@@ -333,10 +410,13 @@ impl DevxObj {
     /// `mlx5dv_devx_obj_destroy`; on a firmware refusal the object is kept
     /// (and destroyed again at drop).
     pub fn destroy(mut self) -> Result<()> {
-        self.destroy_now()
+        self.destroy_in_place()
     }
 
-    fn destroy_now(&mut self) -> Result<()> {
+    /// The destroy command, keeping the object on a firmware refusal
+    /// (another object still uses it: destroy that first, then this
+    /// again); after success it is gone and dropping it does nothing.
+    pub fn destroy_in_place(&mut self) -> Result<()> {
         if self.done {
             return Ok(());
         }
@@ -348,7 +428,7 @@ impl DevxObj {
 
 impl Drop for DevxObj {
     fn drop(&mut self) {
-        if let Err(e) = self.destroy_now() {
+        if let Err(e) = self.destroy_in_place() {
             tracing::warn!("DevX object destroy at drop: {e}");
         }
     }

@@ -18,6 +18,8 @@ use crate::{Error, Result};
 pub(crate) struct PdInner {
     pub(crate) ctx: Arc<Ctx>,
     pub(crate) pdn: u32,
+    /// The DevX user context that owns it (0: the driver's).
+    uid: u16,
     done: std::sync::atomic::AtomicBool,
 }
 
@@ -29,6 +31,7 @@ impl PdInner {
         let mut inb = [0u8; dealloc_pd_in::SIZE_BYTES];
         DeallocPdIn::new_unchecked(&mut inb[..])
             .set_opcode(Opcode::DeallocPd.to_raw())
+            .set_uid(self.uid)
             .set_pd(self.pdn);
         self.ctx
             .hca
@@ -55,8 +58,17 @@ pub struct Pd {
 impl Pd {
     /// ALLOC_PD.
     pub(crate) fn alloc(ctx: &Context) -> Result<Self> {
+        Self::alloc_uid(ctx, 0)
+    }
+
+    /// ALLOC_PD under DevX user context `uid` (as the kernel allocates a
+    /// PD of a DevX-enabled user context: raw commands of that context
+    /// may then name it).
+    pub(crate) fn alloc_uid(ctx: &Context, uid: u16) -> Result<Self> {
         let mut inb = [0u8; alloc_pd_in::SIZE_BYTES];
-        AllocPdIn::new_unchecked(&mut inb[..]).set_opcode(Opcode::AllocPd.to_raw());
+        AllocPdIn::new_unchecked(&mut inb[..])
+            .set_opcode(Opcode::AllocPd.to_raw())
+            .set_uid(uid);
         let out = ctx.ctx.hca.cmd().exec(&inb, alloc_pd_out::SIZE_BYTES)?;
         let pdn = AllocPdOut::new_checked(&out[..])
             .map_err(|_| Error::BadOutput {
@@ -68,6 +80,7 @@ impl Pd {
             inner: Arc::new(PdInner {
                 ctx: ctx.ctx.clone(),
                 pdn,
+                uid,
                 done: Default::default(),
             }),
         })

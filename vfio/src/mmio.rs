@@ -223,6 +223,16 @@ impl Mmio {
         self.bar_offset
     }
 
+    /// The address of `len` bytes at `offset` in the mapping, for a
+    /// program that does its own MMIO there (a DevX UAR page handed to C:
+    /// `mlx5dv_devx_uar.base_addr`); out of the mapping is an error.
+    pub fn addr_of(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(self.oob(offset, len));
+        }
+        Ok(self.region.as_ptr().wrapping_add(offset))
+    }
+
     #[inline(always)]
     fn ptr<T>(&self, offset: usize) -> Result<*mut T> {
         let size = std::mem::size_of::<T>();

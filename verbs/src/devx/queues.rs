@@ -68,6 +68,14 @@ impl DevxUar {
         self.index
     }
 
+    /// The UAR page in this process (`mlx5dv_devx_uar.base_addr`; its
+    /// doorbell register, `reg_addr`, is at `mlx5_hw::uar::BF_OFFSET`):
+    /// for a program that rings the doorbells of queues it made by raw
+    /// commands itself. Valid while this UAR and its context live.
+    pub fn page_addr(&self) -> Result<*mut u8> {
+        Ok(self.bar().addr_of(self.offset(), UAR_PAGE_SIZE)?)
+    }
+
     fn bar(&self) -> Arc<Mmio> {
         self.ctx.hca().bar().clone()
     }
