@@ -69,8 +69,8 @@ mod ctx_mask {
 /// out which were written. The DCI stream limits and the LAG port count
 /// come from the HCA caps; what the driver does not do reads as none
 /// (CQE compression, software parsing, striding RQ, tunnel offloads,
-/// flow actions, ODP on DC through this library, signature and crypto
-/// offloads, MMO memcpy). Not answered (their bits stay clear): the
+/// flow actions, signature and crypto offloads, MMO memcpy); DC's ODP
+/// caps are the device's (`verbs::device::Context::odp_caps`). Not answered (their bits stay clear): the
 /// dynamic bfreg count, the clock-info page and the HCA core clock
 /// mapping, which this library does not give out. `flags` is 0: CQEs
 /// are version 0 (QPs carry no user index) and multi-packet send is not
@@ -112,7 +112,7 @@ pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_cont
     );
     put!(TUNNEL_OFFLOADS, tunnel_offloads_caps, 0);
     put!(FLOW_ACTION_FLAGS, flow_action_flags, 0);
-    put!(DC_ODP_CAPS, dc_odp_caps, 0);
+    put!(DC_ODP_CAPS, dc_odp_caps, ctx.vc.odp_caps().dc_odp_caps);
     put!(NUM_LAG_PORTS, num_lag_ports, caps.num_lag_ports());
     put!(SIGNATURE_OFFLOAD, sig_caps, mlx5dv_sig_caps::default());
     let streams = if caps.dct() {

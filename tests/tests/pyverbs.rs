@@ -201,6 +201,7 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_dc.DCTest.test_dc_send",
     "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow",
     "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow_qp",
+    "tests.test_mlx5_dc.DCTest.test_odp_dc_traffic",
     "tests.test_mlx5_devx.Mlx5DevxRcTrafficTest.test_devx_rc_qp_send_imm_traffic",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved_new_api",
@@ -208,6 +209,7 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_bad_flow",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list_new_api",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_remote_invalidate",
+    "tests.test_mlx5_mkey.Mlx5MkeyTest.test_odp_mkey_list_new_api",
     "tests.test_mlx5_query_port.Mlx5DVQueryPortTestCase.test_dv_query_port",
     "tests.test_mlx5_uar.Mlx5UarTestCase.test_alloc_uar",
 ];

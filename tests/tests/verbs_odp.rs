@@ -856,3 +856,59 @@ fn advise_mr_over_a_list_and_its_refusals() {
     assert_eq!(errno(pd.advise_mr(advice::PREFETCH, 0, &list)), Some(2));
     assert_eq!(r1.stats().prefetches, before);
 }
+
+/// An indirect (KLM) key over never-mapped ODP memory: a WRITE through its
+/// rkey faults on the indirect key, and the handler maps the ODP region's
+/// pages the key's entries reach, reading the list back with QUERY_MKEY
+/// as Linux does for a DevX indirect key (rdma-core's
+/// `test_odp_mkey_list_new_api` looped on that fault before: the handler
+/// took the indirect key for a pinned one and resumed, and the device
+/// faulted again).
+#[test]
+fn a_write_through_an_indirect_key_over_odp_memory_faults_through_its_list() {
+    use verbs::mkey::{mkey_init_flags, MkeyInitAttr};
+    let clock = ManualClock::new();
+    let mut p = cx5_pair(&clock);
+    let qcap = verbs::qp::QpCap {
+        max_inline_data: 512,
+        ..cap(16)
+    };
+    let (mut qa, mut qb) = qp_pair(&p, QpType::Rc, qcap);
+    let mb = Anon::new(1 << 20);
+    let rb = odp(&p.b, &mb, ODP_ALL);
+    let mut attr = MkeyInitAttr {
+        create_flags: mkey_init_flags::INDIRECT,
+        max_entries: 2,
+    };
+    let k = p.b.pd.create_mkey(&mut attr).unwrap();
+    // Two pieces, 0x3_0000 apart: 0x100 bytes each.
+    let list = [
+        rb.sge(mb.addr() + 0x1_0f80, 0x100).unwrap(),
+        rb.sge(mb.addr() + 0x4_0000, 0x100).unwrap(),
+    ];
+    let mut b = qb.wr_start();
+    b.wr_id(1, sf::SIGNALED | sf::INLINE)
+        .mr_list(&k, ALL, &list);
+    b.complete().unwrap();
+    assert_eq!(poll_n(&mut p.b.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(rb.stats().mappings, 0, "nothing mapped yet");
+    let data = pattern(0x200, 9);
+    p.a.buf.write(0, &data).unwrap();
+    let op = SendOp::RdmaWrite {
+        raddr: 0,
+        rkey: k.rkey(),
+    };
+    post(&mut qa, 5, op, p.a.mr.sge(0, 0x200).unwrap());
+    let wc = complete(&clock, &mut p.a.cq, 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status),
+        (5, WcStatus::Success),
+        "{wc:?}"
+    );
+    assert_eq!(mb.read(0x1_0f80, 0x100), data[..0x100]);
+    assert_eq!(mb.read(0x4_0000, 0x100), data[0x100..]);
+    let st = rb.stats();
+    // The first piece crosses a page boundary: three pages in all.
+    assert!(st.page_faults >= 1 && st.pages_faulted == 3, "{st:?}");
+    assert_eq!(st.fault_errors, 0, "{st:?}");
+}

@@ -2,8 +2,9 @@
 //! `mlx5dv_devx_obj_query` on an mkey gives; tests read access and
 //! relaxed-ordering bits back with it).
 
-use mlx5_hw::ifc::{query_mkey_in, query_mkey_out, Mkc, QueryMkeyIn, QueryMkeyOut};
+use mlx5_hw::ifc::{klm, query_mkey_in, query_mkey_out, Mkc, QueryMkeyIn, QueryMkeyOut};
 use mlx5_hw::opcode::Opcode;
+use mlx5_hw::wqe::{MKC_ACCESS_MODE_KLMS, MKC_ACCESS_MODE_KSM};
 
 use crate::device::Ctx;
 use crate::mr::Mr;
@@ -62,6 +63,68 @@ pub(crate) fn query_mkey(ctx: &Ctx, mkey: u32) -> Result<MkeyAttr> {
         start_addr: k.start_addr(),
         len: if k.length64() { u64::MAX } else { k.len() },
     })
+}
+
+/// One entry of an indirect key's translation: `bcount` bytes of the
+/// key's range (KSM: each entry covers the key's page) onto `[va, ...)` of
+/// `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndirectEntry {
+    pub bcount: u64,
+    pub key: u32,
+    pub va: u64,
+}
+
+/// An indirect (KLM or KSM) key's translation as the device holds it:
+/// the first address of its range and its entries in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IndirectList {
+    pub start_addr: u64,
+    pub entries: Vec<IndirectEntry>,
+}
+
+/// QUERY_MKEY of `mkey` with room for its translation list, as Linux's
+/// page-fault handler reads a DevX indirect key (`query_mkey_out` then one
+/// KLM per entry, from `bsf0_klm0_pas_mtt0_1`); `None` for a key that is
+/// not KLM or KSM. A KSM entry covers `1 << log_page_size` bytes.
+pub(crate) fn query_indirect(ctx: &Ctx, mkey: u32) -> Result<Option<IndirectList>> {
+    let mut inb = vec![0u8; query_mkey_in::SIZE_BYTES];
+    QueryMkeyIn::new_unchecked(&mut inb[..])
+        .set_opcode(Opcode::QueryMkey.to_raw())
+        .set_mkey_index(mkey >> 8);
+    let out = ctx.hca.cmd().exec(&inb, query_mkey_out::SIZE_BYTES)?;
+    let o = QueryMkeyOut::new_unchecked(&out[..]);
+    let k: Mkc<&[u8]> = o.memory_key_mkey_entry();
+    let mode = k.access_mode_4_2() << 2 | k.access_mode_1_0();
+    if mode != MKC_ACCESS_MODE_KLMS && mode != MKC_ACCESS_MODE_KSM {
+        return Ok(None);
+    }
+    let (start_addr, log_page) = (k.start_addr(), k.log_page_size());
+    // One entry per octoword; bounded, so that a key claiming a huge list
+    // cannot make the driver allocate without limit.
+    let n = (k.translations_octword_size() as usize).min(1 << 16);
+    let at = query_mkey_out::BSF0_KLM0_PAS_MTT0_1.off / 8;
+    let outlen = (at + n * klm::SIZE_BYTES).max(query_mkey_out::SIZE_BYTES);
+    let out = ctx.hca.cmd().exec(&inb, outlen)?;
+    let entries = out
+        .get(at..)
+        .unwrap_or_default()
+        .chunks_exact(klm::SIZE_BYTES)
+        .take(n)
+        .map(|e| IndirectEntry {
+            bcount: if mode == MKC_ACCESS_MODE_KSM {
+                1u64.checked_shl(u32::from(log_page)).unwrap_or(0)
+            } else {
+                klm::BCOUNT.get(e)
+            },
+            key: klm::KEY.get(e) as u32,
+            va: klm::VA.get(e),
+        })
+        .collect();
+    Ok(Some(IndirectList {
+        start_addr,
+        entries,
+    }))
 }
 
 impl Mr {

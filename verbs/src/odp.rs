@@ -157,8 +157,7 @@ pub struct OdpCaps {
     pub ud_odp_caps: u32,
     /// XRC.
     pub xrc_odp_caps: u32,
-    /// DC (`mlx5dv_context.dc_odp_caps`): what the device offers; no test
-    /// here faults through a DCI or DCT yet.
+    /// DC (`mlx5dv_context.dc_odp_caps`).
     pub dc_odp_caps: u32,
 }
 
@@ -491,14 +490,7 @@ fn handle_fault(ctx: &Arc<Ctx>, sub: u8, data: &[u8; ev::EQE_DATA_SIZE]) {
     let mut touched = Vec::new();
     let ok = ranges.and_then(|rs| {
         for r in rs {
-            if let Some(mr) = ctx.odp.mr(r.key) {
-                touched.push(mr.clone());
-                mr.counters.page_faults.fetch_add(1, Ordering::Relaxed);
-                ctx.odp.total.page_faults.fetch_add(1, Ordering::Relaxed);
-                let n = mr.map_range(r.va, r.len, MapWhy::Fault)?;
-                mr.counters.pages_faulted.fetch_add(n, Ordering::Relaxed);
-                ctx.odp.total.pages_faulted.fetch_add(n, Ordering::Relaxed);
-            }
+            fault_in(ctx, r, 0, &mut touched)?;
         }
         Ok(())
     });
@@ -520,6 +512,60 @@ fn handle_fault(ctx: &Arc<Ctx>, sub: u8, data: &[u8; ev::EQE_DATA_SIZE]) {
         }
         Ok(()) => {}
     }
+}
+
+/// Maps the pages of one faulting range, as Linux's
+/// `pagefault_single_data_segment`: in the ODP region its key names; for
+/// an indirect (KLM or KSM) key, in the regions its entries name over the
+/// range (the list read back by QUERY_MKEY, as for a DevX indirect key),
+/// at most `max_indirection` deep; any other key is taken as present (the
+/// kernel's "non-ODP MR": a WQE may mix ODP and pinned keys).
+fn fault_in(
+    ctx: &Arc<Ctx>,
+    r: Range,
+    depth: u32,
+    touched: &mut Vec<Arc<OdpMrInner>>,
+) -> Result<()> {
+    if let Some(mr) = ctx.odp.mr(r.key) {
+        touched.push(mr.clone());
+        mr.counters.page_faults.fetch_add(1, Ordering::Relaxed);
+        ctx.odp.total.page_faults.fetch_add(1, Ordering::Relaxed);
+        let n = mr.map_range(r.va, r.len, MapWhy::Fault)?;
+        mr.counters.pages_faulted.fetch_add(n, Ordering::Relaxed);
+        ctx.odp.total.pages_faulted.fetch_add(n, Ordering::Relaxed);
+        return Ok(());
+    }
+    let Some(list) = crate::mkey_query::query_indirect(ctx, r.key)? else {
+        return Ok(());
+    };
+    if depth >= u32::from(ctx.hca.caps().gen().max_indirection()) {
+        return Err(Error::Fault(
+            "page fault through keys nested past max_indirection",
+        ));
+    }
+    let mut skip =
+        r.va.checked_sub(list.start_addr)
+            .ok_or(Error::Fault("page fault below an indirect key's range"))?;
+    let mut left = r.len;
+    for e in &list.entries {
+        if left == 0 {
+            break;
+        }
+        if skip >= e.bcount {
+            skip -= e.bcount;
+            continue;
+        }
+        let len = (e.bcount - skip).min(left);
+        let sub = Range {
+            key: e.key,
+            va: e.va.wrapping_add(skip),
+            len,
+        };
+        fault_in(ctx, sub, depth + 1, touched)?;
+        left -= len;
+        skip = 0;
+    }
+    Ok(())
 }
 
 /// PAGE_FAULT_RESUME (transport scheme), as `mlx5_ib_page_fault_resume`.

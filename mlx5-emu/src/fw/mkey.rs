@@ -289,7 +289,18 @@ impl Firmware {
         let Some(k) = rlock(&inner.rdma.mkeys).get(&index).cloned() else {
             return Err(fail(CmdStatus::BadResource, synd::MKEY_UNKNOWN));
         };
-        let mut out = vec![0u8; query_mkey_out::SIZE_BYTES.min(outlen.max(0x50))];
+        // Room for the translation list when the caller sized the outbox
+        // for it (Linux's DevX page-fault path: `query_mkey_out` plus one
+        // KLM per entry past the first two).
+        let list_at = query_mkey_out::BSF0_KLM0_PAS_MTT0_1.off / 8;
+        let listed = k
+            .klm
+            .as_ref()
+            .filter(|i| i.repeat.is_none())
+            .map_or(0, |i| i.entries.len());
+        let full =
+            (list_at + listed * mlx5_hw::ifc::klm::SIZE_BYTES).max(query_mkey_out::SIZE_BYTES);
+        let mut out = vec![0u8; full.min(outlen.max(0x50))];
         let at = query_mkey_out::MEMORY_KEY_MKEY_ENTRY.off / 8;
         let c = &mut out[at..at + mkc::SIZE_BYTES];
         mkc::FREE.set(c, u64::from(k.free));
@@ -325,6 +336,23 @@ impl Firmware {
             _ => k.mtt.len().div_ceil(2),
         };
         mkc::TRANSLATIONS_OCTWORD_SIZE.set(c, octs as u64);
+        // The list itself from `bsf0_klm0_pas_mtt0_1` on, as firmware
+        // returns it: KLM (byte count, key, address) or KSM (key,
+        // address), as many as fit the outbox. A repeat block has none.
+        if let Some(ind) = k.klm.as_ref().filter(|i| i.repeat.is_none()) {
+            let ksm = k.mode == MKC_ACCESS_MODE_KSM;
+            for (i, e) in ind.entries.iter().enumerate() {
+                let at = list_at + i * mlx5_hw::ifc::klm::SIZE_BYTES;
+                let Some(b) = out.get_mut(at..at + mlx5_hw::ifc::klm::SIZE_BYTES) else {
+                    break;
+                };
+                if !ksm {
+                    mlx5_hw::ifc::klm::BCOUNT.set(b, e.bcount);
+                }
+                mlx5_hw::ifc::klm::KEY.set(b, u64::from(e.key));
+                mlx5_hw::ifc::klm::VA.set(b, e.va);
+            }
+        }
         Ok(out)
     }
 }
