@@ -219,6 +219,24 @@ fn obj_of<'a>(p: *mut c_void) -> Option<&'a mut Obj> {
     Some(unsafe { &mut *(p as *mut Obj) })
 }
 
+/// A raw command `f` runs on the DevX object `p` (modify, query).
+fn obj_cmd(
+    what: &str,
+    p: *mut c_void,
+    input: *const c_void,
+    inlen: usize,
+    out: *mut c_void,
+    outlen: usize,
+    f: fn(&DevxObj, &[u8], usize) -> verbs::Result<Vec<u8>>,
+) -> c_int {
+    let Some(o) = obj_of(p) else {
+        return libc::EINVAL;
+    };
+    raw_cmd(what, input, inlen, out, outlen, |inb| {
+        Ok(f(&o.obj, inb, outlen))
+    })
+}
+
 /// `mlx5dv_devx_obj_modify`: a raw command on the object.
 #[no_mangle]
 pub extern "C" fn mlx5dv_devx_obj_modify(
@@ -228,12 +246,8 @@ pub extern "C" fn mlx5dv_devx_obj_modify(
     out: *mut c_void,
     outlen: usize,
 ) -> c_int {
-    let Some(o) = obj_of(p) else {
-        return libc::EINVAL;
-    };
-    raw_cmd("mlx5dv_devx_obj_modify", input, inlen, out, outlen, |inb| {
-        Ok(o.obj.modify(inb, outlen))
-    })
+    let what = "mlx5dv_devx_obj_modify";
+    obj_cmd(what, p, input, inlen, out, outlen, DevxObj::modify)
 }
 
 /// `mlx5dv_devx_obj_query`: a raw command on the object.
@@ -245,12 +259,8 @@ pub extern "C" fn mlx5dv_devx_obj_query(
     out: *mut c_void,
     outlen: usize,
 ) -> c_int {
-    let Some(o) = obj_of(p) else {
-        return libc::EINVAL;
-    };
-    raw_cmd("mlx5dv_devx_obj_query", input, inlen, out, outlen, |inb| {
-        Ok(o.obj.query(inb, outlen))
-    })
+    let what = "mlx5dv_devx_obj_query";
+    obj_cmd(what, p, input, inlen, out, outlen, DevxObj::query)
 }
 
 /// `mlx5dv_devx_obj_destroy`: 0, or the errno of a refused destroy (the

@@ -40,13 +40,18 @@ pub struct MkeyAttr {
     pub len: u64,
 }
 
-/// QUERY_MKEY of key `mkey` on the context.
-pub(crate) fn query_mkey(ctx: &Ctx, mkey: u32) -> Result<MkeyAttr> {
+/// QUERY_MKEY of key `mkey` on the context, an outbox of `outlen` bytes.
+fn exec_query_mkey(ctx: &Ctx, mkey: u32, outlen: usize) -> Result<Vec<u8>> {
     let mut inb = vec![0u8; query_mkey_in::SIZE_BYTES];
     QueryMkeyIn::new_unchecked(&mut inb[..])
         .set_opcode(Opcode::QueryMkey.to_raw())
         .set_mkey_index(mkey >> 8);
-    let out = ctx.hca.cmd().exec(&inb, query_mkey_out::SIZE_BYTES)?;
+    ctx.hca.cmd().exec(&inb, outlen)
+}
+
+/// QUERY_MKEY of key `mkey` on the context.
+pub(crate) fn query_mkey(ctx: &Ctx, mkey: u32) -> Result<MkeyAttr> {
+    let out = exec_query_mkey(ctx, mkey, query_mkey_out::SIZE_BYTES)?;
     let o = QueryMkeyOut::new_unchecked(&out[..]);
     let k: Mkc<&[u8]> = o.memory_key_mkey_entry();
     Ok(MkeyAttr {
@@ -88,11 +93,7 @@ pub(crate) struct IndirectList {
 /// KLM per entry, from `bsf0_klm0_pas_mtt0_1`); `None` for a key that is
 /// not KLM or KSM. A KSM entry covers `1 << log_page_size` bytes.
 pub(crate) fn query_indirect(ctx: &Ctx, mkey: u32) -> Result<Option<IndirectList>> {
-    let mut inb = vec![0u8; query_mkey_in::SIZE_BYTES];
-    QueryMkeyIn::new_unchecked(&mut inb[..])
-        .set_opcode(Opcode::QueryMkey.to_raw())
-        .set_mkey_index(mkey >> 8);
-    let out = ctx.hca.cmd().exec(&inb, query_mkey_out::SIZE_BYTES)?;
+    let out = exec_query_mkey(ctx, mkey, query_mkey_out::SIZE_BYTES)?;
     let o = QueryMkeyOut::new_unchecked(&out[..]);
     let k: Mkc<&[u8]> = o.memory_key_mkey_entry();
     let mode = k.access_mode_4_2() << 2 | k.access_mode_1_0();
@@ -105,7 +106,7 @@ pub(crate) fn query_indirect(ctx: &Ctx, mkey: u32) -> Result<Option<IndirectList
     let n = (k.translations_octword_size() as usize).min(1 << 16);
     let at = query_mkey_out::BSF0_KLM0_PAS_MTT0_1.off / 8;
     let outlen = (at + n * klm::SIZE_BYTES).max(query_mkey_out::SIZE_BYTES);
-    let out = ctx.hca.cmd().exec(&inb, outlen)?;
+    let out = exec_query_mkey(ctx, mkey, outlen)?;
     let entries = out
         .get(at..)
         .unwrap_or_default()
