@@ -13,6 +13,8 @@
 //!   `ib_send_bw`, through `ibv_post_send` (`--use_old_post_send`);
 //! - perftest's Dynamically Connected runs (`-c DC`: mlx5dv DCIs and
 //!   DCTs) of the bandwidth and latency tests on two ConnectX-6 functions;
+//! - perftest `ib_write_bw`, `ib_read_bw`, `ib_send_bw` with `--odp`
+//!   (on-demand paging over vfio-user) on two ConnectX-6 functions;
 //! - the repo's C programs built against Debian's headers and linked
 //!   with the library: `examples/embed.c` (SPDK-style embedding),
 //!   `examples/bad_use.c` (errno, never a crash), `examples/dc.c` (DC
@@ -438,6 +440,42 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
             assert!(tc.contains("DCS num streams : 2"), "{bin}:\n{tc}");
         }
         eprintln!("{bin} -c DC (streams {streams}): {want_rows} sizes, server and client exit 0");
+    }
+}
+
+/// perftest with `--odp` (its buffers registered with
+/// `IBV_ACCESS_ON_DEMAND`, after it checked `ibv_query_device_ex`'s ODP
+/// caps), server and client as two processes on two cabled ConnectX-6
+/// functions over vfio-user: the heap buffers are made shared at
+/// registration (the server reaches memory through files), and every
+/// page the device touches comes by a page fault. WRITE, READ and SEND,
+/// every size; both sides exit 0.
+#[test]
+fn perftest_odp_between_two_processes_over_vfio_user() {
+    let s = Served::start_profile("perftest-odp", "cx6");
+    for (i, bin) in ["ib_write_bw", "ib_read_bw", "ib_send_bw"]
+        .into_iter()
+        .enumerate()
+    {
+        let args = ["--odp", "-x", "0", "-n", "5", "-a"];
+        let p = 80 + 4 * i as u16;
+        let mut r = pair(&s, bin, &args, port(p), "-p");
+        for again in 1..=3u16 {
+            if !calibration_failed(&r) {
+                break;
+            }
+            eprintln!("{bin} --odp: perftest's CPU clock calibration failed; again ({again})");
+            r = pair(&s, bin, &args, port(p + again), "-p");
+        }
+        let (ts, tc) = (text(&r.0), text(&r.1));
+        assert!(
+            r.0.status.success() && r.1.status.success(),
+            "{bin} --odp: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
+            r.0.status,
+            r.1.status
+        );
+        assert_eq!(rows(&tc), 23, "{bin} --odp client rows:\n{tc}");
+        eprintln!("{bin} --odp: 23 sizes, server and client exit 0");
     }
 }
 
