@@ -415,22 +415,7 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
         if streams {
             args.push("--log_dci_streams=2");
         }
-        let p = 40 + 4 * i as u16;
-        let mut r = pair(&s, bin, &args, port(p), "-p");
-        for again in 1..=3u16 {
-            if !calibration_failed(&r) {
-                break;
-            }
-            eprintln!("{bin} -c DC: perftest's CPU clock calibration failed; again ({again})");
-            r = pair(&s, bin, &args, port(p + again), "-p");
-        }
-        let (ts, tc) = (text(&r.0), text(&r.1));
-        assert!(
-            r.0.status.success() && r.1.status.success(),
-            "{bin} -c DC: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
-            r.0.status,
-            r.1.status
-        );
+        let (ts, tc) = pair_exit_0(&s, bin, &args, 40 + 4 * i as u16, "-c DC");
         assert!(
             tc.contains("Connection type : DC") && ts.contains("Connection type : DC"),
             "{bin}:\n{tc}"
@@ -441,6 +426,29 @@ fn perftest_dc_between_two_processes_over_vfio_user() {
         }
         eprintln!("{bin} -c DC (streams {streams}): {want_rows} sizes, server and client exit 0");
     }
+}
+
+/// [`pair`] on port `p` (three more tries on the next ports when
+/// perftest's CPU clock calibration failed, which a loaded VM makes it
+/// do); asserts both sides exit 0 and gives their outputs (server,
+/// client). `what` names the run in messages.
+fn pair_exit_0(s: &Served, bin: &str, args: &[&str], p: u16, what: &str) -> (String, String) {
+    let mut r = pair(s, bin, args, port(p), "-p");
+    for again in 1..=3u16 {
+        if !calibration_failed(&r) {
+            break;
+        }
+        eprintln!("{bin} {what}: perftest's CPU clock calibration failed; again ({again})");
+        r = pair(s, bin, args, port(p + again), "-p");
+    }
+    let (ts, tc) = (text(&r.0), text(&r.1));
+    assert!(
+        r.0.status.success() && r.1.status.success(),
+        "{bin} {what}: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
+        r.0.status,
+        r.1.status
+    );
+    (ts, tc)
 }
 
 /// perftest with `--odp` (its buffers registered with
@@ -458,22 +466,7 @@ fn perftest_odp_between_two_processes_over_vfio_user() {
         .enumerate()
     {
         let args = ["--odp", "-x", "0", "-n", "5", "-a"];
-        let p = 80 + 4 * i as u16;
-        let mut r = pair(&s, bin, &args, port(p), "-p");
-        for again in 1..=3u16 {
-            if !calibration_failed(&r) {
-                break;
-            }
-            eprintln!("{bin} --odp: perftest's CPU clock calibration failed; again ({again})");
-            r = pair(&s, bin, &args, port(p + again), "-p");
-        }
-        let (ts, tc) = (text(&r.0), text(&r.1));
-        assert!(
-            r.0.status.success() && r.1.status.success(),
-            "{bin} --odp: server {:?}:\n{ts}\nclient {:?}:\n{tc}",
-            r.0.status,
-            r.1.status
-        );
+        let (_, tc) = pair_exit_0(&s, bin, &args, 80 + 4 * i as u16, "--odp");
         assert_eq!(rows(&tc), 23, "{bin} --odp client rows:\n{tc}");
         eprintln!("{bin} --odp: 23 sizes, server and client exit 0");
     }
