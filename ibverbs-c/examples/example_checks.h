@@ -1,5 +1,5 @@
 /*
- * What the checking example programs (dc.c, mkey.c) share: CHECK, which
+ * What the checking example programs (dc.c, mkey.c, timestamp.c) share: CHECK, which
  * prints "ok: WHAT" or "FAIL: WHAT (errno N)" and counts the failures;
  * die(), which ends the program on a setup step that failed; and
  * poll_one(), which waits for one completion. Define EXAMPLE (the
@@ -27,7 +27,7 @@ static int failed;
 		}                                                             \
 	} while (0)
 
-static void die(const char *what)
+static inline void die(const char *what)
 {
 	fprintf(stderr, "%s: %s: %s\n", EXAMPLE, what, strerror(errno));
 	exit(1);
@@ -35,7 +35,7 @@ static void die(const char *what)
 
 /* Polls until one completion (spinning; the device is in this process or
  * a server of it); returns it. */
-static struct ibv_wc poll_one(struct ibv_cq *cq)
+static inline struct ibv_wc poll_one(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
 	long spins = 0;

@@ -141,6 +141,8 @@ pub type CreateQpExFn =
 /// `verbs_context.create_cq_ex`.
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`).
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 /// `verbs_context.get_srq_num`.
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
 /// `verbs_context.reg_dm_mr`.
@@ -182,7 +184,7 @@ pub struct verbs_context {
     pub destroy_wq: Unused,
     pub modify_wq: Unused,
     pub create_wq: Unused,
-    pub query_rt_values: Unused,
+    pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
@@ -302,6 +304,14 @@ pub struct ibv_tm_caps {
 pub struct ibv_cq_moderation_caps {
     pub max_cq_count: u16,
     pub max_cq_period: u16,
+}
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
 }
 
 /// `struct ibv_pci_atomic_caps`.
@@ -921,6 +931,18 @@ pub struct mlx5dv_devx_uar {
     pub page_id: u32,
     pub mmap_off: libc::off_t,
     pub comp_mask: u64,
+}
+
+/// `struct mlx5dv_clock_info` (`mlx5dv_get_clock_info`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlx5dv_clock_info {
+    pub nsec: u64,
+    pub last_cycles: u64,
+    pub frac: u64,
+    pub mult: u32,
+    pub shift: u32,
+    pub mask: u64,
 }
 
 /// `struct mlx5dv_pd`.
@@ -1621,6 +1643,12 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         [reg_addr, base_addr, page_id, mmap_off, comp_mask]
     );
     layout!(v, mlx5dv_pd, [pdn, comp_mask]);
+    layout!(
+        v,
+        mlx5dv_clock_info,
+        [nsec, last_cycles, frac, mult, shift, mask]
+    );
+    layout!(v, ibv_values_ex, [comp_mask, raw_clock]);
     layout!(v, mlx5dv_obj, [qp, cq, srq, rwq, dm, ah, pd]);
     layout!(v, mlx5dv_mkey, [lkey, rkey]);
     layout!(v, mlx5dv_mkey_conf_attr, [conf_flags, comp_mask]);

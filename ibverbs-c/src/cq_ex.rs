@@ -12,12 +12,15 @@
 //! the extended attributes.
 //!
 //! The completion being read is the CQ's `cur` (a [`Wc`], which is
-//! `ibv_wc`): each step polls one CQE into it with the driver's
-//! `Cq::poll_uninit`. Fields the driver does not report (completion
-//! timestamps, CVLAN, flow tag, tag matching) are refused at creation
+//! `ibv_wc`, and its CQE's timestamp): each step polls one CQE into it
+//! with the driver's `Cq::poll_stamped`. Completion timestamps are read
+//! as the device clock's cycles (`ibv_wc_read_completion_ts`) or as wall
+//! time (`ibv_wc_read_completion_wallclock_ns`, converted with the clock
+//! info taken at `ibv_start_poll`, as libmlx5 converts on a device whose
+//! clock is free-running); their read functions are set only on CQs that
+//! asked for them, as libmlx5 sets them. Fields the driver does not
+//! report (CVLAN, flow tag, tag matching) are refused at creation
 //! (`EOPNOTSUPP`), as libmlx5 refuses the flags a device lacks.
-
-use std::mem::MaybeUninit;
 
 use libc::{c_int, c_uint};
 use verbs::cq::Wc;
@@ -30,6 +33,14 @@ use crate::objects::{make_cq, Cq};
 /// `IBV_WC_STANDARD_FLAGS`: the fields of `ibv_wc` (byte_len, imm, qp_num,
 /// src_qp, slid, sl, dlid_path_bits), which the driver reports.
 const WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`: the CQE's device-clock stamp.
+const WC_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`: that stamp as wall
+/// time.
+const WC_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
+/// The `wc_flags` this library reports.
+const WC_OFFERED: u64 =
+    WC_STANDARD_FLAGS | WC_COMPLETION_TIMESTAMP | WC_COMPLETION_TIMESTAMP_WALLCLOCK;
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`, `IBV_CQ_INIT_ATTR_MASK_PD`.
 const MASK_FLAGS: u32 = 1 << 0;
 const MASK_PD: u32 = 1 << 1;
@@ -164,13 +175,24 @@ unsafe fn create_cq_dv(
     }
     // Fields the driver does not report, parent domains, and CQs whose
     // overrun the device would ignore are not offered.
-    if a.wc_flags & !WC_STANDARD_FLAGS != 0
+    if a.wc_flags & !WC_OFFERED != 0
         || a.comp_mask & MASK_PD != 0
         || flags & ATTR_IGNORE_OVERRUN != 0
     {
         return null_errno(libc::EOPNOTSUPP);
     }
-    make_cq(
+    // Timestamps need a device clock (a frequency to convert with), as
+    // libmlx5's wall-clock reads need the clock-info page.
+    let stamped = WC_COMPLETION_TIMESTAMP | WC_COMPLETION_TIMESTAMP_WALLCLOCK;
+    let wallclock = if a.wc_flags & stamped != 0 {
+        match ctx.vc.clock_info() {
+            Ok(i) => (a.wc_flags & WC_COMPLETION_TIMESTAMP_WALLCLOCK != 0).then_some(i),
+            Err(e) => return null_errno(crate::errno_of("ibv_create_cq_ex", &e)),
+        }
+    } else {
+        None
+    };
+    let p = make_cq(
         ctx,
         c,
         a.cqe,
@@ -179,7 +201,19 @@ unsafe fn create_cq_dv(
         a.comp_vector as usize,
         flags & ATTR_SINGLE_THREADED != 0,
         cqe_bytes,
-    )
+    );
+    if !p.is_null() {
+        // SAFETY: the CQ just made, not yet handed to the caller.
+        let cq = unsafe { &mut *(p as *mut Cq) };
+        if a.wc_flags & WC_COMPLETION_TIMESTAMP != 0 {
+            cq.c.read_completion_ts = Some(read_completion_ts);
+        }
+        if wallclock.is_some() {
+            cq.wallclock = wallclock;
+            cq.c.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
+        }
+    }
+    p
 }
 
 /// The CQ of an `ibv_cq_ex` this library made.
@@ -209,18 +243,13 @@ unsafe fn take_one(cq: *mut ibv_cq_ex) -> c_int {
     let v = unsafe { lock.locked_mut() };
     // SAFETY: `cur` is written only under the lock, through this place.
     let cur = unsafe { &mut (*p).cur };
-    let slot = std::slice::from_mut(
-        // SAFETY: `Wc` and `MaybeUninit<Wc>` have one layout; the poll
-        // writes whole completions only.
-        unsafe { &mut *(cur as *mut Wc).cast::<MaybeUninit<Wc>>() },
-    );
-    let r = v.poll_uninit(slot);
+    let r = v.poll_stamped(std::slice::from_mut(cur));
     // SAFETY: live, and the lock is held (the caller's contract).
     unsafe { Cq::polled(p, v, *r.as_ref().unwrap_or(&0)) };
     match r {
         Ok(0) => libc::ENOENT,
         Ok(_) => {
-            let (status, wr_id) = (cur.status as c_int, cur.wr_id);
+            let (status, wr_id) = (cur.wc.status as c_int, cur.wc.wr_id);
             // SAFETY: the caller's live `ibv_cq_ex` (the `Cq`'s first
             // field, apart from the lock borrowed above).
             let ex = unsafe { &mut *cq };
@@ -246,6 +275,24 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     let biased = lock.lock().leak();
     // SAFETY: written under the lock just taken.
     unsafe { (*(cq as *mut Cq)).cur_biased = biased };
+    // SAFETY: as above.
+    if unsafe { (*(cq as *mut Cq)).wallclock.is_some() } {
+        // A fresh conversion for this poll's stamps (libmlx5 retakes its
+        // `last_clock_info` here too).
+        // SAFETY: a live CQ (the data path's contract).
+        let c = unsafe { (*cq).context };
+        // SAFETY: the CQ's context outlives it.
+        let ctx = unsafe { crate::device::ctx_of(c) };
+        match ctx.vc.clock_info() {
+            // SAFETY: as above.
+            Ok(i) => unsafe { (*(cq as *mut Cq)).wallclock = Some(i) },
+            Err(e) => {
+                // SAFETY: held through the guard leaked above, not used after.
+                unsafe { lock.unlock_leaked(biased) };
+                return crate::errno_of("ibv_start_poll", &e);
+            }
+        }
+    }
     // SAFETY: live, and the lock is held.
     let r = unsafe { take_one(cq) };
     if r != 0 {
@@ -286,7 +333,22 @@ unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
 /// `cq` is live, polled by this thread between start and end.
 unsafe fn cur<'a>(cq: *mut ibv_cq_ex) -> &'a Wc {
     // SAFETY: the caller's contract; `cur` is not written while read here.
-    unsafe { &(*(cq as *const Cq)).cur }
+    unsafe { &(*(cq as *const Cq)).cur.wc }
+}
+
+/// `ibv_wc_read_completion_ts`: the CQE's device-clock stamp (cycles of
+/// `hca_core_clock` kHz).
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: the read_* contract: between start and end poll.
+    unsafe { (*(cq as *const Cq)).cur.timestamp }
+}
+
+/// `ibv_wc_read_completion_wallclock_ns`: the stamp as wall time
+/// (`mlx5dv_ts_to_ns` with the clock info of this poll).
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: the read_* contract: between start and end poll.
+    let p = unsafe { &*(cq as *const Cq) };
+    p.wallclock.map_or(0, |i| i.to_ns(p.cur.timestamp))
 }
 
 macro_rules! read_fields {

@@ -306,7 +306,7 @@ fn verbs_context_for(dev: *mut ibv_device, vc: &Context, async_fd: c_int) -> ver
         destroy_wq: None,
         modify_wq: None,
         create_wq: None,
-        query_rt_values: None,
+        query_rt_values: Some(crate::clock::query_rt_values),
         create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         priv_: std::ptr::null_mut(),
         query_device_ex: Some(query_device_ex),
@@ -550,6 +550,7 @@ unsafe extern "C" fn query_device_ex(
         ud_odp_caps: odp.ud_odp_caps,
     };
     ex.xrc_odp_caps = odp.xrc_odp_caps;
+    crate::clock::device_attr_clock(c, &mut ex);
     let n = size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's struct holds `size` bytes; we copy at most that.
     unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast::<u8>(), attr.cast::<u8>(), n) };

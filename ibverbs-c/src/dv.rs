@@ -55,8 +55,10 @@ mod ctx_mask {
     pub const SWP: u64 = 1 << 1;
     pub const STRIDING_RQ: u64 = 1 << 2;
     pub const TUNNEL_OFFLOADS: u64 = 1 << 3;
+    pub const CLOCK_INFO_UPDATE: u64 = 1 << 5;
     pub const FLOW_ACTION_FLAGS: u64 = 1 << 6;
     pub const DC_ODP_CAPS: u64 = 1 << 7;
+    pub const HCA_CORE_CLOCK: u64 = 1 << 8;
     pub const NUM_LAG_PORTS: u64 = 1 << 9;
     pub const SIGNATURE_OFFLOAD: u64 = 1 << 10;
     pub const DCI_STREAMS: u64 = 1 << 11;
@@ -70,11 +72,13 @@ mod ctx_mask {
 /// come from the HCA caps; what the driver does not do reads as none
 /// (CQE compression, software parsing, striding RQ, tunnel offloads,
 /// flow actions, signature and crypto offloads, MMO memcpy); DC's ODP
-/// caps are the device's (`verbs::device::Context::odp_caps`). Not answered (their bits stay clear): the
-/// dynamic bfreg count, the clock-info page and the HCA core clock
-/// mapping, which this library does not give out. `flags` is 0: CQEs
-/// are version 0 (QPs carry no user index) and multi-packet send is not
-/// offered.
+/// caps are the device's (`verbs::device::Context::odp_caps`). On a
+/// device with a clock: how long a clock-info snapshot stays good
+/// (`max_clock_info_update_nsec`) and where the internal timer is mapped
+/// (`hca_core_clock`, two big-endian words). Not answered (its bit stays
+/// clear): the dynamic bfreg count. `flags` is 0: CQEs are version 0
+/// (QPs carry no user index), multi-packet send is not offered, and the
+/// clock is free-running (no real-time stamps).
 #[no_mangle]
 pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_context) -> c_int {
     use ctx_mask::*;
@@ -113,6 +117,16 @@ pub extern "C" fn mlx5dv_query_device(c: *mut ibv_context, out: *mut mlx5dv_cont
     put!(TUNNEL_OFFLOADS, tunnel_offloads_caps, 0);
     put!(FLOW_ACTION_FLAGS, flow_action_flags, 0);
     put!(DC_ODP_CAPS, dc_odp_caps, ctx.vc.odp_caps().dc_odp_caps);
+    if let Ok(info) = ctx.vc.clock_info() {
+        put!(
+            CLOCK_INFO_UPDATE,
+            max_clock_info_update_nsec,
+            info.update_period_ns()
+        );
+        if let Ok(p) = ctx.vc.internal_timer_addr() {
+            put!(HCA_CORE_CLOCK, hca_core_clock, p.cast_mut().cast());
+        }
+    }
     put!(NUM_LAG_PORTS, num_lag_ports, caps.num_lag_ports());
     put!(SIGNATURE_OFFLOAD, sig_caps, mlx5dv_sig_caps::default());
     let streams = if caps.dct() {
@@ -228,7 +242,7 @@ not_offered!(
         mlx5dv_modify_qp_udp_sport, mlx5dv_reserved_qpn_alloc, mlx5dv_reserved_qpn_dealloc,
         mlx5dv_map_ah_to_qp, mlx5dv_qp_cancel_posted_send_wrs,
         mlx5dv_crypto_login_query_state, mlx5dv_crypto_logout,
-        mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector, mlx5dv_get_clock_info,
+        mlx5dv_devx_destroy_eq, mlx5dv_devx_free_msi_vector,
         efadv_query_ah,
         _mlx5dv_mkey_check, mlx5dv_crypto_login_destroy, mlx5dv_crypto_login_query, mlx5dv_dek_query, mlx5dv_destroy_flow_matcher, mlx5dv_dr_action_destroy, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_dr_domain_destroy, mlx5dv_dr_domain_sync, mlx5dv_dr_matcher_destroy, mlx5dv_dr_matcher_set_layout, mlx5dv_dr_rule_destroy, mlx5dv_dr_table_destroy, mlx5dv_dump_dr_domain, mlx5dv_sched_leaf_destroy, mlx5dv_sched_leaf_modify, mlx5dv_sched_node_destroy, mlx5dv_sched_node_modify, mlx5dv_vfio_get_events_fd, mlx5dv_vfio_process_events
 );

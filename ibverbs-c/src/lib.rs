@@ -37,6 +37,7 @@ core::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 
 pub mod abi;
 mod async_event;
+mod clock;
 mod cq_ex;
 mod datapath;
 mod dc;

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libc::{c_int, c_void};
-use verbs::cq::Wc;
 
 use crate::abi::*;
 use crate::device::{checked_ctx, CtxShared};
@@ -449,10 +448,16 @@ pub(crate) struct Cq {
     pub shared: Arc<CtxShared>,
     /// QPs on it.
     pub users: AtomicUsize,
-    /// The extended poll's current completion (`cq_ex.rs`), and how its
-    /// lock was taken: written and read only under the CQ's lock.
-    pub cur: Wc,
+    /// The extended poll's current completion and its CQE's timestamp
+    /// (`cq_ex.rs`), and how its lock was taken: written and read only
+    /// under the CQ's lock.
+    pub cur: verbs::cq::WcStamped,
     pub cur_biased: bool,
+    /// The wall-clock conversion a CQ made with
+    /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK` reads its stamps
+    /// with, retaken at each `ibv_start_poll` (libmlx5's
+    /// `last_clock_info`); `None` on any other CQ.
+    pub wallclock: Option<verbs::clock::ClockInfo>,
     /// What `ibv_poll_cq` reads, without the lock, to tell an empty CQ
     /// (`verbs::cq::CqProbe`): the current ring's probe, one of
     /// `probes`, which keeps every probe a resize replaced until the CQ
@@ -641,8 +646,9 @@ pub(crate) fn make_cq(
         channel: ch.map_or(std::ptr::null(), |c| c as *const Channel),
         shared: ctx.shared.clone(),
         users: AtomicUsize::new(0),
-        cur: Wc::default(),
+        cur: verbs::cq::WcStamped::default(),
         cur_biased: false,
+        wallclock: None,
         probe: AtomicPtr::new(probe_at.cast_mut()),
         probes: Mutex::new(vec![probe]),
         probe_ci,

@@ -18,8 +18,9 @@
 //! - the repo's C programs built against Debian's headers and linked
 //!   with the library: `examples/embed.c` (SPDK-style embedding),
 //!   `examples/bad_use.c` (errno, never a crash), `examples/dc.c` (DC
-//!   QPs through mlx5dv) and `examples/mkey.c` (mlx5dv indirect mkeys),
-//!   bytes checked.
+//!   QPs through mlx5dv), `examples/mkey.c` (mlx5dv indirect mkeys),
+//!   bytes checked, and `examples/timestamp.c` (the device clock and
+//!   completion timestamps).
 //!
 //! The binaries come from `ibverbs-utils`, `perftest` and
 //! `libibverbs-dev` (scripts/test-all.sh installs them); without them a
@@ -498,6 +499,21 @@ fn dc_qps_through_mlx5dv_move_bytes_and_refuse_bad_use() {
 #[test]
 fn mkeys_through_mlx5dv_move_bytes_where_their_layouts_say() {
     checked_example("mkey", None, 23);
+}
+
+/// The device clock in a C program built against Debian's verbs.h and
+/// mlx5dv.h (`examples/timestamp.c`): `ibv_query_device_ex`'s clock
+/// fields, `ibv_query_rt_values_ex`'s raw clock, `mlx5dv_query_device`'s
+/// clock-info period and mapped internal timer, `mlx5dv_get_clock_info`;
+/// a WRITE's completion stamp (an extended CQ with
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`) lies between raw clock readings
+/// around it and its wall time (`..._WALLCLOCK`) between `CLOCK_REALTIME`
+/// readings (a second's slack), and the header's inline `mlx5dv_ts_to_ns`
+/// over the library's clock info gives that wall time; bad use gets
+/// errnos.
+#[test]
+fn completion_timestamps_through_c_read_the_device_clock() {
+    checked_example("timestamp", None, 14);
 }
 
 /// Runs `examples/NAME.c` (built by [`build_c`]) with `MLX5_DEVICES` =

@@ -13,7 +13,8 @@
 //! (`emu:cx7`, target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what
 //! the ConnectX-4 Lx has not: device memory, on-demand paging; a third runs the mlx5
 //! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_devx`,
-//! `test_mlx5_mkey`, `test_mlx5_query_port` and `test_mlx5_uar` there
+//! `test_mlx5_mkey`, `test_mlx5_query_port`, `test_mlx5_timestamp` and
+//! `test_mlx5_uar` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
 use std::path::{Path, PathBuf};
@@ -188,7 +189,8 @@ const MUST_PASS_CX7: &[&str] = &[
 /// (docs/PYVERBS.md): mlx5dv CQs (CQE sizes, `MLX5_CQE_SIZE`, scatter to
 /// CQE per QP), DC QPs (DCIs with and without streams, stream errors and
 /// resets, the DCT over an SRQ) and indirect mkeys (KLM lists and
-/// interleaved layouts through both UMR APIs, remote invalidation).
+/// interleaved layouts through both UMR APIs, remote invalidation),
+/// completion timestamps (device clock and wall clock) and the raw clock.
 const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_128",
     "tests.test_mlx5_cq.DvCqTest.test_dv_cq_cqe_size_64",
@@ -211,6 +213,9 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_remote_invalidate",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_odp_mkey_list_new_api",
     "tests.test_mlx5_query_port.Mlx5DVQueryPortTestCase.test_dv_query_port",
+    "tests.test_mlx5_timestamp.TimeAPITest.test_query_rt_values",
+    "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_free_running_rc_traffic",
+    "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_real_time_rc_traffic",
     "tests.test_mlx5_uar.Mlx5UarTestCase.test_alloc_uar",
 ];
 
@@ -263,6 +268,7 @@ fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
             "test_mlx5_devx",
             "test_mlx5_mkey",
             "test_mlx5_query_port",
+            "test_mlx5_timestamp",
             "test_mlx5_uar",
         ],
         MUST_PASS_MLX5,

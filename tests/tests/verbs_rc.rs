@@ -471,3 +471,52 @@ fn qps_sharing_a_cq_polled_sixteen_at_a_time_free_each_send_queue() {
             .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::RdmaWrite));
     }
 }
+
+#[test]
+fn completions_carry_the_device_clock_and_convert_to_wall_time() {
+    // On a clock the test holds: two WRITEs completed 1 ms of model time
+    // apart are stamped device_frequency_khz cycles apart, and the
+    // context's clock info converts the stamps to wall times 1 ms apart.
+    let clock = vfio::clock::ManualClock::new();
+    let mut p = pair_on(1 << 16, &clock);
+    let khz = p.a.ctx.device_frequency_khz();
+    assert!(khz > 0, "the profile reports its clock");
+    let (mut qa, _qb) = qp_pair(&p, QpType::Rc, cap(4));
+    let mut stamps = Vec::new();
+    for i in 0..2u64 {
+        post_writes(&p, &mut qa, i, 1);
+        let mut wc = [verbs::cq::WcStamped::default(); 1];
+        tests::wait::until("the WRITE's completion", || {
+            p.a.cq.poll_stamped(&mut wc).expect("poll") == 1
+        });
+        assert_eq!(wc[0].wc.wr_id, i);
+        assert_eq!(wc[0].wc.status, WcStatus::Success);
+        stamps.push(wc[0].timestamp);
+        clock.advance(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(stamps[1] - stamps[0], u64::from(khz), "1 ms of cycles");
+    let info = p.a.ctx.clock_info().expect("clock info");
+    assert_eq!(info.mask, verbs::clock::CYCLES_MASK);
+    let ns = (info.to_ns(stamps[0]), info.to_ns(stamps[1]));
+    assert!(
+        (ns.1 - ns.0).abs_diff(1_000_000) <= 1,
+        "1 ms of wall time: {ns:?}"
+    );
+    // The snapshot is of the clock as the BAR shows it, beside the wall
+    // clock: the stamps lie within a second of it.
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    assert!(ns.1.abs_diff(wall) < 1_000_000_000, "{ns:?} vs {wall}");
+    // Kept until the context's clock moves on a second, then retaken.
+    assert_eq!(p.a.ctx.clock_info().unwrap(), info);
+    clock.advance(verbs::clock::CLOCK_INFO_REFRESH);
+    let now = stamps[1] + u64::from(khz) + u64::from(khz) * 1000;
+    tests::wait::until("the internal timer to catch up", || {
+        p.a.ctx.read_clock().unwrap() == now
+    });
+    let again = p.a.ctx.clock_info().unwrap();
+    assert_eq!(again.last_cycles, now & verbs::clock::CYCLES_MASK);
+    assert_eq!(again.mult, info.mult);
+}

@@ -209,23 +209,43 @@ impl Wc {
 /// C library polls into the caller's `ibv_wc` array as these, with no
 /// copy in between).
 pub trait WcSlot {
-    /// Stores `wc` here.
-    fn put(&mut self, wc: Wc);
+    /// Stores `wc`, the completion decoded from the CQE `e`.
+    fn put(&mut self, wc: Wc, e: &impl CqeFields);
 }
 
 impl WcSlot for Wc {
     #[inline(always)]
-    fn put(&mut self, wc: Wc) {
+    fn put(&mut self, wc: Wc, _: &impl CqeFields) {
         *self = wc;
     }
 }
 
 impl WcSlot for MaybeUninit<Wc> {
     #[inline(always)]
-    fn put(&mut self, wc: Wc) {
+    fn put(&mut self, wc: Wc, _: &impl CqeFields) {
         // An assignment, not `write`: stored field by field, as into a
         // `Wc`, where `write` built the value aside and copied it.
         *self = MaybeUninit::new(wc);
+    }
+}
+
+/// A completion and its CQE's timestamp (the device clock when the CQE
+/// was written, in cycles of `device_frequency_khz`: what libmlx5's
+/// `ibv_wc_read_completion_ts` reads; [`crate::clock::ClockInfo::to_ns`]
+/// makes it wall time). Polled by [`Cq::poll_stamped`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WcStamped {
+    /// The completion.
+    pub wc: Wc,
+    /// The CQE's `timestamp_h:timestamp_l`.
+    pub timestamp: u64,
+}
+
+impl WcSlot for WcStamped {
+    #[inline(always)]
+    fn put(&mut self, wc: Wc, e: &impl CqeFields) {
+        self.wc = wc;
+        self.timestamp = e.timestamp();
     }
 }
 
@@ -239,6 +259,8 @@ const FLAGS_RQPN: usize = cqe64::FLAGS_RQPN.off / 8;
 const SOP_QPN: usize = cqe64::SOP_DROP_QPN.off / 8;
 const WQE_COUNTER: usize = cqe64::WQE_COUNTER.off / 8;
 const SIGNATURE: usize = cqe64::SIGNATURE.off / 8;
+const TIMESTAMP_H: usize = cqe64::TIMESTAMP_H.off / 8;
+const TIMESTAMP_L: usize = cqe64::TIMESTAMP_L.off / 8;
 const SYNDROME: usize = err_cqe::SYNDROME.off / 8;
 const VENDOR_SYND: usize = err_cqe::VENDOR_ERR_SYND.off / 8;
 
@@ -261,6 +283,12 @@ pub trait CqeFields {
             | (u64::from(self.be16_at(WQE_COUNTER)) << 16)
             | (u64::from(self.u8_at(SIGNATURE)) << 8)
             | u64::from(self.u8_at(OP_OWN))
+    }
+    /// The device clock when the CQE was written (`timestamp_h`,
+    /// `timestamp_l`).
+    #[inline(always)]
+    fn timestamp(&self) -> u64 {
+        (u64::from(self.be32_at(TIMESTAMP_H)) << 32) | u64::from(self.be32_at(TIMESTAMP_L))
     }
     /// The bytes the CQE carries in place of its buffer (scatter to CQE):
     /// how many, or `None`. A copied CQE has only its own 64 bytes, so
@@ -642,18 +670,21 @@ fn cqe_to_wc_as<const COPY: bool>(
             }
             r
         };
-        wc.put(Wc {
-            wr_id: t.sq_complete(wqe_counter),
-            opcode,
-            byte_len,
-            qp_num: qpn,
-            ..Wc::default()
-        });
+        wc.put(
+            Wc {
+                wr_id: t.sq_complete(wqe_counter),
+                opcode,
+                byte_len,
+                qp_num: qpn,
+                ..Wc::default()
+            },
+            e,
+        );
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST {
         if op_own & (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT) != 0 {
             return scattered_recv::<COPY>(e, t, op_own, qpn, wqe_counter, wc);
         }
-        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)));
+        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)), e);
     } else {
         error_cqe_to_wc(e, t, c::cqe_opcode(op_own), qpn, wqe_counter, wc);
     }
@@ -725,17 +756,20 @@ fn complete_usual(
         let (opcode, byte_len) = req_opcode(e, s_op);
         let (wr_id, end) = t.sq_take(wqe_counter);
         *sq_end = Some(end);
-        wc.put(Wc {
-            wr_id,
-            opcode,
-            byte_len,
-            qp_num: qpn,
-            ..Wc::default()
-        });
+        wc.put(
+            Wc {
+                wr_id,
+                opcode,
+                byte_len,
+                qp_num: qpn,
+                ..Wc::default()
+            },
+            e,
+        );
         true
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST && format == 0 && !t.has_srq()
     {
-        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)));
+        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)), e);
         true
     } else {
         false
@@ -765,14 +799,17 @@ fn scattered_req<const COPY: bool>(
             None => WcStatus::GeneralErr,
         };
     }
-    wc.put(Wc {
-        wr_id: t.sq_complete(wqe_counter),
-        status,
-        opcode,
-        byte_len,
-        qp_num: qpn,
-        ..Wc::default()
-    });
+    wc.put(
+        Wc {
+            wr_id: t.sq_complete(wqe_counter),
+            status,
+            opcode,
+            byte_len,
+            qp_num: qpn,
+            ..Wc::default()
+        },
+        e,
+    );
 }
 
 /// A receive whose bytes came in the CQE (scatter to CQE, RC/UC): copied
@@ -799,17 +836,20 @@ fn scattered_recv<const COPY: bool>(
     }
     let imm = opc == CqeOpcode::RespWrImm.to_raw() || opc == CqeOpcode::RespSendImm.to_raw();
     let inv = opc == CqeOpcode::RespSendInv.to_raw();
-    wc.put(Wc {
-        wr_id: t.rq_complete(wqe_counter),
-        status,
-        opcode: WcOpcode::Recv,
-        byte_len,
-        imm_data: imm_field(e, imm, inv),
-        qp_num: qpn,
-        wc_flags: if imm { wc_flags::WITH_IMM } else { 0 }
-            | if inv { wc_flags::WITH_INV } else { 0 },
-        ..Wc::default()
-    });
+    wc.put(
+        Wc {
+            wr_id: t.rq_complete(wqe_counter),
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len,
+            imm_data: imm_field(e, imm, inv),
+            qp_num: qpn,
+            wc_flags: if imm { wc_flags::WITH_IMM } else { 0 }
+                | if inv { wc_flags::WITH_INV } else { 0 },
+            ..Wc::default()
+        },
+        e,
+    );
 }
 
 /// `ibv_wc.imm_data` of a receive: the immediate as it came (network
@@ -898,7 +938,7 @@ fn error_cqe_to_wc(
             w.status = WcStatus::GeneralErr;
         }
     }
-    wc.put(w);
+    wc.put(w, e);
 }
 
 /// The part of a CQ the QPs that use it share.
@@ -1216,6 +1256,14 @@ impl Cq {
     /// returned-many entries are written, the rest left alone.
     #[inline]
     pub fn poll_uninit(&mut self, wc: &mut [MaybeUninit<Wc>]) -> Result<usize> {
+        self.poll_slots(wc)
+    }
+
+    /// [`poll`](Self::poll) that also reads each completion's CQE
+    /// timestamp ([`WcStamped`]): for programs that asked for completion
+    /// timestamps (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`).
+    #[inline]
+    pub fn poll_stamped(&mut self, wc: &mut [WcStamped]) -> Result<usize> {
         self.poll_slots(wc)
     }
 

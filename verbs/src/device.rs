@@ -322,6 +322,8 @@ pub(crate) struct Ctx {
     pub(crate) odp: crate::odp::CtxOdp,
     /// The mkey cache while its user holds it ([`crate::mkey_cache`]).
     pub(crate) mkey_cache: Mutex<std::sync::Weak<crate::mkey_cache::MkeyCache>>,
+    /// The device clock's last wall-clock snapshot ([`crate::clock`]).
+    pub(crate) clock: crate::clock::ClockCache,
 }
 
 impl Ctx {
@@ -449,6 +451,7 @@ impl Context {
             umr: Mutex::default(),
             odp: crate::odp::CtxOdp::default(),
             mkey_cache: Mutex::default(),
+            clock: Default::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

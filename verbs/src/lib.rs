@@ -63,6 +63,7 @@ pub mod bringup;
 pub mod buf;
 pub mod caps;
 pub mod channel;
+pub mod clock;
 pub mod cmd;
 pub mod cq;
 mod dbrec;

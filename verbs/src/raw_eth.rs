@@ -340,30 +340,6 @@ impl Context {
 }
 
 impl Context {
-    /// The device's free-running clock (the init segment's internal timer,
-    /// in cycles of `device_frequency_khz`: what completions are stamped
-    /// with; rdma-core's `ibv_query_rt_values_ex` raw clock): the high
-    /// word read again after the low one, so a carry between the two reads
-    /// is never half seen.
-    pub fn read_clock(&self) -> Result<u64> {
-        use mlx5_hw::init::{ISEG_INTERNAL_TIMER_H as H, ISEG_INTERNAL_TIMER_L as L};
-        let bar = self.ctx.hca.bar();
-        for _ in 0..4 {
-            let hi = bar.read32_be(H)?;
-            let lo = bar.read32_be(L)?;
-            if bar.read32_be(H)? == hi {
-                return Ok(u64::from(hi) << 32 | u64::from(lo));
-            }
-        }
-        Err(Error::Fault(
-            "internal timer: the high word moves under every read",
-        ))
-    }
-
-    /// Whether the device strips VLAN tags on receive: `eth_net_offloads`
-    /// and the Ethernet offload caps' `vlan_cap` (as mlx5_ib checks before
-    /// `IB_QP_CREATE_CVLAN_STRIPPING`). Queried when asked, not at
-    /// bring-up.
     /// Whether the device parses some tunnel for its offloads
     /// (`tunnel_stateless_vxlan` or `tunnel_stateless_gre`), as mlx5_ib
     /// asks before it gives a QP `MLX5_QP_FLAG_TUNNEL_OFFLOADS`.

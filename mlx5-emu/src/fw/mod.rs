@@ -590,7 +590,11 @@ impl Firmware {
     /// clock a test holds still it does; and on a thread of its own, as
     /// real firmware's health runs beside the data path: a long data-path
     /// pass on a loaded machine is not hung firmware. A failed firmware
-    /// (an injected health failure) no longer beats.
+    /// (an injected health failure) no longer beats. So the timer a driver
+    /// reads through the BAR lags the clock by up to a tick (a card's runs
+    /// live), while a CQE's stamp is the clock itself: a wall-clock
+    /// conversion snapshot taken from the BAR (`verbs::clock`) is late by
+    /// that much.
     pub(crate) fn heartbeat(&mut self, inner: &Inner) {
         if self.dead || inner.faults.health().is_some() {
             return;
