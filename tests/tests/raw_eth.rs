@@ -1602,3 +1602,125 @@ fn compressed_receive_cqes_expand_to_the_same_packets() {
         }
     }
 }
+
+#[test]
+fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
+    // As a verbs program drives one: A's raw QP posts SENDs one WR at a
+    // time into one CQ for send and receive, B's receives under a flow
+    // into its one CQ; `Cq::poll` gives each its wr_id, opcode, bytes and
+    // the number its CQE carries (the SQ's, which is the QP's; a receive's
+    // flow tag). An unsignaled SEND completes with the signaled one after
+    // it; the rings wrap.
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX4Lx, access::LOCAL_WRITE);
+    let cap = RawQpCap {
+        log_sq_bbs: 3,
+        log_rq_wqes: 2,
+        strip_vlan: false,
+        tunnel_offloads: false,
+        striding: None,
+    };
+    let mut ca = p.a.ctx.create_cq(16, None, None).unwrap();
+    let mut cb = p.b.ctx.create_cq(16, None, None).unwrap();
+    let mut qa =
+        p.a.ctx
+            .create_raw_packet_qp_polled(&p.a.pd, &ca, &ca, cap)
+            .unwrap();
+    let mut qb =
+        p.b.ctx
+            .create_raw_packet_qp_polled(&p.b.pd, &cb, &cb, cap)
+            .unwrap();
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    steer
+        .create_flow(&udp_to(4792), FlowAction::Queue(&qb))
+        .unwrap();
+    // A flow tag could name another QP where the receive CQE names its QP.
+    assert!(steer
+        .create_flow_tagged(&udp_to(4793), FlowAction::Queue(&qb), 5)
+        .is_err());
+    // A plain (burst) raw QP refuses work requests.
+    let (mut plain, _t, _r) = raw_qp(&p.a);
+    let h = headers(7, 4792, 0);
+    let pkt = TxPkt {
+        headers: &h,
+        payload: None,
+        csum: true,
+        mss: 0,
+        vlan: None,
+    };
+    assert!(plain.post_send_wr(&pkt, 1, true).is_err());
+    let poll = |cq: &mut Cq, n: usize| verbs_common::poll_n(cq, n);
+    for round in 0..6u64 {
+        // Three frames of 64 + 8 * k bytes, each from one SGE: the first
+        // 18 bytes inline, the rest by pointer.
+        for k in 0..3u64 {
+            let sge = p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap();
+            qb.post_recv_wr(sge, round * 10 + k).unwrap();
+        }
+        for k in 0..3usize {
+            let len = 64 + 8 * k;
+            let mut frame = headers(7, 4792, len - HDRS);
+            frame.resize(len, round as u8 ^ k as u8);
+            p.a.buf.write(k * 256, &frame).unwrap();
+            let payload =
+                p.a.mr
+                    .sge((k * 256 + 18) as u64, (len - 18) as u32)
+                    .unwrap();
+            let tx = TxPkt {
+                headers: &frame[..18],
+                payload: Some(payload),
+                csum: true,
+                mss: 0,
+                vlan: None,
+            };
+            // The middle one unsignaled.
+            qa.post_send_wr(&tx, 100 + round * 10 + k as u64, k != 1)
+                .unwrap();
+        }
+        qa.ring_sends();
+        let sent = poll(&mut ca, 2);
+        assert_eq!(
+            sent.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            vec![100 + round * 10, 100 + round * 10 + 2],
+            "round {round}"
+        );
+        for w in &sent {
+            assert_eq!(w.status, verbs::cq::WcStatus::Success);
+            assert_eq!(w.opcode, verbs::cq::WcOpcode::Send);
+            assert_eq!(w.qp_num, qa.sqn());
+        }
+        let got = poll(&mut cb, 3);
+        for (k, w) in got.iter().enumerate() {
+            assert_eq!(w.status, verbs::cq::WcStatus::Success, "{w:?}");
+            assert_eq!(w.wr_id, round * 10 + k as u64);
+            assert_eq!(w.opcode, verbs::cq::WcOpcode::Recv);
+            assert_eq!(w.byte_len, 64 + 8 * k as u32);
+            // What the CQE says, as libmlx5 reports it: the flow tag.
+            assert_eq!(w.qp_num, 0);
+            // The frame as sent, but for the IPv4 and UDP checksums the
+            // device filled in (asked for).
+            let len = 64 + 8 * k;
+            let mut want = headers(7, 4792, len - HDRS);
+            want.resize(len, round as u8 ^ k as u8);
+            let mut got = read(&p.b.buf, k * RX_BUF, len);
+            assert_ne!(&got[24..26], &[0, 0], "IPv4 checksum filled in");
+            got[24..26].fill(0);
+            got[40..42].fill(0);
+            assert_eq!(got, want, "round {round}");
+        }
+    }
+    // Full rings say so.
+    for k in 0..4u64 {
+        qb.post_recv_wr(p.b.mr.sge(0, 64).unwrap(), k).unwrap();
+    }
+    assert!(matches!(
+        qb.post_recv_wr(p.b.mr.sge(0, 64).unwrap(), 9),
+        Err(verbs::Error::QueueFull(_))
+    ));
+    steer.destroy().unwrap();
+    qa.destroy().unwrap();
+    qb.destroy().unwrap();
+    // The CQs are free to go once their QPs went.
+    ca.destroy().unwrap();
+    cb.destroy().unwrap();
+    plain.destroy().unwrap();
+}

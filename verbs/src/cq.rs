@@ -261,6 +261,7 @@ const WQE_COUNTER: usize = cqe64::WQE_COUNTER.off / 8;
 const SIGNATURE: usize = cqe64::SIGNATURE.off / 8;
 const TIMESTAMP_H: usize = cqe64::TIMESTAMP_H.off / 8;
 const TIMESTAMP_L: usize = cqe64::TIMESTAMP_L.off / 8;
+const SRQN: usize = cqe64::SRQN.off / 8;
 const SYNDROME: usize = err_cqe::SYNDROME.off / 8;
 const VENDOR_SYND: usize = err_cqe::VENDOR_ERR_SYND.off / 8;
 
@@ -1503,6 +1504,30 @@ fn track<'c>(
     cache.as_ref().map(|(_, t)| &**t)
 }
 
+/// The QP a receive CQE that names no QP belongs to, if it is a raw
+/// packet QP's polled through verbs CQs: such a CQE carries the flow tag
+/// where others carry the QP number, and names its QP by `user_index` in
+/// `srqn_uidx` (`crate::raw_eth`'s `polled`). Only a QP that asked to be
+/// named so is taken (an SRQ number there names no QP).
+#[cold]
+#[inline(never)]
+fn user_index_key(
+    cache: &mut Option<(u32, Arc<WqTrack>)>,
+    shared: &CqShared,
+    e: &impl CqeFields,
+    tail: u64,
+) -> Option<u32> {
+    let opc = (tail as u8) >> c::CQE_OPCODE_SHIFT;
+    let resp = opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST
+        || opc == CqeOpcode::RespErr.to_raw();
+    if !resp {
+        return None;
+    }
+    let uidx = e.be32_at(SRQN) & c::CQE_QPN_MASK;
+    let t = track(cache, shared, uidx)?;
+    t.by_user_index.then_some(uidx)
+}
+
 /// [`track`] from the CQ's table, which refills the cache (out of line: a
 /// poll's loop keeps no registers for the table's lock and hash).
 #[inline(never)]
@@ -1538,7 +1563,11 @@ fn complete<const COPY: bool>(
     // decode): two loads of the ring are two volatile loads.
     let tail = e.tail();
     let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
-    match track(cache, shared, qpn) {
+    let key = match track(cache, shared, qpn) {
+        Some(_) => qpn,
+        None => user_index_key(cache, shared, e, tail).unwrap_or(qpn),
+    };
+    match track(cache, shared, key) {
         Some(t) => {
             cqe_to_wc_as::<COPY>(e, tail, t, wc);
             true

@@ -332,6 +332,14 @@ impl FlowSteering {
         if tag > mlx5_hw::cqe::CQE_QPN_MASK {
             return Err(Error::Invalid("flow tag wider than 24 bits"));
         }
+        // A QP polled through verbs CQs is found by its receive CQEs'
+        // user index only when their QP-number field (the tag) names no
+        // QP: a tag could name another.
+        if tag != 0 && matches!(action, FlowAction::Queue(q) if q.is_polled()) {
+            return Err(Error::Invalid(
+                "flow tag toward a raw packet QP polled through verbs CQs",
+            ));
+        }
         let (mask, value, parts) = spec.images()?;
         if spec.vxlan_vni.is_some() && !self.ctx.vxlan_flow_match()? {
             return Err(Error::NotSupported(

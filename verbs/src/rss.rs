@@ -134,7 +134,15 @@ impl Context {
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
         let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None);
-        let rqn = create_ready_rq(&ctx, pd.pdn(), cq.cqn(), cap.strip_vlan, &rx, dbrec.iova())?;
+        let rqn = create_ready_rq(
+            &ctx,
+            pd.pdn(),
+            cq.cqn(),
+            cap.strip_vlan,
+            &rx,
+            dbrec.iova(),
+            0,
+        )?;
         tracing::debug!(rqn, cqn = cq.cqn(), "ibv_create_wq");
         Ok(Wq {
             ctx,

@@ -20,6 +20,13 @@
 //! and L4 types, RSS hash, VLAN. The send and receive CQs are polled
 //! through their rings only (they must be two CQs, owned by the caller,
 //! not shared with verbs QPs).
+//!
+//! A raw packet QP may instead complete into verbs CQs ([`polled`]:
+//! `ibv_create_qp(IBV_QPT_RAW_PACKET)` as the C library offers it): one
+//! work request at a time, each with its wr_id, and the completions taken
+//! by [`Cq::poll`] beside those of other QPs.
+
+mod polled;
 
 use std::sync::Arc;
 
@@ -252,6 +259,9 @@ pub struct RawPacketQp {
     /// Segments an eMPW WQE may hold (0: the device offers none, or
     /// wants headers inline: [`Context::empw_offered`]).
     empw_ds: usize,
+    /// Completions taken by verbs CQs ([`polled`]); `None`: by
+    /// [`Self::poll_tx`] and [`Self::rx_burst`].
+    polled: Option<polled::Polled>,
 }
 
 pub(crate) fn cmd(op: Opcode, len: usize) -> Vec<u8> {
@@ -273,6 +283,19 @@ impl Context {
         if send_cq.cqn() == recv_cq.cqn() {
             return Err(Error::Invalid("raw packet QP: one CQ for send and receive"));
         }
+        self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, false)
+    }
+
+    /// The objects of a raw packet QP whose completions go to `send_cq`
+    /// and `recv_cq` (`polled`: through verbs CQs).
+    fn make_raw_packet_qp(
+        &self,
+        pd: &Pd,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        cap: RawQpCap,
+        polled: bool,
+    ) -> Result<RawPacketQp> {
         if cap.log_sq_bbs < 1 || cap.log_sq_bbs > 15 || cap.log_rq_wqes > 15 {
             return Err(Error::Invalid("raw packet QP: ring size"));
         }
@@ -332,9 +355,10 @@ impl Context {
             sq_last: 0,
             ends: vec![0; 1 << cap.log_sq_bbs],
             empw_ds,
+            polled: None,
         };
         // On an error, Drop destroys what was made.
-        qp.make_objects(pd.pdn())?;
+        qp.make_objects(pd.pdn(), polled)?;
         Ok(qp)
     }
 }
@@ -440,8 +464,9 @@ fn with_vlan_tag<'a>(
 }
 
 impl RawPacketQp {
-    /// TIS, SQ (to RDY), RQ (to RDY), TIR.
-    fn make_objects(&mut self, pdn: u32) -> Result<()> {
+    /// TIS, SQ (to RDY), RQ (to RDY), TIR; `polled`: the RQ's CQEs name
+    /// the SQ.
+    fn make_objects(&mut self, pdn: u32, polled: bool) -> Result<()> {
         let hca = &self.ctx.hca;
         let mut i = cmd(Opcode::CreateTis, create_tis_in::SIZE_BYTES);
         tisc::TRANSPORT_DOMAIN
@@ -471,6 +496,11 @@ impl RawPacketQp {
             .at(modify_sq_in::CTX.off)
             .set(&mut i, QUEUE_STATE_RDY);
         hca.cmd().exec(&i, MODIFY_OUT)?;
+        // A QP polled through verbs CQs: its receive CQEs name it by
+        // `user_index` (they carry the flow tag where others carry the
+        // QP number), its send CQEs by the SQ's number; one number, the
+        // QP's, for both ([`polled`]).
+        let uidx = if polled { self.sqn } else { 0 };
         self.rqn = create_ready_rq(
             &self.ctx,
             pdn,
@@ -478,6 +508,7 @@ impl RawPacketQp {
             self.strip_vlan,
             &self.rx,
             self.dbrec.iova(),
+            uidx,
         )?;
         let mut i = cmd(Opcode::CreateTir, create_tir_in::SIZE_BYTES);
         let ctx = create_tir_in::CTX.off;
@@ -1135,6 +1166,7 @@ impl RxRing {
 /// CREATE_RQ (cyclic over `rx`'s ring, on CQ `cqn`, counted at `dbr`;
 /// `vsd` set unless it strips VLAN tags, as mlx5_ib does) and MODIFY_RQ
 /// RST->RDY: the RQ's number.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn create_ready_rq(
     ctx: &Ctx,
     pdn: u32,
@@ -1142,11 +1174,13 @@ pub(crate) fn create_ready_rq(
     strip_vlan: bool,
     rx: &RxRing,
     dbr: vfio::Iova,
+    user_index: u32,
 ) -> Result<u32> {
     let hca = &ctx.hca;
     let mut i = cmd(Opcode::CreateRq, create_rq_in::SIZE_BYTES + 8);
     let at = create_rq_in::CTX.off;
     rqc::CQN.at(at).set(&mut i, u64::from(cqn));
+    rqc::USER_INDEX.at(at).set(&mut i, u64::from(user_index));
     rqc::VSD.at(at).set(&mut i, u64::from(!strip_vlan));
     set_wq(&mut i, at + rqc::WQ.off, pdn, &rx.ring, rx.log, rx.wqe);
     wq::DBR_ADDR.at(at + rqc::WQ.off).set(&mut i, dbr.0);
@@ -1219,6 +1253,10 @@ impl Drop for RawPacketQp {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
             tracing::warn!(error = %e, "raw packet QP teardown");
+        }
+        // The queues are gone: their CQEs left in the CQs go too.
+        if let Some(p) = self.polled.take() {
+            p.detach();
         }
         // The last reference, so that the pool deallocates the page.
         if let Some(u) = self.uar.take() {
