@@ -3,6 +3,7 @@
  * case must get verbs' answer (NULL or an error, errno set), never a
  * crash. Prints one line per check; exits with the number that failed.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -98,6 +99,75 @@ static void devx_bad_use(struct ibv_device *cx4lx, struct ibv_device *dev, char 
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device of the DevX context");
 }
 
+/* Raw packet QPs and flow rules: what verbs refuses. */
+static void raw_bad_use(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_mr *mr, char *buf,
+			struct ibv_qp *rc)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RAW_PACKET,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 17, .max_recv_sge = 1 },
+	};
+	errno = 0;
+	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL,
+	      "a raw packet QP of 17 send SGEs: EINVAL");
+	ia.cap.max_send_sge = 1;
+	struct ibv_qp *raw = ibv_create_qp(pd, &ia);
+	CHECK(raw && raw->qp_type == IBV_QPT_RAW_PACKET, "ibv_create_qp (RAW_PACKET)");
+	if (!raw)
+		return;
+	struct ibv_sge sge = { (uintptr_t)buf, 64, mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND }, *bad = NULL;
+	CHECK(ibv_post_send(raw, &wr, &bad) == EINVAL && bad == &wr,
+	      "a raw send in RESET: EINVAL, bad_wr the WR");
+	struct ibv_recv_wr rw = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 }, *rbad = NULL;
+	CHECK(ibv_post_recv(raw, &rw, &rbad) == EINVAL && rbad == &rw,
+	      "a raw receive in RESET: EINVAL, bad_wr the WR");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR };
+	CHECK(ibv_modify_qp(raw, &a, IBV_QP_STATE) == EINVAL, "raw RESET -> RTR: EINVAL");
+	a = (struct ibv_qp_attr){ .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	int ok = !ibv_modify_qp(raw, &a, IBV_QP_STATE | IBV_QP_PORT);
+	a.qp_state = IBV_QPS_RTR;
+	ok = ok && !ibv_modify_qp(raw, &a, IBV_QP_STATE);
+	a.qp_state = IBV_QPS_RTS;
+	ok = ok && !ibv_modify_qp(raw, &a, IBV_QP_STATE);
+	CHECK(ok && raw->state == IBV_QPS_RTS, "raw RESET -> INIT -> RTR -> RTS");
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	CHECK(ibv_post_send(raw, &wr, &bad) == EINVAL && bad == &wr,
+	      "an RDMA WRITE on a raw packet QP: EINVAL");
+	struct ibv_sge two[2] = { sge, sge };
+	rw.sg_list = two;
+	rw.num_sge = 2;
+	CHECK(ibv_post_recv(raw, &rw, &rbad) == EINVAL && rbad == &rw,
+	      "a raw receive of more SGEs than the QP takes: EINVAL");
+	struct {
+		struct ibv_flow_attr attr;
+		struct ibv_flow_spec_tcp_udp udp;
+	} fa = {
+		.attr = { .type = IBV_FLOW_ATTR_NORMAL, .size = sizeof(fa), .num_of_specs = 1,
+			  .port = 1 },
+		.udp = { .type = IBV_FLOW_SPEC_UDP, .size = sizeof(struct ibv_flow_spec_tcp_udp),
+			 .val = { .dst_port = htons(4791) }, .mask = { .dst_port = htons(0xff00) } },
+	};
+	errno = 0;
+	CHECK(!ibv_create_flow(raw, &fa.attr) && errno == EOPNOTSUPP,
+	      "a flow rule of a partial port mask: EOPNOTSUPP");
+	fa.udp.mask.dst_port = 0xffff;
+	errno = 0;
+	CHECK(!ibv_create_flow(rc, &fa.attr) && errno == EOPNOTSUPP,
+	      "a flow rule toward an RC QP: EOPNOTSUPP");
+	fa.attr.port = 2;
+	errno = 0;
+	CHECK(!ibv_create_flow(raw, &fa.attr) && errno == EOPNOTSUPP,
+	      "a flow rule on port 2: EOPNOTSUPP");
+	fa.attr.port = 1;
+	struct ibv_flow *f = ibv_create_flow(raw, &fa.attr);
+	CHECK(f != NULL, "ibv_create_flow (a UDP port)");
+	CHECK(ibv_destroy_qp(raw) == EBUSY, "ibv_destroy_qp of a raw packet QP with a flow: EBUSY");
+	CHECK(f && ibv_destroy_flow(f) == 0, "ibv_destroy_flow");
+	CHECK(ibv_destroy_qp(raw) == 0, "ibv_destroy_qp of the raw packet QP");
+}
+
 int main(void)
 {
 	struct ibv_device **list;
@@ -153,10 +223,10 @@ int main(void)
 		struct ibv_poll_cq_attr pa = { 0 };
 		struct ibv_cq_ex *cx;
 
-		ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+		ca.wc_flags = IBV_WC_EX_WITH_FLOW_TAG;
 		errno = 0;
 		CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EOPNOTSUPP,
-		      "ibv_create_cq_ex with completion timestamps: EOPNOTSUPP");
+		      "ibv_create_cq_ex with flow tags: EOPNOTSUPP");
 		ca.wc_flags = IBV_WC_STANDARD_FLAGS;
 		ca.comp_mask = 1u << 7;
 		errno = 0;
@@ -183,6 +253,8 @@ int main(void)
 	ia.qp_type = IBV_QPT_RC;
 	qp = ibv_create_qp(pd, &ia);
 	CHECK(qp != NULL, "ibv_create_qp");
+
+	raw_bad_use(pd, cq, mr, buf, qp);
 
 	struct ibv_sge sge = { (uintptr_t)buf, 64, mr->lkey };
 	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,

@@ -134,10 +134,12 @@ int main(void)
 	};
 	CHECK(!mlx5dv_query_device(a.ctx, &dvc) &&
 	      dvc.comp_mask == (MLX5DV_CONTEXT_MASK_DCI_STREAMS |
-				MLX5DV_CONTEXT_MASK_CQE_COMPRESION) &&
+				MLX5DV_CONTEXT_MASK_CQE_COMPRESION |
+				MLX5DV_CONTEXT_MASK_HCA_CORE_CLOCK) &&
 	      dvc.dci_streams_caps.max_log_num_concurent >= 1 &&
-	      dvc.dci_streams_caps.max_log_num_errored >= 1 && dvc.cqe_comp_caps.max_num == 0,
-	      "mlx5dv_query_device: DCI stream limits, no CQE compression, no clock mapping");
+	      dvc.dci_streams_caps.max_log_num_errored >= 1 && dvc.cqe_comp_caps.max_num == 0 &&
+	      dvc.hca_core_clock != NULL,
+	      "mlx5dv_query_device: DCI stream limits, no CQE compression, the clock's mapping");
 
 	/* B: the DC target over an SRQ, with one receive posted. */
 	struct ibv_srq_init_attr sa = { .attr = { .max_wr = 16, .max_sge = 1 } };

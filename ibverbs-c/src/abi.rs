@@ -188,9 +188,10 @@ pub struct verbs_context {
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
-    pub ibv_destroy_flow: Unused,
+    pub ibv_destroy_flow: Option<unsafe extern "C" fn(*mut ibv_flow) -> c_int>,
     pub abi_placeholder2: Unused,
-    pub ibv_create_flow: Unused,
+    pub ibv_create_flow:
+        Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_flow_attr) -> *mut ibv_flow>,
     pub abi_placeholder1: Unused,
     pub open_qp: Unused,
     pub create_qp_ex: Option<CreateQpExFn>,
@@ -312,6 +313,136 @@ pub struct ibv_cq_moderation_caps {
 pub struct ibv_values_ex {
     pub comp_mask: u32,
     pub raw_clock: libc::timespec,
+}
+
+/// `struct ibv_flow` (`ibv_create_flow`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_flow {
+    pub comp_mask: u32,
+    pub context: *mut ibv_context,
+    pub handle: u32,
+}
+
+/// `struct ibv_flow_attr`: its specs follow it in memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_attr {
+    pub comp_mask: u32,
+    pub type_: c_int,
+    pub size: u16,
+    pub priority: u16,
+    pub num_of_specs: u8,
+    pub port: u8,
+    pub flags: u32,
+}
+
+/// `struct ibv_flow_spec` header: every spec starts with it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_hdr {
+    pub type_: c_int,
+    pub size: u16,
+}
+
+/// `struct ibv_flow_eth_filter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_eth_filter {
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
+    pub ether_type: u16,
+    pub vlan_tag: u16,
+}
+
+/// `struct ibv_flow_spec_eth`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_eth {
+    pub type_: c_int,
+    pub size: u16,
+    pub val: ibv_flow_eth_filter,
+    pub mask: ibv_flow_eth_filter,
+}
+
+/// `struct ibv_flow_ipv4_filter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_ipv4_filter {
+    pub src_ip: u32,
+    pub dst_ip: u32,
+}
+
+/// `struct ibv_flow_spec_ipv4`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_ipv4 {
+    pub type_: c_int,
+    pub size: u16,
+    pub val: ibv_flow_ipv4_filter,
+    pub mask: ibv_flow_ipv4_filter,
+}
+
+/// `struct ibv_flow_ipv4_ext_filter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_ipv4_ext_filter {
+    pub src_ip: u32,
+    pub dst_ip: u32,
+    pub proto: u8,
+    pub tos: u8,
+    pub ttl: u8,
+    pub flags: u8,
+}
+
+/// `struct ibv_flow_spec_ipv4_ext`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_ipv4_ext {
+    pub type_: c_int,
+    pub size: u16,
+    pub val: ibv_flow_ipv4_ext_filter,
+    pub mask: ibv_flow_ipv4_ext_filter,
+}
+
+/// `struct ibv_flow_ipv6_filter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_ipv6_filter {
+    pub src_ip: [u8; 16],
+    pub dst_ip: [u8; 16],
+    pub flow_label: u32,
+    pub next_hdr: u8,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+}
+
+/// `struct ibv_flow_spec_ipv6`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_ipv6 {
+    pub type_: c_int,
+    pub size: u16,
+    pub val: ibv_flow_ipv6_filter,
+    pub mask: ibv_flow_ipv6_filter,
+}
+
+/// `struct ibv_flow_tcp_udp_filter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_tcp_udp_filter {
+    pub dst_port: u16,
+    pub src_port: u16,
+}
+
+/// `struct ibv_flow_spec_tcp_udp`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_flow_spec_tcp_udp {
+    pub type_: c_int,
+    pub size: u16,
+    pub val: ibv_flow_tcp_udp_filter,
+    pub mask: ibv_flow_tcp_udp_filter,
 }
 
 /// `struct ibv_pci_atomic_caps`.
@@ -1190,15 +1321,26 @@ pub struct LayoutCheck {
     pub rust: usize,
 }
 
+/// The C name of a field: its Rust name, or the one after `as` (a C
+/// field named by a Rust keyword, `type` as `type_`).
+macro_rules! c_field {
+    ($f:ident) => {
+        stringify!($f)
+    };
+    ($f:ident $c:ident) => {
+        stringify!($c)
+    };
+}
+
 macro_rules! layout {
-    ($out:ident, $t:ident, [$($f:ident),* $(,)?]) => {
+    ($out:ident, $t:ident, [$($f:ident $(as $c:ident)?),* $(,)?]) => {
         $out.push(LayoutCheck {
             c_expr: format!("sizeof(struct {})", stringify!($t)),
             rust: std::mem::size_of::<$t>(),
         });
         $(
             $out.push(LayoutCheck {
-                c_expr: format!("offsetof(struct {}, {})", stringify!($t), stringify!($f)),
+                c_expr: format!("offsetof(struct {}, {})", stringify!($t), c_field!($f $($c)?)),
                 rust: std::mem::offset_of!($t, $f),
             });
         )*
@@ -1422,8 +1564,7 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
     layout!(v, ibv_pd, [context, handle]);
     layout!(v, ibv_alloc_dm_attr, [length, log_align_req, comp_mask]);
     layout!(v, ibv_mw_bind, [wr_id, send_flags, bind_info]);
-    // (`type`, a Rust keyword, is `type_` here: its offset follows handle.)
-    layout!(v, ibv_mw, [context, pd, rkey, handle]);
+    layout!(v, ibv_mw, [context, pd, rkey, handle, type_ as type]);
     layout!(
         v,
         ibv_dm,
@@ -1649,6 +1790,39 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         [nsec, last_cycles, frac, mult, shift, mask]
     );
     layout!(v, ibv_values_ex, [comp_mask, raw_clock]);
+    layout!(v, ibv_flow, [comp_mask, context, handle]);
+    layout!(
+        v,
+        ibv_flow_attr,
+        [comp_mask, type_ as type, size, priority, num_of_specs, port, flags]
+    );
+    layout!(v, ibv_flow_spec_eth, [type_ as type, size, val, mask]);
+    layout!(
+        v,
+        ibv_flow_eth_filter,
+        [dst_mac, src_mac, ether_type, vlan_tag]
+    );
+    layout!(v, ibv_flow_spec_ipv4, [type_ as type, size, val, mask]);
+    layout!(v, ibv_flow_spec_ipv4_ext, [type_ as type, size, val, mask]);
+    layout!(
+        v,
+        ibv_flow_ipv4_ext_filter,
+        [src_ip, dst_ip, proto, tos, ttl, flags]
+    );
+    layout!(v, ibv_flow_spec_ipv6, [type_ as type, size, val, mask]);
+    layout!(
+        v,
+        ibv_flow_ipv6_filter,
+        [
+            src_ip,
+            dst_ip,
+            flow_label,
+            next_hdr,
+            traffic_class,
+            hop_limit
+        ]
+    );
+    layout!(v, ibv_flow_spec_tcp_udp, [type_ as type, size, val, mask]);
     layout!(v, mlx5dv_obj, [qp, cq, srq, rwq, dm, ah, pd]);
     layout!(v, mlx5dv_mkey, [lkey, rkey]);
     layout!(v, mlx5dv_mkey_conf_attr, [conf_flags, comp_mask]);

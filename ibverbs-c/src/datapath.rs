@@ -23,6 +23,8 @@ use crate::spin::SpinGuard;
 
 /// `IBV_WR_RDMA_WRITE` (`enum ibv_wr_opcode`).
 const IBV_WR_RDMA_WRITE: c_int = 0;
+/// `IBV_QPT_UD`: the last type of a `Qp` (RC 2, UC 3, UD 4).
+const IBV_QPT_UD: c_int = 4;
 /// `IBV_SEND_INLINE` (`enum ibv_send_flags`).
 const IBV_SEND_INLINE: libc::c_uint = 8;
 
@@ -235,17 +237,42 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    // A DC QP takes no `ibv_send_wr` (a DCI's WRs name their DCT through
+    // RC, UC and UD QPs are `Qp`s; a raw packet QP is a `RawQp`; a DC QP
+    // takes no `ibv_send_wr` (a DCI's WRs name their DCT through
     // `mlx5dv_wr_set_dc_addr`; a DCT sends nothing), and a DCT is no `Qp`.
     // SAFETY: a QP this library made (the data path's contract).
-    if qp.is_null() || unsafe { (*qp).qp_type } == crate::dc::IBV_QPT_DRIVER {
-        return post_send_failed(bad, wr, libc::EINVAL);
+    if qp.is_null() || unsafe { (*qp).qp_type } > IBV_QPT_UD {
+        // SAFETY: forwarded.
+        return unsafe { post_send_other(qp, wr, bad) };
     }
     // SAFETY: as above; not a DCT.
     let q = unsafe { &*(qp as *const Qp) };
     let mut g = q.qp.lock();
     // SAFETY: the caller's WR list and buffers (ibv_post_send's contract).
     match unsafe { post_list(&mut g, wr) } {
+        Ok(()) => 0,
+        Err((at, e)) => post_send_failed(bad, at, e),
+    }
+}
+
+/// `ibv_post_send` on a QP that is no `Qp`: a raw packet QP's frames,
+/// EINVAL for anything else (DC QPs, NULL).
+///
+/// # Safety
+///
+/// As `ibv_post_send`'s.
+#[cold]
+#[inline(never)]
+unsafe fn post_send_other(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    let Some(q) = crate::raw::raw_of(qp) else {
+        return post_send_failed(bad, wr, libc::EINVAL);
+    };
+    // SAFETY: the caller's WR list and buffers.
+    match unsafe { crate::raw::post_send(q, wr) } {
         Ok(()) => 0,
         Err((at, e)) => post_send_failed(bad, at, e),
     }
@@ -316,10 +343,18 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    // DC QPs have no receive queue (a DCT receives through its SRQ).
+    // DC QPs have no receive queue (a DCT receives through its SRQ); a
+    // raw packet QP is a `RawQp`.
     // SAFETY: a QP this library made (the data path's contract).
-    if qp.is_null() || unsafe { (*qp).qp_type } == crate::dc::IBV_QPT_DRIVER {
-        return fail_recv(bad, wr, libc::EINVAL);
+    if qp.is_null() || unsafe { (*qp).qp_type } > IBV_QPT_UD {
+        let Some(q) = crate::raw::raw_of(qp) else {
+            return fail_recv(bad, wr, libc::EINVAL);
+        };
+        // SAFETY: the caller's WR list and buffers.
+        return match unsafe { crate::raw::post_recv(q, wr) } {
+            Ok(()) => 0,
+            Err((at, e)) => fail_recv(bad, at, e),
+        };
     }
     // SAFETY: as above; not a DCT.
     let q = unsafe { &*(qp as *const Qp) };

@@ -39,6 +39,10 @@ pub(crate) struct DevEntry {
     /// The dispatcher of the device's async events to its contexts.
     events: Dispatch,
     guid: Mutex<Option<u64>>,
+    /// The device's NIC receive table for `ibv_create_flow` (`crate::raw`),
+    /// shared by its contexts: made at the first rule, destroyed with the
+    /// last context.
+    steering: Mutex<Option<verbs::flow::FlowSteering>>,
 }
 
 // SAFETY: `dev` is written once when the list is built and only read
@@ -138,6 +142,7 @@ pub(crate) fn devices() -> &'static [DevEntry] {
                 open: Mutex::new(None),
                 events: Dispatch::default(),
                 guid: Mutex::new(None),
+                steering: Mutex::new(None),
             });
         }
         out
@@ -181,6 +186,21 @@ fn function_of(e: &DevEntry) -> Result<Arc<dyn PciFunction>, String> {
     }
 }
 
+/// Runs `f` on the NIC receive table of `ctx`'s device, made if needed.
+pub(crate) fn with_steering<T>(
+    ctx: &Ctx,
+    f: impl FnOnce(&mut verbs::flow::FlowSteering) -> verbs::Result<T>,
+) -> verbs::Result<T> {
+    let mut g = lock(&devices()[ctx.dev].steering);
+    if g.is_none() {
+        *g = Some(ctx.vc.flow_steering()?);
+    }
+    match &mut *g {
+        Some(st) => f(st),
+        None => Err(verbs::Error::Closed),
+    }
+}
+
 /// The shared verbs context of device `e`, opened if needed.
 fn acquire(e: &DevEntry) -> Result<Context, i32> {
     let mut g = lock(&e.open);
@@ -212,6 +232,12 @@ fn release(e: &DevEntry) {
         None => false,
     };
     if last {
+        // The rules go with the table, before the context closes.
+        if let Some(st) = lock(&e.steering).take() {
+            if let Err(err) = st.destroy() {
+                tracing::debug!("ibv_close_device: the flow table: {err}");
+            }
+        }
         if let Some((c, _)) = g.take() {
             if let Err(err) = c.close() {
                 tracing::debug!("ibv_close_device: {err}; the HCA closes with its last object");
@@ -310,9 +336,9 @@ fn verbs_context_for(dev: *mut ibv_device, vc: &Context, async_fd: c_int) -> ver
         create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         priv_: std::ptr::null_mut(),
         query_device_ex: Some(query_device_ex),
-        ibv_destroy_flow: None,
+        ibv_destroy_flow: Some(crate::raw::destroy_flow),
         abi_placeholder2: None,
-        ibv_create_flow: None,
+        ibv_create_flow: Some(crate::raw::create_flow),
         abi_placeholder1: None,
         open_qp: None,
         create_qp_ex: Some(crate::qp::create_qp_ex),

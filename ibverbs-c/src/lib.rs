@@ -52,6 +52,7 @@ mod objects;
 mod odp;
 mod qp;
 mod qp_ex;
+mod raw;
 mod registry;
 mod remap;
 mod spin;

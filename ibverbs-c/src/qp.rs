@@ -194,7 +194,13 @@ pub extern "C" fn ibv_create_qp(p: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> 
         return null_errno(libc::EINVAL);
     }
     // SAFETY: the caller's attributes, non-NULL.
-    match create(p, unsafe { &mut *attr }) {
+    let a = unsafe { &mut *attr };
+    let r = if a.qp_type == crate::raw::IBV_QPT_RAW_PACKET {
+        crate::raw::create(p, a)
+    } else {
+        create(p, a)
+    };
+    match r {
         Ok(q) => q,
         Err(e) => null_errno(e),
     }
@@ -228,6 +234,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             a.create_flags,
             a.send_ops_flags
         );
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    if a.qp_type == crate::raw::IBV_QPT_RAW_PACKET && a.comp_mask & SEND_OPS_FLAGS != 0 {
+        tracing::debug!("ibv_create_qp_ex: the ibv_wr_* API on a raw packet QP is not offered");
         return null_errno(libc::EOPNOTSUPP);
     }
     let mut base = base_of(a);
@@ -384,6 +394,9 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
     if crate::dc::is_dct(p) {
         return crate::dc::modify_dct(p, a, mask);
     }
+    if let Some(q) = crate::raw::raw_of(p) {
+        return crate::raw::modify(q, a, mask);
+    }
     let Some(q) = qp_of(p) else {
         return libc::EINVAL;
     };
@@ -422,6 +435,11 @@ pub extern "C" fn ibv_query_qp(
         crate::dc::query_dct(p, unsafe { &mut *attr }, unsafe { &mut *init });
         return 0;
     }
+    if let Some(q) = crate::raw::raw_of(p) {
+        // SAFETY: the caller's out attributes, non-NULL.
+        crate::raw::query(q, unsafe { &mut *attr }, unsafe { &mut *init });
+        return 0;
+    }
     let Some(q) = qp_of(p) else {
         return libc::EINVAL;
     };
@@ -450,6 +468,9 @@ pub extern "C" fn ibv_query_qp(
 pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     if crate::dc::is_dct(p) {
         return crate::dc::destroy_dct(p);
+    }
+    if crate::raw::raw_of(p).is_some() {
+        return crate::raw::destroy(p);
     }
     if !registry::remove(p, Kind::Qp) {
         return ret_errno(libc::EINVAL);

@@ -27,6 +27,11 @@ pub(crate) enum Kind {
     DevxObj,
     DevxUmem,
     DevxUar,
+    /// A raw packet QP (`crate::raw::RawQp`): an `ibv_qp` that is not a
+    /// `Qp`.
+    RawQp,
+    /// A flow rule (`crate::raw`).
+    Flow,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

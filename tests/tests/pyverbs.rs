@@ -1,6 +1,7 @@
 //! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
 //! `test_cqex`, `test_qp`, `test_srq`, `test_qpex`, `test_addr`,
-//! `test_cq_events`, `test_relaxed_ordering`, `test_atomic`, `test_fork`) on
+//! `test_cq_events`, `test_relaxed_ordering`, `test_atomic`, `test_fork`,
+//! `test_flow`) on
 //! Debian's `python3-pyverbs`, which loads
 //! `ibverbs-c` as libibverbs.so.1, against one built-in model function
 //! (`MLX5_DEVICES=emu`). The suite is fetched by
@@ -66,10 +67,19 @@ const MUST_PASS: &[&str] = &[
     "tests.test_cqex.CQEXAPITest.test_create_cq_ex_bad_flow",
     "tests.test_cqex.CqExTestCase.test_rc_traffic_cq_ex",
     "tests.test_cqex.CqExTestCase.test_ud_traffic_cq_ex",
+    "tests.test_flow.FlowTest.test_eth_spec_flow_traffic",
+    "tests.test_flow.FlowTest.test_ipv4_spec_flow_traffic",
+    "tests.test_flow.FlowTest.test_ipv6_spec_flow_traffic",
+    "tests.test_flow.FlowTest.test_tcp_spec_flow_traffic",
+    "tests.test_flow.FlowTest.test_udp_spec_flow_traffic",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_no_attr",
+    "tests.test_qp.QPTest.test_create_raw_qp_ex_with_attr",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_sge",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_wr",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_send_sge",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_send_wr",
+    "tests.test_qp.QPTest.test_create_raw_qp_no_attr",
+    "tests.test_qp.QPTest.test_create_raw_qp_with_attr",
     "tests.test_qp.QPTest.test_create_rc_qp_ex_no_attr",
     "tests.test_qp.QPTest.test_create_rc_qp_ex_with_attr",
     "tests.test_qp.QPTest.test_create_rc_qp_no_attr",
@@ -83,6 +93,7 @@ const MUST_PASS: &[&str] = &[
     "tests.test_qp.QPTest.test_create_ud_qp_no_attr",
     "tests.test_qp.QPTest.test_create_ud_qp_with_attr",
     "tests.test_qp.QPTest.test_modify_ud_qp",
+    "tests.test_qp.QPTest.test_query_raw_qp",
     "tests.test_qp.QPTest.test_query_rc_qp",
     "tests.test_qp.QPTest.test_query_uc_qp",
     "tests.test_qp.QPTest.test_query_ud_qp",
@@ -215,6 +226,9 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_query_port.Mlx5DVQueryPortTestCase.test_dv_query_port",
     "tests.test_mlx5_timestamp.TimeAPITest.test_query_rt_values",
     "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_free_running_rc_traffic",
+    "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_free_running_recv_raw_traffic",
+    "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_free_running_send_raw_traffic",
+    "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_real_time_raw_traffic",
     "tests.test_mlx5_timestamp.TimeStampTest.test_timestamp_real_time_rc_traffic",
     "tests.test_mlx5_uar.Mlx5UarTestCase.test_alloc_uar",
 ];
@@ -237,6 +251,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
             "test_relaxed_ordering",
             "test_atomic",
             "test_fork",
+            "test_flow",
         ],
         MUST_PASS,
         "pyverbs-results.txt",

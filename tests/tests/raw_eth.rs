@@ -13,8 +13,8 @@ use verbs::cq::Cq;
 use verbs::flow::{FlowAction, FlowSpec};
 use verbs::mr::access;
 use verbs::raw_eth::{
-    RawPacketQp, RawQpCap, RxPkt, StridingRq, TxFrame, TxPkt, MAX_EMPW_INLINE, MAX_INLINE_HEADERS,
-    ONE_BLOCK_INLINE_HEADERS,
+    RawPacketQp, RawQpCap, RawSendWr, RawSges, RxPkt, StridingRq, TxFrame, TxPkt, MAX_EMPW_INLINE,
+    MAX_INLINE_HEADERS, ONE_BLOCK_INLINE_HEADERS,
 };
 use verbs::rss::{rx_hash_fields as rh, RxHashConf, Wq, WqCap};
 use verbs_common::{fill, pair_profile, read, settle, stats, Side};
@@ -1619,15 +1619,16 @@ fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
         tunnel_offloads: false,
         striding: None,
     };
+    let sges = RawSges { send: 2, recv: 2 };
     let mut ca = p.a.ctx.create_cq(16, None, None).unwrap();
     let mut cb = p.b.ctx.create_cq(16, None, None).unwrap();
     let mut qa =
         p.a.ctx
-            .create_raw_packet_qp_polled(&p.a.pd, &ca, &ca, cap)
+            .create_raw_packet_qp_polled(&p.a.pd, &ca, &ca, cap, sges)
             .unwrap();
     let mut qb =
         p.b.ctx
-            .create_raw_packet_qp_polled(&p.b.pd, &cb, &cb, cap)
+            .create_raw_packet_qp_polled(&p.b.pd, &cb, &cb, cap, sges)
             .unwrap();
     let mut steer = p.b.ctx.flow_steering().unwrap();
     steer
@@ -1640,41 +1641,58 @@ fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
     // A plain (burst) raw QP refuses work requests.
     let (mut plain, _t, _r) = raw_qp(&p.a);
     let h = headers(7, 4792, 0);
-    let pkt = TxPkt {
+    let one = RawSendWr {
+        wr_id: 1,
         headers: &h,
-        payload: None,
+        payload: &[],
         csum: true,
-        mss: 0,
-        vlan: None,
+        signaled: true,
     };
-    assert!(plain.post_send_wr(&pkt, 1, true).is_err());
+    assert!(plain.post_send_wr(&one).is_err());
+    // More pieces than the QP takes.
+    let piece = p.a.mr.sge(0, 8).unwrap();
+    let three = RawSendWr {
+        payload: &[piece, piece, piece],
+        ..one
+    };
+    assert!(matches!(
+        qa.post_send_wr(&three),
+        Err(verbs::Error::Invalid(_))
+    ));
     let poll = |cq: &mut Cq, n: usize| verbs_common::poll_n(cq, n);
     for round in 0..6u64 {
-        // Three frames of 64 + 8 * k bytes, each from one SGE: the first
-        // 18 bytes inline, the rest by pointer.
+        // Three frames of 64 + 8 * k bytes: the first 18 bytes inline, the
+        // rest by pointer (the last frame's in two pieces); each received
+        // into two buffers (40 bytes, then the rest).
         for k in 0..3u64 {
-            let sge = p.b.mr.sge(k * RX_BUF as u64, RX_BUF as u32).unwrap();
-            qb.post_recv_wr(sge, round * 10 + k).unwrap();
+            let at = k * RX_BUF as u64;
+            let bufs = [
+                p.b.mr.sge(at, 40).unwrap(),
+                p.b.mr.sge(at + 40, RX_BUF as u32 - 40).unwrap(),
+            ];
+            qb.post_recv_wr(&bufs, round * 10 + k).unwrap();
         }
         for k in 0..3usize {
             let len = 64 + 8 * k;
             let mut frame = headers(7, 4792, len - HDRS);
             frame.resize(len, round as u8 ^ k as u8);
             p.a.buf.write(k * 256, &frame).unwrap();
-            let payload =
-                p.a.mr
-                    .sge((k * 256 + 18) as u64, (len - 18) as u32)
-                    .unwrap();
-            let tx = TxPkt {
+            let at = (k * 256 + 18) as u64;
+            let rest = (len - 18) as u32;
+            let whole = [p.a.mr.sge(at, rest).unwrap()];
+            let split = [
+                p.a.mr.sge(at, 10).unwrap(),
+                p.a.mr.sge(at + 10, rest - 10).unwrap(),
+            ];
+            let wr = RawSendWr {
+                wr_id: 100 + round * 10 + k as u64,
                 headers: &frame[..18],
-                payload: Some(payload),
+                payload: if k == 2 { &split } else { &whole },
                 csum: true,
-                mss: 0,
-                vlan: None,
+                // The middle one unsignaled.
+                signaled: k != 1,
             };
-            // The middle one unsignaled.
-            qa.post_send_wr(&tx, 100 + round * 10 + k as u64, k != 1)
-                .unwrap();
+            qa.post_send_wr(&wr).unwrap();
         }
         qa.ring_sends();
         let sent = poll(&mut ca, 2);
@@ -1709,11 +1727,12 @@ fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
         }
     }
     // Full rings say so.
+    let buf = [p.b.mr.sge(0, 64).unwrap()];
     for k in 0..4u64 {
-        qb.post_recv_wr(p.b.mr.sge(0, 64).unwrap(), k).unwrap();
+        qb.post_recv_wr(&buf, k).unwrap();
     }
     assert!(matches!(
-        qb.post_recv_wr(p.b.mr.sge(0, 64).unwrap(), 9),
+        qb.post_recv_wr(&buf, 9),
         Err(verbs::Error::QueueFull(_))
     ));
     steer.destroy().unwrap();

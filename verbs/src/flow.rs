@@ -82,6 +82,28 @@ pub struct FlowSpec {
     /// The encapsulated frame's headers (with `vxlan_vni`): the fields
     /// above, matched on the inner Ethernet frame (no tunnel in it).
     pub inner: Option<Box<FlowSpec>>,
+    /// The bits of the addresses above that must match (verbs' spec
+    /// masks: a subnet, a MAC prefix); `None`: all of them. A mask for an
+    /// address not given is ignored.
+    pub masks: AddrMasks,
+}
+
+/// Which bits of a [`FlowSpec`]'s addresses are matched (`None`: every
+/// bit), as the masks of `ibv_flow_spec_eth`, `_ipv4` and `_ipv6`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddrMasks {
+    /// Of `dmac`.
+    pub dmac: Option<[u8; 6]>,
+    /// Of `smac`.
+    pub smac: Option<[u8; 6]>,
+    /// Of `src_ipv4`.
+    pub src_ipv4: Option<[u8; 4]>,
+    /// Of `dst_ipv4`.
+    pub dst_ipv4: Option<[u8; 4]>,
+    /// Of `src_ipv6`.
+    pub src_ipv6: Option<[u8; 16]>,
+    /// Of `dst_ipv6`.
+    pub dst_ipv6: Option<[u8; 16]>,
 }
 
 /// Ethertypes and IP protocols a spec's fields imply.
@@ -198,24 +220,30 @@ impl FlowSpec {
     /// of the mask and value images.
     fn headers(&self, o: usize, m: &mut [u8], v: &mut [u8]) -> Result<()> {
         let (ethertype, ip_protocol) = self.implied()?;
-        let mut put = |f: mlx5_hw::bits::BitField, val: Option<u64>| {
+        // A field matched on the bits of `mask` (the value masked too: the
+        // device compares the masked packet with it).
+        let mut put_masked = |f: mlx5_hw::bits::BitField, val: Option<u64>, mask: u64| {
             if let Some(x) = val {
-                f.at(o).set(m, u64::MAX >> (64 - f.width));
-                f.at(o).set(v, x);
+                let mask = mask & (u64::MAX >> (64 - f.width));
+                f.at(o).set(m, mask);
+                f.at(o).set(v, x & mask);
             }
         };
-        let mac = |a: Option<[u8; 6]>| {
-            a.map(|d| {
-                let mut b = [0u8; 8];
-                b[2..].copy_from_slice(&d);
-                u64::from_be_bytes(b)
-            })
+        let mac = |a: [u8; 6]| {
+            let mut b = [0u8; 8];
+            b[2..].copy_from_slice(&a);
+            u64::from_be_bytes(b)
         };
-        let (dmac, smac) = (mac(self.dmac), mac(self.smac));
-        put(l24::DMAC_47_16, dmac.map(|x| x >> 16));
-        put(l24::DMAC_15_0, dmac.map(|x| x & 0xffff));
-        put(l24::SMAC_47_16, smac.map(|x| x >> 16));
-        put(l24::SMAC_15_0, smac.map(|x| x & 0xffff));
+        let ms = &self.masks;
+        for (a, mask, hi, lo) in [
+            (self.dmac, ms.dmac, l24::DMAC_47_16, l24::DMAC_15_0),
+            (self.smac, ms.smac, l24::SMAC_47_16, l24::SMAC_15_0),
+        ] {
+            let (x, k) = (a.map(mac), mac(mask.unwrap_or([0xff; 6])));
+            put_masked(hi, x.map(|x| x >> 16), k >> 16);
+            put_masked(lo, x.map(|x| x & 0xffff), k & 0xffff);
+        }
+        let mut put = |f: mlx5_hw::bits::BitField, val: Option<u64>| put_masked(f, val, u64::MAX);
         put(l24::CVLAN_TAG, self.vlan_id.map(|_| 1));
         put(l24::FIRST_VID, self.vlan_id.map(|id| u64::from(id & 0xfff)));
         put(l24::ETHERTYPE, ethertype.map(u64::from));
@@ -224,24 +252,30 @@ impl FlowSpec {
         put(l24::UDP_DPORT, self.udp_dport.map(u64::from));
         put(l24::TCP_SPORT, self.tcp_sport.map(u64::from));
         put(l24::TCP_DPORT, self.tcp_dport.map(u64::from));
-        let ip = |a: Option<[u8; 4]>| a.map(|x| u64::from(u32::from_be_bytes(x)));
-        put(
-            ipv4_layout::IPV4.at(l24::SRC_IPV4_SRC_IPV6.off),
-            ip(self.src_ipv4),
-        );
-        put(
-            ipv4_layout::IPV4.at(l24::DST_IPV4_DST_IPV6.off),
-            ip(self.dst_ipv4),
-        );
+        let ip = |a: [u8; 4]| u64::from(u32::from_be_bytes(a));
+        for (f, a, mask) in [
+            (l24::SRC_IPV4_SRC_IPV6, self.src_ipv4, ms.src_ipv4),
+            (l24::DST_IPV4_DST_IPV6, self.dst_ipv4, ms.dst_ipv4),
+        ] {
+            let k = ip(mask.unwrap_or([0xff; 4]));
+            put_masked(ipv4_layout::IPV4.at(f.off), a.map(ip), k);
+        }
         // IPv6 addresses: the whole 128-bit fields, byte for byte.
-        for (f, a) in [
-            (l24::SRC_IPV4_SRC_IPV6, self.src_ipv6),
-            (l24::DST_IPV4_DST_IPV6, self.dst_ipv6),
+        for (f, a, mask) in [
+            (l24::SRC_IPV4_SRC_IPV6, self.src_ipv6, ms.src_ipv6),
+            (l24::DST_IPV4_DST_IPV6, self.dst_ipv6, ms.dst_ipv6),
         ] {
             if let Some(a) = a {
+                let k = mask.unwrap_or([0xff; 16]);
                 let at = (o + f.off) / 8;
-                m[at..at + a.len()].fill(0xff);
-                v[at..at + a.len()].copy_from_slice(&a);
+                for (i, (mb, vb)) in m[at..at + 16]
+                    .iter_mut()
+                    .zip(&mut v[at..at + 16])
+                    .enumerate()
+                {
+                    *mb = k[i];
+                    *vb = a[i] & k[i];
+                }
             }
         }
         Ok(())

@@ -133,7 +133,7 @@ impl Context {
         let ring = dma.alloc_buf(RX_WQE << cap.log_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
-        let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None);
+        let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None, 1);
         let rqn = create_ready_rq(
             &ctx,
             pd.pdn(),

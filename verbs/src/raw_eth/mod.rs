@@ -28,6 +28,8 @@
 
 mod polled;
 
+pub use polled::{RawSendWr, RawSges};
+
 use std::sync::Arc;
 
 use mlx5_hw::cqe::{self as c, CqeOpcode, CqeSyndrome};
@@ -283,11 +285,12 @@ impl Context {
         if send_cq.cqn() == recv_cq.cqn() {
             return Err(Error::Invalid("raw packet QP: one CQ for send and receive"));
         }
-        self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, false)
+        self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, false, 1)
     }
 
     /// The objects of a raw packet QP whose completions go to `send_cq`
-    /// and `recv_cq` (`polled`: through verbs CQs).
+    /// and `recv_cq` (`polled`: through verbs CQs), its receive WQEs of
+    /// `rx_segs` data segments.
     fn make_raw_packet_qp(
         &self,
         pd: &Pd,
@@ -295,6 +298,7 @@ impl Context {
         recv_cq: &Cq,
         cap: RawQpCap,
         polled: bool,
+        rx_segs: usize,
     ) -> Result<RawPacketQp> {
         if cap.log_sq_bbs < 1 || cap.log_sq_bbs > 15 || cap.log_rq_wqes > 15 {
             return Err(Error::Invalid("raw packet QP: ring size"));
@@ -320,10 +324,10 @@ impl Context {
         if let Some(st) = cap.striding {
             self.check_striding(st)?;
         }
-        let rq = dma.alloc_buf(RxRing::wqe_bytes(cap.striding) << cap.log_rq_wqes)?;
+        let rq = dma.alloc_buf(RxRing::wqe_bytes(cap.striding, rx_segs) << cap.log_rq_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
-        let rx = RxRing::new(rq, &dbrec, cap.log_rq_wqes, cap.striding);
+        let rx = RxRing::new(rq, &dbrec, cap.log_rq_wqes, cap.striding, rx_segs);
         let uar = c.alloc_uar()?;
         let td = match alloc_transport_domain(&c) {
             Ok(td) => td,
@@ -992,13 +996,14 @@ impl RxRing {
         dbrec: &Dbrec,
         log: u8,
         striding: Option<StridingRq>,
+        segs: usize,
     ) -> Self {
         Self {
             ring,
             rec: dbrec.buf().clone(),
             rec_off: dbrec.offset(),
             log,
-            wqe: Self::wqe_bytes(striding),
+            wqe: Self::wqe_bytes(striding, segs),
             striding,
             used: 0,
             pc: 0,
@@ -1007,14 +1012,51 @@ impl RxRing {
         }
     }
 
-    /// Bytes of a receive WQE (`MLX5_SEND_WQE_DS` for one data segment;
-    /// a striding RQ's WQE begins with the next-WQE segment, as DPDK's
+    /// Bytes of a receive WQE (`MLX5_SEND_WQE_DS` for each of its `segs`
+    /// data segments, a power of two of them; a striding RQ's WQE, of one
+    /// segment, begins with the next-WQE segment, as DPDK's
     /// `mlx5_wqe_mprq`).
-    pub(crate) fn wqe_bytes(striding: Option<StridingRq>) -> usize {
+    pub(crate) fn wqe_bytes(striding: Option<StridingRq>, segs: usize) -> usize {
         match striding {
             Some(_) => NEXT_SEG + RX_WQE,
-            None => RX_WQE,
+            None => RX_WQE * segs.max(1).next_power_of_two(),
         }
+    }
+
+    /// Posts one receive WQE of the buffers `sg` (at most the WQE's data
+    /// segments; fewer end with the terminating lkey, as libmlx5 ends a
+    /// short scatter list) with its doorbell-record update; false when the
+    /// ring is full or `sg` does not fit.
+    pub(crate) fn post_sges(&mut self, sg: &[Sge]) -> bool {
+        let cap = self.wqe / RX_WQE;
+        if self.striding.is_some() || sg.len() > cap {
+            return false;
+        }
+        if self.pc.wrapping_sub(self.ci) >= 1u16 << self.log {
+            return false;
+        }
+        let mut wqe = vec![0u8; self.wqe];
+        for (i, seg) in wqe.chunks_exact_mut(RX_WQE).enumerate() {
+            match sg.get(i) {
+                Some(s) => {
+                    wqe_data_seg::BYTE_COUNT.set(seg, u64::from(s.length));
+                    wqe_data_seg::LKEY.set(seg, u64::from(s.lkey));
+                    wqe_data_seg::ADDR.set(seg, s.addr);
+                }
+                None => {
+                    wqe_data_seg::LKEY.set(seg, u64::from(w::TERMINATE_SCATTER_LIST_LKEY));
+                    break;
+                }
+            }
+        }
+        let mask = (1u16 << self.log) - 1;
+        let _ = self
+            .ring
+            .write(usize::from(self.pc & mask) * self.wqe, &wqe);
+        self.pc = self.pc.wrapping_add(1);
+        dma_wmb();
+        let _ = self.rec.store_u32_be(self.rec_off, u32::from(self.pc));
+        true
     }
 
     /// Posts receive buffers (one per WQE, at most the ring's free room);

@@ -17,7 +17,12 @@
 //! CQE says: the SQ's number for a send, the flow tag (0 for a rule
 //! without one) for a receive.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use mlx5_hw::eth::{ETH_WQE_L3_CSUM, ETH_WQE_L4_CSUM};
+use mlx5_hw::ifc::{wqe_ctrl_seg, wqe_data_seg, wqe_eth_seg};
+use mlx5_hw::wqe::{self as w, WqeOpcode};
 
 use crate::cq::{Cq, CqShared};
 use crate::device::Context;
@@ -26,9 +31,7 @@ use crate::pd::Pd;
 use crate::wq::WqTrack;
 use crate::{Error, Result};
 
-use super::{
-    RawPacketQp, RawQpCap, TxPkt, MAX_INLINE_HEADERS, MIN_INLINE, ONE_BLOCK_INLINE_HEADERS,
-};
+use super::{RawPacketQp, RawQpCap, BB, INLINE_START, MAX_INLINE_HEADERS, MIN_INLINE};
 
 /// The CQs a polled raw packet QP completes into and its queues' tracking.
 #[derive(Debug)]
@@ -36,6 +39,8 @@ pub(super) struct Polled {
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     t: Arc<WqTrack>,
+    /// Payload pieces a send WR may have.
+    send_sges: usize,
 }
 
 impl Polled {
@@ -51,26 +56,60 @@ impl Polled {
     }
 }
 
+/// One send work request of a polled raw packet QP: a frame whose first
+/// bytes go inline in the WQE and whose rest is gathered from memory.
+#[derive(Debug, Clone, Copy)]
+pub struct RawSendWr<'a> {
+    /// Reported by its completion.
+    pub wr_id: u64,
+    /// The frame's first bytes, copied into the WQE (an Ethernet header at
+    /// least, at most [`MAX_INLINE_HEADERS`]; the whole frame if short).
+    pub headers: &'a [u8],
+    /// The rest of the frame, gathered in order (at most the QP's send
+    /// SGEs).
+    pub payload: &'a [Sge],
+    /// Ask the device for the IPv4 and TCP/UDP checksums.
+    pub csum: bool,
+    /// Ask for a completion.
+    pub signaled: bool,
+}
+
+/// How many data segments a polled raw packet QP's work requests carry at
+/// most: its send WRs' payload pieces and its receive WRs' buffers (each
+/// at most [`crate::qp::MAX_SGE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawSges {
+    /// Send payload pieces.
+    pub send: usize,
+    /// Receive buffers.
+    pub recv: usize,
+}
+
 impl Context {
     /// `ibv_create_qp(IBV_QPT_RAW_PACKET)` for a verbs program: a raw
     /// packet QP ([`Context::create_raw_packet_qp`]) whose work requests
     /// are posted one by one ([`RawPacketQp::post_send_wr`],
-    /// [`RawPacketQp::post_recv_wr`]) and whose completions [`Cq::poll`]
-    /// takes; `send_cq` and `recv_cq` may be one CQ, and may be shared
-    /// with other QPs.
+    /// [`RawPacketQp::post_recv_wr`]) with up to `sges` pieces each, and
+    /// whose completions [`Cq::poll`] takes; `send_cq` and `recv_cq` may
+    /// be one CQ, and may be shared with other QPs.
     pub fn create_raw_packet_qp_polled(
         &self,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
         cap: RawQpCap,
+        sges: RawSges,
     ) -> Result<RawPacketQp> {
         if cap.striding.is_some() {
             return Err(Error::Invalid(
                 "raw packet QP polled through verbs CQs: a striding RQ",
             ));
         }
-        let mut qp = self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, true)?;
+        let most = crate::qp::MAX_SGE;
+        if sges.send > most || sges.recv > most {
+            return Err(Error::Invalid("raw packet QP: more SGEs than MAX_SGE"));
+        }
+        let mut qp = self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, true, sges.recv)?;
         let t = WqTrack::by_user_index(qp.sqn, 1 << cap.log_sq_bbs, 1 << cap.log_rq_wqes);
         send_cq.shared.attach(qp.sqn, t.clone());
         recv_cq.shared.attach(qp.sqn, t.clone());
@@ -78,6 +117,7 @@ impl Context {
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
             t,
+            send_sges: sges.send,
         });
         Ok(qp)
     }
@@ -98,45 +138,68 @@ impl RawPacketQp {
         ))
     }
 
-    /// Writes one send WQE for `pkt` (as [`Self::tx_burst`] builds it),
-    /// asking for a completion when `signaled`; its completion reports
-    /// `wr_id`. No doorbell: [`Self::ring_sends`] after the list.
-    /// `QueueFull` when the ring has no room for it, `Invalid` for headers
-    /// shorter than an Ethernet header or longer than
-    /// [`MAX_INLINE_HEADERS`], a VLAN tag to insert, or LSO (not offered
-    /// through work requests).
-    pub fn post_send_wr(&mut self, pkt: &TxPkt<'_>, wr_id: u64, signaled: bool) -> Result<()> {
-        if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&pkt.headers.len())
-            || pkt.vlan.is_some()
-            || pkt.mss != 0
-        {
-            return Err(Error::Invalid("raw send: headers, VLAN insertion or LSO"));
+    /// Writes one send WQE for `wr`: control segment, Ethernet segment
+    /// with the headers inline (and the checksum flags), a data segment
+    /// per payload piece; asks for a completion when `wr.signaled`. No
+    /// doorbell: [`Self::ring_sends`] after the list. `QueueFull` when the
+    /// ring has no room for it; `Invalid` for headers shorter than an
+    /// Ethernet header (unless they are the whole frame of at least one)
+    /// or longer than [`MAX_INLINE_HEADERS`], or more pieces than the QP
+    /// takes.
+    pub fn post_send_wr(&mut self, wr: &RawSendWr<'_>) -> Result<()> {
+        let p = self.polled()?;
+        let t = p.t.clone();
+        let ihs = wr.headers.len();
+        if !(MIN_INLINE..=MAX_INLINE_HEADERS).contains(&ihs) || wr.payload.len() > p.send_sges {
+            return Err(Error::Invalid(
+                "raw send: headers out of range or too many pieces",
+            ));
         }
-        let tail = self
-            .polled()?
-            .t
-            .sq_tail
-            .load(std::sync::atomic::Ordering::Acquire) as u16;
-        let one = pkt.headers.len() <= ONE_BLOCK_INLINE_HEADERS;
-        let nbb = if one { 1 } else { 2 };
-        let used = self.sq_pc.wrapping_sub(tail);
-        if (1u16 << self.log_sq) - used < nbb {
+        // Control, Ethernet (its first two header bytes), the rest of the
+        // headers in 16-byte units, a data segment per piece.
+        let ctrl = wqe_ctrl_seg::SIZE_BYTES;
+        let eth = ctrl + wqe_eth_seg::SIZE_BYTES;
+        let data = eth + (ihs - INLINE_START).next_multiple_of(16);
+        let len = data + wqe_data_seg::SIZE_BYTES * wr.payload.len();
+        let nbb = len.div_ceil(BB) as u16;
+        let tail = t.sq_tail.load(Ordering::Acquire) as u16;
+        if (1u16 << self.log_sq) - self.sq_pc.wrapping_sub(tail) < nbb {
             return Err(Error::QueueFull("raw packet QP: send queue"));
         }
+        let mut wqe = vec![0u8; usize::from(nbb) * BB];
+        let e = &mut wqe[ctrl..];
+        if wr.csum {
+            wqe_eth_seg::CS_FLAGS.set(e, u64::from(ETH_WQE_L3_CSUM | ETH_WQE_L4_CSUM));
+        }
+        wqe_eth_seg::INLINE_HDR_SZ.set(e, ihs as u64);
+        let at = wqe_eth_seg::INLINE_HDR_START.off / 8;
+        e[at..at + ihs].copy_from_slice(wr.headers);
+        for (d, s) in wqe[data..len]
+            .chunks_exact_mut(wqe_data_seg::SIZE_BYTES)
+            .zip(wr.payload)
+        {
+            wqe_data_seg::BYTE_COUNT.set(d, u64::from(s.length));
+            wqe_data_seg::LKEY.set(d, u64::from(s.lkey));
+            wqe_data_seg::ADDR.set(d, s.addr);
+        }
+        if wr.signaled {
+            wqe_ctrl_seg::FM_CE_SE.set(&mut wqe, u64::from(w::WQE_CTRL_CQ_UPDATE));
+        }
         let first = self.sq_pc;
-        if one {
-            self.write_send_1bb(pkt);
-        } else {
-            self.write_send_2bb(pkt);
+        let mut words = [0u64; 8];
+        for (b, block) in wqe.chunks_exact(BB).enumerate() {
+            for (x, c) in words.iter_mut().zip(block.chunks_exact(8)) {
+                *x = u64::from_ne_bytes(c.try_into().unwrap_or_default());
+            }
+            if b == 0 {
+                words[0] = self.ctrl_word(first, len / 16, WqeOpcode::Send);
+            }
+            self.sq_ring
+                .store_words_at::<0, 8>(u32::from(first.wrapping_add(b as u16)), &words);
         }
-        if signaled {
-            // Control segment bytes 8..16: signature, reserved, fm_ce_se.
-            let fm = u64::from_ne_bytes([0, 0, 0, mlx5_hw::wqe::WQE_CTRL_CQ_UPDATE, 0, 0, 0, 0]);
-            self.sq_ring.store_words_at::<8, 1>(u32::from(first), &[fm]);
-        }
-        let p = self.polled()?;
+        self.advance(nbb);
         let mask = (1u16 << self.log_sq) - 1;
-        p.t.sq[usize::from(first & mask)].set(wr_id, u32::from(self.sq_pc));
+        t.sq[usize::from(first & mask)].set(wr.wr_id, u32::from(self.sq_pc));
         Ok(())
     }
 
@@ -145,20 +208,25 @@ impl RawPacketQp {
         self.ring_sq();
     }
 
-    /// Posts one receive buffer whose completion reports `wr_id`.
-    /// `QueueFull` when the ring is full.
-    pub fn post_recv_wr(&mut self, buf: Sge, wr_id: u64) -> Result<()> {
-        let p = self.polled()?;
-        let rq = p.t.clone();
+    /// Posts one receive WQE of the buffers `sg` (at most the QP's receive
+    /// SGEs; a frame fills them in order) whose completion reports
+    /// `wr_id`. `QueueFull` when the ring is full.
+    pub fn post_recv_wr(&mut self, sg: &[Sge], wr_id: u64) -> Result<()> {
+        let rq = self.polled()?.t.clone();
+        if sg.len() > self.rx.wqe / super::RX_WQE {
+            return Err(Error::Invalid(
+                "raw receive: more buffers than the QP takes",
+            ));
+        }
         // The receive ring is free up to where the CQ's poll completed it.
-        self.rx.ci = rq.rq_tail.load(std::sync::atomic::Ordering::Acquire) as u16;
-        let at = self.rx.pc;
+        self.rx.ci = rq.rq_tail.load(Ordering::Acquire) as u16;
         let mask = (1u16 << self.rx.log) - 1;
+        let at = self.rx.pc;
         if self.rx.pc.wrapping_sub(self.rx.ci) > mask {
             return Err(Error::QueueFull("raw packet QP: receive queue"));
         }
-        rq.rq_wrid[usize::from(at & mask)].store(wr_id, std::sync::atomic::Ordering::Relaxed);
-        if self.rx.post(std::slice::from_ref(&buf)) == 1 {
+        rq.rq_wrid[usize::from(at & mask)].store(wr_id, Ordering::Relaxed);
+        if self.rx.post_sges(sg) {
             Ok(())
         } else {
             Err(Error::QueueFull("raw packet QP: receive queue"))
