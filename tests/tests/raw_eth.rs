@@ -1743,3 +1743,75 @@ fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
     cb.destroy().unwrap();
     plain.destroy().unwrap();
 }
+
+#[test]
+fn address_masks_steer_a_subnet_and_a_mac_prefix() {
+    // Rules on the bits of an address (verbs' spec masks): one QP takes
+    // 10.1.0.0/16, another frames whose source MAC begins 02:00:00; the
+    // rest (10.2.0.9 from another prefix) match neither and are dropped.
+    use verbs::flow::{AddrMasks, FlowSpec};
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX4Lx, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let (mut q1, _t1, mut r1) = raw_qp(&p.b);
+    let (mut q2, _t2, mut r2) = raw_qp(&p.b);
+    for (q, base) in [(&mut q1, 0u64), (&mut q2, 0x10000)] {
+        let bufs: Vec<_> = (0..4u64)
+            .map(|k| p.b.mr.sge(base + k * RX_BUF as u64, RX_BUF as u32).unwrap())
+            .collect();
+        assert_eq!(q.post_rx(&bufs), 4);
+    }
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let subnet = FlowSpec {
+        dst_ipv4: Some([10, 1, 0, 0]),
+        masks: AddrMasks {
+            dst_ipv4: Some([255, 255, 0, 0]),
+            ..AddrMasks::default()
+        },
+        ..FlowSpec::default()
+    };
+    steer.create_flow(&subnet, FlowAction::Queue(&q1)).unwrap();
+    let prefix = FlowSpec {
+        smac: Some([0x02, 0, 0, 0xff, 0xff, 0xff]),
+        masks: AddrMasks {
+            smac: Some([0xff, 0xff, 0xff, 0, 0, 0]),
+            ..AddrMasks::default()
+        },
+        ..FlowSpec::default()
+    };
+    steer.create_flow(&prefix, FlowAction::Queue(&q2)).unwrap();
+    // To 10.1.7.7 from 04:.. (the subnet), to 10.2.0.9 from 02:00:00:..
+    // (the prefix), to 10.2.0.9 from 04:.. (neither).
+    let frame = |dst: [u8; 4], smac0: u8| {
+        let mut h = headers_between(([10, 0, 0, 1], 9), (dst, 9), 0);
+        h[6] = smac0;
+        h
+    };
+    let hs = [
+        frame([10, 1, 7, 7], 0x04),
+        frame([10, 2, 0, 9], 0x02),
+        frame([10, 2, 0, 9], 0x04),
+    ];
+    let pkts: Vec<_> = hs
+        .iter()
+        .map(|h| TxPkt {
+            headers: h,
+            payload: None,
+            csum: true,
+            mss: 0,
+            vlan: None,
+        })
+        .collect();
+    assert_eq!(qa.tx_burst(&pkts), 3);
+    tx_done(&mut qa, &mut a_tx);
+    let a = rx_n(&mut q1, &mut r1, 1);
+    assert_eq!(read(&p.b.buf, 0, 34)[30..34], [10, 1, 7, 7], "{a:?}");
+    let b = rx_n(&mut q2, &mut r2, 1);
+    assert_eq!(read(&p.b.buf, 0x10000, 14)[6], 0x02, "{b:?}");
+    settle(&p.fabric);
+    let sb = stats(&p.fabric, 1);
+    assert_eq!((sb.packets_received, sb.dropped), (3, 1));
+    steer.destroy().unwrap();
+    for q in [qa, q1, q2] {
+        q.destroy().unwrap();
+    }
+}
