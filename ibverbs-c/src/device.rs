@@ -510,6 +510,10 @@ fn fill_device_attr(c: &Ctx, a: &mut ibv_device_attr) -> Result<(), i32> {
     // ... and memory windows of both types (IBV_DEVICE_MEM_WINDOW,
     // IBV_DEVICE_MEM_WINDOW_TYPE_2B), as many as MRs (both are mkeys).
     a.device_cap_flags = (1 << 12) | (1 << 7) | (1 << 10) | (1 << 11) | (1 << 17) | (1 << 24);
+    // IBV_DEVICE_RAW_IP_CSUM: raw packet QPs' receive checksums checked.
+    if c.vc.raw_ip_csum().unwrap_or(false) {
+        a.device_cap_flags |= 1 << 26;
+    }
     a.max_sge = clamp(d.max_sge);
     a.max_sge_rd = clamp(d.max_sge);
     a.max_cq = clamp(d.max_cq);

@@ -1714,6 +1714,9 @@ fn a_raw_qp_polled_through_verbs_cqs_reports_each_work_request() {
             assert_eq!(w.byte_len, 64 + 8 * k as u32);
             // What the CQE says, as libmlx5 reports it: the flow tag.
             assert_eq!(w.qp_num, 0);
+            // The device checked the IPv4 and UDP checksums it filled in.
+            let ok = verbs::cq::wc_flags::IP_CSUM_OK;
+            assert_eq!(w.wc_flags & ok, ok, "{w:?}");
             // The frame as sent, but for the IPv4 and UDP checksums the
             // device filled in (asked for).
             let len = 64 + 8 * k;

@@ -149,6 +149,9 @@ pub mod wc_flags {
     pub const GRH: u32 = 1;
     /// IBV_WC_WITH_IMM: `imm_data` is valid.
     pub const WITH_IMM: u32 = 2;
+    /// IBV_WC_IP_CSUM_OK: a raw packet QP's frame whose IPv4 header and
+    /// TCP/UDP checksums the device found good.
+    pub const IP_CSUM_OK: u32 = 4;
     /// IBV_WC_WITH_INV: a SEND with Invalidate; `imm_data` holds the
     /// invalidated rkey (`ibv_wc`'s `invalidated_rkey`, same union).
     pub const WITH_INV: u32 = 8;
@@ -1504,6 +1507,32 @@ fn track<'c>(
     cache.as_ref().map(|(_, t)| &**t)
 }
 
+/// A raw packet QP's receive CQE (found by its user index): decoded as
+/// any receive, and `IP_CSUM_OK` where the device checked an IPv4 header
+/// and its TCP/UDP checksum good (libmlx5's `get_csum_ok`, for a raw packet
+/// QP on a device that checks them).
+#[cold]
+#[inline(never)]
+fn raw_recv_to_wc<const COPY: bool>(
+    e: &impl CqeFields,
+    tail: u64,
+    t: &WqTrack,
+    wc: &mut impl WcSlot,
+) {
+    use mlx5_hw::eth::{CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_SHIFT, CQE_L3_OK, CQE_L4_OK};
+    let mut w = Wc::default();
+    cqe_to_wc_as::<COPY>(e, tail, t, &mut w);
+    let ok = e.u8_at(cqe64::HDS_IP_EXT.off / 8);
+    let l3 = (e.u8_at(cqe64::L4_L3_HDR_TYPE.off / 8) >> CQE_L3_HDR_TYPE_SHIFT) & 0x3;
+    if w.status == WcStatus::Success
+        && ok & (CQE_L3_OK | CQE_L4_OK) == CQE_L3_OK | CQE_L4_OK
+        && l3 == CQE_L3_HDR_TYPE_IPV4
+    {
+        w.wc_flags |= wc_flags::IP_CSUM_OK;
+    }
+    wc.put(w, e);
+}
+
 /// The QP a receive CQE that names no QP belongs to, if it is a raw
 /// packet QP's polled through verbs CQs: such a CQE carries the flow tag
 /// where others carry the QP number, and names its QP by `user_index` in
@@ -1568,6 +1597,10 @@ fn complete<const COPY: bool>(
         None => user_index_key(cache, shared, e, tail).unwrap_or(qpn),
     };
     match track(cache, shared, key) {
+        Some(t) if key != qpn => {
+            raw_recv_to_wc::<COPY>(e, tail, t, wc);
+            true
+        }
         Some(t) => {
             cqe_to_wc_as::<COPY>(e, tail, t, wc);
             true

@@ -378,6 +378,15 @@ impl Context {
         }))
     }
 
+    /// Whether the device checks received IP and TCP/UDP checksums
+    /// (the Ethernet offload caps' `csum_cap`): what mlx5_ib reports as
+    /// `IB_DEVICE_RAW_IP_CSUM`. Queried when asked.
+    pub fn raw_ip_csum(&self) -> Result<bool> {
+        Ok(self
+            .eth_offload_caps()?
+            .is_some_and(|p| PerProtocolNetworkingOffloadCaps::new_unchecked(&p[..]).csum_cap()))
+    }
+
     pub(crate) fn vlan_offload(&self) -> Result<bool> {
         Ok(self
             .eth_offload_caps()?
