@@ -950,6 +950,9 @@ pub(crate) struct CqShared {
     pub(crate) cqn: u32,
     ctx: Arc<Ctx>,
     pub(crate) qps: RwLock<HashMap<u32, Arc<WqTrack>>>,
+    /// Ethernet RQs polled through this CQ, by the `user_index` their
+    /// receive CQEs carry (`crate::uidx`).
+    pub(crate) uidx: RwLock<HashMap<u32, Arc<WqTrack>>>,
     pub(crate) gen: AtomicU64,
     pub(crate) arm_sn: AtomicU32,
     /// The ring's memory (a resize replaces it).
@@ -986,6 +989,22 @@ impl CqShared {
     pub(crate) fn clean(&self, qpn: u32, srq: Option<Arc<crate::srq::SrqShared>>) {
         self.peek.request(qpn, srq);
         self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Receive CQEs carrying `user_index` `uidx` go to `t`.
+    pub(crate) fn attach_uidx(&self, uidx: u32, t: Arc<WqTrack>) {
+        self.uidx
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uidx, t);
+    }
+
+    /// Receive CQEs carrying `uidx` are dropped from now on.
+    pub(crate) fn detach_uidx(&self, uidx: u32) {
+        self.uidx
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uidx);
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -1170,6 +1189,7 @@ impl Cq {
             cqn,
             ctx: c.clone(),
             qps: RwLock::default(),
+            uidx: RwLock::default(),
             gen: AtomicU64::new(0),
             arm_sn: AtomicU32::new(0),
             region: std::sync::Mutex::new(region),
@@ -1533,19 +1553,15 @@ fn raw_recv_to_wc<const COPY: bool>(
     wc.put(w, e);
 }
 
-/// The QP a receive CQE that names no QP belongs to, if it is a raw
-/// packet QP's polled through verbs CQs: such a CQE carries the flow tag
-/// where others carry the QP number, and names its QP by `user_index` in
-/// `srqn_uidx` (`crate::raw_eth`'s `polled`). Only a QP that asked to be
-/// named so is taken (an SRQ number there names no QP).
+/// The queue a receive CQE that names no QP belongs to, if it is an
+/// Ethernet RQ's polled through verbs CQs (a raw packet QP's, a WQ's):
+/// such a CQE carries the flow tag where others carry the QP number, and
+/// names its RQ by `user_index` in `srqn_uidx`, which the CQ's
+/// user-index table maps (a namespace of its own, as libmlx5's `uidx`;
+/// not the poll's cache, whose keys are QP numbers).
 #[cold]
 #[inline(never)]
-fn user_index_key(
-    cache: &mut Option<(u32, Arc<WqTrack>)>,
-    shared: &CqShared,
-    e: &impl CqeFields,
-    tail: u64,
-) -> Option<u32> {
+fn by_user_index(shared: &CqShared, e: &impl CqeFields, tail: u64) -> Option<Arc<WqTrack>> {
     let opc = (tail as u8) >> c::CQE_OPCODE_SHIFT;
     let resp = opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST
         || opc == CqeOpcode::RespErr.to_raw();
@@ -1553,8 +1569,12 @@ fn user_index_key(
         return None;
     }
     let uidx = e.be32_at(SRQN) & c::CQE_QPN_MASK;
-    let t = track(cache, shared, uidx)?;
-    t.by_user_index.then_some(uidx)
+    shared
+        .uidx
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&uidx)
+        .cloned()
 }
 
 /// [`track`] from the CQ's table, which refills the cache (out of line: a
@@ -1592,27 +1612,19 @@ fn complete<const COPY: bool>(
     // decode): two loads of the ring are two volatile loads.
     let tail = e.tail();
     let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
-    let key = match track(cache, shared, qpn) {
-        Some(_) => qpn,
-        None => user_index_key(cache, shared, e, tail).unwrap_or(qpn),
-    };
-    match track(cache, shared, key) {
-        Some(t) if key != qpn => {
-            raw_recv_to_wc::<COPY>(e, tail, t, wc);
-            true
-        }
-        Some(t) => {
-            cqe_to_wc_as::<COPY>(e, tail, t, wc);
-            true
-        }
-        None => {
-            // A QP destroyed while the poll was under way (its CQEs are
-            // otherwise cleaned before the poll): nobody to report to.
-            tracing::debug!(
-                "CQE for QP {qpn:#x}, which is not on CQ {:#x}: dropped",
-                shared.cqn
-            );
-            false
-        }
+    if let Some(t) = track(cache, shared, qpn) {
+        cqe_to_wc_as::<COPY>(e, tail, t, wc);
+        return true;
     }
+    if let Some(t) = by_user_index(shared, e, tail) {
+        raw_recv_to_wc::<COPY>(e, tail, &t, wc);
+        return true;
+    }
+    // A QP destroyed while the poll was under way (its CQEs are otherwise
+    // cleaned before the poll): nobody to report to.
+    tracing::debug!(
+        "CQE for QP {qpn:#x}, which is not on CQ {:#x}: dropped",
+        shared.cqn
+    );
+    false
 }

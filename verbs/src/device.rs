@@ -324,6 +324,8 @@ pub(crate) struct Ctx {
     pub(crate) mkey_cache: Mutex<std::sync::Weak<crate::mkey_cache::MkeyCache>>,
     /// The device clock's last wall-clock snapshot ([`crate::clock`]).
     pub(crate) clock: crate::clock::ClockCache,
+    /// User indexes of polled Ethernet RQs ([`crate::uidx`]).
+    pub(crate) uidx: crate::uidx::UidxPool,
 }
 
 impl Ctx {
@@ -452,6 +454,7 @@ impl Context {
             odp: crate::odp::CtxOdp::default(),
             mkey_cache: Mutex::default(),
             clock: Default::default(),
+            uidx: Default::default(),
         };
         let c = Context { ctx: Arc::new(ctx) };
         match c.set_gid(0, link_local_gid(mac)) {

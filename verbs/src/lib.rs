@@ -96,6 +96,7 @@ pub mod shared;
 pub mod srq;
 pub mod uar;
 pub mod uffd;
+mod uidx;
 pub mod umr;
 pub mod vma;
 pub mod wq;

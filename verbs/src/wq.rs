@@ -69,9 +69,6 @@ pub struct WqTrack {
     /// last told), set by the send ring: how much send work is in flight
     /// ([`sends_in_flight`](Self::sends_in_flight)).
     pub(crate) send_dbrec: std::sync::OnceLock<vfio::DmaRing<4>>,
-    /// A raw packet QP polled through verbs CQs: its receive CQEs name it
-    /// by `user_index` (`crate::raw_eth`'s `polled`), not by QP number.
-    pub(crate) by_user_index: bool,
 }
 
 impl WqTrack {
@@ -79,16 +76,6 @@ impl WqTrack {
     /// `rq_cnt` WQEs (powers of two; 0 for none).
     pub fn new(qpn: u32, sq_cnt: u32, rq_cnt: u32) -> Arc<Self> {
         Self::with_srq(qpn, sq_cnt, rq_cnt, None)
-    }
-
-    /// [`new`](Self::new) for a raw packet QP whose receive CQEs name it
-    /// by `user_index` (= `qpn`).
-    pub(crate) fn by_user_index(qpn: u32, sq_cnt: u32, rq_cnt: u32) -> Arc<Self> {
-        let mut t = Self::with_srq(qpn, sq_cnt, rq_cnt, None);
-        if let Some(m) = Arc::get_mut(&mut t) {
-            m.by_user_index = true;
-        }
-        t
     }
 
     pub(crate) fn with_srq(
@@ -110,7 +97,6 @@ impl WqTrack {
             recv_view: std::sync::OnceLock::new(),
             send_view: std::sync::OnceLock::new(),
             send_dbrec: std::sync::OnceLock::new(),
-            by_user_index: false,
         })
     }
 

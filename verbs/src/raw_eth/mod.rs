@@ -285,19 +285,19 @@ impl Context {
         if send_cq.cqn() == recv_cq.cqn() {
             return Err(Error::Invalid("raw packet QP: one CQ for send and receive"));
         }
-        self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, false, 1)
+        self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, None, 1)
     }
 
     /// The objects of a raw packet QP whose completions go to `send_cq`
-    /// and `recv_cq` (`polled`: through verbs CQs), its receive WQEs of
-    /// `rx_segs` data segments.
+    /// and `recv_cq`, its RQ created with user index `uidx` (polled
+    /// through verbs CQs) and receive WQEs of `rx_segs` data segments.
     fn make_raw_packet_qp(
         &self,
         pd: &Pd,
         send_cq: &Cq,
         recv_cq: &Cq,
         cap: RawQpCap,
-        polled: bool,
+        uidx: Option<u32>,
         rx_segs: usize,
     ) -> Result<RawPacketQp> {
         if cap.log_sq_bbs < 1 || cap.log_sq_bbs > 15 || cap.log_rq_wqes > 15 {
@@ -362,7 +362,7 @@ impl Context {
             polled: None,
         };
         // On an error, Drop destroys what was made.
-        qp.make_objects(pd.pdn(), polled)?;
+        qp.make_objects(pd.pdn(), uidx.unwrap_or(0))?;
         Ok(qp)
     }
 }
@@ -477,9 +477,8 @@ fn with_vlan_tag<'a>(
 }
 
 impl RawPacketQp {
-    /// TIS, SQ (to RDY), RQ (to RDY), TIR; `polled`: the RQ's CQEs name
-    /// the SQ.
-    fn make_objects(&mut self, pdn: u32, polled: bool) -> Result<()> {
+    /// TIS, SQ (to RDY), RQ (to RDY, its CQEs carrying `uidx`), TIR.
+    fn make_objects(&mut self, pdn: u32, uidx: u32) -> Result<()> {
         let hca = &self.ctx.hca;
         let mut i = cmd(Opcode::CreateTis, create_tis_in::SIZE_BYTES);
         tisc::TRANSPORT_DOMAIN
@@ -509,11 +508,6 @@ impl RawPacketQp {
             .at(modify_sq_in::CTX.off)
             .set(&mut i, QUEUE_STATE_RDY);
         hca.cmd().exec(&i, MODIFY_OUT)?;
-        // A QP polled through verbs CQs: its receive CQEs name it by
-        // `user_index` (they carry the flow tag where others carry the
-        // QP number), its send CQEs by the SQ's number; one number, the
-        // QP's, for both ([`polled`]).
-        let uidx = if polled { self.sqn } else { 0 };
         self.rqn = create_ready_rq(
             &self.ctx,
             pdn,
@@ -1307,7 +1301,7 @@ impl Drop for RawPacketQp {
         }
         // The queues are gone: their CQEs left in the CQs go too.
         if let Some(p) = self.polled.take() {
-            p.detach();
+            p.detach(&self.ctx);
         }
         // The last reference, so that the pool deallocates the page.
         if let Some(u) = self.uar.take() {

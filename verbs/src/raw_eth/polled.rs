@@ -39,6 +39,8 @@ pub(super) struct Polled {
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     t: Arc<WqTrack>,
+    /// The RQ's user index.
+    uidx: u32,
     /// Payload pieces a send WR may have.
     send_sges: usize,
 }
@@ -46,13 +48,13 @@ pub(super) struct Polled {
 impl Polled {
     /// The queues are gone (their objects destroyed): the CQs forget the
     /// QP, and its CQEs still in them are dropped (send CQEs before the
-    /// next poll returns any; receive CQEs, which carry no QP number, as
-    /// the poll finds them: their `user_index` names no QP any more).
-    pub(super) fn detach(self) {
-        for cq in [&self.send_cq, &self.recv_cq] {
-            cq.clean(self.t.qpn(), None);
-            cq.detach(self.t.qpn());
-        }
+    /// next poll returns any; receive CQEs as the poll finds them: their
+    /// user index names no queue any more).
+    pub(super) fn detach(self, ctx: &crate::device::Ctx) {
+        self.send_cq.clean(self.t.qpn(), None);
+        self.send_cq.detach(self.t.qpn());
+        self.recv_cq.detach_uidx(self.uidx);
+        ctx.uidx.free(self.uidx);
     }
 }
 
@@ -109,14 +111,23 @@ impl Context {
         if sges.send > most || sges.recv > most {
             return Err(Error::Invalid("raw packet QP: more SGEs than MAX_SGE"));
         }
-        let mut qp = self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, true, sges.recv)?;
-        let t = WqTrack::by_user_index(qp.sqn, 1 << cap.log_sq_bbs, 1 << cap.log_rq_wqes);
+        let uidx = self.ctx.uidx.alloc()?;
+        let mut qp = match self.make_raw_packet_qp(pd, send_cq, recv_cq, cap, Some(uidx), sges.recv)
+        {
+            Ok(q) => q,
+            Err(e) => {
+                self.ctx.uidx.free(uidx);
+                return Err(e);
+            }
+        };
+        let t = WqTrack::new(qp.sqn, 1 << cap.log_sq_bbs, 1 << cap.log_rq_wqes);
         send_cq.shared.attach(qp.sqn, t.clone());
-        recv_cq.shared.attach(qp.sqn, t.clone());
+        recv_cq.shared.attach_uidx(uidx, t.clone());
         qp.polled = Some(Polled {
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
             t,
+            uidx,
             send_sges: sges.send,
         });
         Ok(qp)
