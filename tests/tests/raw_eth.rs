@@ -1818,3 +1818,102 @@ fn address_masks_steer_a_subnet_and_a_mac_prefix() {
         q.destroy().unwrap();
     }
 }
+
+#[test]
+fn polled_work_queues_share_verbs_cqs_and_report_each_receive() {
+    // As a verbs program drives RSS (rdma-core's test_rss_traffic): four
+    // WQs on two verbs CQs (WQ q on CQ q % 2), an RSS QP over them; each
+    // Microsoft-suite flow lands on the WQ its published hash picks, and
+    // `Cq::poll` on that WQ's CQ reports the wr_id posted there (the WQ's
+    // number in its top bits), the frame's bytes and the flow tag (0).
+    let p = pair_profile(1 << 20, mlx5_emu::Profile::ConnectX5, access::LOCAL_WRITE);
+    let (mut qa, mut a_tx, _a_rx) = raw_qp(&p.a);
+    let cap = WqCap {
+        log_wqes: 3,
+        strip_vlan: false,
+    };
+    let mut cqs: Vec<Cq> = (0..2)
+        .map(|_| p.b.ctx.create_cq(64, None, None).unwrap())
+        .collect();
+    let mut wqs: Vec<Wq> = (0..4)
+        .map(|q| {
+            p.b.ctx
+                .create_wq_polled(&p.b.pd, &cqs[q % 2], cap, 2)
+                .unwrap()
+        })
+        .collect();
+    // A burst WQ refuses work requests; a polled one more buffers than it
+    // takes.
+    let mut plain = p.b.ctx.create_wq(&p.b.pd, &cqs[0], cap).unwrap();
+    let one = [p.b.mr.sge(0, 64).unwrap()];
+    assert!(plain.post_recv_wr(&one, 1).is_err());
+    assert!(wqs[0].post_recv_wr(&[one[0]; 3], 1).is_err());
+    let table =
+        p.b.ctx
+            .create_rwq_ind_table(&wqs.iter().collect::<Vec<_>>())
+            .unwrap();
+    for (q, w) in wqs.iter_mut().enumerate() {
+        for k in 0..4 {
+            let at = ((q * 4 + k) * RX_BUF) as u64;
+            // Two buffers a WQE: the headers, then the rest.
+            let bufs = [
+                p.b.mr.sge(at, HDRS as u32).unwrap(),
+                p.b.mr
+                    .sge(at + HDRS as u64, (RX_BUF - HDRS) as u32)
+                    .unwrap(),
+            ];
+            w.post_recv_wr(&bufs, (q as u64) << 32 | k as u64).unwrap();
+        }
+    }
+    let conf = RxHashConf {
+        table: &table,
+        key: MS_RSS_KEY,
+        fields: rh::SRC_IPV4 | rh::DST_IPV4 | rh::SRC_PORT_UDP | rh::DST_PORT_UDP,
+    };
+    let rss = p.b.ctx.create_rss_qp(&conf).unwrap();
+    let mut steer = p.b.ctx.flow_steering().unwrap();
+    let all_udp = FlowSpec {
+        ethertype: Some(0x0800),
+        ip_protocol: Some(17),
+        ..FlowSpec::default()
+    };
+    steer.create_flow(&all_udp, FlowAction::Rss(&rss)).unwrap();
+    let mut next = [0u64; 4];
+    for (i, (src, dst, _, h_ports)) in MS_RSS_FLOWS.iter().enumerate() {
+        let mut f = headers_between(*src, *dst, 16);
+        f.extend([i as u8; 16]);
+        let pkt = TxPkt {
+            headers: &f,
+            payload: None,
+            csum: true,
+            mss: 0,
+            vlan: None,
+        };
+        assert_eq!(qa.tx_burst(&[pkt]), 1);
+        tx_done(&mut qa, &mut a_tx);
+        let q = *h_ports as usize % 4;
+        let w = verbs_common::poll_n(&mut cqs[q % 2], 1)[0];
+        assert_eq!(w.status, verbs::cq::WcStatus::Success, "flow {i}: {w:?}");
+        assert_eq!(w.wr_id, (q as u64) << 32 | next[q], "flow {i}: its WQ's WR");
+        // 58 bytes sent, padded to Ethernet's least (60).
+        assert_eq!(w.byte_len as usize, 60, "flow {i}");
+        assert_eq!(w.qp_num, 0, "flow {i}: the flow tag");
+        let at = (q * 4 + next[q] as usize) * RX_BUF;
+        assert_eq!(read(&p.b.buf, at + HDRS, 16), vec![i as u8; 16], "flow {i}");
+        next[q] += 1;
+    }
+    for cq in &mut cqs {
+        assert!(verbs_common::nothing_more(&p.fabric, cq), "nothing astray");
+    }
+    steer.destroy().unwrap();
+    rss.destroy().unwrap();
+    table.destroy().unwrap();
+    for w in wqs {
+        w.destroy().unwrap();
+    }
+    plain.destroy().unwrap();
+    for cq in cqs {
+        cq.destroy().unwrap();
+    }
+    qa.destroy().unwrap();
+}

@@ -29,14 +29,13 @@ use mlx5_hw::ifc::{
 };
 use mlx5_hw::opcode::Opcode;
 
-use crate::cq::Cq;
+use crate::cq::{Cq, CqShared};
 use crate::dbrec::Dbrec;
 use crate::device::{Context, Ctx};
 use crate::mr::Sge;
 use crate::pd::Pd;
-use crate::raw_eth::{
-    alloc_transport_domain, cmd, create_ready_rq, destroy_obj, RxPkt, RxRing, RX_WQE,
-};
+use crate::raw_eth::{alloc_transport_domain, cmd, create_ready_rq, destroy_obj, RxPkt, RxRing};
+use crate::wq::WqTrack;
 use crate::{Error, Result};
 
 /// `ibv_rx_hash_fields` (the same bits as mlx5's `MLX5_RX_HASH_*`): what
@@ -87,6 +86,17 @@ pub struct Wq {
     rqn: u32,
     rx: RxRing,
     dbrec: Dbrec,
+    /// Completions taken by its verbs CQ ([`Context::create_wq_polled`]).
+    polled: Option<WqPolled>,
+}
+
+/// A work queue's place in its verbs CQ: its tracking under the user
+/// index its receive CQEs carry (`crate::uidx`).
+#[derive(Debug)]
+struct WqPolled {
+    cq: Arc<CqShared>,
+    t: Arc<WqTrack>,
+    uidx: u32,
 }
 
 /// An indirection table of receive work queues (`ibv_rwq_ind_table`).
@@ -120,6 +130,39 @@ impl Context {
     /// `ibv_create_wq(IBV_WQT_RQ)` on `cq`, then to ready (`ibv_modify_wq`
     /// to `IBV_WQS_RDY`).
     pub fn create_wq(&self, pd: &Pd, cq: &Cq, cap: WqCap) -> Result<Wq> {
+        self.make_wq(pd, cq, cap, 0, 1)
+    }
+
+    /// [`create_wq`](Self::create_wq) for a verbs program
+    /// (`ibv_create_wq` through C): receive WQEs of up to `sges` buffers
+    /// posted one WR at a time ([`Wq::post_recv_wr`]), their completions
+    /// taken by [`Cq::poll`] (the CQ may be shared with other WQs and
+    /// QPs): the RQ's CQEs carry a user index of the context's, which the
+    /// CQ's user-index table maps to the WQ.
+    pub fn create_wq_polled(&self, pd: &Pd, cq: &Cq, cap: WqCap, sges: usize) -> Result<Wq> {
+        if sges > crate::qp::MAX_SGE {
+            return Err(Error::Invalid("work queue: more SGEs than MAX_SGE"));
+        }
+        let uidx = self.ctx.uidx.alloc()?;
+        let mut wq = match self.make_wq(pd, cq, cap, uidx, sges) {
+            Ok(w) => w,
+            Err(e) => {
+                self.ctx.uidx.free(uidx);
+                return Err(e);
+            }
+        };
+        let t = WqTrack::new(wq.rqn, 0, 1 << cap.log_wqes);
+        cq.shared.attach_uidx(uidx, t.clone());
+        wq.polled = Some(WqPolled {
+            cq: cq.shared.clone(),
+            t,
+            uidx,
+        });
+        Ok(wq)
+    }
+
+    /// A WQ on `cq` whose CQEs carry `uidx`, WQEs of `sges` buffers.
+    fn make_wq(&self, pd: &Pd, cq: &Cq, cap: WqCap, uidx: u32, sges: usize) -> Result<Wq> {
         if cap.log_wqes > 15 {
             return Err(Error::Invalid("work queue: ring size"));
         }
@@ -130,10 +173,10 @@ impl Context {
         }
         let ctx = self.ctx.clone();
         let dma = ctx.hca.dma();
-        let ring = dma.alloc_buf(RX_WQE << cap.log_wqes)?;
+        let ring = dma.alloc_buf(RxRing::wqe_bytes(None, sges) << cap.log_wqes)?;
         let dbrec = dma.alloc_dbrec()?;
         dbrec.buf().write(dbrec.offset(), &[0; 8])?;
-        let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None, 1);
+        let rx = RxRing::new(ring, &dbrec, cap.log_wqes, None, sges);
         let rqn = create_ready_rq(
             &ctx,
             pd.pdn(),
@@ -141,14 +184,15 @@ impl Context {
             cap.strip_vlan,
             &rx,
             dbrec.iova(),
-            0,
+            uidx,
         )?;
-        tracing::debug!(rqn, cqn = cq.cqn(), "ibv_create_wq");
+        tracing::debug!(rqn, cqn = cq.cqn(), uidx, "ibv_create_wq");
         Ok(Wq {
             ctx,
             rqn,
             rx,
             dbrec,
+            polled: None,
         })
     }
 
@@ -301,6 +345,21 @@ impl Wq {
         self.rx.burst(cq, out)
     }
 
+    /// Posts one receive WQE of the buffers `sg` on a WQ made by
+    /// [`Context::create_wq_polled`] (`ibv_post_wq_recv`); its completion,
+    /// from [`Cq::poll`], reports `wr_id`. `QueueFull` when the ring is
+    /// full; `Invalid` on a WQ not polled through its CQ or for more
+    /// buffers than it takes.
+    pub fn post_recv_wr(&mut self, sg: &[Sge], wr_id: u64) -> Result<()> {
+        let Some(p) = &self.polled else {
+            return Err(Error::Invalid(
+                "work queue: work requests need a WQ polled through its CQ",
+            ));
+        };
+        let t = p.t.clone();
+        self.rx.post_tracked(&t, sg, wr_id)
+    }
+
     /// `ibv_destroy_wq`.
     pub fn destroy(mut self) -> Result<()> {
         self.teardown()
@@ -321,6 +380,12 @@ impl Drop for Wq {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
             tracing::warn!(error = %e, "work queue teardown");
+        }
+        // The RQ is gone: its CQEs left in the CQ are dropped as the poll
+        // finds them (their user index names nothing any more).
+        if let Some(p) = self.polled.take() {
+            p.cq.detach_uidx(p.uidx);
+            self.ctx.uidx.free(p.uidx);
         }
     }
 }

@@ -1026,6 +1026,34 @@ impl RxRing {
         }
     }
 
+    /// [`post_sges`](Self::post_sges) for a queue polled through verbs CQs
+    /// ([`polled`]): the ring free up to where the CQ's poll completed it
+    /// (`t`'s receive tail), `wr_id` recorded for the completion.
+    /// `QueueFull` when the ring is full, `Invalid` for more buffers than
+    /// a WQE holds.
+    pub(crate) fn post_tracked(
+        &mut self,
+        t: &crate::wq::WqTrack,
+        sg: &[Sge],
+        wr_id: u64,
+    ) -> Result<()> {
+        if sg.len() > self.wqe / RX_WQE {
+            return Err(Error::Invalid("receive: more buffers than a WQE holds"));
+        }
+        self.ci = t.rq_tail.load(std::sync::atomic::Ordering::Acquire) as u16;
+        let mask = (1u16 << self.log) - 1;
+        let at = self.pc;
+        if self.pc.wrapping_sub(self.ci) > mask {
+            return Err(Error::QueueFull("receive queue"));
+        }
+        t.rq_wrid[usize::from(at & mask)].store(wr_id, std::sync::atomic::Ordering::Relaxed);
+        if self.post_sges(sg) {
+            Ok(())
+        } else {
+            Err(Error::QueueFull("receive queue"))
+        }
+    }
+
     /// Posts one receive WQE of the buffers `sg` (at most the WQE's data
     /// segments; fewer end with the terminating lkey, as libmlx5 ends a
     /// short scatter list) with its doorbell-record update; false when the

@@ -223,24 +223,7 @@ impl RawPacketQp {
     /// SGEs; a frame fills them in order) whose completion reports
     /// `wr_id`. `QueueFull` when the ring is full.
     pub fn post_recv_wr(&mut self, sg: &[Sge], wr_id: u64) -> Result<()> {
-        let rq = self.polled()?.t.clone();
-        if sg.len() > self.rx.wqe / super::RX_WQE {
-            return Err(Error::Invalid(
-                "raw receive: more buffers than the QP takes",
-            ));
-        }
-        // The receive ring is free up to where the CQ's poll completed it.
-        self.rx.ci = rq.rq_tail.load(Ordering::Acquire) as u16;
-        let mask = (1u16 << self.rx.log) - 1;
-        let at = self.rx.pc;
-        if self.rx.pc.wrapping_sub(self.rx.ci) > mask {
-            return Err(Error::QueueFull("raw packet QP: receive queue"));
-        }
-        rq.rq_wrid[usize::from(at & mask)].store(wr_id, Ordering::Relaxed);
-        if self.rx.post_sges(sg) {
-            Ok(())
-        } else {
-            Err(Error::QueueFull("raw packet QP: receive queue"))
-        }
+        let t = self.polled()?.t.clone();
+        self.rx.post_tracked(&t, sg, wr_id)
     }
 }
