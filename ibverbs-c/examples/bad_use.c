@@ -166,6 +166,52 @@ static void raw_bad_use(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_mr *mr,
 	CHECK(ibv_destroy_qp(raw) == EBUSY, "ibv_destroy_qp of a raw packet QP with a flow: EBUSY");
 	CHECK(f && ibv_destroy_flow(f) == 0, "ibv_destroy_flow");
 	CHECK(ibv_destroy_qp(raw) == 0, "ibv_destroy_qp of the raw packet QP");
+
+	/* RSS: work queues, an indirection table, an RSS QP. */
+	struct ibv_wq_init_attr wa = { .wq_type = IBV_WQT_RQ, .max_wr = 8, .max_sge = 1,
+				       .pd = pd, .cq = cq };
+	struct ibv_wq *wqs[2] = { ibv_create_wq(pd->context, &wa), ibv_create_wq(pd->context, &wa) };
+	CHECK(wqs[0] && wqs[1] && wqs[0]->state == IBV_WQS_RESET, "ibv_create_wq (RESET)");
+	if (!wqs[0] || !wqs[1])
+		return;
+	struct ibv_recv_wr wr0 = { .wr_id = 3, .sg_list = &sge, .num_sge = 1 }, *wbad = NULL;
+	CHECK(ibv_post_wq_recv(wqs[0], &wr0, &wbad) == EINVAL && wbad == &wr0,
+	      "ibv_post_wq_recv in RESET: EINVAL, bad_wr the WR");
+	struct ibv_wq_attr wmod = { .attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY };
+	CHECK(ibv_modify_wq(wqs[0], &wmod) == 0 && wqs[0]->state == IBV_WQS_RDY,
+	      "ibv_modify_wq to RDY");
+	CHECK(ibv_post_wq_recv(wqs[0], &wr0, &wbad) == 0, "ibv_post_wq_recv in RDY");
+	struct ibv_rwq_ind_table_init_attr ta = { .log_ind_tbl_size = 1, .ind_tbl = wqs };
+	struct ibv_rwq_ind_table *tbl = ibv_create_rwq_ind_table(pd->context, &ta);
+	CHECK(tbl != NULL, "ibv_create_rwq_ind_table of two WQs");
+	CHECK(ibv_destroy_wq(wqs[1]) == EBUSY, "ibv_destroy_wq of a WQ in a table: EBUSY");
+	uint8_t key[40] = { 1 };
+	struct ibv_qp_init_attr_ex rx = {
+		.qp_type = IBV_QPT_RAW_PACKET, .pd = pd, .rwq_ind_tbl = tbl,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE |
+			     IBV_QP_INIT_ATTR_RX_HASH,
+		.rx_hash_conf = { .rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ,
+				  .rx_hash_key_len = 16, .rx_hash_key = key,
+				  .rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4 },
+	};
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(pd->context, &rx) && errno == EINVAL,
+	      "an RSS QP of a 16-byte key: EINVAL");
+	rx.rx_hash_conf.rx_hash_key_len = 40;
+	struct ibv_qp *rss = tbl ? ibv_create_qp_ex(pd->context, &rx) : NULL;
+	CHECK(rss && rss->qp_type == IBV_QPT_RAW_PACKET, "ibv_create_qp_ex (RSS)");
+	struct ibv_send_wr sw = { .wr_id = 4, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND }, *sbad = NULL;
+	CHECK(rss && ibv_post_send(rss, &sw, &sbad) == EINVAL, "ibv_post_send on an RSS QP: EINVAL");
+	CHECK(ibv_destroy_rwq_ind_table(tbl) == EBUSY,
+	      "ibv_destroy_rwq_ind_table under an RSS QP: EBUSY");
+	struct ibv_flow *rf = rss ? ibv_create_flow(rss, &fa.attr) : NULL;
+	CHECK(rf != NULL, "ibv_create_flow toward the RSS QP");
+	CHECK(ibv_destroy_qp(rss) == EBUSY, "ibv_destroy_qp of an RSS QP with a flow: EBUSY");
+	CHECK(rf && ibv_destroy_flow(rf) == 0 && ibv_destroy_qp(rss) == 0 &&
+		      ibv_destroy_rwq_ind_table(tbl) == 0 && ibv_destroy_wq(wqs[0]) == 0 &&
+		      ibv_destroy_wq(wqs[1]) == 0,
+	      "the flow, the RSS QP, the table and the WQs destroyed in turn");
 }
 
 int main(void)

@@ -179,11 +179,17 @@ pub struct verbs_context {
     pub alloc_td: Unused,
     pub modify_cq: Unused,
     pub post_srq_ops: Unused,
-    pub destroy_rwq_ind_table: Unused,
-    pub create_rwq_ind_table: Unused,
-    pub destroy_wq: Unused,
-    pub modify_wq: Unused,
-    pub create_wq: Unused,
+    pub destroy_rwq_ind_table: Option<unsafe extern "C" fn(*mut ibv_rwq_ind_table) -> c_int>,
+    pub create_rwq_ind_table: Option<
+        unsafe extern "C" fn(
+            *mut ibv_context,
+            *mut ibv_rwq_ind_table_init_attr,
+        ) -> *mut ibv_rwq_ind_table,
+    >,
+    pub destroy_wq: Option<unsafe extern "C" fn(*mut ibv_wq) -> c_int>,
+    pub modify_wq: Option<unsafe extern "C" fn(*mut ibv_wq, *mut ibv_wq_attr) -> c_int>,
+    pub create_wq:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_wq_init_attr) -> *mut ibv_wq>,
     pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
@@ -443,6 +449,69 @@ pub struct ibv_flow_spec_tcp_udp {
     pub size: u16,
     pub val: ibv_flow_tcp_udp_filter,
     pub mask: ibv_flow_tcp_udp_filter,
+}
+
+/// `struct ibv_wq`.
+#[repr(C)]
+pub struct ibv_wq {
+    pub context: *mut ibv_context,
+    pub wq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub wq_num: u32,
+    pub handle: u32,
+    pub state: c_int,
+    pub wq_type: c_int,
+    pub post_recv:
+        Option<unsafe extern "C" fn(*mut ibv_wq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+    pub mutex: pthread_mutex_t,
+    pub cond: pthread_cond_t,
+    pub events_completed: u32,
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_wq_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_wq_init_attr {
+    pub wq_context: *mut c_void,
+    pub wq_type: c_int,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub pd: *mut ibv_pd,
+    pub cq: *mut ibv_cq,
+    pub comp_mask: u32,
+    pub create_flags: u32,
+}
+
+/// `struct ibv_wq_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_wq_attr {
+    pub attr_mask: u32,
+    pub wq_state: c_int,
+    pub curr_wq_state: c_int,
+    pub flags: u32,
+    pub flags_mask: u32,
+}
+
+/// `struct ibv_rwq_ind_table`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_rwq_ind_table {
+    pub context: *mut ibv_context,
+    pub ind_tbl_handle: c_int,
+    pub ind_tbl_num: c_int,
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_rwq_ind_table_init_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_rwq_ind_table_init_attr {
+    pub log_ind_tbl_size: u32,
+    pub ind_tbl: *mut *mut ibv_wq,
+    pub comp_mask: u32,
 }
 
 /// `struct ibv_pci_atomic_caps`.
@@ -1791,6 +1860,64 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
     );
     layout!(v, ibv_values_ex, [comp_mask, raw_clock]);
     layout!(v, ibv_flow, [comp_mask, context, handle]);
+    layout!(
+        v,
+        ibv_wq,
+        [
+            context,
+            wq_context,
+            pd,
+            cq,
+            wq_num,
+            handle,
+            state,
+            wq_type,
+            post_recv,
+            mutex,
+            cond,
+            events_completed,
+            comp_mask
+        ]
+    );
+    layout!(
+        v,
+        ibv_wq_init_attr,
+        [
+            wq_context,
+            wq_type,
+            max_wr,
+            max_sge,
+            pd,
+            cq,
+            comp_mask,
+            create_flags
+        ]
+    );
+    layout!(
+        v,
+        ibv_wq_attr,
+        [attr_mask, wq_state, curr_wq_state, flags, flags_mask]
+    );
+    layout!(
+        v,
+        ibv_rwq_ind_table,
+        [context, ind_tbl_handle, ind_tbl_num, comp_mask]
+    );
+    layout!(
+        v,
+        ibv_rwq_ind_table_init_attr,
+        [log_ind_tbl_size, ind_tbl, comp_mask]
+    );
+    layout!(
+        v,
+        ibv_rx_hash_conf,
+        [
+            rx_hash_function,
+            rx_hash_key_len,
+            rx_hash_key,
+            rx_hash_fields_mask
+        ]
+    );
     layout!(
         v,
         ibv_flow_attr,

@@ -55,6 +55,7 @@ mod qp_ex;
 mod raw;
 mod registry;
 mod remap;
+mod rss;
 mod spin;
 #[cfg(test)]
 mod thread_tests;

@@ -221,6 +221,24 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & PD == 0 {
         return null_errno(libc::EINVAL);
     }
+    // An RSS raw packet QP: an indirection table and a hash.
+    const IND_TABLE: u32 = 1 << 4;
+    const RX_HASH: u32 = 1 << 5;
+    if a.comp_mask & (IND_TABLE | RX_HASH) != 0 {
+        let both = a.comp_mask & (IND_TABLE | RX_HASH) == IND_TABLE | RX_HASH;
+        let flags = a.comp_mask & CREATE_FLAGS == 0 || a.create_flags == 0;
+        if !both
+            || !flags
+            || a.qp_type != crate::raw::IBV_QPT_RAW_PACKET
+            || a.comp_mask & !(PD | CREATE_FLAGS | IND_TABLE | RX_HASH) != 0
+        {
+            return null_errno(libc::EINVAL);
+        }
+        return match crate::rss::create_rss_qp(a) {
+            Ok(q) => q,
+            Err(e) => null_errno(e),
+        };
+    }
     const BLOCK_SELF_MCAST_LB: u32 = 1 << 1;
     if a.comp_mask & !(PD | CREATE_FLAGS | SEND_OPS_FLAGS) != 0
         // BLOCK_SELF_MCAST_LB holds trivially: there is no multicast.
@@ -397,6 +415,9 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
     if let Some(q) = crate::raw::raw_of(p) {
         return crate::raw::modify(q, a, mask);
     }
+    if let Some(q) = crate::rss::rss_of(p) {
+        return crate::rss::modify_rss(q, a, mask);
+    }
     let Some(q) = qp_of(p) else {
         return libc::EINVAL;
     };
@@ -440,6 +461,11 @@ pub extern "C" fn ibv_query_qp(
         crate::raw::query(q, unsafe { &mut *attr }, unsafe { &mut *init });
         return 0;
     }
+    if let Some(q) = crate::rss::rss_of(p) {
+        // SAFETY: the caller's out attributes, non-NULL.
+        crate::rss::query_rss(q, unsafe { &mut *attr }, unsafe { &mut *init });
+        return 0;
+    }
     let Some(q) = qp_of(p) else {
         return libc::EINVAL;
     };
@@ -471,6 +497,9 @@ pub extern "C" fn ibv_destroy_qp(p: *mut ibv_qp) -> c_int {
     }
     if crate::raw::raw_of(p).is_some() {
         return crate::raw::destroy(p);
+    }
+    if crate::rss::rss_of(p).is_some() {
+        return crate::rss::destroy_rss(p);
     }
     if !registry::remove(p, Kind::Qp) {
         return ret_errno(libc::EINVAL);

@@ -400,7 +400,10 @@ pub(crate) unsafe fn post_recv(
 struct Flow {
     c: ibv_flow,
     flow: Option<verbs::flow::Flow>,
-    qp: *const RawQp,
+    /// The QP's count of rules (a raw packet QP's or an RSS QP's), which
+    /// outlives the rule.
+    flows: *const AtomicUsize,
+    shared: Arc<CtxShared>,
 }
 
 /// `enum ibv_flow_spec_type`.
@@ -557,18 +560,24 @@ fn ipv4(f: &mut FlowSpec, m: &mut AddrMasks, src: u32, src_m: u32, dst: u32, dst
 }
 
 /// `verbs_context.ibv_create_flow` (`ibv_create_flow`): a rule steering
-/// the frames the specs match to the raw packet QP `p`.
+/// the frames the specs match to the raw packet QP or the RSS QP `p`.
 pub(crate) unsafe extern "C" fn create_flow(
     p: *mut ibv_qp,
     a: *mut ibv_flow_attr,
 ) -> *mut ibv_flow {
-    let Some(q) = raw_of(p) else {
-        tracing::debug!("ibv_create_flow: only toward a raw packet QP");
-        return null_errno(if registry::is(p, Kind::Qp) {
-            libc::EOPNOTSUPP
-        } else {
-            libc::EINVAL
-        });
+    let raw = raw_of(p);
+    let rss = crate::rss::rss_of(p);
+    let (context, flows, shared) = match (raw, rss) {
+        (Some(q), _) => (q.c.context, &q.flows, q.shared.clone()),
+        (_, Some(q)) => (q.c.context, &q.flows, q.shared_of()),
+        _ => {
+            tracing::debug!("ibv_create_flow: only toward a raw packet or RSS QP");
+            return null_errno(if registry::is(p, Kind::Qp) {
+                libc::EOPNOTSUPP
+            } else {
+                libc::EINVAL
+            });
+        }
     };
     if a.is_null() {
         return null_errno(libc::EINVAL);
@@ -579,24 +588,32 @@ pub(crate) unsafe extern "C" fn create_flow(
         Err(e) => return null_errno(e),
     };
     // SAFETY: the QP's context is this library's and outlives it.
-    let ctx = unsafe { crate::device::ctx_of(q.c.context) };
-    let g = lock(&q.qp);
-    let r = crate::device::with_steering(ctx, |st| st.create_flow(&spec, FlowAction::Queue(&g)));
-    drop(g);
+    let ctx = unsafe { crate::device::ctx_of(context) };
+    let r = match (raw, rss) {
+        (Some(q), _) => {
+            let g = lock(&q.qp);
+            crate::device::with_steering(ctx, |st| st.create_flow(&spec, FlowAction::Queue(&g)))
+        }
+        (_, Some(q)) => {
+            crate::device::with_steering(ctx, |st| st.create_flow(&spec, FlowAction::Rss(&q.rss)))
+        }
+        _ => unreachable!("one of the two, matched above"),
+    };
     let flow = match r {
         Ok(f) => f,
         Err(e) => return null_errno(crate::errno_of("ibv_create_flow", &e)),
     };
-    q.flows.fetch_add(1, Ordering::AcqRel);
-    q.shared.objects.fetch_add(1, Ordering::AcqRel);
+    flows.fetch_add(1, Ordering::AcqRel);
+    shared.objects.fetch_add(1, Ordering::AcqRel);
     let b = Box::into_raw(Box::new(Flow {
         c: ibv_flow {
             comp_mask: 0,
-            context: q.c.context,
+            context,
             handle: 0,
         },
         flow: Some(flow),
-        qp: q,
+        flows,
+        shared,
     }));
     registry::add(b, Kind::Flow);
     b.cast()
@@ -609,16 +626,15 @@ pub(crate) unsafe extern "C" fn destroy_flow(p: *mut ibv_flow) -> c_int {
     }
     // SAFETY: was live; the box is taken back once.
     let mut b = unsafe { Box::from_raw(p as *mut Flow) };
-    // SAFETY: the QP is not destroyed while its flows live.
-    let q = unsafe { &*b.qp };
     // SAFETY: as in create_flow.
-    let ctx = unsafe { crate::device::ctx_of(q.c.context) };
+    let ctx = unsafe { crate::device::ctx_of(b.c.context) };
     let r = match b.flow.take() {
         Some(f) => crate::device::with_steering(ctx, |st| st.destroy_flow(f)),
         None => Ok(()),
     };
-    q.flows.fetch_sub(1, Ordering::AcqRel);
-    q.shared.objects.fetch_sub(1, Ordering::AcqRel);
+    // SAFETY: the QP is not destroyed while its rules live.
+    unsafe { &*b.flows }.fetch_sub(1, Ordering::AcqRel);
+    b.shared.objects.fetch_sub(1, Ordering::AcqRel);
     match r {
         Ok(()) => 0,
         Err(e) => crate::errno_of("ibv_destroy_flow", &e),

@@ -32,6 +32,11 @@ pub(crate) enum Kind {
     RawQp,
     /// A flow rule (`crate::raw`).
     Flow,
+    /// A receive work queue, an indirection table, an RSS QP
+    /// (`crate::rss`).
+    Wq,
+    IndTable,
+    RssQp,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

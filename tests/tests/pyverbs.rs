@@ -1,7 +1,7 @@
 //! rdma-core's own tests (`test_device`, `test_pd`, `test_mr`, `test_cq`,
 //! `test_cqex`, `test_qp`, `test_srq`, `test_qpex`, `test_addr`,
 //! `test_cq_events`, `test_relaxed_ordering`, `test_atomic`, `test_fork`,
-//! `test_flow`) on
+//! `test_flow`, `test_rss_traffic`) on
 //! Debian's `python3-pyverbs`, which loads
 //! `ibverbs-c` as libibverbs.so.1, against one built-in model function
 //! (`MLX5_DEVICES=emu`). The suite is fetched by
@@ -72,6 +72,7 @@ const MUST_PASS: &[&str] = &[
     "tests.test_flow.FlowTest.test_ipv6_spec_flow_traffic",
     "tests.test_flow.FlowTest.test_tcp_spec_flow_traffic",
     "tests.test_flow.FlowTest.test_udp_spec_flow_traffic",
+    "tests.test_rss_traffic.RSSTrafficTest.test_rss_traffic",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_no_attr",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_attr",
     "tests.test_qp.QPTest.test_create_raw_qp_ex_with_illegal_caps_max_recv_sge",
@@ -252,6 +253,7 @@ fn rdma_core_tests_on_pyverbs_over_the_c_library() {
             "test_atomic",
             "test_fork",
             "test_flow",
+            "test_rss_traffic",
         ],
         MUST_PASS,
         "pyverbs-results.txt",
