@@ -151,13 +151,30 @@ pub fn boot(t: &mut Tally, p: &Prepared, path: &str, kernel: &Path, modules: Opt
         dir.join("console.log").display()
     );
     let begin = Instant::now();
-    let console = match boot_served(&dir, kernel, &initrd, path) {
+    let mut console = match boot_served(&dir, kernel, &initrd, path) {
         Ok(c) => c,
         Err(e) => {
             fail_all(t, &e);
             return;
         }
     };
+    if super::died_before_the_guest(&console) {
+        // The kernel died booting, before anything of ours ran: boot once
+        // more (what it printed stays in the first console log).
+        let first = dir.join("console-first.log");
+        let _ = std::fs::write(&first, &console);
+        println!(
+            "kernel_vfio: {path}: the guest kernel died before the guest binary ran ({}); booting again",
+            first.display()
+        );
+        console = match boot_served(&dir, kernel, &initrd, path) {
+            Ok(c) => c,
+            Err(e) => {
+                fail_all(t, &e);
+                return;
+            }
+        };
+    }
     println!(
         "kernel_vfio: {path} guest ran {:.1}s",
         begin.elapsed().as_secs_f64()
