@@ -165,6 +165,38 @@ static void raw_bad_use(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_mr *mr,
 	CHECK(f != NULL, "ibv_create_flow (a UDP port)");
 	CHECK(ibv_destroy_qp(raw) == EBUSY, "ibv_destroy_qp of a raw packet QP with a flow: EBUSY");
 	CHECK(f && ibv_destroy_flow(f) == 0, "ibv_destroy_flow");
+	/* mlx5dv matchers and flows (the device's match format). */
+	struct {
+		struct mlx5dv_flow_match_parameters p;
+		uint8_t b[8];
+	} mm = { .p = { .match_sz = 6 }, .b = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff } };
+	struct mlx5dv_flow_matcher_attr ma = {
+		.type = IBV_FLOW_ATTR_NORMAL, .match_criteria_enable = 1,
+		.match_mask = &mm.p, .comp_mask = MLX5DV_FLOW_MATCHER_MASK_FT_TYPE,
+		.ft_type = MLX5DV_FLOW_TABLE_TYPE_NIC_TX,
+	};
+	errno = 0;
+	CHECK(!mlx5dv_create_flow_matcher(pd->context, &ma) && errno == EOPNOTSUPP,
+	      "an mlx5dv matcher of the NIC TX table: EOPNOTSUPP");
+	ma.ft_type = MLX5DV_FLOW_TABLE_TYPE_NIC_RX;
+	struct mlx5dv_flow_matcher *mt = mlx5dv_create_flow_matcher(pd->context, &ma);
+	CHECK(mt != NULL, "mlx5dv_create_flow_matcher (source MAC)");
+	struct mlx5dv_flow_action_attr acts[2] = {
+		{ .type = MLX5DV_FLOW_ACTION_DEST_IBV_QP, .qp = raw },
+		{ .type = MLX5DV_FLOW_ACTION_TAG, .tag_value = 5 },
+	};
+	errno = 0;
+	CHECK(mt && !mlx5dv_create_flow(mt, &mm.p, 2, acts) && errno == EOPNOTSUPP,
+	      "an mlx5dv flow of two actions: EOPNOTSUPP");
+	errno = 0;
+	CHECK(mt && !mlx5dv_create_flow(mt, &mm.p, 1, &acts[1]) && errno == EOPNOTSUPP,
+	      "an mlx5dv flow tagging: EOPNOTSUPP");
+	struct ibv_flow *df = mt ? mlx5dv_create_flow(mt, &mm.p, 1, acts) : NULL;
+	CHECK(df != NULL, "mlx5dv_create_flow toward the raw packet QP");
+	CHECK(ibv_destroy_qp(raw) == EBUSY, "ibv_destroy_qp of a raw packet QP with an mlx5dv flow: EBUSY");
+	CHECK(df && ibv_destroy_flow(df) == 0, "ibv_destroy_flow of an mlx5dv flow");
+	CHECK(mlx5dv_destroy_flow_matcher(mt) == 0, "mlx5dv_destroy_flow_matcher");
+	CHECK(mlx5dv_destroy_flow_matcher(mt) == EINVAL, "mlx5dv_destroy_flow_matcher twice: EINVAL");
 	CHECK(ibv_destroy_qp(raw) == 0, "ibv_destroy_qp of the raw packet QP");
 
 	/* RSS: work queues, an indirection table, an RSS QP. */

@@ -1145,6 +1145,37 @@ pub struct mlx5dv_clock_info {
     pub mask: u64,
 }
 
+/// `struct mlx5dv_flow_match_parameters`: `match_sz` bytes of
+/// `fte_match_param` follow it (`match_buf`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_flow_match_parameters {
+    pub match_sz: size_t,
+    pub match_buf: [u64; 0],
+}
+
+/// `struct mlx5dv_flow_matcher_attr`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_flow_matcher_attr {
+    pub type_: c_int,
+    pub flags: u32,
+    pub priority: u16,
+    pub match_criteria_enable: u8,
+    pub match_mask: *mut mlx5dv_flow_match_parameters,
+    pub comp_mask: u64,
+    pub ft_type: c_int,
+}
+
+/// `struct mlx5dv_flow_action_attr`: `obj` is the union's pointer (a QP
+/// for `MLX5DV_FLOW_ACTION_DEST_IBV_QP`, or `tag_value` in its low bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlx5dv_flow_action_attr {
+    pub type_: c_int,
+    pub obj: *mut c_void,
+}
+
 /// `struct mlx5dv_pd`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -1853,6 +1884,21 @@ pub fn layout_checks() -> Vec<LayoutCheck> {
         [reg_addr, base_addr, page_id, mmap_off, comp_mask]
     );
     layout!(v, mlx5dv_pd, [pdn, comp_mask]);
+    layout!(v, mlx5dv_flow_match_parameters, [match_sz, match_buf]);
+    layout!(
+        v,
+        mlx5dv_flow_matcher_attr,
+        [
+            type_ as type,
+            flags,
+            priority,
+            match_criteria_enable,
+            match_mask,
+            comp_mask,
+            ft_type
+        ]
+    );
+    layout!(v, mlx5dv_flow_action_attr, [type_ as type, obj as qp]);
     layout!(
         v,
         mlx5dv_clock_info,

@@ -31,7 +31,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use libc::c_int;
+use libc::{c_int, c_void, size_t};
 use verbs::flow::{AddrMasks, FlowAction, FlowSpec};
 use verbs::mr::Sge;
 use verbs::qp::MAX_SGE;
@@ -401,7 +401,7 @@ struct Flow {
     c: ibv_flow,
     flow: Option<verbs::flow::Flow>,
     /// The QP's count of rules (a raw packet QP's or an RSS QP's), which
-    /// outlives the rule.
+    /// outlives the rule; NULL for a rule that drops.
     flows: *const AtomicUsize,
     shared: Arc<CtxShared>,
 }
@@ -632,11 +632,204 @@ pub(crate) unsafe extern "C" fn destroy_flow(p: *mut ibv_flow) -> c_int {
         Some(f) => crate::device::with_steering(ctx, |st| st.destroy_flow(f)),
         None => Ok(()),
     };
-    // SAFETY: the QP is not destroyed while its rules live.
-    unsafe { &*b.flows }.fetch_sub(1, Ordering::AcqRel);
+    if !b.flows.is_null() {
+        // SAFETY: the QP is not destroyed while its rules live.
+        unsafe { &*b.flows }.fetch_sub(1, Ordering::AcqRel);
+    }
     b.shared.objects.fetch_sub(1, Ordering::AcqRel);
     match r {
         Ok(()) => 0,
         Err(e) => crate::errno_of("ibv_destroy_flow", &e),
     }
+}
+
+/// `MLX5DV_FLOW_MATCHER_MASK_FT_TYPE`.
+const MATCHER_MASK_FT_TYPE: u64 = 1 << 0;
+/// `MLX5DV_FLOW_TABLE_TYPE_NIC_RX`.
+const FT_NIC_RX: c_int = 0;
+/// `enum mlx5dv_flow_action_type`.
+const DV_DEST_IBV_QP: c_int = 0;
+const DV_DROP: c_int = 1;
+
+/// An mlx5dv flow matcher: the mask every flow of it matches under, in
+/// the device's format (`fte_match_param`), and which parts it covers.
+struct Matcher {
+    ctx: *mut ibv_context,
+    mask: Vec<u8>,
+    criteria: u8,
+}
+
+/// The `match_sz` bytes after a `mlx5dv_flow_match_parameters`.
+///
+/// # Safety
+///
+/// `p` is NULL or the caller's parameters with `match_sz` bytes after.
+unsafe fn match_bytes<'a>(p: *const mlx5dv_flow_match_parameters) -> Result<&'a [u8], c_int> {
+    if p.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's parameters, non-NULL.
+    let n = unsafe { (*p).match_sz };
+    if n > 0x200 {
+        return Err(libc::EINVAL);
+    }
+    // The bytes right after the header: `match_buf`'s place.
+    let buf = p
+        .cast::<u8>()
+        .wrapping_add(std::mem::offset_of!(mlx5dv_flow_match_parameters, match_buf));
+    // SAFETY: `match_sz` bytes follow the header (this function's contract).
+    Ok(unsafe { std::slice::from_raw_parts(buf, n) })
+}
+
+/// `mlx5dv_create_flow_matcher`: a matcher of the NIC receive table (a
+/// normal rule, no flags); its flow group is made with its first flow.
+#[no_mangle]
+pub unsafe extern "C" fn mlx5dv_create_flow_matcher(
+    c: *mut ibv_context,
+    a: *mut mlx5dv_flow_matcher_attr,
+) -> *mut c_void {
+    if crate::device::checked_ctx(c).is_none() {
+        return std::ptr::null_mut();
+    }
+    if a.is_null() {
+        return null_errno(libc::EINVAL);
+    }
+    // SAFETY: the caller's attributes, non-NULL.
+    let at = unsafe { *a };
+    let ft = if at.comp_mask & MATCHER_MASK_FT_TYPE != 0 {
+        at.ft_type
+    } else {
+        FT_NIC_RX
+    };
+    if at.comp_mask & !MATCHER_MASK_FT_TYPE != 0
+        || at.type_ != 0
+        || at.flags != 0
+        || ft != FT_NIC_RX
+    {
+        tracing::debug!(
+            "mlx5dv_create_flow_matcher: type {}, flags {:#x}, table type {ft}: NIC RX only",
+            at.type_,
+            at.flags
+        );
+        return null_errno(libc::EOPNOTSUPP);
+    }
+    // SAFETY: the caller's mask parameters.
+    let mask = match unsafe { match_bytes(at.match_mask) } {
+        Ok(m) => m.to_vec(),
+        Err(e) => return null_errno(e),
+    };
+    let b = Box::into_raw(Box::new(Matcher {
+        ctx: c,
+        mask,
+        criteria: at.match_criteria_enable,
+    }));
+    registry::add(b, Kind::Matcher);
+    b.cast()
+}
+
+/// `mlx5dv_destroy_flow_matcher`.
+#[no_mangle]
+pub extern "C" fn mlx5dv_destroy_flow_matcher(m: *mut c_void) -> c_int {
+    if !registry::remove(m, Kind::Matcher) {
+        return ret_errno(libc::EINVAL);
+    }
+    // SAFETY: was live; the box is taken back once.
+    drop(unsafe { Box::from_raw(m as *mut Matcher) });
+    0
+}
+
+/// `mlx5dv_create_flow`: a rule of `matcher` matching `value` (the
+/// device's format), forwarding to a raw packet or RSS QP
+/// (`MLX5DV_FLOW_ACTION_DEST_IBV_QP`) or dropping; one action. Destroyed
+/// by `ibv_destroy_flow`.
+#[no_mangle]
+pub unsafe extern "C" fn mlx5dv_create_flow(
+    m: *mut c_void,
+    value: *mut mlx5dv_flow_match_parameters,
+    n: size_t,
+    actions: *mut mlx5dv_flow_action_attr,
+) -> *mut ibv_flow {
+    if !registry::is(m, Kind::Matcher) {
+        return null_errno(libc::EINVAL);
+    }
+    // SAFETY: live (the registry holds it).
+    let matcher = unsafe { &*(m as *const Matcher) };
+    if n != 1 || actions.is_null() {
+        tracing::debug!("mlx5dv_create_flow: one action only");
+        return null_errno(if n == 0 {
+            libc::EINVAL
+        } else {
+            libc::EOPNOTSUPP
+        });
+    }
+    // SAFETY: the caller's one action.
+    let act = unsafe { actions.read() };
+    // SAFETY: the caller's value parameters.
+    let value = match unsafe { match_bytes(value) } {
+        Ok(v) => v,
+        Err(e) => return null_errno(e),
+    };
+    // SAFETY: a live context of this library (the matcher's).
+    let ctx = unsafe { crate::device::ctx_of(matcher.ctx) };
+    let (qp, drop_it) = match act.type_ {
+        DV_DEST_IBV_QP => (act.obj.cast::<ibv_qp>(), false),
+        DV_DROP => (std::ptr::null_mut(), true),
+        t => {
+            tracing::debug!("mlx5dv_create_flow: action {t} not offered");
+            return null_errno(libc::EOPNOTSUPP);
+        }
+    };
+    let raw = raw_of(qp);
+    let rss = crate::rss::rss_of(qp);
+    let flows: Option<&AtomicUsize> = match (raw, rss) {
+        (Some(q), _) => Some(&q.flows),
+        (_, Some(q)) => Some(&q.flows),
+        _ if drop_it => None,
+        _ => return null_errno(libc::EINVAL),
+    };
+    let r = match (raw, rss) {
+        (Some(q), _) => {
+            let g = lock(&q.qp);
+            crate::device::with_steering(ctx, |st| {
+                st.create_flow_matched(
+                    &matcher.mask,
+                    value,
+                    matcher.criteria,
+                    FlowAction::Queue(&g),
+                )
+            })
+        }
+        (_, Some(q)) => crate::device::with_steering(ctx, |st| {
+            st.create_flow_matched(
+                &matcher.mask,
+                value,
+                matcher.criteria,
+                FlowAction::Rss(&q.rss),
+            )
+        }),
+        _ => crate::device::with_steering(ctx, |st| {
+            st.create_flow_matched(&matcher.mask, value, matcher.criteria, FlowAction::Drop)
+        }),
+    };
+    let flow = match r {
+        Ok(f) => f,
+        Err(e) => return null_errno(crate::errno_of("mlx5dv_create_flow", &e)),
+    };
+    let counter = flows.map_or(std::ptr::null(), |f| {
+        f.fetch_add(1, Ordering::AcqRel);
+        f as *const AtomicUsize
+    });
+    ctx.shared.objects.fetch_add(1, Ordering::AcqRel);
+    let b = Box::into_raw(Box::new(Flow {
+        c: ibv_flow {
+            comp_mask: 0,
+            context: matcher.ctx,
+            handle: 0,
+        },
+        flow: Some(flow),
+        flows: counter,
+        shared: ctx.shared.clone(),
+    }));
+    registry::add(b, Kind::Flow);
+    b.cast()
 }

@@ -37,6 +37,8 @@ pub(crate) enum Kind {
     Wq,
     IndTable,
     RssQp,
+    /// An mlx5dv flow matcher (`crate::raw`).
+    Matcher,
 }
 
 fn live() -> MutexGuard<'static, BTreeMap<usize, Kind>> {

@@ -573,7 +573,7 @@ fn the_embedding_example_moves_bytes_through_the_c_abi() {
 #[test]
 fn bad_use_gets_errno_never_a_crash() {
     // A ConnectX-4 Lx (the default model) and a ConnectX-7 (DevX, ODP).
-    checked_example("bad_use", Some("emu,emu:cx7"), 112);
+    checked_example("bad_use", Some("emu,emu:cx7"), 121);
 }
 
 /// Two contexts on one device: an async event reaches the context whose

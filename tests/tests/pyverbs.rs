@@ -14,7 +14,7 @@
 //! (`emu:cx7`, target/pyverbs-results-cx7.txt, [`MUST_PASS_CX7`]), for what
 //! the ConnectX-4 Lx has not: device memory, on-demand paging; a third runs the mlx5
 //! direct-verbs modules `test_mlx5_cq`, `test_mlx5_dc`, `test_mlx5_devx`,
-//! `test_mlx5_mkey`, `test_mlx5_query_port`, `test_mlx5_timestamp` and
+//! `test_mlx5_flow`, `test_mlx5_mkey`, `test_mlx5_query_port`, `test_mlx5_timestamp` and
 //! `test_mlx5_uar` there
 //! (target/pyverbs-results-mlx5.txt, [`MUST_PASS_MLX5`]).
 
@@ -217,6 +217,9 @@ const MUST_PASS_MLX5: &[&str] = &[
     "tests.test_mlx5_dc.DCTest.test_dc_send_stream_bad_flow_qp",
     "tests.test_mlx5_dc.DCTest.test_odp_dc_traffic",
     "tests.test_mlx5_devx.Mlx5DevxRcTrafficTest.test_devx_rc_qp_send_imm_traffic",
+    "tests.test_mlx5_flow.Mlx5MatcherTest.test_create_empty_matcher",
+    "tests.test_mlx5_flow.Mlx5MatcherTest.test_create_smac_matcher",
+    "tests.test_mlx5_flow.Mlx5MatcherTest.test_smac_matcher_to_qp_flow",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_interleaved_new_api",
     "tests.test_mlx5_mkey.Mlx5MkeyTest.test_mkey_list",
@@ -283,6 +286,7 @@ fn rdma_core_mlx5dv_tests_on_a_connectx7_model() {
             "test_mlx5_cq",
             "test_mlx5_dc",
             "test_mlx5_devx",
+            "test_mlx5_flow",
             "test_mlx5_mkey",
             "test_mlx5_query_port",
             "test_mlx5_timestamp",

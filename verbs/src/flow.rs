@@ -380,7 +380,51 @@ impl FlowSteering {
                 "flow spec: VXLAN (no outer_vxlan_vni in the NIC RX flow-table caps)",
             ));
         }
-        let g = self.group_for(&mask, parts)?;
+        self.insert(&mask, &value, parts, action, tag)
+    }
+
+    /// A rule given in the device's own format (mlx5dv's matcher and
+    /// flow: `fte_match_param` images of the mask and the value, as long
+    /// as the caller's, the rest zero; `criteria` its
+    /// `match_criteria_enable`, which parts the mask covers) doing
+    /// `action`. The value is masked before it goes (the device compares
+    /// the masked packet with it).
+    pub fn create_flow_matched(
+        &mut self,
+        mask: &[u8],
+        value: &[u8],
+        criteria: u8,
+        action: FlowAction<'_>,
+    ) -> Result<Flow> {
+        let full = fte_match_param::SIZE_BYTES;
+        if mask.len() > full || value.len() > full {
+            return Err(Error::Invalid("flow match: longer than fte_match_param"));
+        }
+        if criteria & !(MATCH_OUTER_HEADERS | MATCH_MISC_PARAMETERS | MATCH_INNER_HEADERS) != 0 {
+            return Err(Error::NotSupported(
+                "flow match: criteria beyond outer, misc and inner headers",
+            ));
+        }
+        let mut m = vec![0u8; full];
+        m[..mask.len()].copy_from_slice(mask);
+        let mut v = vec![0u8; full];
+        for (o, (x, k)) in v.iter_mut().zip(value.iter().zip(&m)) {
+            *o = x & k;
+        }
+        self.insert(&m, &v, criteria, action, 0)
+    }
+
+    /// Sets a rule of `mask`/`value` (whole `fte_match_param` images) in
+    /// the group of `mask`, tagged `tag`, doing `action`.
+    fn insert(
+        &mut self,
+        mask: &[u8],
+        value: &[u8],
+        parts: u8,
+        action: FlowAction<'_>,
+        tag: u32,
+    ) -> Result<Flow> {
+        let g = self.group_for(mask, parts)?;
         let group = &mut self.groups[g];
         let Some(slot) = group.used.iter().position(|u| !u) else {
             return Err(Error::Invalid("flow group full"));
@@ -419,7 +463,7 @@ impl FlowSteering {
             }
         }
         let at = (fc + flow_context::MATCH_VALUE.off) / 8;
-        i[at..at + value.len()].copy_from_slice(&value);
+        i[at..at + value.len()].copy_from_slice(value);
         self.ctx.ctx.hca.cmd().exec(&i, STATUS_OUT)?;
         self.groups[g].used[slot] = true;
         Ok(Flow { index })
