@@ -674,9 +674,10 @@ unsafe fn match_bytes<'a>(p: *const mlx5dv_flow_match_parameters) -> Result<&'a 
         return Err(libc::EINVAL);
     }
     // The bytes right after the header: `match_buf`'s place.
-    let buf = p
-        .cast::<u8>()
-        .wrapping_add(std::mem::offset_of!(mlx5dv_flow_match_parameters, match_buf));
+    let buf = p.cast::<u8>().wrapping_add(std::mem::offset_of!(
+        mlx5dv_flow_match_parameters,
+        match_buf
+    ));
     // SAFETY: `match_sz` bytes follow the header (this function's contract).
     Ok(unsafe { std::slice::from_raw_parts(buf, n) })
 }
