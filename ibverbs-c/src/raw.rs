@@ -670,7 +670,7 @@ unsafe fn match_bytes<'a>(p: *const mlx5dv_flow_match_parameters) -> Result<&'a 
     }
     // SAFETY: the caller's parameters, non-NULL.
     let n = unsafe { (*p).match_sz };
-    if n > 0x200 {
+    if n > mlx5_hw::ifc::fte_match_param::SIZE_BYTES {
         return Err(libc::EINVAL);
     }
     // The bytes right after the header: `match_buf`'s place.

@@ -42,7 +42,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "a limit the driver offers (ibv_qp_cap), not a device layout",
     ),
     (
-        "verbs/src/raw_eth.rs",
+        "verbs/src/raw_eth/mod.rs",
         "pub const MAX_EMPW_INLINE: usize",
         "the largest frame the driver copies into an eMPW WQE (DPDK's txq_inline_mpw): driver policy",
     ),
