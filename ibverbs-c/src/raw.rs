@@ -497,10 +497,8 @@ unsafe fn spec_of(a: *const ibv_flow_attr) -> Result<FlowSpec, c_int> {
                 ipv4(
                     &mut f,
                     &mut m,
-                    s.val.src_ip,
-                    s.mask.src_ip,
-                    s.val.dst_ip,
-                    s.mask.dst_ip,
+                    [s.val.src_ip, s.val.dst_ip],
+                    [s.mask.src_ip, s.mask.dst_ip],
                 );
             }
             spec::IPV4_EXT => {
@@ -509,10 +507,8 @@ unsafe fn spec_of(a: *const ibv_flow_attr) -> Result<FlowSpec, c_int> {
                 ipv4(
                     &mut f,
                     &mut m,
-                    s.val.src_ip,
-                    s.mask.src_ip,
-                    s.val.dst_ip,
-                    s.mask.dst_ip,
+                    [s.val.src_ip, s.val.dst_ip],
+                    [s.mask.src_ip, s.mask.dst_ip],
                 );
                 f.ip_protocol = exact(s.val.proto, s.mask.proto, 0, 0xff)?;
                 if (s.mask.tos, s.mask.ttl, s.mask.flags) != (0, 0, 0) {
@@ -553,8 +549,9 @@ unsafe fn spec_of(a: *const ibv_flow_attr) -> Result<FlowSpec, c_int> {
     Ok(f)
 }
 
-/// An IPv4 spec's addresses (network order) into `f`.
-fn ipv4(f: &mut FlowSpec, m: &mut AddrMasks, src: u32, src_m: u32, dst: u32, dst_m: u32) {
+/// An IPv4 spec's source and destination addresses and their masks
+/// (network order) into `f`.
+fn ipv4(f: &mut FlowSpec, m: &mut AddrMasks, [src, dst]: [u32; 2], [src_m, dst_m]: [u32; 2]) {
     (f.src_ipv4, m.src_ipv4) = masked(src.to_ne_bytes(), src_m.to_ne_bytes());
     (f.dst_ipv4, m.dst_ipv4) = masked(dst.to_ne_bytes(), dst_m.to_ne_bytes());
 }
