@@ -413,10 +413,10 @@ pub extern "C" fn ibv_modify_qp(p: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
         return crate::dc::modify_dct(p, a, mask);
     }
     if let Some(q) = crate::raw::raw_of(p) {
-        return crate::raw::modify(q, a, mask);
+        return crate::raw::modify(p, q, a, mask);
     }
     if let Some(q) = crate::rss::rss_of(p) {
-        return crate::rss::modify_rss(q, a, mask);
+        return crate::rss::modify_rss(p, q, a, mask);
     }
     let Some(q) = qp_of(p) else {
         return libc::EINVAL;

@@ -181,7 +181,7 @@ const ATTR_PORT: u32 = 1 << 5;
 /// INIT with the port, INIT to RTR, RTR to RTS, to RESET or ERR from any);
 /// the queues themselves are ready from creation. Other attributes are
 /// kept for `ibv_query_qp`.
-pub(crate) fn modify(q: &RawQp, a: &ibv_qp_attr, mask: c_int) -> c_int {
+pub(crate) fn modify(p: *mut ibv_qp, q: &RawQp, a: &ibv_qp_attr, mask: c_int) -> c_int {
     let mask = mask as u32;
     let mut kept = lock(&q.attr);
     let from = kept.qp_state;
@@ -206,8 +206,9 @@ pub(crate) fn modify(q: &RawQp, a: &ibv_qp_attr, mask: c_int) -> c_int {
     }
     kept.qp_state = to;
     kept.cur_qp_state = to;
-    // SAFETY: `state` of the live QP's C struct (libibverbs writes it so).
-    unsafe { (*(q as *const RawQp).cast_mut()).c.state = to };
+    // SAFETY: `state` of the live QP's C struct, `p` (libibverbs writes it
+    // so).
+    unsafe { (*p).state = to };
     0
 }
 

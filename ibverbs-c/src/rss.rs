@@ -430,13 +430,13 @@ impl CRss {
 
 /// `ibv_modify_qp` of an RSS QP: the state verbs sees (its TIR needs
 /// none).
-pub(crate) fn modify_rss(q: &CRss, a: &ibv_qp_attr, mask: c_int) -> c_int {
+pub(crate) fn modify_rss(p: *mut ibv_qp, q: &CRss, a: &ibv_qp_attr, mask: c_int) -> c_int {
     let mut st = lock(&q.state);
     if mask & 1 != 0 {
         st.qp_state = a.qp_state;
         st.cur_qp_state = a.qp_state;
-        // SAFETY: `state` of the live QP's C struct.
-        unsafe { (*(q as *const CRss).cast_mut()).c.state = a.qp_state };
+        // SAFETY: `state` of the live QP's C struct, `p`.
+        unsafe { (*p).state = a.qp_state };
     }
     0
 }
