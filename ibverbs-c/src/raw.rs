@@ -768,8 +768,10 @@ pub unsafe extern "C" fn mlx5dv_create_flow(
         Ok(v) => v,
         Err(e) => return null_errno(e),
     };
-    // SAFETY: a live context of this library (the matcher's).
-    let ctx = unsafe { crate::device::ctx_of(matcher.ctx) };
+    // The matcher's context, if it is still open.
+    let Some(ctx) = crate::device::checked_ctx(matcher.ctx) else {
+        return std::ptr::null_mut();
+    };
     let (qp, drop_it) = match act.type_ {
         DV_DEST_IBV_QP => (act.obj.cast::<ibv_qp>(), false),
         DV_DROP => (std::ptr::null_mut(), true),
