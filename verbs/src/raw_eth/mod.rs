@@ -21,7 +21,8 @@
 //! through their rings only (they must be two CQs, owned by the caller,
 //! not shared with verbs QPs).
 //!
-//! A raw packet QP may instead complete into verbs CQs ([`polled`]:
+//! A raw packet QP may instead complete into verbs CQs
+//! ([`Context::create_raw_packet_qp_polled`], `polled.rs`:
 //! `ibv_create_qp(IBV_QPT_RAW_PACKET)` as the C library offers it): one
 //! work request at a time, each with its wr_id, and the completions taken
 //! by [`Cq::poll`] beside those of other QPs.
@@ -261,7 +262,7 @@ pub struct RawPacketQp {
     /// Segments an eMPW WQE may hold (0: the device offers none, or
     /// wants headers inline: [`Context::empw_offered`]).
     empw_ds: usize,
-    /// Completions taken by verbs CQs ([`polled`]); `None`: by
+    /// Completions taken by verbs CQs (`polled.rs`); `None`: by
     /// [`Self::poll_tx`] and [`Self::rx_burst`].
     polled: Option<polled::Polled>,
 }
@@ -1027,7 +1028,7 @@ impl RxRing {
     }
 
     /// [`post_sges`](Self::post_sges) for a queue polled through verbs CQs
-    /// ([`polled`]): the ring free up to where the CQ's poll completed it
+    /// (`polled.rs`): the ring free up to where the CQ's poll completed it
     /// (`t`'s receive tail), `wr_id` recorded for the completion.
     /// `QueueFull` when the ring is full, `Invalid` for more buffers than
     /// a WQE holds.
