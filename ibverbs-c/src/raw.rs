@@ -345,11 +345,7 @@ pub(crate) unsafe fn post_send(
         };
         wr.signaled = q.sq_sig_all || w.send_flags & SEND_SIGNALED != 0;
         if let Err(e) = g.post_send_wr(&wr) {
-            let errno = match e {
-                verbs::Error::QueueFull(_) => libc::ENOMEM,
-                _ => libc::EINVAL,
-            };
-            break Err((cur, errno));
+            break Err((cur, wr_errno(&e)));
         }
         posted += 1;
         cur = w.next;
@@ -374,23 +370,41 @@ pub(crate) unsafe fn post_recv(
         return Err((wr, libc::EINVAL));
     }
     let mut g = lock(&q.qp);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { post_eth_recv(wr, |bufs, wr_id| g.post_recv_wr(bufs, wr_id)) }
+}
+
+/// The errno of an Ethernet queue's refused work request: ENOMEM for a
+/// full ring, EINVAL for anything else.
+fn wr_errno(e: &verbs::Error) -> c_int {
+    match e {
+        verbs::Error::QueueFull(_) => libc::ENOMEM,
+        _ => libc::EINVAL,
+    }
+}
+
+/// Posts each receive WR of the list from `wr` through `post` (its SGEs,
+/// its wr_id): a raw packet QP's receive queue or a WQ. The WR that
+/// failed and its errno; those before it posted.
+///
+/// # Safety
+///
+/// `wr` is the caller's list; its SGEs lie in live MRs.
+pub(crate) unsafe fn post_eth_recv(
+    wr: *mut ibv_recv_wr,
+    mut post: impl FnMut(&[Sge], u64) -> verbs::Result<()>,
+) -> Result<(), (*mut ibv_recv_wr, c_int)> {
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the caller's WR list.
         let w = unsafe { &*cur };
         let mut sg = [const { std::mem::MaybeUninit::uninit() }; MAX_SGE];
-        // SAFETY: the caller's SGEs (ibv_post_recv's contract).
+        // SAFETY: the caller's SGEs (this function's contract).
         let bufs = match unsafe { crate::datapath::sges(w.sg_list, w.num_sge, &mut sg) } {
             Ok(b) => b,
             Err(e) => return Err((cur, e)),
         };
-        if let Err(e) = g.post_recv_wr(bufs, w.wr_id) {
-            let errno = match e {
-                verbs::Error::QueueFull(_) => libc::ENOMEM,
-                _ => libc::EINVAL,
-            };
-            return Err((cur, errno));
-        }
+        post(bufs, w.wr_id).map_err(|e| (cur, wr_errno(&e)))?;
         cur = w.next;
     }
     Ok(())

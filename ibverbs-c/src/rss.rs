@@ -248,26 +248,12 @@ unsafe extern "C" fn post_wq_recv(
     if w.c.state == WQS_RESET {
         return fail(wr, libc::EINVAL);
     }
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's WR list.
-        let r = unsafe { &*cur };
-        let mut sg = [const { std::mem::MaybeUninit::uninit() }; MAX_SGE];
-        // SAFETY: the caller's SGEs (ibv_post_wq_recv's contract).
-        let bufs = match unsafe { crate::datapath::sges(r.sg_list, r.num_sge, &mut sg) } {
-            Ok(b) => b,
-            Err(e) => return fail(cur, e),
-        };
-        if let Err(e) = g.post_recv_wr(bufs, r.wr_id) {
-            let errno = match e {
-                verbs::Error::QueueFull(_) => libc::ENOMEM,
-                _ => libc::EINVAL,
-            };
-            return fail(cur, errno);
-        }
-        cur = r.next;
+    // SAFETY: the caller's WR list and buffers (ibv_post_wq_recv's
+    // contract).
+    match unsafe { crate::raw::post_eth_recv(wr, |bufs, wr_id| g.post_recv_wr(bufs, wr_id)) } {
+        Ok(()) => 0,
+        Err((at, e)) => fail(at, e),
     }
-    0
 }
 
 /// `verbs_context.create_rwq_ind_table` (`ibv_create_rwq_ind_table`):
