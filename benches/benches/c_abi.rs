@@ -3,16 +3,17 @@
 //! driver's Rust API on the same work, in one run: two built-in model
 //! functions with an RC QP between them, in each case.
 //!
-//! Cases (ns per operation, medians of `C_ABI_BENCH_RUNS` runs, default 3):
+//! Cases (ns per operation: in each run the median of its rounds' times,
+//! then the median of `C_ABI_BENCH_RUNS` runs, default 3):
 //! - `poll_empty`: `ibv_poll_cq(cq, 1, &wc)` / `Cq::poll` of an empty CQ;
 //! - `post_write`: one 64-byte RDMA WRITE posted (1023 a round, the last
 //!   signaled; the posts alone are timed);
 //! - `poll_1cqe`: `ibv_poll_cq(cq, 1, &wc)` / `Cq::poll` finding one
 //!   completion: 1023 signaled WRITEs posted, and once the last one's
-//!   bytes landed at B, their completions polled one per call (timed);
-//!   `poll_1cqe_empty_calls` counts the timed calls that found none (the
-//!   CQEs can trail the bytes), whose time, at `poll_empty`'s cost each,
-//!   is taken off;
+//!   bytes landed at B and 200 us more passed (the CQEs trail the bytes),
+//!   their completions polled one per call (timed);
+//!   `poll_1cqe_empty_calls` counts the timed calls that found none all
+//!   the same, whose time, at `poll_empty`'s cost each, is taken off;
 //! - `poll_16`: the same completions polled up to 16 a call
 //!   (`ibv_poll_cq(cq, 16, wc)`), ns per completion, `poll_16_empty_calls`
 //!   alike;
@@ -46,6 +47,8 @@ use verbs::qp::{send_flags, Payload, QpCap, QpInitAttr, QpType, SendOp, SendWr};
 use vfio::DmaBuffer;
 
 const SQ: u32 = 1024;
+/// The empty CQ's polls are timed in this many rounds (as the C side's).
+const ROUNDS_EMPTY: u64 = 100;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -235,42 +238,46 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
     benches::connect(&mut qp[0], &ctx[1], q1);
     benches::connect(&mut qp[1], &ctx[0], q0);
     let mut out = Vec::new();
-    let t0 = Instant::now();
-    loop_poll_empty(&mut cq[0], polls);
-    out.push((
-        "poll_empty".into(),
-        t0.elapsed().as_nanos() as f64 / polls as f64,
-    ));
+    let per_round = polls / ROUNDS_EMPTY;
+    let times = (0..ROUNDS_EMPTY)
+        .map(|_| {
+            let t0 = Instant::now();
+            loop_poll_empty(&mut cq[0], per_round);
+            t0.elapsed().as_nanos() as f64
+        })
+        .collect();
+    out.push(("poll_empty".into(), median(times) / per_round as f64));
     let sge = mr[0].sge(0, 64).unwrap();
     let (raddr, rkey) = (mr[1].addr(), mr[1].rkey());
-    let mut posting = 0f64;
-    for _ in 0..rounds {
-        let t0 = Instant::now();
-        loop_post(&mut qp[0], &sge, raddr, rkey, u64::from(SQ) - 1);
-        posting += t0.elapsed().as_nanos() as f64;
-        wait(&mut cq[0]);
-    }
-    out.push((
-        "post_write".into(),
-        posting / (rounds as f64 * f64::from(SQ - 1)),
-    ));
+    let wrs = f64::from(SQ - 1);
+    let times = (0..rounds)
+        .map(|_| {
+            let t0 = Instant::now();
+            loop_post(&mut qp[0], &sge, raddr, rkey, u64::from(SQ) - 1);
+            let t = t0.elapsed().as_nanos() as f64;
+            wait(&mut cq[0]);
+            t
+        })
+        .collect();
+    out.push(("post_write".into(), median(times) / wrs));
     // SQ-1 signaled WRITEs; once the last one's bytes landed at B, their
     // completions polled one per call (timed), then up to 16 a call.
     for (case, per_call) in [("poll_1cqe", 1), ("poll_16", 16)] {
-        let mut polling = 0f64;
         let mut empty = 0u64;
-        for r in 0..rounds {
-            let stamp = (r + 1 + if per_call == 1 { 0 } else { rounds }) << 16;
-            post_round(&mut qp[0], &mr[0], [&buf[0], &buf[1]], raddr, rkey, stamp);
-            let t0 = Instant::now();
-            empty += if per_call == 1 {
-                loop_poll_full(&mut cq[0], u64::from(SQ) - 1)
-            } else {
-                loop_poll16(&mut cq[0], u64::from(SQ) - 1)
-            };
-            polling += t0.elapsed().as_nanos() as f64;
-        }
-        out.push((case.into(), polling / (rounds as f64 * f64::from(SQ - 1))));
+        let times = (0..rounds)
+            .map(|r| {
+                let stamp = (r + 1 + if per_call == 1 { 0 } else { rounds }) << 16;
+                post_round(&mut qp[0], &mr[0], [&buf[0], &buf[1]], raddr, rkey, stamp);
+                let t0 = Instant::now();
+                empty += if per_call == 1 {
+                    loop_poll_full(&mut cq[0], u64::from(SQ) - 1)
+                } else {
+                    loop_poll16(&mut cq[0], u64::from(SQ) - 1)
+                };
+                t0.elapsed().as_nanos() as f64
+            })
+            .collect();
+        out.push((case.into(), median(times) / wrs));
         out.push((format!("{case}_empty_calls"), empty as f64));
     }
     let t0 = Instant::now();
@@ -292,8 +299,14 @@ fn run_rust(polls: u64, rounds: u64) -> Vec<(String, f64)> {
     out
 }
 
+/// The wait after a round's last bytes landed, for its CQEs (`post_round`).
+const SETTLE: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// SQ-1 signaled WRITEs, WR i from and to slot i (`stamp + i` in its
-/// first 8 bytes), and the wait until the last one's bytes are at B.
+/// first 8 bytes), the wait until the last one's bytes are at B, and then
+/// `SETTLE` more: the CQEs trail the bytes, and a timed poll racing the
+/// model's CQE writes measures the race, not the poll (the empty calls,
+/// counted, show whether the settle was long enough).
 fn post_round(
     qp: &mut verbs::qp::Qp,
     mr: &verbs::mr::Mr,
@@ -319,6 +332,10 @@ fn post_round(
     }
     let last = u64::from(SQ) - 2;
     while buf[1].read_u64_be(64 * last as usize).unwrap() != stamp + last {
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < SETTLE {
         std::thread::yield_now();
     }
 }
