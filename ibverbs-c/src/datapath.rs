@@ -10,6 +10,7 @@
 //! queue `ENOMEM`, a failed device `EIO`.
 
 use std::mem::MaybeUninit;
+use std::sync::atomic::Ordering;
 
 use libc::c_int;
 use verbs::cq::Wc;
@@ -457,15 +458,45 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     unsafe { poll_cq_found(p, n, wc) }
 }
 
-/// `ibv_poll_cq` once the CQ may hold a completion: under its lock. Out
-/// of line, so that an empty poll (its caller) needs no stack frame; the
-/// C ABI, so that its caller jumps to it rather than calls it.
+/// `ibv_poll_cq` once the CQ may hold a completion. Out of line, so that
+/// an empty poll (its caller) needs no stack frame; the C ABI, so that its
+/// caller jumps to it rather than calls it. The usual `ibv_poll_cq(cq, 1,
+/// &wc)` (the cached QP's usual completion, the lock taken at once) is
+/// done here, a leaf that calls nothing and so saves no registers;
+/// anything else goes to [`poll_cq_general`], which starts over.
 ///
 /// # Safety
 ///
 /// `p` is a live CQ of this library; `wc` holds `n > 0` entries.
 #[inline(never)]
 unsafe extern "C" fn poll_cq_found(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    if n == 1 {
+        // SAFETY: only its lock is borrowed, as in `poll_cq_general`.
+        let lock = unsafe { &(*p).cq };
+        if let Some(mut g) = lock.try_lock() {
+            // SAFETY: the caller's array holds one `ibv_wc`, which `Wc`
+            // is laid out as.
+            let one = unsafe { &mut *wc.cast::<MaybeUninit<Wc>>() };
+            if g.poll_one_usual(one) {
+                // SAFETY: a field of a live CQ, written under its lock.
+                unsafe { (*p).was_empty.store(false, Ordering::Relaxed) };
+                return 1;
+            }
+        }
+    }
+    // SAFETY: forwarded from this function's contract.
+    unsafe { poll_cq_general(p, n, wc) }
+}
+
+/// `ibv_poll_cq` under the CQ's lock: any number of slots, any
+/// completion, the empty CQ's consumer index for the lock-free test, a
+/// failed device's error.
+///
+/// # Safety
+///
+/// As [`poll_cq_found`].
+#[inline(never)]
+unsafe extern "C" fn poll_cq_general(p: *const Cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: only its lock is borrowed (the `ibv_cq_ex` fields are
     // written through raw pointers by the extended poll and resize).
     let lock = unsafe { &(*p).cq };

@@ -236,7 +236,7 @@ impl<T> SpinLock<T> {
         if self.owner.load(Ordering::Relaxed) == o {
             return Some(SpinGuard {
                 l: self,
-                biased: true,
+                release: &self.inside,
             });
         }
         // Revoked meanwhile: back off, and let the revoker see it.
@@ -253,7 +253,7 @@ impl<T> SpinLock<T> {
         if self.single {
             return Some(SpinGuard {
                 l: self,
-                biased: false,
+                release: &self.held,
             });
         }
         if o != REVOKED {
@@ -269,7 +269,7 @@ impl<T> SpinLock<T> {
         match taken {
             true => Some(SpinGuard {
                 l: self,
-                biased: false,
+                release: &self.held,
             }),
             false => None,
         }
@@ -427,7 +427,8 @@ impl<T> SpinLock<T> {
     /// This thread holds the lock through a leaked guard, and `biased` is
     /// what `leak` returned; the value is not used through it afterwards.
     pub(crate) unsafe fn unlock_leaked(&self, biased: bool) {
-        drop(SpinGuard { l: self, biased });
+        let release = if biased { &self.inside } else { &self.held };
+        drop(SpinGuard { l: self, release });
     }
 
     /// The value, for a thread holding the lock through a leaked guard.
@@ -461,8 +462,12 @@ impl<T> SpinLock<T> {
 /// Access to a [`SpinLock`]'s value until dropped.
 pub(crate) struct SpinGuard<'a, T> {
     l: &'a SpinLock<T>,
-    /// Taken by the owner of a biased lock (give back `inside`).
-    biased: bool,
+    /// The flag dropping the guard clears: `inside` for the owner of a
+    /// biased lock, else `held` (a `single` lock's is never set: clearing
+    /// it is harmless, and spares the drop a test of `single`). Chosen
+    /// when the lock is taken, so that a caller keeps one pointer for the
+    /// unlock rather than what the choice was made from.
+    release: &'a AtomicBool,
 }
 
 impl<T> SpinGuard<'_, T> {
@@ -470,9 +475,14 @@ impl<T> SpinGuard<'_, T> {
     /// `ibv_start_poll` .. `ibv_end_poll`): whether it was taken biased,
     /// for [`SpinLock::unlock_leaked`].
     pub(crate) fn leak(self) -> bool {
-        let biased = self.biased;
+        let biased = self.biased();
         std::mem::forget(self);
         biased
+    }
+
+    /// Taken by the owner of a biased lock.
+    pub(crate) fn biased(&self) -> bool {
+        std::ptr::eq(self.release, &self.l.inside)
     }
 }
 
@@ -494,11 +504,7 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        if self.biased {
-            self.l.inside.store(false, Ordering::Release);
-        } else if !self.l.single {
-            self.l.held.store(false, Ordering::Release);
-        }
+        self.release.store(false, Ordering::Release);
     }
 }
 
@@ -581,11 +587,11 @@ mod tests {
         }
         {
             let g = l.lock();
-            assert!(g.biased, "the first lock is biased to its thread");
+            assert!(g.biased(), "the first lock is biased to its thread");
         }
         // Another thread asks while the owner is inside: it waits.
         let g = l.lock();
-        assert!(g.biased);
+        assert!(g.biased());
         assert!(
             l.try_lock().is_none(),
             "no second guard for the owner inside"
@@ -604,7 +610,7 @@ mod tests {
         assert_eq!(l.owner.load(Ordering::Relaxed), REVOKED);
         // Revoked for good: the owner now takes it as a spinlock.
         let g = l.lock();
-        assert!(!g.biased);
+        assert!(!g.biased());
         assert!(l.try_lock().is_none());
     }
 

@@ -732,6 +732,30 @@ const PLAIN_REQ_MASK: u8 =
     (0xf << c::CQE_OPCODE_SHIFT) | (c::CQE_FORMAT_MASK << c::CQE_FORMAT_SHIFT);
 const _: () = assert!(CqeOpcode::Req.to_raw() == 0);
 
+/// The owned CQE `e` (its last 8 bytes `tail`) completed into `one` if it
+/// is the cached QP's usual completion ([`complete_usual`]), its send
+/// queue freed; the caller consumes it.
+#[inline(always)]
+fn complete_cached(
+    cache: &Option<(u32, Arc<WqTrack>)>,
+    e: &RingCqe<'_>,
+    tail: u64,
+    one: &mut impl WcSlot,
+) -> bool {
+    let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
+    let mut sq_end = None;
+    let Some((q, t)) = cache else {
+        return false;
+    };
+    if *q != qpn || !complete_usual(t, e, tail, &mut sq_end, one) {
+        return false;
+    }
+    if let Some(end) = sq_end {
+        t.sq_free_to(end);
+    }
+    true
+}
+
 /// The completions a poll's loop decodes inline, for the QP `t` of the
 /// last one: a successful requester CQE with nothing scattered to it and
 /// not a UMR's, or a receive with nothing scattered to it on a QP without
@@ -757,8 +781,10 @@ fn complete_usual(
         if s_op == WqeOpcode::Umr.to_raw() {
             return false;
         }
+        let Some((wr_id, end)) = t.sq_take_checked(wqe_counter) else {
+            return false;
+        };
         let (opcode, byte_len) = req_opcode(e, s_op);
-        let (wr_id, end) = t.sq_take(wqe_counter);
         *sq_end = Some(end);
         wc.put(
             Wc {
@@ -773,7 +799,10 @@ fn complete_usual(
         true
     } else if opc.wrapping_sub(RESP_FIRST) <= RESP_LAST - RESP_FIRST && format == 0 && !t.has_srq()
     {
-        wc.put(recv_wc(e, opc, qpn, t.rq_complete(wqe_counter)), e);
+        let Some(wr_id) = t.rq_complete_checked() else {
+            return false;
+        };
+        wc.put(recv_wc(e, opc, qpn, wr_id), e);
         true
     } else {
         false
@@ -1345,19 +1374,35 @@ impl Cq {
         if g != self.gen {
             return self.poll_owned(std::slice::from_mut(one), 0);
         }
-        let qpn = (tail >> 32) as u32 & c::CQE_QPN_MASK;
-        let mut sq_end = None;
-        if let Some((q, t)) = &self.cache {
-            if *q == qpn && complete_usual(t, &e, tail, &mut sq_end, one) {
-                if let Some(end) = sq_end {
-                    t.sq_free_to(end);
-                }
-                self.ring.consume(1);
-                self.ring.update_ci();
-                return 1;
-            }
+        if complete_cached(&self.cache, &e, tail, one) {
+            self.ring.consume(1);
+            self.ring.update_ci();
+            return 1;
         }
         self.poll_owned(std::slice::from_mut(one), 1)
+    }
+
+    /// The usual completion alone, into one slot: `true` once the CQE at
+    /// the consumer index, software's and the cached QP's usual
+    /// completion ([`complete_usual`]), was written to `one` and consumed;
+    /// `false`, with nothing read past the CQE and nothing changed, for
+    /// anything else (an empty CQ, the QPs changed, another QP's CQE, an
+    /// error): the caller then polls ([`poll_uninit_inline`](Self::poll_uninit_inline)).
+    /// For a caller whose own call must stay a leaf: the C library's
+    /// `ibv_poll_cq` under its lock.
+    #[inline(always)]
+    pub fn poll_one_usual(&mut self, one: &mut MaybeUninit<Wc>) -> bool {
+        let Some((e, tail)) = self.ring.owned_at(0) else {
+            return false;
+        };
+        if self.shared.gen.load(Ordering::Acquire) != self.gen
+            || !complete_cached(&self.cache, &e, tail, one)
+        {
+            return false;
+        }
+        self.ring.consume(1);
+        self.ring.update_ci();
+        true
     }
 
     /// [`poll_owned_in`](Self::poll_owned_in) out of line, so that an

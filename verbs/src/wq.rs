@@ -145,6 +145,20 @@ impl WqTrack {
         )
     }
 
+    /// [`sq_take`](Self::sq_take) that cannot panic: `None` for an index
+    /// past the table, which the mask never gives. For the usual
+    /// completion's straight-line path, which then has no panic (and so
+    /// no unwinding through its caller's lock guard) in it.
+    #[inline(always)]
+    pub(crate) fn sq_take_checked(&self, wqe_counter: u16) -> Option<(u64, u32)> {
+        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
+        let s = self.sq.get(i)?;
+        Some((
+            s.wrid.load(Ordering::Relaxed),
+            s.end.load(Ordering::Relaxed),
+        ))
+    }
+
     /// Frees the send queue up to counter `end`
     /// ([`sq_take`](Self::sq_take)): the slots before it may be reused.
     #[inline(always)]
@@ -193,5 +207,17 @@ impl WqTrack {
         let wrid = self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed);
         self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
         wrid
+    }
+
+    /// [`rq_complete`](Self::rq_complete) of a QP without an SRQ that
+    /// cannot panic, as [`sq_take_checked`](Self::sq_take_checked): `None`,
+    /// nothing freed, for an index past the table.
+    #[inline(always)]
+    pub(crate) fn rq_complete_checked(&self) -> Option<u64> {
+        let t = self.rq_tail.load(Ordering::Relaxed);
+        let wrid = self.rq_wrid.get((t & self.rq_mask) as usize)?;
+        let wrid = wrid.load(Ordering::Relaxed);
+        self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
+        Some(wrid)
     }
 }
