@@ -558,16 +558,24 @@ pub(crate) fn judge_eth_traffic(
             .collect()
     };
     // "ping N received", "iperf3 sent S received R mbps M": three pings
-    // answered and iperf3's 4 MiB received whole.
+    // answered and iperf3's 4 MiB sent, and received by its server. Not
+    // "received R = S": with `-n` the client ends the test once its last
+    // byte is written, and the server's count stops at that message, so
+    // bytes still in flight are not in it (esnet/iperf#382, as its
+    // maintainer explains; seen here once, 3,932,160 of 4,194,304, under
+    // TCG). That TCP brings every byte is checked by the TCP stream's
+    // sha256 (`mlx5e_tcp_stream_between_functions`).
     let ping = lines.contains(&"ping 3 received");
     let iperf = lines
         .iter()
         .find_map(|l| l.strip_prefix("iperf3 sent "))
         .map(|r| r.split_whitespace().collect::<Vec<_>>());
-    let whole = matches!(
-        iperf.as_deref(),
-        Some(["4194304", "received", "4194304", "mbps", _])
-    );
+    let whole = match iperf.as_deref() {
+        Some(["4194304", "received", r, "mbps", _]) => {
+            r.parse::<u64>().is_ok_and(|r| r > 0 && r <= 4_194_304)
+        }
+        _ => false,
+    };
     t.check(
         &format!("{prefix}mlx5e_ping_and_iperf3_between_functions"),
         if ping && whole {
