@@ -1384,7 +1384,7 @@ impl Cq {
 
     /// The usual completion alone, into one slot: `true` once the CQE at
     /// the consumer index, software's and the cached QP's usual
-    /// completion ([`complete_usual`]), was written to `one` and consumed;
+    /// completion (`complete_usual`), was written to `one` and consumed;
     /// `false`, with nothing read past the CQE and nothing changed, for
     /// anything else (an empty CQ, the QPs changed, another QP's CQE, an
     /// error): the caller then polls ([`poll_uninit_inline`](Self::poll_uninit_inline)).
