@@ -137,12 +137,8 @@ impl WqTrack {
     /// with the last of the run's counters, after every slot was read.
     #[inline(always)]
     pub(crate) fn sq_take(&self, wqe_counter: u16) -> (u64, u32) {
-        let i = (u32::from(wqe_counter) & self.sq_mask) as usize;
-        let s = &self.sq[i];
-        (
-            s.wrid.load(Ordering::Relaxed),
-            s.end.load(Ordering::Relaxed),
-        )
+        self.sq_take_checked(wqe_counter)
+            .expect("a masked WQE index lies in the send table")
     }
 
     /// [`sq_take`](Self::sq_take) that cannot panic: `None` for an index
@@ -202,11 +198,8 @@ impl WqTrack {
             // can be), so the SRQ is there; were it not, no wr_id.
             return s.upgrade().map_or(0, |s| s.complete(wqe_counter));
         }
-        let t = self.rq_tail.load(Ordering::Relaxed);
-        // As for the send queue: read the slot before freeing it.
-        let wrid = self.rq_wrid[(t & self.rq_mask) as usize].load(Ordering::Relaxed);
-        self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
-        wrid
+        self.rq_complete_checked()
+            .expect("a masked receive index lies in the receive table")
     }
 
     /// [`rq_complete`](Self::rq_complete) of a QP without an SRQ that
@@ -215,6 +208,7 @@ impl WqTrack {
     #[inline(always)]
     pub(crate) fn rq_complete_checked(&self) -> Option<u64> {
         let t = self.rq_tail.load(Ordering::Relaxed);
+        // As for the send queue: read the slot before freeing it.
         let wrid = self.rq_wrid.get((t & self.rq_mask) as usize)?;
         let wrid = wrid.load(Ordering::Relaxed);
         self.rq_tail.store(t.wrapping_add(1), Ordering::Release);
